@@ -1,0 +1,122 @@
+"""Typed per-step statistics the strategy records and callbacks read.
+
+All times are ``time.monotonic()`` seconds on the learner process. One :class:`StepStats` per
+optimizer step per rank; ``strategy.last_step_stats`` holds the latest, set just before
+``on_train_batch_end`` runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["TrajectoryRecord", "Interval", "AccumulatorBytes", "StepStats"]
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectoryRecord:
+    trajectory_id: str
+    group_id: str
+    policy_version: int
+    staleness: int  # trained version - policy_version
+    reward: float | None
+    num_tokens: int
+    num_scored_tokens: int
+    num_turns: int
+    finish_reason: str
+    failure: str | None
+    content_ready_at: float
+    reward_ready_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Interval:
+    """A span of learner work: ``kind`` is "backward", "barrier", "optimizer" or "publish"."""
+
+    start: float
+    end: float
+    kind: str
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
+
+
+@dataclass(frozen=True, slots=True)
+class AccumulatorBytes:
+    """Peak bytes held by the streaming accumulator during the step, by where they lived."""
+
+    device: int = 0
+    pinned_host: int = 0
+    pageable_host: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.device + self.pinned_host + self.pageable_host
+
+
+@dataclass(frozen=True, slots=True)
+class StepStats:
+    """What happened on this rank during one RL step (one logical batch, one optimizer step).
+
+    Invariants: ``step_start <= every interval start <= every interval end <= step_end``; busy
+    intervals do not overlap; in ``streaming`` and ``sync`` modes every record's staleness is 0.
+    """
+
+    step: int
+    mode: str
+    policy_version: int  # version of the weights this step updates
+    rank: int
+    world_size: int
+    step_start: float
+    step_end: float
+    trajectories: tuple[TrajectoryRecord, ...]
+    busy: tuple[Interval, ...]
+    open_groups: tuple[tuple[float, int], ...]  # (time, number of open groups) after each change
+    accumulator: AccumulatorBytes = field(default_factory=AccumulatorBytes)
+    groups_folded: int = 0
+    groups_aborted: int = 0
+    num_groups_global: int = 0
+    learner_tokens: int = 0  # tokens the learner ran forward+backward on this rank this step
+    loss: float = 0.0  # the surrogate loss -(1/N) sum A_i S_i on this rank
+
+    @property
+    def wall_seconds(self) -> float:
+        return self.step_end - self.step_start
+
+    @property
+    def busy_seconds(self) -> float:
+        return sum(i.seconds for i in self.busy)
+
+    @property
+    def idle_seconds(self) -> float:
+        return max(0.0, self.wall_seconds - self.busy_seconds)
+
+    @property
+    def idle_fraction(self) -> float:
+        wall = self.wall_seconds
+        return self.idle_seconds / wall if wall > 0 else 0.0
+
+    @property
+    def first_event_delay(self) -> float:
+        """Seconds from step start to the first trajectory's content."""
+        if not self.trajectories:
+            return 0.0
+        return min(t.content_ready_at for t in self.trajectories) - self.step_start
+
+    @property
+    def tail_seconds(self) -> float:
+        """Seconds from the last event (content or reward) to the end of the step."""
+        if not self.trajectories:
+            return 0.0
+        last = max(max(t.content_ready_at, t.reward_ready_at or 0.0) for t in self.trajectories)
+        return max(0.0, self.step_end - last)
+
+    @property
+    def staleness_max(self) -> int:
+        return max((t.staleness for t in self.trajectories), default=0)
+
+    @property
+    def staleness_mean(self) -> float:
+        if not self.trajectories:
+            return 0.0
+        return sum(t.staleness for t in self.trajectories) / len(self.trajectories)

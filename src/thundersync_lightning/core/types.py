@@ -16,6 +16,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import field
 from typing import Any, Union
 
 __all__ = [
@@ -27,6 +29,7 @@ __all__ = [
     "GroupRequest",
     "RolloutRequest",
     "StepResult",
+    "ModelSpec",
     "derive_seed",
     "group_id",
     "trajectory_id",
@@ -173,3 +176,18 @@ class StepResult:
     @staticmethod
     def of(observation: Sequence[int], done: bool) -> StepResult:
         return StepResult(tuple(int(t) for t in observation), bool(done))
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """How an engine builds its own copy of the policy's architecture; weights arrive by publish.
+
+    ``config`` holds keyword arguments for ``transformers.AutoConfig.for_model(model_type, ...)``;
+    with ``pretrained_path`` set, the architecture (and tokenizer, if any) come from that local
+    directory instead. Published weight names are the Hugging Face model's ``state_dict`` names.
+    """
+
+    model_type: str = "qwen3"
+    config: Mapping[str, Any] = field(default_factory=dict)
+    pretrained_path: str | None = None
+    dtype: str = "float32"

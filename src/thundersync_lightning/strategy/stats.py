@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["TrajectoryRecord", "Interval", "AccumulatorBytes", "StepStats"]
+__all__ = ["TrajectoryRecord", "Interval", "AccumulatorBytes", "StepStats", "RolloutProgress"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,3 +120,17 @@ class StepStats:
         if not self.trajectories:
             return 0.0
         return sum(t.staleness for t in self.trajectories) / len(self.trajectories)
+
+
+@dataclass(frozen=True, slots=True)
+class RolloutProgress:
+    """Live progress inside a step, pushed to every callback that defines
+    ``on_rollout_progress(trainer, pl_module, progress)`` (throttled; always once at the barrier)."""
+
+    step: int
+    trajectories_total: int
+    content_ready: int
+    reward_ready: int
+    open_groups: int
+    elapsed_seconds: float
+    idle_seconds: float

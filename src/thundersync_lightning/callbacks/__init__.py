@@ -1,0 +1,1 @@
+"""thundersync_lightning.callbacks."""

@@ -1,1 +1,62 @@
-"""thundersync_lightning.core."""
+"""Pure-torch core: exact streaming GRPO, the policy snapshot, rollout types and protocols.
+
+This package never imports Lightning.
+"""
+
+from .errors import *  # noqa: F403
+from .errors import __all__ as _errors_all
+from .estimators import (
+    EstimatorName,
+    advantages,
+    available_estimators,
+    get_estimator,
+    register_estimator,
+)
+from .protocols import Environment, RolloutEngine, TaskSource
+from .snapshot import PolicySnapshot
+from .storage import ByteUsage, Offload
+from .streaming import GroupStat, StreamingGRPO, StreamingReport
+from .types import (
+    ContentReady,
+    GroupRequest,
+    ModelSpec,
+    RewardReady,
+    RolloutEvent,
+    RolloutRequest,
+    Segment,
+    StepResult,
+    Trajectory,
+    derive_seed,
+    group_id,
+    trajectory_id,
+)
+
+__all__ = [
+    "StreamingGRPO",
+    "StreamingReport",
+    "GroupStat",
+    "PolicySnapshot",
+    "ByteUsage",
+    "Offload",
+    "EstimatorName",
+    "advantages",
+    "available_estimators",
+    "get_estimator",
+    "register_estimator",
+    "Environment",
+    "RolloutEngine",
+    "TaskSource",
+    "ContentReady",
+    "GroupRequest",
+    "ModelSpec",
+    "RewardReady",
+    "RolloutEvent",
+    "RolloutRequest",
+    "Segment",
+    "StepResult",
+    "Trajectory",
+    "derive_seed",
+    "group_id",
+    "trajectory_id",
+    *_errors_all,
+]

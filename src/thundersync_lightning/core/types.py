@@ -14,10 +14,8 @@ two can be far apart because tests run after the agent stops.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
-from dataclasses import dataclass
-from collections.abc import Mapping
-from dataclasses import field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Union
 
 __all__ = [

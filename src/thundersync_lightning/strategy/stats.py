@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..core.storage import ByteUsage
+
 __all__ = ["TrajectoryRecord", "Interval", "AccumulatorBytes", "StepStats", "RolloutProgress"]
 
 
@@ -41,17 +43,8 @@ class Interval:
         return self.end - self.start
 
 
-@dataclass(frozen=True, slots=True)
-class AccumulatorBytes:
-    """Peak bytes held by the streaming accumulator during the step, by where they lived."""
-
-    device: int = 0
-    pinned_host: int = 0
-    pageable_host: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.device + self.pinned_host + self.pageable_host
+#: Peak bytes held by the streaming accumulator during the step, by where they lived.
+AccumulatorBytes = ByteUsage
 
 
 @dataclass(frozen=True, slots=True)

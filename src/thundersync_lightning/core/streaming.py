@@ -1,0 +1,450 @@
+"""Exact streaming GRPO gradients: backpropagate each trajectory the moment it lands.
+
+Notation (see docs and ``estimators``): group g has trajectories i with score S_i (a scalar
+with an autograd graph to the parameters theta) and reward r_i; A_i = a_g r_i + b_g; N groups.
+
+    L = -(1/N) sum_g sum_{i in g} A_i S_i
+    grad L = -(1/N) sum_g [a_g G1_g + b_g G2_g],  G1_g = sum r_i grad S_i,  G2_g = sum grad S_i
+
+G1 and G2 need only each trajectory's own reward, so ``add_logprob`` runs the backward of S_i at
+once and keeps running sums; when a group's last event lands its coefficients are known and it is
+*folded* into the step's gradient and its buffers freed. ``finish`` (the batch barrier) adds
+grad L to ``.grad``. Parameters must not change during the step, so every gradient is taken at
+the same theta: zero staleness, and the result equals one backward of L up to summation order.
+
+Buffers per open group: while a group has seen at most two distinct reward values it keeps one
+sum per value (binary rewards: P = sum_{r=1} grad S_i, Z = sum_{r=0} grad S_i, one buffer touched
+per trajectory); a third distinct value collapses them into (G1, G2). A gradient whose reward is
+not yet known is *held* until it is. Advantages are computed in float64 from the rewards directly,
+so a group with all-equal rewards contributes exactly zero (and its remaining backward passes are
+skipped); so does a group of one trajectory.
+
+Direct path: once all rewards of a group are known, its sums are folded at once (freeing them)
+and every later trajectory of the group is backpropagated with its known advantage straight into
+the step's gradient (no sums). From then on the group can no longer be aborted (its contribution
+cannot be removed exactly): ``abort_group`` raises; deliver its remaining logprobs instead.
+
+``max_open_groups``: ``open_group`` raises :class:`OpenGroupLimitError` when that many groups are
+already open (declared, not yet folded or aborted); nothing changes. The caller admits groups as
+slots free up (the strategy defers a group's events until it is admitted).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import (
+    AccumulatorSpentError,
+    DuplicateEventError,
+    GroupError,
+    InvalidLogprobError,
+    InvalidRewardError,
+    OpenGroupLimitError,
+    OpenGroupsError,
+    PolicyChangedError,
+    UnknownTrajectoryError,
+)
+from .estimators import get_estimator
+from .storage import ByteUsage, GradientStore, Offload
+
+__all__ = ["StreamingGRPO", "StreamingReport", "GroupStat"]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupStat:
+    group_id: Hashable
+    size: int
+    reward_mean: float
+    reward_std: float  # population std
+
+
+@dataclass(frozen=True, slots=True)
+class StreamingReport:
+    """What the barrier folded. ``objective`` = sum_i A_i S_i over folded trajectories on this
+    process, so this process's share of the loss is ``-objective / num_groups``."""
+
+    groups_folded: int
+    groups_aborted: int
+    trajectories: int
+    num_groups: int
+    objective: float
+    groups: tuple[GroupStat, ...]
+    peak_bytes: ByteUsage
+    backward_passes: int
+    skipped_backward_passes: int
+
+
+@dataclass
+class _Group:
+    members: tuple[Hashable, ...]
+    rewards: dict[Hashable, float] = field(default_factory=dict)
+    scores: dict[Hashable, float] = field(default_factory=dict)  # S_i values, for the objective
+    held: dict[Hashable, torch.Tensor] = field(default_factory=dict)  # grads awaiting their reward
+    by_reward: dict[float, torch.Tensor] = field(default_factory=dict)  # <= 2 distinct reward values
+    g1: torch.Tensor | None = None  # sum r_i grad S_i, after collapse
+    g2: torch.Tensor | None = None  # sum grad S_i, after collapse
+    direct: int = 0  # contributions already added to the step gradient (early fold or direct path)
+
+    def complete(self) -> bool:
+        return len(self.rewards) == len(self.members) and len(self.scores) == len(self.members)
+
+    def all_rewards_known(self) -> bool:
+        return len(self.rewards) == len(self.members)
+
+
+class StreamingGRPO:
+    """Two running gradient sums per group; one exact GRPO gradient at the barrier.
+
+    Args:
+        params: the trainable tensors (``requires_grad``); ``.grad`` of nothing else is touched.
+        estimator: a registered advantage estimator (``grpo``, ``drgrpo``, ``rloo`` or your own).
+        eps: the std guard of ``grpo``.
+        offload: where group sums and held gradients live (``none`` | ``cpu`` | ``pinned``).
+        max_open_groups: bound on groups declared and not yet folded/aborted (None: unbounded).
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor],
+        estimator: str = "grpo",
+        eps: float = 1e-6,
+        *,
+        offload: Offload = "none",
+        max_open_groups: int | None = None,
+    ) -> None:
+        self._params = [p for p in params]
+        problems = []
+        if not self._params:
+            problems.append("params is empty: pass the trainable parameters")
+        if any(not p.requires_grad for p in self._params):
+            problems.append("every tensor in params must require grad")
+        if len({id(p) for p in self._params}) != len(self._params):
+            problems.append("params lists the same tensor twice")
+        if not (eps >= 0 and math.isfinite(eps)):
+            problems.append(f"eps must be a finite number >= 0, got {eps}")
+        if max_open_groups is not None and max_open_groups < 1:
+            problems.append(f"max_open_groups must be >= 1 or None, got {max_open_groups}")
+        if problems:
+            raise GroupError("invalid StreamingGRPO arguments: " + "; ".join(problems))
+        self._coefficients = get_estimator(estimator)
+        self.estimator = estimator
+        self.eps = float(eps)
+        self.max_open_groups = max_open_groups
+        self._store = GradientStore(self._params, offload)
+        self.reset()
+
+    # ------------------------------------------------------------------ lifecycle
+    def reset(self) -> None:
+        """Start a new step: forget everything and record the parameters' version counters."""
+        self._groups: dict[Hashable, _Group] = {}
+        self._owner: dict[Hashable, Hashable] = {}
+        self._folded: list[GroupStat] = []
+        self._aborted = 0
+        self._objective = 0.0
+        self._backward = 0
+        self._skipped = 0
+        self._final: torch.Tensor | None = None
+        self._spent = False
+        self._versions = [p._version for p in self._params]
+        self._store = GradientStore(self._params, self._store.offload)
+
+    @property
+    def open_groups(self) -> tuple[Hashable, ...]:
+        return tuple(self._groups)
+
+    @property
+    def bytes_in_use(self) -> ByteUsage:
+        return self._store.current()
+
+    @property
+    def peak_bytes(self) -> ByteUsage:
+        return self._store.peak()
+
+    def _check_live(self) -> None:
+        if self._spent:
+            raise AccumulatorSpentError(
+                "this StreamingGRPO already reached its barrier (finish); call reset() or create a "
+                "new one for the next step"
+            )
+
+    # ------------------------------------------------------------------ events
+    def open_group(self, group_id: Hashable, trajectory_ids: Sequence[Hashable]) -> None:
+        """Declare a group and ALL its trajectories up front."""
+        self._check_live()
+        members = tuple(trajectory_ids)
+        if not members:
+            raise GroupError(f"group {group_id!r} has no trajectories; a group needs at least one")
+        if group_id in self._groups or any(s.group_id == group_id for s in self._folded):
+            raise GroupError(f"group {group_id!r} was already opened in this step")
+        if len(set(members)) != len(members):
+            raise DuplicateEventError(f"group {group_id!r} lists a trajectory id twice: {members}")
+        taken = [t for t in members if t in self._owner]
+        if taken:
+            raise DuplicateEventError(
+                f"trajectories {taken} of group {group_id!r} already belong to group "
+                f"{self._owner[taken[0]]!r}; a trajectory belongs to exactly one group"
+            )
+        if self.max_open_groups is not None and len(self._groups) >= self.max_open_groups:
+            raise OpenGroupLimitError(
+                f"cannot open group {group_id!r}: {len(self._groups)} groups are open and "
+                f"max_open_groups={self.max_open_groups}; fold or abort one first, or raise the limit"
+            )
+        self._groups[group_id] = _Group(members)
+        for t in members:
+            self._owner[t] = group_id
+
+    def _group_of(self, trajectory_id: Hashable) -> tuple[Hashable, _Group]:
+        gid = self._owner.get(trajectory_id)
+        if gid is None or gid not in self._groups:
+            state = "was in a group that is already folded or aborted" if gid is not None else "is unknown"
+            raise UnknownTrajectoryError(
+                f"trajectory {trajectory_id!r} {state}; declare it with open_group before its events"
+            )
+        return gid, self._groups[gid]
+
+    def add_reward(self, trajectory_id: Hashable, reward: float) -> None:
+        """Record r_i. Folds a held gradient and closes the group when it is complete."""
+        self._check_live()
+        gid, group = self._group_of(trajectory_id)
+        value = _finite_reward(trajectory_id, reward)
+        if trajectory_id in group.rewards:
+            raise DuplicateEventError(f"trajectory {trajectory_id!r} already has a reward")
+        group.rewards[trajectory_id] = value
+        held = group.held.pop(trajectory_id, None)
+        if held is not None:
+            self._accumulate(group, value, held)
+        if group.all_rewards_known():
+            self._fold_buffers(group)  # a_g, b_g are known now: free the sums early
+        self._maybe_close(gid, group)
+
+    def add_logprob(self, trajectory_id: Hashable, logprob: torch.Tensor) -> None:
+        """Run the backward of S_i now and fold or hold its gradient."""
+        self._check_live()
+        gid, group = self._group_of(trajectory_id)
+        if trajectory_id in group.scores:
+            raise DuplicateEventError(f"trajectory {trajectory_id!r} already has a logprob")
+        score = _finite_score(trajectory_id, logprob)
+        if group.all_rewards_known():
+            self._direct(trajectory_id, group, logprob)
+        else:
+            grads = self._grad(trajectory_id, logprob, None)
+            flat = self._store.flatten(grads)
+            reward = group.rewards.get(trajectory_id)
+            if reward is None:
+                group.held[trajectory_id] = flat
+            else:
+                self._accumulate(group, reward, flat)
+        group.scores[trajectory_id] = score
+        self._maybe_close(gid, group)
+
+    def abort_group(self, group_id: Hashable) -> None:
+        """Drop a group that cannot finish: its buffers are freed and it counts nowhere."""
+        self._check_live()
+        group = self._groups.get(group_id)
+        if group is None:
+            raise GroupError(f"group {group_id!r} is not open (unknown, already folded or aborted)")
+        if group.direct:
+            raise GroupError(
+                f"group {group_id!r} cannot be aborted: all its rewards are known and its gradient is "
+                "already folded into the step's gradient (it cannot be removed exactly); deliver its "
+                "remaining logprobs instead"
+            )
+        self._drop_buffers(group)
+        del self._groups[group_id]
+        for t in group.members:
+            del self._owner[t]
+        self._aborted += 1
+
+    # ------------------------------------------------------------------ barrier
+    def finish(self, num_groups: int | None = None) -> StreamingReport:
+        """The batch barrier: add grad L to each parameter's ``.grad`` and return a report.
+
+        ``num_groups`` is N, the global number of groups (data parallel); by default the number
+        of groups folded on this process. Aborted groups are not counted.
+        """
+        self._check_live()
+        if self._groups:
+            raise OpenGroupsError("cannot finish the step: " + self._describe_open())
+        moved = [i for i, (p, v) in enumerate(zip(self._params, self._versions)) if p._version != v]
+        if moved:
+            raise PolicyChangedError(
+                f"{len(moved)} parameter(s) (indices {moved[:8]}) were modified in place during the step; "
+                "the streamed gradients were taken at the old values, so stepping now would mix two "
+                "policies. Do not change parameters between the first event and the barrier."
+            )
+        if num_groups is not None and (num_groups < len(self._folded) or num_groups < 0):
+            raise GroupError(f"num_groups={num_groups} is smaller than the {len(self._folded)} groups folded here")
+        n = len(self._folded) if num_groups is None else num_groups
+        if self._final is not None and n > 0:
+            scale = -1.0 / n
+            for p, g in zip(self._params, self._store.split(self._final)):
+                contribution = (g * scale).to(p.dtype)
+                if p.grad is None:
+                    p.grad = contribution.clone()
+                else:
+                    p.grad.add_(contribution)
+        report = StreamingReport(
+            groups_folded=len(self._folded),
+            groups_aborted=self._aborted,
+            trajectories=sum(s.size for s in self._folded),
+            num_groups=n,
+            objective=self._objective,
+            groups=tuple(self._folded),
+            peak_bytes=self._store.peak(),
+            backward_passes=self._backward,
+            skipped_backward_passes=self._skipped,
+        )
+        if self._final is not None:
+            self._store.release_device()
+            self._final = None
+        self._spent = True
+        return report
+
+    # ------------------------------------------------------------------ internals
+    def _grad(self, trajectory_id: Hashable, logprob: torch.Tensor, weight: float | None) -> list:
+        grad_out = None if weight is None else torch.full_like(logprob, weight)
+        try:
+            grads = torch.autograd.grad(logprob, self._params, grad_outputs=grad_out, allow_unused=True)
+        except RuntimeError as err:
+            raise InvalidLogprobError(
+                f"backward of trajectory {trajectory_id!r}'s logprob failed ({err}); it must be a scalar "
+                "computed from the parameters in this step's graph"
+            ) from err
+        if all(g is None for g in grads):
+            raise InvalidLogprobError(
+                f"trajectory {trajectory_id!r}'s logprob has no autograd path to the parameters; "
+                "compute it from the policy's forward pass"
+            )
+        self._backward += 1
+        return list(grads)
+
+    def _direct(self, trajectory_id: Hashable, group: _Group, logprob: torch.Tensor) -> None:
+        adv = _advantage_of(self, group, group.rewards[trajectory_id])
+        if adv == 0.0:
+            self._skipped += 1
+            return
+        grads = self._grad(trajectory_id, logprob, adv)
+        if self._final is None:
+            self._final = self._store.zeros_on_device()
+        for view, g in zip(self._store.split(self._final), grads):
+            if g is not None:
+                view.add_(g.to(view.dtype))
+        group.direct += 1
+
+    def _accumulate(self, group: _Group, reward: float, flat: torch.Tensor) -> None:
+        if group.g1 is not None:
+            group.g1.add_(flat, alpha=reward)
+            group.g2.add_(flat)
+            self._store.release(flat)
+            return
+        buf = group.by_reward.get(reward)
+        if buf is not None:
+            buf.add_(flat)
+            self._store.release(flat)
+        elif len(group.by_reward) < 2:
+            group.by_reward[reward] = flat
+        else:  # a third distinct reward: collapse to the two sums G1, G2
+            g1 = self._store.track(flat * reward)
+            g2 = flat
+            for r, h in group.by_reward.items():
+                g1.add_(h, alpha=r)
+                g2.add_(h)
+                self._store.release(h)
+            group.by_reward.clear()
+            group.g1, group.g2 = g1, g2
+
+    def _fold_buffers(self, group: _Group) -> None:
+        """All rewards known: a_g, b_g are fixed, so move the group's sums into the step's gradient."""
+        if not (group.by_reward or group.g1 is not None) or _zero_advantage(group):
+            self._drop_buffers(group)
+            return
+        a, b = self._coefficients(_rewards(group), self.eps)
+        if self._final is None:
+            self._final = self._store.zeros_on_device()
+        if group.g1 is not None:
+            self._final.add_(self._store.to_device(group.g1), alpha=a)
+            self._final.add_(self._store.to_device(group.g2), alpha=b)
+        for r, h in group.by_reward.items():
+            self._final.add_(self._store.to_device(h), alpha=a * r + b)
+        group.direct += 1
+        self._drop_buffers(group)
+
+    def _drop_buffers(self, group: _Group) -> None:
+        self._store.release(*group.held.values(), *group.by_reward.values(), group.g1, group.g2)
+        group.held.clear()
+        group.by_reward.clear()
+        group.g1 = group.g2 = None
+
+    def _maybe_close(self, gid: Hashable, group: _Group) -> None:
+        if not group.complete():
+            return
+        rewards = _rewards(group)
+        if not _zero_advantage(group):
+            a, b = self._coefficients(rewards, self.eps)
+            self._objective += sum((a * group.rewards[t] + b) * group.scores[t] for t in group.members)
+        del self._groups[gid]
+        self._folded.append(
+            GroupStat(gid, len(group.members), float(rewards.mean()), float(rewards.std(correction=0)))
+        )
+
+    def _describe_open(self) -> str:
+        parts = []
+        for gid, g in self._groups.items():
+            no_reward = [t for t in g.members if t not in g.rewards]
+            no_logprob = [t for t in g.members if t not in g.scores]
+            parts.append(f"group {gid!r} misses rewards of {no_reward} and logprobs of {no_logprob}")
+        return "; ".join(parts) + ". Deliver the missing events or abort_group() the groups that cannot finish."
+
+
+def _zero_advantage(group: _Group) -> bool:
+    values = list(group.rewards.values())
+    return len(group.members) == 1 or (len(values) == len(group.members) and all(v == values[0] for v in values))
+
+
+def _rewards(group: _Group) -> torch.Tensor:
+    return torch.tensor([group.rewards[t] for t in group.members], dtype=torch.float64)
+
+
+def _advantage_of(acc: StreamingGRPO, group: _Group, reward: float) -> float:
+    if _zero_advantage(group):
+        return 0.0
+    a, b = acc._coefficients(_rewards(group), acc.eps)
+    return a * reward + b
+
+
+def _finite_reward(trajectory_id: Hashable, reward: float) -> float:
+    try:
+        value = float(reward)
+    except (TypeError, ValueError):
+        raise InvalidRewardError(f"reward of trajectory {trajectory_id!r} is not a number: {reward!r}") from None
+    if not math.isfinite(value):
+        raise InvalidRewardError(
+            f"reward of trajectory {trajectory_id!r} is {value}; rewards must be finite (a NaN would "
+            "poison the whole group's advantages). Map failed verdicts to a finite reward such as 0."
+        )
+    return value
+
+
+def _check_graph(trajectory_id: Hashable, logprob: torch.Tensor) -> None:
+    if not logprob.requires_grad:
+        raise InvalidLogprobError(
+            f"trajectory {trajectory_id!r}'s logprob does not require grad; compute it from the policy's "
+            "forward pass (not under torch.no_grad) so its backward reaches the parameters"
+        )
+
+
+def _finite_score(trajectory_id: Hashable, logprob: torch.Tensor) -> float:
+    if not isinstance(logprob, torch.Tensor) or logprob.numel() != 1:
+        raise InvalidLogprobError(
+            f"logprob of trajectory {trajectory_id!r} must be a scalar tensor (the sum of its scored "
+            f"tokens' log-probabilities), got {type(logprob).__name__} of shape {getattr(logprob, 'shape', None)}"
+        )
+    _check_graph(trajectory_id, logprob)
+    value = float(logprob.detach())
+    if not math.isfinite(value):
+        raise InvalidLogprobError(f"logprob of trajectory {trajectory_id!r} is {value}; it must be finite")
+    return value

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -157,6 +158,10 @@ class StreamingGRPO:
         return tuple(self._groups)
 
     @property
+    def groups_folded(self) -> int:
+        return len(self._folded)
+
+    @property
     def bytes_in_use(self) -> ByteUsage:
         return self._store.current()
 
@@ -241,6 +246,75 @@ class StreamingGRPO:
         group.scores[trajectory_id] = score
         self._maybe_close(gid, group)
 
+    def add_logprobs(self, trajectory_ids: Sequence[Hashable], logprobs: torch.Tensor) -> None:
+        """Several trajectories at once; exact same result as calling :meth:`add_logprob` for each.
+
+        Trajectories whose gradients end in the same place share ONE backward pass: all those of
+        groups whose rewards are all known (direct path, weights A_i), and those of one group with
+        the same known reward (one sum H_r). Trajectories without a known reward get their own
+        backward each (their gradients must be held apart). For the fewest backward passes, pass
+        one such bucket per call, scored by its own forward (each backward traverses the graph
+        of every score given).
+        """
+        self._check_live()
+        ids = list(trajectory_ids)
+        if logprobs.dim() != 1 or logprobs.numel() != len(ids):
+            raise InvalidLogprobError(
+                f"add_logprobs needs a 1-D tensor with one score per trajectory id: got shape "
+                f"{tuple(logprobs.shape)} for {len(ids)} ids"
+            )
+        if len(set(ids)) != len(ids):
+            raise DuplicateEventError(f"add_logprobs got a trajectory id twice: {ids}")
+        owners = []
+        for tid in ids:
+            gid, group = self._group_of(tid)
+            if tid in group.scores:
+                raise DuplicateEventError(f"trajectory {tid!r} already has a logprob")
+            owners.append((gid, group))
+        scores = [_finite_score(tid, logprobs[i]) for i, tid in enumerate(ids)]
+        direct: list[tuple[int, float]] = []
+        buckets: dict[tuple[Hashable, float], list[int]] = {}
+        single: list[int] = []
+        for i, (tid, (gid, group)) in enumerate(zip(ids, owners)):
+            if group.all_rewards_known():
+                adv = _advantage_of(self, group, group.rewards[tid])
+                if adv == 0.0:
+                    self._skipped += 1
+                else:
+                    direct.append((i, adv))
+            elif tid in group.rewards:
+                buckets.setdefault((gid, group.rewards[tid]), []).append(i)
+            else:
+                single.append(i)
+        jobs: list[tuple[str, Any, torch.Tensor]] = []
+        if direct:
+            weights = torch.tensor([a for _, a in direct], dtype=logprobs.dtype, device=logprobs.device)
+            jobs.append(("direct", [i for i, _ in direct], (logprobs[[i for i, _ in direct]] * weights).sum()))
+        for key, rows in buckets.items():
+            jobs.append(("sum", key, logprobs[rows].sum()))
+        for i in single:
+            jobs.append(("held", ids[i], logprobs[i]))
+        label = ids[0] if len(ids) == 1 else f"{len(ids)} trajectories"
+        grads_per_job = [
+            self._grad(label, score, None, retain=(k < len(jobs) - 1)) for k, (_, _, score) in enumerate(jobs)
+        ]
+        # every check passed and every backward ran: now change state
+        for (kind, key, _), grads in zip(jobs, grads_per_job):
+            if kind == "direct":
+                self._add_to_final(grads)
+                for i in key:
+                    owners[i][1].direct += 1
+            elif kind == "sum":
+                gid, reward = key
+                self._accumulate(self._groups[gid], reward, self._store.flatten(grads))
+            else:
+                self._groups[self._owner[key]].held[key] = self._store.flatten(grads)
+        for i, tid in enumerate(ids):
+            owners[i][1].scores[tid] = scores[i]
+        for gid, group in {id(g): (gid, g) for gid, g in owners}.values():
+            if gid in self._groups:
+                self._maybe_close(gid, group)
+
     def abort_group(self, group_id: Hashable) -> None:
         """Drop a group that cannot finish: its buffers are freed and it counts nowhere."""
         self._check_live()
@@ -305,10 +379,14 @@ class StreamingGRPO:
         return report
 
     # ------------------------------------------------------------------ internals
-    def _grad(self, trajectory_id: Hashable, logprob: torch.Tensor, weight: float | None) -> list:
+    def _grad(
+        self, trajectory_id: Hashable, logprob: torch.Tensor, weight: float | None, retain: bool = False
+    ) -> list:
         grad_out = None if weight is None else torch.full_like(logprob, weight)
         try:
-            grads = torch.autograd.grad(logprob, self._params, grad_outputs=grad_out, allow_unused=True)
+            grads = torch.autograd.grad(
+                logprob, self._params, grad_outputs=grad_out, allow_unused=True, retain_graph=retain
+            )
         except RuntimeError as err:
             raise InvalidLogprobError(
                 f"backward of trajectory {trajectory_id!r}'s logprob failed ({err}); it must be a scalar "
@@ -327,13 +405,15 @@ class StreamingGRPO:
         if adv == 0.0:
             self._skipped += 1
             return
-        grads = self._grad(trajectory_id, logprob, adv)
+        self._add_to_final(self._grad(trajectory_id, logprob, adv))
+        group.direct += 1
+
+    def _add_to_final(self, grads: list) -> None:
         if self._final is None:
             self._final = self._store.zeros_on_device()
         for view, g in zip(self._store.split(self._final), grads):
             if g is not None:
                 view.add_(g.to(view.dtype))
-        group.direct += 1
 
     def _accumulate(self, group: _Group, reward: float, flat: torch.Tensor) -> None:
         if group.g1 is not None:

@@ -1,0 +1,115 @@
+"""``RolloutDataModule``: tasks, a rollout engine, group size G and groups per step B.
+
+Its dataloader yields :class:`~thundersync_lightning.strategy.RolloutPlan` tickets, one per step;
+rollouts are generated inside the step by the strategy (or by ``GRPOPolicy.training_step`` under a
+stock strategy), after that step's weights are published. The engine is built in ``setup`` from
+the policy's :class:`ModelSpec` and shut down in ``teardown``; each learner process has its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Protocol, runtime_checkable
+
+from lightning.pytorch import LightningDataModule
+from typing_extensions import override
+
+from ..core.errors import ConfigError
+from ..core.protocols import RolloutEngine, TaskSource
+from ..core.types import ModelSpec
+from ..strategy.plan import PlanLoader, RolloutPlan
+
+__all__ = ["RolloutDataModule", "EngineFactory"]
+
+log = logging.getLogger(__name__)
+
+
+@runtime_checkable
+class EngineFactory(Protocol):
+    """An engine configuration: ``build`` starts the engine for a policy architecture and tasks."""
+
+    def build(self, model_spec: ModelSpec, tasks: TaskSource) -> RolloutEngine: ...
+
+
+class RolloutDataModule(LightningDataModule):
+    """``tasks`` and ``engine`` are typed ``object`` so a config may name any class that implements
+    :class:`TaskSource` / :class:`EngineFactory` structurally (jsonargparse checks protocols by
+    exact signature, annotations included, which would reject working implementations).
+
+    Args:
+    tasks: the task source (e.g. ``thundersync_lightning.envs.toy.GuessingGameTasks``).
+    engine: an engine configuration with ``build(model_spec, tasks)``.
+    group_size: G, trajectories sampled per task.
+    groups_per_step: B, groups (tasks) per optimizer step, over all ranks.
+    seed: the rollout seed; trajectory seeds derive from (seed, step, group, sample).
+    steps_per_epoch: length of an "epoch" (RL has none; it only paces epoch-level hooks).
+    """
+
+    def __init__(
+        self,
+        tasks: object,
+        engine: object,
+        group_size: int = 8,
+        groups_per_step: int = 16,
+        seed: int = 0,
+        steps_per_epoch: int = 1000,
+    ) -> None:
+        super().__init__()
+        problems = []
+        if group_size < 1:
+            problems.append(f"group_size must be >= 1, got {group_size}")
+        if groups_per_step < 1:
+            problems.append(f"groups_per_step must be >= 1, got {groups_per_step}")
+        if steps_per_epoch < 1:
+            problems.append(f"steps_per_epoch must be >= 1, got {steps_per_epoch}")
+        missing = [m for m in ("tasks", "make_env") if not callable(getattr(tasks, m, None))]
+        missing += [a for a in ("max_turns", "max_action_tokens", "stop_token") if not hasattr(tasks, a)]
+        if missing:
+            problems.append(f"tasks ({type(tasks).__name__}) lacks TaskSource members: {', '.join(missing)}")
+        if not callable(getattr(engine, "build", None)):
+            problems.append(f"engine must have build(model_spec, tasks), got {type(engine).__name__}")
+        if problems:
+            raise ConfigError("RolloutDataModule: " + "; ".join(problems))
+        self.tasks: TaskSource = tasks  # type: ignore[assignment]
+        self.engine_factory: EngineFactory = engine  # type: ignore[assignment]
+        self.group_size = group_size
+        self.groups_per_step = groups_per_step
+        self.seed = seed
+        self.steps_per_epoch = steps_per_epoch
+        self._engine: RolloutEngine | None = None
+
+    @property
+    def engine(self) -> RolloutEngine | None:
+        return self._engine
+
+    @override
+    def setup(self, stage: str) -> None:
+        if self._engine is not None:
+            return
+        world = self.trainer.world_size if self.trainer is not None else 1
+        if self.groups_per_step < world:
+            raise ConfigError(
+                f"groups_per_step={self.groups_per_step} is smaller than the {world} learner processes; "
+                "every rank needs at least one group"
+            )
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        spec = getattr(module, "model_spec", None)
+        if not isinstance(spec, ModelSpec):
+            raise ConfigError(
+                f"{type(module).__name__} has no model_spec; the engine needs the policy architecture "
+                "(use thundersync_lightning.modules.GRPOPolicy)"
+            )
+        self._engine = self.engine_factory.build(spec, self.tasks)
+
+    @override
+    def train_dataloader(self) -> Any:
+        if self._engine is None:
+            raise ConfigError("RolloutDataModule.setup('fit') must run before train_dataloader()")
+        plan = RolloutPlan(self.tasks, self._engine, self.group_size, self.groups_per_step, self.seed)
+        return PlanLoader(plan, self.steps_per_epoch)
+
+    @override
+    def teardown(self, stage: str) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None

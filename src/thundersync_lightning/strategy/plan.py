@@ -1,0 +1,72 @@
+"""What the dataloader hands the strategy: a plan, not data.
+
+A Lightning dataloader is read one batch ahead of the step that uses it (the prefetch trap in the
+field notes). If batches held rollouts, step k+1's rollouts would be generated before step k's
+weights exist. So the dataloader yields a :class:`RolloutPlan` and the *strategy* asks it for the
+request of the step it is running, after publishing that step's weights: prefetching a plan is
+harmless by construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from ..core.protocols import RolloutEngine, TaskSource
+from ..core.types import GroupRequest, RolloutRequest, group_id
+
+__all__ = ["RolloutPlan", "PlanLoader"]
+
+
+class RolloutPlan:
+    """Which tasks every step trains on, split across data-parallel ranks.
+
+    Step k uses ``tasks.tasks(k, groups_per_step, seed)``; group i goes to rank ``i % world_size``.
+    Trajectory seeds derive from (seed, step, group index, sample) only, so the union over ranks
+    of the trajectories is the same for any number of learner processes.
+
+    A plain class (not a dataclass): Lightning's batch transfer would try to copy a dataclass.
+    """
+
+    __slots__ = ("tasks", "engine", "group_size", "groups_per_step", "seed")
+
+    def __init__(
+        self, tasks: TaskSource, engine: RolloutEngine, group_size: int, groups_per_step: int, seed: int
+    ) -> None:
+        self.tasks = tasks
+        self.engine = engine
+        self.group_size = group_size
+        self.groups_per_step = groups_per_step
+        self.seed = seed
+
+    def request(self, step: int, rank: int = 0, world_size: int = 1) -> RolloutRequest:
+        payloads = list(self.tasks.tasks(step, self.groups_per_step, self.seed))
+        if len(payloads) != self.groups_per_step:
+            raise ValueError(
+                f"{type(self.tasks).__name__}.tasks returned {len(payloads)} tasks for step {step}; "
+                f"groups_per_step is {self.groups_per_step}"
+            )
+        groups = tuple(
+            GroupRequest(group_id(step, i), i, task, self.group_size)
+            for i, task in enumerate(payloads)
+            if i % world_size == rank
+        )
+        return RolloutRequest(step=step, groups=groups, seed=self.seed)
+
+
+class PlanLoader:
+    """An iterable of ``len(self)`` copies of one plan: one item per optimizer step.
+
+    It has a length so Lightning does not treat it as an endless stream.
+    """
+
+    def __init__(self, plan: RolloutPlan, steps_per_epoch: int) -> None:
+        self.plan = plan
+        self.steps_per_epoch = steps_per_epoch
+
+    def __len__(self) -> int:
+        return self.steps_per_epoch
+
+    def __iter__(self) -> Iterator[Any]:
+        for _ in range(self.steps_per_epoch):
+            yield self.plan

@@ -1,0 +1,313 @@
+"""One RL step's event loop on one learner process.
+
+Streaming (and async): a pump thread moves the engine's events into a queue; the learner drains
+it and never idles while work exists. Trajectories whose content and reward are both known are
+scored and backpropagated in buckets that share one backward (one group and one reward value,
+or every trajectory of fully rewarded groups: ``StreamingGRPO.add_logprobs``); when nothing else is
+ready, a trajectory whose reward is still pending is backpropagated alone and its gradient held.
+The learner waits only when no work is left. Sync: events are only collected; the caller runs one
+backward of the full loss after the last one (the synchronous baseline).
+
+The runner measures what the learner did: busy intervals (scoring/backward, folds), waiting
+(everything else), the open-group count over time and each trajectory's staleness.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..core.errors import EngineError, GroupError, StalenessError, UnknownTrajectoryError
+from ..core.streaming import StreamingGRPO
+from ..core.types import ContentReady, RewardReady, RolloutEvent, RolloutRequest, Trajectory
+from .stats import Interval, RolloutProgress, TrajectoryRecord
+
+__all__ = ["StepRunner", "StepOutcome"]
+
+ScoreFn = Callable[[Sequence[Trajectory]], torch.Tensor]
+
+
+@dataclass
+class StepOutcome:
+    trajectories: dict[str, Trajectory] = field(default_factory=dict)
+    rewards: dict[str, float] = field(default_factory=dict)
+    reward_times: dict[str, float] = field(default_factory=dict)
+    failures: dict[str, str] = field(default_factory=dict)
+    busy: list[Interval] = field(default_factory=list)
+    open_groups: list[tuple[float, int]] = field(default_factory=list)
+    learner_tokens: int = 0
+
+    def records(self, version: int) -> tuple[TrajectoryRecord, ...]:
+        out = []
+        for tid, t in self.trajectories.items():
+            out.append(
+                TrajectoryRecord(
+                    trajectory_id=tid,
+                    group_id=t.group_id,
+                    policy_version=t.policy_version,
+                    staleness=version - t.policy_version,
+                    reward=self.rewards.get(tid),
+                    num_tokens=len(t.tokens),
+                    num_scored_tokens=t.num_scored_tokens,
+                    num_turns=t.num_turns,
+                    finish_reason=t.finish_reason,
+                    failure=self.failures.get(tid) or t.failure,
+                    content_ready_at=t.content_ready_at,
+                    reward_ready_at=self.reward_times.get(tid),
+                )
+            )
+        return tuple(out)
+
+
+class StepRunner:
+    """Consumes one request's events; see the module docstring.
+
+    Args:
+        request: this rank's share of the step.
+        version: the policy version being updated (staleness = version - rollout version).
+        allowed_staleness: 0 in streaming/sync, 1 in async; a larger one raises StalenessError.
+        accumulator: the step's StreamingGRPO (None in sync mode: events are only collected).
+        score: ``trajectory_logprobs`` of the policy: S_i with a graph to the parameters.
+        progress: called with a RolloutProgress at most every ``progress_interval_s`` and at the end.
+    """
+
+    def __init__(
+        self,
+        request: RolloutRequest,
+        version: int,
+        allowed_staleness: int,
+        accumulator: StreamingGRPO | None,
+        score: ScoreFn,
+        progress: Callable[[RolloutProgress], None] | None = None,
+        progress_interval_s: float = 0.2,
+        max_batch_trajectories: int = 32,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_batch = max(1, max_batch_trajectories)
+        self._waiting: dict[str, None] = {}  # content known, not yet backpropagated (ordered)
+        self.request = request
+        self.version = version
+        self.allowed = allowed_staleness
+        self.acc = accumulator
+        self.score = score
+        self.progress = progress
+        self.progress_interval_s = progress_interval_s
+        self.clock = clock
+        self._members = request.trajectory_ids()
+        self._owner = {t: g for g, ts in self._members.items() for t in ts}
+        self._admitted: set[str] = set()
+        self._admitted_ids: set[str] = set()
+        self._deferred: dict[str, list[RolloutEvent]] = {}
+        self.outcome = StepOutcome()
+        self._start = clock()
+        self._last_progress = float("-inf")
+
+    # ------------------------------------------------------------------ public
+    def run(self, events: Iterator[RolloutEvent]) -> StepOutcome:
+        inbox: queue.Queue = queue.Queue()
+        pump = threading.Thread(target=_pump, args=(events, inbox), name="thundersync-events", daemon=True)
+        pump.start()
+        ended = False
+        while True:
+            if not ended:
+                ended = self._drain(inbox, block=not self._has_work())
+            worked = self._work(inbox_empty=inbox.empty()) if self.acc is not None else False
+            self._report(final=False)
+            if ended and not worked:
+                break
+        self._check_complete()
+        self._report(final=True)
+        return self.outcome
+
+    def _drain(self, inbox: queue.Queue, block: bool) -> bool:
+        """Dispatch every event available now (waiting for one if ``block``); True at the end."""
+        item = inbox.get() if block else _get_nowait(inbox)
+        while item is not None:
+            if item is _END:
+                return True
+            if isinstance(item, BaseException):
+                raise item
+            self._dispatch(item)
+            item = _get_nowait(inbox)
+        return False
+
+    def _has_work(self) -> bool:
+        return self.acc is not None and any(t in self._admitted_members for t in self._waiting)
+
+    def _work(self, inbox_empty: bool) -> bool:
+        """One unit of learner work; False when there was none."""
+        assert self.acc is not None
+        ready = [t for t in self._waiting if t in self.outcome.rewards and t in self._admitted_members]
+        if ready:
+            buckets: dict[object, list[str]] = {}
+            for tid in ready:
+                gid = self._owner[tid]
+                full = all(m in self.outcome.rewards for m in self._members[gid])
+                buckets.setdefault("direct" if full else (gid, self.outcome.rewards[tid]), []).append(tid)
+            for tids in buckets.values():
+                for k in range(0, len(tids), self.max_batch):
+                    self._backward(tids[k : k + self.max_batch])
+            return True
+        if inbox_empty:
+            pending = next((t for t in self._waiting if t in self._admitted_members), None)
+            if pending is not None:
+                self._backward([pending])
+                return True
+        return False
+
+    def _backward(self, tids: list[str]) -> None:
+        assert self.acc is not None
+        start = self.clock()
+        trajectories = [self.outcome.trajectories[t] for t in tids]
+        scores = self.score(trajectories)
+        self.acc.add_logprobs(tids, scores)
+        for t in tids:
+            del self._waiting[t]
+        self.outcome.learner_tokens += sum(len(t.tokens) for t in trajectories)
+        self.outcome.busy.append(Interval(start, self.clock(), "backward"))
+        self._after_change()
+
+    # ------------------------------------------------------------------ events
+    def _dispatch(self, event: RolloutEvent) -> None:
+        tid = event.trajectory.trajectory_id if isinstance(event, ContentReady) else event.trajectory_id
+        gid = self._owner.get(tid)
+        if gid is None:
+            raise UnknownTrajectoryError(
+                f"the engine delivered trajectory {tid!r}, which step {self.request.step} did not request "
+                f"(groups {sorted(self._members)} of size {self.request.groups[0].size if self.request.groups else 0}); "
+                "the engine's group size or step does not match the data module's"
+            )
+        if isinstance(event, ContentReady):
+            self._on_content(event)
+        else:
+            self._on_reward(event)
+        if self.acc is None:
+            return
+        if gid not in self._admitted and not self._admit(gid):
+            self._deferred.setdefault(gid, []).append(event)
+            return
+        self._apply(event)
+
+    def _on_content(self, event: ContentReady) -> None:
+        t = event.trajectory
+        staleness = self.version - t.policy_version
+        if staleness < 0 or staleness > self.allowed:
+            raise StalenessError(
+                f"trajectory {t.trajectory_id!r} was generated by policy version {t.policy_version} while the "
+                f"learner updates version {self.version} (staleness {staleness}, allowed {self.allowed})"
+            )
+        if t.trajectory_id in self.outcome.trajectories:
+            raise EngineError(f"the engine delivered the content of {t.trajectory_id!r} twice")
+        self.outcome.trajectories[t.trajectory_id] = t
+
+    def _on_reward(self, event: RewardReady) -> None:
+        if event.trajectory_id in self.outcome.rewards:
+            raise EngineError(f"the engine delivered the reward of {event.trajectory_id!r} twice")
+        self.outcome.rewards[event.trajectory_id] = event.reward
+        self.outcome.reward_times[event.trajectory_id] = event.time
+        if event.failure:
+            self.outcome.failures[event.trajectory_id] = event.failure
+
+    @property
+    def _admitted_members(self) -> set[str]:
+        return self._admitted_ids
+
+    def _admit(self, gid: str) -> bool:
+        assert self.acc is not None
+        limit = self.acc.max_open_groups
+        if limit is not None and len(self.acc.open_groups) >= limit:
+            return False
+        self.acc.open_group(gid, self._members[gid])
+        self._admitted.add(gid)
+        self._admitted_ids.update(self._members[gid])
+        self._mark_open_groups()
+        return True
+
+    def _apply(self, event: RolloutEvent) -> None:
+        """Hand an admitted group's event to the accumulator (content waits for the learner)."""
+        assert self.acc is not None
+        if isinstance(event, ContentReady):
+            self._waiting[event.trajectory.trajectory_id] = None
+            return
+        start = self.clock()
+        self.acc.add_reward(event.trajectory_id, event.reward)
+        self.outcome.busy.append(Interval(start, self.clock(), "fold"))
+        self._after_change()
+
+    def _after_change(self) -> None:
+        assert self.acc is not None
+        if len(self.acc.open_groups) != (self.outcome.open_groups[-1][1] if self.outcome.open_groups else -1):
+            self._mark_open_groups()
+            self._drain_deferred()
+
+    def _drain_deferred(self) -> None:
+        while self._deferred:
+            gid = next(iter(self._deferred))
+            if not self._admit(gid):
+                return
+            for event in self._deferred.pop(gid):
+                self._apply(event)
+
+    def _mark_open_groups(self) -> None:
+        assert self.acc is not None
+        self.outcome.open_groups.append((self.clock(), len(self.acc.open_groups)))
+
+    # ------------------------------------------------------------------ end of stream
+    def _check_complete(self) -> None:
+        missing = []
+        for gid, members in self._members.items():
+            lacking = [t for t in members if t not in self.outcome.trajectories or t not in self.outcome.rewards]
+            if lacking:
+                missing.append(f"{gid}: {lacking}")
+        if missing:
+            raise GroupError(
+                f"the engine's event stream for step {self.request.step} ended before these trajectories "
+                f"had both content and reward: {'; '.join(missing[:5])}. Its group size or request handling "
+                "does not match the data module's."
+            )
+
+    def _report(self, final: bool) -> None:
+        if self.progress is None:
+            return
+        now = self.clock()
+        if not final and now - self._last_progress < self.progress_interval_s:
+            return
+        self._last_progress = now
+        elapsed = now - self._start
+        busy = sum(i.seconds for i in self.outcome.busy)
+        self.progress(
+            RolloutProgress(
+                step=self.request.step,
+                trajectories_total=self.request.num_trajectories,
+                content_ready=len(self.outcome.trajectories),
+                reward_ready=len(self.outcome.rewards),
+                open_groups=len(self.acc.open_groups) if self.acc is not None else 0,
+                elapsed_seconds=elapsed,
+                idle_seconds=max(0.0, elapsed - busy),
+            )
+        )
+
+
+_END = object()
+
+
+def _pump(events: Iterator[RolloutEvent], inbox: queue.Queue) -> None:
+    """Move events into the queue as the engine produces them; an error travels as an item."""
+    try:
+        for event in events:
+            inbox.put(event)
+    except BaseException as err:  # noqa: BLE001 - re-raised on the learner thread
+        inbox.put(err)
+    inbox.put(_END)
+
+
+def _get_nowait(inbox: queue.Queue) -> object | None:
+    try:
+        return inbox.get_nowait()
+    except queue.Empty:
+        return None

@@ -70,3 +70,10 @@ class PlanLoader:
     def __iter__(self) -> Iterator[Any]:
         for _ in range(self.steps_per_epoch):
             yield self.plan
+
+    # Resumable by construction: the global step, not the loader's position, selects the tasks.
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        return None

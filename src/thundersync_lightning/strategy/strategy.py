@@ -25,6 +25,7 @@ from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
+from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
 from torch import Tensor
 from typing_extensions import override
@@ -135,28 +136,41 @@ class ThunderSyncStrategy(DDPStrategy):
 
     # ------------------------------------------------------------------ set-up
     @override
-    def setup(self, trainer: Any) -> None:
+    def setup_environment(self) -> None:
+        # Checked before the data module starts its engine, so a bad configuration fails at once.
+        module = self.lightning_module
+        trainer = module.trainer if module is not None else None
+        if trainer is not None:
+            self._validate(trainer)
+        super().setup_environment()
+
+    def _validate(self, trainer: Any) -> None:
+        module = trainer.lightning_module
+        problems = []
         if trainer.accumulate_grad_batches != 1:
-            raise ConfigError(
+            problems.append(
                 f"accumulate_grad_batches={trainer.accumulate_grad_batches}: with strategy='thundersync' one "
                 "Trainer step is one RL batch; raise the data module's groups_per_step instead"
             )
-        module = trainer.lightning_module
         if not callable(getattr(module, "trajectory_logprobs", None)):
-            raise ConfigError(
-                f"{type(module).__name__} has no trajectory_logprobs(trajectories) method; the strategy "
-                "needs each trajectory's score S_i. Use thundersync_lightning.modules.GRPOPolicy or add it"
+            problems.append(
+                f"{type(module).__name__} has no trajectory_logprobs(trajectories) method; the strategy needs "
+                "each trajectory's score S_i. Use thundersync_lightning.modules.GRPOPolicy or add it"
             )
         if not module.automatic_optimization:
-            raise ConfigError("strategy='thundersync' drives the optimizer itself: use automatic optimization")
-        super().setup(trainer)  # calls configure_ddp below, then sets up optimizers
-        if self.precision_plugin.__class__.__name__ == "MixedPrecision" and getattr(
-            self.precision_plugin, "scaler", None
-        ) is not None:
-            raise ConfigError(
+            problems.append("strategy='thundersync' drives the optimizer itself: use automatic optimization")
+        if isinstance(self.precision_plugin, MixedPrecision) and self.precision_plugin.scaler is not None:
+            problems.append(
                 "precision='16-mixed' scales the loss for its GradScaler, which streamed gradients bypass; "
                 "use precision='bf16-mixed', 'bf16-true' or '32-true'"
             )
+        if problems:
+            raise ConfigError("; ".join(problems))
+
+    @override
+    def setup(self, trainer: Any) -> None:
+        self._validate(trainer)
+        super().setup(trainer)  # calls configure_ddp below, then sets up optimizers
 
     @override
     def configure_ddp(self) -> None:

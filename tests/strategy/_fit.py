@@ -1,0 +1,89 @@
+"""Shared helpers: a short real fit of the toy task (embedded engine, tiny Qwen3) per mode."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch import Callback
+
+import thundersync_lightning  # noqa: F401  registers strategy="thundersync"
+from thundersync_lightning.envs.toy import GuessingGameTasks
+from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
+from thundersync_lightning.rollout import EmbeddedEngineConfig
+from thundersync_lightning.strategy import StepStats, ThunderSyncStrategy
+
+TOY_MODEL = {
+    "vocab_size": 16,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 1,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "max_position_embeddings": 64,
+    "tie_word_embeddings": False,
+}
+
+
+class RecordSteps(Callback):
+    """Keeps every step's StepStats (through the strategy's public property only)."""
+
+    def __init__(self) -> None:
+        self.steps: list[StepStats] = []
+
+    def on_train_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
+        self.steps.append(trainer.strategy.last_step_stats)
+
+
+def toy_data(groups: int = 4, group_size: int = 4, seed: int = 0) -> RolloutDataModule:
+    return RolloutDataModule(
+        tasks=GuessingGameTasks(latency="none"),
+        engine=EmbeddedEngineConfig(num_threads=1, env_workers=4),
+        group_size=group_size,
+        groups_per_step=groups,
+        seed=seed,
+    )
+
+
+def toy_policy(lr: float = 3e-3) -> GRPOPolicy:
+    return GRPOPolicy(config=TOY_MODEL, lr=lr)
+
+
+def fit(
+    mode: str = "streaming",
+    steps: int = 3,
+    root: str | None = None,
+    resume_from: str | None = None,
+    **trainer_kwargs: Any,
+):
+    """Returns (flat parameters after fit, recorded StepStats, trainer)."""
+    trainer_kwargs.pop("ckpt_path", None)
+    L.seed_everything(0)
+    policy = toy_policy()
+    record = RecordSteps()
+    trainer = L.Trainer(
+        strategy=ThunderSyncStrategy(mode=mode),
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=trainer_kwargs.pop("enable_checkpointing", False),
+        num_sanity_val_steps=0,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        callbacks=[record, *trainer_kwargs.pop("callbacks", [])],
+        **trainer_kwargs,
+    )
+    trainer.fit(policy, toy_data(), ckpt_path=resume_from)
+    return flat(policy), record.steps, trainer
+
+
+def flat(module: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1).clone() for p in module.parameters()])
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).norm() / b.norm())

@@ -1,0 +1,41 @@
+"""Run by test_ddp_and_resume as its own process: Lightning's popen launcher re-runs this file."""
+
+from __future__ import annotations
+
+import sys
+
+import lightning as L
+import torch
+
+from thundersync_lightning.strategy import ThunderSyncStrategy
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
+    from tests.strategy._fit import RecordSteps, flat, toy_data, toy_policy
+
+    out, devices, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    L.seed_everything(0)
+    policy = toy_policy()
+    record = RecordSteps()
+    trainer = L.Trainer(
+        strategy=ThunderSyncStrategy(mode=mode),
+        accelerator="cpu",
+        devices=devices,
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[record],
+    )
+    trainer.fit(policy, toy_data())
+    if trainer.global_rank == 0:
+        torch.save(
+            {
+                "params": flat(policy),
+                "staleness": [t.staleness for s in record.steps for t in s.trajectories],
+                "trajectories_per_step": [len(s.trajectories) for s in record.steps],
+                "world_size": trainer.world_size,
+            },
+            out,
+        )

@@ -1,0 +1,50 @@
+"""Data parallel on 2 gloo processes equals 1 process; resuming equals the uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from ._fit import fit, relative
+
+SCRIPT = Path(__file__).with_name("ddp_script.py")
+
+
+def _run(tmp_path: Path, devices: int, mode: str = "streaming") -> dict:
+    out = tmp_path / f"params-{devices}.pt"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(out), str(devices), mode],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(out)
+
+
+def test_two_gloo_processes_give_the_parameters_of_one_process(tmp_path):
+    one = _run(tmp_path, 1)
+    two = _run(tmp_path, 2)
+    assert two["world_size"] == 2
+    # each rank trains its own half of the 4 groups (8 of the 16 trajectories)
+    assert two["trajectories_per_step"] == [8, 8, 8]
+    assert set(two["staleness"]) == {0}
+    assert relative(two["params"], one["params"]) <= 1e-5
+
+
+def test_resuming_from_a_barrier_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
+    uninterrupted, _, _ = fit("streaming", steps=4)
+    checkpoints = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1, filename="{step}")
+    fit("streaming", steps=2, callbacks=[checkpoints], enable_checkpointing=True)
+    resumed, steps, _ = fit("streaming", steps=4, ckpt_path=None, resume_from=str(tmp_path / "step=2.ckpt"))
+    assert [s.step for s in steps] == [2, 3]
+    assert [s.policy_version for s in steps] == [2, 3]
+    assert relative(resumed, uninterrupted) <= 1e-6

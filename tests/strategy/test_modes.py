@@ -1,0 +1,51 @@
+"""Streaming equals sync; async is one step stale; every trajectory's staleness is recorded."""
+
+from __future__ import annotations
+
+import pytest
+
+from ._fit import fit, relative
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return {mode: fit(mode, steps=3) for mode in ("streaming", "sync", "async")}
+
+
+def test_streaming_parameters_equal_sync_parameters_after_three_steps(runs):
+    streaming, sync = runs["streaming"][0], runs["sync"][0]
+    assert relative(streaming, sync) <= 1e-5
+
+
+def test_streaming_and_sync_record_zero_staleness_for_every_trajectory(runs):
+    for mode in ("streaming", "sync"):
+        steps = runs[mode][1]
+        assert len(steps) == 3
+        for stats in steps:
+            assert len(stats.trajectories) == 16
+            assert {t.staleness for t in stats.trajectories} == {0}
+            assert {t.policy_version for t in stats.trajectories} == {stats.policy_version}
+
+
+def test_async_trains_on_the_previous_version_and_differs_from_sync(runs):
+    params, steps, _ = runs["async"]
+    assert [s.staleness_max for s in steps] == [0, 1, 1]
+    assert all(t.policy_version == s.policy_version - 1 for s in steps[1:] for t in s.trajectories)
+    assert relative(params, runs["sync"][0]) > 1e-4
+
+
+def test_step_statistics_are_consistent(runs):
+    for mode, (_, steps, _) in runs.items():
+        for stats in steps:
+            assert stats.mode == mode
+            assert stats.step_start <= stats.step_end
+            assert all(stats.step_start <= i.start <= i.end <= stats.step_end for i in stats.busy)
+            assert 0.0 <= stats.idle_fraction <= 1.0
+            assert stats.num_groups_global == 4
+            assert stats.learner_tokens == sum(t.num_tokens for t in stats.trajectories)
+            assert all(t.reward in (0.0, 1.0) for t in stats.trajectories)
+
+
+def test_streaming_accumulator_reports_bytes_and_sync_uses_none(runs):
+    assert all(s.accumulator.device > 0 for s in runs["streaming"][1])
+    assert all(s.accumulator.total == 0 for s in runs["sync"][1])

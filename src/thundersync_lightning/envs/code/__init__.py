@@ -1,0 +1,38 @@
+"""Code environments: local repository tasks in bubblewrap, graded with swebench's functions."""
+
+from .actions import ACTION_HELP, Bash, Invalid, ReplaceInFile, Submit, WriteFile, parse_action
+from .codec import ByteCodec, HFTokenizerCodec, TextCodec
+from .env import CodeEnv, Workspace, format_observation, render_prompt
+from .grading import EvalOutcome, filter_patch, grade_log, split_patch
+from .source import LocalCodeTasks
+from .task import LocalTask, is_protected_path, load_task, load_tasks, shipped_tasks_dir
+from .workspace import LocalWorkspace, WorkspaceSettings
+
+__all__ = [
+    "ACTION_HELP",
+    "Bash",
+    "Invalid",
+    "ReplaceInFile",
+    "Submit",
+    "WriteFile",
+    "parse_action",
+    "ByteCodec",
+    "HFTokenizerCodec",
+    "TextCodec",
+    "CodeEnv",
+    "Workspace",
+    "format_observation",
+    "render_prompt",
+    "EvalOutcome",
+    "filter_patch",
+    "grade_log",
+    "split_patch",
+    "LocalCodeTasks",
+    "LocalTask",
+    "is_protected_path",
+    "load_task",
+    "load_tasks",
+    "shipped_tasks_dir",
+    "LocalWorkspace",
+    "WorkspaceSettings",
+]

@@ -1,0 +1,141 @@
+"""The token-level code environment: prompt, bash/edit/submit actions, bounded observations, tests.
+
+Works over any :class:`Workspace` (a local task in bubblewrap, a SWE-bench instance in a
+container). ``verdict`` extracts the agent's diff, drops changes to protected (test) files, and
+grades the rest on a fresh copy of the original repository; an empty patch is reward 0.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Protocol
+
+from ...core.types import StepResult
+from ..sandbox.base import SandboxResult
+from .actions import ACTION_HELP, Bash, Invalid, Submit, edit_command, parse_action
+from .codec import ByteCodec, TextCodec
+from .grading import EvalOutcome
+
+__all__ = ["Workspace", "CodeEnv", "format_observation", "render_prompt"]
+
+
+class Workspace(Protocol):
+    def open(self) -> None: ...
+
+    def run(self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None) -> SandboxResult: ...
+
+    def diff(self) -> str | None: ...
+
+    def evaluate(self, patch: str) -> EvalOutcome: ...
+
+    def close(self) -> None: ...
+
+
+def render_prompt(problem_statement: str, files: Sequence[str] = ()) -> str:
+    listing = "".join(f"  {f}\n" for f in files[:200])
+    more = f"  ... and {len(files) - 200} more\n" if len(files) > 200 else ""
+    repo = f"Repository files:\n{listing}{more}\n" if files else ""
+    return (
+        "You are fixing a bug in the Python repository in your working directory.\n\n"
+        f"Problem:\n{problem_statement.strip()}\n\n{repo}{ACTION_HELP}\n"
+        "Each action ends with the end-of-action token; you then see the result.\n\n"
+    )
+
+
+def format_observation(result: SandboxResult, max_bytes: int) -> str:
+    """Exit status and the head and tail of the output, at most ``max_bytes`` bytes of it."""
+    out = result.output
+    if len(out) > max_bytes:
+        head = max_bytes * 2 // 3
+        out = out[:head] + f"\n[... {len(out) - max_bytes} bytes cut ...]\n".encode() + out[-(max_bytes - head):]
+    status = "timed out" if result.timed_out else f"exit code {result.exit_code}"
+    if result.truncated and not result.timed_out:
+        status = "output limit reached, command stopped"
+    return f"[{status}]\n{out.decode('utf-8', errors='replace')}"
+
+
+class CodeEnv:
+    """One episode on one task. ``reset`` opens the workspace; ``close`` frees it (idempotent)."""
+
+    def __init__(
+        self,
+        workspace: Workspace,
+        prompt: str,
+        codec: TextCodec | None = None,
+        max_observation_bytes: int = 2048,
+        python: str = "python3",
+    ) -> None:
+        self.workspace = workspace
+        self.prompt = prompt
+        self.codec = codec if codec is not None else ByteCodec()
+        self.max_observation_bytes = max_observation_bytes
+        self.python = python
+        self.done = False
+        self.turns = 0
+        self.last_outcome: EvalOutcome | None = None
+        self._opened = self._closed = False
+        self._lock = threading.Lock()
+
+    def reset(self) -> tuple[int, ...]:
+        if self._closed:
+            raise RuntimeError("CodeEnv.reset after close()")
+        if not self._opened:
+            self.workspace.open()
+            self._opened = True
+        self.done = False
+        self.turns = 0
+        return self.codec.encode(self.prompt)
+
+    def _observe(self, text: str) -> tuple[int, ...]:
+        return self.codec.encode(f"\n<observation>\n{text.rstrip()}\n</observation>\n")
+
+    def act_text(self, text: str) -> tuple[str | None, bool]:
+        """Perform one action given as text: (observation text or None, done)."""
+        action = parse_action(text)
+        if isinstance(action, Submit):
+            return None, True
+        if isinstance(action, Invalid):
+            return f"[invalid action] {action.reason}\n\n{ACTION_HELP}", False
+        if isinstance(action, Bash):
+            result = self.workspace.run(action.command)
+        else:
+            command, stdin = edit_command(action, self.python)
+            result = self.workspace.run(command, stdin=stdin)
+        return format_observation(result, self.max_observation_bytes), False
+
+    def step(self, action: Sequence[int]) -> StepResult:
+        if not self._opened or self._closed:
+            raise RuntimeError("CodeEnv.step before reset() or after close()")
+        if self.done:
+            return StepResult((), True)
+        ids = list(action)
+        eoa = self.codec.end_of_action
+        if eoa in ids:
+            ids = ids[: ids.index(eoa)]
+        self.turns += 1
+        text, done = self.act_text(self.codec.decode(ids))
+        self.done = done
+        return StepResult(self._observe(text) if text is not None else (), done)
+
+    def outcome(self) -> EvalOutcome:
+        """Grade the current state of the repository (the verdict with its reasons)."""
+        with self._lock:
+            if self.last_outcome is None:
+                if not self._opened or self._closed:
+                    self.last_outcome = EvalOutcome(False, "the episode never started or was closed")
+                else:
+                    patch = self.workspace.diff()
+                    if patch is None:
+                        self.last_outcome = EvalOutcome(False, "could not read the agent's changes")
+                    else:
+                        self.last_outcome = self.workspace.evaluate(patch)
+            return self.last_outcome
+
+    def verdict(self) -> float:
+        return self.outcome().reward
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.workspace.close()

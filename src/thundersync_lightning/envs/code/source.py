@@ -1,0 +1,125 @@
+"""``LocalCodeTasks``: the TaskSource of local repository tasks (shipped or a directory of your own).
+
+YAML-constructible (typed scalar arguments only) and picklable: the uid pool and loaded tasks are
+rebuilt lazily in whichever process uses them (the engine subprocess).
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from typing import Any
+
+from ...core.errors import ConfigError
+from ...core.types import derive_seed
+from ..sandbox.base import SandboxLimits
+from ..sandbox.bwrap import BwrapConfig
+from ..sandbox.uids import UidPool
+from .codec import ByteCodec, HFTokenizerCodec, TextCodec
+from .env import CodeEnv, render_prompt
+from .task import LocalTask, load_tasks
+from .workspace import LocalWorkspace, WorkspaceSettings
+
+__all__ = ["LocalCodeTasks", "uid_pool"]
+
+_pools: dict[tuple[int, int], UidPool] = {}
+_pools_lock = threading.Lock()
+
+
+def uid_pool(base: int, size: int) -> UidPool:
+    """One pool per (base, size) per process."""
+    with _pools_lock:
+        if (base, size) not in _pools:
+            _pools[(base, size)] = UidPool(base, size)
+        return _pools[(base, size)]
+
+
+def pick(items: list[Any], step: int, num_groups: int, seed: int) -> list[Any]:
+    """``num_groups`` items for ``step``: a seeded permutation, cycled when more are asked than exist."""
+    rng = random.Random(derive_seed(seed, step, -1, -1))
+    out: list[Any] = []
+    while len(out) < num_groups:
+        order = list(range(len(items)))
+        rng.shuffle(order)
+        out.extend(items[i] for i in order[: num_groups - len(out)])
+    return out
+
+
+class LocalCodeTasks:
+    """Local repository tasks; text is byte-level (stop token ``ByteCodec.END_OF_ACTION``) unless
+    ``tokenizer_path`` names a local Hugging Face tokenizer (stop token: its EOS id).
+
+    Args:
+        task_dir: a folder of task directories (each with task.yaml); None = the shipped tasks.
+        names: only these tasks (by name), in this order.
+        max_turns / max_action_tokens: episode bounds the engine enforces.
+        max_observation_bytes: how much command output the agent sees per turn.
+        command_timeout_s / test_timeout_s: limits of one agent command / of the grading test run.
+        parallel_tests: grading runs at once in this process (0: twice the CPU count).
+        memory_bytes / nproc: per-process address space and per-sandbox process count limits.
+        sandbox_root: host folder for the workspaces. uid_base / uid_count: the sandbox uids.
+        python: interpreter with pytest inside the sandbox. ro_binds: extra read-only host paths.
+        tokenizer_path: a local HF tokenizer directory instead of the byte-level codec.
+    """
+
+    def __init__(
+        self,
+        task_dir: str | None = None,
+        names: list[str] | None = None,
+        max_turns: int = 6,
+        max_action_tokens: int = 512,
+        max_observation_bytes: int = 1024,
+        command_timeout_s: float = 20.0,
+        test_timeout_s: float = 120.0,
+        parallel_tests: int = 0,
+        memory_bytes: int = 2 * 1024**3,
+        nproc: int = 256,
+        sandbox_root: str = "/tmp/thundersync-sandboxes",
+        uid_base: int = 3_100_000,
+        uid_count: int = 512,
+        python: str = "python3",
+        ro_binds: list[str] | None = None,
+        tokenizer_path: str | None = None,
+    ) -> None:
+        problems = [f"{k} must be >= 1" for k, v in (("max_turns", max_turns),
+                    ("max_action_tokens", max_action_tokens), ("uid_count", uid_count)) if v < 1]
+        if problems:
+            raise ConfigError("LocalCodeTasks: " + "; ".join(problems))
+        self.task_dir, self.names = task_dir, list(names) if names is not None else None
+        self.max_turns, self.max_action_tokens = max_turns, max_action_tokens
+        self.max_observation_bytes = max_observation_bytes
+        self.uid_base, self.uid_count = uid_base, uid_count
+        limits = SandboxLimits(timeout_s=command_timeout_s, memory_bytes=memory_bytes, nproc=nproc)
+        self.settings = WorkspaceSettings(
+            bwrap=BwrapConfig(limits=limits, ro_binds=tuple(ro_binds or ())),
+            root=sandbox_root, python=python, test_timeout_s=test_timeout_s, parallel_tests=parallel_tests,
+        )
+        self._tasks: list[LocalTask] | None = None
+        self.codec: TextCodec = HFTokenizerCodec(tokenizer_path) if tokenizer_path else ByteCodec()
+
+    @property
+    def stop_token(self) -> int | None:
+        """The codec's end-of-action id."""
+        return self.codec.end_of_action
+
+    @property
+    def all_tasks(self) -> list[LocalTask]:
+        if self._tasks is None:
+            self._tasks = load_tasks(self.task_dir, self.names)
+        return self._tasks
+
+    def tasks(self, step: int, num_groups: int, seed: int) -> list[LocalTask]:
+        return pick(self.all_tasks, step, num_groups, seed)
+
+    def make_env(self, task: Any, seed: int) -> CodeEnv:
+        if not isinstance(task, LocalTask):
+            raise ConfigError(f"LocalCodeTasks.make_env: expected a LocalTask, got {type(task).__name__}")
+        del seed  # the environment is deterministic
+        workspace = LocalWorkspace(task, self.settings, uid_pool(self.uid_base, self.uid_count))
+        prompt = render_prompt(task.problem_statement, [path for path, _ in task.files])
+        return CodeEnv(workspace, prompt, self.codec, self.max_observation_bytes, self.settings.python)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_tasks"] = None
+        return state

@@ -1,0 +1,176 @@
+"""bubblewrap backend: untrusted shell commands with no network and one writable directory.
+
+Measured on these machines (see the field notes): bubblewrap contains code only when started
+under an unprivileged host uid. The chain is therefore
+
+    prlimit (nproc/as/fsize/nofile/core) -> setpriv (uid U, no groups, no capabilities)
+      -> bwrap --unshare-all (net, pid, ipc, uts, cgroup, user) --die-with-parent
+         read-only /usr, private /proc /dev /tmp, the workdir bound at /testbed, root remounted ro
+
+The pid namespace ties every process the command starts (setsid daemons included) to bwrap: when
+the caller kills bwrap (timeout, output cap, or normal end) the kernel kills the whole namespace.
+Each concurrent sandbox needs its own uid (``RLIMIT_NPROC`` counts per uid): see :mod:`.uids`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import shutil
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .base import RunGuard, SandboxError, SandboxLimits, SandboxResult, run_bounded
+
+__all__ = ["BwrapConfig", "BwrapSandbox", "bwrap_available", "chown_tree"]
+
+WORKDIR = "/testbed"
+
+
+@dataclass(frozen=True, slots=True)
+class BwrapConfig:
+    """How sandboxes are built. ``ro_binds`` are extra host paths bound read-only at the same path
+    (e.g. a venv made from /usr/bin/python3 somewhere world-readable)."""
+
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+    ro_binds: tuple[str, ...] = ()
+    path: str = "/usr/local/bin:/usr/bin:/bin"
+    bwrap: str = "bwrap"
+
+
+def bwrap_available(bwrap: str = "bwrap") -> bool:
+    """True when bubblewrap, setpriv and prlimit are installed and we can switch uids (root)."""
+    return all(shutil.which(t) for t in (bwrap, "setpriv", "prlimit")) and os.geteuid() == 0
+
+
+def chown_tree(path: str, uid: int) -> None:
+    """Give ``path`` and everything below it to ``uid`` (we created it: no symlinks followed)."""
+    os.chown(path, uid, uid, follow_symlinks=False)
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
+
+
+class BwrapSandbox:
+    """Runs commands as ``uid`` in bubblewrap with ``workdir`` (host path) mounted at /testbed.
+
+    ``binds`` maps further host directories (owned by ``uid``) to writable paths inside. The
+    workdir must be owned by ``uid`` (see :func:`chown_tree`) and reachable (o+x) by it.
+    Sandboxes sharing a ``guard`` are closed together (``close`` cancels every run in flight).
+    """
+
+    def __init__(
+        self,
+        workdir: str,
+        uid: int,
+        config: BwrapConfig | None = None,
+        binds: Mapping[str, str] | None = None,
+        guard: RunGuard | None = None,
+    ) -> None:
+        if uid < 1000:
+            raise SandboxError(f"BwrapSandbox(uid={uid}): refusing a system uid; use a UidPool lease")
+        if not os.path.isdir(workdir):
+            raise SandboxError(f"BwrapSandbox: workdir {workdir!r} does not exist")
+        self.workdir = os.path.abspath(workdir)
+        self.uid = uid
+        self.config = config or BwrapConfig()
+        self.binds = dict(binds or {})
+        self.guard = guard if guard is not None else RunGuard()
+
+    def argv(self, command: str, env: Mapping[str, str] | None = None, info_fd: int | None = None) -> list[str]:
+        lim = self.config.limits
+        u = str(self.uid)
+        argv = [
+            "prlimit", f"--nproc={lim.nproc}", f"--as={lim.memory_bytes}", f"--fsize={lim.fsize_bytes}",
+            f"--nofile={lim.nofile}", "--core=0", "--",
+            "setpriv", f"--reuid={u}", f"--regid={u}", "--clear-groups", "--inh-caps=-all",
+            "--bounding-set=-all", "--",
+            self.config.bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
+            "--die-with-parent", "--new-session", "--hostname", "sandbox",
+            *(["--info-fd", str(info_fd)] if info_fd is not None else []),
+            "--ro-bind", "/usr", "/usr",
+            "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
+            "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+        ]
+        for path in ("/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
+                     "/etc/localtime", "/etc/ssl", "/etc/python3", "/etc/python3.11"):
+            if os.path.exists(path):
+                argv += ["--ro-bind", path, path]
+        for path in self.config.ro_binds:
+            argv += ["--ro-bind", path, path]
+        argv += ["--proc", "/proc", "--dev", "/dev",
+                 "--size", str(lim.tmpfs_bytes), "--tmpfs", "/tmp", "--clearenv"]
+        base_env = {"PATH": self.config.path, "HOME": "/tmp", "LANG": "C.UTF-8", "TMPDIR": "/tmp",
+                    "PYTHONDONTWRITEBYTECODE": "1", "TERM": "dumb"}
+        base_env.update(env or {})
+        for key, value in base_env.items():
+            argv += ["--setenv", key, value]
+        argv += ["--bind", self.workdir, WORKDIR]
+        for host, inside in self.binds.items():
+            argv += ["--bind", host, inside]
+        argv += ["--chdir", WORKDIR, "--remount-ro", "/", "--", "/bin/bash", "-c", command]
+        return argv
+
+    def run(
+        self,
+        command: str,
+        *,
+        stdin: bytes | None = None,
+        timeout_s: float | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> SandboxResult:
+        self.guard.enter()  # raises after close()
+        try:
+            return self._run(command, stdin, timeout_s, env)
+        finally:
+            self.guard.exit()
+
+    def _run(
+        self, command: str, stdin: bytes | None, timeout_s: float | None, env: Mapping[str, str] | None
+    ) -> SandboxResult:
+        lim = self.config.limits
+        # bwrap reports the host pid of the namespace's init on --info-fd. The namespace is empty
+        # only once that init has exited (the kernel kills and reaps everything inside first), so
+        # we wait for it: when run() returns, nothing the command started is alive.
+        read_end, write_end = os.pipe()
+        init_pidfd: list[int] = []
+        open_ends = [write_end]
+
+        def on_start() -> None:
+            os.close(open_ends.pop())
+            data = b""
+            while b"}" not in data:
+                chunk = os.read(read_end, 4096)
+                if not chunk:
+                    break
+                data += chunk
+            try:
+                init_pidfd.append(os.pidfd_open(int(json.loads(data)["child-pid"])))
+            except (ValueError, KeyError, OSError):
+                pass  # bwrap failed before starting, or the init is already gone
+
+        try:
+            return run_bounded(
+                self.argv(command, env, info_fd=write_end),
+                timeout_s=timeout_s if timeout_s is not None else lim.timeout_s,
+                max_output_bytes=lim.max_output_bytes,
+                stdin=stdin,
+                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+                cwd="/",
+                pass_fds=(write_end,),
+                on_start=on_start,
+                guard=self.guard,
+            )
+        finally:
+            for fd in init_pidfd:
+                select.select([fd], [], [], 60.0)
+                os.close(fd)
+            os.close(read_end)
+            for fd in open_ends:  # only if Popen failed before on_start ran
+                os.close(fd)
+
+    def close(self) -> None:
+        """Kill commands in flight (their namespaces included), wait for them, refuse new ones."""
+        self.guard.cancel()
+

@@ -1,0 +1,176 @@
+"""Container backend (podman or docker): every command is its own short-lived container.
+
+State lives in a host directory bound at /testbed; everything else is the image, read-only. Each
+container runs with ``--network none --read-only --cap-drop all --security-opt no-new-privileges``,
+an unprivileged ``--user``, pids/memory limits, ``--log-driver none`` and a tmpfs /tmp. Cleanup is
+guaranteed three ways: ``--rm``; a server-side deadline (podman ``--timeout``; for docker the
+command runs under ``timeout -s KILL`` as pid 1, so the container ends with it); and a forced
+``rm -f`` of the named container whenever the client returns, was killed, or timed out.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+
+from .base import RunGuard, SandboxError, SandboxLimits, SandboxResult, run_bounded
+
+__all__ = ["ContainerConfig", "ContainerSandbox", "find_engine", "image_exists", "copy_from_image"]
+
+WORKDIR = "/testbed"
+_RUNC = "/usr/sbin/runc"
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerConfig:
+    """``engine``: "podman", "docker" or "auto" (podman first). ``runtime``: podman OCI runtime
+    ("" = podman's default; "auto" = runc when installed: crun fails on these machines' cgroups)."""
+
+    engine: str = "auto"
+    runtime: str = "auto"
+    limits: SandboxLimits = field(default_factory=SandboxLimits)
+    memory: str = "2g"
+    shell: str = "/bin/bash"
+
+
+@functools.lru_cache(maxsize=8)
+def find_engine(engine: str = "auto") -> str | None:
+    """Path of a usable container client: the requested one, or podman/docker for "auto" (cached)."""
+    names = ("podman", "docker") if engine == "auto" else (engine,)
+    for name in names:
+        path = shutil.which(name)
+        if path is None:
+            continue
+        if os.path.basename(path) == "docker":
+            ok = subprocess.run([path, "info"], capture_output=True, timeout=30).returncode == 0
+            if not ok:  # a client without a daemon (as on the CPU machines) is no engine
+                continue
+        return path
+    return None
+
+
+def _is_podman(engine: str) -> bool:
+    return os.path.basename(engine) == "podman"
+
+
+def _global_args(engine: str, config: ContainerConfig) -> list[str]:
+    if not _is_podman(engine):
+        return []
+    runtime = config.runtime
+    if runtime == "auto":
+        runtime = _RUNC if os.path.exists(_RUNC) else ""
+    return ["--runtime", runtime] if runtime else []
+
+
+def image_exists(image: str, engine: str | None = None) -> bool:
+    engine = engine or find_engine()
+    if engine is None:
+        return False
+    cmd = [engine, "image", "exists", image] if _is_podman(engine) else [engine, "image", "inspect", image]
+    return subprocess.run(cmd, capture_output=True, timeout=60).returncode == 0
+
+
+def copy_from_image(image: str, src: str, dest: str, config: ContainerConfig | None = None) -> None:
+    """Copy ``src`` (a directory in ``image``) to the host directory ``dest`` (must not exist)."""
+    config = config or ContainerConfig()
+    engine = find_engine(config.engine)
+    if engine is None:
+        raise SandboxError("no container engine (podman or a running docker) found")
+    g = _global_args(engine, config)
+    name = f"tsl-cp-{uuid.uuid4().hex[:12]}"
+    created = subprocess.run([engine, *g, "create", "--name", name, image, "true"],
+                             capture_output=True, text=True)
+    if created.returncode != 0:
+        raise SandboxError(f"cannot create a container of image {image!r} (present locally, or pullable by the engine?): "
+                           f"{created.stderr.strip()[-500:]}")
+    try:
+        copied = subprocess.run([engine, *g, "cp", f"{name}:{src}", dest], capture_output=True, text=True)
+        if copied.returncode != 0:
+            raise SandboxError(f"cannot copy {src} out of image {image!r}: {copied.stderr.strip()[-500:]}")
+    finally:
+        subprocess.run([engine, *g, "rm", "-f", name], capture_output=True)
+
+
+class ContainerSandbox:
+    """Runs each command in a fresh container of ``image`` with ``workdir`` bound at /testbed."""
+
+    def __init__(
+        self, workdir: str, image: str, uid: int, config: ContainerConfig | None = None,
+        env: Mapping[str, str] | None = None, guard: RunGuard | None = None,
+    ) -> None:
+        self.config = config or ContainerConfig()
+        engine = find_engine(self.config.engine)
+        if engine is None:
+            raise SandboxError(
+                f"ContainerSandbox: no container engine for engine={self.config.engine!r}: install podman "
+                "(apt-get install podman runc) or start a docker daemon."
+            )
+        if not os.path.isdir(workdir):
+            raise SandboxError(f"ContainerSandbox: workdir {workdir!r} does not exist")
+        self.engine, self.image, self.uid = engine, image, uid
+        self.workdir = os.path.abspath(workdir)
+        self.env = dict(env or {})
+        self.guard = guard if guard is not None else RunGuard()
+
+    def argv(self, command: str, name: str, timeout_s: float) -> list[str]:
+        lim = self.config.limits
+        secs = max(1, int(timeout_s + 0.999))
+        argv = [
+            self.engine, *_global_args(self.engine, self.config), "run", "--rm", "-i", "--name", name,
+            "--network", "none", "--read-only", "--cap-drop", "all",
+            "--security-opt", "no-new-privileges", "--user", f"{self.uid}:{self.uid}",
+            "--log-driver", "none", "--pids-limit", str(lim.nproc), "--memory", self.config.memory,
+            "--ulimit", f"nofile={lim.nofile}:{lim.nofile}", "--ulimit", f"nproc={lim.nproc}:{lim.nproc}",
+            "--ulimit", f"fsize={lim.fsize_bytes}:{lim.fsize_bytes}",
+            "--tmpfs", f"/tmp:rw,size={lim.tmpfs_bytes},mode=1777",
+            "-v", f"{self.workdir}:{WORKDIR}:rw", "-w", WORKDIR,
+            "-e", "HOME=/tmp", "-e", "PYTHONDONTWRITEBYTECODE=1",
+        ]
+        for key, value in self.env.items():
+            argv += ["-e", f"{key}={value}"]
+        if _is_podman(self.engine):
+            argv += ["--timeout", str(secs), self.image, self.config.shell, "-c", command]
+        else:
+            argv += [self.image, "timeout", "-s", "KILL", str(secs), self.config.shell, "-c", command]
+        return argv
+
+    def run(self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None) -> SandboxResult:
+        self.guard.enter()  # raises after close()
+        try:
+            return self._run(command, stdin, timeout_s)
+        finally:
+            self.guard.exit()
+
+    def _run(self, command: str, stdin: bytes | None, timeout_s: float | None) -> SandboxResult:
+        lim = self.config.limits
+        timeout = timeout_s if timeout_s is not None else lim.timeout_s
+        name = f"tsl-{uuid.uuid4().hex[:16]}"
+        start = time.monotonic()
+        try:
+            # The client gets a little longer than the container so the server-side kill wins.
+            result = run_bounded(
+                self.argv(command, name, timeout), timeout_s=timeout + 15.0,
+                max_output_bytes=lim.max_output_bytes, stdin=stdin if stdin is not None else b"",
+                guard=self.guard,
+            )
+        finally:
+            self._remove(name)
+        if result.exit_code not in (None, 0) and not result.cancelled and time.monotonic() - start >= timeout:
+            note = f"\n[timed out after {timeout:g} s]\n".encode()
+            result = replace(result, exit_code=None, timed_out=True, output=result.output + note)
+        return result
+
+    def _remove(self, name: str) -> None:
+        args = ["rm", "-f", "-t", "0", name] if _is_podman(self.engine) else ["rm", "-f", name]
+        subprocess.run([self.engine, *_global_args(self.engine, self.config), *args],
+                       capture_output=True, timeout=120)
+
+    def close(self) -> None:
+        """Kill commands in flight (their containers removed), wait for them, refuse new ones."""
+        self.guard.cancel()

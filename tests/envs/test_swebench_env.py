@@ -1,0 +1,202 @@
+"""SWE-bench-schema instances graded through swebench's own code from real test runs.
+
+Without a container engine the instance's eval script runs in bubblewrap (its /testbed is the
+sandbox workdir); with podman (``make test-containers``) the whole environment runs in a locally
+built image. No verdict is ever faked: where neither can run, the tests skip.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+
+import pytest
+
+from thundersync_lightning.envs.code import ByteCodec, load_tasks
+from thundersync_lightning.envs.code.grading import grade_with_spec
+from thundersync_lightning.envs.sandbox import (
+    BwrapConfig,
+    BwrapSandbox,
+    SandboxLimits,
+    chown_tree,
+    find_engine,
+    image_exists,
+)
+from thundersync_lightning.envs.swebench_env import SWEbenchTasks, load_instances
+
+from ._support import TEST_POOL, git_repo, needs_bwrap, swebench_row
+
+TASK = load_tasks(names=["merge_intervals"])[0]
+BASE_IMAGE = os.environ.get("THUNDERSYNC_TEST_IMAGE", "localhost/thundersync-pytest:latest")
+CODEC = ByteCodec()
+
+
+def write_jsonl(rows: list[dict], directory: str) -> str:
+    path = os.path.join(directory, "instances.jsonl")
+    with open(path, "w") as f:
+        f.writelines(json.dumps(r) + "\n" for r in rows)
+    return path
+
+
+@needs_bwrap
+@pytest.mark.parametrize("apply_gold", [True, False])
+def test_a_swebench_instance_is_graded_by_make_test_spec_and_get_eval_report_from_a_real_run(
+    tmp_path, sandbox_dir, apply_gold
+):
+    from swebench.harness.utils import make_test_spec
+
+    lease = TEST_POOL.acquire()
+    try:
+        repo = os.path.join(sandbox_dir, "testbed")
+        os.mkdir(repo)
+        base = git_repo(TASK, repo)
+        row = swebench_row(TASK, image="unused-in-bwrap", base_commit=base)
+        (instance,) = load_instances(write_jsonl([row], str(tmp_path)))
+        spec = make_test_spec(instance)
+        chown_tree(repo, lease.uid)
+        box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60, max_output_bytes=1 << 20)))
+        if apply_gold:
+            assert box.run("git apply -", stdin=TASK.gold_patch.encode()).exit_code == 0
+        run = box.run(spec.eval_script)
+        assert run.exit_code == 0
+        outcome = grade_with_spec(spec, run.text, TASK.gold_patch if apply_gold else "")
+        status = outcome.report["tests_status"]
+        assert outcome.resolved is apply_gold
+        if apply_gold:
+            assert status["FAIL_TO_PASS"]["success"] == list(TASK.fail_to_pass)
+        else:
+            assert status["FAIL_TO_PASS"]["failure"] == list(TASK.fail_to_pass)
+        assert sorted(status["PASS_TO_PASS"]["success"]) == sorted(TASK.pass_to_pass)
+    finally:
+        lease.release()
+
+
+def test_rows_without_the_fields_swebench_5_needs_are_rejected(tmp_path):
+    from thundersync_lightning.core.errors import ConfigError
+
+    row = swebench_row(TASK, image="x", base_commit="0" * 40)
+    del row["eval_script"]
+    with pytest.raises(ConfigError, match="eval_script"):
+        load_instances(write_jsonl([row], str(tmp_path)))
+
+
+# ---------------------------------------------------------------- container backend (podman)
+
+@pytest.fixture(scope="module")
+def instance_image():
+    """A local image with the task's repository (a git repo) at /testbed, built without pulling."""
+    engine = find_engine("podman")
+    if engine is None or not image_exists(BASE_IMAGE, engine):
+        pytest.skip(f"needs podman and the local image {BASE_IMAGE} (scripts/build_test_image.sh)")
+    ctx = tempfile.mkdtemp(prefix="tsl-image-")
+    try:
+        base = git_repo(TASK, os.path.join(ctx, "testbed"))
+        with open(os.path.join(ctx, "Containerfile"), "w") as f:
+            f.write(f"FROM {BASE_IMAGE}\nCOPY testbed /testbed\nWORKDIR /testbed\n")
+        tag = f"localhost/thundersync-swe-{TASK.name}:test"
+        subprocess.run([engine, "build", "--pull=never", "-t", tag, ctx], check=True, capture_output=True)
+        yield tag, base
+    finally:
+        shutil.rmtree(ctx, ignore_errors=True)
+
+
+@pytest.fixture
+def swebench_source(instance_image, tmp_path):
+    tag, base = instance_image
+    path = write_jsonl([swebench_row(TASK, image=tag, base_commit=base)], str(tmp_path))
+    return SWEbenchTasks(instances=path, engine="podman", command_timeout_s=60, eval_timeout_s=300,
+                         memory="1g", nproc=256, sandbox_root="/tmp/thundersync-test-sandboxes",
+                         uid_base=3_970_000, uid_count=32)
+
+
+def act(env, text):
+    return CODEC.decode(env.step(CODEC.encode(text) + (ByteCodec.END_OF_ACTION,)).observation)
+
+
+@pytest.mark.container
+def test_in_a_container_the_gold_patch_resolves_the_instance(swebench_source):
+    (task,) = swebench_source.tasks(0, 1, 0)
+    env = swebench_source.make_env(task, 0)
+    try:
+        assert TASK.problem_statement.strip() in CODEC.decode(env.reset())
+        assert "intervals.py" in act(env, "bash ls; id -u")
+        obs = act(env, f"bash\ncat > /tmp/p <<'EOF_P'\n{TASK.gold_patch}EOF_P\ngit apply /tmp/p && echo applied")
+        assert "applied" in obs
+        assert "unreachable" in act(env, "bash python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53))\"")
+        env.step(CODEC.encode("submit"))
+        assert env.verdict() == 1.0
+        assert env.outcome().report["tests_status"]["FAIL_TO_PASS"]["success"] == list(TASK.fail_to_pass)
+    finally:
+        env.close()
+
+
+@pytest.mark.container
+def test_in_a_container_no_change_and_test_edits_earn_zero(swebench_source):
+    (task,) = swebench_source.tasks(0, 1, 0)
+    untouched = swebench_source.make_env(task, 0)
+    gamed = swebench_source.make_env(task, 0)
+    try:
+        untouched.reset()
+        assert untouched.verdict() == 0.0
+        gamed.reset()
+        act(gamed, "bash\nprintf '\\n\\ndef test_touching():\\n    pass\\n' >> tests/test_intervals.py\n"
+                   "echo '# touched' >> intervals.py")
+        assert gamed.verdict() == 0.0
+        assert gamed.outcome().report["tests_status"]["FAIL_TO_PASS"]["failure"] == list(TASK.fail_to_pass)
+    finally:
+        untouched.close()
+        gamed.close()
+
+
+@pytest.mark.container
+def test_a_container_command_is_contained_and_cleaned_up(swebench_source):
+    (task,) = swebench_source.tasks(0, 1, 0)
+    env = swebench_source.make_env(task, 0)
+    engine = find_engine("podman")
+    try:
+        env.reset()
+        ws = env.workspace
+        out = ws.run("touch /usr/x 2>&1; cat /proc/self/status | grep CapEff; setsid sleep 1000 & echo bg",
+                     timeout_s=30)
+        assert "Read-only file system" in out.text and "0000000000000000" in out.text
+        slow = ws.run("sleep 100", timeout_s=2)
+        assert slow.timed_out
+        big = ws.run("head -c 1000000000 /dev/zero")
+        assert big.truncated
+        bomb = ws.run("bomb() { bomb | bomb & }; bomb; sleep 2; echo after", timeout_s=10)
+        assert "fork: retry" in bomb.text or "Resource temporarily unavailable" in bomb.text or bomb.timed_out
+        memory = ws.run("python3 -c \"x = bytearray(3 * 1024**3); print('allocated')\"", timeout_s=60)
+        assert memory.exit_code != 0 and "allocated" not in memory.text
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        try:
+            port = listener.getsockname()[1]
+            probe = ws.run(f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 5)\"")
+            assert probe.exit_code != 0 and "Connection refused" in probe.text
+        finally:
+            listener.close()
+        ps = subprocess.run([engine, "--runtime", "/usr/sbin/runc", "ps", "-a", "--format", "{{.Names}}"],
+                            capture_output=True, text=True, check=True).stdout
+        assert not [n for n in ps.split() if n.startswith("tsl-")]
+    finally:
+        env.close()
+
+
+@pytest.mark.container
+def test_a_missing_image_is_an_error_not_a_zero_reward(tmp_path):
+    if find_engine("podman") is None:
+        pytest.skip("needs podman")
+    from thundersync_lightning.envs.sandbox import SandboxError
+
+    row = swebench_row(TASK, image="localhost/thundersync-no-such-image:none", base_commit="0" * 40)
+    source = SWEbenchTasks(instances=write_jsonl([row], str(tmp_path)), engine="podman",
+                           sandbox_root="/tmp/thundersync-test-sandboxes", uid_base=3_970_000, uid_count=32)
+    env = source.make_env(source.tasks(0, 1, 0)[0], 0)
+    with pytest.raises(SandboxError, match="no-such-image"):
+        env.reset()
+    env.close()

@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from .errors import ConfigError
+
 __all__ = [
     "EstimatorName",
     "Coefficients",
@@ -59,7 +61,7 @@ def get_estimator(name: str | EstimatorName) -> Coefficients:
     try:
         return _REGISTRY[key]
     except KeyError:
-        raise ValueError(
+        raise ConfigError(
             f"unknown advantage estimator {name!r}; valid names: {', '.join(sorted(_REGISTRY))} "
             "(register your own with thundersync_lightning.core.register_estimator)"
         ) from None

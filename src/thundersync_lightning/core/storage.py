@@ -43,7 +43,10 @@ class GradientStore:
     """Allocates flat gradient buffers in one place and counts their bytes (current and peak).
 
     A flat buffer holds every trainable parameter's gradient concatenated in parameter order, in
-    the accumulation dtype (float32, or float64 when any parameter is float64).
+    the accumulation dtype (float32, or float64 when any parameter is float64). Released buffers
+    go to a free list and are reused (also across steps): a fresh large buffer costs first-touch
+    page faults comparable to a sizeable fraction of a backward pass. Peak bytes in use therefore
+    equal the bytes ever allocated.
     """
 
     def __init__(self, params: Sequence[torch.Tensor], offload: Offload = "none") -> None:
@@ -62,6 +65,11 @@ class GradientStore:
         self._shapes = [p.shape for p in params]
         self._numels = [p.numel() for p in params]
         self._where = "device" if offload == "none" else ("pinned_host" if offload == "pinned" else "pageable_host")
+        self._free: dict[str, list[torch.Tensor]] = {"device": [], "pinned_host": [], "pageable_host": []}
+        self.reset_counters()
+
+    def reset_counters(self) -> None:
+        """A new step: nothing in use, peak restarts; the free lists are kept."""
         self._current = {"device": 0, "pinned_host": 0, "pageable_host": 0}
         self._peak = dict(self._current)
 
@@ -69,53 +77,74 @@ class GradientStore:
     def buffer_bytes(self) -> int:
         return self.numel * torch.empty((), dtype=self.dtype).element_size()
 
+    @property
+    def on_device(self) -> bool:
+        """True when sums live where the gradients are computed (no copy needed to add into them)."""
+        return self.offload == "none"
+
     def _count(self, where: str, nbytes: int) -> None:
         self._current[where] += nbytes
         if nbytes > 0:
             self._peak[where] = max(self._peak[where], self._current[where])
 
-    def flatten(self, grads: Sequence[torch.Tensor | None], scale: float | None = None) -> torch.Tensor:
-        """One new flat buffer on the storage location from per-parameter grads (None -> zeros)."""
-        parts = [
+    def _take(self, where: str) -> torch.Tensor:
+        self._count(where, self.buffer_bytes)
+        if self._free[where]:
+            return self._free[where].pop()
+        if where == "device":
+            return torch.empty(self.numel, dtype=self.dtype, device=self.device)
+        return torch.empty(self.numel, dtype=self.dtype, pin_memory=(where == "pinned_host"))
+
+    def _parts(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+        return [
             torch.zeros(n, dtype=self.dtype, device=self.device) if g is None else g.reshape(-1).to(self.dtype)
             for g, n in zip(grads, self._numels)
         ]
-        flat = torch.cat(parts)
-        if scale is not None:
-            flat.mul_(scale)
-        return self.adopt(flat)
+
+    def flatten(self, grads: Sequence[torch.Tensor | None]) -> torch.Tensor:
+        """A flat buffer at the storage location holding per-parameter grads (None -> zeros)."""
+        if self.on_device:
+            return torch.cat(self._parts(grads), out=self._take(self._where))
+        return self.adopt(torch.cat(self._parts(grads)))
 
     def adopt(self, flat: torch.Tensor) -> torch.Tensor:
-        """Move a device flat buffer to the storage location and count it."""
-        if self.offload == "cpu":
-            flat = flat.to("cpu")
-        elif self.offload == "pinned":
-            host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
-            host.copy_(flat, non_blocking=True)
-            flat = host
-        return self.track(flat)
+        """Copy a device flat buffer to a buffer at the storage location."""
+        buf = self._take(self._where)
+        # A blocking copy: the host reads the buffer right after (a non_blocking copy would race).
+        buf.copy_(flat)
+        return buf
 
-    def track(self, flat: torch.Tensor) -> torch.Tensor:
-        """Count a new buffer already at the storage location."""
-        self._count(self._where, self.buffer_bytes)
-        return flat
+    def scaled(self, flat: torch.Tensor, alpha: float) -> torch.Tensor:
+        """A new buffer at the storage location holding ``alpha * flat`` (same location as flat)."""
+        return torch.mul(flat, alpha, out=self._take(self._where))
+
+    def add_grads(self, buf: torch.Tensor, grads: Sequence[torch.Tensor | None], alpha: float = 1.0) -> None:
+        """``buf += alpha * grads`` without building a flat copy when the buffer is on the device."""
+        if not self.on_device:
+            flat = torch.cat(self._parts(grads))
+            buf.add_(flat.to(buf.device), alpha=alpha)
+            return
+        pairs = [(v, g.to(self.dtype)) for v, g in zip(self.split(buf), grads) if g is not None]
+        if pairs:
+            torch._foreach_add_([v for v, _ in pairs], [g for _, g in pairs], alpha=alpha)
 
     def zeros_on_device(self) -> torch.Tensor:
         """The step's folded gradient: always on the parameters' device."""
-        self._count("device", self.buffer_bytes)
-        return torch.zeros(self.numel, dtype=self.dtype, device=self.device)
+        return self._take("device").zero_()
 
     def release(self, *buffers: torch.Tensor | None) -> None:
-        """Forget buffers the caller drops (the caller deletes its references)."""
+        """Return buffers the caller drops to the free list (the caller forgets its references)."""
         for b in buffers:
             if b is not None:
                 self._count(self._where, -self.buffer_bytes)
+                self._free[self._where].append(b)
 
-    def release_device(self) -> None:
+    def release_device(self, buffer: torch.Tensor) -> None:
         self._count("device", -self.buffer_bytes)
+        self._free["device"].append(buffer)
 
     def to_device(self, flat: torch.Tensor) -> torch.Tensor:
-        return flat.to(self.device, non_blocking=True)
+        return flat if flat.device == self.device else flat.to(self.device)
 
     def split(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Views of a flat buffer in parameter shapes."""

@@ -21,8 +21,10 @@ skipped); so does a group of one trajectory.
 
 Direct path: once all rewards of a group are known, its sums are folded at once (freeing them)
 and every later trajectory of the group is backpropagated with its known advantage straight into
-the step's gradient (no sums). From then on the group can no longer be aborted (its contribution
-cannot be removed exactly): ``abort_group`` raises; deliver its remaining logprobs instead.
+the step's gradient (no sums). Once anything of a group has reached the step's gradient this way
+it can no longer be aborted (its contribution cannot be removed exactly): ``abort_group`` raises;
+deliver its remaining logprobs instead. Before that (also with all rewards known but nothing
+added, or with all-equal rewards) aborting is exact.
 
 ``max_open_groups``: ``open_group`` raises :class:`OpenGroupLimitError` when that many groups are
 already open (declared, not yet folded or aborted); nothing changes. The caller admits groups as
@@ -40,6 +42,7 @@ import torch
 
 from .errors import (
     AccumulatorSpentError,
+    ConfigError,
     DuplicateEventError,
     GroupError,
     InvalidLogprobError,
@@ -86,8 +89,9 @@ class _Group:
     scores: dict[Hashable, float] = field(default_factory=dict)  # S_i values, for the objective
     held: dict[Hashable, torch.Tensor] = field(default_factory=dict)  # grads awaiting their reward
     by_reward: dict[float, torch.Tensor] = field(default_factory=dict)  # <= 2 distinct reward values
-    g1: torch.Tensor | None = None  # sum r_i grad S_i, after collapse
+    g1: torch.Tensor | None = None  # sum (r_i - shift) grad S_i, after collapse
     g2: torch.Tensor | None = None  # sum grad S_i, after collapse
+    shift: float = 0.0  # g1 holds sum (r_i - shift) grad S_i
     direct: int = 0  # contributions already added to the step gradient (early fold or direct path)
 
     def complete(self) -> bool:
@@ -130,7 +134,7 @@ class StreamingGRPO:
         if max_open_groups is not None and max_open_groups < 1:
             problems.append(f"max_open_groups must be >= 1 or None, got {max_open_groups}")
         if problems:
-            raise GroupError("invalid StreamingGRPO arguments: " + "; ".join(problems))
+            raise ConfigError("invalid StreamingGRPO arguments: " + "; ".join(problems))
         self._coefficients = get_estimator(estimator)
         self.estimator = estimator
         self.eps = float(eps)
@@ -151,7 +155,7 @@ class StreamingGRPO:
         self._final: torch.Tensor | None = None
         self._spent = False
         self._versions = [p._version for p in self._params]
-        self._store = GradientStore(self._params, self._store.offload)
+        self._store.reset_counters()
 
     @property
     def open_groups(self) -> tuple[Hashable, ...]:
@@ -204,10 +208,14 @@ class StreamingGRPO:
 
     def _group_of(self, trajectory_id: Hashable) -> tuple[Hashable, _Group]:
         gid = self._owner.get(trajectory_id)
-        if gid is None or gid not in self._groups:
-            state = "was in a group that is already folded or aborted" if gid is not None else "is unknown"
+        if gid is not None and gid not in self._groups:
+            raise DuplicateEventError(
+                f"trajectory {trajectory_id!r} belongs to group {gid!r}, which is already folded: every "
+                "event of its group was delivered, so this one is a duplicate"
+            )
+        if gid is None:
             raise UnknownTrajectoryError(
-                f"trajectory {trajectory_id!r} {state}; declare it with open_group before its events"
+                f"trajectory {trajectory_id!r} is unknown; declare it with open_group before its events"
             )
         return gid, self._groups[gid]
 
@@ -221,7 +229,7 @@ class StreamingGRPO:
         group.rewards[trajectory_id] = value
         held = group.held.pop(trajectory_id, None)
         if held is not None:
-            self._accumulate(group, value, held)
+            self._accumulate(group, value, flat=held)
         if group.all_rewards_known():
             self._fold_buffers(group)  # a_g, b_g are known now: free the sums early
         self._maybe_close(gid, group)
@@ -237,12 +245,11 @@ class StreamingGRPO:
             self._direct(trajectory_id, group, logprob)
         else:
             grads = self._grad(trajectory_id, logprob, None)
-            flat = self._store.flatten(grads)
             reward = group.rewards.get(trajectory_id)
             if reward is None:
-                group.held[trajectory_id] = flat
+                group.held[trajectory_id] = self._store.flatten(grads)
             else:
-                self._accumulate(group, reward, flat)
+                self._accumulate(group, reward, grads=grads)
         group.scores[trajectory_id] = score
         self._maybe_close(gid, group)
 
@@ -306,7 +313,7 @@ class StreamingGRPO:
                     owners[i][1].direct += 1
             elif kind == "sum":
                 gid, reward = key
-                self._accumulate(self._groups[gid], reward, self._store.flatten(grads))
+                self._accumulate(self._groups[gid], reward, grads=grads)
             else:
                 self._groups[self._owner[key]].held[key] = self._store.flatten(grads)
         for i, tid in enumerate(ids):
@@ -361,6 +368,12 @@ class StreamingGRPO:
                     p.grad = contribution.clone()
                 else:
                     p.grad.add_(contribution)
+        else:
+            # Nothing to add (e.g. every group had equal rewards): a zero gradient, as a synchronous
+            # loss.backward() would leave, so optimizers apply momentum/weight decay the same way.
+            for p in self._params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
         report = StreamingReport(
             groups_folded=len(self._folded),
             groups_aborted=self._aborted,
@@ -373,7 +386,7 @@ class StreamingGRPO:
             skipped_backward_passes=self._skipped,
         )
         if self._final is not None:
-            self._store.release_device()
+            self._store.release_device(self._final)
             self._final = None
         self._spent = True
         return report
@@ -415,27 +428,44 @@ class StreamingGRPO:
             if g is not None:
                 view.add_(g.to(view.dtype))
 
-    def _accumulate(self, group: _Group, reward: float, flat: torch.Tensor) -> None:
+    def _accumulate(
+        self, group: _Group, reward: float, grads: list | None = None, flat: torch.Tensor | None = None
+    ) -> None:
+        """Add one gradient (per-parameter ``grads`` or a stored ``flat`` buffer) to the group's sums."""
+
+        def add(buf: torch.Tensor, alpha: float = 1.0) -> None:
+            if flat is not None:
+                buf.add_(flat, alpha=alpha)
+            else:
+                self._store.add_grads(buf, grads, alpha)
+
         if group.g1 is not None:
-            group.g1.add_(flat, alpha=reward)
-            group.g2.add_(flat)
+            add(group.g1, reward - group.shift)
+            add(group.g2)
             self._store.release(flat)
             return
         buf = group.by_reward.get(reward)
         if buf is not None:
-            buf.add_(flat)
+            add(buf)
             self._store.release(flat)
-        elif len(group.by_reward) < 2:
+            return
+        if flat is None:
+            flat = self._store.flatten(grads)
+        if len(group.by_reward) < 2:
             group.by_reward[reward] = flat
-        else:  # a third distinct reward: collapse to the two sums G1, G2
-            g1 = self._store.track(flat * reward)
-            g2 = flat
-            for r, h in group.by_reward.items():
-                g1.add_(h, alpha=r)
-                g2.add_(h)
-                self._store.release(h)
-            group.by_reward.clear()
-            group.g1, group.g2 = g1, g2
+            return
+        # A third distinct reward: collapse to G1 = sum (r_i - c) grad S_i and G2 = sum grad S_i.
+        # Shifting by one of the group's rewards c keeps a_g G1 + (a_g c + b_g) G2 free of the
+        # cancellation a_g sum r_i g + b_g sum g suffers when rewards share a large offset.
+        c = next(iter(group.by_reward))
+        g1 = self._store.scaled(flat, reward - c)
+        g2 = flat
+        for r, h in group.by_reward.items():
+            g1.add_(h, alpha=r - c)
+            g2.add_(h)
+            self._store.release(h)
+        group.by_reward.clear()
+        group.g1, group.g2, group.shift = g1, g2, c
 
     def _fold_buffers(self, group: _Group) -> None:
         """All rewards known: a_g, b_g are fixed, so move the group's sums into the step's gradient."""
@@ -447,7 +477,7 @@ class StreamingGRPO:
             self._final = self._store.zeros_on_device()
         if group.g1 is not None:
             self._final.add_(self._store.to_device(group.g1), alpha=a)
-            self._final.add_(self._store.to_device(group.g2), alpha=b)
+            self._final.add_(self._store.to_device(group.g2), alpha=a * group.shift + b)
         for r, h in group.by_reward.items():
             self._final.add_(self._store.to_device(h), alpha=a * r + b)
         group.direct += 1

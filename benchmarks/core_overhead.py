@@ -101,9 +101,13 @@ def score(model: torch.nn.Module, trajectory: tuple[torch.Tensor, torch.Tensor])
     return logp[scored].sum()
 
 
-def one_step(model, params, trajectories, offload: str, stream_first: bool) -> dict:
-    """One group through the accumulator and the same six trajectories through plain backward."""
-    acc = StreamingGRPO(params, "grpo", offload=offload)
+def one_step(acc: StreamingGRPO, model, trajectories, stream_first: bool) -> dict:
+    """One group through the accumulator and the same six trajectories through plain backward.
+
+    The accumulator is reused across steps with ``reset()`` (as the strategy does), so its gradient
+    buffers come from its free list, as in a training run's steady state.
+    """
+    acc.reset()
     ids = [f"t{i}" for i in range(len(REWARDS))]
     acc.open_group("g", ids)
     calls: list[tuple[str, float, float]] = []  # (label, wall s, cpu s)
@@ -180,11 +184,13 @@ def main(argv: list[str] | None = None) -> dict:
     num_params = sum(p.numel() for p in params)
     trajectories = [make_trajectory(args.vocab, args.tokens, seed) for seed in range(len(REWARDS))]
 
-    one_step(model, params, trajectories, args.offloads[0], stream_first=False)  # warm-up, not recorded
+    accumulators = {mode: StreamingGRPO(params, "grpo", offload=mode) for mode in args.offloads}
+    for acc in accumulators.values():  # warm-up (fills each free list), not recorded
+        one_step(acc, model, trajectories, stream_first=False)
     steps: dict[str, list[dict]] = {mode: [] for mode in args.offloads}
     for rep in range(reps):  # modes interleaved rep by rep; stream/plain order alternates
         for k, mode in enumerate(args.offloads):
-            steps[mode].append(one_step(model, params, trajectories, mode, stream_first=(rep + k) % 2 == 1))
+            steps[mode].append(one_step(accumulators[mode], model, trajectories, stream_first=(rep + k) % 2 == 1))
             print(f"rep {rep + 1}/{reps} offload={mode}", file=sys.stderr, flush=True)
     profile = profile_components(model, params, trajectories[: 2 if args.quick else 6])
 

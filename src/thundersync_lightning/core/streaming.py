@@ -162,6 +162,11 @@ class StreamingGRPO:
         return tuple(self._groups)
 
     @property
+    def params(self) -> tuple[torch.Tensor, ...]:
+        """The tensors whose ``.grad`` the barrier writes."""
+        return tuple(self._params)
+
+    @property
     def groups_folded(self) -> int:
         return len(self._folded)
 

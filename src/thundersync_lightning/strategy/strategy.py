@@ -107,6 +107,7 @@ class ThunderSyncStrategy(DDPStrategy):
         self._snapshot: PolicySnapshot | None = None
         self._inflight: dict[int, Iterator[RolloutEvent]] = {}
         self._accumulator: StreamingGRPO | None = None
+        self._accumulator_cache: StreamingGRPO | None = None
         self._sync_loss: Tensor | None = None
         self._pending: dict[str, Any] = {}
         self._last_stats: StepStats | None = None
@@ -206,12 +207,7 @@ class ThunderSyncStrategy(DDPStrategy):
             self._snapshot.restore(step)  # a checkpoint was loaded or fit restarted
         version = self._snapshot.version
         events = self._events_for(plan, step, busy)
-        acc = None
-        if self.mode != "sync":
-            params = [p for p in module.parameters() if p.requires_grad]
-            acc = StreamingGRPO(
-                params, self.estimator, self.eps, offload=self.offload, max_open_groups=self.max_open_groups
-            )
+        acc = self._fresh_accumulator(module) if self.mode != "sync" else None
         request = plan.request(step, self.global_rank, self.world_size)
         runner = StepRunner(
             request,
@@ -232,6 +228,19 @@ class ThunderSyncStrategy(DDPStrategy):
         if loss is not None:
             return loss
         return torch.zeros((), device=self.root_device)
+
+    def _fresh_accumulator(self, module: Any) -> StreamingGRPO:
+        """One accumulator for the whole fit, reset per step: its gradient buffers are reused."""
+        params = [p for p in module.parameters() if p.requires_grad]
+        acc = self._accumulator_cache
+        if acc is None or len(acc.params) != len(params) or any(a is not b for a, b in zip(acc.params, params)):
+            acc = StreamingGRPO(
+                params, self.estimator, self.eps, offload=self.offload, max_open_groups=self.max_open_groups
+            )
+            self._accumulator_cache = acc
+        else:
+            acc.reset()
+        return acc
 
     def _events_for(self, plan: RolloutPlan, step: int, busy: list[Interval]) -> Iterator[RolloutEvent]:
         """This step's event stream; publishes first so the engine holds the right weights."""
@@ -390,4 +399,5 @@ class ThunderSyncStrategy(DDPStrategy):
     def teardown(self) -> None:
         self._inflight.clear()
         self._accumulator = None
+        self._accumulator_cache = None
         super().teardown()

@@ -1,0 +1,36 @@
+"""VLLMEngineConfig validation and the shipped YAML configs (no engine started)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from thundersync_lightning.core.errors import ConfigError
+from thundersync_lightning.rollout.vllm_engine import VLLMEngineConfig
+
+pytestmark = pytest.mark.vllm
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def test_every_problem_of_a_config_is_reported_at_once():
+    with pytest.raises(ConfigError) as info:
+        VLLMEngineConfig(temperature=0.0, max_num_seqs=0, multiprocessing=True, weight_sync="direct")
+    message = str(info.value)
+    assert "temperature" in message and "max_num_seqs" in message and "multiprocessing=False" in message
+
+
+def test_an_unknown_weight_sync_is_refused_with_the_valid_choices():
+    with pytest.raises(ConfigError, match="'direct' or 'file'"):
+        VLLMEngineConfig(weight_sync="nccl")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["toy_vllm.yaml", "gpu_vllm_example.yaml"])
+def test_the_shipped_configs_build_a_valid_engine_config(name):
+    config = yaml.safe_load((CONFIGS / name).read_text())
+    engine = config["data"]["engine"]
+    assert engine["class_path"] == "thundersync_lightning.rollout.vllm_engine.VLLMEngineConfig"
+    built = VLLMEngineConfig(**engine["init_args"])
+    assert built.temperature == config["model"]["temperature"]

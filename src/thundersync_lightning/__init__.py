@@ -4,11 +4,20 @@ Importing the package registers ``Trainer(strategy="thundersync")``. The core
 (``thundersync_lightning.core``) is pure torch and stays usable where Lightning is absent.
 """
 
+import sys
+
 __version__ = "0.1.0"
 
+# Processes started by multiprocessing's spawn (rollout engines, their workers) import this
+# package only to reach their own module; importing Lightning there would add seconds to every
+# engine start for a registration they never use.
+_SPAWNED_CHILD = "--multiprocessing-fork" in sys.argv
+
 try:
+    if _SPAWNED_CHILD:
+        raise ImportError
     from lightning.pytorch.strategies import StrategyRegistry
-except ImportError:  # core-only use: no Lightning installed
+except ImportError:  # core-only use (no Lightning installed) or a spawned helper process
     __all__ = ["__version__"]
 else:
     from .strategy import ThunderSyncStrategy

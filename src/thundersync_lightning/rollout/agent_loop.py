@@ -1,0 +1,310 @@
+"""The multi-turn agent loop, independent of how tokens are generated.
+
+An episode is: ``prompt = env.reset()``; then per turn the policy acts (generates up to
+``max_action_tokens`` tokens, stopping after ``stop_token``), the environment answers
+``env.step(action) -> StepResult(observation, done)`` and the observation is appended as an
+unscored segment; until ``done`` ("submit") or ``max_turns`` ("turn_limit"). Then the episode's
+tokens are final (:class:`ContentReady`) and its verdict runs in the pool; the verdict yields
+:class:`RewardReady` later, from a pool thread.
+
+An engine supplies only a :data:`GenerateFn`: "continue these token prefixes, each with its own
+seed", batched. The loop schedules at turn granularity: whichever episodes are waiting for the
+policy are generated together, while the others wait for their environment. Turn ``k`` of the
+trajectory with seed ``s`` samples with seed ``turn_seed(s, k)``, so its tokens depend only on
+(seed, step, group, sample) and the weights, never on batch composition or completion order.
+
+Failures never escape: an environment call that raises or times out ends the episode with
+``finish_reason="failure"`` (tokens so far are still delivered) and ``RewardReady(reward=0.0,
+failure=...)``; a verdict that raises, times out or is not a finite number gives reward 0.0 with
+the reason.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.protocols import Environment, TaskSource
+from ..core.types import (
+    ContentReady,
+    RewardReady,
+    RolloutEvent,
+    RolloutRequest,
+    Segment,
+    StepResult,
+    Trajectory,
+    derive_seed,
+    trajectory_id,
+)
+from .env_pool import EnvPool, Outcome
+from .sampling import turn_seed
+
+__all__ = ["GenerationRequest", "Generation", "GenerateFn", "AgentLoop", "check_verdict"]
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    """Continue ``prefix`` by at most ``max_new_tokens`` tokens, sampling with ``seed``.
+
+    Generation stops after emitting ``stop_token`` (included in the output) when it is set.
+    """
+
+    prefix: tuple[int, ...]
+    seed: int
+    max_new_tokens: int
+    stop_token: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """Sampled tokens and their logprobs (one per token; see ``rollout.sampling``)."""
+
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+
+GenerateFn = Callable[[Sequence[GenerationRequest]], Sequence[Generation]]
+"""Batched generation: one :class:`Generation` per request, in the same order. It must be a
+pure function of (prefix, seed, weights): the same request gives the same tokens whatever else is
+in the batch."""
+
+
+def check_verdict(value: Any) -> tuple[float, str | None]:
+    """(reward, failure): a finite real number passes; anything else is reward 0.0 with a reason."""
+    if isinstance(value, numbers.Real):
+        reward = float(value)
+        if math.isfinite(reward):
+            return reward, None
+    return 0.0, f"malformed verdict {value!r}: expected a finite number"
+
+
+@dataclass(slots=True)
+class _Episode:
+    sample: int
+    group_id: str
+    trajectory_id: str
+    seed: int
+    task: Any
+    env: Environment | None = None
+    prompt: tuple[int, ...] = ()
+    segments: list[Segment] = field(default_factory=list)
+    context: list[int] = field(default_factory=list)
+    turns: int = 0
+
+
+class AgentLoop:
+    """Runs the episodes of a :class:`RolloutRequest` with a given generator.
+
+    Args:
+        tasks: the task source (turn limit, action budget, stop token, environments).
+        generate: the engine's batched generation callable.
+        pool: where environment calls run.
+        step_timeout_s: limit for one ``reset`` or ``step`` call.
+        verdict_timeout_s: limit for one ``verdict`` call.
+        max_batch_size: most episodes per ``generate`` call (None: no limit).
+        max_context_tokens: an episode whose context would exceed this ends with
+            ``finish_reason="length"`` (None: no limit).
+        coalesce_s: after the first environment call of a wave returns, wait at most this long
+            for the others so that they are generated as one batch (0: generate at once).
+    """
+
+    def __init__(
+        self,
+        tasks: TaskSource,
+        generate: GenerateFn,
+        pool: EnvPool,
+        *,
+        step_timeout_s: float | None = 60.0,
+        verdict_timeout_s: float | None = 300.0,
+        max_batch_size: int | None = None,
+        max_context_tokens: int | None = None,
+        coalesce_s: float = 0.002,
+    ) -> None:
+        self.tasks = tasks
+        self.coalesce_s = coalesce_s
+        self.generate = generate
+        self.pool = pool
+        self.step_timeout_s = step_timeout_s
+        self.verdict_timeout_s = verdict_timeout_s
+        self.max_batch_size = max_batch_size
+        self.max_context_tokens = max_context_tokens
+
+    def run(
+        self,
+        request: RolloutRequest,
+        version: int,
+        emit: Callable[[RolloutEvent], None],
+        clock: Callable[[], float] = time.monotonic,
+        submitted_at: float | None = None,
+    ) -> threading.Event:
+        """Generate every episode of ``request`` with weights ``version``; return when all are final.
+
+        ``emit`` receives every ContentReady (from this thread) and RewardReady (from pool
+        threads, possibly after ``run`` returned); it must be thread-safe. ``submitted_at``
+        (default: now) is when the learner issued the request, on the same ``clock``.
+
+        Returns an event that is set once every RewardReady of the request has been emitted.
+        """
+        submitted = clock() if submitted_at is None else submitted_at
+        all_rewarded = threading.Event()
+        outstanding = [request.num_trajectories]
+        count_lock = threading.Lock()
+        emit_content = emit
+
+        def emit_reward(event: RolloutEvent) -> None:
+            emit_content(event)
+            with count_lock:
+                outstanding[0] -= 1
+                if outstanding[0] == 0:
+                    all_rewarded.set()
+
+        if request.num_trajectories == 0:
+            all_rewarded.set()
+        episodes = [
+            _Episode(
+                sample=k,
+                group_id=g.group_id,
+                trajectory_id=trajectory_id(request.step, g.group_index, k),
+                seed=derive_seed(request.seed, request.step, g.group_index, k),
+                task=g.task,
+            )
+            for g in request.groups
+            for k in range(g.size)
+        ]
+        pending: dict[Future[Outcome[Any]], _Episode] = {}
+        for ep in episodes:
+            pending[self.pool.submit(self._resetter(ep), self.step_timeout_s, "reset")] = ep
+        ready: list[_Episode] = []
+
+        def finish(ep: _Episode, reason: str, failure: str | None = None) -> None:
+            traj = Trajectory(
+                trajectory_id=ep.trajectory_id,
+                group_id=ep.group_id,
+                sample=ep.sample,
+                prompt=ep.prompt,
+                segments=tuple(ep.segments),
+                policy_version=version,
+                num_turns=ep.turns,
+                finish_reason=reason,
+                submitted_at=submitted,
+                content_ready_at=clock(),
+                failure=failure,
+            )
+            emit_content(ContentReady(traj, traj.content_ready_at))
+            if failure is not None:
+                self._close(ep)
+                emit_reward(RewardReady(ep.trajectory_id, ep.group_id, 0.0, clock(), failure))
+            else:
+                self._start_verdict(ep, emit_reward, clock)
+
+        def absorb(done: set[Future[Outcome[Any]]]) -> None:
+            for fut in done:
+                ep = pending.pop(fut)
+                outcome = fut.result()
+                if not outcome.ok:
+                    finish(ep, "failure", outcome.failure)
+                elif isinstance(outcome.value, StepResult):
+                    obs, is_done = outcome.value.observation, outcome.value.done
+                    if obs:
+                        ep.segments.append(Segment(obs, scored=False))
+                        ep.context.extend(obs)
+                    if is_done:
+                        finish(ep, "submit")
+                    elif ep.turns >= self.tasks.max_turns:
+                        finish(ep, "turn_limit")
+                    else:
+                        self._enqueue(ep, ready, finish)
+                else:  # reset done
+                    self._enqueue(ep, ready, finish)
+
+        while pending or ready:
+            if not ready:
+                wait(list(pending), return_when=FIRST_COMPLETED)
+                if self.coalesce_s > 0:  # let the environment calls finishing together form one batch
+                    wait(list(pending), timeout=self.coalesce_s)
+                absorb({f for f in pending if f.done()})
+                continue
+            batch = ready[: self.max_batch_size] if self.max_batch_size else list(ready)
+            del ready[: len(batch)]
+            outputs = self.generate([self._gen_request(ep) for ep in batch])
+            if len(outputs) != len(batch):
+                raise RuntimeError(f"generate returned {len(outputs)} outputs for {len(batch)} requests")
+            for ep, out in zip(batch, outputs):
+                ep.turns += 1
+                ep.segments.append(Segment(tuple(out.tokens), scored=True, logprobs=tuple(out.logprobs)))
+                ep.context.extend(out.tokens)
+                action = tuple(out.tokens)
+                pending[self.pool.submit(self._stepper(ep, action), self.step_timeout_s, "step")] = ep
+            absorb({f for f in pending if f.done()})
+        return all_rewarded
+
+    # -- pieces -----------------------------------------------------------------------------
+
+    def _resetter(self, ep: _Episode) -> Callable[[], None]:
+        def reset() -> None:
+            ep.env = self.tasks.make_env(ep.task, ep.seed)
+            prompt = tuple(int(t) for t in ep.env.reset())
+            ep.prompt = prompt
+            ep.context = list(prompt)
+
+        return reset
+
+    @staticmethod
+    def _stepper(ep: _Episode, action: tuple[int, ...]) -> Callable[[], StepResult]:
+        def step() -> StepResult:
+            assert ep.env is not None
+            result = ep.env.step(action)
+            if not isinstance(result, StepResult):
+                raise TypeError(f"Environment.step returned {type(result).__name__}, expected StepResult")
+            return result
+
+        return step
+
+    def _enqueue(self, ep: _Episode, ready: list[_Episode], finish: Callable[..., None]) -> None:
+        budget = self.max_context_tokens
+        if budget is not None and len(ep.context) + self.tasks.max_action_tokens > budget:
+            finish(ep, "length")
+        else:
+            ready.append(ep)
+
+    def _gen_request(self, ep: _Episode) -> GenerationRequest:
+        return GenerationRequest(
+            prefix=tuple(ep.context),
+            seed=turn_seed(ep.seed, ep.turns),
+            max_new_tokens=self.tasks.max_action_tokens,
+            stop_token=self.tasks.stop_token,
+        )
+
+    def _start_verdict(
+        self, ep: _Episode, emit: Callable[[RolloutEvent], None], clock: Callable[[], float]
+    ) -> None:
+        env = ep.env
+        assert env is not None
+        fut = self.pool.submit(env.verdict, self.verdict_timeout_s, "verdict")
+        once = threading.Lock()
+
+        def on_done(f: Future[Outcome[Any]]) -> None:
+            if not once.acquire(blocking=False):
+                return
+            outcome = f.result()
+            if outcome.ok:
+                reward, failure = check_verdict(outcome.value)
+            else:
+                reward, failure = 0.0, outcome.failure
+            emit(RewardReady(ep.trajectory_id, ep.group_id, reward, clock(), failure))
+            self._close(ep)  # also after a timeout: close() is how an environment frees a stuck run
+
+        fut.add_done_callback(on_done)
+
+    def _close(self, ep: _Episode) -> None:
+        env = ep.env
+        if env is None:
+            return
+        ep.env = None
+        self.pool.submit(env.close, self.step_timeout_s, "close")

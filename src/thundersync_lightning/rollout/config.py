@@ -1,0 +1,156 @@
+"""Engine configurations, constructible from YAML (jsonargparse reads the typed fields).
+
+Each config is a frozen dataclass whose ``__post_init__`` collects every problem and raises one
+:class:`~thundersync_lightning.core.errors.ConfigError`; ``build(model_spec, tasks)`` returns
+the engine. Example (LightningCLI)::
+
+    engine:
+      class_path: thundersync_lightning.rollout.EmbeddedEngineConfig
+      init_args: {temperature: 1.0, num_threads: 1, env_workers: 32}
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from ..core.errors import ConfigError
+from ..core.protocols import TaskSource
+from ..core.types import ModelSpec
+
+if TYPE_CHECKING:
+    from .embedded import EmbeddedEngine
+    from .replay import TraceReplayEngine
+
+__all__ = ["EmbeddedEngineConfig", "TraceReplayEngineConfig"]
+
+
+def _raise_if(problems: list[str], owner: str) -> None:
+    if problems:
+        raise ConfigError(f"{owner} is invalid:\n  - " + "\n  - ".join(problems))
+
+
+@dataclass(frozen=True, slots=True)
+class EmbeddedEngineConfig:
+    """Settings of :class:`~thundersync_lightning.rollout.EmbeddedEngine`.
+
+    Attributes:
+        temperature: sampling temperature T > 0; reported logprobs are ``log_softmax(z / T)``,
+            so the learner must divide its logits by the same T.
+        top_p: nucleus mass in (0, 1] (truncates sampling only, not the reported logprobs).
+        num_threads: torch intra-op threads of the generation process (keep the learner's cores).
+        env_workers: threads for environment calls and verdicts. Verdicts that only wait
+            (simulated latency, sandbox subprocesses) need one thread each while waiting.
+        device: where the generation copy of the policy lives ("cpu", "cuda:1", ...).
+        max_batch_size: most episodes per forward.
+        max_context_tokens: episodes whose context would exceed this end as "length".
+        step_timeout_s: limit for one ``reset``/``step`` call (failure, reward 0, after it).
+        verdict_timeout_s: limit for one verdict (failure, reward 0, after it).
+        startup_timeout_s: limit for the process to import, build the model and report ready.
+        poll_interval_s: how often a waiting learner checks that the process is alive.
+        idle_timeout_s: a learner waiting this long without any message raises EngineError
+            (None: wait as long as the process lives; verdict timeouts bound the wait anyway).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    num_threads: int = 1
+    env_workers: int = 32
+    device: str = "cpu"
+    max_batch_size: int = 256
+    max_context_tokens: int | None = None
+    step_timeout_s: float = 60.0
+    verdict_timeout_s: float = 300.0
+    startup_timeout_s: float = 120.0
+    poll_interval_s: float = 0.05
+    idle_timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        p: list[str] = []
+        if not self.temperature > 0:
+            p.append(f"temperature={self.temperature}: must be > 0 (greedy decoding is not supported)")
+        if not 0 < self.top_p <= 1:
+            p.append(f"top_p={self.top_p}: must be in (0, 1]")
+        for name in ("num_threads", "env_workers", "max_batch_size"):
+            if getattr(self, name) < 1:
+                p.append(f"{name}={getattr(self, name)}: must be >= 1")
+        if self.max_context_tokens is not None and self.max_context_tokens < 2:
+            p.append(f"max_context_tokens={self.max_context_tokens}: must be >= 2 or None")
+        for name in ("step_timeout_s", "verdict_timeout_s", "startup_timeout_s", "poll_interval_s"):
+            if not getattr(self, name) > 0:
+                p.append(f"{name}={getattr(self, name)}: must be > 0 seconds")
+        if self.idle_timeout_s is not None and not self.idle_timeout_s > 0:
+            p.append(f"idle_timeout_s={self.idle_timeout_s}: must be > 0 seconds or None")
+        _raise_if(p, "EmbeddedEngineConfig")
+
+    def build(self, model_spec: ModelSpec, tasks: TaskSource) -> EmbeddedEngine:
+        """Start the generation process (blocks until it is ready or ``startup_timeout_s``)."""
+        from .embedded import EmbeddedEngine
+
+        return EmbeddedEngine(model_spec, tasks, self)
+
+
+@dataclass(frozen=True, slots=True)
+class TraceReplayEngineConfig:
+    """Settings of :class:`~thundersync_lightning.rollout.TraceReplayEngine`.
+
+    Times in the trace (or drawn from the distribution) are in abstract units; one unit lasts
+    ``time_scale_s`` seconds, typically the learner's measured backward time per trajectory.
+
+    Attributes:
+        source: "trace" (read ``trace``), "lognormal" or "pareto".
+        trace: a JSON trace path, or the name of a shipped trace ("paper_tail").
+        time_scale_s: seconds per trace time unit.
+        gen_median / gen_sigma: log-normal generation time (content-ready) of the named
+            distributions, in units.
+        verdict_median / verdict_sigma: log-normal verdict latency (reward-ready minus
+            content-ready) for "lognormal"; for "pareto" the verdict latency is
+            ``verdict_median * 2**(-1/alpha) * Pareto(alpha)`` (same median).
+        pareto_alpha: tail index of "pareto" (smaller: heavier tail).
+        tokens_mean: mean scored tokens per trajectory for the named distributions.
+        prompt_tokens: prompt length (shared by a group).
+        turns: scored segments per trajectory (observations of ``observation_tokens`` between).
+        observation_tokens: unscored tokens between turns.
+        reward_p: probability that a trajectory's reward is 1.0 (seeded Bernoulli).
+    """
+
+    source: Literal["trace", "lognormal", "pareto"] = "trace"
+    trace: str = "paper_tail"
+    time_scale_s: float = 0.01
+    gen_median: float = 4.0
+    gen_sigma: float = 0.5
+    verdict_median: float = 8.0
+    verdict_sigma: float = 1.0
+    pareto_alpha: float = 1.5
+    tokens_mean: int = 48
+    prompt_tokens: int = 16
+    turns: int = 2
+    observation_tokens: int = 4
+    reward_p: float = 0.5
+
+    def __post_init__(self) -> None:
+        p: list[str] = []
+        if self.source not in ("trace", "lognormal", "pareto"):
+            p.append(f"source={self.source!r}: use 'trace', 'lognormal' or 'pareto'")
+        if not self.time_scale_s > 0:
+            p.append(f"time_scale_s={self.time_scale_s}: must be > 0")
+        for name in ("gen_median", "verdict_median", "pareto_alpha"):
+            if not getattr(self, name) > 0:
+                p.append(f"{name}={getattr(self, name)}: must be > 0")
+        for name in ("gen_sigma", "verdict_sigma"):
+            if getattr(self, name) < 0:
+                p.append(f"{name}={getattr(self, name)}: must be >= 0")
+        for name in ("tokens_mean", "prompt_tokens", "turns"):
+            if getattr(self, name) < 1:
+                p.append(f"{name}={getattr(self, name)}: must be >= 1")
+        if self.observation_tokens < 0:
+            p.append(f"observation_tokens={self.observation_tokens}: must be >= 0")
+        if not 0 <= self.reward_p <= 1:
+            p.append(f"reward_p={self.reward_p}: must be in [0, 1]")
+        _raise_if(p, "TraceReplayEngineConfig")
+
+    def build(self, model_spec: ModelSpec, tasks: TaskSource | None = None) -> TraceReplayEngine:
+        """The replay engine; token ids are drawn below ``model_spec.config['vocab_size']``."""
+        from .replay import TraceReplayEngine
+
+        return TraceReplayEngine(model_spec, self)

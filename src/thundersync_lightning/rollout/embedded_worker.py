@@ -1,0 +1,132 @@
+"""The embedded engine's generation process (the learner never imports this at run time).
+
+Commands arrive in order on one queue and are handled one at a time by the main thread:
+
+    ("publish", version, SharedWeights)   copy the snapshot into the local model
+    ("rollout", request_id, request, issued_at)   run the agent loop for the request
+    ("shutdown",)
+
+so a publish issued after ``rollout(r1)`` is applied only after r1's generation has finished:
+r1 is generated entirely with the weights current when it was issued. Environment calls and
+verdicts run in a thread pool; verdicts of r1 keep running (and emitting) while r2 generates.
+
+Messages sent back: ``("ready", pid)``, ``("event", request_id, event)``, ``("applied",
+version)``, ``("fatal", text)`` (then the process exits). Event times are this process's
+``time.monotonic()``; the learner runs on the same host, so it is the learner's clock too
+(CLOCK_MONOTONIC is system-wide on Linux).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from ..core.protocols import TaskSource
+from ..core.types import ModelSpec
+from .agent_loop import AgentLoop
+from .env_pool import EnvPool
+from .hf_generator import HFGenerator
+from .models import build_model
+from .weights import SharedWeights
+
+__all__ = ["worker_main", "load_snapshot"]
+
+_PARENT_POLL_S = 1.0
+
+
+def load_snapshot(model: Any, weights: dict[str, torch.Tensor]) -> None:
+    """Copy ``weights`` (HF ``state_dict`` names) into ``model``; every parameter must be covered.
+
+    A tied output head (``tie_word_embeddings``) may be omitted: it shares the embedding.
+    """
+    expected = model.state_dict()
+    unexpected = sorted(set(weights) - set(expected))
+    missing = sorted(set(expected) - set(weights))
+    if getattr(model.config, "tie_word_embeddings", False):
+        missing = [n for n in missing if not n.endswith("lm_head.weight")]
+    problems = []
+    if unexpected:
+        problems.append(f"unexpected names {unexpected[:5]}")
+    if missing:
+        problems.append(f"missing names {missing[:5]}")
+    for name, tensor in weights.items():
+        if name in expected and tuple(expected[name].shape) != tuple(tensor.shape):
+            problems.append(f"{name}: shape {tuple(tensor.shape)} != model's {tuple(expected[name].shape)}")
+    if problems:
+        raise ValueError(
+            "published weights do not match the engine's ModelSpec architecture: "
+            + "; ".join(problems)
+            + ". Publish the policy's full Hugging Face state_dict() and give the engine the same ModelSpec."
+        )
+    model.load_state_dict(weights, strict=False)
+
+
+def worker_main(spec: ModelSpec, tasks: TaskSource, cfg: Any, commands: Any, events: Any) -> None:
+    """Entry point of the spawned process. ``cfg`` is an ``EmbeddedEngineConfig``."""
+    pool: EnvPool | None = None
+    parent = os.getppid()
+    try:
+        torch.set_num_threads(cfg.num_threads)
+        try:
+            torch.set_num_interop_threads(1)
+        except RuntimeError:
+            pass
+        model = build_model(spec, cfg.device)
+        generate = HFGenerator(
+            model, temperature=cfg.temperature, top_p=cfg.top_p, max_batch_size=cfg.max_batch_size
+        )
+        pool = EnvPool(cfg.env_workers, name="thundersync-env")
+        loop = AgentLoop(
+            tasks,
+            generate,
+            pool,
+            step_timeout_s=cfg.step_timeout_s,
+            verdict_timeout_s=cfg.verdict_timeout_s,
+            max_batch_size=cfg.max_batch_size,
+            max_context_tokens=cfg.max_context_tokens,
+        )
+        version: int | None = None
+        events.put(("ready", os.getpid()))
+        while True:
+            try:
+                cmd = commands.get(timeout=_PARENT_POLL_S)
+            except queue.Empty:
+                if os.getppid() != parent:  # the learner died without shutting us down
+                    break
+                continue
+            kind = cmd[0]
+            if kind == "shutdown":
+                break
+            if kind == "publish":
+                _, new_version, packed = cmd
+                assert isinstance(packed, SharedWeights)
+                load_snapshot(model, packed.unpack())
+                del packed, cmd
+                version = new_version
+                events.put(("applied", version))
+            elif kind == "rollout":
+                _, request_id, request, issued_at = cmd
+                if version is None:
+                    raise RuntimeError("rollout before any publish reached the engine process")
+
+                def emit(event: Any, _rid: int = request_id) -> None:
+                    events.put(("event", _rid, event))
+
+                loop.run(request, version, emit, submitted_at=issued_at)
+            else:
+                raise RuntimeError(f"unknown engine command {kind!r}")
+    except BaseException:
+        try:
+            events.put(("fatal", traceback.format_exc()))
+            time.sleep(0.2)  # let the queue's feeder thread flush the message
+        except BaseException:
+            pass
+    finally:
+        if pool is not None:
+            pool.shutdown()
+        os._exit(0)  # hung environment threads must not keep the process alive

@@ -1,0 +1,37 @@
+"""Test helpers: collect events, and the learner-side logprobs of a trajectory."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+
+from thundersync_lightning.rollout import ContentReady, RewardReady, RolloutEvent, Trajectory
+
+
+def collect(
+    events: Iterable[RolloutEvent],
+) -> tuple[dict[str, Trajectory], dict[str, RewardReady], list[RolloutEvent]]:
+    """(trajectories by id, rewards by id, all events in arrival order)."""
+    trajectories: dict[str, Trajectory] = {}
+    rewards: dict[str, RewardReady] = {}
+    order: list[RolloutEvent] = []
+    for ev in events:
+        order.append(ev)
+        if isinstance(ev, ContentReady):
+            assert ev.trajectory.trajectory_id not in trajectories, "ContentReady delivered twice"
+            trajectories[ev.trajectory.trajectory_id] = ev.trajectory
+        else:
+            assert ev.trajectory_id not in rewards, "RewardReady delivered twice"
+            rewards[ev.trajectory_id] = ev
+    return trajectories, rewards, order
+
+
+@torch.no_grad()
+def learner_logprobs(model: torch.nn.Module, traj: Trajectory, temperature: float = 1.0) -> torch.Tensor:
+    """log_softmax(logits / T) of every scored token, from one unpadded forward of the whole episode."""
+    tokens = torch.tensor([traj.tokens])  # (1, L)
+    logits = model(input_ids=tokens).logits[0, :-1].float()  # (L-1, V)
+    lp = torch.log_softmax(logits / temperature, dim=-1).gather(-1, tokens[0, 1:, None]).squeeze(-1)  # (L-1,)
+    scored = torch.tensor(traj.scored_mask[1:])
+    return lp[scored]

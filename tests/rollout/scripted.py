@@ -1,0 +1,70 @@
+"""A task source whose environments misbehave on purpose (importable by the engine process)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from thundersync_lightning.core.types import StepResult, derive_seed
+from thundersync_lightning.envs.toy import GuessingGameEnv
+
+MODES = (
+    "ok",
+    "verdict_raises",
+    "verdict_hangs",
+    "verdict_malformed",
+    "step_raises",
+    "step_hangs",
+    "reset_raises",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptedTask:
+    secret: int
+    mode: str
+
+
+class ScriptedEnv(GuessingGameEnv):
+    def __init__(self, task: ScriptedTask, num_digits: int, max_turns: int) -> None:
+        super().__init__(task.secret, num_digits, max_turns)
+        self.mode = task.mode
+        if self.mode == "reset_raises":
+            raise RuntimeError("cannot build the sandbox")
+
+    def step(self, action: Sequence[int]) -> StepResult:
+        if self.mode == "step_raises":
+            raise ValueError("tool crashed")
+        if self.mode == "step_hangs":
+            threading.Event().wait()
+        return super().step(action)
+
+    def verdict(self) -> float:
+        if self.mode == "verdict_raises":
+            raise RuntimeError("test runner crashed")
+        if self.mode == "verdict_hangs":
+            threading.Event().wait()
+        if self.mode == "verdict_malformed":
+            return "PASSED"  # type: ignore[return-value]
+        return super().verdict()
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptedTasks:
+    """Guessing game (no latency) whose group g behaves as ``modes[g % len(modes)]``."""
+
+    modes: tuple[str, ...] = ("ok",)
+    num_digits: int = 10
+    max_turns: int = 4
+    max_action_tokens: int = field(default=1, init=False)
+    stop_token: int | None = field(default=None, init=False)
+
+    def tasks(self, step: int, num_groups: int, seed: int) -> list[ScriptedTask]:
+        return [
+            ScriptedTask(derive_seed(seed, step, g, -1) % self.num_digits, self.modes[g % len(self.modes)])
+            for g in range(num_groups)
+        ]
+
+    def make_env(self, task: ScriptedTask, seed: int) -> ScriptedEnv:
+        return ScriptedEnv(task, self.num_digits, self.max_turns)

@@ -1,0 +1,108 @@
+"""The engine-agnostic agent loop, in process, with a scripted and with a real generator."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+import torch
+
+from thundersync_lightning.envs.toy import GuessingGameTasks
+from thundersync_lightning.rollout import (
+    AgentLoop,
+    EnvPool,
+    Generation,
+    GenerationRequest,
+    HFGenerator,
+    make_request,
+)
+
+from .conftest import random_model
+from .helpers import collect, learner_logprobs
+from .scripted import MODES, ScriptedTasks
+
+
+@pytest.fixture
+def pool():
+    p = EnvPool(8)
+    yield p
+    p.shutdown()
+
+
+def always(token: int):
+    """A generator that always answers ``token`` (logprob 0)."""
+
+    def generate(requests: Sequence[GenerationRequest]) -> list[Generation]:
+        return [Generation((token,) * r.max_new_tokens, (0.0,) * r.max_new_tokens) for r in requests]
+
+    return generate
+
+
+def test_an_episode_alternates_scored_actions_and_unscored_observations_until_the_turn_limit(pool):
+    tasks = GuessingGameTasks(latency="none", max_turns=3)
+    request = make_request(tasks, step=0, num_groups=1, group_size=1, seed=0)
+    secret = request.groups[0].task.secret
+    wrong = (secret + 1) % tasks.num_digits
+    events: list = []
+    assert AgentLoop(tasks, always(wrong), pool).run(request, 4, events.append).wait(timeout=30)
+    trajs, rewards, _ = collect(events)
+    traj = trajs["s0-g0-t0"]
+    assert traj.finish_reason == "turn_limit" and traj.num_turns == 3 and traj.policy_version == 4
+    assert [s.scored for s in traj.segments] == [True, False] * 3
+    assert [s.tokens for s in traj.segments if s.scored] == [(wrong,)] * 3
+    assert rewards["s0-g0-t0"].reward == 0.0
+
+
+def test_an_episode_ends_with_submit_when_the_environment_says_done(pool):
+    tasks = GuessingGameTasks(latency="none")
+    request = make_request(tasks, step=0, num_groups=1, group_size=2, seed=0)
+    events: list = []
+    assert (
+        AgentLoop(tasks, always(request.groups[0].task.secret), pool).run(request, 0, events.append).wait(30)
+    )
+    trajs, rewards, _ = collect(events)
+    assert {t.finish_reason for t in trajs.values()} == {"submit"}
+    assert {t.num_turns for t in trajs.values()} == {1}
+    assert {r.reward for r in rewards.values()} == {1.0}
+
+
+def test_a_context_budget_ends_the_episode_with_length(pool):
+    tasks = GuessingGameTasks(latency="none", max_turns=10)
+    request = make_request(tasks, step=0, num_groups=1, group_size=1, seed=0)
+    wrong = (request.groups[0].task.secret + 1) % tasks.num_digits
+    events: list = []
+    AgentLoop(tasks, always(wrong), pool, max_context_tokens=5).run(request, 0, events.append)
+    traj = next(e for e in events if hasattr(e, "trajectory")).trajectory
+    assert traj.finish_reason == "length" and len(traj.tokens) <= 5
+
+
+def test_tokens_do_not_depend_on_batch_size_or_group_order_and_logprobs_match_at_another_temperature(spec):
+    model = random_model(spec, 6)
+    tasks = ScriptedTasks(modes=("ok",))
+    temperature = 0.7
+    results = []
+    for max_batch, groups in ((None, [0, 1, 2, 3]), (3, [3, 1, 2, 0])):
+        pool = EnvPool(4)
+        generate = HFGenerator(model, temperature=temperature, top_p=0.9)
+        loop = AgentLoop(tasks, generate, pool, max_batch_size=max_batch)
+        request = make_request(tasks, step=5, num_groups=4, group_size=6, seed=2, group_indices=groups)
+        events: list = []
+        assert loop.run(request, 0, events.append).wait(timeout=30)
+        pool.shutdown()
+        trajs, rewards, _ = collect(events)
+        results.append(({k: t.tokens for k, t in trajs.items()}, {k: r.reward for k, r in rewards.items()}))
+        for t in trajs.values():
+            diff = (learner_logprobs(model, t, temperature) - torch.tensor(t.sampling_logprobs)).abs().max()
+            assert diff <= 1e-4
+    assert results[0] == results[1]
+
+
+def test_failed_resets_still_yield_both_events(pool):
+    tasks = ScriptedTasks(modes=(MODES[-1],))  # reset_raises
+    request = make_request(tasks, step=0, num_groups=1, group_size=3, seed=0)
+    events: list = []
+    assert AgentLoop(tasks, always(0), pool).run(request, 0, events.append).wait(timeout=30)
+    trajs, rewards, _ = collect(events)
+    assert len(trajs) == 3 and len(rewards) == 3
+    assert all(t.finish_reason == "failure" and t.num_scored_tokens == 0 for t in trajs.values())
+    assert all(r.reward == 0.0 and "reset raised" in r.failure for r in rewards.values())

@@ -1,0 +1,40 @@
+"""Engine configs: validation reports every problem; YAML construction through jsonargparse."""
+
+from __future__ import annotations
+
+import pytest
+from jsonargparse import ArgumentParser
+
+from thundersync_lightning.core.errors import ConfigError
+from thundersync_lightning.envs.toy import GuessingGameTasks
+from thundersync_lightning.rollout import EmbeddedEngineConfig, TraceReplayEngineConfig
+
+
+def test_an_invalid_embedded_config_lists_every_problem_at_once():
+    with pytest.raises(ConfigError) as err:
+        EmbeddedEngineConfig(temperature=0.0, top_p=1.5, env_workers=0, verdict_timeout_s=-1)
+    message = str(err.value)
+    for name in ("temperature", "top_p", "env_workers", "verdict_timeout_s"):
+        assert name in message
+
+
+def test_an_invalid_replay_config_lists_every_problem_at_once():
+    with pytest.raises(ConfigError) as err:
+        TraceReplayEngineConfig(time_scale_s=0, reward_p=2, turns=0)
+    assert all(name in str(err.value) for name in ("time_scale_s", "reward_p", "turns"))
+
+
+def test_configs_and_the_toy_task_are_constructible_from_yaml():
+    parser = ArgumentParser()
+    parser.add_argument("--engine", type=EmbeddedEngineConfig)
+    parser.add_argument("--replay", type=TraceReplayEngineConfig)
+    parser.add_argument("--tasks", type=GuessingGameTasks)
+    cfg = parser.parse_string(
+        "engine: {temperature: 0.8, env_workers: 4}\n"
+        "replay: {source: pareto, time_scale_s: 0.02}\n"
+        "tasks: {num_digits: 6, latency_median_s: 0.01}\n"
+    )
+    init = parser.instantiate_classes(cfg)
+    assert init.engine == EmbeddedEngineConfig(temperature=0.8, env_workers=4)
+    assert init.replay == TraceReplayEngineConfig(source="pareto", time_scale_s=0.02)
+    assert init.tasks == GuessingGameTasks(num_digits=6, latency_median_s=0.01)

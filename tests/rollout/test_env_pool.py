@@ -1,0 +1,41 @@
+"""The environment pool resolves every call exactly once, without raising or hanging."""
+
+from __future__ import annotations
+
+import threading
+
+from thundersync_lightning.rollout import EnvPool
+
+
+def test_a_value_an_exception_and_a_timeout_each_resolve_to_an_outcome():
+    pool = EnvPool(3)
+    never = threading.Event()
+    try:
+        ok = pool.submit(lambda: 42, timeout_s=5.0, what="verdict")
+        boom = pool.submit(lambda: 1 / 0, timeout_s=5.0, what="verdict")
+        stuck = pool.submit(never.wait, timeout_s=0.05, what="verdict")
+        assert ok.result(timeout=10).value == 42 and ok.result().ok
+        assert boom.result(timeout=10).failure == "verdict raised ZeroDivisionError: division by zero"
+        assert stuck.result(timeout=10).failure == "verdict timed out after 0.05 s"
+    finally:
+        never.set()
+        pool.shutdown()
+
+
+def test_a_late_result_after_a_timeout_is_discarded():
+    pool = EnvPool(1)
+    release = threading.Event()
+    try:
+        fut = pool.submit(lambda: release.wait() and "late", timeout_s=0.05, what="step")
+        first = fut.result(timeout=10)
+        release.set()
+        pool.submit(lambda: None, timeout_s=None).result(timeout=10)  # the stuck call has returned by now
+        assert fut.result() is first and first.failure is not None
+    finally:
+        pool.shutdown()
+
+
+def test_calls_after_shutdown_resolve_as_failures():
+    pool = EnvPool(1)
+    pool.shutdown()
+    assert "shut down" in pool.submit(lambda: 1, timeout_s=1.0).result(timeout=10).failure

@@ -302,7 +302,7 @@ class ThunderSyncStrategy(DDPStrategy):
         self._snapshot.assert_unchanged()
         if self._accumulator is None:
             closure_loss = super().backward(self._sync_loss, optimizer, *args, **kwargs)
-            self._pending["loss"] = float(closure_loss.detach())
+            self._pending["loss"] = self._global_sum(float(closure_loss.detach()))
             self._pending["report"] = None
         else:
             acc = self._accumulator

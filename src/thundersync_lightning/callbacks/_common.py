@@ -1,0 +1,124 @@
+"""What every monitor shares: reading the step's statistics, reducing them across ranks, logging.
+
+Every monitor reads ``trainer.strategy.last_step_stats`` (a :class:`StepStats`, set at the barrier
+before ``on_train_batch_end``) and nothing private of the Trainer. Per-rank numbers are reduced
+across ranks with torchmetrics (``compute()`` all-gathers the metric states when
+``torch.distributed`` is initialised), so the logged value describes the whole step, whichever
+rank's logger writes it. Every rank must therefore call :meth:`StepReducer.compute` at every step
+that produced statistics; the strategy guarantees this by setting ``last_step_stats`` on all ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torchmetrics import MaxMetric, MeanMetric, Metric, SumMetric
+
+from thundersync_lightning.strategy.stats import StepStats
+
+__all__ = ["StepStatsReader", "StepReducer", "log_step_metrics"]
+
+log = logging.getLogger(__name__)
+_warned: set[str] = set()
+
+
+class StepStatsReader:
+    """Hands each monitor every step's :class:`StepStats` exactly once.
+
+    Returns ``None`` when the trainer's strategy records no statistics (any strategy other than
+    ``"thundersync"``; warned once) or when ``last_step_stats`` is still the object already read
+    (a batch end with no new barrier), so that no step is logged twice.
+    """
+
+    def __init__(self, who: str) -> None:
+        self.who = who
+        self._seen: StepStats | None = None
+
+    def __call__(self, trainer: pl.Trainer) -> StepStats | None:
+        strategy = trainer.strategy
+        if not hasattr(strategy, "last_step_stats"):
+            if self.who not in _warned:
+                _warned.add(self.who)
+                log.warning(
+                    "%s: strategy %s has no `last_step_stats`; nothing is logged. Use "
+                    'Trainer(strategy="thundersync") to get per-step rollout statistics.',
+                    self.who,
+                    type(strategy).__name__,
+                )
+            return None
+        stats = strategy.last_step_stats
+        if not isinstance(stats, StepStats) or stats is self._seen:
+            return None
+        self._seen = stats
+        return stats
+
+
+class StepReducer(torch.nn.Module):
+    """Named torchmetrics aggregators, reduced across ranks and reset once per step.
+
+    ``kinds`` maps each metric name to ``"mean"`` (weighted), ``"sum"`` or ``"max"``. Call
+    :meth:`update` any number of times per step (every name at least once on every rank, with
+    ``weight=0`` for an empty mean), then :meth:`compute` on every rank.
+    """
+
+    _KINDS: Mapping[str, type[Metric]] = {"mean": MeanMetric, "sum": SumMetric, "max": MaxMetric}
+
+    def __init__(self, kinds: Mapping[str, str]) -> None:
+        super().__init__()
+        unknown = {k: v for k, v in kinds.items() if v not in self._KINDS}
+        if unknown:
+            raise ValueError(f"unknown reductions {unknown}; valid: {sorted(self._KINDS)}")
+        # nan_strategy "ignore": an empty mean (weight 0) stays empty instead of warning
+        self.metrics = torch.nn.ModuleDict(
+            {
+                _safe(name): self._KINDS[kind](nan_strategy="ignore").set_dtype(torch.float64)
+                for name, kind in kinds.items()
+            }
+        )
+        self._names = {_safe(name): name for name in kinds}
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._names.values())
+
+    def update(self, name: str, value: float | Iterable[float], weight: float | None = None) -> None:
+        metric = self.metrics[_safe(name)]
+        device = metric.device
+        raw = list(value) if isinstance(value, Iterable) else value
+        values = torch.as_tensor(raw, dtype=torch.float64, device=device)
+        if isinstance(metric, MeanMetric):
+            w = torch.as_tensor(1.0 if weight is None else weight, dtype=torch.float64, device=device)
+            metric.update(values, w)
+        elif values.numel() == 0:  # 0 is the identity of sums and of maxima of counts and bytes
+            metric.update(torch.zeros((), dtype=torch.float64, device=device))
+        else:
+            metric.update(values)
+
+    def compute(self) -> dict[str, float]:
+        """Reduce every metric across ranks (a collective: call on every rank), then reset them."""
+        out: dict[str, float] = {}
+        for safe, metric in self.metrics.items():
+            value = float(metric.compute())
+            out[self._names[safe]] = value
+            metric.reset()
+        return out
+
+
+def _safe(name: str) -> str:
+    return name.replace("/", "__").replace(".", "_")
+
+
+def log_step_metrics(pl_module: pl.LightningModule, metrics: Mapping[str, Any]) -> None:
+    """Log already-reduced per-step values through ``pl_module.log`` (any Lightning logger);
+    NaN (an empty mean) is left out rather than logged. Values go as float64 CPU tensors: Lightning
+    would store plain floats in float32, which rounds byte counts and small ratios."""
+    for key, value in metrics.items():
+        if isinstance(value, float) and math.isnan(value):
+            continue
+        tensor = torch.tensor(float(value), dtype=torch.float64)
+        pl_module.log(key, tensor, on_step=True, on_epoch=False, batch_size=1, sync_dist=False)

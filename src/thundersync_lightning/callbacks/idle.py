@@ -1,0 +1,185 @@
+"""IdleTimeMonitor: how long the learner waited for rollout events, and a drawable timeline.
+
+Per step (``StepStats``): the learner is busy during its intervals (backward, barrier, optimizer,
+publish) and idle otherwise. Logged, over ranks:
+
+=========================================  ==================================================  =========
+``perf/step_seconds``                      step wall time                                      max
+``perf/learner_busy_seconds``              sum of busy intervals                               mean
+``perf/learner_idle_seconds``              wall - busy                                         mean
+``perf/learner_idle_fraction``             sum_r idle_r / sum_r wall_r                         ratio
+``perf/learner_{kind}_seconds``            busy time by kind (backward/barrier/optimizer/      mean
+                                           publish)
+``perf/time_to_first_event_seconds``       step start -> first trajectory content (0 when it   mean
+                                           was already waiting: rollouts launched ahead)
+``perf/tail_after_last_event_seconds``     last content or reward -> step end                  mean
+=========================================  ==================================================  =========
+
+Each rank also writes one JSON line per step to ``<dirpath>/timeline/rank<r>.jsonl`` (``dirpath``
+defaults to ``trainer.log_dir``; a fit starting at step 0 replaces the file, a resumed one appends): times in seconds relative to the step start, busy intervals,
+content and reward arrivals per trajectory and open groups over time. :func:`read_timeline` loads
+it and :func:`draw_timeline` draws it with matplotlib.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from thundersync_lightning.callbacks._common import StepReducer, StepStatsReader, log_step_metrics
+from thundersync_lightning.strategy.stats import StepStats
+
+__all__ = ["IdleTimeMonitor", "timeline_record", "read_timeline", "draw_timeline"]
+
+log = logging.getLogger(__name__)
+
+BUSY_KINDS = ("backward", "barrier", "optimizer", "publish")
+
+
+def timeline_record(stats: StepStats) -> dict[str, Any]:
+    """One step as plain JSON data, times relative to ``stats.step_start`` (seconds)."""
+    t0 = stats.step_start
+
+    def rel(t: float) -> float:
+        return round(t - t0, 9)
+
+    return {
+        "step": stats.step,
+        "rank": stats.rank,
+        "mode": stats.mode,
+        "policy_version": stats.policy_version,
+        "step_start": t0,
+        "wall_seconds": stats.wall_seconds,
+        "idle_fraction": stats.idle_fraction,
+        "busy": [{"start": rel(i.start), "end": rel(i.end), "kind": i.kind} for i in stats.busy],
+        "trajectories": [
+            {
+                "id": t.trajectory_id,
+                "group": t.group_id,
+                "content_ready": rel(t.content_ready_at),
+                "reward_ready": None if t.reward_ready_at is None else rel(t.reward_ready_at),
+                "num_tokens": t.num_tokens,
+            }
+            for t in stats.trajectories
+        ],
+        "open_groups": [[rel(t), n] for t, n in stats.open_groups],
+    }
+
+
+def read_timeline(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def draw_timeline(records: list[dict[str, Any]], ax: Any = None) -> Any:
+    """Draw steps side by side: busy intervals as bars (one row per kind), content (|) and reward
+    (x) arrivals as ticks. Returns the matplotlib axes."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(12, 3))
+    offset = 0.0
+    rows = {kind: i for i, kind in enumerate(BUSY_KINDS)}
+    for rec in records:
+        for b in rec["busy"]:
+            row = rows.setdefault(b["kind"], len(rows))
+            ax.broken_barh([(offset + b["start"], b["end"] - b["start"])], (row - 0.4, 0.8))
+        events = len(rows)
+        for t in rec["trajectories"]:
+            ax.plot(offset + t["content_ready"], events, "|", color="tab:green")
+            if t["reward_ready"] is not None:
+                ax.plot(offset + t["reward_ready"], events + 1, "x", color="tab:orange", markersize=3)
+        ax.axvline(offset + rec["wall_seconds"], color="grey", linewidth=0.5)
+        offset += rec["wall_seconds"]
+    labels = [*rows, "content", "reward"]
+    ax.set_yticks(range(len(labels)), labels)
+    ax.set_xlabel("seconds")
+    return ax
+
+
+class IdleTimeMonitor(Callback):
+    """Log the idle-time keys of the module docstring and write the per-step timeline.
+
+    Args:
+        dirpath: where ``timeline/rank<r>.jsonl`` goes; ``None``: ``trainer.log_dir``.
+        write_timeline: set False to log the scalars only.
+    """
+
+    def __init__(self, dirpath: str | None = None, write_timeline: bool = True) -> None:
+        self.dirpath = dirpath
+        self.write_timeline = write_timeline
+        kinds = {
+            "perf/step_seconds": "max",
+            "perf/learner_busy_seconds": "mean",
+            "perf/learner_idle_seconds": "mean",
+            "idle_sum": "sum",
+            "wall_sum": "sum",
+            "perf/time_to_first_event_seconds": "mean",
+            "perf/tail_after_last_event_seconds": "mean",
+        }
+        kinds.update({f"perf/learner_{k}_seconds": "mean" for k in BUSY_KINDS})
+        self._reducer = StepReducer(kinds)
+        self._path: Path | None = None
+        self._first_write = True
+        self._last: dict[str, float] = {}
+        self._read_stats = StepStatsReader(type(self).__name__)
+
+    @property
+    def timeline_path(self) -> Path | None:
+        """This rank's timeline file (after ``setup``)."""
+        return self._path
+
+    @property
+    def metric_keys(self) -> list[str]:
+        """Every key this monitor logs."""
+        return [*(n for n in self._reducer.names if n.startswith("perf/")), "perf/learner_idle_fraction"]
+
+    @property
+    def last_metrics(self) -> dict[str, float]:
+        return dict(self._last)
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._reducer.to(pl_module.device)
+        if stage == "fit" and self.write_timeline:
+            root = self.dirpath if self.dirpath is not None else trainer.log_dir  # all ranks call it
+            root = root if root is not None else trainer.default_root_dir
+            self._path = Path(root) / "timeline" / f"rank{trainer.global_rank}.jsonl"
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            self._first_write = True
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        stats = self._read_stats(trainer)
+        if stats is None:
+            return
+        r = self._reducer
+        r.update("perf/step_seconds", stats.wall_seconds)
+        r.update("perf/learner_busy_seconds", stats.busy_seconds)
+        r.update("perf/learner_idle_seconds", stats.idle_seconds)
+        r.update("idle_sum", stats.idle_seconds)
+        r.update("wall_sum", stats.wall_seconds)
+        r.update("perf/time_to_first_event_seconds", max(0.0, stats.first_event_delay))
+        r.update("perf/tail_after_last_event_seconds", stats.tail_seconds)
+        for kind in BUSY_KINDS:
+            r.update(f"perf/learner_{kind}_seconds", sum(i.seconds for i in stats.busy if i.kind == kind))
+        total = r.compute()
+        idle_sum, wall_sum = total.pop("idle_sum"), total.pop("wall_sum")
+        total["perf/learner_idle_fraction"] = idle_sum / wall_sum if wall_sum > 0 else 0.0
+        self._last = total
+        log_step_metrics(pl_module, total)
+        if self._path is not None:
+            # a run that starts at step 0 replaces an old file; a resumed one appends to it
+            mode = "w" if self._first_write and stats.step == 0 else "a"
+            self._first_write = False
+            with open(self._path, mode, encoding="utf-8") as f:
+                f.write(json.dumps(timeline_record(stats)) + "\n")

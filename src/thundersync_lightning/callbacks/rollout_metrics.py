@@ -1,0 +1,124 @@
+"""RolloutMetrics: what the step's trajectories achieved, reduced over every rank's trajectories.
+
+Means are weighted by trajectory counts across ranks (torchmetrics ``MeanMetric`` states are
+all-gathered by ``compute()``), so with ranks holding 3 and 1 trajectories the logged mean is the
+mean of the 4, not the mean of two rank means.
+
+=======================================  ==========================================================
+``rollout/reward_mean``                  mean reward of the trajectories whose reward is known
+``rollout/reward_std``                   its population standard deviation
+``rollout/pass_rate``                    fraction with reward >= ``pass_threshold``
+``rollout/trajectory_tokens_mean``       mean tokens per trajectory (prompt, actions, observations)
+``rollout/scored_tokens_mean``           mean policy-generated (scored) tokens per trajectory
+``rollout/turns_mean``                   mean turns per trajectory
+``rollout/trajectories_count``           trajectories in the step
+``rollout/failures_count``               trajectories with a failure (engine, environment, verdict)
+``rollout/failure_rate``                 failures / trajectories
+``rollout/finish_{reason}_count``        trajectories by finish reason (submit, turn_limit, length,
+                                         failure)
+``rollout/groups_folded_count``          groups folded into the gradient
+``rollout/groups_aborted_count``         groups dropped
+``train/loss``                           the step's GRPO surrogate -(1/N) sum A_i S_i (global; equal
+                                         on every rank)
+=======================================  ==========================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from thundersync_lightning.callbacks._common import StepReducer, StepStatsReader, log_step_metrics
+from thundersync_lightning.strategy.stats import StepStats
+
+__all__ = ["RolloutMetrics", "FINISH_REASONS"]
+
+log = logging.getLogger(__name__)
+
+FINISH_REASONS = ("submit", "turn_limit", "length", "failure")
+
+
+class RolloutMetrics(Callback):
+    """Log the rollout keys of the module docstring at every step.
+
+    Args:
+        pass_threshold: a trajectory passes when its reward is >= this.
+    """
+
+    def __init__(self, pass_threshold: float = 1.0) -> None:
+        self.pass_threshold = pass_threshold
+        kinds = {
+            "rollout/reward_mean": "mean",
+            "reward_sq_mean": "mean",
+            "rollout/pass_rate": "mean",
+            "rollout/trajectory_tokens_mean": "mean",
+            "rollout/scored_tokens_mean": "mean",
+            "rollout/turns_mean": "mean",
+            "rollout/trajectories_count": "sum",
+            "rollout/failures_count": "sum",
+            "rollout/groups_folded_count": "sum",
+            "rollout/groups_aborted_count": "sum",
+        }
+        kinds.update({f"rollout/finish_{r}_count": "sum" for r in FINISH_REASONS})
+        self._reducer = StepReducer(kinds)
+        self._last: dict[str, float] = {}
+        self._read_stats = StepStatsReader(type(self).__name__)
+
+    @property
+    def metric_keys(self) -> list[str]:
+        """Every key this monitor logs."""
+        names = [n for n in self._reducer.names if n.startswith("rollout/")]
+        return [*names, "rollout/reward_std", "rollout/failure_rate", "train/loss"]
+
+    @property
+    def last_metrics(self) -> dict[str, float]:
+        return dict(self._last)
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._reducer.to(pl_module.device)
+
+    def update(self, stats: StepStats) -> None:
+        """Add this rank's trajectories of one step (then :meth:`compute` on every rank)."""
+        trajs = stats.trajectories
+        rewards = [float(t.reward) for t in trajs if t.reward is not None]
+        r = self._reducer
+        r.update("rollout/reward_mean", rewards)
+        r.update("reward_sq_mean", [x * x for x in rewards])
+        r.update("rollout/pass_rate", [float(x >= self.pass_threshold) for x in rewards])
+        r.update("rollout/trajectory_tokens_mean", [float(t.num_tokens) for t in trajs])
+        r.update("rollout/scored_tokens_mean", [float(t.num_scored_tokens) for t in trajs])
+        r.update("rollout/turns_mean", [float(t.num_turns) for t in trajs])
+        r.update("rollout/trajectories_count", float(len(trajs)))
+        r.update("rollout/failures_count", float(sum(t.failure is not None for t in trajs)))
+        r.update("rollout/groups_folded_count", float(stats.groups_folded))
+        r.update("rollout/groups_aborted_count", float(stats.groups_aborted))
+        for reason in FINISH_REASONS:
+            r.update(f"rollout/finish_{reason}_count", float(sum(t.finish_reason == reason for t in trajs)))
+
+    def compute(self) -> dict[str, float]:
+        """Reduce over ranks (a collective) and reset; NaN where no trajectory had a reward."""
+        out = self._reducer.compute()
+        mean, sq = out["rollout/reward_mean"], out.pop("reward_sq_mean")
+        out["rollout/reward_std"] = (
+            math.sqrt(max(sq - mean * mean, 0.0)) if not math.isnan(mean) else math.nan
+        )
+        n = out["rollout/trajectories_count"]
+        out["rollout/failure_rate"] = out["rollout/failures_count"] / n if n > 0 else 0.0
+        return out
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        stats = self._read_stats(trainer)
+        if stats is None:
+            return
+        self.update(stats)
+        self._last = {**self.compute(), "train/loss": stats.loss}
+        log_step_metrics(pl_module, self._last)

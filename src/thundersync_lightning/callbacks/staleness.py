@@ -1,0 +1,131 @@
+"""StalenessMonitor: how many policy versions behind the trained weights each trajectory was.
+
+The staleness of a trajectory is ``trained version - policy_version`` (``TrajectoryRecord``). In
+``streaming`` and ``sync`` modes it is 0 by construction; a stale trajectory there means the
+gradient silently mixed an older policy's samples into an on-policy update, so by default the
+monitor raises :class:`~thundersync_lightning.core.errors.StalenessError`. ``async`` mode is one
+step off-policy on purpose (staleness 1): the monitor only records it.
+
+.. warning:: Statistics exist once the step's optimizer update is done, so the error is raised at
+   the end of the step that used the stale trajectory, before Lightning's ``ModelCheckpoint``
+   (which runs after the other callbacks) can save its weights. Every rank reduces the counts
+   first and raises together, so no rank is left waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
+
+from thundersync_lightning.callbacks._common import StepReducer, StepStatsReader, log_step_metrics
+from thundersync_lightning.core.errors import StalenessError
+from thundersync_lightning.strategy.stats import StepStats, TrajectoryRecord
+
+__all__ = ["StalenessMonitor"]
+
+log = logging.getLogger(__name__)
+
+_ZERO_STALENESS_MODES = frozenset({"streaming", "sync"})
+
+
+class StalenessMonitor(Callback):
+    """Log per-step staleness (mean, max, histogram) and optionally require it to be zero.
+
+    Keys (reduced over all ranks' trajectories): ``train/staleness_mean_versions``,
+    ``train/staleness_max_versions``, ``train/stale_trajectories_count`` and the histogram
+    ``train/staleness_{k}_versions_count`` for ``k < max_bucket`` plus
+    ``train/staleness_{max_bucket}plus_versions_count``.
+
+    Args:
+        require_zero: raise at the first stale trajectory; ``None`` means True in ``streaming``
+            and ``sync`` modes and False in ``async`` (read from each step's ``StepStats.mode``).
+        max_bucket: the last histogram bucket, which collects every staleness >= it.
+    """
+
+    def __init__(self, require_zero: bool | None = None, max_bucket: int = 2) -> None:
+        if max_bucket < 1:
+            raise ValueError(f"max_bucket must be >= 1, got {max_bucket}")
+        self.require_zero = require_zero
+        self.max_bucket = max_bucket
+        kinds = {
+            "train/staleness_mean_versions": "mean",
+            "train/staleness_max_versions": "max",
+            "train/stale_trajectories_count": "sum",
+        }
+        kinds.update({key: "sum" for key in self.histogram_keys})
+        self._reducer = StepReducer(kinds)
+        self._last: dict[str, float] = {}
+        self._read_stats = StepStatsReader(type(self).__name__)
+
+    @property
+    def histogram_keys(self) -> list[str]:
+        keys = [f"train/staleness_{k}_versions_count" for k in range(self.max_bucket)]
+        return [*keys, f"train/staleness_{self.max_bucket}plus_versions_count"]
+
+    @property
+    def metric_keys(self) -> list[str]:
+        """Every key this monitor logs."""
+        return [*self._reducer.names]
+
+    @property
+    def last_metrics(self) -> dict[str, float]:
+        return dict(self._last)
+
+    def requires_zero(self, mode: str) -> bool:
+        if self.require_zero is not None:
+            return self.require_zero
+        return mode in _ZERO_STALENESS_MODES
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._reducer.to(pl_module.device)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        stats = self._read_stats(trainer)
+        if stats is None:
+            return
+        values = [float(t.staleness) for t in stats.trajectories]
+        r = self._reducer
+        r.update("train/staleness_mean_versions", values)
+        r.update("train/staleness_max_versions", values)
+        r.update("train/stale_trajectories_count", float(sum(v != 0 for v in values)))
+        counts = [0.0] * (self.max_bucket + 1)
+        for v in values:
+            counts[min(max(int(v), 0), self.max_bucket)] += 1
+        for key, count in zip(self.histogram_keys, counts):
+            r.update(key, count)
+        # reduce on every rank before raising, so that all ranks raise together (no rank is left
+        # waiting in a collective for one that stopped)
+        self._last = r.compute()
+        log_step_metrics(pl_module, self._last)
+        if self.requires_zero(stats.mode) and self._last["train/stale_trajectories_count"] > 0:
+            raise StalenessError(self._message(stats))
+
+    def _message(self, stats: StepStats) -> str:
+        first: TrajectoryRecord | None = min(
+            (t for t in stats.trajectories if t.staleness != 0),
+            key=lambda t: t.content_ready_at,
+            default=None,
+        )
+        where = (
+            f"trajectory {first.trajectory_id} (group {first.group_id}) was generated by policy "
+            f"version {first.policy_version}, but step {stats.step} updates version "
+            f"{stats.policy_version} (staleness {first.staleness})"
+            if first is not None
+            else f"rank {stats.rank} saw none, another rank did (see its error)"
+        )
+        return (
+            f"Stale trajectory in {stats.mode!r} mode at step {stats.step}: {where}; "
+            f"{int(self._last['train/stale_trajectories_count'])} stale trajectories over all ranks. "
+            "The update would have silently mixed an older policy's samples into an on-policy "
+            "gradient. Generation for a step must start only after the previous step's weights are "
+            "published (mind Lightning's one-batch prefetch and DataLoader workers). To only record "
+            "staleness, pass StalenessMonitor(require_zero=False) (the default in 'async' mode)."
+        )

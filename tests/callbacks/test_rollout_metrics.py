@@ -1,0 +1,52 @@
+import math
+
+from tests.callbacks.helpers import StubModule, end_step, record, stats, stub_trainer
+from thundersync_lightning.callbacks import RolloutMetrics
+
+
+def test_rollout_metrics_of_one_step_against_a_hand_count():
+    monitor, trainer, module = RolloutMetrics(pass_threshold=1.0), stub_trainer(), StubModule()
+    monitor.setup(trainer, module, "fit")
+    trajs = [
+        record(0, reward=1.0, tokens=10, scored=4, turns=2),
+        record(1, reward=0.0, tokens=20, scored=8, turns=4, finish="turn_limit"),
+        record(2, reward=0.5, tokens=30, scored=6, turns=3, finish="length"),
+        record(3, reward=0.0, tokens=12, scored=0, turns=1, finish="failure", failure="verdict timed out"),
+    ]
+    end_step(monitor, trainer, module, stats(trajs, groups_folded=2, groups_aborted=0, loss=-0.25))
+    # rewards 1, 0, 0.5, 0: mean 0.375; E[r^2] = 1.25 / 4 = 0.3125; var = 0.3125 - 0.140625 = 0.171875
+    std = module.logged.pop("rollout/reward_std")
+    assert math.isclose(std, math.sqrt(0.171875), rel_tol=1e-12)
+    assert module.logged == {
+        "rollout/reward_mean": 0.375,
+        "rollout/pass_rate": 0.25,
+        "rollout/trajectory_tokens_mean": 18.0,
+        "rollout/scored_tokens_mean": 4.5,
+        "rollout/turns_mean": 2.5,
+        "rollout/trajectories_count": 4.0,
+        "rollout/failures_count": 1.0,
+        "rollout/failure_rate": 0.25,
+        "rollout/groups_folded_count": 2.0,
+        "rollout/groups_aborted_count": 0.0,
+        "rollout/finish_submit_count": 1.0,
+        "rollout/finish_turn_limit_count": 1.0,
+        "rollout/finish_length_count": 1.0,
+        "rollout/finish_failure_count": 1.0,
+        "train/loss": -0.25,
+    }
+
+
+def test_a_step_whose_rewards_are_all_unknown_leaves_the_reward_keys_out():
+    monitor, trainer, module = RolloutMetrics(), stub_trainer(), StubModule()
+    monitor.setup(trainer, module, "fit")
+    end_step(monitor, trainer, module, stats([record(0, reward=None)]))
+    assert "rollout/reward_mean" not in module.logged and "rollout/pass_rate" not in module.logged
+    assert module.logged["rollout/trajectories_count"] == 1.0
+
+
+def test_metrics_are_reset_between_steps():
+    monitor, trainer, module = RolloutMetrics(), stub_trainer(), StubModule()
+    monitor.setup(trainer, module, "fit")
+    end_step(monitor, trainer, module, stats([record(0, reward=1.0)], step=0))
+    end_step(monitor, trainer, module, stats([record(0, reward=0.0, step=1)], step=1))
+    assert module.logged["rollout/reward_mean"] == 0.0 and module.logged["rollout/trajectories_count"] == 1.0

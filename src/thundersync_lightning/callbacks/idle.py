@@ -10,8 +10,8 @@ publish) and idle otherwise. Logged, over ranks:
 ``perf/learner_idle_fraction``             sum_r idle_r / sum_r wall_r                         ratio
 ``perf/learner_{kind}_seconds``            busy time by kind (backward/barrier/optimizer/      mean
                                            publish)
-``perf/time_to_first_event_seconds``       step start -> first trajectory content (0 when it   mean
-                                           was already waiting: rollouts launched ahead)
+``perf/time_to_first_event_seconds``       rollout request -> first trajectory content (the    mean
+                                           request precedes step start with launch_ahead)
 ``perf/tail_after_last_event_seconds``     last content or reward -> step end                  mean
 =========================================  ==================================================  =========
 
@@ -168,7 +168,7 @@ class IdleTimeMonitor(Callback):
         r.update("perf/learner_idle_seconds", stats.idle_seconds)
         r.update("idle_sum", stats.idle_seconds)
         r.update("wall_sum", stats.wall_seconds)
-        r.update("perf/time_to_first_event_seconds", max(0.0, stats.first_event_delay))
+        r.update("perf/time_to_first_event_seconds", stats.first_event_delay)
         r.update("perf/tail_after_last_event_seconds", stats.tail_seconds)
         for kind in BUSY_KINDS:
             r.update(f"perf/learner_{kind}_seconds", sum(i.seconds for i in stats.busy if i.kind == kind))

@@ -70,7 +70,8 @@ class StepStats:
     groups_aborted: int = 0
     num_groups_global: int = 0
     learner_tokens: int = 0  # tokens the learner ran forward+backward on this rank this step
-    loss: float = 0.0  # the surrogate loss -(1/N) sum A_i S_i on this rank
+    loss: float = 0.0  # the global surrogate loss -(1/N) sum A_i S_i
+    rollout_issued_at: float | None = None  # when the step's rollout was requested (may precede step_start)
 
     @property
     def wall_seconds(self) -> float:
@@ -91,10 +92,14 @@ class StepStats:
 
     @property
     def first_event_delay(self) -> float:
-        """Seconds from step start to the first trajectory's content."""
+        """Seconds from the rollout request to the first trajectory's content.
+
+        With ``launch_ahead`` the request is issued at the previous barrier, before ``step_start``.
+        """
         if not self.trajectories:
             return 0.0
-        return min(t.content_ready_at for t in self.trajectories) - self.step_start
+        origin = self.rollout_issued_at if self.rollout_issued_at is not None else self.step_start
+        return max(0.0, min(t.content_ready_at for t in self.trajectories) - origin)
 
     @property
     def tail_seconds(self) -> float:

@@ -105,13 +105,14 @@ class ThunderSyncStrategy(DDPStrategy):
         self.progress_interval_s = progress_interval_s
         self.max_batch_trajectories = max_batch_trajectories
         self._snapshot: PolicySnapshot | None = None
-        self._inflight: dict[int, Iterator[RolloutEvent]] = {}
+        self._inflight: dict[int, tuple[Iterator[RolloutEvent], float]] = {}  # step -> (events, issued at)
         self._accumulator: StreamingGRPO | None = None
         self._accumulator_cache: StreamingGRPO | None = None
         self._sync_loss: Tensor | None = None
         self._pending: dict[str, Any] = {}
         self._last_stats: StepStats | None = None
         self._n_global = 0
+        self._issued_at: float | None = None
 
     @classmethod
     @override
@@ -246,14 +247,15 @@ class ThunderSyncStrategy(DDPStrategy):
         """This step's event stream; publishes first so the engine holds the right weights."""
         engine = plan.engine
         rank, world = self.global_rank, self.world_size
-        events = self._inflight.pop(step, None)
-        if events is None:
+        launched = self._inflight.pop(step, None)
+        if launched is None:
             self._publish(engine, busy)
-            events = engine.rollout(plan.request(step, rank, world))
+            launched = (engine.rollout(plan.request(step, rank, world)), time.monotonic())
         if self.mode == "async":
             self._publish(engine, busy)
             if self._within_max_steps(step + 1):
-                self._inflight[step + 1] = engine.rollout(plan.request(step + 1, rank, world))
+                self._inflight[step + 1] = (engine.rollout(plan.request(step + 1, rank, world)), time.monotonic())
+        events, self._issued_at = launched
         return events
 
     def _publish(self, engine: Any, busy: list[Interval] | None) -> None:
@@ -348,7 +350,8 @@ class ThunderSyncStrategy(DDPStrategy):
             self._publish(engine, busy)
             next_step = self._snapshot.version
             if self.launch_ahead and self._within_max_steps(next_step) and next_step not in self._inflight:
-                self._inflight[next_step] = engine.rollout(plan.request(next_step, self.global_rank, self.world_size))
+                request = plan.request(next_step, self.global_rank, self.world_size)
+                self._inflight[next_step] = (engine.rollout(request), time.monotonic())
         self._last_stats = self._stats(trained_version)
         self._pending = {}
         return out
@@ -380,6 +383,7 @@ class ThunderSyncStrategy(DDPStrategy):
             num_groups_global=report.num_groups if report is not None else self._n_global,
             learner_tokens=outcome.learner_tokens,
             loss=float(p.get("loss", 0.0)),
+            rollout_issued_at=self._issued_at,
         )
 
     def _progress_fn(self) -> Callable[[RolloutProgress], None] | None:

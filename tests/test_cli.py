@@ -32,7 +32,6 @@ def _fit(root: Path, *extra: str) -> subprocess.CompletedProcess:
             "--config",
             str(ROOT / "configs" / "toy.yaml"),
             f"--trainer.default_root_dir={root}",
-            "--trainer.enable_progress_bar=false",
             "--data.groups_per_step=4",
             "--data.group_size=4",
             *extra,

@@ -175,6 +175,14 @@ class ThunderSyncStrategy(DDPStrategy):
         super().setup(trainer)  # calls configure_ddp below, then sets up optimizers
 
     @override
+    def setup_distributed(self) -> None:
+        # One process needs no process group: no port to bind, nothing to all-reduce.
+        if self.num_nodes * self.num_processes == 1:
+            self.set_world_ranks()
+            return
+        super().setup_distributed()
+
+    @override
     def configure_ddp(self) -> None:
         """No DDP wrapper (see the class warning): start every rank from rank 0's weights instead."""
         if self.world_size > 1 and dist.is_initialized():

@@ -25,6 +25,20 @@ __all__ = ["ThunderSyncCLI", "main", "build_parser"]
 
 class ThunderSyncCLI(LightningCLI):
     @override
+    def before_instantiate_classes(self) -> None:
+        # A logger whose save_dir is unset writes into the run's directory, so overriding
+        # --trainer.default_root_dir moves everything of a run together.
+        config = self.config.get(self.subcommand) if self.subcommand else self.config
+        trainer = config.get("trainer") if config is not None else None
+        if trainer is None:
+            return
+        loggers = trainer.get("logger")
+        for logger in loggers if isinstance(loggers, list) else [loggers]:
+            init_args = getattr(logger, "init_args", None)
+            if init_args is not None and "save_dir" in init_args and init_args.get("save_dir") is None:
+                init_args["save_dir"] = trainer.get("default_root_dir") or "."
+
+    @override
     def before_fit(self) -> None:
         root = self.trainer.default_root_dir
         for cb in self.trainer.callbacks:

@@ -49,7 +49,8 @@ class ThunderSyncWandbLogger(WandbLogger):
 
     Args:
         name: run name.
-        save_dir: where ``wandb/`` goes.
+        save_dir: where ``wandb/`` goes (unset: the current directory; under the CLI, the run's
+            ``trainer.default_root_dir``).
         project: W&B project.
         mode: "online", "offline", "disabled" or "shared"; ``None`` resolves it.
         log_model: as in ``WandbLogger``.
@@ -59,7 +60,7 @@ class ThunderSyncWandbLogger(WandbLogger):
     def __init__(
         self,
         name: str | None = None,
-        save_dir: str = ".",
+        save_dir: str | None = None,
         project: str = "thundersync-lightning",
         mode: WandbMode | None = None,
         log_model: Literal["all"] | bool = False,
@@ -73,6 +74,7 @@ class ThunderSyncWandbLogger(WandbLogger):
         resolved = resolve_wandb_mode(mode)
         if resolved is not None:
             kwargs["mode"] = resolved
+        save_dir = save_dir or "."  # the CLI fills an unset save_dir with the run's default_root_dir
         os.makedirs(save_dir, exist_ok=True)
         super().__init__(name=name, save_dir=save_dir, project=project, log_model=log_model, **kwargs)
 

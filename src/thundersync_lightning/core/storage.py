@@ -66,6 +66,7 @@ class GradientStore:
         self._numels = [p.numel() for p in params]
         self._where = "device" if offload == "none" else ("pinned_host" if offload == "pinned" else "pageable_host")
         self._free: dict[str, list[torch.Tensor]] = {"device": [], "pinned_host": [], "pageable_host": []}
+        self._staging: torch.Tensor | None = None
         self.reset_counters()
 
     def reset_counters(self) -> None:
@@ -103,9 +104,15 @@ class GradientStore:
 
     def flatten(self, grads: Sequence[torch.Tensor | None]) -> torch.Tensor:
         """A flat buffer at the storage location holding per-parameter grads (None -> zeros)."""
-        if self.on_device:
+        if self.on_device or self.device.type == "cpu":  # same memory space: concatenate in place
             return torch.cat(self._parts(grads), out=self._take(self._where))
-        return self.adopt(torch.cat(self._parts(grads)))
+        return self.adopt(self._staged(grads))
+
+    def _staged(self, grads: Sequence[torch.Tensor | None]) -> torch.Tensor:
+        """Grads concatenated into one reused device buffer (valid until the next call)."""
+        if self._staging is None:
+            self._staging = torch.empty(self.numel, dtype=self.dtype, device=self.device)
+        return torch.cat(self._parts(grads), out=self._staging)
 
     def adopt(self, flat: torch.Tensor) -> torch.Tensor:
         """Copy a device flat buffer to a buffer at the storage location."""
@@ -121,8 +128,7 @@ class GradientStore:
     def add_grads(self, buf: torch.Tensor, grads: Sequence[torch.Tensor | None], alpha: float = 1.0) -> None:
         """``buf += alpha * grads`` without building a flat copy when the buffer is on the device."""
         if not self.on_device:
-            flat = torch.cat(self._parts(grads))
-            buf.add_(flat.to(buf.device), alpha=alpha)
+            buf.add_(self._staged(grads).to(buf.device), alpha=alpha)
             return
         pairs = [(v, g.to(self.dtype)) for v, g in zip(self.split(buf), grads) if g is not None]
         if pairs:

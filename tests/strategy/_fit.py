@@ -9,22 +9,12 @@ import torch
 from lightning.pytorch import Callback
 
 import thundersync_lightning  # noqa: F401  registers strategy="thundersync"
-from thundersync_lightning.envs.toy import GuessingGameTasks
+from thundersync_lightning.envs.toy import GuessingGameTasks, toy_model_spec
 from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
 from thundersync_lightning.rollout import EmbeddedEngineConfig
 from thundersync_lightning.strategy import StepStats, ThunderSyncStrategy
 
-TOY_MODEL = {
-    "vocab_size": 16,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 64,
-    "max_position_embeddings": 64,
-    "tie_word_embeddings": False,
-}
+TOY_MODEL = dict(toy_model_spec().config)  # the tiny Qwen3 that learns the guessing game
 
 
 class RecordSteps(Callback):

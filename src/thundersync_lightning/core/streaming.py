@@ -12,12 +12,10 @@ once and keeps running sums; when a group's last event lands its coefficients ar
 grad L to ``.grad``. Parameters must not change during the step, so every gradient is taken at
 the same theta: zero staleness, and the result equals one backward of L up to summation order.
 
-Buffers per open group: while a group has seen at most two distinct reward values it keeps one
-sum per value (binary rewards: P = sum_{r=1} grad S_i, Z = sum_{r=0} grad S_i, one buffer touched
-per trajectory); a third distinct value collapses them into (G1, G2). A gradient whose reward is
-not yet known is *held* until it is. Advantages are computed in float64 from the rewards directly,
-so a group with all-equal rewards contributes exactly zero (and its remaining backward passes are
-skipped); so does a group of one trajectory.
+Per open group the sums live in :class:`~thundersync_lightning.core.group.GroupSums` (one sum
+per reward value while there are at most two, binary rewards touching one buffer per trajectory).
+Advantages are computed in float64 from the rewards directly, so a group with all-equal rewards
+contributes exactly zero (and its remaining backward passes are skipped); so does a group of one.
 
 Direct path: once all rewards of a group are known, its sums are folded at once (freeing them)
 and every later trajectory of the group is backpropagated with its known advantage straight into
@@ -35,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -46,14 +44,15 @@ from .errors import (
     DuplicateEventError,
     GroupError,
     InvalidLogprobError,
-    InvalidRewardError,
     OpenGroupLimitError,
     OpenGroupsError,
     PolicyChangedError,
     UnknownTrajectoryError,
 )
 from .estimators import get_estimator
+from .group import GroupSums
 from .storage import ByteUsage, GradientStore, Offload
+from .validation import finite_reward, finite_score
 
 __all__ = ["StreamingGRPO", "StreamingReport", "GroupStat"]
 
@@ -80,25 +79,6 @@ class StreamingReport:
     peak_bytes: ByteUsage
     backward_passes: int
     skipped_backward_passes: int
-
-
-@dataclass
-class _Group:
-    members: tuple[Hashable, ...]
-    rewards: dict[Hashable, float] = field(default_factory=dict)
-    scores: dict[Hashable, float] = field(default_factory=dict)  # S_i values, for the objective
-    held: dict[Hashable, torch.Tensor] = field(default_factory=dict)  # grads awaiting their reward
-    by_reward: dict[float, torch.Tensor] = field(default_factory=dict)  # <= 2 distinct reward values
-    g1: torch.Tensor | None = None  # sum (r_i - shift) grad S_i, after collapse
-    g2: torch.Tensor | None = None  # sum grad S_i, after collapse
-    shift: float = 0.0  # g1 holds sum (r_i - shift) grad S_i
-    direct: int = 0  # contributions already added to the step gradient (early fold or direct path)
-
-    def complete(self) -> bool:
-        return len(self.rewards) == len(self.members) and len(self.scores) == len(self.members)
-
-    def all_rewards_known(self) -> bool:
-        return len(self.rewards) == len(self.members)
 
 
 class StreamingGRPO:
@@ -145,7 +125,7 @@ class StreamingGRPO:
     # ------------------------------------------------------------------ lifecycle
     def reset(self) -> None:
         """Start a new step: forget everything and record the parameters' version counters."""
-        self._groups: dict[Hashable, _Group] = {}
+        self._groups: dict[Hashable, GroupSums] = {}
         self._owner: dict[Hashable, Hashable] = {}
         self._folded: list[GroupStat] = []
         self._aborted = 0
@@ -207,11 +187,11 @@ class StreamingGRPO:
                 f"cannot open group {group_id!r}: {len(self._groups)} groups are open and "
                 f"max_open_groups={self.max_open_groups}; fold or abort one first, or raise the limit"
             )
-        self._groups[group_id] = _Group(members)
+        self._groups[group_id] = GroupSums(members)
         for t in members:
             self._owner[t] = group_id
 
-    def _group_of(self, trajectory_id: Hashable) -> tuple[Hashable, _Group]:
+    def _group_of(self, trajectory_id: Hashable) -> tuple[Hashable, GroupSums]:
         gid = self._owner.get(trajectory_id)
         if gid is not None and gid not in self._groups:
             raise DuplicateEventError(
@@ -228,13 +208,13 @@ class StreamingGRPO:
         """Record r_i. Folds a held gradient and closes the group when it is complete."""
         self._check_live()
         gid, group = self._group_of(trajectory_id)
-        value = _finite_reward(trajectory_id, reward)
+        value = finite_reward(trajectory_id, reward)
         if trajectory_id in group.rewards:
             raise DuplicateEventError(f"trajectory {trajectory_id!r} already has a reward")
         group.rewards[trajectory_id] = value
         held = group.held.pop(trajectory_id, None)
         if held is not None:
-            self._accumulate(group, value, flat=held)
+            group.accumulate(self._store, value, flat=held)
         if group.all_rewards_known():
             self._fold_buffers(group)  # a_g, b_g are known now: free the sums early
         self._maybe_close(gid, group)
@@ -245,7 +225,7 @@ class StreamingGRPO:
         gid, group = self._group_of(trajectory_id)
         if trajectory_id in group.scores:
             raise DuplicateEventError(f"trajectory {trajectory_id!r} already has a logprob")
-        score = _finite_score(trajectory_id, logprob)
+        score = finite_score(trajectory_id, logprob)
         if group.all_rewards_known():
             self._direct(trajectory_id, group, logprob)
         else:
@@ -254,7 +234,7 @@ class StreamingGRPO:
             if reward is None:
                 group.held[trajectory_id] = self._store.flatten(grads)
             else:
-                self._accumulate(group, reward, grads=grads)
+                group.accumulate(self._store, reward, grads=grads)
         group.scores[trajectory_id] = score
         self._maybe_close(gid, group)
 
@@ -283,7 +263,7 @@ class StreamingGRPO:
             if tid in group.scores:
                 raise DuplicateEventError(f"trajectory {tid!r} already has a logprob")
             owners.append((gid, group))
-        scores = [_finite_score(tid, logprobs[i]) for i, tid in enumerate(ids)]
+        scores = [finite_score(tid, logprobs[i]) for i, tid in enumerate(ids)]
         direct: list[tuple[int, float]] = []
         buckets: dict[tuple[Hashable, float], list[int]] = {}
         single: list[int] = []
@@ -318,7 +298,7 @@ class StreamingGRPO:
                     owners[i][1].direct += 1
             elif kind == "sum":
                 gid, reward = key
-                self._accumulate(self._groups[gid], reward, grads=grads)
+                self._groups[gid].accumulate(self._store, reward, grads=grads)
             else:
                 self._groups[self._owner[key]].held[key] = self._store.flatten(grads)
         for i, tid in enumerate(ids):
@@ -339,7 +319,7 @@ class StreamingGRPO:
                 "already folded into the step's gradient (it cannot be removed exactly); deliver its "
                 "remaining logprobs instead"
             )
-        self._drop_buffers(group)
+        group.drop(self._store)
         del self._groups[group_id]
         for t in group.members:
             del self._owner[t]
@@ -418,7 +398,7 @@ class StreamingGRPO:
         self._backward += 1
         return list(grads)
 
-    def _direct(self, trajectory_id: Hashable, group: _Group, logprob: torch.Tensor) -> None:
+    def _direct(self, trajectory_id: Hashable, group: GroupSums, logprob: torch.Tensor) -> None:
         adv = _advantage_of(self, group, group.rewards[trajectory_id])
         if adv == 0.0:
             self._skipped += 1
@@ -433,72 +413,21 @@ class StreamingGRPO:
             if g is not None:
                 view.add_(g.to(view.dtype))
 
-    def _accumulate(
-        self, group: _Group, reward: float, grads: list | None = None, flat: torch.Tensor | None = None
-    ) -> None:
-        """Add one gradient (per-parameter ``grads`` or a stored ``flat`` buffer) to the group's sums."""
-
-        def add(buf: torch.Tensor, alpha: float = 1.0) -> None:
-            if flat is not None:
-                buf.add_(flat, alpha=alpha)
-            else:
-                self._store.add_grads(buf, grads, alpha)
-
-        if group.g1 is not None:
-            add(group.g1, reward - group.shift)
-            add(group.g2)
-            self._store.release(flat)
-            return
-        buf = group.by_reward.get(reward)
-        if buf is not None:
-            add(buf)
-            self._store.release(flat)
-            return
-        if flat is None:
-            flat = self._store.flatten(grads)
-        if len(group.by_reward) < 2:
-            group.by_reward[reward] = flat
-            return
-        # A third distinct reward: collapse to G1 = sum (r_i - c) grad S_i and G2 = sum grad S_i.
-        # Shifting by one of the group's rewards c keeps a_g G1 + (a_g c + b_g) G2 free of the
-        # cancellation a_g sum r_i g + b_g sum g suffers when rewards share a large offset.
-        c = next(iter(group.by_reward))
-        g1 = self._store.scaled(flat, reward - c)
-        g2 = flat
-        for r, h in group.by_reward.items():
-            g1.add_(h, alpha=r - c)
-            g2.add_(h)
-            self._store.release(h)
-        group.by_reward.clear()
-        group.g1, group.g2, group.shift = g1, g2, c
-
-    def _fold_buffers(self, group: _Group) -> None:
+    def _fold_buffers(self, group: GroupSums) -> None:
         """All rewards known: a_g, b_g are fixed, so move the group's sums into the step's gradient."""
-        if not (group.by_reward or group.g1 is not None) or _zero_advantage(group):
-            self._drop_buffers(group)
-            return
-        a, b = self._coefficients(_rewards(group), self.eps)
-        if self._final is None:
-            self._final = self._store.zeros_on_device()
-        if group.g1 is not None:
-            self._final.add_(self._store.to_device(group.g1), alpha=a)
-            self._final.add_(self._store.to_device(group.g2), alpha=a * group.shift + b)
-        for r, h in group.by_reward.items():
-            self._final.add_(self._store.to_device(h), alpha=a * r + b)
-        group.direct += 1
-        self._drop_buffers(group)
+        if group.has_sums and not group.zero_advantage():
+            a, b = self._coefficients(group.reward_tensor(), self.eps)
+            if self._final is None:
+                self._final = self._store.zeros_on_device()
+            group.fold_into(self._final, self._store, a, b)
+            group.direct += 1
+        group.drop(self._store)
 
-    def _drop_buffers(self, group: _Group) -> None:
-        self._store.release(*group.held.values(), *group.by_reward.values(), group.g1, group.g2)
-        group.held.clear()
-        group.by_reward.clear()
-        group.g1 = group.g2 = None
-
-    def _maybe_close(self, gid: Hashable, group: _Group) -> None:
+    def _maybe_close(self, gid: Hashable, group: GroupSums) -> None:
         if not group.complete():
             return
-        rewards = _rewards(group)
-        if not _zero_advantage(group):
+        rewards = group.reward_tensor()
+        if not group.zero_advantage():
             a, b = self._coefficients(rewards, self.eps)
             self._objective += sum((a * group.rewards[t] + b) * group.scores[t] for t in group.members)
         del self._groups[gid]
@@ -515,51 +444,8 @@ class StreamingGRPO:
         return "; ".join(parts) + ". Deliver the missing events or abort_group() the groups that cannot finish."
 
 
-def _zero_advantage(group: _Group) -> bool:
-    values = list(group.rewards.values())
-    return len(group.members) == 1 or (len(values) == len(group.members) and all(v == values[0] for v in values))
-
-
-def _rewards(group: _Group) -> torch.Tensor:
-    return torch.tensor([group.rewards[t] for t in group.members], dtype=torch.float64)
-
-
-def _advantage_of(acc: StreamingGRPO, group: _Group, reward: float) -> float:
-    if _zero_advantage(group):
+def _advantage_of(acc: StreamingGRPO, group: GroupSums, reward: float) -> float:
+    if group.zero_advantage():
         return 0.0
-    a, b = acc._coefficients(_rewards(group), acc.eps)
+    a, b = acc._coefficients(group.reward_tensor(), acc.eps)
     return a * reward + b
-
-
-def _finite_reward(trajectory_id: Hashable, reward: float) -> float:
-    try:
-        value = float(reward)
-    except (TypeError, ValueError):
-        raise InvalidRewardError(f"reward of trajectory {trajectory_id!r} is not a number: {reward!r}") from None
-    if not math.isfinite(value):
-        raise InvalidRewardError(
-            f"reward of trajectory {trajectory_id!r} is {value}; rewards must be finite (a NaN would "
-            "poison the whole group's advantages). Map failed verdicts to a finite reward such as 0."
-        )
-    return value
-
-
-def _check_graph(trajectory_id: Hashable, logprob: torch.Tensor) -> None:
-    if not logprob.requires_grad:
-        raise InvalidLogprobError(
-            f"trajectory {trajectory_id!r}'s logprob does not require grad; compute it from the policy's "
-            "forward pass (not under torch.no_grad) so its backward reaches the parameters"
-        )
-
-
-def _finite_score(trajectory_id: Hashable, logprob: torch.Tensor) -> float:
-    if not isinstance(logprob, torch.Tensor) or logprob.numel() != 1:
-        raise InvalidLogprobError(
-            f"logprob of trajectory {trajectory_id!r} must be a scalar tensor (the sum of its scored "
-            f"tokens' log-probabilities), got {type(logprob).__name__} of shape {getattr(logprob, 'shape', None)}"
-        )
-    _check_graph(trajectory_id, logprob)
-    value = float(logprob.detach())
-    if not math.isfinite(value):
-        raise InvalidLogprobError(f"logprob of trajectory {trajectory_id!r} is {value}; it must be finite")
-    return value

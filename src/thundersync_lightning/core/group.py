@@ -1,0 +1,111 @@
+"""One open group's state in the streaming accumulator: rewards, held gradients and the sums.
+
+While a group has seen at most two distinct reward values it keeps one gradient sum per value
+(binary rewards: P = sum_{r=1} grad S_i, Z = sum_{r=0} grad S_i: one buffer touched per
+trajectory). A third distinct value collapses them into
+
+    G1 = sum_i (r_i - c) grad S_i,    G2 = sum_i grad S_i
+
+with c one of the group's rewards, so that the fold a_g G1 + (a_g c + b_g) G2 does not suffer the
+cancellation a_g sum r_i g + b_g sum g has when rewards share a large offset. A gradient whose
+reward is not yet known is held apart until it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+
+import torch
+
+from .storage import GradientStore
+
+__all__ = ["GroupSums"]
+
+
+@dataclass
+class GroupSums:
+    members: tuple[Hashable, ...]
+    rewards: dict[Hashable, float] = field(default_factory=dict)
+    scores: dict[Hashable, float] = field(default_factory=dict)  # S_i values, for the objective
+    held: dict[Hashable, torch.Tensor] = field(default_factory=dict)  # grads awaiting their reward
+    by_reward: dict[float, torch.Tensor] = field(default_factory=dict)  # <= 2 distinct reward values
+    g1: torch.Tensor | None = None  # sum (r_i - shift) grad S_i, after collapse
+    g2: torch.Tensor | None = None  # sum grad S_i, after collapse
+    shift: float = 0.0
+    direct: int = 0  # contributions already added to the step gradient (early fold or direct path)
+
+    def complete(self) -> bool:
+        return len(self.rewards) == len(self.members) and len(self.scores) == len(self.members)
+
+    def all_rewards_known(self) -> bool:
+        return len(self.rewards) == len(self.members)
+
+    def zero_advantage(self) -> bool:
+        """Every A_i is exactly 0: a group of one, or all rewards known and equal."""
+        values = list(self.rewards.values())
+        return len(self.members) == 1 or (
+            len(values) == len(self.members) and all(v == values[0] for v in values)
+        )
+
+    def reward_tensor(self) -> torch.Tensor:
+        return torch.tensor([self.rewards[t] for t in self.members], dtype=torch.float64)
+
+    @property
+    def has_sums(self) -> bool:
+        return bool(self.by_reward) or self.g1 is not None
+
+    def accumulate(
+        self,
+        store: GradientStore,
+        reward: float,
+        grads: list | None = None,
+        flat: torch.Tensor | None = None,
+    ) -> None:
+        """Add one gradient (per-parameter ``grads`` or a stored ``flat`` buffer) to the sums."""
+
+        def add(buf: torch.Tensor, alpha: float = 1.0) -> None:
+            if flat is not None:
+                buf.add_(flat, alpha=alpha)
+            else:
+                store.add_grads(buf, grads, alpha)
+
+        if self.g1 is not None:
+            add(self.g1, reward - self.shift)
+            add(self.g2)
+            store.release(flat)
+            return
+        buf = self.by_reward.get(reward)
+        if buf is not None:
+            add(buf)
+            store.release(flat)
+            return
+        if flat is None:
+            flat = store.flatten(grads)
+        if len(self.by_reward) < 2:
+            self.by_reward[reward] = flat
+            return
+        c = next(iter(self.by_reward))  # a third distinct reward: collapse (see module docstring)
+        g1 = store.scaled(flat, reward - c)
+        g2 = flat
+        for r, h in self.by_reward.items():
+            g1.add_(h, alpha=r - c)
+            g2.add_(h)
+            store.release(h)
+        self.by_reward.clear()
+        self.g1, self.g2, self.shift = g1, g2, c
+
+    def fold_into(self, final: torch.Tensor, store: GradientStore, a: float, b: float) -> None:
+        """``final += sum_i (a r_i + b) grad S_i`` from the sums (the caller then drops them)."""
+        if self.g1 is not None:
+            final.add_(store.to_device(self.g1), alpha=a)
+            final.add_(store.to_device(self.g2), alpha=a * self.shift + b)
+        for r, h in self.by_reward.items():
+            final.add_(store.to_device(h), alpha=a * r + b)
+
+    def drop(self, store: GradientStore) -> None:
+        """Free every buffer of the group (held gradients and sums)."""
+        store.release(*self.held.values(), *self.by_reward.values(), self.g1, self.g2)
+        self.held.clear()
+        self.by_reward.clear()
+        self.g1 = self.g2 = None

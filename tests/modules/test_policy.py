@@ -92,3 +92,14 @@ def test_a_lora_policy_streams_with_zero_staleness_and_moves_only_adapters():
     after = dict(policy.named_parameters())
     assert all(torch.equal(after[n], v) for n, v in base_before.items())
     assert any(not torch.equal(after[n], v) for n, v in lora_before.items())
+
+
+def test_length_sorted_micro_batches_give_the_scores_of_one_batch_in_the_original_order():
+    torch.manual_seed(0)
+    whole = GRPOPolicy(config=TOY_MODEL, score_batch_tokens=10_000)
+    split = GRPOPolicy(config=TOY_MODEL, score_batch_tokens=8)  # at most one or two rows a forward
+    split.load_state_dict(whole.state_dict())
+    trajectories = [
+        _trajectory([14] * (1 + k % 3), [Segment(tuple(range(1, 2 + k)), True)], f"t{k}") for k in (4, 0, 2, 5, 1, 3)
+    ]
+    assert torch.allclose(split.trajectory_logprobs(trajectories), whole.trajectory_logprobs(trajectories), atol=1e-5)

@@ -58,6 +58,9 @@ class GRPOPolicy(LightningModule):
         token_weighting: ``sum`` or ``mean`` over scored tokens.
         estimator, eps: the advantage estimator used by :meth:`training_step` (stock strategies).
         lora: optional LoRA settings (peft); then only adapters train.
+        score_batch_tokens: padded-token budget of one forward in :meth:`trajectory_logprobs`;
+            trajectories are sorted by length and packed into micro-batches under it, so a large
+            batch (the synchronous baseline) wastes no compute on padding and bounds activations.
     """
 
     def __init__(
@@ -74,8 +77,11 @@ class GRPOPolicy(LightningModule):
         estimator: str = "grpo",
         eps: float = 1e-6,
         lora: LoraSettings | None = None,
+        score_batch_tokens: int = 8192,
     ) -> None:
         super().__init__()
+        if score_batch_tokens < 1:
+            raise ValueError(f"score_batch_tokens must be >= 1, got {score_batch_tokens}")
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {temperature}")
         if token_weighting not in ("sum", "mean"):
@@ -103,7 +109,27 @@ class GRPOPolicy(LightningModule):
 
     # ------------------------------------------------------------------ scores and loss
     def trajectory_logprobs(self, trajectories: Sequence[Trajectory]) -> Tensor:
-        """S_i for each trajectory, shape (n,), with a graph to the trainable parameters."""
+        """S_i for each trajectory, shape (n,), with a graph to the trainable parameters.
+
+        Trajectories are scored in length-sorted micro-batches of at most ``score_batch_tokens``
+        padded tokens; the result is in the order given.
+        """
+        order = sorted(range(len(trajectories)), key=lambda i: len(trajectories[i].tokens))
+        budget = self.hparams.score_batch_tokens
+        chunks: list[list[int]] = []
+        for i in order:  # ascending lengths: the last member of a chunk is its longest
+            if chunks and (len(chunks[-1]) + 1) * len(trajectories[i].tokens) <= budget:
+                chunks[-1].append(i)
+            else:
+                chunks.append([i])
+        scores = [self._score_padded([trajectories[i] for i in chunk]) for chunk in chunks]
+        flat = torch.cat(scores)
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor([i for chunk in chunks for i in chunk])] = torch.arange(len(order))
+        return flat[inverse.to(flat.device)]
+
+    def _score_padded(self, trajectories: Sequence[Trajectory]) -> Tensor:
+        """One right-padded forward over ``trajectories``: (n,) scores."""
         n = len(trajectories)
         length = max(len(t.tokens) for t in trajectories)
         ids = torch.zeros((n, length), dtype=torch.long)

@@ -60,5 +60,13 @@ test-slow: $(TEST_STAMP)
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
 
+# Every benchmark's --quick run (a few minutes each on 2 cores); writes to runs/bench-quick, not to
+# the committed benchmarks/results. benchmarks/README.md has the full runs and the GPU script.
+bench-quick: $(STAMP)
+	HF_HUB_OFFLINE=1 $(VPY) benchmarks/overlap.py --quick --out runs/bench-quick
+	HF_HUB_OFFLINE=1 $(VPY) benchmarks/sample_efficiency.py --quick --out runs/bench-quick
+	HF_HUB_OFFLINE=1 $(VPY) benchmarks/memory.py --quick --out runs/bench-quick
+	HF_HUB_OFFLINE=1 $(VPY) benchmarks/core_overhead.py --quick --out runs/bench-quick
+
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

@@ -1,0 +1,84 @@
+"""Smoke tests of the benchmark scripts: tiny settings, the JSON keys the README and issue 6 rely on.
+
+No timing thresholds: these only check that each script runs end to end through the real code
+paths and writes its JSON (with command and machine description) and PNG.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str):
+    sys.path.insert(0, str(BENCH))
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _read(out: Path, name: str) -> dict:
+    assert (out / f"{name}.png").stat().st_size > 0
+    data = json.loads((out / f"{name}.json").read_text())
+    assert data["command"] and data["machine"]["cpu_count"] >= 1
+    assert "load_average_start" in data
+    return data
+
+
+def test_overlap_smoke(tmp_path: Path) -> None:
+    _load("overlap").main(
+        [
+            "--out", str(tmp_path), "--threads", "1", "--rounds", "1", "--steps", "2", "--warmup", "1",
+            "--groups", "2", "--group-size", "2", "--hidden", "64", "--layers", "1", "--vocab", "64",
+            "--time-scale", "0.001", "--calibration-samples", "2", "--calibration-reps", "1",
+        ]
+    )  # fmt: skip
+    data = _read(tmp_path, "overlap")
+    for key in ("speedup_streaming_vs_sync", "speedup_async_vs_sync", "bound_speedup", "efficiency"):
+        assert data[key] > 0
+        assert data["throughput"][key] > 0
+    assert data["peak_flops"] > 0 and data["calibration"]["time_scale_s"] == 0.001
+    for mode in ("sync", "streaming", "async"):
+        r = data["modes"][mode]
+        for key in ("median_step_s", "learner_idle_fraction", "mfu", "staleness_max"):
+            assert key in r
+    assert data["modes"]["sync"]["staleness_max"] == 0
+    assert data["modes"]["streaming"]["staleness_max"] == 0
+    assert data["modes"]["async"]["staleness_max"] == 1
+
+
+def test_memory_smoke(tmp_path: Path) -> None:
+    _load("memory").main(
+        [
+            "--out", str(tmp_path), "--threads", "1", "--sizes", "S", "--max-groups", "2", "--offloads", "none", "cpu",
+            "--strategy-steps", "1", "--strategy-groups", "2", "--strategy-group-size", "2",
+            "--strategy-bounds", "0", "1", "--strategy-time-scale", "0.0005",
+        ]
+    )  # fmt: skip
+    data = _read(tmp_path, "memory")
+    for curve in data["accumulator"]:
+        assert curve["ratio_accounted_over_analytic"] == pytest.approx(1.0)
+        assert set(curve["peak_bytes"]) == {"device", "pinned_host", "pageable_host"}
+    by_offload = {c["offload"]: c for c in data["accumulator"]}
+    assert by_offload["cpu"]["curve"][-1]["accumulator_bytes"]["pageable_host"] > 0
+    assert by_offload["none"]["curve"][-1]["accumulator_bytes"]["pageable_host"] == 0
+    assert [r["max_open_groups"] for r in data["strategy"]] == [None, 1, None]
+
+
+def test_sample_efficiency_smoke(tmp_path: Path) -> None:
+    _load("sample_efficiency").main(
+        ["--out", str(tmp_path), "--threads", "1", "--steps", "2", "--groups", "2", "--group-size", "2",
+         "--latency-median", "0", "--sgd-steps", "1"]
+    )  # fmt: skip
+    data = _read(tmp_path, "sample_efficiency")
+    assert data["param_distance_streaming_vs_sync"] < 1e-3
+    assert data["param_distance_async_vs_sync"] > 0
+    assert set(data["modes"]) == {"sync", "streaming", "async"}
+    assert data["sgd_check"]["param_distance_streaming_vs_sync"] < 1e-3

@@ -98,7 +98,10 @@ def make_data(args: argparse.Namespace, time_scale_s: float, seed: int) -> Rollo
     return RolloutDataModule(
         tasks=GuessingGameTasks(latency="none"),  # payloads only; the replay engine draws the tokens
         engine=TraceReplayEngineConfig(
-            trace=args.trace, time_scale_s=time_scale_s, prompt_tokens=args.prompt_tokens
+            trace=args.trace,
+            time_scale_s=time_scale_s,
+            prompt_tokens=args.prompt_tokens,
+            rollout_slots=args.rollout_slots or None,
         ),
         group_size=args.group_size,
         groups_per_step=args.groups,
@@ -413,6 +416,13 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
+        "--rollout-slots",
+        type=int,
+        default=None,
+        help="trajectories the rollout fleet runs at once (default B*G: a saturated fleet, as in the "
+        "paper; 0: unlimited, which lets async start a whole batch early)",
+    )
+    parser.add_argument(
         "--calibrate", choices=["sync", "single"], default="sync", help="what one trace unit is"
     )
     parser.add_argument(
@@ -443,6 +453,8 @@ def main(argv: list[str] | None = None) -> dict:
     args.intermediate = args.intermediate or 4 * args.hidden
     args.vocab = args.vocab or (256 if q else 1024)
     args.layers = args.layers or 2
+    if args.rollout_slots is None:
+        args.rollout_slots = args.groups * args.group_size
     args.calibration_reps = args.calibration_reps or (2 if q else 3)
     if args.steps <= args.warmup:
         parser.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")

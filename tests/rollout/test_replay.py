@@ -111,3 +111,21 @@ def test_custom_traces_load_from_a_path(tmp_path):
     trajs, _, order = collect(engine.rollout(make_request(TASKS, 0, 1, 2, seed=0)))
     assert {t.num_scored_tokens for t in trajs.values()} == {5}
     assert isinstance(order[0], ContentReady)
+
+
+def test_rollout_slots_make_a_second_request_wait_for_the_first_requests_verdicts():
+    # 4 slots, 4 trajectories per request: every trajectory of the second request starts in a slot
+    # freed by a verdict of the first, so the k-th content of the second follows the k-th verdict.
+    engine = make_engine(source="lognormal", rollout_slots=4)
+    engine.publish({}, version=0)
+    first = list(engine.rollout(make_request(TASKS, 0, 2, 2, seed=0)))
+    second = list(engine.rollout(make_request(TASKS, 1, 2, 2, seed=0)))
+    verdicts = sorted(e.time for e in first if not isinstance(e, ContentReady))
+    contents = sorted(e.time for e in second if isinstance(e, ContentReady))
+    assert len(contents) == 4
+    assert all(c > v for c, v in zip(contents, verdicts))
+
+
+def test_a_rollout_slot_count_below_one_is_rejected():
+    with pytest.raises(ConfigError, match="rollout_slots"):
+        TraceReplayEngineConfig(rollout_slots=0)

@@ -112,6 +112,9 @@ class TraceReplayEngineConfig:
         turns: scored segments per trajectory (observations of ``observation_tokens`` between).
         observation_tokens: unscored tokens between turns.
         reward_p: probability that a trajectory's reward is 1.0 (seeded Bernoulli).
+        rollout_slots: trajectories the rollout fleet runs at once (agent + sandbox); each holds a
+            slot from its start until its reward is known. None: unlimited. With B*G slots a
+            batch issued early (async mode) only starts as the previous batch's tail frees slots.
     """
 
     source: Literal["trace", "lognormal", "pareto"] = "trace"
@@ -127,9 +130,12 @@ class TraceReplayEngineConfig:
     turns: int = 2
     observation_tokens: int = 4
     reward_p: float = 0.5
+    rollout_slots: int | None = None
 
     def __post_init__(self) -> None:
         p: list[str] = []
+        if self.rollout_slots is not None and self.rollout_slots < 1:
+            p.append(f"rollout_slots={self.rollout_slots}: must be >= 1 or None (unlimited)")
         if self.source not in ("trace", "lognormal", "pareto"):
             p.append(f"source={self.source!r}: use 'trace', 'lognormal' or 'pareto'")
         if not self.time_scale_s > 0:

@@ -10,6 +10,8 @@ distribution. A row holds, in trace units from the moment the request's generati
 
 Wall-clock times are ``start + units * time_scale_s``; a benchmark sets ``time_scale_s`` to the
 learner's measured backward time per trajectory so "units" mean "trajectory backwards".
+With ``rollout_slots`` set, a trajectory also waits for a free slot (slots free when a verdict
+lands), as on a saturated rollout fleet.
 Requests are generated one after another as by a single engine: a request starts at
 ``max(issue time, previous request's last content_ready)``; verdicts overlap freely.
 
@@ -29,6 +31,7 @@ every reward, then runs B*G backwards of one unit each, idles
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import random
@@ -154,6 +157,8 @@ class TraceReplayEngine:
         self.vocab_size = _vocab_size(model_spec)
         self._version: int | None = None
         self._generation_free_at = 0.0
+        n = self.config.rollout_slots
+        self._slot_free_at: list[float] | None = None if n is None else [0.0] * n  # a min-heap
         self._closed = False
 
     @property
@@ -180,6 +185,7 @@ class TraceReplayEngine:
         issued = time.monotonic()
         start = max(issued, self._generation_free_at)
         scale = self.config.time_scale_s
+        slots = self._slot_free_at
         timed: list[tuple[float, int, RolloutEvent]] = []
         last_content = start
         for g in request.groups:
@@ -189,8 +195,11 @@ class TraceReplayEngine:
                 seed = derive_seed(request.seed, request.step, g.group_index, k)
                 rng = random.Random(seed)
                 row = self._drawer.draw(rng)
-                content_at = start + row.content_ready * scale
-                reward_at = start + row.reward_ready * scale
+                begin = start if slots is None else max(start, heapq.heappop(slots))
+                content_at = begin + row.content_ready * scale
+                reward_at = begin + row.reward_ready * scale
+                if slots is not None:
+                    heapq.heappush(slots, reward_at)  # the slot frees when the verdict lands
                 last_content = max(last_content, content_at)
                 tid = trajectory_id(request.step, g.group_index, k)
                 traj = Trajectory(

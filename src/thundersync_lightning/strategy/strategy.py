@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
@@ -33,8 +34,8 @@ from typing_extensions import override
 from ..core.errors import ConfigError
 from ..core.snapshot import PolicySnapshot
 from ..core.storage import ByteUsage, Offload
-from ..core.streaming import StreamingGRPO
-from ..core.types import RolloutEvent
+from ..core.streaming import StreamingGRPO, StreamingReport
+from ..core.types import RolloutEvent, RolloutRequest
 from .plan import RolloutPlan
 from .runner import StepOutcome, StepRunner
 from .stats import Interval, RolloutProgress, StepStats
@@ -45,6 +46,21 @@ log = logging.getLogger(__name__)
 
 Mode = Literal["streaming", "sync", "async"]
 _MODES = ("streaming", "sync", "async")
+
+
+@dataclass
+class _StepInFlight:
+    """What one step accumulates between its rollout and its optimizer step."""
+
+    start: float
+    plan: RolloutPlan
+    request: RolloutRequest
+    outcome: StepOutcome
+    busy: list[Interval]
+    issued_at: float
+    report: StreamingReport | None = None
+    loss: float = 0.0
+    num_groups: int = 0
 
 
 class ThunderSyncStrategy(DDPStrategy):
@@ -109,10 +125,10 @@ class ThunderSyncStrategy(DDPStrategy):
         self._accumulator: StreamingGRPO | None = None
         self._accumulator_cache: StreamingGRPO | None = None
         self._sync_loss: Tensor | None = None
-        self._pending: dict[str, Any] = {}
+        self._step: _StepInFlight | None = None
         self._last_stats: StepStats | None = None
-        self._n_global = 0
-        self._issued_at: float | None = None
+        self._issued_at = 0.0
+        self._sync_groups = 0  # sync mode: the global group count of the step's loss
 
     @classmethod
     @override
@@ -231,7 +247,9 @@ class ThunderSyncStrategy(DDPStrategy):
         with self.precision_plugin.train_step_context():
             outcome = runner.run(events)
             loss = self._sync_surrogate(outcome, module, busy) if acc is None else None
-        self._pending = {"start": start, "busy": busy, "outcome": outcome, "request": request, "plan": plan}
+        self._step = _StepInFlight(
+            start, plan, request, outcome, busy, self._issued_at, num_groups=self._sync_groups if acc is None else 0
+        )
         self._accumulator = acc
         self._sync_loss = loss
         if loss is not None:
@@ -284,7 +302,7 @@ class ThunderSyncStrategy(DDPStrategy):
         start = time.monotonic()
         trajectories = [outcome.trajectories[t] for g in self._request_order(outcome) for t in g]
         n_global = self._global_count(len({t.group_id for t in trajectories}))
-        self._n_global = n_global
+        self._sync_groups = n_global
         loss = module.grpo_loss(trajectories, [outcome.rewards[t.trajectory_id] for t in trajectories], n_global)
         outcome.learner_tokens = sum(len(t.tokens) for t in trajectories)
         busy.append(Interval(start, time.monotonic(), "backward"))
@@ -308,20 +326,20 @@ class ThunderSyncStrategy(DDPStrategy):
     @override
     def backward(self, closure_loss: Tensor, optimizer: Any, *args: Any, **kwargs: Any) -> Tensor:
         start = time.monotonic()
-        assert self._snapshot is not None
+        assert self._snapshot is not None and self._step is not None
         self._snapshot.assert_unchanged()
+        step = self._step
         if self._accumulator is None:
             closure_loss = super().backward(self._sync_loss, optimizer, *args, **kwargs)
-            self._pending["loss"] = self._global_sum(float(closure_loss.detach()))
-            self._pending["report"] = None
+            step.loss = self._global_sum(float(closure_loss.detach()))
         else:
             acc = self._accumulator
             n_global = self._global_count(acc.groups_folded)
-            report = acc.finish(num_groups=n_global)
-            self._pending["report"] = report
-            self._pending["loss"] = -self._global_sum(report.objective) / max(n_global, 1)
+            step.report = acc.finish(num_groups=n_global)
+            step.num_groups = n_global
+            step.loss = -self._global_sum(step.report.objective) / max(n_global, 1)
         self._all_reduce_grads()
-        self._pending["busy"].append(Interval(start, time.monotonic(), "barrier"))
+        step.busy.append(Interval(start, time.monotonic(), "barrier"))
         return closure_loss
 
     def _global_sum(self, value: float) -> float:
@@ -344,54 +362,45 @@ class ThunderSyncStrategy(DDPStrategy):
     @override
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
         out = super().optimizer_step(optimizer, closure, model, **kwargs)
-        if not self._pending:
+        step = self._step
+        if step is None:
             return out
         assert self._snapshot is not None
         start = time.monotonic()
         trained_version = self._snapshot.version
         self._snapshot.advance()
-        busy: list[Interval] = self._pending["busy"]
-        busy.append(Interval(start, time.monotonic(), "optimizer"))
-        plan_engine = self._plan_engine()
-        if self.mode != "async" and plan_engine is not None:
-            engine, plan = plan_engine
-            self._publish(engine, busy)
+        step.busy.append(Interval(start, time.monotonic(), "optimizer"))
+        if self.mode != "async":
+            engine = step.plan.engine
+            self._publish(engine, step.busy)
             next_step = self._snapshot.version
             if self.launch_ahead and self._within_max_steps(next_step) and next_step not in self._inflight:
-                request = plan.request(next_step, self.global_rank, self.world_size)
+                request = step.plan.request(next_step, self.global_rank, self.world_size)
                 self._inflight[next_step] = (engine.rollout(request), time.monotonic())
-        self._last_stats = self._stats(trained_version)
-        self._pending = {}
+        self._last_stats = self._stats(step, trained_version)
+        self._step = None
         return out
 
-    def _plan_engine(self) -> tuple[Any, RolloutPlan] | None:
-        plan = self._pending.get("plan")
-        return (plan.engine, plan) if plan is not None else None
-
-    def _stats(self, version: int) -> StepStats:
-        p = self._pending
-        outcome: StepOutcome = p["outcome"]
-        report = p.get("report")
-        request = p["request"]
-        busy = sorted(p["busy"] + outcome.busy, key=lambda i: i.start)
+    def _stats(self, step: _StepInFlight, version: int) -> StepStats:
+        report, outcome = step.report, step.outcome
         return StepStats(
-            step=request.step,
+            step=step.request.step,
             mode=self.mode,
             policy_version=version,
             rank=self.global_rank,
             world_size=self.world_size,
-            step_start=p["start"],
+            step_start=step.start,
             step_end=time.monotonic(),
             trajectories=outcome.records(version),
-            busy=tuple(busy),
+            busy=tuple(sorted(step.busy + outcome.busy, key=lambda i: i.start)),
             open_groups=tuple(outcome.open_groups),
             accumulator=report.peak_bytes if report is not None else ByteUsage(),
-            groups_folded=report.groups_folded if report is not None else len(request.groups),
+            groups_folded=report.groups_folded if report is not None else len(step.request.groups),
             groups_aborted=report.groups_aborted if report is not None else 0,
-            num_groups_global=report.num_groups if report is not None else self._n_global,
+            num_groups_global=step.num_groups,
             learner_tokens=outcome.learner_tokens,
-            loss=float(p.get("loss", 0.0)),
-            rollout_issued_at=self._issued_at,
+            loss=step.loss,
+            rollout_issued_at=step.issued_at,
         )
 
     def _progress_fn(self) -> Callable[[RolloutProgress], None] | None:

@@ -52,7 +52,7 @@ from .errors import (
 from .estimators import get_estimator
 from .group import GroupSums
 from .storage import ByteUsage, GradientStore, Offload
-from .validation import finite_reward, finite_score
+from .validation import check_scalar, finite_reward, finite_score
 
 __all__ = ["StreamingGRPO", "StreamingReport", "GroupStat"]
 
@@ -220,23 +220,9 @@ class StreamingGRPO:
         self._maybe_close(gid, group)
 
     def add_logprob(self, trajectory_id: Hashable, logprob: torch.Tensor) -> None:
-        """Run the backward of S_i now and fold or hold its gradient."""
-        self._check_live()
-        gid, group = self._group_of(trajectory_id)
-        if trajectory_id in group.scores:
-            raise DuplicateEventError(f"trajectory {trajectory_id!r} already has a logprob")
-        score = finite_score(trajectory_id, logprob)
-        if group.all_rewards_known():
-            self._direct(trajectory_id, group, logprob)
-        else:
-            grads = self._grad(trajectory_id, logprob, None)
-            reward = group.rewards.get(trajectory_id)
-            if reward is None:
-                group.held[trajectory_id] = self._store.flatten(grads)
-            else:
-                group.accumulate(self._store, reward, grads=grads)
-        group.scores[trajectory_id] = score
-        self._maybe_close(gid, group)
+        """Run the backward of S_i now and fold or hold its gradient (see :meth:`add_logprobs`)."""
+        check_scalar(trajectory_id, logprob)
+        self.add_logprobs([trajectory_id], logprob.reshape(1))
 
     def add_logprobs(self, trajectory_ids: Sequence[Hashable], logprobs: torch.Tensor) -> None:
         """Several trajectories at once; exact same result as calling :meth:`add_logprob` for each.
@@ -288,7 +274,7 @@ class StreamingGRPO:
             jobs.append(("held", ids[i], logprobs[i]))
         label = ids[0] if len(ids) == 1 else f"{len(ids)} trajectories"
         grads_per_job = [
-            self._grad(label, score, None, retain=(k < len(jobs) - 1)) for k, (_, _, score) in enumerate(jobs)
+            self._grad(label, score, retain=(k < len(jobs) - 1)) for k, (_, _, score) in enumerate(jobs)
         ]
         # every check passed and every backward ran: now change state
         for (kind, key, _), grads in zip(jobs, grads_per_job):
@@ -377,14 +363,9 @@ class StreamingGRPO:
         return report
 
     # ------------------------------------------------------------------ internals
-    def _grad(
-        self, trajectory_id: Hashable, logprob: torch.Tensor, weight: float | None, retain: bool = False
-    ) -> list:
-        grad_out = None if weight is None else torch.full_like(logprob, weight)
+    def _grad(self, trajectory_id: Hashable, logprob: torch.Tensor, retain: bool = False) -> list:
         try:
-            grads = torch.autograd.grad(
-                logprob, self._params, grad_outputs=grad_out, allow_unused=True, retain_graph=retain
-            )
+            grads = torch.autograd.grad(logprob, self._params, allow_unused=True, retain_graph=retain)
         except RuntimeError as err:
             raise InvalidLogprobError(
                 f"backward of trajectory {trajectory_id!r}'s logprob failed ({err}); it must be a scalar "
@@ -397,14 +378,6 @@ class StreamingGRPO:
             )
         self._backward += 1
         return list(grads)
-
-    def _direct(self, trajectory_id: Hashable, group: GroupSums, logprob: torch.Tensor) -> None:
-        adv = _advantage_of(self, group, group.rewards[trajectory_id])
-        if adv == 0.0:
-            self._skipped += 1
-            return
-        self._add_to_final(self._grad(trajectory_id, logprob, adv))
-        group.direct += 1
 
     def _add_to_final(self, grads: list) -> None:
         if self._final is None:

@@ -9,7 +9,7 @@ import torch
 
 from .errors import InvalidLogprobError, InvalidRewardError
 
-__all__ = ["finite_reward", "finite_score"]
+__all__ = ["finite_reward", "finite_score", "check_scalar"]
 
 
 def finite_reward(trajectory_id: Hashable, reward: float) -> float:
@@ -33,12 +33,16 @@ def check_graph(trajectory_id: Hashable, logprob: torch.Tensor) -> None:
         )
 
 
-def finite_score(trajectory_id: Hashable, logprob: torch.Tensor) -> float:
+def check_scalar(trajectory_id: Hashable, logprob: object) -> None:
     if not isinstance(logprob, torch.Tensor) or logprob.numel() != 1:
         raise InvalidLogprobError(
             f"logprob of trajectory {trajectory_id!r} must be a scalar tensor (the sum of its scored "
             f"tokens' log-probabilities), got {type(logprob).__name__} of shape {getattr(logprob, 'shape', None)}"
         )
+
+
+def finite_score(trajectory_id: Hashable, logprob: torch.Tensor) -> float:
+    check_scalar(trajectory_id, logprob)
     check_graph(trajectory_id, logprob)
     value = float(logprob.detach())
     if not math.isfinite(value):

@@ -230,13 +230,12 @@ class ThunderSyncStrategy(DDPStrategy):
             self._snapshot = PolicySnapshot(module, version=step, weights_fn=module.weights_for_engine)
         elif self._snapshot.version != step:
             self._snapshot.restore(step)  # a checkpoint was loaded or fit restarted
-        version = self._snapshot.version
         events = self._events_for(plan, step, busy)
         acc = self._fresh_accumulator(module) if self.mode != "sync" else None
         request = plan.request(step, self.global_rank, self.world_size)
         runner = StepRunner(
             request,
-            version,
+            self._snapshot,
             self.allowed_staleness,
             acc,
             module.trajectory_logprobs,

@@ -47,6 +47,7 @@ def fit(
     root: str | None = None,
     resume_from: str | None = None,
     policy: GRPOPolicy | None = None,
+    strategy_kwargs: dict[str, Any] | None = None,
     **trainer_kwargs: Any,
 ):
     """Returns (flat parameters after fit, recorded StepStats, trainer)."""
@@ -55,7 +56,7 @@ def fit(
     policy = policy or toy_policy()
     record = RecordSteps()
     trainer = L.Trainer(
-        strategy=ThunderSyncStrategy(mode=mode),
+        strategy=ThunderSyncStrategy(mode=mode, **(strategy_kwargs or {})),
         accelerator="cpu",
         devices=1,
         max_steps=steps,

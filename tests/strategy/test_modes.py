@@ -49,3 +49,11 @@ def test_step_statistics_are_consistent(runs):
 def test_streaming_accumulator_reports_bytes_and_sync_uses_none(runs):
     assert all(s.accumulator.device > 0 for s in runs["streaming"][1])
     assert all(s.accumulator.total == 0 for s in runs["sync"][1])
+
+
+def test_bounding_open_groups_defers_groups_without_changing_the_update(runs):
+    bounded, steps, _ = fit("streaming", steps=3, strategy_kwargs={"max_open_groups": 1})
+    assert relative(bounded, runs["streaming"][0]) <= 1e-5
+    assert max(n for s in steps for _, n in s.open_groups) == 1
+    assert {t.staleness for s in steps for t in s.trajectories} == {0}
+    assert len(steps[-1].trajectories) == 16

@@ -90,7 +90,7 @@ class StepRunner:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.max_batch = max(1, max_batch_trajectories)
-        self._waiting: dict[str, None] = {}  # content known, not yet backpropagated (ordered)
+        self._waiting: dict[str, None] = {}  # admitted groups' content not yet backpropagated (ordered)
         self.request = request
         self.snapshot = snapshot
         self.allowed = allowed_staleness
@@ -102,7 +102,6 @@ class StepRunner:
         self._members = request.trajectory_ids()
         self._owner = {t: g for g, ts in self._members.items() for t in ts}
         self._admitted: set[str] = set()
-        self._admitted_ids: set[str] = set()
         self._deferred: dict[str, list[RolloutEvent]] = {}
         self.outcome = StepOutcome()
         self._start = clock()
@@ -138,12 +137,12 @@ class StepRunner:
         return False
 
     def _has_work(self) -> bool:
-        return self.acc is not None and any(t in self._admitted_members for t in self._waiting)
+        return self.acc is not None and bool(self._waiting)
 
     def _work(self, inbox_empty: bool) -> bool:
         """One unit of learner work; False when there was none."""
         assert self.acc is not None
-        ready = [t for t in self._waiting if t in self.outcome.rewards and t in self._admitted_members]
+        ready = [t for t in self._waiting if t in self.outcome.rewards]
         if ready:
             buckets: dict[object, list[str]] = {}
             for tid in ready:
@@ -155,7 +154,7 @@ class StepRunner:
                     self._backward(tids[k : k + self.max_batch])
             return True
         if inbox_empty:
-            pending = next((t for t in self._waiting if t in self._admitted_members), None)
+            pending = next(iter(self._waiting), None)
             if pending is not None:
                 self._backward([pending])
                 return True
@@ -209,10 +208,6 @@ class StepRunner:
         if event.failure:
             self.outcome.failures[event.trajectory_id] = event.failure
 
-    @property
-    def _admitted_members(self) -> set[str]:
-        return self._admitted_ids
-
     def _admit(self, gid: str) -> bool:
         assert self.acc is not None
         limit = self.acc.max_open_groups
@@ -220,7 +215,6 @@ class StepRunner:
             return False
         self.acc.open_group(gid, self._members[gid])
         self._admitted.add(gid)
-        self._admitted_ids.update(self._members[gid])
         self._mark_open_groups()
         return True
 

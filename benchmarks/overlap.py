@@ -139,7 +139,7 @@ def calibrate(
         for p in params:
             p.grad = None
         start = time.perf_counter()
-        loss = policy.grpo_loss(trajectories, rewards, args.groups)
+        loss = policy.grpo_loss(trajectories, rewards)
         loss.backward()
         _sync(device)
         return time.perf_counter() - start

@@ -47,13 +47,15 @@ def test_padding_in_a_batch_does_not_change_any_score():
     assert torch.allclose(batched, alone, atol=1e-5)
 
 
-def test_mean_token_weighting_divides_by_the_number_of_scored_tokens():
-    torch.manual_seed(0)
-    summed = GRPOPolicy(config=TOY_MODEL, token_weighting="sum")
-    meaned = GRPOPolicy(config=TOY_MODEL, token_weighting="mean")
-    meaned.load_state_dict(summed.state_dict())
-    t = _trajectory([14], [Segment((3, 4, 5), True)])
-    assert abs(float(meaned.trajectory_logprobs([t])[0]) * 3 - float(summed.trajectory_logprobs([t])[0])) < 1e-5
+def test_the_old_token_weighting_option_says_where_it_moved():
+    import pytest
+
+    from thundersync_lightning.core import ConfigError
+
+    with pytest.raises(ConfigError, match="token_weighting='mean': it moved to objective.loss_agg"):
+        GRPOPolicy(config=TOY_MODEL, token_weighting="mean")
+    with pytest.raises(ConfigError, match="estimator='rloo': it moved to objective.estimator"):
+        GRPOPolicy(config=TOY_MODEL, estimator="rloo")
 
 
 def test_lora_trains_only_adapters_and_publishes_merged_weights_under_base_names():

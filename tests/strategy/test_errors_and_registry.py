@@ -42,9 +42,18 @@ def test_a_bad_mode_is_rejected_with_the_valid_modes():
         ThunderSyncStrategy(mode="eventually")
 
 
-def test_an_unknown_estimator_is_rejected_with_the_valid_names():
-    with pytest.raises(ConfigError, match="grpo"):
-        ThunderSyncStrategy(estimator="ppo")
+def test_the_old_objective_options_of_the_strategy_say_where_they_moved():
+    with pytest.raises(ConfigError, match=r"estimator='rloo': the objective moved to the LightningModule.*"
+                       r"--model.objective.estimator"):
+        ThunderSyncStrategy(mode="sync", estimator="rloo")
+    with pytest.raises(ConfigError, match="eps=0.1: the objective moved"):
+        ThunderSyncStrategy(eps=0.1)
+
+
+@pytest.mark.parametrize("option", ["boundary_cutt", "find_unused_parameters", "ddp_comm_hook", "static_graph"])
+def test_an_unknown_or_ddp_wrapper_option_is_rejected_by_name(option):
+    with pytest.raises(ConfigError, match=f"{option}=True is not an option of ThunderSyncStrategy"):
+        ThunderSyncStrategy(**{option: True})
 
 
 def test_gradient_accumulation_is_rejected_because_one_step_is_one_rl_batch():
@@ -66,8 +75,8 @@ class _NoScores(LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-def test_a_module_without_trajectory_logprobs_is_rejected_by_name():
-    with pytest.raises(ConfigError, match="trajectory_logprobs"):
+def test_a_module_without_score_tokens_is_rejected_by_name():
+    with pytest.raises(ConfigError, match="score_tokens"):
         _trainer().fit(_NoScores(), toy_data())
 
 

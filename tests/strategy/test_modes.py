@@ -46,9 +46,11 @@ def test_step_statistics_are_consistent(runs):
             assert all(t.reward in (0.0, 1.0) for t in stats.trajectories)
 
 
-def test_streaming_accumulator_reports_bytes_and_sync_uses_none(runs):
-    assert all(s.accumulator.device > 0 for s in runs["streaming"][1])
-    assert all(s.accumulator.total == 0 for s in runs["sync"][1])
+def test_sync_holds_only_the_step_gradient_while_streaming_holds_group_sums(runs):
+    one_buffer = runs["sync"][0].numel() * 4  # float32, every parameter trains
+    assert all(s.accumulator.total == one_buffer for s in runs["sync"][1])
+    assert all(s.accumulator.device >= one_buffer for s in runs["streaming"][1])
+    assert max(s.accumulator.device for s in runs["streaming"][1]) > one_buffer
 
 
 def test_bounding_open_groups_defers_groups_without_changing_the_update(runs):

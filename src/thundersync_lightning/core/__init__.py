@@ -12,10 +12,20 @@ from .estimators import (
     get_estimator,
     register_estimator,
 )
+from .objective import PRESETS, BatchTotals, Objective
 from .protocols import Environment, RolloutEngine, TaskSource
+from .report import GroupStat, StreamingReport
 from .snapshot import PolicySnapshot
 from .storage import ByteUsage, Offload
-from .streaming import GroupStat, StreamingGRPO, StreamingReport
+from .streaming import StreamingGRPO
+from .terms import (
+    OnPolicyStats,
+    TokenScores,
+    TrajectoryTerms,
+    engine_logprobs,
+    reference_loss,
+    trajectory_terms,
+)
 from .types import (
     ContentReady,
     GroupRequest,
@@ -32,6 +42,15 @@ from .types import (
 )
 
 __all__ = [
+    "Objective",
+    "BatchTotals",
+    "PRESETS",
+    "TokenScores",
+    "TrajectoryTerms",
+    "OnPolicyStats",
+    "engine_logprobs",
+    "trajectory_terms",
+    "reference_loss",
     "StreamingGRPO",
     "StreamingReport",
     "GroupStat",

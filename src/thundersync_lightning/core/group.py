@@ -8,7 +8,9 @@ trajectory). A third distinct value collapses them into
 
 with c one of the group's rewards, so that the fold a_g G1 + (a_g c + b_g) G2 does not suffer the
 cancellation a_g sum r_i g + b_g sum g has when rewards share a large offset. A gradient whose
-reward is not yet known is held apart until it is.
+reward is not yet known is held apart until it is (and, when failed rollouts are dropped, so is the
+gradient of its reward-independent term R_i). A *dropped* member (failed verdict, ``failed="drop"``)
+leaves the group: its held gradients are freed and it counts nowhere.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .objective import Objective
 from .storage import GradientStore
 
 __all__ = ["GroupSums"]
@@ -29,27 +32,39 @@ class GroupSums:
     rewards: dict[Hashable, float] = field(default_factory=dict)
     scores: dict[Hashable, float] = field(default_factory=dict)  # S_i values, for the objective
     held: dict[Hashable, torch.Tensor] = field(default_factory=dict)  # grads awaiting their reward
+    held_independent: dict[Hashable, torch.Tensor] = field(default_factory=dict)  # grad R_i awaiting its verdict
+    independent: dict[Hashable, float] = field(default_factory=dict)  # R_i values, for the objective
+    tokens: dict[Hashable, float] = field(default_factory=dict)  # scored-token counts
+    dropped: set[Hashable] = field(default_factory=set)  # failed members removed from the group
     by_reward: dict[float, torch.Tensor] = field(default_factory=dict)  # <= 2 distinct reward values
     g1: torch.Tensor | None = None  # sum (r_i - shift) grad S_i, after collapse
     g2: torch.Tensor | None = None  # sum grad S_i, after collapse
     shift: float = 0.0
     direct: int = 0  # contributions already added to the step gradient (early fold or direct path)
 
+    def kept(self) -> tuple[Hashable, ...]:
+        return tuple(t for t in self.members if t not in self.dropped)
+
     def complete(self) -> bool:
-        return len(self.rewards) == len(self.members) and len(self.scores) == len(self.members)
+        """Every verdict known and every kept member scored."""
+        return self.all_rewards_known() and all(t in self.scores for t in self.kept())
 
     def all_rewards_known(self) -> bool:
         return len(self.rewards) == len(self.members)
 
-    def zero_advantage(self) -> bool:
-        """Every A_i is exactly 0: a group of one, or all rewards known and equal."""
-        values = list(self.rewards.values())
-        return len(self.members) == 1 or (
-            len(values) == len(self.members) and all(v == values[0] for v in values)
-        )
+    def coefficients(self, objective: Objective) -> tuple[float, float]:
+        """(a_g, b_g) once every verdict is known (zero when every A_i is exactly 0)."""
+        return objective.coefficients(self.reward_tensor())
+
+    def zero_advantage(self, objective: Objective) -> bool:
+        """Every A_i is exactly 0: known once all verdicts are in, or up front for a lone member."""
+        if self.all_rewards_known():
+            return self.coefficients(objective) == (0.0, 0.0)
+        return len(self.members) == 1 and objective.singleton == "zero"
 
     def reward_tensor(self) -> torch.Tensor:
-        return torch.tensor([self.rewards[t] for t in self.members], dtype=torch.float64)
+        """Rewards of the kept members (float64)."""
+        return torch.tensor([self.rewards[t] for t in self.kept()], dtype=torch.float64)
 
     @property
     def has_sums(self) -> bool:
@@ -105,7 +120,8 @@ class GroupSums:
 
     def drop(self, store: GradientStore) -> None:
         """Free every buffer of the group (held gradients and sums)."""
-        store.release(*self.held.values(), *self.by_reward.values(), self.g1, self.g2)
+        store.release(*self.held.values(), *self.held_independent.values(), *self.by_reward.values(), self.g1, self.g2)
         self.held.clear()
+        self.held_independent.clear()
         self.by_reward.clear()
         self.g1 = self.g2 = None

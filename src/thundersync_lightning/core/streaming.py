@@ -1,28 +1,30 @@
 """Exact streaming GRPO gradients: backpropagate each trajectory the moment it lands.
 
-Notation (see docs and ``estimators``): group g has trajectories i with score S_i (a scalar
-with an autograd graph to the parameters theta) and reward r_i; A_i = a_g r_i + b_g; N groups.
+Notation (see :mod:`~thundersync_lightning.core.objective`): group g has trajectories i with
+reward-weighted score S_i and reward-independent term R_i (KL, entropy), scalars with an autograd
+graph to the parameters theta; A_i = (a_g r_i + b_g) s; D the global normaliser.
 
-    L = -(1/N) sum_g sum_{i in g} A_i S_i
-    grad L = -(1/N) sum_g [a_g G1_g + b_g G2_g],  G1_g = sum r_i grad S_i,  G2_g = sum grad S_i
+    L = -(1/D) sum_i (A_i S_i + R_i)
+    grad L = -(1/D) [ s sum_g (a_g G1_g + b_g G2_g) + sum_i grad R_i ],
+    G1_g = sum r_i grad S_i,  G2_g = sum grad S_i
 
-G1 and G2 need only each trajectory's own reward, so ``add_logprob`` runs the backward of S_i at
-once and keeps running sums; when a group's last event lands its coefficients are known and it is
-*folded* into the step's gradient and its buffers freed. ``finish`` (the batch barrier) adds
-grad L to ``.grad``. Parameters must not change during the step, so every gradient is taken at
-the same theta: zero staleness, and the result equals one backward of L up to summation order.
+G1 and G2 need only each trajectory's own reward, so :meth:`add_tokens` runs the backward of S_i
+at once and keeps running sums; R_i needs no reward and goes straight into the step's gradient
+(held until the verdict only when failed rollouts are dropped). When a group's last verdict
+lands its coefficients are known and it is *folded* into the step's gradient and its buffers
+freed. :meth:`finish` (the batch barrier) applies s and 1/D and adds grad L to ``.grad``.
+Parameters must not change during the step, so every gradient is taken at the same theta: zero
+staleness, and the result equals one backward of L up to summation order.
 
-Per open group the sums live in :class:`~thundersync_lightning.core.group.GroupSums` (one sum
-per reward value while there are at most two, binary rewards touching one buffer per trajectory).
-Advantages are computed in float64 from the rewards directly, so a group with all-equal rewards
-contributes exactly zero (and its remaining backward passes are skipped); so does a group of one.
+Per open group the sums live in :class:`~thundersync_lightning.core.group.GroupSums`. Advantages
+are computed in float64 from the rewards directly, so a group with all-equal rewards contributes
+exactly zero through S (its remaining S backward passes are skipped).
 
-Direct path: once all rewards of a group are known, its sums are folded at once (freeing them)
+Direct path: once all verdicts of a group are known, its sums are folded at once (freeing them)
 and every later trajectory of the group is backpropagated with its known advantage straight into
-the step's gradient (no sums). Once anything of a group has reached the step's gradient this way
-it can no longer be aborted (its contribution cannot be removed exactly): ``abort_group`` raises;
-deliver its remaining logprobs instead. Before that (also with all rewards known but nothing
-added, or with all-equal rewards) aborting is exact.
+the step's gradient (no sums). Once anything of a group has reached the step's gradient it can no
+longer be aborted (its contribution cannot be removed exactly): ``abort_group`` raises; deliver
+its remaining events instead.
 
 ``max_open_groups``: ``open_group`` raises :class:`OpenGroupLimitError` when that many groups are
 already open (declared, not yet folded or aborted); nothing changes. The caller admits groups as
@@ -33,8 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import replace
 
 import torch
 
@@ -49,45 +50,24 @@ from .errors import (
     PolicyChangedError,
     UnknownTrajectoryError,
 )
-from .estimators import get_estimator
 from .group import GroupSums
+from .objective import BatchTotals, Objective
+from .report import GroupStat, StreamingReport
 from .storage import ByteUsage, GradientStore, Offload
+from .terms import OnPolicyStats, TokenScores, TrajectoryTerms, trajectory_terms
 from .validation import check_scalar, finite_reward, finite_score
 
 __all__ = ["StreamingGRPO", "StreamingReport", "GroupStat"]
 
 
-@dataclass(frozen=True, slots=True)
-class GroupStat:
-    group_id: Hashable
-    size: int
-    reward_mean: float
-    reward_std: float  # population std
-
-
-@dataclass(frozen=True, slots=True)
-class StreamingReport:
-    """What the barrier folded. ``objective`` = sum_i A_i S_i over folded trajectories on this
-    process, so this process's share of the loss is ``-objective / num_groups``."""
-
-    groups_folded: int
-    groups_aborted: int
-    trajectories: int
-    num_groups: int
-    objective: float
-    groups: tuple[GroupStat, ...]
-    peak_bytes: ByteUsage
-    backward_passes: int
-    skipped_backward_passes: int
-
-
 class StreamingGRPO:
-    """Two running gradient sums per group; one exact GRPO gradient at the barrier.
+    """Two running gradient sums per group; one exact gradient of the objective at the barrier.
 
     Args:
         params: the trainable tensors (``requires_grad``); ``.grad`` of nothing else is touched.
-        estimator: a registered advantage estimator (``grpo``, ``drgrpo``, ``rloo`` or your own).
-        eps: the std guard of ``grpo``.
+        objective: the :class:`~thundersync_lightning.core.objective.Objective` (default: GRPO,
+            divided by the number of groups).
+        estimator, eps: shorthands for ``Objective(estimator=..., eps=...)``.
         offload: where group sums and held gradients live (``none`` | ``cpu`` | ``pinned``).
         max_open_groups: bound on groups declared and not yet folded/aborted (None: unbounded).
     """
@@ -95,9 +75,10 @@ class StreamingGRPO:
     def __init__(
         self,
         params: Iterable[torch.Tensor],
-        estimator: str = "grpo",
-        eps: float = 1e-6,
+        estimator: str | None = None,
+        eps: float | None = None,
         *,
+        objective: Objective | None = None,
         offload: Offload = "none",
         max_open_groups: int | None = None,
     ) -> None:
@@ -109,18 +90,29 @@ class StreamingGRPO:
             problems.append("every tensor in params must require grad")
         if len({id(p) for p in self._params}) != len(self._params):
             problems.append("params lists the same tensor twice")
-        if not (eps >= 0 and math.isfinite(eps)):
+        if objective is not None and (estimator is not None or eps is not None):
+            problems.append("pass either objective= or the estimator=/eps= shorthands, not both")
+        if eps is not None and not (eps >= 0 and math.isfinite(eps)):
             problems.append(f"eps must be a finite number >= 0, got {eps}")
         if max_open_groups is not None and max_open_groups < 1:
             problems.append(f"max_open_groups must be >= 1 or None, got {max_open_groups}")
         if problems:
             raise ConfigError("invalid StreamingGRPO arguments: " + "; ".join(problems))
-        self._coefficients = get_estimator(estimator)
-        self.estimator = estimator
-        self.eps = float(eps)
+        if objective is None:
+            shorthand = {k: v for k, v in (("estimator", estimator), ("eps", eps)) if v is not None}
+            objective = Objective(**shorthand)
+        self.objective = objective
         self.max_open_groups = max_open_groups
         self._store = GradientStore(self._params, offload)
         self.reset()
+
+    @property
+    def estimator(self) -> str:
+        return self.objective.estimator
+
+    @property
+    def eps(self) -> float:
+        return self.objective.eps
 
     # ------------------------------------------------------------------ lifecycle
     def reset(self) -> None:
@@ -130,9 +122,13 @@ class StreamingGRPO:
         self._folded: list[GroupStat] = []
         self._aborted = 0
         self._objective = 0.0
+        self._independent = 0.0
+        self._totals = BatchTotals()
+        self._on_policy = OnPolicyStats()
         self._backward = 0
         self._skipped = 0
-        self._final: torch.Tensor | None = None
+        self._final: torch.Tensor | None = None  # s-scaled at the barrier
+        self._final_independent: torch.Tensor | None = None  # only under scale="batch"
         self._spent = False
         self._versions = [p._version for p in self._params]
         self._store.reset_counters()
@@ -157,6 +153,23 @@ class StreamingGRPO:
     @property
     def peak_bytes(self) -> ByteUsage:
         return self._store.peak()
+
+    def totals(self) -> BatchTotals:
+        """This process's counts so far (sum them over ranks for :meth:`finish`)."""
+        return self._totals
+
+    @property
+    def on_policy(self) -> OnPolicyStats:
+        return self._on_policy
+
+    def objective_parts(self) -> tuple[float, float]:
+        """(sum_i A'_i S_i, sum_i R_i) over the groups closed so far (sum them over ranks)."""
+        return self._objective, self._independent
+
+    def needs_score(self, trajectory_id: Hashable) -> bool:
+        """False for a trajectory already dropped (failed verdict, ``failed="drop"``): skip its forward."""
+        gid, group = self._group_of(trajectory_id)
+        return trajectory_id not in group.dropped
 
     def _check_live(self) -> None:
         if self._spent:
@@ -204,8 +217,8 @@ class StreamingGRPO:
             )
         return gid, self._groups[gid]
 
-    def add_reward(self, trajectory_id: Hashable, reward: float) -> None:
-        """Record r_i. Folds a held gradient and closes the group when it is complete."""
+    def add_reward(self, trajectory_id: Hashable, reward: float, failed: bool = False) -> None:
+        """Record r_i (``failed``: the verdict failed). Folds held gradients; closes the group when complete."""
         self._check_live()
         gid, group = self._group_of(trajectory_id)
         value = finite_reward(trajectory_id, reward)
@@ -213,82 +226,145 @@ class StreamingGRPO:
             raise DuplicateEventError(f"trajectory {trajectory_id!r} already has a reward")
         group.rewards[trajectory_id] = value
         held = group.held.pop(trajectory_id, None)
-        if held is not None:
-            group.accumulate(self._store, value, flat=held)
+        held_r = group.held_independent.pop(trajectory_id, None)
+        if failed and self.objective.failed == "drop":
+            group.dropped.add(trajectory_id)
+            group.scores.pop(trajectory_id, None)
+            group.independent.pop(trajectory_id, None)
+            self._store.release(held, held_r)
+        else:
+            if held is not None:
+                group.accumulate(self._store, value, flat=held)
+            if held_r is not None:
+                self._add_flat(self._independent_buffer(), held_r)
+                group.direct += 1
         if group.all_rewards_known():
             self._fold_buffers(group)  # a_g, b_g are known now: free the sums early
         self._maybe_close(gid, group)
 
     def add_logprob(self, trajectory_id: Hashable, logprob: torch.Tensor) -> None:
-        """Run the backward of S_i now and fold or hold its gradient (see :meth:`add_logprobs`)."""
+        """One trajectory's S_i (see :meth:`add_logprobs`)."""
         check_scalar(trajectory_id, logprob)
         self.add_logprobs([trajectory_id], logprob.reshape(1))
 
     def add_logprobs(self, trajectory_ids: Sequence[Hashable], logprobs: torch.Tensor) -> None:
-        """Several trajectories at once; exact same result as calling :meth:`add_logprob` for each.
+        """Shorthand of :meth:`add_tokens` when S_i is the plain sum of scored-token logprobs.
 
-        Trajectories whose gradients end in the same place share ONE backward pass: all those of
-        groups whose rewards are all known (direct path, weights A_i), and those of one group with
-        the same known reward (one sum H_r). Trajectories without a known reward get their own
-        backward each (their gradients must be held apart). For the fewest backward passes, pass
-        one such bucket per call, scored by its own forward (each backward traverses the graph
-        of every score given).
+        Only for objectives that need no per-token data (``loss_agg`` ``group-sum`` or
+        ``seq-mean-token-sum``, no importance correction, KL or entropy).
         """
         self._check_live()
+        if self.objective.needs_token_detail:
+            raise ConfigError(
+                f"this objective ({self.objective}) needs per-token scores; use add_tokens(ids, TokenScores)"
+            )
         ids = list(trajectory_ids)
         if logprobs.dim() != 1 or logprobs.numel() != len(ids):
             raise InvalidLogprobError(
                 f"add_logprobs needs a 1-D tensor with one score per trajectory id: got shape "
                 f"{tuple(logprobs.shape)} for {len(ids)} ids"
             )
+        zeros = torch.zeros(len(ids), dtype=torch.float64)
+        self._add(ids, TrajectoryTerms(logprobs, None, zeros, OnPolicyStats()))
+
+    def add_tokens(
+        self, trajectory_ids: Sequence[Hashable], scores: TokenScores, engine_logprobs: torch.Tensor | None = None
+    ) -> None:
+        """Backpropagate a scored batch now; exact same result as one call per trajectory.
+
+        ``engine_logprobs`` ((n, L), laid out like ``scores.mask``; see
+        :func:`~thundersync_lightning.core.terms.engine_logprobs`) feed the importance correction
+        and the on-policy statistics. Trajectories whose gradients end in the same place share ONE
+        backward pass: everything with a known advantage or no reward dependence (the step's
+        gradient), and the members of one group with the same known reward (one sum). A
+        trajectory without a known reward gets its own backward (its gradient is held apart).
+        """
+        self._check_live()
+        ids = list(trajectory_ids)
+        if scores.n != len(ids):
+            raise InvalidLogprobError(f"add_tokens got {scores.n} scored rows for {len(ids)} trajectory ids")
+        self._add(ids, trajectory_terms(self.objective, scores, engine_logprobs))
+
+    def _add(self, ids: list[Hashable], terms: TrajectoryTerms) -> None:
         if len(set(ids)) != len(ids):
-            raise DuplicateEventError(f"add_logprobs got a trajectory id twice: {ids}")
+            raise DuplicateEventError(f"add_tokens got a trajectory id twice: {ids}")
         owners = []
         for tid in ids:
             gid, group = self._group_of(tid)
             if tid in group.scores:
                 raise DuplicateEventError(f"trajectory {tid!r} already has a logprob")
             owners.append((gid, group))
-        scores = [finite_score(tid, logprobs[i]) for i, tid in enumerate(ids)]
-        direct: list[tuple[int, float]] = []
+        score = terms.score
+        indep = terms.independent
+        values = [finite_score(tid, score[i]) for i, tid in enumerate(ids)]
+        indep_values = [finite_score(tid, indep[i]) for i, tid in enumerate(ids)] if indep is not None else None
+        batch = self.objective.scale == "batch"
+        drop = self.objective.failed == "drop"
+        direct: list[torch.Tensor] = []  # -> the step's gradient (s-scaled)
+        direct_r: list[torch.Tensor] = []  # -> the step's gradient, unscaled (batch scale only)
         buckets: dict[tuple[Hashable, float], list[int]] = {}
-        single: list[int] = []
+        held: list[int] = []
+        held_r: list[int] = []
+        touched: set[int] = set()
         for i, (tid, (gid, group)) in enumerate(zip(ids, owners)):
+            if tid in group.dropped:
+                self._skipped += 1
+                continue
+            r_term = indep[i] if indep is not None else None
             if group.all_rewards_known():
-                adv = _advantage_of(self, group, group.rewards[tid])
-                if adv == 0.0:
+                a, b = group.coefficients(self.objective)
+                adv = a * group.rewards[tid] + b
+                if adv != 0.0:
+                    direct.append(score[i] * adv)
+                    touched.add(i)
+                elif r_term is None:
                     self._skipped += 1
-                else:
-                    direct.append((i, adv))
+            elif group.zero_advantage(self.objective):
+                self._skipped += r_term is None
             elif tid in group.rewards:
                 buckets.setdefault((gid, group.rewards[tid]), []).append(i)
             else:
-                single.append(i)
-        jobs: list[tuple[str, Any, torch.Tensor]] = []
+                held.append(i)
+            if r_term is not None:
+                if drop and tid not in group.rewards:
+                    held_r.append(i)
+                else:
+                    (direct_r if batch else direct).append(r_term)
+                    touched.add(i)
+        jobs: list[tuple[str, object, torch.Tensor]] = []
         if direct:
-            weights = torch.tensor([a for _, a in direct], dtype=logprobs.dtype, device=logprobs.device)
-            jobs.append(("direct", [i for i, _ in direct], (logprobs[[i for i, _ in direct]] * weights).sum()))
+            jobs.append(("direct", None, torch.stack(direct).sum()))
+        if direct_r:
+            jobs.append(("direct_r", None, torch.stack(direct_r).sum()))
         for key, rows in buckets.items():
-            jobs.append(("sum", key, logprobs[rows].sum()))
-        for i in single:
-            jobs.append(("held", ids[i], logprobs[i]))
+            jobs.append(("sum", key, score[rows].sum()))
+        jobs += [("held", ids[i], score[i]) for i in held]
+        jobs += [("held_r", ids[i], indep[i]) for i in held_r]  # type: ignore[index]
         label = ids[0] if len(ids) == 1 else f"{len(ids)} trajectories"
-        grads_per_job = [
-            self._grad(label, score, retain=(k < len(jobs) - 1)) for k, (_, _, score) in enumerate(jobs)
-        ]
+        grads = [self._grad(label, t, retain=k < len(jobs) - 1) for k, (_, _, t) in enumerate(jobs)]
         # every check passed and every backward ran: now change state
-        for (kind, key, _), grads in zip(jobs, grads_per_job):
+        for (kind, key, _), g in zip(jobs, grads):
             if kind == "direct":
-                self._add_to_final(grads)
-                for i in key:
-                    owners[i][1].direct += 1
+                self._add_grads(self._final_buffer(), g)
+            elif kind == "direct_r":
+                self._add_grads(self._independent_buffer(), g)
             elif kind == "sum":
-                gid, reward = key
-                self._groups[gid].accumulate(self._store, reward, grads=grads)
+                gid, reward = key  # type: ignore[misc]
+                self._groups[gid].accumulate(self._store, reward, grads=g)
+            elif kind == "held":
+                self._groups[self._owner[key]].held[key] = self._store.flatten(g)
             else:
-                self._groups[self._owner[key]].held[key] = self._store.flatten(grads)
-        for i, tid in enumerate(ids):
-            owners[i][1].scores[tid] = scores[i]
+                self._groups[self._owner[key]].held_independent[key] = self._store.flatten(g)
+        for i in touched:
+            owners[i][1].direct += 1
+        for i, (tid, (_, group)) in enumerate(zip(ids, owners)):
+            if tid in group.dropped:
+                continue
+            group.scores[tid] = values[i]
+            group.tokens[tid] = float(terms.tokens[i])
+            if indep_values is not None:
+                group.independent[tid] = indep_values[i]
+        self._on_policy = self._on_policy + terms.on_policy
         for gid, group in {id(g): (gid, g) for gid, g in owners}.values():
             if gid in self._groups:
                 self._maybe_close(gid, group)
@@ -301,9 +377,8 @@ class StreamingGRPO:
             raise GroupError(f"group {group_id!r} is not open (unknown, already folded or aborted)")
         if group.direct:
             raise GroupError(
-                f"group {group_id!r} cannot be aborted: all its rewards are known and its gradient is "
-                "already folded into the step's gradient (it cannot be removed exactly); deliver its "
-                "remaining logprobs instead"
+                f"group {group_id!r} cannot be aborted: part of its gradient is already in the step's "
+                "gradient (it cannot be removed exactly); deliver its remaining events instead"
             )
         group.drop(self._store)
         del self._groups[group_id]
@@ -312,11 +387,11 @@ class StreamingGRPO:
         self._aborted += 1
 
     # ------------------------------------------------------------------ barrier
-    def finish(self, num_groups: int | None = None) -> StreamingReport:
+    def finish(self, num_groups: int | None = None, *, totals: BatchTotals | None = None) -> StreamingReport:
         """The batch barrier: add grad L to each parameter's ``.grad`` and return a report.
 
-        ``num_groups`` is N, the global number of groups (data parallel); by default the number
-        of groups folded on this process. Aborted groups are not counted.
+        ``totals``: the global counts (the sum of every rank's :meth:`totals`); by default this
+        process's. ``num_groups`` overrides the group count alone (the ``group-sum`` normaliser).
         """
         self._check_live()
         if self._groups:
@@ -330,11 +405,21 @@ class StreamingGRPO:
             )
         if num_groups is not None and (num_groups < len(self._folded) or num_groups < 0):
             raise GroupError(f"num_groups={num_groups} is smaller than the {len(self._folded)} groups folded here")
-        n = len(self._folded) if num_groups is None else num_groups
-        if self._final is not None and n > 0:
-            scale = -1.0 / n
-            for p, g in zip(self._params, self._store.split(self._final)):
-                contribution = (g * scale).to(p.dtype)
+        glob = totals if totals is not None else self._totals
+        if num_groups is not None:
+            glob = replace(glob, groups=float(num_groups))
+        d = self.objective.denominator(glob)
+        s = self.objective.batch_scale(glob)
+        final = self._final
+        if final is not None and self._final_independent is not None:
+            final.mul_(s).add_(self._final_independent)
+        elif final is None and self._final_independent is not None:
+            final, self._final_independent = self._final_independent, None
+        elif final is not None:
+            final.mul_(s)
+        if final is not None and d > 0:
+            for p, g in zip(self._params, self._store.split(final)):
+                contribution = (g * (-1.0 / d)).to(p.dtype)
                 if p.grad is None:
                     p.grad = contribution.clone()
                 else:
@@ -348,17 +433,24 @@ class StreamingGRPO:
         report = StreamingReport(
             groups_folded=len(self._folded),
             groups_aborted=self._aborted,
-            trajectories=sum(s.size for s in self._folded),
-            num_groups=n,
+            trajectories=sum(s_.size for s_ in self._folded),
+            num_groups=int(glob.groups),
             objective=self._objective,
             groups=tuple(self._folded),
             peak_bytes=self._store.peak(),
             backward_passes=self._backward,
             skipped_backward_passes=self._skipped,
+            independent=self._independent,
+            denominator=d,
+            batch_scale=s,
+            totals=self._totals,
+            on_policy=self._on_policy,
+            dropped=sum(s_.dropped for s_ in self._folded),
         )
-        if self._final is not None:
-            self._store.release_device(self._final)
-            self._final = None
+        for buf in (final, self._final_independent):
+            if buf is not None:
+                self._store.release_device(buf)
+        self._final = self._final_independent = None
         self._spent = True
         return report
 
@@ -379,46 +471,61 @@ class StreamingGRPO:
         self._backward += 1
         return list(grads)
 
-    def _add_to_final(self, grads: list) -> None:
+    def _final_buffer(self) -> torch.Tensor:
         if self._final is None:
             self._final = self._store.zeros_on_device()
-        for view, g in zip(self._store.split(self._final), grads):
+        return self._final
+
+    def _independent_buffer(self) -> torch.Tensor:
+        """Where grad R_i goes: the step's gradient, or a buffer of its own when s is deferred."""
+        if self.objective.scale != "batch":
+            return self._final_buffer()
+        if self._final_independent is None:
+            self._final_independent = self._store.zeros_on_device()
+        return self._final_independent
+
+    def _add_grads(self, buf: torch.Tensor, grads: list) -> None:
+        for view, g in zip(self._store.split(buf), grads):
             if g is not None:
                 view.add_(g.to(view.dtype))
 
+    def _add_flat(self, buf: torch.Tensor, flat: torch.Tensor) -> None:
+        buf.add_(self._store.to_device(flat))
+        self._store.release(flat)
+
     def _fold_buffers(self, group: GroupSums) -> None:
-        """All rewards known: a_g, b_g are fixed, so move the group's sums into the step's gradient."""
-        if group.has_sums and not group.zero_advantage():
-            a, b = self._coefficients(group.reward_tensor(), self.eps)
-            if self._final is None:
-                self._final = self._store.zeros_on_device()
-            group.fold_into(self._final, self._store, a, b)
+        """All verdicts known: a_g, b_g are fixed, so move the group's sums into the step's gradient."""
+        if group.has_sums and not group.zero_advantage(self.objective):
+            a, b = group.coefficients(self.objective)
+            group.fold_into(self._final_buffer(), self._store, a, b)
             group.direct += 1
         group.drop(self._store)
 
     def _maybe_close(self, gid: Hashable, group: GroupSums) -> None:
         if not group.complete():
             return
+        kept = group.kept()
         rewards = group.reward_tensor()
-        if not group.zero_advantage():
-            a, b = self._coefficients(rewards, self.eps)
-            self._objective += sum((a * group.rewards[t] + b) * group.scores[t] for t in group.members)
-        del self._groups[gid]
-        self._folded.append(
-            GroupStat(gid, len(group.members), float(rewards.mean()), float(rewards.std(correction=0)))
+        a, b = group.coefficients(self.objective)
+        self._objective += sum((a * group.rewards[t] + b) * group.scores[t] for t in kept)
+        self._independent += sum(group.independent.get(t, 0.0) for t in kept)
+        self._totals = self._totals + BatchTotals(
+            groups=float(bool(kept)),
+            sequences=float(len(kept)),
+            tokens=sum(group.tokens.get(t, 0.0) for t in kept),
+            reward_count=float(len(kept)),
+            reward_sum=float(rewards.sum()),
+            reward_sq_sum=float((rewards**2).sum()),
         )
+        del self._groups[gid]
+        mean = float(rewards.mean()) if kept else 0.0
+        std = float(rewards.std(correction=0)) if kept else 0.0
+        self._folded.append(GroupStat(gid, len(kept), mean, std, len(group.dropped)))
 
     def _describe_open(self) -> str:
         parts = []
         for gid, g in self._groups.items():
             no_reward = [t for t in g.members if t not in g.rewards]
-            no_logprob = [t for t in g.members if t not in g.scores]
+            no_logprob = [t for t in g.kept() if t not in g.scores]
             parts.append(f"group {gid!r} misses rewards of {no_reward} and logprobs of {no_logprob}")
         return "; ".join(parts) + ". Deliver the missing events or abort_group() the groups that cannot finish."
-
-
-def _advantage_of(acc: StreamingGRPO, group: GroupSums, reward: float) -> float:
-    if group.zero_advantage():
-        return 0.0
-    a, b = acc._coefficients(group.reward_tensor(), acc.eps)
-    return a * reward + b

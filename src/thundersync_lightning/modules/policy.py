@@ -1,28 +1,37 @@
 """``GRPOPolicy``: a Hugging Face causal LM as a LightningModule the strategy can stream.
 
 Notation: trajectory i is tokens x_1..x_T with a scored mask m_t (policy-generated tokens);
-the score is
+the learner's per-token log-probabilities are
 
-    S_i = sum_t w_t * m_t * log softmax(z_{t-1} / T)[x_t]
+    l_t = log softmax(z_{t-1} / T)[x_t]   at scored t
 
-with z the logits, T the sampling temperature (the engine reports logprobs of the same
-temperature-scaled distribution, so S_i matches the sampler) and w_t = 1 (``token_weighting="sum"``)
-or 1/|scored| (``"mean"``). The GRPO loss of a complete batch of N groups is
-L = -(1/N) sum_g sum_i A_i S_i. :meth:`trajectory_logprobs` is the one hook the strategy calls;
-:meth:`training_step` computes L itself so the module also trains under stock strategies.
+with z the logits and T the sampling temperature (the engine reports logprobs of the same
+temperature-scaled distribution). :meth:`score_tokens` is the one hook the strategy calls: it
+returns l (and, when the objective asks, entropies and the reference policy's log-probabilities)
+as :class:`~thundersync_lightning.core.TokenScores`; the module's
+:class:`~thundersync_lightning.core.Objective` (``objective=``, saved with the checkpoint) turns
+them into the loss in every mode. :meth:`training_step` computes the same loss in one expression
+so the module also trains under stock strategies.
+
+The reference policy of the KL term is the initial weights: with LoRA the base model with the
+adapters disabled (no copy), otherwise a frozen copy made at construction (``reference_bytes``).
 """
 
 from __future__ import annotations
 
+import copy
+import logging
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor
 from typing_extensions import override
 
-from ..core.estimators import advantages
+from ..core.errors import ConfigError
+from ..core.objective import BatchTotals, Objective
+from ..core.terms import TokenScores, engine_logprobs, reference_loss, trajectory_terms
 from ..core.types import ModelSpec, Trajectory
 from ..rollout.models import build_model
 from ..strategy.plan import RolloutPlan
@@ -30,6 +39,14 @@ from .collect import collect_batch
 from .lora import LoraSettings, apply_lora, merged_state_dict
 
 __all__ = ["GRPOPolicy", "TINY_QWEN3"]
+
+log = logging.getLogger(__name__)
+
+_MOVED = {
+    "estimator": "objective.estimator",
+    "eps": "objective.eps",
+    "token_weighting": "objective.loss_agg ('seq-mean-token-mean' divides each sequence by its scored tokens)",
+}
 
 #: A tiny random Qwen3 (head_dim 64 so vLLM accepts it too); the toy task overrides vocab_size.
 TINY_QWEN3: dict[str, Any] = {
@@ -54,9 +71,10 @@ class GRPOPolicy(LightningModule):
         pretrained_path: a local directory to load instead (``from_pretrained``, offline).
         dtype: parameter dtype.
         lr, weight_decay, betas: AdamW.
-        temperature: sampling temperature (the score uses the same one).
-        token_weighting: ``sum`` or ``mean`` over scored tokens.
-        estimator, eps: the advantage estimator used by :meth:`training_step` (stock strategies).
+        temperature: sampling temperature (the score uses the same one; the engine's must match).
+        objective: the training objective: an :class:`~thundersync_lightning.core.Objective`, a
+            preset name (``thundersync``, ``verl``, ``trl``) or a mapping of its fields (``preset``
+            allowed). Every mode of the strategy trains exactly this objective.
         lora: optional LoRA settings (peft); then only adapters train.
         score_batch_tokens: padded-token budget of one forward in :meth:`trajectory_logprobs`;
             trajectories are sorted by length and packed into micro-batches under it, so a large
@@ -73,20 +91,25 @@ class GRPOPolicy(LightningModule):
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
         temperature: float = 1.0,
-        token_weighting: Literal["sum", "mean"] = "sum",
-        estimator: str = "grpo",
-        eps: float = 1e-6,
+        objective: Objective | str | dict[str, Any] | None = None,
         lora: LoraSettings | None = None,
         score_batch_tokens: int = 8192,
+        **unknown: Any,
     ) -> None:
         super().__init__()
+        problems = []
+        for name in unknown:
+            hint = f"it moved to {_MOVED[name]}" if name in _MOVED else "it is not an option of GRPOPolicy"
+            problems.append(f"{name}={unknown[name]!r}: {hint}")
         if score_batch_tokens < 1:
-            raise ValueError(f"score_batch_tokens must be >= 1, got {score_batch_tokens}")
+            problems.append(f"score_batch_tokens must be >= 1, got {score_batch_tokens}")
         if temperature <= 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        if token_weighting not in ("sum", "mean"):
-            raise ValueError(f"token_weighting must be 'sum' or 'mean', got {token_weighting!r}")
-        self.save_hyperparameters()
+            problems.append(f"temperature must be > 0, got {temperature}")
+        if problems:
+            raise ConfigError("GRPOPolicy: " + "; ".join(problems))
+        self._objective = Objective.of(objective)
+        self.save_hyperparameters(ignore=["objective", "unknown"])
+        self.hparams["objective"] = self._objective.to_dict()  # plain data in hparams and checkpoints
         self._spec = ModelSpec(
             model_type=model_type,
             config=dict(TINY_QWEN3 if config is None else config),
@@ -95,6 +118,27 @@ class GRPOPolicy(LightningModule):
         )
         model = build_model(self._spec).train()
         self.model = apply_lora(model, lora) if lora is not None else model
+        self.reference: torch.nn.Module | None = None
+        if self._objective.needs_reference and lora is None:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+            log.info("KL reference policy: a frozen copy of the initial weights (%d bytes)", self.reference_bytes)
+
+    @property
+    def objective(self) -> Objective:
+        """What every mode of the strategy minimises (saved in hparams and checkpoints)."""
+        return self._objective
+
+    @property
+    def has_reference_policy(self) -> bool:
+        """The initial weights are available for the KL term (adapters off, or a frozen copy)."""
+        return self.hparams.lora is not None or self.reference is not None
+
+    @property
+    def reference_bytes(self) -> int:
+        """Memory held by the frozen reference copy (0 with LoRA: the base model serves)."""
+        if self.reference is None:
+            return 0
+        return sum(t.numel() * t.element_size() for t in self.reference.state_dict().values())
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -108,11 +152,15 @@ class GRPOPolicy(LightningModule):
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     # ------------------------------------------------------------------ scores and loss
-    def trajectory_logprobs(self, trajectories: Sequence[Trajectory]) -> Tensor:
-        """S_i for each trajectory, shape (n,), with a graph to the trainable parameters.
+    def score_tokens(
+        self, trajectories: Sequence[Trajectory], *, entropy: bool = False, reference: bool = False
+    ) -> TokenScores:
+        """Per-token log-probabilities of every scored token, shape (n, L), a graph to the trainable
+        parameters; with ``entropy`` the per-position entropies (graph), with ``reference`` the
+        reference policy's log-probabilities (no graph).
 
         Trajectories are scored in length-sorted micro-batches of at most ``score_batch_tokens``
-        padded tokens; the result is in the order given.
+        padded tokens; rows come back in the order given, right-padded to the longest.
         """
         order = sorted(range(len(trajectories)), key=lambda i: len(trajectories[i].tokens))
         budget = self.hparams.score_batch_tokens
@@ -122,54 +170,88 @@ class GRPOPolicy(LightningModule):
                 chunks[-1].append(i)
             else:
                 chunks.append([i])
-        scores = [self._score_padded([trajectories[i] for i in chunk]) for chunk in chunks]
-        flat = torch.cat(scores)
+        parts = [self._score_padded([trajectories[i] for i in chunk], entropy, reference) for chunk in chunks]
+        width = max(p[0].shape[1] for p in parts)
+
+        def cat(k: int) -> Tensor | None:
+            if parts[0][k] is None:
+                return None
+            return torch.cat([torch.nn.functional.pad(p[k], (0, width - p[k].shape[1])) for p in parts])
+
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor([i for chunk in chunks for i in chunk])] = torch.arange(len(order))
-        return flat[inverse.to(flat.device)]
+        inverse = inverse.to(self.device)
+        picked = [cat(k) for k in range(4)]
+        lp, mask, ent, ref = (t[inverse] if t is not None else None for t in picked)
+        return TokenScores(lp, mask.bool(), ent, ref)  # type: ignore[union-attr,arg-type]
 
-    def _score_padded(self, trajectories: Sequence[Trajectory]) -> Tensor:
-        """One right-padded forward over ``trajectories``: (n,) scores."""
+    def _score_padded(
+        self, trajectories: Sequence[Trajectory], entropy: bool, reference: bool
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """One right-padded forward over ``trajectories``: (n, L-1) logprobs, mask, entropy, reference."""
         n = len(trajectories)
         length = max(len(t.tokens) for t in trajectories)
         ids = torch.zeros((n, length), dtype=torch.long)
         attention = torch.zeros((n, length), dtype=torch.long)
-        scored = torch.zeros((n, length), dtype=torch.float32)
+        scored = torch.zeros((n, length), dtype=torch.bool)
         for row, t in enumerate(trajectories):
             tokens = t.tokens
             ids[row, : len(tokens)] = torch.tensor(tokens)
             attention[row, : len(tokens)] = 1
-            scored[row, : len(tokens)] = torch.tensor(t.scored_mask, dtype=torch.float32)
+            scored[row, : len(tokens)] = torch.tensor(t.scored_mask, dtype=torch.bool)
         ids, attention, scored = ids.to(self.device), attention.to(self.device), scored.to(self.device)
+        target = ids[:, 1:]
         logits = self.model(input_ids=ids, attention_mask=attention).logits  # (n, L, V)
+        lp, z = self._token_logprobs(logits, target)  # (n, L-1), (n, L-1, V)
+        ent = None
+        if entropy:
+            ent = torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1)  # (n, L-1)
+        ref = None
+        if reference:
+            ref = self._reference_logprobs(ids, attention, target)
+        return lp, scored[:, 1:], ent, ref
+
+    def _token_logprobs(self, logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
         z = logits[:, :-1]  # predicts tokens 1..L-1
         z = z.to(torch.promote_types(z.dtype, torch.float32)) / self.hparams.temperature
-        target = ids[:, 1:]
-        token_logprobs = z.gather(-1, target.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)  # (n, L-1)
-        weights = scored[:, 1:]
-        if self.hparams.token_weighting == "mean":
-            weights = weights / weights.sum(-1, keepdim=True).clamp_min(1.0)
-        return (token_logprobs * weights).sum(-1)
+        lp = z.gather(-1, target.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
+        return lp, z
+
+    @torch.no_grad()
+    def _reference_logprobs(self, ids: Tensor, attention: Tensor, target: Tensor) -> Tensor:
+        if self.reference is not None:
+            logits = self.reference(input_ids=ids, attention_mask=attention).logits
+        elif self.hparams.lora is not None:
+            with self.model.disable_adapter():
+                logits = self.model(input_ids=ids, attention_mask=attention).logits
+        else:
+            raise ConfigError(
+                "the objective has kl_coef != 0 but this GRPOPolicy was built without a reference policy; "
+                "construct it with the objective (the reference copy is made at construction)"
+            )
+        return self._token_logprobs(logits, target)[0]
+
+    def trajectory_logprobs(self, trajectories: Sequence[Trajectory]) -> Tensor:
+        """S_i = sum of each trajectory's scored-token logprobs, shape (n,) (a convenience)."""
+        scores = self.score_tokens(trajectories)
+        return (scores.logprobs * scores.mask).sum(-1)
 
     def grpo_loss(
         self,
         trajectories: Sequence[Trajectory],
         rewards: Sequence[float],
-        num_groups: int,
-        estimator: str | None = None,
-        eps: float | None = None,
+        failed: Sequence[bool] | None = None,
+        totals: BatchTotals | None = None,
     ) -> Tensor:
-        """L = -(1/N) sum_g sum_i A_i S_i over a complete batch (one forward, one backward)."""
-        estimator = estimator or self.hparams.estimator
-        eps = self.hparams.eps if eps is None else eps
-        by_group: dict[str, list[int]] = {}
-        for i, t in enumerate(trajectories):
-            by_group.setdefault(t.group_id, []).append(i)
-        adv = torch.zeros(len(trajectories), dtype=torch.float64)
-        for members in by_group.values():
-            adv[members] = advantages([rewards[i] for i in members], estimator, eps)
-        scores = self.trajectory_logprobs(trajectories)
-        return -(adv.to(scores.device, scores.dtype) * scores).sum() / max(num_groups, 1)
+        """The objective's L over a complete batch in one expression (one forward, one backward).
+
+        ``totals``: the global counts under data parallelism (default: this batch's own).
+        """
+        obj = self._objective
+        scores = self.score_tokens(trajectories, entropy=obj.needs_entropy, reference=obj.needs_reference)
+        engine = engine_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
+        terms = trajectory_terms(obj, scores, engine)
+        return reference_loss(obj, terms, [t.group_id for t in trajectories], rewards, failed, totals)
 
     @override
     def training_step(self, batch: RolloutPlan, batch_idx: int) -> Tensor:
@@ -177,7 +259,7 @@ class GRPOPolicy(LightningModule):
         trajectories, rewards = collect_batch(
             batch, self.global_step, self.weights_for_engine(), self.global_rank, self.trainer.world_size
         )
-        return self.grpo_loss(trajectories, rewards, len({t.group_id for t in trajectories}))
+        return self.grpo_loss(trajectories, rewards)
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -12,7 +12,7 @@ the engine. Example (LightningCLI)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from ..core.errors import ConfigError
 from ..core.protocols import TaskSource
@@ -37,7 +37,8 @@ class EmbeddedEngineConfig:
     Attributes:
         temperature: sampling temperature T > 0; reported logprobs are ``log_softmax(z / T)``,
             so the learner must divide its logits by the same T.
-        top_p: nucleus mass in (0, 1] (truncates sampling only, not the reported logprobs).
+        top_p: nucleus mass in (0, 1]; reported logprobs are those of the truncated distribution,
+            which the learner does not score: top_p < 1 needs the objective's importance correction.
         num_threads: torch intra-op threads of the generation process (keep the learner's cores).
         env_workers: threads for environment calls and verdicts. Verdicts that only wait
             (simulated latency, sandbox subprocesses) need one thread each while waiting.
@@ -116,6 +117,9 @@ class TraceReplayEngineConfig:
             slot from its start until its reward is known. None: unlimited. With B*G slots a
             batch issued early (async mode) only starts as the previous batch's tail frees slots.
     """
+
+    #: trace replays carry no engine logprobs (no importance correction, no on-policy check)
+    provides_logprobs: ClassVar[bool] = False
 
     source: Literal["trace", "lognormal", "pareto"] = "trace"
     trace: str = "paper_tail"

@@ -61,7 +61,10 @@ def sample_from_logprobs(logprobs: Tensor, uniforms: Tensor, top_p: float = 1.0)
         top_p: kept probability mass, 0 < top_p <= 1.
 
     Returns:
-        tokens (B,) int64 and their logprobs (B,) float32 under the untruncated distribution.
+        tokens (B,) int64 and their logprobs (B,) float32 under the distribution actually sampled:
+        with ``top_p < 1`` the truncated, renormalised one, log(p_y / kept mass) (as vLLM's
+        ``processed_logprobs``), so the learner's importance correction and on-policy check see
+        the truncation.
     """
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
@@ -77,4 +80,7 @@ def sample_from_logprobs(logprobs: Tensor, uniforms: Tensor, top_p: float = 1.0)
     kept = (sorted_probs > 0).sum(dim=-1, keepdim=True) - 1
     pos = torch.minimum(pos, kept)
     tokens = order.gather(-1, pos).squeeze(-1)  # (B,)
-    return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    chosen = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)  # (B,)
+    if top_p < 1.0:
+        chosen = chosen - torch.log(cdf[:, -1]).to(chosen.dtype)
+    return tokens, chosen

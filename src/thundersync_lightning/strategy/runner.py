@@ -5,8 +5,9 @@ it and never idles while work exists. Trajectories whose content and reward are 
 scored and backpropagated in buckets that share one backward (one group and one reward value,
 or every trajectory of fully rewarded groups: ``StreamingGRPO.add_logprobs``); when nothing else is
 ready, a trajectory whose reward is still pending is backpropagated alone and its gradient held.
-The learner waits only when no work is left. Sync: events are only collected; the caller runs one
-backward of the full loss after the last one (the synchronous baseline).
+The learner waits only when no work is left. Sync (``defer=True``): the learner does nothing until
+the last event, then the same accumulator processes the whole batch (every reward known: the
+direct path), so every mode trains the same objective through the same code.
 
 The runner measures what the learner did: busy intervals (scoring/backward, folds), waiting
 (everything else), the open-group count over time and each trajectory's staleness.
@@ -20,17 +21,16 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-import torch
-
 from ..core.errors import EngineError, GroupError, UnknownTrajectoryError
 from ..core.snapshot import PolicySnapshot
 from ..core.streaming import StreamingGRPO
+from ..core.terms import TokenScores, engine_logprobs
 from ..core.types import ContentReady, RewardReady, RolloutEvent, RolloutRequest, Trajectory
 from .stats import Interval, RolloutProgress, TrajectoryRecord
 
 __all__ = ["StepRunner", "StepOutcome"]
 
-ScoreFn = Callable[[Sequence[Trajectory]], torch.Tensor]
+ScoreFn = Callable[[Sequence[Trajectory]], TokenScores]
 
 
 @dataclass
@@ -72,8 +72,9 @@ class StepRunner:
         request: this rank's share of the step.
         snapshot: the policy being updated; staleness = its version - the rollout's version.
         allowed_staleness: 0 in streaming/sync, 1 in async; a larger one raises StalenessError.
-        accumulator: the step's StreamingGRPO (None in sync mode: events are only collected).
-        score: ``trajectory_logprobs`` of the policy: S_i with a graph to the parameters.
+        accumulator: the step's StreamingGRPO.
+        score: the policy's per-token scores (``score_tokens`` with the objective's needs).
+        defer: do no learner work before the event stream ends (the synchronous baseline).
         progress: called with a RolloutProgress at most every ``progress_interval_s`` and at the end.
     """
 
@@ -82,13 +83,15 @@ class StepRunner:
         request: RolloutRequest,
         snapshot: PolicySnapshot,
         allowed_staleness: int,
-        accumulator: StreamingGRPO | None,
+        accumulator: StreamingGRPO,
         score: ScoreFn,
         progress: Callable[[RolloutProgress], None] | None = None,
         progress_interval_s: float = 0.2,
         max_batch_trajectories: int = 32,
         clock: Callable[[], float] = time.monotonic,
+        defer: bool = False,
     ) -> None:
+        self.defer = defer
         self.max_batch = max(1, max_batch_trajectories)
         self._waiting: dict[str, None] = {}  # admitted groups' content not yet backpropagated (ordered)
         self.request = request
@@ -115,8 +118,8 @@ class StepRunner:
         ended = False
         while True:
             if not ended:
-                ended = self._drain(inbox, block=not self._has_work())
-            worked = self._work(inbox_empty=inbox.empty()) if self.acc is not None else False
+                ended = self._drain(inbox, block=not self._has_work(ended))
+            worked = self._work(inbox_empty=inbox.empty()) if ended or not self.defer else False
             self._report(final=False)
             if ended and not worked:
                 break
@@ -136,12 +139,14 @@ class StepRunner:
             item = _get_nowait(inbox)
         return False
 
-    def _has_work(self) -> bool:
-        return self.acc is not None and bool(self._waiting)
+    def _has_work(self, ended: bool) -> bool:
+        return bool(self._waiting) and (ended or not self.defer)
 
     def _work(self, inbox_empty: bool) -> bool:
         """One unit of learner work; False when there was none."""
-        assert self.acc is not None
+        dropped = [t for t in self._waiting if self._is_dropped(t)]
+        for t in dropped:  # a failed verdict under failed="drop": never scored
+            del self._waiting[t]
         ready = [t for t in self._waiting if t in self.outcome.rewards]
         if ready:
             buckets: dict[object, list[str]] = {}
@@ -158,14 +163,17 @@ class StepRunner:
             if pending is not None:
                 self._backward([pending])
                 return True
-        return False
+        return bool(dropped)
+
+    def _is_dropped(self, tid: str) -> bool:
+        return self.acc.objective.failed == "drop" and tid in self.outcome.failures
 
     def _backward(self, tids: list[str]) -> None:
-        assert self.acc is not None
         start = self.clock()
         trajectories = [self.outcome.trajectories[t] for t in tids]
         scores = self.score(trajectories)
-        self.acc.add_logprobs(tids, scores)
+        engine = engine_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
+        self.acc.add_tokens(tids, scores, engine)
         for t in tids:
             del self._waiting[t]
         self.outcome.learner_tokens += sum(len(t.tokens) for t in trajectories)
@@ -186,8 +194,6 @@ class StepRunner:
             self._on_content(event)
         else:
             self._on_reward(event)
-        if self.acc is None:
-            return
         if gid not in self._admitted and not self._admit(gid):
             self._deferred.setdefault(gid, []).append(event)
             return
@@ -209,7 +215,6 @@ class StepRunner:
             self.outcome.failures[event.trajectory_id] = event.failure
 
     def _admit(self, gid: str) -> bool:
-        assert self.acc is not None
         limit = self.acc.max_open_groups
         if limit is not None and len(self.acc.open_groups) >= limit:
             return False
@@ -220,17 +225,15 @@ class StepRunner:
 
     def _apply(self, event: RolloutEvent) -> None:
         """Hand an admitted group's event to the accumulator (content waits for the learner)."""
-        assert self.acc is not None
         if isinstance(event, ContentReady):
             self._waiting[event.trajectory.trajectory_id] = None
             return
         start = self.clock()
-        self.acc.add_reward(event.trajectory_id, event.reward)
+        self.acc.add_reward(event.trajectory_id, event.reward, failed=event.failure is not None)
         self.outcome.busy.append(Interval(start, self.clock(), "fold"))
         self._after_change()
 
     def _after_change(self) -> None:
-        assert self.acc is not None
         if len(self.acc.open_groups) != (self.outcome.open_groups[-1][1] if self.outcome.open_groups else -1):
             self._mark_open_groups()
             self._drain_deferred()
@@ -244,7 +247,6 @@ class StepRunner:
                 self._apply(event)
 
     def _mark_open_groups(self) -> None:
-        assert self.acc is not None
         self.outcome.open_groups.append((self.clock(), len(self.acc.open_groups)))
 
     # ------------------------------------------------------------------ end of stream
@@ -276,7 +278,7 @@ class StepRunner:
                 trajectories_total=self.request.num_trajectories,
                 content_ready=len(self.outcome.trajectories),
                 reward_ready=len(self.outcome.rewards),
-                open_groups=len(self.acc.open_groups) if self.acc is not None else 0,
+                open_groups=len(self.acc.open_groups),
                 elapsed_seconds=elapsed,
                 idle_seconds=max(0.0, elapsed - busy),
             )

@@ -72,6 +72,10 @@ class StepStats:
     learner_tokens: int = 0  # tokens the learner ran forward+backward on this rank this step
     loss: float = 0.0  # the global surrogate loss -(1/N) sum A_i S_i
     rollout_issued_at: float | None = None  # when the step's rollout was requested (may precede step_start)
+    # on-policy check over every rank's scored tokens (None: the engine reported no logprobs)
+    logprob_diff_mean: float | None = None  # mean |logp_engine - logp_learner|
+    logprob_diff_max: float | None = None  # max |logp_engine - logp_learner|
+    engine_learner_kl: float | None = None  # k3 estimate of KL(engine || learner) per token
 
     @property
     def wall_seconds(self) -> float:

@@ -1,0 +1,304 @@
+"""The training objective, defined once: every mode and every path reads it from here.
+
+Notation: a step trains on trajectories i in groups g. Trajectory i has reward r_i, scored
+tokens t = 1..T_i with learner log-probabilities l_it (a graph to theta), engine (sampling)
+log-probabilities e_it, reference log-probabilities q_it and entropies H_it. Failed rollouts are
+either kept with reward 0 (``failed="zero"``) or removed from their group and from every count
+(``failed="drop"``); G_g is the number of kept members.
+
+    A_i   = (a_g r_i + b_g) * s                       advantage, affine in r_i per group
+    w_it  = importance weight from exp(l_it - e_it)   detached (1 without correction)
+    k_i   = 1 | 1/T_i | 1/norm_tokens                 per-sequence factor of ``loss_agg``
+    S_i   = k_i sum_t w_it l_it                       reward-weighted score
+    R_i   = k_i sum_t (entropy_coef H_it - kl_coef KL_k(l_it, q_it))   reward-independent
+    L     = -(1/D) sum_i (A_i S_i + R_i)
+
+with D the global number of groups (``group-sum``), sequences (``seq-mean-*``) or scored tokens
+(``token-mean``), all counted over every rank, and s = 1 except for ``scale="batch"`` where
+s = 1/(std of all kept rewards of the step + eps): a global scalar known at the barrier, applied
+to the folded sums there, which keeps streaming exact. At ratio 1 (one update per batch) PPO
+clipping is inert and grad L is the GRPO policy gradient of verl and TRL for the matching
+settings (see ``docs/objective.md``).
+
+Advantages (float64, kept members of one group, mu = mean, sigma = std with ``std``'s divisor):
+
+- ``grpo``: (r - mu) / (sigma + eps) for ``scale="group"``, r - mu for ``"none"``, and
+  (r - mu) * s for ``"batch"``; any other estimator gives its own (a_g, b_g) (times s for batch).
+- all kept rewards equal (G >= 2): A = 0 exactly. G = 1: ``singleton="zero"`` gives A = 0,
+  ``"reward"`` uses mu = 0, sigma = 1 (verl): A = r/(1+eps) for grpo/group, else r (times s).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any, Literal
+
+import torch
+
+from .errors import ConfigError
+from .estimators import available_estimators, get_estimator
+
+__all__ = [
+    "Objective",
+    "BatchTotals",
+    "LossAgg",
+    "ISCorrection",
+    "PRESETS",
+]
+
+Std = Literal["population", "sample"]
+Scale = Literal["group", "batch", "none"]
+LossAgg = Literal["group-sum", "seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+Singleton = Literal["zero", "reward"]
+KLEstimator = Literal["k1", "k2", "k3"]
+ISCorrection = Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+Failed = Literal["zero", "drop"]
+
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "std": ("population", "sample"),
+    "scale": ("group", "batch", "none"),
+    "loss_agg": ("group-sum", "seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+    "singleton": ("zero", "reward"),
+    "kl_estimator": ("k1", "k2", "k3"),
+    "is_correction": ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
+    "failed": ("zero", "drop"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BatchTotals:
+    """Counts of one step that set the normaliser D and the batch scale (sum over ranks).
+
+    ``reward_*`` are moments of the kept rewards (for ``scale="batch"``).
+    """
+
+    groups: float = 0.0
+    sequences: float = 0.0
+    tokens: float = 0.0
+    reward_count: float = 0.0
+    reward_sum: float = 0.0
+    reward_sq_sum: float = 0.0
+
+    def as_tensor(self) -> torch.Tensor:
+        return torch.tensor([getattr(self, f.name) for f in fields(self)], dtype=torch.float64)
+
+    @staticmethod
+    def from_tensor(t: torch.Tensor) -> BatchTotals:
+        return BatchTotals(*(float(v) for v in t.tolist()))
+
+    def __add__(self, other: BatchTotals) -> BatchTotals:
+        return BatchTotals(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+
+@dataclass(frozen=True, slots=True)
+class Objective:
+    """What a step minimises (see the module docstring for the formula).
+
+    Args:
+        estimator: advantage estimator (``grpo``, ``drgrpo``, ``rloo`` or a registered one).
+        std: ``population`` (divide by G) or ``sample`` (G-1, ``torch.std``: verl, TRL).
+        eps: std guard.
+        scale: ``group`` (per-group std), ``batch`` (std of every kept reward of the step, all
+            ranks), ``none`` (no std division; grpo becomes Dr. GRPO).
+        loss_agg: the normaliser D and per-sequence factor (verl's ``loss_agg_mode`` names, plus
+            ``group-sum``: divide by the number of groups).
+        norm_tokens: the constant of ``seq-mean-token-sum-norm`` (Dr. GRPO / TRL ``dr_grpo``:
+            the maximum completion length).
+        singleton: advantage of a group of one kept trajectory: ``zero`` or ``reward`` (verl).
+        kl_coef, kl_estimator: KL to the reference policy (the initial weights); k1 = l - q,
+            k2 = (l - q)^2 / 2, k3 = exp(q - l) - (q - l) - 1 (verl ``low_var_kl``).
+        entropy_coef: entropy bonus.
+        is_correction, is_cap: importance weights from exp(l - e) (TRL semantics): ``token_*``
+            per token, ``sequence_*`` one weight exp(sum_t (l - e)) per sequence; ``truncate``
+            clamps at ``is_cap``, ``mask`` zeroes weights above it. Applied to the reward term.
+        failed: ``zero`` (a failed rollout trains with its reward, 0) or ``drop`` (it leaves its
+            group's baseline and every count; exact, since nothing of it is folded before its
+            verdict).
+    """
+
+    estimator: str = "grpo"
+    std: Std = "population"
+    eps: float = 1e-6
+    scale: Scale = "group"
+    loss_agg: LossAgg = "group-sum"
+    norm_tokens: float | None = None
+    singleton: Singleton = "zero"
+    kl_coef: float = 0.0
+    kl_estimator: KLEstimator = "k3"
+    entropy_coef: float = 0.0
+    is_correction: ISCorrection = "none"
+    is_cap: float = 3.0
+    failed: Failed = "zero"
+
+    def __post_init__(self) -> None:
+        problems = []
+        object.__setattr__(self, "estimator", str(getattr(self.estimator, "value", self.estimator)).lower())
+        if self.estimator not in available_estimators():
+            problems.append(
+                f"unknown advantage estimator {self.estimator!r}; valid names: {', '.join(available_estimators())} "
+                "(register your own with thundersync_lightning.core.register_estimator)"
+            )
+        for name, choices in _CHOICES.items():
+            if getattr(self, name) not in choices:
+                problems.append(f"{name}={getattr(self, name)!r} is not one of {choices}")
+        for name in ("eps", "kl_coef", "entropy_coef"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                problems.append(f"{name} must be a finite number >= 0, got {value!r}")
+        if not (isinstance(self.is_cap, (int, float)) and self.is_cap > 0):
+            problems.append(f"is_cap must be > 0, got {self.is_cap!r}")
+        if self.loss_agg == "seq-mean-token-sum-norm":
+            if self.norm_tokens is None or not self.norm_tokens > 0:
+                problems.append(
+                    "loss_agg='seq-mean-token-sum-norm' needs norm_tokens > 0 (the constant of Dr. GRPO, "
+                    f"e.g. the maximum completion length), got {self.norm_tokens!r}"
+                )
+        elif self.norm_tokens is not None:
+            problems.append(f"norm_tokens is only used by loss_agg='seq-mean-token-sum-norm', not {self.loss_agg!r}")
+        if problems:
+            raise ConfigError("invalid Objective: " + "; ".join(problems))
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def preset(name: str, **overrides: Any) -> Objective:
+        """``thundersync`` (the defaults), ``verl`` (verl 0.9 GRPO) or ``trl`` (TRL 1.16 GRPOTrainer)."""
+        try:
+            base = PRESETS[str(name).lower()]
+        except KeyError:
+            raise ConfigError(f"unknown objective preset {name!r}; valid presets: {', '.join(PRESETS)}") from None
+        return replace(base, **overrides) if overrides else base
+
+    @staticmethod
+    def of(value: Objective | str | Mapping[str, Any] | None) -> Objective:
+        """An Objective from itself, a preset name, a mapping of fields (``preset`` allowed) or None."""
+        if value is None:
+            return Objective()
+        if isinstance(value, Objective):
+            return value
+        if isinstance(value, str):
+            return Objective.preset(value)
+        if isinstance(value, Mapping):
+            data = dict(value)
+            unknown = sorted(set(data) - {f.name for f in fields(Objective)} - {"preset"})
+            if unknown:
+                valid = ", ".join(f.name for f in fields(Objective))
+                raise ConfigError(f"unknown Objective field(s) {unknown}; valid fields: preset, {valid}")
+            preset = data.pop("preset", None)
+            return Objective.preset(preset, **data) if preset is not None else Objective(**data)
+        raise ConfigError(f"an objective must be an Objective, a preset name or a mapping, got {type(value).__name__}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    # ------------------------------------------------------------------ what it needs
+    @property
+    def needs_engine_logprobs(self) -> bool:
+        return self.is_correction != "none"
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.kl_coef != 0
+
+    @property
+    def needs_entropy(self) -> bool:
+        return self.entropy_coef != 0
+
+    @property
+    def has_independent_terms(self) -> bool:
+        """Whether R_i (KL, entropy) exists: reward-independent gradient added on arrival."""
+        return self.needs_reference or self.needs_entropy
+
+    @property
+    def needs_token_detail(self) -> bool:
+        """False when S_i = sum of scored-token logprobs and D needs no token count."""
+        return (
+            self.loss_agg not in ("group-sum", "seq-mean-token-sum")
+            or self.is_correction != "none"
+            or self.has_independent_terms
+        )
+
+    # ------------------------------------------------------------------ advantages
+    def coefficients(self, rewards: torch.Tensor) -> tuple[float, float]:
+        """(a_g, b_g) of one group from its kept rewards (float64, shape (G,)), before the batch scale.
+
+        Zero for an all-equal group of G >= 2 and for a singleton under ``singleton="zero"``.
+        """
+        g = rewards.numel()
+        if g == 0:
+            return 0.0, 0.0
+        grpo = self.estimator == "grpo"
+        if g == 1:
+            if self.singleton == "zero":
+                return 0.0, 0.0
+            return (1.0 / (1.0 + self.eps) if grpo and self.scale == "group" else 1.0), 0.0
+        if bool((rewards == rewards[0]).all()):
+            return 0.0, 0.0
+        if grpo:
+            mu = float(rewards.mean())
+            if self.scale != "group":
+                return 1.0, -mu
+            sigma = float(rewards.std(correction=self._correction))
+            return 1.0 / (sigma + self.eps), -mu / (sigma + self.eps)
+        return get_estimator(self.estimator)(rewards, self.eps)
+
+    def advantages(self, rewards: torch.Tensor, batch_scale: float = 1.0) -> torch.Tensor:
+        """A_i of one group's kept rewards (the slow path the stream is tested against)."""
+        r = torch.as_tensor(rewards, dtype=torch.float64)
+        a, b = self.coefficients(r)
+        if a == 0.0 and b == 0.0:
+            return torch.zeros_like(r)
+        return (a * r + b) * batch_scale
+
+    @property
+    def _correction(self) -> int:
+        return 1 if self.std == "sample" else 0
+
+    def batch_scale(self, totals: BatchTotals) -> float:
+        """s: 1/(std of every kept reward of the step + eps) for ``scale="batch"``, else 1."""
+        if self.scale != "batch":
+            return 1.0
+        n = totals.reward_count
+        if n - self._correction <= 0:
+            return 1.0 / (1.0 + self.eps) if n > 0 else 1.0
+        mean = totals.reward_sum / n
+        var = max(0.0, (totals.reward_sq_sum - n * mean * mean) / (n - self._correction))
+        return 1.0 / (math.sqrt(var) + self.eps)
+
+    # ------------------------------------------------------------------ normalisation
+    def sequence_factor(self, tokens: torch.Tensor) -> torch.Tensor:
+        """k_i from each sequence's scored-token count (shape (n,), float)."""
+        if self.loss_agg == "seq-mean-token-mean":
+            return torch.where(tokens > 0, 1.0 / tokens.clamp_min(1.0), torch.zeros_like(tokens))
+        if self.loss_agg == "seq-mean-token-sum-norm":
+            assert self.norm_tokens is not None
+            return torch.full_like(tokens, 1.0 / self.norm_tokens)
+        return torch.ones_like(tokens)
+
+    def denominator(self, totals: BatchTotals) -> float:
+        """D: groups, sequences or scored tokens of the whole step (0 when nothing was kept)."""
+        if self.loss_agg == "group-sum":
+            return totals.groups
+        if self.loss_agg == "token-mean":
+            return totals.tokens
+        return totals.sequences
+
+
+PRESETS: dict[str, Objective] = {
+    "thundersync": Objective(),
+    # verl 0.9: GRPO advantage with torch.std (G-1) and eps 1e-6, token-mean aggregation, a group of
+    # one gets mean 0 / std 1, KL loss and entropy off by default.
+    "verl": Objective(estimator="grpo", std="sample", eps=1e-6, loss_agg="token-mean", singleton="reward"),
+    # TRL 1.16 GRPOTrainer: scale_rewards="group" (std with G-1, eps 1e-4), loss_type="dapo" (token
+    # mean over the global batch), beta 0, vLLM IS correction "sequence_mask" with cap 3.
+    "trl": Objective(
+        estimator="grpo",
+        std="sample",
+        eps=1e-4,
+        scale="group",
+        loss_agg="token-mean",
+        is_correction="sequence_mask",
+        is_cap=3.0,
+    ),
+}

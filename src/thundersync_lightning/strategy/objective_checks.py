@@ -1,0 +1,80 @@
+"""Start-up checks that the learner scores the distribution the engine samples from.
+
+The update is the on-policy gradient only if the learner's per-token log-probabilities are
+those of the sampling distribution: same temperature, no truncation (top_p/top_k) the learner
+does not apply, and the objective's needs met (engine logprobs for importance correction, a
+reference policy for KL). Each mismatch is a :class:`ConfigError` found before any rollout
+starts, unless the user opted into importance correction, which reweights the sampled tokens by
+exp(l - e) (then a warning). At run time the strategy measures the same thing per step
+(``StepStats.engine_learner_kl``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..core.objective import Objective
+
+__all__ = ["check_objective", "module_objective"]
+
+log = logging.getLogger(__name__)
+
+
+def module_objective(module: Any) -> Objective:
+    """The LightningModule's objective (``module.objective``); the defaults when it has none."""
+    objective = getattr(module, "objective", None)
+    return Objective.of(objective) if objective is not None else Objective()
+
+
+def check_objective(module: Any, data: Any) -> list[str]:
+    """Problems that make the objective untrainable with this module and engine (warnings logged)."""
+    objective = module_objective(module)
+    problems = []
+    if objective.needs_reference and not getattr(module, "has_reference_policy", False):
+        problems.append(
+            f"objective.kl_coef={objective.kl_coef} needs a reference policy, and {type(module).__name__} has "
+            "none (has_reference_policy is false): set kl_coef=0 or give the module a reference policy"
+        )
+    engine = getattr(data, "engine_factory", None)
+    if engine is None:
+        return problems
+    if objective.needs_engine_logprobs and getattr(engine, "provides_logprobs", True) is False:
+        problems.append(
+            f"objective.is_correction={objective.is_correction!r} needs the engine's sampling logprobs, and "
+            f"{type(engine).__name__} reports none: use is_correction='none' or an engine that reports them"
+        )
+    mismatches = _sampling_mismatches(module, engine)
+    if mismatches:
+        what = "; ".join(mismatches)
+        if objective.is_correction == "none":
+            problems.append(
+                f"the learner would score another distribution than the engine samples from ({what}): the "
+                "update would not be the on-policy gradient. Make the engine's sampling match the policy "
+                "(same temperature, top_p=1, top_k off), or opt into importance correction "
+                "(objective.is_correction='token_truncate' or another mode) to reweight the sampled tokens"
+            )
+        else:
+            log.warning(
+                "the engine samples from another distribution than the learner scores (%s); "
+                "objective.is_correction=%r reweights the sampled tokens by exp(logp_learner - logp_engine)",
+                what,
+                objective.is_correction,
+            )
+    return problems
+
+
+def _sampling_mismatches(module: Any, engine: Any) -> list[str]:
+    hparams = getattr(module, "hparams", {})
+    learner_t = hparams.get("temperature") if hasattr(hparams, "get") else None
+    engine_t = getattr(engine, "temperature", None)
+    found = []
+    if learner_t is not None and engine_t is not None and float(learner_t) != float(engine_t):
+        found.append(f"engine temperature {engine_t} vs policy temperature {learner_t}")
+    top_p = getattr(engine, "top_p", None)
+    if top_p is not None and float(top_p) < 1.0:
+        found.append(f"engine top_p={top_p} < 1 truncates sampling")
+    top_k = getattr(engine, "top_k", None)
+    if top_k is not None and int(top_k) > 0:
+        found.append(f"engine top_k={top_k} truncates sampling")
+    return found

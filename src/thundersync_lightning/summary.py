@@ -2,7 +2,8 @@
 
 Keys (fixed: scripts and outside checks read them): ``mode``, ``steps``, ``reward_mean_first``,
 ``reward_mean_last`` (mean reward over the first / last ``reward_window_steps`` steps),
-``staleness_max``, ``learner_idle_fraction`` (idle seconds / step seconds, summed over steps),
+``staleness_max``, ``engine_learner_kl_max`` (the largest per-step k3 estimate of
+KL(engine || learner) over scored tokens; null without engine logprobs), ``learner_idle_fraction`` (idle seconds / step seconds, summed over steps),
 ``wall_seconds`` (the whole fit), plus ``step_seconds_median``, ``trajectories`` and
 ``reward_window_steps``. Run ``python -m thundersync_lightning.summary DIR/summary.json`` to print it.
 """
@@ -47,6 +48,9 @@ def summarize(stats: list[StepStats], mode: str, wall_seconds: float, window: in
         "learner_idle_fraction": max(0.0, total - busy) / total if total > 0 else 0.0,
         "step_seconds_median": statistics.median(s.wall_seconds for s in stats) if stats else 0.0,
         "trajectories": sum(len(s.trajectories) for s in stats),
+        "engine_learner_kl_max": max(
+            (s.engine_learner_kl for s in stats if s.engine_learner_kl is not None), default=None
+        ),
         "wall_seconds": wall_seconds,
     }
 
@@ -94,6 +98,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  mean reward            {num(summary['reward_mean_first'], '.3f')} (first {summary.get('reward_window_steps', 1)} steps)"
         f" -> {num(summary['reward_mean_last'], '.3f')} (last)",
         f"  staleness max          {summary['staleness_max']}",
+        f"  engine-learner KL max  {num(summary.get('engine_learner_kl_max'), '.2e')}",
         f"  learner idle fraction  {summary['learner_idle_fraction']:.1%}",
         f"  median step            {summary.get('step_seconds_median', 0.0):.3f} s",
         f"  wall time              {summary['wall_seconds']:.1f} s",

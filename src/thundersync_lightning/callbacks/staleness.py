@@ -6,6 +6,13 @@ gradient silently mixed an older policy's samples into an on-policy update, so b
 monitor raises :class:`~thundersync_lightning.core.errors.StalenessError`. ``async`` mode is one
 step off-policy on purpose (staleness 1): the monitor only records it.
 
+Staleness 0 is a statement about version numbers; the monitor also checks the distributions: per
+step it logs ``train/logprob_diff_mean`` and ``train/logprob_diff_max`` (|logp_engine -
+logp_learner| over scored tokens) and ``train/engine_learner_kl`` (the k3 estimate of KL(engine ||
+learner)), all from the forward the learner already runs and reduced over ranks by the strategy.
+With ``require_zero`` a KL above ``kl_tolerance`` fails the step too (a temperature, top-p, dtype
+or weight-sync mismatch the version numbers cannot show).
+
 .. warning:: Statistics exist once the step's optimizer update is done, so the error is raised at
    the end of the step that used the stale trajectory, before Lightning's ``ModelCheckpoint``
    (which runs after the other callbacks) can save its weights. Every rank reduces the counts
@@ -23,6 +30,12 @@ from typing_extensions import override
 
 from thundersync_lightning.callbacks._common import StepReducer, StepStatsReader, log_step_metrics
 from thundersync_lightning.core.errors import StalenessError
+
+ON_POLICY_KEYS = {
+    "train/logprob_diff_mean": "logprob_diff_mean",
+    "train/logprob_diff_max": "logprob_diff_max",
+    "train/engine_learner_kl": "engine_learner_kl",
+}
 from thundersync_lightning.strategy.stats import StepStats, TrajectoryRecord
 
 __all__ = ["StalenessMonitor"]
@@ -44,11 +57,16 @@ class StalenessMonitor(Callback):
         require_zero: raise at the first stale trajectory; ``None`` means True in ``streaming``
             and ``sync`` modes and False in ``async`` (read from each step's ``StepStats.mode``).
         max_bucket: the last histogram bucket, which collects every staleness >= it.
+        kl_tolerance: with ``require_zero``, the largest per-token KL(engine || learner) accepted
+            (float noise between two implementations of one distribution is ~1e-7 or below).
     """
 
-    def __init__(self, require_zero: bool | None = None, max_bucket: int = 2) -> None:
+    def __init__(self, require_zero: bool | None = None, max_bucket: int = 2, kl_tolerance: float = 1e-3) -> None:
         if max_bucket < 1:
             raise ValueError(f"max_bucket must be >= 1, got {max_bucket}")
+        if not kl_tolerance >= 0:
+            raise ValueError(f"kl_tolerance must be >= 0, got {kl_tolerance}")
+        self.kl_tolerance = kl_tolerance
         self.require_zero = require_zero
         self.max_bucket = max_bucket
         kinds = {
@@ -69,7 +87,7 @@ class StalenessMonitor(Callback):
     @property
     def metric_keys(self) -> list[str]:
         """Every key this monitor logs."""
-        return [*self._reducer.names]
+        return [*self._reducer.names, *ON_POLICY_KEYS]
 
     @property
     def last_metrics(self) -> dict[str, float]:
@@ -104,9 +122,23 @@ class StalenessMonitor(Callback):
         # reduce on every rank before raising, so that all ranks raise together (no rank is left
         # waiting in a collective for one that stopped)
         self._last = r.compute()
+        for key, attr in ON_POLICY_KEYS.items():
+            value = getattr(stats, attr)
+            if value is not None:
+                self._last[key] = float(value)
         log_step_metrics(pl_module, self._last)
         if self.requires_zero(stats.mode) and self._last["train/stale_trajectories_count"] > 0:
             raise StalenessError(self._message(stats))
+        kl = stats.engine_learner_kl
+        if self.requires_zero(stats.mode) and kl is not None and kl > self.kl_tolerance:
+            raise StalenessError(
+                f"step {stats.step}: the engine sampled from another distribution than the learner scores: "
+                f"KL(engine || learner) = {kl:.3e} per token (max |logp difference| {stats.logprob_diff_max:.3e}) "
+                f"> kl_tolerance={self.kl_tolerance}. The update is not the on-policy gradient. Check that the "
+                "engine's temperature/top_p/top_k and dtype match the policy and that weights reach the engine, "
+                "or raise kl_tolerance / use StalenessMonitor(require_zero=False) with the objective's "
+                "importance correction."
+            )
 
     def _message(self, stats: StepStats) -> str:
         first: TrajectoryRecord | None = min(

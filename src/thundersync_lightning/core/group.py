@@ -36,6 +36,7 @@ class GroupSums:
     independent: dict[Hashable, float] = field(default_factory=dict)  # R_i values, for the objective
     tokens: dict[Hashable, float] = field(default_factory=dict)  # scored-token counts
     dropped: set[Hashable] = field(default_factory=set)  # failed members removed from the group
+    scored_dropped: set[Hashable] = field(default_factory=set)  # dropped members whose content came
     by_reward: dict[float, torch.Tensor] = field(default_factory=dict)  # <= 2 distinct reward values
     g1: torch.Tensor | None = None  # sum (r_i - shift) grad S_i, after collapse
     g2: torch.Tensor | None = None  # sum grad S_i, after collapse

@@ -129,6 +129,7 @@ class StreamingGRPO:
         self._skipped = 0
         self._final: torch.Tensor | None = None  # s-scaled at the barrier
         self._final_independent: torch.Tensor | None = None  # only under scale="batch"
+        self._dropped_closed: dict[Hashable, bool] = {}  # dropped members of closed groups -> content seen
         self._spent = False
         self._versions = [p._version for p in self._params]
         self._store.reset_counters()
@@ -168,6 +169,8 @@ class StreamingGRPO:
 
     def needs_score(self, trajectory_id: Hashable) -> bool:
         """False for a trajectory already dropped (failed verdict, ``failed="drop"``): skip its forward."""
+        if trajectory_id in self._dropped_closed:
+            return False
         gid, group = self._group_of(trajectory_id)
         return trajectory_id not in group.dropped
 
@@ -229,6 +232,8 @@ class StreamingGRPO:
         held_r = group.held_independent.pop(trajectory_id, None)
         if failed and self.objective.failed == "drop":
             group.dropped.add(trajectory_id)
+            if trajectory_id in group.scores:
+                group.scored_dropped.add(trajectory_id)
             group.scores.pop(trajectory_id, None)
             group.independent.pop(trajectory_id, None)
             self._store.release(held, held_r)
@@ -288,6 +293,18 @@ class StreamingGRPO:
     def _add(self, ids: list[Hashable], terms: TrajectoryTerms) -> None:
         if len(set(ids)) != len(ids):
             raise DuplicateEventError(f"add_tokens got a trajectory id twice: {ids}")
+        late = [i for i, tid in enumerate(ids) if tid in self._dropped_closed]
+        for i in late:  # dropped after a failed verdict, its group already closed: counts nowhere
+            if self._dropped_closed[ids[i]]:
+                raise DuplicateEventError(f"trajectory {ids[i]!r} already has a logprob")
+        if late:
+            for i in late:
+                self._dropped_closed[ids[i]] = True
+                self._skipped += 1
+            keep = [i for i in range(len(ids)) if i not in set(late)]
+            if not keep:
+                return
+            ids, terms = [ids[i] for i in keep], _select(terms, keep)
         owners = []
         for tid in ids:
             gid, group = self._group_of(tid)
@@ -308,6 +325,9 @@ class StreamingGRPO:
         touched: set[int] = set()
         for i, (tid, (gid, group)) in enumerate(zip(ids, owners)):
             if tid in group.dropped:
+                if tid in group.scored_dropped:
+                    raise DuplicateEventError(f"trajectory {tid!r} already has a logprob")
+                group.scored_dropped.add(tid)
                 self._skipped += 1
                 continue
             r_term = indep[i] if indep is not None else None
@@ -518,6 +538,8 @@ class StreamingGRPO:
             reward_sq_sum=float((rewards**2).sum()),
         )
         del self._groups[gid]
+        for t in group.dropped:
+            self._dropped_closed[t] = t in group.scored_dropped
         mean = float(rewards.mean()) if kept else 0.0
         std = float(rewards.std(correction=0)) if kept else 0.0
         self._folded.append(GroupStat(gid, len(kept), mean, std, len(group.dropped)))
@@ -529,3 +551,10 @@ class StreamingGRPO:
             no_logprob = [t for t in g.kept() if t not in g.scores]
             parts.append(f"group {gid!r} misses rewards of {no_reward} and logprobs of {no_logprob}")
         return "; ".join(parts) + ". Deliver the missing events or abort_group() the groups that cannot finish."
+
+
+def _select(terms: TrajectoryTerms, rows: list[int]) -> TrajectoryTerms:
+    """The terms of a subset of a scored batch (the on-policy statistics stay whole)."""
+    index = torch.tensor(rows, device=terms.score.device)
+    independent = terms.independent[index] if terms.independent is not None else None
+    return TrajectoryTerms(terms.score[index], independent, terms.tokens[index.to(terms.tokens.device)], terms.on_policy)

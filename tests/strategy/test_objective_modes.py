@@ -1,0 +1,126 @@
+"""Every mode trains the module's objective; the on-policy check measures what staleness cannot."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch import Callback
+
+from thundersync_lightning.callbacks import StalenessMonitor
+from thundersync_lightning.core import ConfigError, Objective, StalenessError
+from thundersync_lightning.envs.toy import GuessingGameTasks
+from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
+from thundersync_lightning.rollout import EmbeddedEngineConfig, TraceReplayEngineConfig
+from thundersync_lightning.strategy import ThunderSyncStrategy
+
+from ._fit import TOY_MODEL, RecordSteps
+
+
+class GradientAtBarrier(Callback):
+    """The gradient the optimizer is about to apply, per step (before clipping)."""
+
+    def __init__(self) -> None:
+        self.grads: list[torch.Tensor] = []
+
+    def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
+        ps = [p for p in pl_module.parameters() if p.requires_grad]
+        self.grads.append(torch.cat([p.grad.detach().reshape(-1).clone() for p in ps]))
+
+
+def _fit(mode: str, objective: Any, steps: int = 2, engine: Any = None, callbacks=(), temperature=1.0):
+    L.seed_everything(0)
+    policy = GRPOPolicy(config=TOY_MODEL, objective=objective, temperature=temperature)
+    grads, record = GradientAtBarrier(), RecordSteps()
+    trainer = L.Trainer(
+        strategy=ThunderSyncStrategy(mode=mode),
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[grads, record, *callbacks],
+    )
+    data = RolloutDataModule(
+        tasks=GuessingGameTasks(latency="none"),
+        engine=engine or EmbeddedEngineConfig(num_threads=1, env_workers=4),
+        group_size=4,
+        groups_per_step=4,
+        seed=0,
+    )
+    trainer.fit(policy, data)
+    return grads.grads, record.steps
+
+
+OBJECTIVES = {
+    "rloo-token-mean-kl-entropy": Objective(
+        estimator="rloo", loss_agg="token-mean", kl_coef=0.1, entropy_coef=0.01, singleton="reward"
+    ),
+    "trl-batch-drop": Objective.preset("trl", scale="batch", failed="drop", kl_coef=0.05, kl_estimator="k2"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_streaming_and_sync_apply_the_same_gradient_of_the_modules_objective(name):
+    streaming, steps = _fit("streaming", OBJECTIVES[name])
+    sync, _ = _fit("sync", OBJECTIVES[name])
+    assert len(streaming) == len(sync) == 2
+    for a, b in zip(streaming, sync):
+        assert float(b.norm()) > 0
+        assert float((a - b).norm() / b.norm()) <= 1e-5
+    default, _ = _fit("sync", Objective())
+    assert float((default[0] - sync[0]).norm() / sync[0].norm()) > 1e-3  # the objective is not ignored
+
+
+def test_the_embedded_engine_samples_what_the_learner_scores():
+    _, steps = _fit("streaming", Objective(), callbacks=[StalenessMonitor(require_zero=True)])
+    for s in steps:
+        assert s.engine_learner_kl is not None and s.engine_learner_kl < 1e-6
+        assert s.logprob_diff_max is not None and s.logprob_diff_max < 1e-4
+
+
+def test_a_temperature_mismatch_is_refused_before_any_rollout():
+    engine = EmbeddedEngineConfig(num_threads=1, env_workers=4, temperature=1.5)
+    with pytest.raises(ConfigError, match="engine temperature 1.5 vs policy temperature 1.0"):
+        _fit("streaming", Objective(), engine=engine)
+
+
+def test_a_top_p_engine_is_refused_unless_importance_correction_is_on_and_then_the_gap_is_measured():
+    engine = EmbeddedEngineConfig(num_threads=1, env_workers=4, top_p=0.7)
+    with pytest.raises(ConfigError, match=r"top_p=0.7 < 1 truncates sampling.*is_correction"):
+        _fit("streaming", Objective(), engine=engine)
+    _, steps = _fit("streaming", Objective(is_correction="token_truncate"), steps=1, engine=engine)
+    assert steps[0].engine_learner_kl > 1e-3  # the truncation shows in the measured KL
+
+
+def test_a_temperature_mismatch_let_through_fails_the_kl_check_of_the_staleness_monitor():
+    engine = EmbeddedEngineConfig(num_threads=1, env_workers=4, temperature=2.0)
+    with pytest.raises(StalenessError, match="KL\\(engine \\|\\| learner\\)"):
+        _fit(
+            "streaming",
+            Objective(is_correction="token_mask"),
+            steps=1,
+            engine=engine,
+            callbacks=[StalenessMonitor(require_zero=True)],
+        )
+
+
+def test_importance_correction_without_engine_logprobs_is_refused_before_any_rollout():
+    engine = TraceReplayEngineConfig(time_scale_s=0.001)
+    with pytest.raises(ConfigError, match="is_correction='sequence_mask' needs the engine's sampling logprobs"):
+        _fit("streaming", "trl", engine=engine)
+
+
+def test_kl_on_a_module_without_a_reference_policy_is_refused():
+    from thundersync_lightning.strategy.objective_checks import check_objective
+
+    class NoReference:
+        objective = Objective(kl_coef=0.1)
+        has_reference_policy = False
+
+    assert any("needs a reference policy" in p for p in check_objective(NoReference(), None))
+    assert GRPOPolicy(config=TOY_MODEL, objective=Objective(kl_coef=0.1)).has_reference_policy

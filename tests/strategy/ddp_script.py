@@ -11,11 +11,19 @@ from thundersync_lightning.strategy import ThunderSyncStrategy
 
 if __name__ == "__main__":
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
-    from tests.strategy._fit import RecordSteps, flat, toy_data, toy_policy
+    from tests.strategy._fit import TOY_MODEL, RecordSteps, flat, toy_data
+
+    from thundersync_lightning.core import Objective
+    from thundersync_lightning.modules import GRPOPolicy
 
     out, devices, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    objectives = {
+        "default": Objective(),
+        # every global quantity at once: token counts, the batch reward std, KL against the reference
+        "global": Objective(loss_agg="token-mean", scale="batch", std="sample", kl_coef=0.05),
+    }
     L.seed_everything(0)
-    policy = toy_policy()
+    policy = GRPOPolicy(config=TOY_MODEL, objective=objectives[sys.argv[4] if len(sys.argv) > 4 else "default"])
     record = RecordSteps()
     trainer = L.Trainer(
         strategy=ThunderSyncStrategy(mode=mode),

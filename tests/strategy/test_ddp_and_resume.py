@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -15,11 +16,11 @@ from ._fit import fit, relative
 SCRIPT = Path(__file__).with_name("ddp_script.py")
 
 
-def _run(tmp_path: Path, devices: int, mode: str = "streaming") -> dict:
-    out = tmp_path / f"params-{devices}.pt"
+def _run(tmp_path: Path, devices: int, mode: str = "streaming", objective: str = "default") -> dict:
+    out = tmp_path / f"params-{devices}-{objective}.pt"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(out), str(devices), mode],
+        [sys.executable, str(SCRIPT), str(out), str(devices), mode, objective],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -30,9 +31,10 @@ def _run(tmp_path: Path, devices: int, mode: str = "streaming") -> dict:
     return torch.load(out)
 
 
-def test_two_gloo_processes_give_the_parameters_of_one_process(tmp_path):
-    one = _run(tmp_path, 1)
-    two = _run(tmp_path, 2)
+@pytest.mark.parametrize("objective", ["default", "global"])
+def test_two_gloo_processes_give_the_parameters_of_one_process(tmp_path, objective):
+    one = _run(tmp_path, 1, objective=objective)
+    two = _run(tmp_path, 2, objective=objective)
     assert two["world_size"] == 2
     # each rank trains its own half of the 4 groups (8 of the 16 trajectories)
     assert two["trajectories_per_step"] == [8, 8, 8]

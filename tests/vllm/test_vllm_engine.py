@@ -186,3 +186,29 @@ def test_a_half_loaded_model_refuses_to_generate_until_a_complete_publish(engine
 def test_a_version_older_than_the_published_one_is_refused(engine):
     with pytest.raises(EngineError, match="must not go"):
         engine.publish(MODELS.A.state_dict(), engine.version - 1)
+
+
+def _on_policy_kl(model, trajs, temperature: float) -> float:
+    """The learner-side on-policy statistic (core.trajectory_terms) for vLLM's trajectories."""
+    from thundersync_lightning.core import Objective, TokenScores, engine_logprobs, trajectory_terms
+
+    rows = list(trajs.values())
+    width = max(len(t.tokens) for t in rows) - 1
+    lp = torch.zeros(len(rows), width, dtype=torch.float32)
+    mask = torch.zeros(len(rows), width, dtype=torch.bool)
+    with torch.no_grad():
+        for i, t in enumerate(rows):
+            ids = torch.tensor([t.tokens])
+            logp = torch.log_softmax(model(ids).logits[0].float() / temperature, dim=-1)[:-1]  # (L-1, V)
+            lp[i, : len(t.tokens) - 1] = logp.gather(1, ids[0, 1:, None]).squeeze(1)
+            mask[i, : len(t.tokens) - 1] = torch.tensor(t.scored_mask[1:])
+    scores = TokenScores(lp, mask)
+    terms = trajectory_terms(Objective(), scores, engine_logprobs(rows, mask, torch.float32))
+    assert terms.on_policy.tokens == sum(t.num_scored_tokens for t in rows)
+    return terms.on_policy.kl
+
+
+def test_the_measured_engine_learner_kl_is_zero_on_policy_and_catches_a_temperature_mismatch(engine):
+    trajs, _, _ = collect(engine.rollout(request(step=0, groups={0: 4, 1: 4})))
+    assert _on_policy_kl(MODELS.A, trajs, TEMPERATURE) < 1e-6
+    assert _on_policy_kl(MODELS.A, trajs, TEMPERATURE * 1.5) > 1e-3

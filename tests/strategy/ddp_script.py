@@ -12,7 +12,6 @@ from thundersync_lightning.strategy import ThunderSyncStrategy
 if __name__ == "__main__":
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[2]))
     from tests.strategy._fit import TOY_MODEL, RecordSteps, flat, toy_data
-
     from thundersync_lightning.core import Objective
     from thundersync_lightning.modules import GRPOPolicy
 

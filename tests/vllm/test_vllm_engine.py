@@ -10,7 +10,7 @@ import torch
 from thundersync_lightning.core.errors import EngineError
 from thundersync_lightning.core.types import ContentReady, GroupRequest, RewardReady, RolloutRequest, group_id
 
-from .tasks import OBS, STOP, Task, make_learner, reference_logprobs
+from .tasks import OBS, STOP, TEMPERATURE, Task, make_learner, reference_logprobs
 
 pytestmark = pytest.mark.vllm
 

@@ -30,15 +30,15 @@ from typing_extensions import override
 
 from thundersync_lightning.callbacks._common import StepReducer, StepStatsReader, log_step_metrics
 from thundersync_lightning.core.errors import StalenessError
+from thundersync_lightning.strategy.stats import StepStats, TrajectoryRecord
+
+__all__ = ["StalenessMonitor"]
 
 ON_POLICY_KEYS = {
     "train/logprob_diff_mean": "logprob_diff_mean",
     "train/logprob_diff_max": "logprob_diff_max",
     "train/engine_learner_kl": "engine_learner_kl",
 }
-from thundersync_lightning.strategy.stats import StepStats, TrajectoryRecord
-
-__all__ = ["StalenessMonitor"]
 
 log = logging.getLogger(__name__)
 

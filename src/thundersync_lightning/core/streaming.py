@@ -53,9 +53,10 @@ from .errors import (
 from .group import GroupSums
 from .objective import BatchTotals, Objective
 from .report import GroupStat, StreamingReport
+from .routing import plan_backward
 from .storage import ByteUsage, GradientStore, Offload
 from .terms import OnPolicyStats, TokenScores, TrajectoryTerms, trajectory_terms
-from .validation import check_scalar, finite_reward, finite_score
+from .validation import check_scalar, finite_reward
 
 __all__ = ["StreamingGRPO", "StreamingReport", "GroupStat"]
 
@@ -297,72 +298,26 @@ class StreamingGRPO:
         for i in late:  # dropped after a failed verdict, its group already closed: counts nowhere
             if self._dropped_closed[ids[i]]:
                 raise DuplicateEventError(f"trajectory {ids[i]!r} already has a logprob")
+        keep = [i for i in range(len(ids)) if i not in set(late)]
+        rows = [ids[i] for i in keep]
         if late:
-            for i in late:
-                self._dropped_closed[ids[i]] = True
-                self._skipped += 1
-            keep = [i for i in range(len(ids)) if i not in set(late)]
-            if not keep:
-                return
-            ids, terms = [ids[i] for i in keep], _select(terms, keep)
-        owners = []
-        for tid in ids:
-            gid, group = self._group_of(tid)
-            if tid in group.scores:
-                raise DuplicateEventError(f"trajectory {tid!r} already has a logprob")
-            owners.append((gid, group))
-        score = terms.score
-        indep = terms.independent
-        values = [finite_score(tid, score[i]) for i, tid in enumerate(ids)]
-        indep_values = [finite_score(tid, indep[i]) for i, tid in enumerate(ids)] if indep is not None else None
-        batch = self.objective.scale == "batch"
-        drop = self.objective.failed == "drop"
-        direct: list[torch.Tensor] = []  # -> the step's gradient (s-scaled)
-        direct_r: list[torch.Tensor] = []  # -> the step's gradient, unscaled (batch scale only)
-        buckets: dict[tuple[Hashable, float], list[int]] = {}
-        held: list[int] = []
-        held_r: list[int] = []
-        touched: set[int] = set()
-        for i, (tid, (gid, group)) in enumerate(zip(ids, owners)):
-            if tid in group.dropped:
-                if tid in group.scored_dropped:
-                    raise DuplicateEventError(f"trajectory {tid!r} already has a logprob")
-                group.scored_dropped.add(tid)
-                self._skipped += 1
-                continue
-            r_term = indep[i] if indep is not None else None
-            if group.all_rewards_known():
-                a, b = group.coefficients(self.objective)
-                adv = a * group.rewards[tid] + b
-                if adv != 0.0:
-                    direct.append(score[i] * adv)
-                    touched.add(i)
-                elif r_term is None:
-                    self._skipped += 1
-            elif group.zero_advantage(self.objective):
-                self._skipped += r_term is None
-            elif tid in group.rewards:
-                buckets.setdefault((gid, group.rewards[tid]), []).append(i)
-            else:
-                held.append(i)
-            if r_term is not None:
-                if drop and tid not in group.rewards:
-                    held_r.append(i)
-                else:
-                    (direct_r if batch else direct).append(r_term)
-                    touched.add(i)
+            terms = _select(terms, keep)
+        owners = [self._group_of(tid) for tid in rows]
+        plan = plan_backward(self.objective, rows, owners, terms)
         jobs: list[tuple[str, object, torch.Tensor]] = []
-        if direct:
-            jobs.append(("direct", None, torch.stack(direct).sum()))
-        if direct_r:
-            jobs.append(("direct_r", None, torch.stack(direct_r).sum()))
-        for key, rows in buckets.items():
-            jobs.append(("sum", key, score[rows].sum()))
-        jobs += [("held", ids[i], score[i]) for i in held]
-        jobs += [("held_r", ids[i], indep[i]) for i in held_r]  # type: ignore[index]
-        label = ids[0] if len(ids) == 1 else f"{len(ids)} trajectories"
+        if plan.direct:
+            jobs.append(("direct", None, torch.stack(plan.direct).sum()))
+        if plan.direct_independent:
+            jobs.append(("direct_r", None, torch.stack(plan.direct_independent).sum()))
+        jobs += [("sum", key, terms.score[r].sum()) for key, r in plan.buckets.items()]
+        jobs += [("held", rows[i], terms.score[i]) for i in plan.held]
+        jobs += [("held_r", rows[i], terms.independent[i]) for i in plan.held_independent]  # type: ignore[index]
+        label = rows[0] if len(rows) == 1 else f"{len(rows)} trajectories"
         grads = [self._grad(label, t, retain=k < len(jobs) - 1) for k, (_, _, t) in enumerate(jobs)]
         # every check passed and every backward ran: now change state
+        for i in late:
+            self._dropped_closed[ids[i]] = True
+        self._skipped += len(late) + plan.skipped
         for (kind, key, _), g in zip(jobs, grads):
             if kind == "direct":
                 self._add_grads(self._final_buffer(), g)
@@ -375,15 +330,16 @@ class StreamingGRPO:
                 self._groups[self._owner[key]].held[key] = self._store.flatten(g)
             else:
                 self._groups[self._owner[key]].held_independent[key] = self._store.flatten(g)
-        for i in touched:
+        for i in plan.touched:
             owners[i][1].direct += 1
-        for i, (tid, (_, group)) in enumerate(zip(ids, owners)):
+        for i, (tid, (_, group)) in enumerate(zip(rows, owners)):
             if tid in group.dropped:
+                group.scored_dropped.add(tid)
                 continue
-            group.scores[tid] = values[i]
+            group.scores[tid] = plan.scores[i]
             group.tokens[tid] = float(terms.tokens[i])
-            if indep_values is not None:
-                group.independent[tid] = indep_values[i]
+            if plan.independent is not None:
+                group.independent[tid] = plan.independent[i]
         self._on_policy = self._on_policy + terms.on_policy
         for gid, group in {id(g): (gid, g) for gid, g in owners}.values():
             if gid in self._groups:
@@ -555,6 +511,6 @@ class StreamingGRPO:
 
 def _select(terms: TrajectoryTerms, rows: list[int]) -> TrajectoryTerms:
     """The terms of a subset of a scored batch (the on-policy statistics stay whole)."""
-    index = torch.tensor(rows, device=terms.score.device)
+    index = torch.tensor(rows, dtype=torch.long, device=terms.score.device)
     independent = terms.independent[index] if terms.independent is not None else None
     return TrajectoryTerms(terms.score[index], independent, terms.tokens[index.to(terms.tokens.device)], terms.on_policy)

@@ -1,0 +1,88 @@
+"""Where each scored trajectory's gradient goes: the backward passes of one ``add_tokens`` call.
+
+For trajectory i of open group g (notation of :mod:`~thundersync_lightning.core.streaming`):
+
+- every verdict of g known: A_i is known, so A_i S_i goes to the step's gradient (*direct*);
+- its own reward known, others pending: S_i joins the sum of its (group, reward) *bucket*;
+- its reward pending: grad S_i is *held* apart until the reward arrives;
+- a dropped member (failed verdict, ``failed="drop"``): nothing;
+- R_i goes to the step's gradient at once (one backward with the direct terms; a separate one
+  when the batch scale s must not touch it), or is held until the verdict under ``failed="drop"``.
+
+Everything that ends in the same place shares one backward. Planning only reads state: it raises
+on a duplicate before anything changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import DuplicateEventError
+from .group import GroupSums
+from .objective import Objective
+from .terms import TrajectoryTerms
+from .validation import finite_score
+
+__all__ = ["BackwardPlan", "plan_backward"]
+
+
+@dataclass
+class BackwardPlan:
+    """Row indices and scalar terms of one scored batch, by destination."""
+
+    scores: list[float]  # S_i values (checked finite)
+    independent: list[float] | None  # R_i values
+    direct: list[torch.Tensor] = field(default_factory=list)  # -> step gradient (s-scaled)
+    direct_independent: list[torch.Tensor] = field(default_factory=list)  # -> step gradient, unscaled
+    buckets: dict[tuple[Hashable, float], list[int]] = field(default_factory=dict)
+    held: list[int] = field(default_factory=list)
+    held_independent: list[int] = field(default_factory=list)
+    touched: set[int] = field(default_factory=set)  # rows that reach the step gradient now
+    skipped: int = 0  # rows that need no backward at all
+
+
+def plan_backward(
+    objective: Objective,
+    ids: Sequence[Hashable],
+    owners: Sequence[tuple[Hashable, GroupSums]],
+    terms: TrajectoryTerms,
+) -> BackwardPlan:
+    score, indep = terms.score, terms.independent
+    for tid, (_, group) in zip(ids, owners):
+        if tid in group.scores or tid in group.scored_dropped:
+            raise DuplicateEventError(f"trajectory {tid!r} already has a logprob")
+    plan = BackwardPlan(
+        scores=[finite_score(tid, score[i]) for i, tid in enumerate(ids)],
+        independent=[finite_score(tid, indep[i]) for i, tid in enumerate(ids)] if indep is not None else None,
+    )
+    batch = objective.scale == "batch"
+    drop = objective.failed == "drop"
+    for i, (tid, (gid, group)) in enumerate(zip(ids, owners)):
+        if tid in group.dropped:
+            plan.skipped += 1
+            continue
+        r_term = indep[i] if indep is not None else None
+        if group.all_rewards_known():
+            a, b = group.coefficients(objective)
+            adv = a * group.rewards[tid] + b
+            if adv != 0.0:
+                plan.direct.append(score[i] * adv)
+                plan.touched.add(i)
+            elif r_term is None:
+                plan.skipped += 1
+        elif group.zero_advantage(objective):
+            plan.skipped += r_term is None
+        elif tid in group.rewards:
+            plan.buckets.setdefault((gid, group.rewards[tid]), []).append(i)
+        else:
+            plan.held.append(i)
+        if r_term is not None:
+            if drop and tid not in group.rewards:
+                plan.held_independent.append(i)
+            else:
+                (plan.direct_independent if batch else plan.direct).append(r_term)
+                plan.touched.add(i)
+    return plan

@@ -158,3 +158,28 @@ def test_presets_and_mappings_build_objectives_and_unknown_names_are_rejected():
         Objective.preset("openrlhf")
     with pytest.raises(ConfigError, match=r"unknown Objective field\(s\) \['beta'\]"):
         Objective.of({"beta": 0.1})
+
+
+def test_every_estimator_aggregation_std_scale_singleton_and_failure_setting_streams_exactly():
+    """The full product of the advantage and normalisation settings, with KL, entropy and IS on."""
+    import itertools
+
+    batch = Batch(
+        {"g0": ("a0", "a1", "a2"), "g1": ("b0", "b1"), "g2": ("c0",), "g3": ("d0", "d1")},
+        {"a0": 1.0, "a1": 0.0, "a2": 0.25, "b0": 1.0, "b1": 1.0, "c0": 1.0, "d0": 0.0, "d1": 3.0},
+        {"a0": False, "a1": False, "a2": True, "b0": False, "b1": False, "c0": False, "d0": True, "d1": False},
+    )
+    policy = TokenPolicy(torch.float64, seed=2)
+    events = _random_events(batch, 11)
+    product = itertools.product(
+        ["grpo", "drgrpo", "rloo"], LOSS_AGGS, ["population", "sample"], ["group", "batch", "none"],
+        ["zero", "reward"], ["zero", "drop"],
+    )
+    for est, agg, std, scale, single, failed in product:
+        obj = Objective(
+            estimator=est, loss_agg=agg, std=std, scale=scale, singleton=single, failed=failed,
+            norm_tokens=4.0 if agg.endswith("norm") else None,
+            kl_coef=0.1, entropy_coef=0.02, is_correction="token_mask", is_cap=2.0,
+        )
+        reference = barrier(policy, obj, batch)
+        assert rel(streamed(policy, obj, batch, events), reference) <= 1e-12, obj

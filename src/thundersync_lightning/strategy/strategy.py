@@ -95,6 +95,9 @@ class ThunderSyncStrategy(DDPStrategy):
             published (before Lightning's between-step bookkeeping); staleness stays 0.
         max_batch_trajectories: most trajectories scored in one forward (bounds activation memory).
         progress_interval_s: throttle of ``on_rollout_progress`` callbacks.
+        boundary_cut: run each group's shared prompt forward and backward once instead of once per
+            trajectory (``thundersync_lightning.core.prefix``; same gradient; the module needs
+            ``encode_prefix``).
         **kwargs: Lightning's plumbing (``accelerator``, ``parallel_devices``,
             ``cluster_environment``, ``checkpoint_io``, ``precision_plugin``,
             ``process_group_backend``, ``timeout``, ``start_method``). Options of the DDP *wrapper*
@@ -112,6 +115,7 @@ class ThunderSyncStrategy(DDPStrategy):
         launch_ahead: bool = True,
         max_batch_trajectories: int = 32,
         progress_interval_s: float = 0.2,
+        boundary_cut: bool = False,
         **kwargs: Any,
     ) -> None:
         problems = []
@@ -126,7 +130,7 @@ class ThunderSyncStrategy(DDPStrategy):
                 problems.append(
                     f"{name}={kwargs[name]!r} is not an option of ThunderSyncStrategy (it has no DDP wrapper to "
                     f"pass it to); valid options: mode, offload, max_open_groups, launch_ahead, "
-                    f"max_batch_trajectories, progress_interval_s"
+                    f"max_batch_trajectories, progress_interval_s, boundary_cut"
                 )
         if mode not in _MODES:
             problems.append(f"mode={mode!r} is not one of {_MODES}")
@@ -146,6 +150,7 @@ class ThunderSyncStrategy(DDPStrategy):
         self.launch_ahead = launch_ahead
         self.progress_interval_s = progress_interval_s
         self.max_batch_trajectories = max_batch_trajectories
+        self.boundary_cut = boundary_cut
         self._snapshot: PolicySnapshot | None = None
         self._inflight: dict[int, tuple[Iterator[RolloutEvent], float]] = {}  # step -> (events, issued at)
         self._accumulator: StreamingGRPO | None = None
@@ -202,6 +207,11 @@ class ThunderSyncStrategy(DDPStrategy):
             )
         else:
             problems += check_objective(module, getattr(trainer, "datamodule", None))
+        if self.boundary_cut and not callable(getattr(module, "encode_prefix", None)):
+            problems.append(
+                f"boundary_cut=True needs {type(module).__name__}.encode_prefix(tokens) (and score_tokens(..., "
+                "prefix=)); GRPOPolicy has both"
+            )
         if not module.automatic_optimization:
             problems.append("strategy='thundersync' drives the optimizer itself: use automatic optimization")
         if isinstance(self.precision_plugin, MixedPrecision) and self.precision_plugin.scaler is not None:
@@ -262,9 +272,10 @@ class ThunderSyncStrategy(DDPStrategy):
         acc = self._fresh_accumulator(module, objective)
         request = plan.request(step, self.global_rank, self.world_size)
 
-        def score(trajectories: Any) -> Any:
+        def score(trajectories: Any, prefix: Any = None) -> Any:
+            extra = {"prefix": prefix} if prefix is not None else {}
             return module.score_tokens(
-                trajectories, entropy=objective.needs_entropy, reference=objective.needs_reference
+                trajectories, entropy=objective.needs_entropy, reference=objective.needs_reference, **extra
             )
 
         runner = StepRunner(
@@ -277,6 +288,7 @@ class ThunderSyncStrategy(DDPStrategy):
             progress_interval_s=self.progress_interval_s,
             max_batch_trajectories=self.max_batch_trajectories,
             defer=self.mode == "sync",
+            encode=module.encode_prefix if self.boundary_cut else None,
         )
         with self.precision_plugin.train_step_context():
             outcome = runner.run(events)

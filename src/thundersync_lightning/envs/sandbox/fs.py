@@ -98,7 +98,8 @@ def _mount(path: str, size_bytes: int, inodes: int, mode: int) -> str | None:
 
 
 class BoundedDir:
-    """A directory with a disk and inode budget (a tmpfs of its own) when the host allows it.
+    """The existing, empty directory ``path`` given a disk and inode budget (a tmpfs of its own)
+    when the host allows it; :meth:`remove` removes the directory too.
 
     ``enforced`` says whether the budget holds; ``why_not`` says why it does not. With
     ``require=True`` a host that cannot mount raises :class:`SandboxError` instead.
@@ -106,12 +107,11 @@ class BoundedDir:
 
     def __init__(self, path: str, size_bytes: int, inodes: int, mode: int = 0o711, require: bool = False) -> None:
         self.path = path
-        os.mkdir(path, mode)
-        os.chmod(path, mode)
         self.why_not = _mount(path, size_bytes, inodes, mode)
         self.enforced = self.why_not is None
+        if not self.enforced:
+            os.chmod(path, mode)
         if not self.enforced and require:
-            os.rmdir(path)
             raise SandboxError(f"cannot give {path} a disk/inode budget (tmpfs mount failed: {self.why_not}); "
                                "run as root with CAP_SYS_ADMIN, or allow unbounded workdirs")
 

@@ -29,7 +29,7 @@ def make_box(sandbox_dir: str) -> Iterator:
     """Factory: a BwrapSandbox with small limits, its own uid and an empty workdir."""
     leases = []
 
-    def factory(**limits: float) -> BwrapSandbox:
+    def factory(*, cgroups: bool = True, seccomp: bool = True, **limits: float) -> BwrapSandbox:
         lease = TEST_POOL.acquire()
         leases.append(lease)
         work = os.path.join(sandbox_dir, f"w{lease.uid}")
@@ -38,7 +38,8 @@ def make_box(sandbox_dir: str) -> Iterator:
         defaults = dict(timeout_s=10.0, max_output_bytes=64 * 1024, nproc=64, memory_bytes=512 * 1024**2,
                         fsize_bytes=16 * 1024**2)
         defaults.update(limits)
-        return BwrapSandbox(work, lease.uid, BwrapConfig(limits=SandboxLimits(**defaults)))
+        config = BwrapConfig(limits=SandboxLimits(**defaults), cgroups=cgroups, seccomp=seccomp)
+        return BwrapSandbox(work, lease.uid, config)
 
     yield factory
     for lease in leases:

@@ -200,3 +200,19 @@ def test_a_missing_image_is_an_error_not_a_zero_reward(tmp_path):
     with pytest.raises(SandboxError, match="no-such-image"):
         env.reset()
     env.close()
+
+
+def test_containers_never_pull_get_no_host_proxy_and_have_cpu_memory_and_swap_limits(tmp_path, monkeypatch):
+    from thundersync_lightning.envs.sandbox import ContainerConfig, ContainerSandbox, SandboxLimits
+    from thundersync_lightning.envs.sandbox import container as container_module
+
+    monkeypatch.setattr(container_module, "find_engine", lambda engine="auto": "/usr/bin/podman")
+    config = ContainerConfig(engine="podman", runtime="", memory="1g", limits=SandboxLimits(cpus=1.5, nproc=64))
+    box = ContainerSandbox(str(tmp_path), "localhost/x:y", 4_000_000, config, ro_volumes={"/h/base.git": "/b.git"})
+    argv = box.argv("true", "tsl-test", 10.0)
+    flags = " ".join(argv)
+    for expected in ("--pull=never", "--http-proxy=false", "--cpus 1.5", "--memory 1g", "--memory-swap 1g",
+                     "--pids-limit 64", "--network none", "--cap-drop all", "--read-only",
+                     "-v /h/base.git:/b.git:ro"):
+        assert expected in flags, expected
+    assert argv.index("--pull=never") < argv.index("localhost/x:y")

@@ -231,7 +231,9 @@ class SWEbenchTasks:
         engine: "podman", "docker" or "auto". runtime: podman OCI runtime ("auto": runc if present).
         image_override: one local image for every instance (instead of each row's ``image``).
         tokenizer_path: a local HF tokenizer directory; None = the byte-level codec.
-        memory: container memory limit (e.g. "4g"); nproc: pids limit.
+        memory: container memory limit (e.g. "4g"; swap is not allowed on top); nproc: pids limit;
+            cpus: CPU share of one container.
+        disk_bytes / disk_inodes: the workspace's tmpfs (RAM: the /testbed copies live there).
     """
 
     def __init__(
@@ -247,6 +249,9 @@ class SWEbenchTasks:
         runtime: str = "auto",
         memory: str = "4g",
         nproc: int = 1024,
+        cpus: float = 2.0,
+        disk_bytes: int = 8 * 1024**3,
+        disk_inodes: int = 2_000_000,
         image_override: str | None = None,
         tokenizer_path: str | None = None,
         sandbox_root: str = "/tmp/thundersync-sandboxes",
@@ -259,10 +264,11 @@ class SWEbenchTasks:
         self.max_turns, self.max_action_tokens = max_turns, max_action_tokens
         self.max_observation_bytes = max_observation_bytes
         self.uid_base, self.uid_count = uid_base, uid_count
-        limits = SandboxLimits(timeout_s=command_timeout_s, nproc=nproc)
+        limits = SandboxLimits(timeout_s=command_timeout_s, nproc=nproc, cpus=cpus)
         self.settings = SWEbenchSettings(
             container=ContainerConfig(engine=engine, runtime=runtime, limits=limits, memory=memory),
             root=sandbox_root, eval_timeout_s=eval_timeout_s, image_override=image_override,
+            disk_bytes=disk_bytes, disk_inodes=disk_inodes,
         )
         self.codec: TextCodec = HFTokenizerCodec(tokenizer_path) if tokenizer_path else ByteCodec()
         self._rows: list[dict[str, Any]] | None = None

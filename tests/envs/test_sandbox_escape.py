@@ -393,3 +393,21 @@ def test_closing_a_workspace_with_a_1000_deep_tree_frees_the_directory_and_the_u
     assert not os.path.exists(directory) and ws._lease is None
     again = UidPool(base=uid, size=1).acquire()  # the uid is free for the next sandbox
     again.release()
+
+
+def test_limits_the_host_cannot_enforce_are_named_in_a_warning_or_an_error(monkeypatch, tmp_path, caplog):
+    import logging
+
+    from thundersync_lightning.envs.sandbox import BwrapConfig, BwrapSandbox, SandboxError
+    from thundersync_lightning.envs.sandbox import bwrap as bwrap_module
+    from thundersync_lightning.envs.sandbox.cgroups import CgroupSupport
+
+    why = "/sys/fs/cgroup/x is not writable by us"
+    monkeypatch.setattr(bwrap_module, "probe", lambda: CgroupSupport(0, {}, {c: why for c in ("memory", "pids", "cpu")}))
+    monkeypatch.setattr(bwrap_module, "_warned", set())
+    with pytest.raises(SandboxError, match="not enforced for: memory, pids, cpu"):
+        BwrapSandbox(str(tmp_path), 4_000_000, BwrapConfig(require_kernel_limits=True))
+    with caplog.at_level(logging.WARNING, logger=bwrap_module.__name__):
+        box = BwrapSandbox(str(tmp_path), 4_000_000, BwrapConfig())
+    assert box.cgroup_support is None
+    assert "not enforced for: memory, pids, cpu" in caplog.text and why in caplog.text

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 from thundersync_lightning.envs.sandbox import BwrapConfig, BwrapSandbox, SandboxLimits, chown_tree
+from thundersync_lightning.envs.sandbox.fs import remove_tree
 
 from ._support import TEST_POOL
 
@@ -21,7 +21,7 @@ def sandbox_dir() -> Iterator[str]:
     d = tempfile.mkdtemp(dir=root)
     os.chmod(d, 0o711)
     yield d
-    shutil.rmtree(d, ignore_errors=True)
+    remove_tree(d)
 
 
 @pytest.fixture

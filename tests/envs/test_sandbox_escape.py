@@ -411,3 +411,25 @@ def test_limits_the_host_cannot_enforce_are_named_in_a_warning_or_an_error(monke
         box = BwrapSandbox(str(tmp_path), 4_000_000, BwrapConfig())
     assert box.cgroup_support is None
     assert "not enforced for: memory, pids, cpu" in caplog.text and why in caplog.text
+
+
+def test_a_workspace_left_by_a_killed_learner_is_swept_when_its_uid_is_reused():
+    from thundersync_lightning.envs.code import LocalCodeTasks
+
+    source = LocalCodeTasks(names=["leap_year"], sandbox_root="/tmp/thundersync-test-sandboxes",
+                            uid_base=3_956_000, uid_count=1)
+    dead = source.make_env(source.all_tasks[0], seed=0)
+    dead.reset()
+    stale, uid = dead.workspace._dir, dead.workspace._lease.uid
+    dead.workspace._lease.release()  # what the kernel does to the lease's flock when its holder is killed
+    dead.workspace._lease = None
+    fresh = source.make_env(source.all_tasks[0], seed=0)
+    try:
+        fresh.reset()
+        assert fresh.workspace._lease.uid == uid
+        assert not os.path.exists(stale)
+        with open("/proc/self/mounts") as f:
+            assert f" {stale} " not in f.read()  # its tmpfs (and the RAM it held) is gone too
+    finally:
+        fresh.close()
+        dead.close()  # closing what is already gone does not raise

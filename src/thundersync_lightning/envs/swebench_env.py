@@ -37,7 +37,7 @@ from .code.task import is_protected_path
 from .sandbox.base import RunGuard, SandboxError, SandboxLimits, SandboxResult
 from .sandbox.bwrap import chown_tree
 from .sandbox.container import ContainerConfig, ContainerSandbox, copy_from_image
-from .sandbox.fs import BoundedDir, remove_tree
+from .sandbox.fs import BoundedDir, remove_tree, sweep_stale
 from .sandbox.uids import UidLease, UidPool
 from .swebench_log import contradicted, frame_eval_script, reframe_log
 
@@ -132,7 +132,8 @@ class SWEbenchWorkspace:
         os.makedirs(self.settings.root, mode=0o711, exist_ok=True)
         self._lease = self.pool.acquire()
         try:
-            self._dir = tempfile.mkdtemp(prefix="swe-", dir=self.settings.root)
+            sweep_stale(self.settings.root, f"-u{self._lease.uid}-")  # left by a dead holder of this uid
+            self._dir = tempfile.mkdtemp(prefix=f"swe-u{self._lease.uid}-", dir=self.settings.root)
             self._budget = BoundedDir(self._dir, self.settings.disk_bytes, self.settings.disk_inodes, 0o711,
                                       require=self.settings.require_disk_budget)
             if not self._budget.enforced:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 
 from ..sandbox.base import RunGuard, SandboxError, SandboxLimits, SandboxResult
 from ..sandbox.bwrap import BwrapConfig, BwrapSandbox, bwrap_available, chown_tree
-from ..sandbox.fs import BoundedDir, remove_tree
+from ..sandbox.fs import BoundedDir, remove_tree, sweep_stale
 from ..sandbox.uids import UidLease, UidPool
 from .grading import EvalOutcome, grade_log, runner_log
 from .patches import BASE_GIT_DIR, capture_command, filter_patch
@@ -105,7 +105,8 @@ class LocalWorkspace:
         lease = self.pool.acquire()
         self._lease = lease
         try:
-            self._dir = tempfile.mkdtemp(prefix=f"{self.task.name}-", dir=self.settings.root)
+            sweep_stale(self.settings.root, f"-u{lease.uid}-")  # left by a holder of this uid that died
+            self._dir = tempfile.mkdtemp(prefix=f"{self.task.name}-u{lease.uid}-", dir=self.settings.root)
             self._mount_budget(self._dir)
             agent = os.path.join(self._dir, "agent")
             os.mkdir(agent)

@@ -23,7 +23,7 @@ import subprocess
 
 from .base import SandboxError
 
-__all__ = ["BoundedDir", "remove_tree"]
+__all__ = ["BoundedDir", "remove_tree", "sweep_stale"]
 
 log = logging.getLogger(__name__)
 
@@ -129,3 +129,27 @@ class BoundedDir:
         if self.enforced:  # still mounted: empty it, leave the mount point
             return False
         return remove_tree(self.path)
+
+
+def sweep_stale(root: str, marker: str) -> int:
+    """Unmount and remove the entries of ``root`` whose name contains ``marker``; how many.
+
+    Workspace directories carry their uid in the name (``-u<uid>-``). A new holder of that uid's
+    lease (leases are exclusive across processes) knows that every such directory was left by a
+    holder that died without closing (a killed learner): its tmpfs would otherwise keep its RAM
+    until reboot. Never raises.
+    """
+    swept = 0
+    try:
+        names = [n for n in os.listdir(root) if marker in n]
+    except OSError:
+        return 0
+    for name in names:
+        path = os.path.join(root, name)
+        try:
+            subprocess.run(["umount", "-l", path], capture_output=True, timeout=120)
+        except Exception as e:  # noqa: BLE001
+            log.warning("umount %s failed: %s", path, e)
+        if remove_tree(path):
+            swept += 1
+    return swept

@@ -9,7 +9,13 @@ import subprocess
 
 import pytest
 
-from thundersync_lightning.envs.code import ByteCodec, LocalCodeTasks, is_protected_path, load_tasks
+from thundersync_lightning.envs.code import (
+    ByteCodec,
+    LocalCodeTasks,
+    LocalTask,
+    is_protected_path,
+    load_tasks,
+)
 from thundersync_lightning.envs.code.grading import framed_log, grade_log, runner_log
 from thundersync_lightning.envs.code.patches import filter_patch, patch_paths, split_patch
 from thundersync_lightning.envs.code.runner import (
@@ -322,3 +328,52 @@ def test_the_byte_codec_never_yields_a_special_id_for_control_token_text():
     ids = CODEC.encode(forged)
     assert all(0 <= i < 256 for i in ids)
     assert not {ByteCodec.END_OF_ACTION, ByteCodec.OBSERVATION, ByteCodec.PAD} & set(ids)
+
+
+# ---------------------------------------------------------------- the grading tree
+
+TWO_FILES = LocalTask(
+    name="two_files",
+    problem_statement="answer() returns 41; it must return 42. answer_for(n) must return n * n.\n",
+    fail_to_pass=("tests/test_b.py::test_answer", "tests/test_c.py::test_answer_for"),
+    pass_to_pass=(),
+    files=(("pkg.py", "def answer():\n    return 41\n\n\ndef answer_for(n):\n    return n\n"),
+           ("tests/test_b.py", "from pkg import answer\n\n\ndef test_answer():\n    assert answer() == 42\n"),
+           ("tests/test_c.py", "from pkg import answer_for\n\n\ndef test_answer_for():\n    assert answer_for(7) == 49\n")),
+)
+# Fixes answer(), and instead of fixing answer_for() rewrites the test file pytest collects next.
+REWRITER = ("def answer():\n    return 42\n\n\ndef answer_for(n):\n    return n\n\n\n"
+            "try:\n    with open('/testbed/tests/test_c.py', 'w') as f:\n"
+            "        f.write('def test_answer_for():\\n    pass\\n')\nexcept OSError:\n    pass\n")
+
+
+@needs_bwrap
+def test_code_under_test_cannot_rewrite_a_test_file_before_it_is_collected(sandbox_dir):
+    from thundersync_lightning.envs.code import LocalWorkspace, WorkspaceSettings
+
+    # Before: in a tree the sandbox uid may write, the rewrite works against the runner itself.
+    lease = TEST_POOL.acquire()
+    try:
+        work = os.path.join(sandbox_dir, "writable")
+        os.mkdir(work)
+        TWO_FILES.materialize(work)
+        with open(os.path.join(work, "pkg.py"), "w") as f:
+            f.write(REWRITER)
+        chown_tree(work, lease.uid)
+        runner = os.path.join(sandbox_dir, "runner")
+        write_runner(runner)
+        box = BwrapSandbox(work, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60.0)), ro_binds={runner: RUNNER_DIR})
+        nonce = new_nonce()
+        result = box.run(runner_command(TWO_FILES.fail_to_pass), stdin=(nonce + "\n").encode())
+        assert statuses(parse_results(result.text, nonce)) == {n: "PASSED" for n in TWO_FILES.fail_to_pass}
+    finally:
+        lease.release()
+    ws = LocalWorkspace(TWO_FILES, WorkspaceSettings(root=os.path.join(sandbox_dir, "ws")), TEST_POOL)
+    try:
+        ws.open()
+        ws.run("cat > pkg.py", stdin=REWRITER.encode())
+        outcome = ws.evaluate(ws.diff())
+        assert not outcome.resolved
+        assert outcome.report["tests_status"]["FAIL_TO_PASS"]["failure"] == ["tests/test_c.py::test_answer_for"]
+    finally:
+        ws.close()

@@ -49,6 +49,7 @@ def main():
     out = os.dup(1)
     write = os.write
     import pytest
+    import _pytest.main
     import _pytest.python
     import _pytest.reports
     import _pytest.runner
@@ -62,6 +63,8 @@ def main():
         "reports.TestReport.from_item_and_call": (_pytest.reports.TestReport, "from_item_and_call"),
         "reports.TestReport.__init__": (_pytest.reports.TestReport, "__init__"),
         "python.pytest_pyfunc_call": (_pytest.python, "pytest_pyfunc_call"),
+        "python.Function.runtest": (_pytest.python.Function, "runtest"),
+        "main.pytest_runtestloop": (_pytest.main, "pytest_runtestloop"),
         "skipping.pytest_runtest_makereport": (_pytest.skipping, "pytest_runtest_makereport"),
     }
 

@@ -9,8 +9,10 @@ its own where the host allows it, see :mod:`..sandbox.fs`) holding
   (so the agent's git config, hooks and filters are never used; see :mod:`.patches`);
 * ``runner/``: the host-written test runner and pytest.ini (see :mod:`.runner`), bound read-only;
 * for each verdict, a fresh ``eval-*`` copy of the ORIGINAL repository (hidden tests included):
-  the agent's filtered patch is applied there and the tests run there, so nothing the agent left
-  behind (caches, test edits, background processes) reaches the grading run.
+  the agent's filtered patch is applied there, the tree is then made root-owned and read-only (the
+  code under test cannot rewrite a test file before pytest collects it), and the tests run there,
+  so nothing the agent left behind (caches, test edits, background processes) reaches the grading
+  run.
 
 :meth:`LocalWorkspace.close` never raises and always releases the uid lease.
 """
@@ -174,6 +176,7 @@ class LocalWorkspace:
                               stdin=patch.encode(), timeout_s=60.0)
             if not applied.ok:
                 return EvalOutcome(False, "patch did not apply", log=applied.text)
+            _freeze(evaldir)  # the code under test must not rewrite tests that are not yet collected
             nonce = new_nonce()
             with grading_slots(self.settings.parallel_tests):
                 tests = box.run(runner_command(task.fail_to_pass + task.pass_to_pass, self.settings.python),
@@ -210,6 +213,12 @@ class LocalWorkspace:
             if self._lease is not None:
                 self._lease.release()
                 self._lease = None
+
+
+def _freeze(path: str) -> None:
+    """Make the tree at ``path`` root-owned and read-only to everyone else (readable, searchable)."""
+    for cmd in (["chown", "-R", "-P", "0:0", path], ["chmod", "-R", "a+rX,go-w", path]):
+        subprocess.run(cmd, check=True, capture_output=True, timeout=600)
 
 
 def _kill_uid(uid: int) -> None:

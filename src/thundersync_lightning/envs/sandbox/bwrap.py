@@ -67,11 +67,15 @@ def bwrap_available(bwrap: str = "bwrap") -> bool:
 
 
 def chown_tree(path: str, uid: int) -> None:
-    """Give ``path`` and everything below it to ``uid`` (we created it: no symlinks followed)."""
+    """Give ``path`` and everything below it to ``uid`` (no symlinks followed, no recursion)."""
     os.chown(path, uid, uid, follow_symlinks=False)
-    for root, dirs, files in os.walk(path):
-        for name in dirs + files:
-            os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
+    stack = [path]
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for entry in it:
+                os.chown(entry.path, uid, uid, follow_symlinks=False)
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
 
 
 class BwrapSandbox:

@@ -114,12 +114,13 @@ class SWEbenchWorkspace:
         """A root-owned bare copy of the base commit, made before the agent acts (shallow when the
         base is the checked-out HEAD, as in SWE-bench images)."""
         dest = os.path.join(self._dir or "", "base.git")
-        head = subprocess.run(["git", "-C", agent, "rev-parse", "HEAD"], env=_GIT_ENV, capture_output=True,
+        git = ["git", "-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null"]
+        head = subprocess.run([*git, "-C", agent, "rev-parse", "HEAD"], env=_GIT_ENV, capture_output=True,
                               text=True, timeout=120).stdout.strip()
         shallow = self._base in ("HEAD", head)
         args = ["clone", "-q", "--bare", *(["--depth=1", f"file://{agent}"] if shallow else ["--no-hardlinks", agent]),
                 dest]
-        done = subprocess.run(["git", *args], env=_GIT_ENV, capture_output=True, text=True, timeout=1800)
+        done = subprocess.run([*git, *args], env=_GIT_ENV, capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
             raise SandboxError(f"cannot copy the base commit of {agent}: {done.stderr.strip()[-500:]}")
         subprocess.run(["chmod", "-R", "a+rX,go-w", dest], check=True, timeout=600)

@@ -384,12 +384,14 @@ def test_closing_a_workspace_with_a_1000_deep_tree_frees_the_directory_and_the_u
 
     env = _workspace()
     ws = env.workspace
-    name = "d" * 40  # 1000 levels: ~41 kB of path, far past PATH_MAX
-    made = ws.run(f"python3 -c \"import os\nfor _ in range(1000): os.mkdir('{name}'); os.chdir('{name}')\n"
-                  "print('deep')\"")
-    assert "deep" in made.text
     directory, uid = ws._dir, ws._lease.uid
-    env.close()  # must not raise
+    name = "d" * 40  # 1000 levels: ~41 kB of path, far past PATH_MAX
+    try:
+        made = ws.run(f"python3 -c \"import os\nfor _ in range(1000): os.mkdir('{name}'); os.chdir('{name}')\n"
+                      "print('deep')\"")
+        assert "deep" in made.text
+    finally:
+        env.close()  # must not raise
     assert not os.path.exists(directory) and ws._lease is None
     again = UidPool(base=uid, size=1).acquire()  # the uid is free for the next sandbox
     again.release()

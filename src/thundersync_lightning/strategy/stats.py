@@ -10,12 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core.storage import ByteUsage
+from ..core.types import Segment
 
 __all__ = ["TrajectoryRecord", "Interval", "AccumulatorBytes", "StepStats", "RolloutProgress"]
 
 
 @dataclass(frozen=True, slots=True)
 class TrajectoryRecord:
+    """One trajectory of a step as the learner saw it. ``prompt`` and ``segments`` are its token
+    ids (the prompt, then alternating scored actions and unscored observations), so that callbacks
+    can decode what the agent did; they are empty where a producer did not fill them in."""
+
     trajectory_id: str
     group_id: str
     policy_version: int
@@ -28,6 +33,8 @@ class TrajectoryRecord:
     failure: str | None
     content_ready_at: float
     reward_ready_at: float | None
+    prompt: tuple[int, ...] = ()
+    segments: tuple[Segment, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from ..core.snapshot import PolicySnapshot
 from ..core.storage import ByteUsage, Offload
 from ..core.streaming import StreamingGRPO, StreamingReport
 from ..core.types import RolloutEvent, RolloutRequest
+from .contract import check_contract
 from .plan import RolloutPlan
 from .runner import StepOutcome, StepRunner
 from .stats import Interval, RolloutProgress, StepStats
@@ -170,11 +171,7 @@ class ThunderSyncStrategy(DDPStrategy):
                 f"accumulate_grad_batches={trainer.accumulate_grad_batches}: with strategy='thundersync' one "
                 "Trainer step is one RL batch; raise the data module's groups_per_step instead"
             )
-        if not callable(getattr(module, "trajectory_logprobs", None)):
-            problems.append(
-                f"{type(module).__name__} has no trajectory_logprobs(trajectories) method; the strategy needs "
-                "each trajectory's score S_i. Use thundersync_lightning.modules.GRPOPolicy or add it"
-            )
+        problems += check_contract(module, trainer.datamodule, self.mode)  # docs/custom.md
         if not module.automatic_optimization:
             problems.append("strategy='thundersync' drives the optimizer itself: use automatic optimization")
         if isinstance(self.precision_plugin, MixedPrecision) and self.precision_plugin.scaler is not None:

@@ -72,7 +72,9 @@ class _RecordingEngineConfig:
 
 def test_every_contract_violation_of_module_and_tasks_is_reported_in_one_error_before_the_engine_starts():
     engine = _RecordingEngineConfig()
-    data = RolloutDataModule(tasks=GuessingGameTasks(latency="none"), engine=engine, group_size=2, groups_per_step=1)
+    data = RolloutDataModule(
+        tasks=GuessingGameTasks(latency="none"), engine=engine, group_size=2, groups_per_step=1
+    )
     data.tasks = _NoVerdictTasks()  # as a config could hand over a partial task source
     trainer = L.Trainer(
         strategy="thundersync", accelerator="cpu", devices=1, max_steps=1, logger=False,

@@ -51,7 +51,12 @@ class Member:
 
 #: What ``strategy="thundersync"`` and ``RolloutDataModule`` use of the LightningModule.
 MODULE_CONTRACT: tuple[Member, ...] = (
-    Member("trajectory_logprobs", "method", "trajectory_logprobs(trajectories) -> (n,) scores S_i with a graph", 1),
+    Member(
+        "trajectory_logprobs",
+        "method",
+        "trajectory_logprobs(trajectories) -> (n,) scores S_i with a graph",
+        1,
+    ),
     Member("model_spec", ModelSpec, "model_spec: a ModelSpec the engine builds its copy of the policy from"),
     Member("weights_for_engine", "method", "weights_for_engine() -> {Hugging Face name: tensor} to publish"),
     Member(
@@ -111,7 +116,9 @@ def _check(obj: Any, members: Sequence[Member], owner: str, static: bool = False
             if not callable(value):
                 problems.append(f"{owner}.{m.name} is not callable: needs {m.purpose}")
             elif not static and not _accepts(value, m.arity):  # a class's functions also take self
-                problems.append(f"{owner}.{m.name}{_signature(value)} does not take {m.arity} argument(s): {m.purpose}")
+                problems.append(
+                    f"{owner}.{m.name}{_signature(value)} does not take {m.arity} argument(s): {m.purpose}"
+                )
         elif isinstance(m.kind, type):
             if value is None and m.optional:
                 continue

@@ -121,6 +121,20 @@ class StepStats:
         return max((t.staleness for t in self.trajectories), default=0)
 
     @property
+    def group_rewards(self) -> dict[str, tuple[float, ...]]:
+        """Known rewards of this rank's trajectories, by group."""
+        out: dict[str, list[float]] = {}
+        for t in self.trajectories:
+            if t.reward is not None:
+                out.setdefault(t.group_id, []).append(t.reward)
+        return {g: tuple(r) for g, r in out.items()}
+
+    @property
+    def zero_advantage_groups(self) -> int:
+        """Groups whose known rewards are all equal: every advantage is 0, they add no gradient."""
+        return sum(len(set(r)) == 1 for r in self.group_rewards.values())
+
+    @property
     def staleness_mean(self) -> float:
         if not self.trajectories:
             return 0.0

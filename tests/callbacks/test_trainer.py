@@ -133,11 +133,14 @@ def test_a_w_and_b_offline_run_read_back_from_its_files_holds_every_step(tmp_pat
     assert run["config"]["perf/peak_flops_source"] == "explicit"
 
 
-def test_the_default_callbacks_are_one_of_each_monitor_and_survive_pickling_for_spawned_ranks():
+def test_the_default_callbacks_are_the_bar_every_monitor_trajectories_summary_and_checks_and_survive_pickling():
     import pickle
 
-    from thundersync_lightning.callbacks import default_callbacks
+    from thundersync_lightning.callbacks import RunChecks, RunSummary, TrajectoryLogger, default_callbacks
 
-    monitors = default_callbacks()
-    assert [type(m) for m in monitors] == [type(m) for m in callbacks()]
-    assert [type(m) for m in pickle.loads(pickle.dumps(monitors))] == [type(m) for m in monitors]
+    everything = default_callbacks()
+    expected = [RolloutProgressBar, *[type(m) for m in callbacks()], TrajectoryLogger, RunSummary, RunChecks]
+    assert [type(m) for m in everything] == expected
+    assert [type(m) for m in pickle.loads(pickle.dumps(everything))] == expected
+    bare = default_callbacks(progress_bar=False, trajectories_per_step=0)
+    assert [type(m) for m in bare] == [type(m) for m in callbacks()] + [RunSummary, RunChecks]

@@ -127,3 +127,8 @@ def test_the_environment_is_checked_through_make_envs_annotation_without_buildin
 
     (problem,) = check_tasks(Annotated())
     assert "_NoVerdictEnv" in problem and "`verdict`" in problem
+
+
+def test_a_group_size_of_one_warns_that_the_loss_is_exactly_zero():
+    with pytest.warns(UserWarning, match="group_size=1.*exactly 0"):
+        RolloutDataModule(tasks=GuessingGameTasks(), engine=_RecordingEngineConfig(), group_size=1)

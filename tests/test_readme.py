@@ -12,14 +12,22 @@ from pathlib import Path
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def test_the_readme_example_trains_prints_zero_staleness_and_writes_the_summary_curve_and_trajectories(tmp_path):
+def test_the_readme_example_trains_prints_zero_staleness_and_writes_the_summary_curve_and_trajectories(
+    tmp_path,
+):
     text = README.read_text()
     start = text.index("```python\n") + len("```python\n")
     code = text[start : text.index("```", start)]
     assert "max_steps=300" in code
     script = tmp_path / "example.py"
     script.write_text(code.replace("max_steps=300", "max_steps=2"))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+    }
     proc = subprocess.run(
         [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )

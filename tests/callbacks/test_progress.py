@@ -54,6 +54,9 @@ def test_without_a_terminal_the_bar_prints_one_line_per_step_and_keeps_the_last_
     )  # fmt: skip
     trainer.fit(TinyPolicy())
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
-    assert [line.split("  ")[:2] for line in lines] == [["step 1/2", "reward=0.250"], ["step 2/2", "reward=0.500"]]
+    assert [line.split("  ")[:2] for line in lines] == [
+        ["step 1/2", "reward=0.250"],
+        ["step 2/2", "reward=0.500"],
+    ]
     assert bar.last_reward == 0.5
     assert "\r" not in capsys.readouterr().out

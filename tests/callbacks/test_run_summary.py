@@ -11,7 +11,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from tests.callbacks.helpers import StatsStrategy, TinyPolicy, record, stats
 from tests.callbacks.wandb_offline import finish_wandb
-from thundersync_lightning.callbacks import RunChecks, RunSummary, ThunderSyncWandbLogger, wandb_run_id_from_checkpoint
+from thundersync_lightning.callbacks import (
+    RunChecks,
+    RunSummary,
+    ThunderSyncWandbLogger,
+    wandb_run_id_from_checkpoint,
+)
 from thundersync_lightning.callbacks.run_checks import hidden_steps_warning
 from thundersync_lightning.summary import StepAggregate, summarize
 
@@ -41,7 +46,9 @@ def test_a_resumed_run_continues_its_w_and_b_run_and_summarises_every_step(tmp_p
     last = tmp_path / "checkpoints" / "last.ckpt"  # RunChecks put the checkpoints under DIR
     assert wandb_run_id_from_checkpoint(last) == first.version
 
-    again = ThunderSyncWandbLogger(save_dir=str(tmp_path), mode="offline", project="tests", resume_from_checkpoint=str(last))
+    again = ThunderSyncWandbLogger(
+        save_dir=str(tmp_path), mode="offline", project="tests", resume_from_checkpoint=str(last)
+    )
     summary = fit(tmp_path, 3, first_step=2, logger=again, ckpt_path=last)
     finish_wandb()
     assert again.version == first.version

@@ -7,10 +7,9 @@ import json
 import lightning.pytorch as pl
 
 from tests.callbacks.helpers import StatsStrategy, TinyPolicy, record, stats
-from tests.callbacks.wandb_offline import finish_wandb, read_offline_run
 from thundersync_lightning import show
-from thundersync_lightning.callbacks import ThunderSyncWandbLogger, TrajectoryLogger, read_trajectories
-from thundersync_lightning.callbacks.trajectories import TABLE_COLUMNS, decode_trajectory, pick_trajectories
+from thundersync_lightning.callbacks import TrajectoryLogger, read_trajectories
+from thundersync_lightning.callbacks.trajectories import decode_trajectory, pick_trajectories
 from thundersync_lightning.core.types import Segment
 from thundersync_lightning.envs.toy import GuessingGameTasks
 
@@ -21,7 +20,9 @@ def played(i, step=0, reward=1.0):
     """Guess 3 (HIGHER), then 5 (OK)."""
     segments = (Segment((3,), True), Segment((8,), False), Segment((5,), True), Segment((10,), False))
     base = record(i, step=step, reward=reward, turns=2)
-    return type(base)(**{**{f: getattr(base, f) for f in base.__slots__}, "prompt": (12,), "segments": segments})
+    return type(base)(
+        **{**{f: getattr(base, f) for f in base.__slots__}, "prompt": (12,), "segments": segments}
+    )
 
 
 def test_a_trajectory_decodes_into_prompt_actions_and_observations():
@@ -38,21 +39,28 @@ def test_a_trajectory_decodes_into_prompt_actions_and_observations():
 
 def test_the_picked_trajectories_cover_the_groups_first():
     records = [played(i) for i in range(6)]  # groups g0 g0 g1 g1 g2 g2
-    assert [r.trajectory_id for r in pick_trajectories(records, 4)] == ["s0-g0-t0", "s0-g1-t0", "s0-g2-t0", "s0-g0-t1"]
+    assert [r.trajectory_id for r in pick_trajectories(records, 4)] == [
+        "s0-g0-t0",
+        "s0-g1-t0",
+        "s0-g2-t0",
+        "s0-g0-t1",
+    ]
 
 
-def _fit(tmp_path, logger=False):
+def _fit(tmp_path):
     logger_cb = TrajectoryLogger(num_per_step=2, decode=GAME.decode)
     trainer = pl.Trainer(
         strategy=StatsStrategy(lambda step, rank, world: stats([played(i, step, float(i % 2)) for i in range(4)], step=step)),
-        max_steps=2, logger=logger, callbacks=[logger_cb], log_every_n_steps=1, enable_checkpointing=False,
+        max_steps=2, logger=False, callbacks=[logger_cb], log_every_n_steps=1, enable_checkpointing=False,
         enable_model_summary=False, enable_progress_bar=False, default_root_dir=tmp_path,
     )  # fmt: skip
     trainer.fit(TinyPolicy())
     return logger_cb
 
 
-def test_the_trajectory_log_round_trips_through_the_jsonl_file_and_show_prints_the_last_step(tmp_path, capsys):
+def test_the_trajectory_log_round_trips_through_the_jsonl_file_and_show_prints_the_last_step(
+    tmp_path, capsys
+):
     logger_cb = _fit(tmp_path)
     assert logger_cb.path == tmp_path / "trajectories.jsonl"
     entries = read_trajectories(tmp_path)
@@ -62,21 +70,11 @@ def test_the_trajectory_log_round_trips_through_the_jsonl_file_and_show_prints_t
     expected = [decode_trajectory(played(i, s, float(i % 2)), GAME.decode, s) for s in (0, 1) for i in (0, 2)]
     assert entries == json.loads(json.dumps(expected))
     for e in entries:  # the ids are kept: decoding them again gives the logged text
-        assert [GAME.decode(s["ids"]) for s in e["segments"] if s["scored"]] == [t["action"] for t in e["turns"]]
+        assert [GAME.decode(s["ids"]) for s in e["segments"] if s["scored"]] == [
+            t["action"] for t in e["turns"]
+        ]
 
     assert show.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.count("--- step 1") == 2 and "--- step 0" not in out
     assert "[action 2] 5\n[observation 2] OK" in out
-
-
-def test_the_trajectories_reach_w_and_b_as_a_table(tmp_path):
-    _fit(tmp_path, ThunderSyncWandbLogger(save_dir=str(tmp_path), mode="offline", project="tests"))
-    finish_wandb()
-    tables = [r for r in read_offline_run(tmp_path)["history"] if r.get("rollout/trajectories/_type") == "table-file"]
-    assert [(r["trainer/global_step"], r["rollout/trajectories/nrows"]) for r in tables] == [(0, 2), (1, 2)]
-    (files,) = (tmp_path / "wandb").glob("offline-run-*/files")
-    table = json.loads((files / tables[1]["rollout/trajectories/path"]).read_text())
-    assert table["columns"] == TABLE_COLUMNS
-    assert [row[:3] for row in table["data"]] == [[1, "s1-g0-t0", 0.0], [1, "s1-g1-t0", 0.0]]
-    assert table["data"][0][-1] == "[action 1] 3\n[observation 1] HIGHER\n[action 2] 5\n[observation 2] OK"

@@ -85,7 +85,13 @@ class RolloutMetrics(Callback):
     def metric_keys(self) -> list[str]:
         """Every key this monitor logs."""
         names = [n for n in self._reducer.names if n.startswith("rollout/")]
-        return [*names, "rollout/reward_std", "rollout/failure_rate", "train/loss", "train/zero_advantage_group_fraction"]
+        return [
+            *names,
+            "rollout/reward_std",
+            "rollout/failure_rate",
+            "train/loss",
+            "train/zero_advantage_group_fraction",
+        ]
 
     @property
     def last_metrics(self) -> dict[str, float]:

@@ -9,8 +9,9 @@ Keys (fixed: scripts and outside checks read them): ``mode``, ``steps``, ``rewar
 ``staleness_max``, ``learner_idle_fraction`` (idle seconds / step seconds, summed over steps and
 ranks), ``wall_seconds`` (every fit of the run), plus ``step_seconds_median``, ``trajectories``,
 ``reward_window_steps``, ``steps_this_fit`` (0 for a resume that ran no step),
-``zero_advantage_group_fraction`` (groups whose rewards were all equal: no gradient) and
-``reward_curve`` (the PNG's file name beside summary.json, or null).
+``zero_advantage_group_fraction`` (groups whose rewards were all equal: no gradient),
+``reward_curve`` (the PNG's file name beside summary.json, or null) and ``stopped_by`` (null, or
+the exception that ended the fit, e.g. ``KeyboardInterrupt``: an interrupted run is summarised too).
 Run ``python -m thundersync_lightning.summary DIR/summary.json`` to print it.
 """
 
@@ -147,6 +148,8 @@ def format_summary(summary: dict[str, Any], directory: str | Path | None = None)
         f"  median step            {summary.get('step_seconds_median', 0.0):.3f} s",
         f"  wall time              {summary['wall_seconds']:.1f} s",
     ]
+    if summary.get("stopped_by"):
+        lines.append(f"  stopped by             {summary['stopped_by']}")
     if summary.get("zero_advantage_group_fraction") is not None:
         lines.append(
             f"  zero-advantage groups  {summary['zero_advantage_group_fraction']:.1%} (equal rewards: no gradient)"

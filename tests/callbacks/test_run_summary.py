@@ -84,3 +84,20 @@ def test_the_summary_weights_steps_by_their_trajectories_and_counts_zero_advanta
     assert summary["reward_mean_first"] == 0.5  # 2 of 4 rewards, not the mean of step means (2/3)
     assert summary["zero_advantage_group_fraction"] == 3 / 4
     assert summary["learner_idle_fraction"] == 0.5
+
+
+def test_an_interrupted_fit_still_writes_the_summary_of_the_steps_it_ran(tmp_path):
+    class Interrupt(pl.Callback):
+        def on_train_batch_end(self, trainer, *args):
+            if trainer.global_step == 2:
+                raise RuntimeError("a failure in step 3")  # (Ctrl-C takes the same on_exception path)
+
+    trainer = pl.Trainer(
+        strategy=StatsStrategy(lambda s, rank, world: step_stats(s)), max_steps=5, logger=False,
+        enable_model_summary=False, enable_progress_bar=False, enable_checkpointing=False, default_root_dir=tmp_path,
+        callbacks=[RunSummary(print_summary=False), Interrupt()],
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="step 3"):
+        trainer.fit(TinyPolicy())
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert (summary["steps"], summary["stopped_by"]) == (2, "RuntimeError")

@@ -124,11 +124,21 @@ class RunSummary(Callback):
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.write(trainer)
 
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        # an interrupted run (Ctrl-C, a failure) still leaves the summary of the steps it ran
+        self.write(trainer, stopped_by=type(exception).__name__)
+
     @rank_zero_only
-    def write(self, trainer: pl.Trainer) -> Path:
-        """Write summary.json (and the curve) on rank 0; returns summary.json's path."""
+    def write(self, trainer: pl.Trainer, stopped_by: str | None = None) -> Path:
+        """Write summary.json (and the curve) on rank 0; returns summary.json's path.
+
+        ``stopped_by`` (the exception's type name, or null for a finished fit) is recorded too."""
         mode = getattr(trainer.strategy, "mode", type(trainer.strategy).__name__)
         summary = self.summary(mode)
+        summary["stopped_by"] = stopped_by
         path = Path(self.path or Path(trainer.default_root_dir) / "summary.json")
         path.parent.mkdir(parents=True, exist_ok=True)
         summary["reward_curve"] = None

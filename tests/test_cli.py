@@ -104,3 +104,20 @@ def test_a_malformed_config_value_fails_before_training_with_the_key_named(tmp_p
     proc = _fit(tmp_path / "run", "--trainer.strategy.init_args.mode=eventually")
     assert proc.returncode != 0
     assert "mode" in proc.stderr
+
+
+def test_the_code_config_has_the_toy_configs_logging_monitors_and_checkpoints():
+    from thundersync_lightning.cli import build_parser
+
+    parser = build_parser()
+
+    def trainer(name: str):
+        config = parser.parse_args(["--config", str(ROOT / "configs" / name)]).trainer
+        callbacks = [(c.class_path, dict(getattr(c, "init_args", None) or {})) for c in config.callbacks]
+        return config.logger.class_path, config.log_every_n_steps, [c for c, _ in callbacks], callbacks
+
+    toy, code = trainer("toy.yaml"), trainer("code_local.yaml")
+    assert code[:3] == toy[:3]
+    assert code[1] == 1 and "thundersync_lightning.callbacks.TrajectoryLogger" in code[2]
+    checkpoint = dict(code[3])["lightning.pytorch.callbacks.ModelCheckpoint"]
+    assert checkpoint["save_last"] is True

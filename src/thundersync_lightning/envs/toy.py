@@ -186,12 +186,15 @@ class GuessingGameTasks:
 
     def decode(self, ids: Sequence[int]) -> str:
         """Token ids as text: digits as themselves, then HIGHER, LOWER, OK, BAD, START; space-separated."""
-        words = ("HIGHER", "LOWER", "OK", "BAD", "START")
-        out = []
-        for i in ids:
-            i = int(i)
-            out.append(str(i) if 0 <= i < self.num_digits else (words[i - self.num_digits] if i - self.num_digits < 5 else f"<{i}>"))
-        return " ".join(out)
+        words = ("HIGHER", "LOWER", "OK", "BAD", "START")  # ids num_digits .. num_digits + 4
+
+        def word(i: int) -> str:
+            if 0 <= i < self.num_digits:
+                return str(i)
+            k = i - self.num_digits
+            return words[k] if 0 <= k < len(words) else f"<{i}>"
+
+        return " ".join(word(int(i)) for i in ids)
 
     def model_spec(self) -> ModelSpec:
         """:func:`toy_model_spec` with the vocabulary rounded up to a multiple of 8."""

@@ -175,7 +175,7 @@ class EmbeddedEngine:
                     raise EngineError(
                         f"the generation process exited during start-up (exit code {self._process.exitcode}); "
                         "check that the ModelSpec and the task source can be built and pickled, and that the "
-                        'launching script runs its training under `if __name__ == "__main__":` (the process '
+                        "launching script runs its training under `if __name__ == \"__main__\":` (the process "
                         "is started with spawn, which re-imports the main module)."
                     ) from None
                 if time.monotonic() > deadline:

@@ -100,6 +100,15 @@ def test_only_loggers_that_require_a_save_dir_get_the_run_directory():
     assert with_logger_save_dir(optional) == optional
 
 
+def test_a_config_files_logger_without_save_dir_gets_the_run_directory(tmp_path):
+    from thundersync_lightning.cli import RUN_DIR, with_logger_save_dir
+
+    config = tmp_path / "csv.yaml"
+    config.write_text("trainer:\n  logger:\n    class_path: lightning.pytorch.loggers.CSVLogger\n")
+    given = ["fit", "--config", str(ROOT / "configs" / "toy.yaml"), "--config", str(config)]
+    assert with_logger_save_dir(given) == [*given, f"--trainer.logger.init_args.save_dir={RUN_DIR}"]
+
+
 def test_a_malformed_config_value_fails_before_training_with_the_key_named(tmp_path):
     proc = _fit(tmp_path / "run", "--trainer.strategy.init_args.mode=eventually")
     assert proc.returncode != 0

@@ -12,8 +12,8 @@ What the CLI adds to a config, so that a config and the Python path
 (``callbacks=default_callbacks()``) give the same run:
 
 - ``RunSummary`` and ``RunChecks`` when the config lists none;
-- a logger whose ``save_dir`` is unset (``save_dir: null``, or ``--trainer.logger=CSVLogger`` for a
-  logger that requires one) writes into the run's ``DIR``;
+- a logger whose ``save_dir`` is unset (``save_dir: null``, or ``--trainer.logger=CSVLogger`` or a
+  config's ``logger: {class_path: CSVLogger}`` for a logger that requires one) writes into ``DIR``;
 - ``--trainer.enable_progress_bar=false`` drops the config's progress bar callback instead of
   failing on it;
 - with ``--ckpt_path``, a ``WandbLogger`` without an ``id`` gets the run id the checkpoint recorded.
@@ -28,6 +28,7 @@ import os
 import sys
 from typing import Any
 
+import yaml
 from lightning.pytorch import loggers as pl_loggers
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI
@@ -61,9 +62,22 @@ def _requires_save_dir(name: str) -> bool:
     return param is not None and param.default is inspect.Parameter.empty
 
 
+def _config_logger(path: str) -> str | None:
+    """The class_path of a config file's single ``trainer.logger`` that names no ``save_dir``."""
+    try:
+        with open(path) as f:
+            logger = (yaml.safe_load(f) or {}).get("trainer", {}).get("logger")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    if not isinstance(logger, dict) or "save_dir" in (logger.get("init_args") or {}):
+        return None
+    return logger.get("class_path")
+
+
 def with_logger_save_dir(args: list[str]) -> list[str]:
-    """``--trainer.logger=NAME`` for a logger that requires ``save_dir`` and is given none: add
-    ``--trainer.logger.init_args.save_dir=RUN_DIR`` (replaced by the run's directory later)."""
+    """A logger that requires ``save_dir`` and is given none (``--trainer.logger=CSVLogger``, or a
+    ``--config`` file's logger): add ``--trainer.logger.init_args.save_dir=RUN_DIR`` after it,
+    replaced by the run's directory before the classes are instantiated."""
     out: list[str] = []
     i = 0
     while i < len(args):
@@ -72,6 +86,10 @@ def with_logger_save_dir(args: list[str]) -> list[str]:
             name, taken = arg.split("=", 1)[1], [arg]
         elif arg == "--trainer.logger" and i + 1 < len(args):
             name, taken = args[i + 1], [arg, args[i + 1]]
+        elif arg.startswith("--config="):
+            name, taken = _config_logger(arg.split("=", 1)[1]), [arg]
+        elif arg in ("--config", "-c") and i + 1 < len(args):
+            name, taken = _config_logger(args[i + 1]), [arg, args[i + 1]]
         else:
             out.append(arg)
             i += 1
@@ -79,10 +97,8 @@ def with_logger_save_dir(args: list[str]) -> list[str]:
         out += taken
         i += len(taken)
         later = args[i:]
-        given = any(
-            a.startswith(("--trainer.logger.save_dir", "--trainer.logger.init_args.save_dir")) for a in later
-        )
-        if not given and _requires_save_dir(name):
+        given = any(a.startswith(("--trainer.logger.save_dir", "--trainer.logger.init_args.save_dir")) for a in later)
+        if name and not given and _requires_save_dir(name):
             out.append(f"--trainer.logger.init_args.save_dir={RUN_DIR}")
     return out
 

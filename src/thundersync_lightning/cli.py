@@ -97,7 +97,9 @@ def with_logger_save_dir(args: list[str]) -> list[str]:
         out += taken
         i += len(taken)
         later = args[i:]
-        given = any(a.startswith(("--trainer.logger.save_dir", "--trainer.logger.init_args.save_dir")) for a in later)
+        given = any(
+            a.startswith(("--trainer.logger.save_dir", "--trainer.logger.init_args.save_dir")) for a in later
+        )
         if name and not given and _requires_save_dir(name):
             out.append(f"--trainer.logger.init_args.save_dir={RUN_DIR}")
     return out

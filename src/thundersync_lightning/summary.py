@@ -6,8 +6,10 @@ the checkpoint, so a resumed run's summary covers every step since step 0.
 
 Keys (fixed: scripts and outside checks read them): ``mode``, ``steps``, ``reward_mean_first``,
 ``reward_mean_last`` (mean reward over the first / last ``reward_window_steps`` steps),
-``staleness_max``, ``learner_idle_fraction`` (idle seconds / step seconds, summed over steps and
-ranks), ``wall_seconds`` (every fit of the run), plus ``step_seconds_median``, ``trajectories``,
+``staleness_max``, ``engine_learner_kl_max`` (the largest per-step k3 estimate of
+KL(engine || learner) over scored tokens; null where the strategy records none),
+``learner_idle_fraction`` (idle seconds / step seconds, summed over steps and ranks),
+``wall_seconds`` (every fit of the run), plus ``step_seconds_median``, ``trajectories``,
 ``reward_window_steps``, ``steps_this_fit`` (0 for a resume that ran no step),
 ``zero_advantage_group_fraction`` (groups whose rewards were all equal: no gradient),
 ``reward_curve`` (the PNG's file name beside summary.json, or null) and ``stopped_by`` (null, or
@@ -44,6 +46,7 @@ class StepAggregate:
     busy_sum: float
     groups: int
     zero_advantage_groups: int
+    engine_learner_kl: float | None = None  # already over all ranks where the strategy records it
 
     @property
     def reward_mean(self) -> float | None:
@@ -64,6 +67,7 @@ def aggregate(stats: StepStats) -> StepAggregate:
         busy_sum=stats.busy_seconds,
         groups=len(stats.group_rewards),
         zero_advantage_groups=stats.zero_advantage_groups,
+        engine_learner_kl=getattr(stats, "engine_learner_kl", None),
     )
 
 
@@ -88,6 +92,9 @@ def summarize(
         "reward_mean_last": mean_reward(steps[-window:]),
         "reward_window_steps": window,
         "staleness_max": max((s.staleness_max for s in steps), default=0),
+        "engine_learner_kl_max": max(
+            (s.engine_learner_kl for s in steps if s.engine_learner_kl is not None), default=None
+        ),
         "learner_idle_fraction": max(0.0, total - busy) / total if total > 0 else 0.0,
         "step_seconds_median": statistics.median(s.wall_seconds for s in steps) if steps else 0.0,
         "trajectories": sum(s.trajectories for s in steps),
@@ -144,6 +151,7 @@ def format_summary(summary: dict[str, Any], directory: str | Path | None = None)
         f"  mean reward            {num(summary['reward_mean_first'], '.3f')} (first {summary.get('reward_window_steps', 1)} steps)"
         f" -> {num(summary['reward_mean_last'], '.3f')} (last)",
         f"  staleness max          {summary['staleness_max']}",
+        f"  engine-learner KL max  {num(summary.get('engine_learner_kl_max'), '.2e')}",
         f"  learner idle fraction  {summary['learner_idle_fraction']:.1%}",
         f"  median step            {summary.get('step_seconds_median', 0.0):.3f} s",
         f"  wall time              {summary['wall_seconds']:.1f} s",

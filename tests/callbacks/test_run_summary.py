@@ -84,6 +84,12 @@ def test_the_summary_weights_steps_by_their_trajectories_and_counts_zero_advanta
     assert summary["reward_mean_first"] == 0.5  # 2 of 4 rewards, not the mean of step means (2/3)
     assert summary["zero_advantage_group_fraction"] == 3 / 4
     assert summary["learner_idle_fraction"] == 0.5
+    assert summary["engine_learner_kl_max"] is None  # no step recorded the on-policy check
+    with_kl = [
+        agg(0, [1.0], 2, 0),
+        StepAggregate(1, 1.0, 1, 1, 0, 2.0, 2.0, 1.0, 1, 0, engine_learner_kl=3e-7),
+    ]
+    assert summarize(with_kl, "streaming", 1.0)["engine_learner_kl_max"] == 3e-7
 
 
 def test_an_interrupted_fit_still_writes_the_summary_of_the_steps_it_ran(tmp_path):

@@ -96,6 +96,7 @@ class RunSummary(Callback):
         self.steps.append(
             StepAggregate(
                 step=stats.step,
+                engine_learner_kl=local["engine_learner_kl"],  # the strategy already reduced it
                 **{k: (int(v) if isinstance(local[k], int) else v) for k, v in reduced.items()},
             )
         )

@@ -12,11 +12,12 @@ import logging
 from typing import Any, Protocol, runtime_checkable
 
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from ..core.errors import ConfigError
 from ..core.protocols import RolloutEngine, TaskSource
-from ..core.types import ModelSpec
+from ..strategy.contract import check_module, check_tasks, raise_contract_problems
 from ..strategy.plan import PlanLoader, RolloutPlan
 
 __all__ = ["RolloutDataModule", "EngineFactory", "TaskSourceConfig"]
@@ -80,6 +81,12 @@ class RolloutDataModule(LightningDataModule):
             problems.append(f"engine must have build(model_spec, tasks), got {type(engine).__name__}")
         if problems:
             raise ConfigError("RolloutDataModule: " + "; ".join(problems))
+        if group_size == 1:
+            rank_zero_warn(
+                "RolloutDataModule(group_size=1): a group of one trajectory has advantage 0 under the built-in "
+                "estimators (its reward is its group's mean), so the loss and the gradient are exactly 0 and "
+                "nothing trains. Use group_size >= 2."
+            )
         self.tasks: TaskSource = tasks  # type: ignore[assignment]
         self.engine_factory: EngineFactory = engine  # type: ignore[assignment]
         self.group_size = group_size
@@ -103,13 +110,10 @@ class RolloutDataModule(LightningDataModule):
                 "every rank needs at least one group"
             )
         module = self.trainer.lightning_module if self.trainer is not None else None
-        spec = getattr(module, "model_spec", None)
-        if not isinstance(spec, ModelSpec):
-            raise ConfigError(
-                f"{type(module).__name__} has no model_spec; the engine needs the policy architecture "
-                "(use thundersync_lightning.modules.GRPOPolicy)"
-            )
-        self._engine = self.engine_factory.build(spec, self.tasks)
+        # the engine needs the policy's architecture and a task source that fits (docs/custom.md)
+        problems = check_module(module, members=["model_spec"]) + check_tasks(self.tasks)
+        raise_contract_problems(problems, "RolloutDataModule.setup")
+        self._engine = self.engine_factory.build(module.model_spec, self.tasks)
 
     @override
     def train_dataloader(self) -> Any:

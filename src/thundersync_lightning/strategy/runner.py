@@ -62,6 +62,8 @@ class StepOutcome:
                     failure=self.failures.get(tid) or t.failure,
                     content_ready_at=t.content_ready_at,
                     reward_ready_at=self.reward_times.get(tid),
+                    prompt=t.prompt,
+                    segments=t.segments,
                 )
             )
         return tuple(out)

@@ -40,6 +40,7 @@ from ..core.storage import ByteUsage, Offload
 from ..core.streaming import StreamingGRPO, StreamingReport
 from ..core.terms import OnPolicyStats
 from ..core.types import RolloutEvent, RolloutRequest
+from .contract import check_contract
 from .objective_checks import check_objective, module_objective
 from .plan import RolloutPlan
 from .runner import StepOutcome, StepRunner
@@ -199,13 +200,8 @@ class ThunderSyncStrategy(DDPStrategy):
                 f"accumulate_grad_batches={trainer.accumulate_grad_batches}: with strategy='thundersync' one "
                 "Trainer step is one RL batch; raise the data module's groups_per_step instead"
             )
-        if not callable(getattr(module, "score_tokens", None)):
-            problems.append(
-                f"{type(module).__name__} has no score_tokens(trajectories, entropy=, reference=) method; the "
-                "strategy needs each trajectory's per-token logprobs. Use thundersync_lightning.modules.GRPOPolicy "
-                "or add it"
-            )
-        else:
+        problems += check_contract(module, trainer.datamodule, self.mode)  # docs/custom.md
+        if callable(getattr(module, "score_tokens", None)):
             problems += check_objective(module, getattr(trainer, "datamodule", None))
         if self.boundary_cut and not callable(getattr(module, "encode_prefix", None)):
             problems.append(

@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal
 
 import torch
@@ -31,6 +32,7 @@ import torch.distributed as dist
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
 from torch import Tensor
+from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
 from ..core.errors import ConfigError
@@ -52,18 +54,6 @@ log = logging.getLogger(__name__)
 
 Mode = Literal["streaming", "sync", "async"]
 _MODES = ("streaming", "sync", "async")
-_LIGHTNING_KWARGS = frozenset(
-    {
-        "accelerator",
-        "parallel_devices",
-        "cluster_environment",
-        "checkpoint_io",
-        "precision_plugin",
-        "process_group_backend",
-        "timeout",
-        "start_method",
-    }
-)
 _OBJECTIVE_FIELDS = frozenset(Objective.__dataclass_fields__) | {"objective"}
 
 
@@ -99,11 +89,13 @@ class ThunderSyncStrategy(DDPStrategy):
         boundary_cut: run each group's shared prompt forward and backward once instead of once per
             trajectory (``thundersync_lightning.core.prefix``; same gradient; the module needs
             ``encode_prefix``).
-        **kwargs: Lightning's plumbing (``accelerator``, ``parallel_devices``,
-            ``cluster_environment``, ``checkpoint_io``, ``precision_plugin``,
-            ``process_group_backend``, ``timeout``, ``start_method``). Options of the DDP *wrapper*
-            are rejected: there is no wrapper. The objective (estimator, eps, ...) belongs to the
-            LightningModule (``GRPOPolicy(objective=...)``).
+        accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin,
+            process_group_backend, timeout, start_method: Lightning's plumbing, as for
+            :class:`~lightning.pytorch.strategies.DDPStrategy`.
+
+    Any other keyword is a :class:`ConfigError` naming it: options of the DDP *wrapper* have
+    nothing to act on (there is no wrapper), and the objective (estimator, eps, ...) belongs to the
+    LightningModule (``GRPOPolicy(objective=...)``).
     """
 
     strategy_name = "thundersync"
@@ -117,19 +109,27 @@ class ThunderSyncStrategy(DDPStrategy):
         max_batch_trajectories: int = 32,
         progress_interval_s: float = 0.2,
         boundary_cut: bool = False,
-        **kwargs: Any,
+        accelerator: Any = None,
+        parallel_devices: Any = None,
+        cluster_environment: Any = None,
+        checkpoint_io: Any = None,
+        precision_plugin: Any = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        **unknown: Any,
     ) -> None:
         problems = []
-        for name in sorted(set(kwargs) - _LIGHTNING_KWARGS):
+        for name in sorted(unknown):
             if name in _OBJECTIVE_FIELDS:
                 problems.append(
-                    f"{name}={kwargs[name]!r}: the objective moved to the LightningModule; use "
+                    f"{name}={unknown[name]!r}: the objective moved to the LightningModule; use "
                     f"GRPOPolicy(objective=Objective({name}=...)) or --model.objective.{name}=... (YAML: "
                     f"model.objective.{name})"
                 )
             else:
                 problems.append(
-                    f"{name}={kwargs[name]!r} is not an option of ThunderSyncStrategy (it has no DDP wrapper to "
+                    f"{name}={unknown[name]!r} is not an option of ThunderSyncStrategy (it has no DDP wrapper to "
                     f"pass it to); valid options: mode, offload, max_open_groups, launch_ahead, "
                     f"max_batch_trajectories, progress_interval_s, boundary_cut"
                 )
@@ -143,8 +143,16 @@ class ThunderSyncStrategy(DDPStrategy):
             problems.append(f"max_batch_trajectories must be >= 1, got {max_batch_trajectories}")
         if problems:
             raise ConfigError("ThunderSyncStrategy: " + "; ".join(problems))
-        kwargs.setdefault("start_method", "popen")
-        super().__init__(**kwargs)
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_method=start_method,
+        )
         self.mode: Mode = mode
         self.offload: Offload = offload
         self.max_open_groups = max_open_groups

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -18,6 +20,19 @@ MODES = (
     "step_hangs",
     "reset_raises",
 )
+
+# Verdict behaviours outside MODES (so the group -> mode mapping of MODES is unchanged):
+# a slow verdict (SIMULATED test latency), and verdicts returning garbage of each kind.
+GARBAGE = {
+    "verdict_nan": math.nan,
+    "verdict_inf": -math.inf,
+    "verdict_none": None,
+    "verdict_list": [1.0],
+    "verdict_complex": 1j,
+}
+SLOW_VERDICT_S = 0.5
+# "verdict_stuck" waits for RELEASE: in-process tests set it when done, so no thread outlives them.
+RELEASE = threading.Event()
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,8 +60,14 @@ class ScriptedEnv(GuessingGameEnv):
             raise RuntimeError("test runner crashed")
         if self.mode == "verdict_hangs":
             threading.Event().wait()
+        if self.mode == "verdict_stuck":
+            RELEASE.wait()
         if self.mode == "verdict_malformed":
             return "PASSED"  # type: ignore[return-value]
+        if self.mode in GARBAGE:
+            return GARBAGE[self.mode]  # type: ignore[return-value]
+        if self.mode == "verdict_slow":
+            time.sleep(SLOW_VERDICT_S)
         return super().verdict()
 
 

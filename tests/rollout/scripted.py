@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from collections.abc import Sequence
@@ -39,12 +40,14 @@ RELEASE = threading.Event()
 class ScriptedTask:
     secret: int
     mode: str
+    gate: str = ""
 
 
 class ScriptedEnv(GuessingGameEnv):
     def __init__(self, task: ScriptedTask, num_digits: int, max_turns: int) -> None:
         super().__init__(task.secret, num_digits, max_turns)
         self.mode = task.mode
+        self.gate = task.gate
         if self.mode == "reset_raises":
             raise RuntimeError("cannot build the sandbox")
 
@@ -53,6 +56,8 @@ class ScriptedEnv(GuessingGameEnv):
             raise ValueError("tool crashed")
         if self.mode == "step_hangs":
             threading.Event().wait()
+        if self.mode == "nondeterministic" and self.gate and os.path.exists(self.gate):
+            return StepResult((self.bad,), False)  # another answer once the gate exists
         return super().step(action)
 
     def verdict(self) -> float:
@@ -68,22 +73,32 @@ class ScriptedEnv(GuessingGameEnv):
             return GARBAGE[self.mode]  # type: ignore[return-value]
         if self.mode == "verdict_slow":
             time.sleep(SLOW_VERDICT_S)
+        if self.mode in ("verdict_gated", "nondeterministic"):  # the test decides when these verdicts may finish
+            deadline = time.monotonic() + 60.0
+            while self.gate and not os.path.exists(self.gate) and time.monotonic() < deadline:
+                time.sleep(0.01)
         return super().verdict()
 
 
 @dataclass(frozen=True, slots=True)
 class ScriptedTasks:
-    """Guessing game (no latency) whose group g behaves as ``modes[g % len(modes)]``."""
+    """Guessing game (no latency) whose group g behaves as ``modes[g % len(modes)]``.
+
+    ``gate``: a path; "verdict_gated" verdicts wait (up to 60 s) until it exists.
+    """
 
     modes: tuple[str, ...] = ("ok",)
     num_digits: int = 10
     max_turns: int = 4
+    gate: str = ""
     max_action_tokens: int = field(default=1, init=False)
     stop_token: int | None = field(default=None, init=False)
 
     def tasks(self, step: int, num_groups: int, seed: int) -> list[ScriptedTask]:
         return [
-            ScriptedTask(derive_seed(seed, step, g, -1) % self.num_digits, self.modes[g % len(self.modes)])
+            ScriptedTask(
+                derive_seed(seed, step, g, -1) % self.num_digits, self.modes[g % len(self.modes)], self.gate
+            )
             for g in range(num_groups)
         ]
 

@@ -10,7 +10,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from thundersync_lightning.rollout import AgentLoop, EnvPool, Generation, GenerationRequest, check_verdict, make_request
+from thundersync_lightning.rollout import (
+    AgentLoop,
+    EnvPool,
+    Generation,
+    GenerationRequest,
+    check_verdict,
+    make_request,
+)
 
 from .helpers import collect
 from .scripted import RELEASE, ScriptedTasks

@@ -10,11 +10,10 @@ from __future__ import annotations
 import os
 import sys
 
+from tests.rollout.scripted import ScriptedTasks
 from thundersync_lightning.envs.toy import toy_model_spec
 from thundersync_lightning.rollout import EmbeddedEngineConfig, make_request
 from thundersync_lightning.rollout.models import build_model
-
-from tests.rollout.scripted import ScriptedTasks
 
 if __name__ == "__main__":
     spec = toy_model_spec()

@@ -14,6 +14,10 @@ ones and suggests the closest::
     EngineConfig(temprature=0.7)
     # ConfigError: EngineConfig got an unknown option 'temprature' (did you mean 'temperature'?) ...
 
+An option that is known but has no effect in the chosen mode (a distribution parameter of a
+distribution not selected) is the same trap; :func:`inapplicable` lists those set away from
+their default, for the config's own validation to report.
+
 Invariant: the decorated constructor's signature is unchanged (``inspect.signature`` follows
 ``__wrapped__``), so jsonargparse/LightningCLI still read the typed parameters; every call with
 known keywords behaves exactly as before.
@@ -21,6 +25,7 @@ known keywords behaves exactly as before.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import inspect
@@ -29,7 +34,7 @@ from typing import Any, TypeVar
 
 from .errors import ConfigError
 
-__all__ = ["reject_unknown", "strict_options"]
+__all__ = ["reject_unknown", "strict_options", "inapplicable"]
 
 T = TypeVar("T")
 
@@ -80,3 +85,20 @@ def strict_options(cls: type[T]) -> type[T]:
 
     cls.__init__ = __init__  # type: ignore[misc]
     return cls
+
+
+def inapplicable(config: Any, names: Iterable[str], because: str) -> list[str]:
+    """Problems for the dataclass fields ``names`` of ``config`` set away from their default.
+
+    ``because`` completes "has no effect ...", e.g. ``"with source='trace'"``.
+    """
+    defaults = {
+        f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        for f in dataclasses.fields(config)
+        if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING
+    }
+    return [
+        f"{name}={getattr(config, name)!r} has no effect {because}"
+        for name in names
+        if name in defaults and getattr(config, name) != defaults[name]
+    ]

@@ -15,6 +15,7 @@ from lightning.pytorch import LightningDataModule
 from typing_extensions import override
 
 from ..core.errors import ConfigError
+from ..core.options import strict_options
 from ..core.protocols import RolloutEngine, TaskSource
 from ..core.types import ModelSpec
 from ..strategy.plan import PlanLoader, RolloutPlan
@@ -45,6 +46,7 @@ class TaskSourceConfig(Protocol):
     def make_env(self, task: Any, seed: Any) -> Any: ...
 
 
+@strict_options
 class RolloutDataModule(LightningDataModule):
     """Args:
     tasks: the task source (e.g. ``thundersync_lightning.envs.toy.GuessingGameTasks``).
@@ -53,6 +55,8 @@ class RolloutDataModule(LightningDataModule):
     groups_per_step: B, groups (tasks) per optimizer step, over all ranks.
     seed: the rollout seed; trajectory seeds derive from (seed, step, group, sample).
     steps_per_epoch: length of an "epoch" (RL has none; it only paces epoch-level hooks).
+
+    Every option is used; an unknown keyword raises :class:`ConfigError` naming it.
     """
 
     def __init__(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from ..core.errors import ConfigError
-from ..core.options import strict_options
+from ..core.options import inapplicable, strict_options
 from ..core.protocols import TaskSource
 from ..core.types import ModelSpec
 
@@ -164,6 +164,15 @@ class TraceReplayEngineConfig:
             p.append(f"observation_tokens={self.observation_tokens}: must be >= 0")
         if not 0 <= self.reward_p <= 1:
             p.append(f"reward_p={self.reward_p}: must be in [0, 1]")
+        drawn = ("gen_median", "gen_sigma", "verdict_median", "verdict_sigma", "pareto_alpha", "tokens_mean")
+        if self.source == "trace":
+            p += inapplicable(self, drawn, "with source='trace' (the trace gives every time and length)")
+        else:
+            p += inapplicable(self, ("trace",), f"with source={self.source!r} (no trace is read)")
+        if self.source == "lognormal":
+            p += inapplicable(self, ("pareto_alpha",), "with source='lognormal'")
+        if self.source == "pareto":
+            p += inapplicable(self, ("verdict_sigma",), "with source='pareto' (the tail is pareto_alpha)")
         _raise_if(p, "TraceReplayEngineConfig")
 
     def build(self, model_spec: ModelSpec, tasks: TaskSource | None = None) -> TraceReplayEngine:

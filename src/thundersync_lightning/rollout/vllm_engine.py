@@ -43,6 +43,7 @@ from typing import Any, Literal
 from torch import Tensor
 
 from ..core.errors import ConfigError, EngineError
+from ..core.options import inapplicable, strict_options
 from ..core.protocols import TaskSource
 from ..core.types import ModelSpec, RolloutEvent, RolloutRequest
 from .agent_loop import AgentLoop, GenerationRequest
@@ -56,6 +57,7 @@ __all__ = ["VLLMEngineConfig", "VLLMEngine"]
 log = logging.getLogger(__name__)
 
 
+@strict_options
 @dataclass(frozen=True, slots=True)
 class VLLMEngineConfig:
     """How to run vLLM (LightningCLI/YAML-constructible; ``build`` makes the engine).
@@ -127,6 +129,12 @@ class VLLMEngineConfig:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.event_timeout_s > 0:
             problems.append(f"event_timeout_s must be > 0, got {self.event_timeout_s}")
+        if self.kv_cache_memory_bytes is not None:
+            problems += inapplicable(
+                self, ("gpu_memory_utilization",), "while kv_cache_memory_bytes is set (set it to null)"
+            )
+        if self.weight_sync == "direct":
+            problems += inapplicable(self, ("weights_dir",), "with weight_sync='direct' (no file is written)")
         if problems:
             raise ConfigError("invalid VLLMEngineConfig: " + "; ".join(problems))
 

@@ -13,10 +13,13 @@ policy are generated together, while the others wait for their environment. Turn
 trajectory with seed ``s`` samples with seed ``turn_seed(s, k)``, so its tokens depend only on
 (seed, step, group, sample) and the weights, never on batch composition or completion order.
 
-Failures never escape: an environment call that raises or times out ends the episode with
-``finish_reason="failure"`` (tokens so far are still delivered) and ``RewardReady(reward=0.0,
-failure=...)``; a verdict that raises, times out or is not a finite number gives reward 0.0 with
-the reason.
+If generation itself raises, ``run`` re-raises after closing every environment whose episode had
+not finished (including those whose reset/step is still running, once it returns).
+
+Failures of the environment never escape: an environment call that raises or times out ends
+the episode with ``finish_reason="failure"`` (tokens so far are still delivered) and
+``RewardReady(reward=0.0, failure=...)``; a verdict that raises, times out or is not a finite
+number gives reward 0.0 with the reason.
 """
 
 from __future__ import annotations
@@ -198,8 +201,10 @@ class AgentLoop:
         for ep in episodes:
             pending[self.pool.submit(self._resetter(ep), self.step_timeout_s, "reset")] = ep
         ready: list[_Episode] = []
+        live = {ep.trajectory_id: ep for ep in episodes}  # episodes whose content is not final yet
 
         def finish(ep: _Episode, reason: str, failure: str | None = None) -> None:
+            del live[ep.trajectory_id]
             traj = Trajectory(
                 trajectory_id=ep.trajectory_id,
                 group_id=ep.group_id,
@@ -240,25 +245,32 @@ class AgentLoop:
                 else:  # reset done
                     self._enqueue(ep, ready, finish)
 
-        while pending or ready:
-            if not ready:
-                wait(list(pending), return_when=FIRST_COMPLETED)
-                if self.coalesce_s > 0:  # let the environment calls finishing together form one batch
-                    wait(list(pending), timeout=self.coalesce_s)
+        try:
+            while pending or ready:
+                if not ready:
+                    wait(list(pending), return_when=FIRST_COMPLETED)
+                    if self.coalesce_s > 0:  # let the environment calls finishing together form one batch
+                        wait(list(pending), timeout=self.coalesce_s)
+                    absorb({f for f in pending if f.done()})
+                    continue
+                batch = ready[: self.max_batch_size] if self.max_batch_size else list(ready)
+                del ready[: len(batch)]
+                outputs = self.generate([self._gen_request(ep) for ep in batch])
+                if len(outputs) != len(batch):
+                    raise RuntimeError(f"generate returned {len(outputs)} outputs for {len(batch)} requests")
+                for ep, out in zip(batch, outputs):
+                    ep.turns += 1
+                    ep.segments.append(Segment(tuple(out.tokens), scored=True, logprobs=tuple(out.logprobs)))
+                    ep.context.extend(out.tokens)
+                    action = tuple(out.tokens)
+                    pending[self.pool.submit(self._stepper(ep, action), self.step_timeout_s, "step")] = ep
                 absorb({f for f in pending if f.done()})
-                continue
-            batch = ready[: self.max_batch_size] if self.max_batch_size else list(ready)
-            del ready[: len(batch)]
-            outputs = self.generate([self._gen_request(ep) for ep in batch])
-            if len(outputs) != len(batch):
-                raise RuntimeError(f"generate returned {len(outputs)} outputs for {len(batch)} requests")
-            for ep, out in zip(batch, outputs):
-                ep.turns += 1
-                ep.segments.append(Segment(tuple(out.tokens), scored=True, logprobs=tuple(out.logprobs)))
-                ep.context.extend(out.tokens)
-                action = tuple(out.tokens)
-                pending[self.pool.submit(self._stepper(ep, action), self.step_timeout_s, "step")] = ep
-            absorb({f for f in pending if f.done()})
+        except BaseException:  # generation failed: no unfinished environment (sandbox) may leak
+            for fut, ep in pending.items():
+                fut.add_done_callback(lambda _f, ep=ep: self._close(ep))
+            for ep in live.values():
+                self._close(ep)
+            raise
         return all_rewarded
 
     # -- pieces -----------------------------------------------------------------------------

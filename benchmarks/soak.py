@@ -22,11 +22,14 @@ from __future__ import annotations
 
 import argparse
 import gc
+import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import lightning as L
 import psutil
 import torch
 from lightning.pytorch import Callback
@@ -34,11 +37,12 @@ from lightning.pytorch import Callback
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import add_common_args, write_result  # noqa: E402
-from _harness import fit, load_average  # noqa: E402
+from _harness import load_average  # noqa: E402
 from thundersync_lightning.callbacks import IdleTimeMonitor, RolloutMetrics, StalenessMonitor  # noqa: E402
 from thundersync_lightning.envs.toy import GuessingGameTasks, toy_model_spec  # noqa: E402
 from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule  # noqa: E402
 from thundersync_lightning.rollout import EmbeddedEngineConfig  # noqa: E402
+from thundersync_lightning.strategy import ThunderSyncStrategy  # noqa: E402
 
 EXACT = ("threads", "fds", "children", "shm_segments")
 
@@ -121,15 +125,26 @@ def run(
     )
     policy = GRPOPolicy(config=dict(toy_model_spec().config), lr=3e-3)
     sampler = Sampler(warmup, steps, every)
+    # A bare Trainer (no recorder keeping every step's StepStats, unlike _harness.fit): whatever
+    # grows here grows in a real run too.
+    os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())
     start = time.monotonic()
-    fit(
-        "streaming",
-        policy,
-        data,
-        steps,
-        callbacks=[sampler, RolloutMetrics(), StalenessMonitor(), IdleTimeMonitor()],
-        trainer_kwargs={"gradient_clip_val": 1.0},
-    )
+    with tempfile.TemporaryDirectory(prefix="thundersync-soak-") as root:
+        trainer = L.Trainer(
+            strategy=ThunderSyncStrategy(mode="streaming"),
+            accelerator="cpu",
+            devices=1,
+            max_steps=steps,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            gradient_clip_val=1.0,
+            default_root_dir=root,
+            callbacks=[sampler, RolloutMetrics(), StalenessMonitor(), IdleTimeMonitor()],
+        )
+        trainer.fit(policy, data)
     wall = time.monotonic() - start
     assert sampler.before is not None and sampler.after is not None
     delta = {k: sampler.after[k] - sampler.before[k] for k in sampler.before if k != "step"}

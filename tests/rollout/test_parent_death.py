@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from thundersync_lightning.rollout.lifeline import die_with_parent
+from thundersync_lightning.rollout.lifeline import die_with_parent, parent_death_signal_armed
 
 from .procs import gone, wait_until
 
@@ -48,3 +48,16 @@ def test_a_child_whose_parent_is_already_gone_exits_at_once():
     child.start()
     child.join(timeout=60)
     assert child.exitcode == 1
+
+
+def _armed_child(parent_pid: int) -> None:
+    die_with_parent(parent_pid)
+    sys.exit(0 if parent_death_signal_armed() else 3)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+def test_a_child_that_calls_die_with_parent_has_the_kernel_parent_death_signal_armed():
+    child = multiprocessing.get_context("spawn").Process(target=_armed_child, args=(os.getpid(),))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0

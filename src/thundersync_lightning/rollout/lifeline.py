@@ -30,7 +30,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-__all__ = ["die_with_parent", "parent_death_signal_armed", "start_process"]
+__all__ = ["arm_parent_death_signal", "die_with_parent", "parent_death_signal_armed", "start_process"]
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,13 @@ def _libc() -> Any | None:
         return None
 
 
-def _arm_parent_death_signal() -> bool:
+def arm_parent_death_signal() -> bool:
+    """``prctl(PR_SET_PDEATHSIG, SIGKILL)`` for this process; False where unsupported.
+
+    The setting survives ``execve`` (except of set-user-ID binaries) but not a credential change;
+    for a command that drops privileges, arm it on the first process of the chain (or prefix the
+    command with util-linux ``setpriv --pdeathsig KILL``).
+    """
     libc = _libc()
     if libc is None:
         return False
@@ -71,7 +77,7 @@ def die_with_parent(parent_pid: int, poll_s: float = 0.5) -> None:
     Call first in a child's entry function with the pid the parent passed in. Exits at once
     (``os._exit``) if the parent is already gone.
     """
-    _arm_parent_death_signal()
+    arm_parent_death_signal()
     if os.getppid() != parent_pid:  # the parent died before the signal was armed
         os._exit(1)
 

@@ -56,6 +56,10 @@ class ScriptedEnv(GuessingGameEnv):
             raise ValueError("tool crashed")
         if self.mode == "step_hangs":
             threading.Event().wait()
+        if self.mode == "step_gated":  # the engine's main thread waits here until the gate exists
+            deadline = time.monotonic() + 60.0
+            while self.gate and not os.path.exists(self.gate) and time.monotonic() < deadline:
+                time.sleep(0.01)
         if self.mode == "nondeterministic" and self.gate and os.path.exists(self.gate):
             return StepResult((self.bad,), False)  # another answer once the gate exists
         return super().step(action)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+from multiprocessing import resource_sharer
 
 import pytest
 
@@ -47,6 +48,11 @@ def _summary(events) -> dict[str, tuple]:
     }
 
 
+def _parked_fds() -> int:
+    """Descriptors multiprocessing's fd sharer holds for receivers that have not fetched them."""
+    return len(resource_sharer._resource_sharer._cache)
+
+
 def _strip_version(summary: dict[str, tuple]) -> dict[str, tuple]:
     return {k: (v[0], v[1], v[3], v[4]) for k, v in summary.items()}
 
@@ -54,7 +60,7 @@ def _strip_version(summary: dict[str, tuple]) -> dict[str, tuple]:
 @pytest.fixture(scope="module")
 def engine(spec):
     before = children()
-    eng = EmbeddedEngineConfig(max_engine_restarts=2, env_workers=8).build(spec, TASKS)
+    eng = EmbeddedEngineConfig(max_engine_restarts=3, env_workers=8).build(spec, TASKS)
     yield eng
     eng.shutdown()
     assert wait_until(lambda: children() - before == set(), 10.0), "an engine process outlived shutdown"
@@ -115,16 +121,34 @@ def test_a_replay_that_comes_out_different_fails_its_request_instead_of_pairing_
     assert len(rewards) == 18
 
 
+def test_a_publish_the_killed_process_never_read_leaves_no_file_descriptor_behind(engine, spec, tmp_path):
+    # A snapshot pickled for a process parks a duplicate fd in multiprocessing's fd sharer until
+    # the process fetches it; one the killed process never read must not stay parked (with the
+    # snapshot's memory) for the learner's lifetime.
+    gate = tmp_path / "steps-may-finish"
+    engine.publish(random_model(spec, 5).state_dict(), version=engine.version + 1)
+    busy = engine.rollout(_request(7, str(gate), modes=("step_gated",)))  # its steps wait for the gate
+    engine.publish(random_model(spec, 6).state_dict(), version=engine.version + 1)  # queued, unread
+    os.kill(engine.pid, signal.SIGKILL)
+    gate.touch()
+    _, rewards, _ = collect(busy)
+    assert len(rewards) == 18
+    # a later request is served after the replayed publishes: every snapshot sent was fetched
+    _, rewards, _ = collect(engine.rollout(make_request(TASKS, step=8, num_groups=1, group_size=1, seed=4)))
+    assert len(rewards) == 1
+    assert _parked_fds() == 0
+
+
 # Keep last: it spends the module engine's restart budget.
 def test_a_kill_beyond_max_engine_restarts_raises_engine_error_and_leaves_nothing_behind(engine, spec):
-    assert engine.restart_count == 2
+    assert engine.restart_count == 3
     engine.publish(random_model(spec, 2).state_dict(), version=engine.version + 1)
     events = engine.rollout(_request(3))
     assert isinstance(next(events), ContentReady)
     pid = engine.pid
     names = shm_names(pid)
     os.kill(pid, signal.SIGKILL)
-    with pytest.raises(EngineError, match=r"died \(exit code -9\).*max_engine_restarts=2"):
+    with pytest.raises(EngineError, match=r"died \(exit code -9\).*max_engine_restarts=3"):
         list(events)
     assert wait_until(lambda: gone(pid), 10.0)
     assert existing_shm(names) == set()

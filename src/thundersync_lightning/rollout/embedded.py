@@ -145,7 +145,7 @@ class EmbeddedEngine:
             raise EngineError("publish() got no tensors: pass the policy's full state_dict().")
         packed = SharedWeights.pack(weights)
         with self._send_lock:
-            self._holder.process.send(("publish", int(version), packed))
+            self._holder.process.send_publish(int(version), packed)
             self._version = int(version)
             if self.config.max_engine_restarts > 0:
                 self._snapshots[self._version] = packed
@@ -211,6 +211,7 @@ class EmbeddedEngine:
                     stream._deliver(msg[2])
             elif kind == "applied":
                 self._applied = msg[1]
+                self._holder.process.applied(msg[1])
             elif kind == "fatal":
                 raise self._fail(f"the generation process failed:\n{msg[1]}")
 
@@ -245,11 +246,11 @@ class EmbeddedEngine:
             loaded: int | None = None
             for request_id, stream in self._streams.items():
                 if stream.version != loaded:
-                    process.send(("publish", stream.version, self._snapshots[stream.version]))
+                    process.send_publish(stream.version, self._snapshots[stream.version])
                     loaded = stream.version
                 process.send(("rollout", request_id, stream.unfinished(), stream.issued_at))
             if self._version is not None and loaded != self._version:
-                process.send(("publish", self._version, self._snapshots[self._version]))
+                process.send_publish(self._version, self._snapshots[self._version])
 
     def _prune_snapshots(self) -> None:
         """Keep the snapshots a replay may need: the latest, and those of unfinished requests."""

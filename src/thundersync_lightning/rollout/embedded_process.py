@@ -8,7 +8,9 @@
 
 :meth:`GenerationProcess.stop` leaves nothing behind: the process is asked to exit, then
 terminated, then killed, and reaped; the pipe, the queue (its feeder thread and its named
-semaphores in ``/dev/shm``) and the process sentinel are closed and dropped. The process is
+semaphores in ``/dev/shm``) and the process sentinel are closed and dropped, and so are the
+file descriptors of weight snapshots it never took (see :meth:`GenerationProcess.send_publish`).
+The process is
 started by :func:`~thundersync_lightning.rollout.lifeline.start_process`, so it also dies with
 the learner (``PR_SET_PDEATHSIG`` plus a parent watchdog in the child).
 """
@@ -17,7 +19,10 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
 import time
+from multiprocessing import resource_sharer
+from multiprocessing.reduction import ForkingPickler
 from typing import Any
 
 import torch.multiprocessing as mp
@@ -29,6 +34,8 @@ from .embedded_worker import worker_main
 from .lifeline import start_process
 
 __all__ = ["GenerationProcess", "ProcessGone"]
+
+_PICKLE_LOCK = threading.Lock()
 
 _START_HINT = (
     "check that the ModelSpec and the task source can be built and pickled, and that the launching "
@@ -49,6 +56,7 @@ class GenerationProcess:
 
     def __init__(self, model_spec: ModelSpec, tasks: TaskSource, config: Any) -> None:
         ctx = mp.get_context("spawn")
+        self._unfetched: dict[int, set[Any]] = {}  # version -> fd-sharer keys not yet fetched
         self.commands: Any = ctx.Queue()
         self._reader, writer = ctx.Pipe(duplex=False)
         self.process: Any = ctx.Process(
@@ -72,6 +80,26 @@ class GenerationProcess:
     def send(self, command: tuple[Any, ...]) -> None:
         """Queue a command (never blocks; a dead process simply never reads it)."""
         self.commands.put(command)
+
+    def send_publish(self, version: int, packed: Any) -> None:
+        """Queue ``("publish", version, packed)``, pickled here rather than by the queue's thread.
+
+        Pickling a shared-memory tensor outside ``Process.start`` parks a duplicate of its file
+        descriptor in multiprocessing's fd sharer until the receiver fetches it. A process killed
+        before it read the publish would leave that descriptor (and the snapshot's memory) there
+        for the learner's lifetime, so the keys registered while pickling are remembered until
+        the process reports the version applied, and discarded by :meth:`stop` otherwise.
+        """
+        with _PICKLE_LOCK:  # keys registered meanwhile are this snapshot's
+            before = _sharer_keys()
+            data = bytes(ForkingPickler.dumps(("publish", version, packed)))
+            self._unfetched[version] = _sharer_keys() - before
+        self.commands.put(("pickled", data))
+
+    def applied(self, version: int) -> None:
+        """The process loaded ``version``: it fetched every snapshot up to it."""
+        for v in [v for v in self._unfetched if v <= version]:
+            del self._unfetched[v]
 
     def receive(self, timeout_s: float) -> tuple[Any, ...] | None:
         """The next message, or None after ``timeout_s``; raises :class:`ProcessGone` at end-of-file."""
@@ -146,3 +174,27 @@ class GenerationProcess:
             reader.close()
         except OSError:
             pass
+        for keys in self._unfetched.values():
+            _discard_shared(keys)
+        self._unfetched.clear()
+
+
+def _sharer_keys() -> set[Any]:
+    cache = getattr(getattr(resource_sharer, "_resource_sharer", None), "_cache", None)
+    return set(cache) if isinstance(cache, dict) else set()
+
+
+def _discard_shared(keys: set[Any]) -> None:
+    """Close the parked descriptors of ``keys`` that no process fetched (fetched ones are gone)."""
+    sharer = getattr(resource_sharer, "_resource_sharer", None)
+    cache, lock = getattr(sharer, "_cache", None), getattr(sharer, "_lock", None)
+    if not isinstance(cache, dict) or lock is None:
+        return
+    for key in keys:
+        with lock:
+            entry = cache.pop(key, None)
+        if entry is not None:
+            try:
+                entry[1]()  # close
+            except OSError:
+                pass

@@ -2,7 +2,8 @@
 
 Commands arrive in order on one queue and are handled one at a time by the main thread:
 
-    ("publish", version, SharedWeights)   copy the snapshot into the local model
+    ("publish", version, SharedWeights)   copy the snapshot into the local model (arrives
+                                          pickled by the learner: ("pickled", bytes))
     ("rollout", request_id, request, issued_at)   run the agent loop for the request
     ("shutdown",)
 
@@ -21,6 +22,7 @@ learner (:func:`~thundersync_lightning.rollout.lifeline.die_with_parent`). Event
 from __future__ import annotations
 
 import os
+import pickle
 import queue
 import threading
 import traceback
@@ -134,6 +136,8 @@ def worker_main(
                 if os.getppid() != parent_pid:  # the learner died without shutting us down
                     break
                 continue
+            if cmd[0] == "pickled":  # pickled by the learner (a publish; see GenerationProcess)
+                cmd = pickle.loads(cmd[1])
             kind = cmd[0]
             if kind == "shutdown":
                 break

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..core.errors import ConfigError
+from ..core.options import strict_options
 from ..core.types import ModelSpec, StepResult, derive_seed
 
 __all__ = ["GuessingTask", "GuessingGameEnv", "GuessingGameTasks", "toy_model_spec"]
@@ -138,6 +139,7 @@ class GuessingGameEnv:
         pass
 
 
+@strict_options
 @dataclass(frozen=True, slots=True)
 class GuessingGameTasks:
     """Task source of the guessing game (constructible from YAML).

@@ -16,6 +16,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from ..core.errors import ConfigError
+from ..core.options import strict_options
 from ..core.protocols import RolloutEngine, TaskSource
 from ..strategy.contract import check_module, check_tasks, raise_contract_problems
 from ..strategy.plan import PlanLoader, RolloutPlan
@@ -46,6 +47,7 @@ class TaskSourceConfig(Protocol):
     def make_env(self, task: Any, seed: Any) -> Any: ...
 
 
+@strict_options
 class RolloutDataModule(LightningDataModule):
     """Args:
     tasks: the task source (e.g. ``thundersync_lightning.envs.toy.GuessingGameTasks``).
@@ -54,6 +56,8 @@ class RolloutDataModule(LightningDataModule):
     groups_per_step: B, groups (tasks) per optimizer step, over all ranks.
     seed: the rollout seed; trajectory seeds derive from (seed, step, group, sample).
     steps_per_epoch: length of an "epoch" (RL has none; it only paces epoch-level hooks).
+
+    Every option is used; an unknown keyword raises :class:`ConfigError` naming it.
     """
 
     def __init__(

@@ -48,26 +48,16 @@ def _swebench_tasks(**kw: Any) -> Any:
     return SWEbenchTasks(instances="instances.jsonl", **kw)
 
 
-def _lead(reason: str) -> Any:
-    return pytest.mark.xfail(strict=True, raises=(AssertionError, TypeError, pytest.fail.Exception), reason=reason)
-
-
 CONSTRUCTORS: list[Any] = [
-    pytest.param(_strategy, id="ThunderSyncStrategy", marks=_lead("lead fixes strategy/policy kwargs")),
-    pytest.param(_policy, id="GRPOPolicy", marks=_lead("lead fixes strategy/policy kwargs")),
+    pytest.param(_strategy, id="ThunderSyncStrategy"),
+    pytest.param(_policy, id="GRPOPolicy"),
     pytest.param(_data, id="RolloutDataModule"),
     pytest.param(EmbeddedEngineConfig, id="EmbeddedEngineConfig"),
     pytest.param(TraceReplayEngineConfig, id="TraceReplayEngineConfig"),
     pytest.param(VLLMEngineConfig, id="VLLMEngineConfig"),
     pytest.param(GuessingGameTasks, id="GuessingGameTasks"),
-    pytest.param(
-        _code_tasks, id="LocalCodeTasks",
-        marks=_lead("envs/code owner: decorate LocalCodeTasks with core.options.strict_options"),
-    ),
-    pytest.param(
-        _swebench_tasks, id="SWEbenchTasks",
-        marks=_lead("envs owner: decorate SWEbenchTasks with core.options.strict_options"),
-    ),
+    pytest.param(_code_tasks, id="LocalCodeTasks"),
+    pytest.param(_swebench_tasks, id="SWEbenchTasks"),
 ]
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core.errors import ConfigError
+from ..core.options import strict_options
 from .code.codec import ByteCodec, HFTokenizerCodec, TextCodec
 from .code.env import CodeEnv, render_prompt
 from .code.grading import EvalOutcome, grade_with_spec
@@ -224,6 +225,7 @@ class SWEbenchWorkspace:
                 self._lease = None
 
 
+@strict_options
 class SWEbenchTasks:
     """TaskSource over a local SWE-bench file (needs podman or a running docker, and the images).
 

@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 from ...core.errors import ConfigError
+from ...core.options import strict_options
 from ...core.types import derive_seed
 from ..sandbox.base import SandboxLimits
 from ..sandbox.bwrap import BwrapConfig
@@ -45,6 +46,7 @@ def pick(items: list[Any], step: int, num_groups: int, seed: int) -> list[Any]:
     return out
 
 
+@strict_options
 class LocalCodeTasks:
     """Local repository tasks; text is byte-level (stop token ``ByteCodec.END_OF_ACTION``) unless
     ``tokenizer_path`` names a local Hugging Face tokenizer (stop token: its EOS id).

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from ..core.errors import EngineError, GroupError, UnknownTrajectoryError
 from ..core.snapshot import PolicySnapshot
 from ..core.streaming import StreamingGRPO
-from ..core.terms import TokenScores, engine_logprobs
+from ..core.terms import TokenScores, engine_logprobs, teacher_logprobs
 from ..core.types import ContentReady, RewardReady, RolloutEvent, RolloutRequest, Trajectory
 from .stats import Interval, RolloutProgress, TrajectoryRecord
 
@@ -173,7 +173,10 @@ class StepRunner:
         trajectories = [self.outcome.trajectories[t] for t in tids]
         scores = self.score(trajectories)
         engine = engine_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
-        self.acc.add_tokens(tids, scores, engine)
+        teacher = None
+        if self.acc.objective.needs_teacher:  # shipped by the engine: no teacher forward here
+            teacher = teacher_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
+        self.acc.add_tokens(tids, scores, engine, teacher)
         for t in tids:
             del self._waiting[t]
         self.outcome.learner_tokens += sum(len(t.tokens) for t in trajectories)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from ..core.errors import ConfigError
 from ..core.protocols import TaskSource
 from ..core.types import ModelSpec
+from .teacher import TeacherConfig
 
 if TYPE_CHECKING:
     from .embedded import EmbeddedEngine
@@ -51,6 +52,9 @@ class EmbeddedEngineConfig:
         poll_interval_s: how often a waiting learner checks that the process is alive.
         idle_timeout_s: a learner waiting this long without any message raises EngineError
             (None: wait as long as the process lives; verdict timeouts bound the wait anyway).
+        teacher: on-policy distillation: a second model loaded in the generation process that
+            scores every finished trajectory's sampled tokens at ``temperature`` before its
+            ContentReady (``Segment.teacher_logprobs``); see :mod:`.teacher`.
     """
 
     temperature: float = 1.0
@@ -65,9 +69,12 @@ class EmbeddedEngineConfig:
     startup_timeout_s: float = 120.0
     poll_interval_s: float = 0.05
     idle_timeout_s: float | None = None
+    teacher: TeacherConfig | None = None
 
     def __post_init__(self) -> None:
         p: list[str] = []
+        if self.teacher is not None and not isinstance(self.teacher, TeacherConfig):
+            p.append(f"teacher must be a TeacherConfig or None, got {type(self.teacher).__name__}")
         if not self.temperature > 0:
             p.append(f"temperature={self.temperature}: must be > 0 (greedy decoding is not supported)")
         if not 0 < self.top_p <= 1:

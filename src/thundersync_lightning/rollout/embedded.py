@@ -47,6 +47,7 @@ from ..core.protocols import TaskSource
 from ..core.types import ModelSpec, RolloutEvent, RolloutRequest
 from .config import EmbeddedEngineConfig
 from .embedded_worker import worker_main
+from .teacher import check_teacher
 from .weights import SharedWeights
 
 __all__ = ["EmbeddedEngine"]
@@ -67,6 +68,8 @@ class EmbeddedEngine:
         self, model_spec: ModelSpec, tasks: TaskSource, config: EmbeddedEngineConfig | None = None
     ) -> None:
         self.config = config or EmbeddedEngineConfig()
+        if self.config.teacher is not None:  # a wrong teacher fails here, before the process starts
+            check_teacher(self.config.teacher, model_spec)
         ctx = mp.get_context("spawn")
         self._commands: Any = ctx.Queue()
         self._events: Any = ctx.Queue()

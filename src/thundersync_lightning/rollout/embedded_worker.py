@@ -32,6 +32,7 @@ from .agent_loop import AgentLoop
 from .env_pool import EnvPool
 from .hf_generator import HFGenerator
 from .models import build_model
+from .teacher import TeacherScorer
 from .weights import SharedWeights
 
 __all__ = ["worker_main", "load_snapshot"]
@@ -80,6 +81,7 @@ def worker_main(spec: ModelSpec, tasks: TaskSource, cfg: Any, commands: Any, eve
         generate = HFGenerator(
             model, temperature=cfg.temperature, top_p=cfg.top_p, max_batch_size=cfg.max_batch_size
         )
+        teacher = None if cfg.teacher is None else TeacherScorer.from_config(cfg.teacher, cfg.temperature, cfg.device)
         pool = EnvPool(cfg.env_workers, name="thundersync-env")
         loop = AgentLoop(
             tasks,
@@ -89,6 +91,7 @@ def worker_main(spec: ModelSpec, tasks: TaskSource, cfg: Any, commands: Any, eve
             verdict_timeout_s=cfg.verdict_timeout_s,
             max_batch_size=cfg.max_batch_size,
             max_context_tokens=cfg.max_context_tokens,
+            annotate=teacher,
         )
         version: int | None = None
         events.put(("ready", os.getpid()))

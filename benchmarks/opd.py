@@ -23,6 +23,7 @@ Usage: python benchmarks/opd.py [--quick] [--out DIR] [--threads N] [--teacher P
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -48,8 +49,8 @@ DEMO_CKPT = ROOT / "runs" / "demo" / "checkpoints" / "last.ckpt"
 TOY_MODEL = dict(toy_model_spec().config)  # configs/toy.yaml's model
 TARGET, WINDOW = 0.9, 10
 ARMS = {
-    "grpo": Objective(),
     "opd": Objective(opd_coef=1.0, reward_coef=0.0),
+    "grpo": Objective(),
 }
 COLORS = {"grpo": "tab:red", "opd": "tab:green"}
 
@@ -66,7 +67,7 @@ def _data(args: argparse.Namespace, seed: int, teacher: TeacherConfig | None) ->
 
 def train_teacher(args: argparse.Namespace) -> Path:
     """The toy config's GRPO run (what ``make demo`` does), saved as a Lightning checkpoint."""
-    path = Path(args.runs) / "opd-teacher" / "last.ckpt"
+    path = Path(args.runs) / f"opd-teacher-{args.teacher_steps}" / "last.ckpt"
     if path.exists():
         return path
     print(f"no demo checkpoint at {DEMO_CKPT}: training a teacher for {args.teacher_steps} steps", flush=True)
@@ -107,6 +108,8 @@ class _Stop:
     def __call__(self, trainer: Any, module: Any, stats: Any) -> None:
         self.rewards.append(mean_reward(stats))
         window = self.rewards[-WINDOW:]
+        if len(self.rewards) % 10 == 0:
+            print(f"    step {len(self.rewards)}: moving average {statistics.fmean(window):.3f}", flush=True)
         if self.reached is None and len(window) == WINDOW and statistics.fmean(window) >= TARGET:
             self.reached = len(self.rewards)
             self.seconds = time.monotonic() - self.start
@@ -146,7 +149,7 @@ def _plot(runs: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = add_common_args(argparse.ArgumentParser(description=__doc__), default_threads=1)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--max-steps", type=int, default=400)
@@ -156,17 +159,38 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--teacher-only", action="store_true", help="train (or find) the teacher and stop")
-    args = parser.parse_args()
+    parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms to run")
+    parser.add_argument("--seed-list", default=None, help="comma-separated seeds (default: 0..seeds-1)")
+    parser.add_argument("--merge", type=Path, nargs="*", default=None,
+                        help="combine the runs of these opd.json files (parallel partial runs) and exit")
+    args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.max_steps, args.teacher_steps = 1, 40, 40
+    if args.merge:
+        parts = [json.loads(p.read_text()) for p in args.merge]
+        runs = sorted((r for part in parts for r in part["runs"]), key=lambda r: (list(ARMS).index(r["arm"]), r["seed"]))
+        settings = {k: v for k, v in parts[0]["settings"].items() if k in ("groups", "group_size", "max_steps")}
+        args.groups, args.group_size, args.max_steps = settings["groups"], settings["group_size"], settings["max_steps"]
+        _write(args, Path(parts[0]["teacher"]), runs, merged=[str(p) for p in args.merge])
+        return
     torch.set_num_threads(args.threads)
     teacher = args.teacher or (DEMO_CKPT if DEMO_CKPT.exists() else train_teacher(args))
     if args.teacher_only:
         return
-    runs = [run_arm(args, arm, seed, teacher) for arm in ARMS for seed in range(args.seeds)]
+    seeds = [int(s) for s in args.seed_list.split(",")] if args.seed_list else list(range(args.seeds))
+    runs: list[dict[str, Any]] = []
+    for arm in args.arms.split(","):
+        for seed in seeds:
+            runs.append(run_arm(args, arm, seed, teacher))
+            _write(args, teacher, runs)  # after every run: a long benchmark keeps what it measured
+
+
+def _write(args: argparse.Namespace, teacher: Path, runs: list[dict[str, Any]], merged: list[str] | None = None) -> None:
     summary = {}
     for arm in ARMS:
         mine = [r for r in runs if r["arm"] == arm]
+        if not mine:
+            continue
         reached = [r for r in mine if r["steps_to_target"] is not None]
         summary[arm] = {
             "reached": f"{len(reached)}/{len(mine)}",
@@ -186,6 +210,7 @@ def main() -> None:
         "summary": summary,
         "runs": runs,
         "load_average": load_average(),
+        "merged_from": merged,
     }
     write_result(args.out, NAME, payload)
     _plot(runs, Path(args.out) / f"{NAME}.png")

@@ -58,7 +58,7 @@ COLORS = {"grpo": "tab:red", "opd": "tab:green"}
 def _data(args: argparse.Namespace, seed: int, teacher: TeacherConfig | None) -> RolloutDataModule:
     return RolloutDataModule(
         tasks=GuessingGameTasks(latency="none"),
-        engine=EmbeddedEngineConfig(num_threads=1, env_workers=8, teacher=teacher),
+        engine=EmbeddedEngineConfig(num_threads=1, env_workers=8, teacher=teacher, startup_timeout_s=900),
         group_size=args.group_size,
         groups_per_step=args.groups,
         seed=seed,
@@ -99,7 +99,8 @@ def mean_reward(stats: Any) -> float:
 class _Stop:
     """Stops a fit once the moving average of the step's mean reward reaches the target."""
 
-    def __init__(self) -> None:
+    def __init__(self, checkpoint: Any = None) -> None:
+        self.checkpoint = checkpoint  # called every 10 steps: a run cut short keeps its curve
         self.rewards: list[float] = []
         self.reached: int | None = None
         self.start = time.monotonic()
@@ -110,6 +111,8 @@ class _Stop:
         window = self.rewards[-WINDOW:]
         if len(self.rewards) % 10 == 0:
             print(f"    step {len(self.rewards)}: moving average {statistics.fmean(window):.3f}", flush=True)
+            if self.checkpoint is not None:
+                self.checkpoint(self)
         if self.reached is None and len(window) == WINDOW and statistics.fmean(window) >= TARGET:
             self.reached = len(self.rewards)
             self.seconds = time.monotonic() - self.start
@@ -120,12 +123,18 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, teacher: Path) -> dic
     torch.manual_seed(1000 + seed)  # a fresh student, not the teacher's initialisation
     policy = GRPOPolicy(config=TOY_MODEL, lr=3e-3, objective=ARMS[arm])
     config = TeacherConfig(ckpt_path=str(teacher)) if ARMS[arm].needs_teacher else None
-    stop = _Stop()
+    def record(s: _Stop, done: bool = False) -> dict[str, Any]:
+        return {"arm": arm, "seed": seed, "steps_to_target": s.reached, "seconds_to_target": s.seconds,
+                "rewards": s.rewards, "complete": done, "seconds": time.monotonic() - s.start}
+
+    def partial(s: _Stop) -> None:
+        _write(args, teacher, [*args.done, record(s)], name=f"{NAME}-partial-{arm}-{seed}")
+
+    stop = _Stop(partial)
     fit("streaming", policy, _data(args, seed, config), args.max_steps, on_step=stop,
         trainer_kwargs={"gradient_clip_val": 1.0})
     print(f"  {arm} seed {seed}: reached {TARGET} at step {stop.reached} ({stop.seconds} s)", flush=True)
-    return {"arm": arm, "seed": seed, "steps_to_target": stop.reached, "seconds_to_target": stop.seconds,
-            "rewards": stop.rewards}
+    return record(stop, done=True)
 
 
 def _plot(runs: list[dict[str, Any]], path: Path) -> None:
@@ -164,11 +173,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--merge", type=Path, nargs="*", default=None,
                         help="combine the runs of these opd.json files (parallel partial runs) and exit")
     args = parser.parse_args(argv)
+    args.load_start = load_average()
     if args.quick:
         args.seeds, args.max_steps, args.teacher_steps = 1, 40, 40
     if args.merge:
         parts = [json.loads(p.read_text()) for p in args.merge]
         runs = sorted((r for part in parts for r in part["runs"]), key=lambda r: (list(ARMS).index(r["arm"]), r["seed"]))
+        args.load_start = [p.get("load_average_start", p.get("load_average")) for p in parts]
         settings = {k: v for k, v in parts[0]["settings"].items() if k in ("groups", "group_size", "max_steps")}
         args.groups, args.group_size, args.max_steps = settings["groups"], settings["group_size"], settings["max_steps"]
         _write(args, Path(parts[0]["teacher"]), runs, merged=[str(p) for p in args.merge])
@@ -178,14 +189,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.teacher_only:
         return
     seeds = [int(s) for s in args.seed_list.split(",")] if args.seed_list else list(range(args.seeds))
-    runs: list[dict[str, Any]] = []
+    args.done = runs = []
     for arm in args.arms.split(","):
         for seed in seeds:
             runs.append(run_arm(args, arm, seed, teacher))
             _write(args, teacher, runs)  # after every run: a long benchmark keeps what it measured
 
 
-def _write(args: argparse.Namespace, teacher: Path, runs: list[dict[str, Any]], merged: list[str] | None = None) -> None:
+def _write(
+    args: argparse.Namespace, teacher: Path, runs: list[dict[str, Any]], merged: list[str] | None = None, name: str = NAME
+) -> None:
     summary = {}
     for arm in ARMS:
         mine = [r for r in runs if r["arm"] == arm]
@@ -195,6 +208,9 @@ def _write(args: argparse.Namespace, teacher: Path, runs: list[dict[str, Any]], 
         summary[arm] = {
             "reached": f"{len(reached)}/{len(mine)}",
             "steps_to_target": [r["steps_to_target"] for r in mine],
+            "steps_run": [len(r["rewards"]) for r in mine],
+            "last_moving_average": [round(statistics.fmean(r["rewards"][-WINDOW:]), 3) if r["rewards"] else None
+                                    for r in mine],
             "seconds_to_target": [round(r["seconds_to_target"], 1) if r["seconds_to_target"] else None for r in mine],
             "median_steps": statistics.median([r["steps_to_target"] for r in reached]) if reached else None,
             "median_seconds": round(statistics.median([r["seconds_to_target"] for r in reached]), 1) if reached else None,
@@ -209,11 +225,12 @@ def _write(args: argparse.Namespace, teacher: Path, runs: list[dict[str, Any]], 
         "objectives": {arm: obj.to_dict() for arm, obj in ARMS.items()},
         "summary": summary,
         "runs": runs,
-        "load_average": load_average(),
+        "load_average_start": args.load_start,
+        "load_average_end": load_average(),
         "merged_from": merged,
     }
-    write_result(args.out, NAME, payload)
-    _plot(runs, Path(args.out) / f"{NAME}.png")
+    write_result(args.out, name, payload)
+    _plot(runs, Path(args.out) / f"{name}.png")
 
 
 if __name__ == "__main__":

@@ -84,6 +84,7 @@ def test_sample_efficiency_smoke(tmp_path: Path) -> None:
     assert data["sgd_check"]["param_distance_streaming_vs_sync"] < 1e-3
 
 
+@pytest.mark.slow  # two fits with their engine start-ups: ~40 s on an idle 2-core box, minutes when loaded
 def test_opd_smoke(tmp_path: Path) -> None:
     import torch
 

@@ -27,7 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core.protocols import Environment, TaskSource
@@ -200,8 +200,8 @@ class AgentLoop:
                 content_ready_at=clock(),
                 failure=failure,
             )
-            if self.annotate is not None:
-                traj = self.annotate(traj)
+            if self.annotate is not None:  # its time counts: content is ready once annotated
+                traj = replace(self.annotate(traj), content_ready_at=clock())
             emit_content(ContentReady(traj, traj.content_ready_at))
             if failure is not None:
                 self._close(ep)

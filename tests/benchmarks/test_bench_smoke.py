@@ -96,3 +96,25 @@ def test_boundary_cut_smoke(tmp_path: Path) -> None:
     assert data["learner_tokens"]["cut"] < data["learner_tokens"]["uncut"]
     assert data["gradient_rel_diff"] <= 1e-5
     assert data["learner_work_ratio_cpu"] > 0
+
+
+@pytest.mark.slow  # two fits with their engine start-ups: ~40 s on an idle 2-core box, minutes when loaded
+def test_opd_smoke(tmp_path: Path) -> None:
+    import torch
+
+    from thundersync_lightning.envs.toy import toy_model_spec
+    from thundersync_lightning.rollout import build_model
+
+    spec = toy_model_spec()
+    teacher = build_model(spec)
+    ckpt = tmp_path / "teacher.ckpt"  # laid out like a GRPOPolicy Lightning checkpoint
+    hparams = {"model_type": spec.model_type, "config": dict(spec.config), "dtype": "float32", "lora": None}
+    torch.save({"hyper_parameters": hparams, "state_dict": {f"model.{k}": v for k, v in teacher.state_dict().items()}}, ckpt)
+    bench = _load("opd")
+    common = ["--threads", "1", "--teacher", str(ckpt), "--groups", "2", "--group-size", "2", "--max-steps", "2"]
+    bench.main([*common, "--out", str(tmp_path / "a"), "--arms", "opd", "--seed-list", "0"])
+    bench.main([*common, "--out", str(tmp_path / "b"), "--arms", "grpo", "--seed-list", "0"])
+    bench.main(["--out", str(tmp_path), "--merge", str(tmp_path / "a" / "opd.json"), str(tmp_path / "b" / "opd.json")])
+    data = _read(tmp_path, "opd")
+    assert [(r["arm"], len(r["rewards"])) for r in data["runs"]] == [("opd", 2), ("grpo", 2)]
+    assert set(data["summary"]) == {"opd", "grpo"} and data["objectives"]["opd"]["reward_coef"] == 0.0

@@ -4,6 +4,8 @@
   order through :class:`StreamingGRPO`;
 - synchronous: every verdict first, then the whole batch in one ``add_tokens`` (the direct path);
 - barrier reference: one backward of :func:`reference_loss` over the complete batch.
+
+Engine and teacher log-probabilities are the learner's perturbed by seeded per-token noise.
 """
 
 from __future__ import annotations
@@ -70,6 +72,18 @@ class TokenPolicy(nn.Module):
             out[i] += torch.randn(out.shape[1], generator=g, dtype=self.dtype) * 0.6
         return out * scores.mask
 
+    def teacher(self, tids: Sequence[str], scores: TokenScores) -> torch.Tensor:
+        """Teacher logprobs: the learner's shifted by a per-token draw (both signs of l - p occur)."""
+        out = scores.logprobs.detach().clone()
+        for i, t in enumerate(tids):
+            g = torch.Generator().manual_seed(seed_of("teacher/" + t))
+            out[i] += torch.randn(out.shape[1], generator=g, dtype=self.dtype) * 0.8
+        return out * scores.mask
+
+
+def teacher_of(policy: TokenPolicy, obj: Objective, tids: Sequence[str], scores: TokenScores) -> torch.Tensor | None:
+    return policy.teacher(tids, scores) if obj.needs_teacher else None
+
 
 @dataclass(frozen=True)
 class Event:
@@ -115,7 +129,7 @@ def streamed(policy: TokenPolicy, obj: Objective, batch: Batch, events: Sequence
     def flush() -> None:
         if pending:
             s = policy.scores(pending, obj.needs_entropy, obj.needs_reference)
-            acc.add_tokens(list(pending), s, policy.engine(pending, s))
+            acc.add_tokens(list(pending), s, policy.engine(pending, s), teacher_of(policy, obj, pending, s))
             pending.clear()
 
     for e in events:
@@ -141,7 +155,7 @@ def barrier(policy: TokenPolicy, obj: Objective, batch: Batch) -> torch.Tensor:
     params = params_of(policy)
     tids = batch.order
     s = policy.scores(tids, obj.needs_entropy, obj.needs_reference)
-    terms = trajectory_terms(obj, s, policy.engine(tids, s))
+    terms = trajectory_terms(obj, s, policy.engine(tids, s), teacher_of(policy, obj, tids, s))
     loss = reference_loss(
         obj, terms, [batch.group_of(t) for t in tids], [batch.rewards[t] for t in tids], [batch.failed[t] for t in tids]
     )

@@ -17,7 +17,7 @@ LOSS_AGGS = ["group-sum", "seq-mean-token-sum", "token-mean", "seq-mean-token-me
 IS_MODES = ["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
 objectives = st.builds(
-    lambda est, std, scale, agg, single, failed, kl, ent, is_mode, kl_est: Objective(
+    lambda est, std, scale, agg, single, failed, kl, ent, is_mode, kl_est, opd, reward: Objective(
         estimator=est,
         std=std,
         scale=scale,
@@ -30,6 +30,8 @@ objectives = st.builds(
         is_correction=is_mode,
         is_cap=2.0,
         kl_estimator=kl_est,
+        opd_coef=opd,
+        reward_coef=reward,
     ),
     st.sampled_from(["grpo", "drgrpo", "rloo"]),
     st.sampled_from(["population", "sample"]),
@@ -41,6 +43,8 @@ objectives = st.builds(
     st.sampled_from([0.0, 0.05]),
     st.sampled_from(IS_MODES),
     st.sampled_from(["k1", "k2", "k3"]),
+    st.sampled_from([0.0, 0.5]),
+    st.sampled_from([1.0, 1.0, 0.7, 0.0]),
 )
 
 
@@ -115,6 +119,8 @@ def test_every_setting_changes_the_gradient_somewhere():
         "entropy_coef": Objective(entropy_coef=0.2),
         **{f"is={m}": Objective(is_correction=m, is_cap=1.5) for m in IS_MODES[1:]},
         "failed": Objective(failed="drop"),
+        "opd_coef": Objective(opd_coef=0.3),
+        "reward_coef": Objective(reward_coef=0.5),
     }
     for name, obj in variants.items():
         assert rel(barrier(policy, obj, batch), base) > 1e-6, name
@@ -141,6 +147,7 @@ def test_a_group_whose_kept_members_all_failed_counts_nowhere():
         ({"norm_tokens": 5.0}, "norm_tokens is only used by"),
         ({"is_correction": "tokens"}, "is_correction='tokens' is not one of"),
         ({"kl_coef": -1.0}, "kl_coef must be a finite number >= 0"),
+        ({"opd_coef": -0.1, "reward_coef": float("nan")}, "opd_coef must be a finite.*reward_coef must be a finite"),
         ({"std": "unbiased", "failed": "skip"}, "std='unbiased'.*failed='skip'"),
     ],
 )
@@ -161,7 +168,7 @@ def test_presets_and_mappings_build_objectives_and_unknown_names_are_rejected():
 
 
 def test_every_estimator_aggregation_std_scale_singleton_and_failure_setting_streams_exactly():
-    """The full product of the advantage and normalisation settings, with KL, entropy and IS on."""
+    """The full product of the advantage and normalisation settings, with KL, entropy, OPD and IS on."""
     import itertools
 
     batch = Batch(
@@ -179,7 +186,7 @@ def test_every_estimator_aggregation_std_scale_singleton_and_failure_setting_str
         obj = Objective(
             estimator=est, loss_agg=agg, std=std, scale=scale, singleton=single, failed=failed,
             norm_tokens=4.0 if agg.endswith("norm") else None,
-            kl_coef=0.1, entropy_coef=0.02, is_correction="token_mask", is_cap=2.0,
+            kl_coef=0.1, entropy_coef=0.02, is_correction="token_mask", is_cap=2.0, opd_coef=0.2,
         )
         reference = barrier(policy, obj, batch)
         assert rel(streamed(policy, obj, batch, events), reference) <= 1e-12, obj

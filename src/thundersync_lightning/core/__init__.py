@@ -24,6 +24,7 @@ from .terms import (
     TrajectoryTerms,
     engine_logprobs,
     reference_loss,
+    teacher_logprobs,
     trajectory_terms,
 )
 from .types import (
@@ -49,6 +50,7 @@ __all__ = [
     "TrajectoryTerms",
     "OnPolicyStats",
     "engine_logprobs",
+    "teacher_logprobs",
     "trajectory_terms",
     "reference_loss",
     "StreamingGRPO",

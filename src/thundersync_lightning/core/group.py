@@ -60,7 +60,9 @@ class GroupSums:
         return objective.coefficients(self.reward_tensor())
 
     def zero_advantage(self, objective: Objective) -> bool:
-        """Every A_i is exactly 0: known once all verdicts are in, or up front for a lone member."""
+        """Every A_i is exactly 0: known once all verdicts are in, or up front (lone member, reward_coef 0)."""
+        if objective.reward_coef == 0:
+            return True
         if self.all_rewards_known():
             return self.coefficients(objective) == (0.0, 0.0)
         return len(self.members) == 1 and objective.singleton == "zero"

@@ -10,15 +10,24 @@ either kept with reward 0 (``failed="zero"``) or removed from their group and fr
     w_it  = importance weight from exp(l_it - e_it)   detached (1 without correction)
     k_i   = 1 | 1/T_i | 1/norm_tokens                 per-sequence factor of ``loss_agg``
     S_i   = k_i sum_t w_it l_it                       reward-weighted score
-    R_i   = k_i sum_t (entropy_coef H_it - kl_coef KL_k(l_it, q_it))   reward-independent
-    L     = -(1/D) sum_i (A_i S_i + R_i)
+    R_i   = k_i sum_t (entropy_coef H_it - kl_coef KL_k(l_it, q_it)
+                       - opd_coef [l_it - p_it] l_it)  reward-independent
+    L     = -(1/D) sum_i (reward_coef A_i S_i + R_i)
 
 with D the global number of groups (``group-sum``), sequences (``seq-mean-*``) or scored tokens
 (``token-mean``), all counted over every rank, and s = 1 except for ``scale="batch"`` where
 s = 1/(std of all kept rewards of the step + eps): a global scalar known at the barrier, applied
-to the folded sums there, which keeps streaming exact. At ratio 1 (one update per batch) PPO
+to the folded sums there, which keeps streaming exact. [x] is x detached (a constant). At ratio 1 (one update per batch) PPO
 clipping is inert and grad L is the GRPO policy gradient of verl and TRL for the matching
 settings (see ``docs/objective.md``).
+
+On-policy distillation (OPD): p_it is a teacher's log-probability of the student's own sampled
+token, computed by the rollout engine at the sampling temperature. On the student's samples
+grad KL(student || teacher) = E[(l - p) grad l] (the pathwise term E[grad l] is 0), so the
+OPD part of R_i is the per-token advantage -(l_it - p_it), detached, times l_it: reward-free,
+it streams like KL and entropy. Its value is a surrogate; its gradient is the reverse KL's.
+``reward_coef`` scales every A_i (0: no reward term at all, OPD alone; its S_i backward passes
+are skipped).
 
 Advantages (float64, kept members of one group, mu = mean, sigma = std with ``std``'s divisor):
 
@@ -116,6 +125,11 @@ class Objective:
         failed: ``zero`` (a failed rollout trains with its reward, 0) or ``drop`` (it leaves its
             group's baseline and every count; exact, since nothing of it is folded before its
             verdict).
+        opd_coef: on-policy distillation: weight of the per-token advantage -(l - p) on the
+            student's sampled tokens, p the teacher's log-probabilities shipped with each
+            trajectory by the engine (reverse KL to the teacher). Needs an engine with a teacher.
+        reward_coef: weight of the reward term (every A_i is multiplied by it); 0 trains the
+            reward-independent terms only (e.g. OPD alone) and skips every S_i backward pass.
     """
 
     estimator: str = "grpo"
@@ -131,6 +145,8 @@ class Objective:
     is_correction: ISCorrection = "none"
     is_cap: float = 3.0
     failed: Failed = "zero"
+    opd_coef: float = 0.0
+    reward_coef: float = 1.0
 
     def __post_init__(self) -> None:
         problems = []
@@ -143,7 +159,7 @@ class Objective:
         for name, choices in _CHOICES.items():
             if getattr(self, name) not in choices:
                 problems.append(f"{name}={getattr(self, name)!r} is not one of {choices}")
-        for name in ("eps", "kl_coef", "entropy_coef"):
+        for name in ("eps", "kl_coef", "entropy_coef", "opd_coef", "reward_coef"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 problems.append(f"{name} must be a finite number >= 0, got {value!r}")
@@ -206,9 +222,14 @@ class Objective:
         return self.entropy_coef != 0
 
     @property
+    def needs_teacher(self) -> bool:
+        """OPD is on: every scored token needs the teacher's log-probability p_it."""
+        return self.opd_coef != 0
+
+    @property
     def has_independent_terms(self) -> bool:
-        """Whether R_i (KL, entropy) exists: reward-independent gradient added on arrival."""
-        return self.needs_reference or self.needs_entropy
+        """Whether R_i (KL, entropy, OPD) exists: reward-independent gradient added on arrival."""
+        return self.needs_reference or self.needs_entropy or self.needs_teacher
 
     @property
     def needs_token_detail(self) -> bool:
@@ -221,10 +242,20 @@ class Objective:
 
     # ------------------------------------------------------------------ advantages
     def coefficients(self, rewards: torch.Tensor) -> tuple[float, float]:
-        """(a_g, b_g) of one group from its kept rewards (float64, shape (G,)), before the batch scale.
+        """(a_g, b_g) of one group from its kept rewards (float64, shape (G,)), before the batch scale,
+        times ``reward_coef``.
 
-        Zero for an all-equal group of G >= 2 and for a singleton under ``singleton="zero"``.
+        Zero for an all-equal group of G >= 2, for a singleton under ``singleton="zero"`` and for
+        every group when ``reward_coef`` is 0.
         """
+        if self.reward_coef == 0:
+            return 0.0, 0.0
+        a, b = self._estimator_coefficients(rewards)
+        if self.reward_coef == 1:
+            return a, b
+        return a * self.reward_coef, b * self.reward_coef
+
+    def _estimator_coefficients(self, rewards: torch.Tensor) -> tuple[float, float]:
         g = rewards.numel()
         if g == 0:
             return 0.0, 0.0

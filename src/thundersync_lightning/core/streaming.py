@@ -1,7 +1,7 @@
 """Exact streaming GRPO gradients: backpropagate each trajectory the moment it lands.
 
 Notation (see :mod:`~thundersync_lightning.core.objective`): group g has trajectories i with
-reward-weighted score S_i and reward-independent term R_i (KL, entropy), scalars with an autograd
+reward-weighted score S_i and reward-independent term R_i (KL, entropy, OPD), scalars with an autograd
 graph to the parameters theta; A_i = (a_g r_i + b_g) s; D the global normaliser.
 
     L = -(1/D) sum_i (A_i S_i + R_i)
@@ -283,13 +283,15 @@ class StreamingGRPO:
         trajectory_ids: Sequence[Hashable],
         scores: TokenScores,
         engine_logprobs: torch.Tensor | None = None,
+        teacher_logprobs: torch.Tensor | None = None,
         prefix: SharedPrefix | None = None,
     ) -> None:
         """Backpropagate a scored batch now; exact same result as one call per trajectory.
 
         ``engine_logprobs`` ((n, L), laid out like ``scores.mask``; see
         :func:`~thundersync_lightning.core.terms.engine_logprobs`) feed the importance correction
-        and the on-policy statistics. Trajectories whose gradients end in the same place share ONE
+        and the on-policy statistics; ``teacher_logprobs`` (same layout; see
+        :func:`~thundersync_lightning.core.terms.teacher_logprobs`) the OPD term. Trajectories whose gradients end in the same place share ONE
         backward pass: everything with a known advantage or no reward dependence (the step's
         gradient), and the members of one group with the same known reward (one sum). A
         trajectory without a known reward gets its own backward (its gradient is held apart).
@@ -301,7 +303,7 @@ class StreamingGRPO:
         ids = list(trajectory_ids)
         if scores.n != len(ids):
             raise InvalidLogprobError(f"add_tokens got {scores.n} scored rows for {len(ids)} trajectory ids")
-        self._add(ids, trajectory_terms(self.objective, scores, engine_logprobs), prefix)
+        self._add(ids, trajectory_terms(self.objective, scores, engine_logprobs, teacher_logprobs), prefix)
 
     @property
     def _independent_apart(self) -> bool:

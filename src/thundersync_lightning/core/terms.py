@@ -3,11 +3,15 @@
 A policy scores n trajectories in one forward and returns :class:`TokenScores`: right-padded
 (n, L) tensors of the learner's log-probabilities l_it of each position's next token, a mask of
 the scored positions, and, when the objective needs them, entropies H_it (with a graph) and
-reference log-probabilities q_it (no graph). :func:`trajectory_terms` turns them into
+reference log-probabilities q_it (no graph). With the engine's sampling log-probabilities e_it
+and, for on-policy distillation, the teacher's p_it (both shipped with the trajectory; laid out
+like the mask by :func:`engine_logprobs` / :func:`teacher_logprobs`), :func:`trajectory_terms`
+turns them into
 
-    S_i = k_i sum_t w_it l_it,     R_i = k_i sum_t (entropy_coef H_it - kl_coef KL_k(l_it, q_it))
+    S_i = k_i sum_t w_it l_it,
+    R_i = k_i sum_t (entropy_coef H_it - kl_coef KL_k(l_it, q_it) - opd_coef [l_it - p_it] l_it)
 
-(notation of :mod:`~thundersync_lightning.core.objective`) plus the scored-token counts and the
+(notation of :mod:`~thundersync_lightning.core.objective`; [x] is x detached) plus the scored-token counts and the
 on-policy diagnostics: |e_it - l_it| (mean and max) and the k3 estimate of KL(engine || learner),
 r = exp(l - e), k3 = r - 1 - log r, averaged over scored tokens. Everything but S_i and R_i is
 detached. :func:`reference_loss` is the barrier form of the same objective for a complete batch.
@@ -26,7 +30,15 @@ from .errors import InvalidLogprobError
 from .objective import BatchTotals, Objective
 from .types import Trajectory
 
-__all__ = ["TokenScores", "TrajectoryTerms", "OnPolicyStats", "engine_logprobs", "trajectory_terms", "reference_loss"]
+__all__ = [
+    "TokenScores",
+    "TrajectoryTerms",
+    "OnPolicyStats",
+    "engine_logprobs",
+    "teacher_logprobs",
+    "trajectory_terms",
+    "reference_loss",
+]
 
 
 @dataclass(frozen=True)
@@ -101,12 +113,37 @@ def engine_logprobs(trajectories: Sequence[Trajectory], mask: Tensor, dtype: tor
     rows = [t.sampling_logprobs for t in trajectories]
     if any(len(r) == 0 for r in rows) and any(t.num_scored_tokens for t in trajectories):
         return None
+    return _layout(trajectories, rows, mask, dtype, "engine logprobs")
+
+
+def teacher_logprobs(trajectories: Sequence[Trajectory], mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """The teacher's logprobs p_it of every scored token laid out like ``mask`` ((n, L)).
+
+    Raises :class:`InvalidLogprobError` naming the first trajectory that has none (its engine
+    scored no teacher) or whose count does not match its scored positions.
+    """
+    rows = []
+    for t in trajectories:
+        r = t.teacher_logprobs
+        if r is None:
+            raise InvalidLogprobError(
+                f"trajectory {t.trajectory_id!r} has no teacher logprobs, and objective.opd_coef > 0 needs "
+                "one per scored token: give the engine a teacher (EmbeddedEngineConfig(teacher=TeacherConfig(...))) "
+                "or set opd_coef=0"
+            )
+        rows.append(r)
+    return _layout(trajectories, rows, mask, dtype, "teacher logprobs")
+
+
+def _layout(
+    trajectories: Sequence[Trajectory], rows: list[tuple[float, ...]], mask: Tensor, dtype: torch.dtype, what: str
+) -> Tensor:
     counts = mask.sum(-1).tolist()
     for t, r, c in zip(trajectories, rows, counts):
         if len(r) != c:
             raise InvalidLogprobError(
-                f"trajectory {t.trajectory_id!r} has {len(r)} engine logprobs for {c} scored positions; "
-                "an engine must report one logprob per sampled token"
+                f"trajectory {t.trajectory_id!r} has {len(r)} {what} for {c} scored positions; "
+                "an engine must report one per sampled token"
             )
     out = torch.zeros(mask.shape, dtype=dtype)
     flat = [v for r in rows for v in r]
@@ -137,8 +174,15 @@ def _is_weights(objective: Objective, log_ratio: Tensor, m: Tensor) -> Tensor:
     return torch.where(ratio > cap, torch.zeros_like(ratio), ratio)
 
 
-def trajectory_terms(objective: Objective, scores: TokenScores, engine: Tensor | None) -> TrajectoryTerms:
-    """S_i, R_i, token counts and on-policy statistics of one scored batch (see module docstring)."""
+def trajectory_terms(
+    objective: Objective, scores: TokenScores, engine: Tensor | None, teacher: Tensor | None = None
+) -> TrajectoryTerms:
+    """S_i, R_i, token counts and on-policy statistics of one scored batch (see module docstring).
+
+    ``engine`` and ``teacher``: (n, L) sampling and teacher log-probabilities laid out like
+    ``scores.mask`` (values at unscored positions are ignored); ``teacher`` is required when
+    ``objective.opd_coef`` is not 0.
+    """
     lp = scores.logprobs
     m = scores.mask.to(lp.dtype)
     tokens = m.sum(-1)  # (n,)
@@ -176,6 +220,15 @@ def trajectory_terms(objective: Objective, scores: TokenScores, engine: Tensor |
             if scores.ref_logprobs is None:
                 raise InvalidLogprobError("kl_coef != 0 but the policy returned no reference logprobs")
             per_token = per_token - objective.kl_coef * _kl(objective, lp, scores.ref_logprobs.to(lp.dtype))
+        if objective.needs_teacher:
+            if teacher is None:
+                raise InvalidLogprobError(
+                    f"opd_coef={objective.opd_coef} needs the teacher's logprobs of every scored token, and this "
+                    "batch has none; give the engine a teacher (EmbeddedEngineConfig(teacher=TeacherConfig(...)))"
+                )
+            p = teacher.to(device=lp.device, dtype=lp.dtype)
+            advantage = -(lp.detach() - p) * m  # (n, L): per-token OPD advantage, masked (p is 0 off the mask)
+            per_token = per_token + objective.opd_coef * advantage * lp
         independent = k * (per_token * m).sum(-1)
     return TrajectoryTerms(score, independent, tokens.detach(), stats)
 

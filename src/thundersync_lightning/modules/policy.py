@@ -32,7 +32,7 @@ from typing_extensions import override
 from ..core.errors import ConfigError
 from ..core.objective import BatchTotals, Objective
 from ..core.prefix import SharedPrefix
-from ..core.terms import TokenScores, engine_logprobs, reference_loss, trajectory_terms
+from ..core.terms import TokenScores, engine_logprobs, reference_loss, teacher_logprobs, trajectory_terms
 from ..core.types import ModelSpec, Trajectory
 from ..rollout.models import build_model
 from ..strategy.plan import RolloutPlan
@@ -310,7 +310,8 @@ class GRPOPolicy(LightningModule):
         obj = self._objective
         scores = self.score_tokens(trajectories, entropy=obj.needs_entropy, reference=obj.needs_reference)
         engine = engine_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
-        terms = trajectory_terms(obj, scores, engine)
+        teacher = teacher_logprobs(trajectories, scores.mask, scores.logprobs.dtype) if obj.needs_teacher else None
+        terms = trajectory_terms(obj, scores, engine, teacher)
         return reference_loss(obj, terms, [t.group_id for t in trajectories], rewards, failed, totals)
 
     @override

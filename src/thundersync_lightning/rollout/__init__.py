@@ -28,6 +28,7 @@ from .models import build_model
 from .replay import TraceReplayEngine, load_trace, sync_idle_fraction
 from .requests import make_request
 from .sampling import sample_from_logprobs, temperature_logprobs, turn_seed
+from .teacher import TeacherConfig, TeacherScorer, load_teacher
 
 __all__ = [
     # core types
@@ -49,6 +50,9 @@ __all__ = [
     # engines
     "EmbeddedEngineConfig",
     "EmbeddedEngine",
+    "TeacherConfig",
+    "TeacherScorer",
+    "load_teacher",
     "TraceReplayEngineConfig",
     "TraceReplayEngine",
     "load_trace",

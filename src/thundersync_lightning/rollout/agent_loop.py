@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core.protocols import Environment, TaskSource
@@ -132,6 +132,8 @@ class AgentLoop:
             ``finish_reason="length"`` (None: no limit).
         coalesce_s: after the first environment call of a wave returns, wait at most this long
             for the others so that they are generated as one batch (0: generate at once).
+        annotate: called on each finished trajectory before its ContentReady; returns the
+            trajectory to deliver (e.g. with teacher logprobs, see :mod:`.teacher`).
     """
 
     def __init__(
@@ -145,8 +147,10 @@ class AgentLoop:
         max_batch_size: int | None = None,
         max_context_tokens: int | None = None,
         coalesce_s: float = 0.002,
+        annotate: Callable[[Trajectory], Trajectory] | None = None,
     ) -> None:
         self.tasks = tasks
+        self.annotate = annotate
         self.coalesce_s = coalesce_s
         self.generate = generate
         self.pool = pool
@@ -218,6 +222,8 @@ class AgentLoop:
                 content_ready_at=clock(),
                 failure=failure,
             )
+            if self.annotate is not None:  # its time counts: content is ready once annotated
+                traj = replace(self.annotate(traj), content_ready_at=clock())
             emit_content(ContentReady(traj, traj.content_ready_at))
             if failure is not None:
                 self._close(ep)

@@ -19,6 +19,7 @@ from ..core.errors import ConfigError
 from ..core.options import inapplicable, strict_options
 from ..core.protocols import TaskSource
 from ..core.types import ModelSpec
+from .teacher import TeacherConfig
 
 if TYPE_CHECKING:
     from .embedded import EmbeddedEngine
@@ -58,6 +59,9 @@ class EmbeddedEngineConfig:
         max_engine_restarts: how many times a generation process that dies (killed, OOM) is
             restarted, with every unfinished request replayed exactly at its frozen version, before
             the engine fails with EngineError (0: fail at the first death and keep no snapshot).
+        teacher: on-policy distillation: a second model loaded in the generation process that
+            scores every finished trajectory's sampled tokens at ``temperature`` before its
+            ContentReady (``Segment.teacher_logprobs``); see :mod:`.teacher`.
     """
 
     temperature: float = 1.0
@@ -73,9 +77,12 @@ class EmbeddedEngineConfig:
     poll_interval_s: float = 0.05
     idle_timeout_s: float | None = None
     max_engine_restarts: int = 1
+    teacher: TeacherConfig | None = None
 
     def __post_init__(self) -> None:
         p: list[str] = []
+        if self.teacher is not None and not isinstance(self.teacher, TeacherConfig):
+            p.append(f"teacher must be a TeacherConfig or None, got {type(self.teacher).__name__}")
         if not self.temperature > 0:
             p.append(f"temperature={self.temperature}: must be > 0 (greedy decoding is not supported)")
         if not 0 < self.top_p <= 1:

@@ -56,6 +56,7 @@ from ..core.protocols import TaskSource
 from ..core.types import ContentReady, ModelSpec, RolloutEvent, RolloutRequest
 from .config import EmbeddedEngineConfig
 from .embedded_process import GenerationProcess, ProcessGone
+from .teacher import check_teacher
 from .weights import SharedWeights
 
 __all__ = ["EmbeddedEngine"]
@@ -86,6 +87,8 @@ class EmbeddedEngine:
         self, model_spec: ModelSpec, tasks: TaskSource, config: EmbeddedEngineConfig | None = None
     ) -> None:
         self.config = config or EmbeddedEngineConfig()
+        if self.config.teacher is not None:  # a wrong teacher fails here, before the process starts
+            check_teacher(self.config.teacher, model_spec)
         self._model_spec = model_spec
         self._tasks = tasks
         self._lock = threading.RLock()  # held while receiving (one pumping iterator at a time)

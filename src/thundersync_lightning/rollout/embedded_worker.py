@@ -37,6 +37,7 @@ from .env_pool import EnvPool
 from .hf_generator import HFGenerator
 from .lifeline import die_with_parent
 from .models import build_model
+from .teacher import TeacherScorer
 from .weights import SharedWeights
 
 __all__ = ["worker_main", "load_snapshot"]
@@ -117,6 +118,7 @@ def worker_main(
         generate = HFGenerator(
             model, temperature=cfg.temperature, top_p=cfg.top_p, max_batch_size=cfg.max_batch_size
         )
+        teacher = None if cfg.teacher is None else TeacherScorer.from_config(cfg.teacher, cfg.temperature, cfg.device)
         pool = EnvPool(cfg.env_workers, name="thundersync-env")
         loop = AgentLoop(
             tasks,
@@ -126,6 +128,7 @@ def worker_main(
             verdict_timeout_s=cfg.verdict_timeout_s,
             max_batch_size=cfg.max_batch_size,
             max_context_tokens=cfg.max_context_tokens,
+            annotate=teacher,
         )
         version: int | None = None
         events.put(("ready", os.getpid()))

@@ -3,7 +3,7 @@
 The update is the on-policy gradient only if the learner's per-token log-probabilities are
 those of the sampling distribution: same temperature, no truncation (top_p/top_k) the learner
 does not apply, and the objective's needs met (engine logprobs for importance correction, a
-reference policy for KL). Each mismatch is a :class:`ConfigError` found before any rollout
+reference policy for KL, an engine with a teacher for on-policy distillation). Each mismatch is a :class:`ConfigError` found before any rollout
 starts, unless the user opted into importance correction, which reweights the sampled tokens by
 exp(l - e) (then a warning). At run time the strategy measures the same thing per step
 (``StepStats.engine_learner_kl``).
@@ -39,6 +39,13 @@ def check_objective(module: Any, data: Any) -> list[str]:
     engine = getattr(data, "engine_factory", None)
     if engine is None:
         return problems
+    if objective.needs_teacher and getattr(engine, "teacher", None) is None:
+        problems.append(
+            f"objective.opd_coef={objective.opd_coef} needs a teacher's logprobs of every sampled token, and "
+            f"{type(engine).__name__} has no teacher: configure one on the engine "
+            "(EmbeddedEngineConfig(teacher=TeacherConfig(ckpt_path=... or pretrained_path=...)); teacher scoring is "
+            "implemented for the embedded engine only) or set opd_coef=0"
+        )
     if objective.needs_engine_logprobs and getattr(engine, "provides_logprobs", True) is False:
         problems.append(
             f"objective.is_correction={objective.is_correction!r} needs the engine's sampling logprobs, and "

@@ -25,7 +25,7 @@ from ..core.errors import EngineError, GroupError, UnknownTrajectoryError
 from ..core.prefix import SharedPrefix
 from ..core.snapshot import PolicySnapshot
 from ..core.streaming import StreamingGRPO
-from ..core.terms import TokenScores, engine_logprobs
+from ..core.terms import TokenScores, engine_logprobs, teacher_logprobs
 from ..core.types import ContentReady, RewardReady, RolloutEvent, RolloutRequest, Trajectory
 from .stats import Interval, RolloutProgress, TrajectoryRecord
 
@@ -197,7 +197,10 @@ class StepRunner:
         trajectories = [self.outcome.trajectories[t] for t in tids]
         scores = self.score(trajectories, prefix=prefix)
         engine = engine_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
-        self.acc.add_tokens(tids, scores, engine, prefix=prefix)
+        teacher = None
+        if self.acc.objective.needs_teacher:  # shipped by the engine: no teacher forward here
+            teacher = teacher_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
+        self.acc.add_tokens(tids, scores, engine, teacher, prefix=prefix)
         cut = len(prefix.tokens) if prefix is not None else 0
         self.outcome.learner_tokens += sum(len(t.tokens) - cut for t in trajectories)
 

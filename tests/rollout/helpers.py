@@ -28,10 +28,18 @@ def collect(
 
 
 @torch.no_grad()
-def learner_logprobs(model: torch.nn.Module, traj: Trajectory, temperature: float = 1.0) -> torch.Tensor:
-    """log_softmax(logits / T) of every scored token, from one unpadded forward of the whole episode."""
+def learner_logprobs(
+    model: torch.nn.Module, traj: Trajectory, temperature: float = 1.0, top_p: float = 1.0
+) -> torch.Tensor:
+    """log_softmax(logits / T) of every scored token, from one unpadded forward of the whole episode;
+    with ``top_p < 1`` under the nucleus-truncated, renormalised distribution (what was sampled)."""
     tokens = torch.tensor([traj.tokens])  # (1, L)
     logits = model(input_ids=tokens).logits[0, :-1].float()  # (L-1, V)
-    lp = torch.log_softmax(logits / temperature, dim=-1).gather(-1, tokens[0, 1:, None]).squeeze(-1)  # (L-1,)
+    logp = torch.log_softmax(logits / temperature, dim=-1)  # (L-1, V)
+    lp = logp.gather(-1, tokens[0, 1:, None]).squeeze(-1)  # (L-1,)
+    if top_p < 1.0:
+        probs, _ = torch.sort(logp.exp(), dim=-1, descending=True, stable=True)
+        kept = torch.where(torch.cumsum(probs, -1) - probs < top_p, probs, torch.zeros_like(probs)).sum(-1)
+        lp = lp - torch.log(kept)
     scored = torch.tensor(traj.scored_mask[1:])
     return lp[scored]

@@ -20,13 +20,16 @@ def test_sampled_frequencies_follow_the_temperature_scaled_distribution():
     assert torch.allclose(freq, lp.exp()[0].double(), atol=0.01)
 
 
-def test_top_p_never_samples_outside_the_nucleus_but_reports_untruncated_logprobs():
+def test_top_p_never_samples_outside_the_nucleus_and_reports_the_truncated_distributions_logprobs():
     logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
     lp = temperature_logprobs(logits, 1.0)
     uniforms = torch.linspace(0, 0.999999, 1000)
     tokens, chosen = sample_from_logprobs(lp.expand(1000, -1), uniforms, top_p=0.8)
     assert set(tokens.tolist()) == {0, 1}  # 0.5 + 0.3 reaches 0.8
-    assert torch.allclose(chosen, lp[0, tokens])
+    # sampled from {0: 0.5/0.8, 1: 0.3/0.8}: log(0.625) and log(0.375), as vLLM's processed_logprobs
+    assert torch.allclose(chosen, torch.log(torch.tensor([0.625, 0.375]))[tokens])
+    full, untruncated = sample_from_logprobs(lp.expand(1000, -1), uniforms, top_p=1.0)
+    assert torch.allclose(untruncated, lp[0, full])
 
 
 def test_a_draw_depends_only_on_its_row():

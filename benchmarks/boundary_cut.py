@@ -67,7 +67,7 @@ def run_step(policy: GRPOPolicy, batch, rewards, cut: bool) -> tuple[torch.Tenso
                 tokens += len(t.prompt)
         extra = {"prefix": prefix} if cut else {}
         scores = policy.score_tokens([t], **extra)
-        acc.add_tokens([t.trajectory_id], scores, engine_logprobs([t], scores.mask, scores.logprobs.dtype), prefix)
+        acc.add_tokens([t.trajectory_id], scores, engine_logprobs([t], scores.mask, scores.logprobs.dtype), prefix=prefix)
         acc.add_reward(t.trajectory_id, rewards[t.trajectory_id])
         tokens += len(t.tokens) - (len(t.prompt) if cut else 0)
     acc.finish()

@@ -129,7 +129,7 @@ def streamed(policy: TokenPolicy, obj: Objective, batch: Batch, events: Sequence
     def flush() -> None:
         if pending:
             s = policy.scores(pending, obj.needs_entropy, obj.needs_reference)
-            acc.add_tokens(list(pending), s, policy.engine(pending, s), teacher_of(policy, obj, pending, s))
+            acc.add_tokens(list(pending), s, policy.engine(pending, s), teacher_logprobs=teacher_of(policy, obj, pending, s))
             pending.clear()
 
     for e in events:

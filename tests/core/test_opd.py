@@ -102,7 +102,7 @@ def test_reward_coef_zero_skips_every_score_backward_and_opd_streams_on_arrival(
             acc.open_group(gid, ts)
         for t in BATCH.order:
             s = policy.scores([t], entropy=False, reference=False)
-            acc.add_tokens([t], s, None, policy.teacher([t], s))
+            acc.add_tokens([t], s, None, teacher_logprobs=policy.teacher([t], s))
         for e in events[len(BATCH.order) :]:
             acc.add_reward(e.tid, e.reward, failed=e.failed)
         report = acc.finish()

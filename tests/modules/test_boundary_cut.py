@@ -75,7 +75,7 @@ def _gradient(policy: GRPOPolicy, groups, rewards, cut: bool, seed: int) -> torc
             prefix = prefixes.get(t.group_id) or prefixes.setdefault(t.group_id, policy.encode_prefix(t.prompt))
         extra = {"prefix": prefix} if cut else {}
         scores = policy.score_tokens([t], entropy=obj.needs_entropy, reference=obj.needs_reference, **extra)
-        acc.add_tokens([t.trajectory_id], scores, engine_logprobs([t], scores.mask, scores.logprobs.dtype), prefix)
+        acc.add_tokens([t.trajectory_id], scores, engine_logprobs([t], scores.mask, scores.logprobs.dtype), prefix=prefix)
     report = acc.finish()
     assert report.backward_passes > 0
     out = torch.cat([p.grad.reshape(-1) for p in params])

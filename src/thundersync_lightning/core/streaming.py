@@ -283,6 +283,7 @@ class StreamingGRPO:
         trajectory_ids: Sequence[Hashable],
         scores: TokenScores,
         engine_logprobs: torch.Tensor | None = None,
+        *,
         teacher_logprobs: torch.Tensor | None = None,
         prefix: SharedPrefix | None = None,
     ) -> None:

@@ -200,7 +200,7 @@ class StepRunner:
         teacher = None
         if self.acc.objective.needs_teacher:  # shipped by the engine: no teacher forward here
             teacher = teacher_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
-        self.acc.add_tokens(tids, scores, engine, teacher, prefix=prefix)
+        self.acc.add_tokens(tids, scores, engine, teacher_logprobs=teacher, prefix=prefix)
         cut = len(prefix.tokens) if prefix is not None else 0
         self.outcome.learner_tokens += sum(len(t.tokens) - cut for t in trajectories)
 

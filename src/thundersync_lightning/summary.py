@@ -5,7 +5,8 @@ Keys (fixed: scripts and outside checks read them): ``mode``, ``steps``, ``rewar
 ``staleness_max``, ``engine_learner_kl_max`` (the largest per-step k3 estimate of
 KL(engine || learner) over scored tokens; null without engine logprobs), ``learner_idle_fraction`` (idle seconds / step seconds, summed over steps),
 ``wall_seconds`` (the whole fit), plus ``step_seconds_median``, ``trajectories`` and
-``reward_window_steps``. Run ``python -m thundersync_lightning.summary DIR/summary.json`` to print it.
+``reward_window_steps``; ``val_pass_at_1_first`` / ``val_pass_at_1_last`` (``val/pass_at_1`` of the
+first and last validation run during fit; null without validation). Run ``python -m thundersync_lightning.summary DIR/summary.json`` to print it.
 """
 
 from __future__ import annotations
@@ -62,12 +63,20 @@ class RunSummary(Callback):
         self.path = path
         self.window = window
         self.stats: list[StepStats] = []
+        self.val_pass_at_1: list[float] = []
         self._start = 0.0
 
     @override
     def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._start = time.monotonic()
         self.stats = []
+        self.val_pass_at_1 = []
+
+    @override
+    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        value = trainer.callback_metrics.get("val/pass_at_1")
+        if value is not None and not trainer.sanity_checking and trainer.state.fn == "fit":
+            self.val_pass_at_1.append(float(value))
 
     @override
     def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any, **kwargs: Any) -> None:
@@ -83,6 +92,8 @@ class RunSummary(Callback):
     def write(self, trainer: Trainer) -> None:
         mode = getattr(trainer.strategy, "mode", type(trainer.strategy).__name__)
         summary = summarize(self.stats, mode, time.monotonic() - self._start, self.window)
+        summary["val_pass_at_1_first"] = self.val_pass_at_1[0] if self.val_pass_at_1 else None
+        summary["val_pass_at_1_last"] = self.val_pass_at_1[-1] if self.val_pass_at_1 else None
         path = Path(self.path or os.path.join(trainer.default_root_dir, "summary.json"))
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(summary, indent=2) + "\n")
@@ -103,6 +114,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  median step            {summary.get('step_seconds_median', 0.0):.3f} s",
         f"  wall time              {summary['wall_seconds']:.1f} s",
     ]
+    if summary.get("val_pass_at_1_first") is not None:
+        lines.append(f"  val pass@1             {summary['val_pass_at_1_first']:.3f} (first) -> "
+                     f"{summary['val_pass_at_1_last']:.3f} (last)")
     return "\n".join(lines)
 
 

@@ -13,6 +13,7 @@ from thundersync_lightning.callbacks.mfu import MFUMonitor
 from thundersync_lightning.callbacks.progress import RolloutProgressBar
 from thundersync_lightning.callbacks.rollout_metrics import RolloutMetrics
 from thundersync_lightning.callbacks.staleness import StalenessMonitor
+from thundersync_lightning.callbacks.validate_start import ValidateAtStart
 
 __all__ = [
     "StalenessMonitor",
@@ -21,6 +22,7 @@ __all__ = [
     "IdleTimeMonitor",
     "RolloutMetrics",
     "RolloutProgressBar",
+    "ValidateAtStart",
     "ThunderSyncWandbLogger",
     "default_wandb_logger",
     "default_callbacks",

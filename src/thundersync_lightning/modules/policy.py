@@ -34,6 +34,7 @@ from ..core.objective import BatchTotals, Objective
 from ..core.terms import TokenScores, engine_logprobs, reference_loss, trajectory_terms
 from ..core.types import ModelSpec, Trajectory
 from ..rollout.models import build_model
+from ..strategy.evaluation import ValidationOutcome, ValidationPlan, collect_validation
 from ..strategy.plan import RolloutPlan
 from .collect import collect_batch
 from .lora import LoraSettings, apply_lora, merged_state_dict
@@ -260,6 +261,19 @@ class GRPOPolicy(LightningModule):
             batch, self.global_step, self.weights_for_engine(), self.global_rank, self.trainer.world_size
         )
         return self.grpo_loss(trajectories, rewards)
+
+    @override
+    def validation_step(self, batch: ValidationPlan | ValidationOutcome, batch_idx: int) -> None:
+        """Log a held-out batch's metrics (``val/...``). Under strategy='thundersync' the strategy has
+        already run the rollouts; under a stock strategy this publishes the weights and runs them."""
+        if isinstance(batch, ValidationPlan):
+            engine, step = batch.engine, self.global_step
+            if engine.version != step:
+                engine.publish(self.weights_for_engine(), step)
+            request = batch.request(self.global_rank, self.trainer.world_size)
+            batch = collect_validation(batch, request, engine.rollout(request), step)
+        metrics = {f"val/{k}": v for k, v in batch.metrics().items()}
+        self.log_dict(metrics, batch_size=max(batch.num_tasks, 1), on_step=False, on_epoch=True, sync_dist=True)
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -20,6 +20,7 @@ the step's first event and its barrier (:class:`PolicySnapshot`).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -66,6 +67,20 @@ _LIGHTNING_KWARGS = frozenset(
     }
 )
 _OBJECTIVE_FIELDS = frozenset(Objective.__dataclass_fields__) | {"objective"}
+
+
+def _is_wrapper_default(name: str, value: Any) -> bool:
+    """``value`` is the default of DDPStrategy's or DistributedDataParallel's parameter ``name``."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    for fn in (DDPStrategy.__init__, DistributedDataParallel.__init__):
+        param = inspect.signature(fn).parameters.get(name)
+        if param is not None and param.default is not inspect.Parameter.empty:
+            try:
+                return bool(param.default == value)
+            except Exception:  # noqa: BLE001 - an uncomparable value is not the default
+                return False
+    return False
 
 
 @dataclass
@@ -117,6 +132,9 @@ class ThunderSyncStrategy(DDPStrategy):
         **kwargs: Any,
     ) -> None:
         problems = []
+        # jsonargparse (LightningCLI) resolves **kwargs through DDPStrategy and DistributedDataParallel and
+        # passes every one of their parameters at its default: those mean "not set" and are dropped.
+        kwargs = {k: v for k, v in kwargs.items() if k in _LIGHTNING_KWARGS or not _is_wrapper_default(k, v)}
         for name in sorted(set(kwargs) - _LIGHTNING_KWARGS):
             if name in _OBJECTIVE_FIELDS:
                 problems.append(

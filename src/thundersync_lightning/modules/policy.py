@@ -33,6 +33,7 @@ from ..core.errors import ConfigError
 from ..core.objective import BatchTotals, Objective
 from ..core.terms import TokenScores, engine_logprobs, reference_loss, trajectory_terms
 from ..core.types import ModelSpec, Trajectory
+from ..envs.chat import ChatRenderer
 from ..rollout.models import build_model
 from ..strategy.evaluation import ValidationOutcome, ValidationPlan, collect_validation
 from ..strategy.plan import RolloutPlan
@@ -120,6 +121,7 @@ class GRPOPolicy(LightningModule):
         model = build_model(self._spec).train()
         self.model = apply_lora(model, lora) if lora is not None else model
         self.reference: torch.nn.Module | None = None
+        self._chat: ChatRenderer | None = None
         if self._objective.needs_reference and lora is None:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
             log.info("KL reference policy: a frozen copy of the initial weights (%d bytes)", self.reference_bytes)
@@ -140,6 +142,20 @@ class GRPOPolicy(LightningModule):
         if self.reference is None:
             return 0
         return sum(t.numel() * t.element_size() for t in self.reference.state_dict().values())
+
+    @property
+    def chat_renderer(self) -> ChatRenderer:
+        """The chat template of the tokenizer saved with ``pretrained_path`` (the same renderer the
+        environments use, e.g. ``DatasetTasks(tokenizer_path=<the same directory>)``)."""
+        if self._spec.pretrained_path is None:
+            raise ConfigError("GRPOPolicy.chat_renderer needs pretrained_path (a model directory with its tokenizer)")
+        if self._chat is None:
+            self._chat = ChatRenderer(self._spec.pretrained_path)
+        return self._chat
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False) -> Tensor:
+        """Token ids of a conversation under the model's chat template, shape (T,)."""
+        return torch.tensor(self.chat_renderer.render(messages, add_generation_prompt), dtype=torch.long)
 
     @property
     def model_spec(self) -> ModelSpec:

@@ -3,14 +3,17 @@
 Action language (one token per turn; ``K`` candidates):
 
     EDIT_i   (0 <= i < K)   write candidate i over ``solution.py``        -> APPLIED
+                            (``test_on_edit``: then run the visible tests -> PASS | FAIL)
     TEST                    run the visible tests in the sandbox          -> PASS | FAIL
-    REVERT                  restore the buggy file                        -> APPLIED
+    REVERT                  restore the buggy file                        -> APPLIED (or PASS | FAIL)
     SUBMIT                  end the episode
     anything else                                                        -> BAD
 
 The prompt is ``[START]``: the policy does not read the code, so what it can learn is the
 edit-test-retry strategy (try an edit, run the tests, keep it on PASS, try another on FAIL). A
-random policy solves a task by luck about a quarter of the time (K=4); the strategy solves all.
+random policy solves a task by luck about a fifth of the time (K=4); the strategy solves all.
+``test_on_edit`` makes an edit a compound "edit and run the visible tests" action (as agent
+scaffolds often do): the same runs, one decision fewer per attempt, and much faster learning.
 
 Every TEST and every verdict is a real run in a bubblewrap sandbox (``python3 -I`` on a plain test
 script that prints pytest-style ``PASSED``/``FAILED`` lines, ~40 ms instead of ~150 ms for
@@ -92,7 +95,9 @@ class MutationEnv:
         root: str,
         bwrap: BwrapConfig,
         python: str = "python3",
+        test_on_edit: bool = False,
     ) -> None:
+        self.test_on_edit = test_on_edit
         self.task, self.vocab, self.pool, self.root = task, vocab, pool, root
         self.bwrap, self.python = bwrap, python
         self._lease: UidLease | None = None
@@ -141,15 +146,19 @@ class MutationEnv:
         if 0 <= token < v.k or token == v.revert:
             self._current = self.task.candidates[token] if token < v.k else self.task.buggy
             self._write("solution.py", self._current)
-            return StepResult((v.applied,), False)
+            return StepResult((self._test() if self.test_on_edit else v.applied,), False)
         if token == v.test:
-            self.tests_run += 1
-            statuses = parse_results(self._run("test_visible.py").text)
-            ok = len(statuses) == len(self.task.visible) and all(s == "PASSED" for s in statuses.values())
-            return StepResult((v.passed if ok else v.failed,), False)
+            return StepResult((self._test(),), False)
         if token == v.submit:
             return StepResult((), True)
         return StepResult((v.bad,), False)
+
+    def _test(self) -> int:
+        """Run the visible tests in the sandbox; PASS when swebench's parser reads every one as PASSED."""
+        self.tests_run += 1
+        statuses = parse_results(self._run("test_visible.py").text)
+        ok = len(statuses) == len(self.task.visible) and all(s == "PASSED" for s in statuses.values())
+        return self.vocab.passed if ok else self.vocab.failed
 
     # ------------------------------------------------------------------ verdict
     def patch(self) -> str:

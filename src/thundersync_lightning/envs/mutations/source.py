@@ -45,7 +45,9 @@ class MutationTasks:
     Args:
         num_candidates: K, candidate edits per task (one is the fix).
         num_visible: visible tests per task (the first inputs of the seed function).
-        max_turns: actions per episode; ``2K - 1`` suffices to try every edit.
+        max_turns: actions per episode; ``2K - 1`` suffices to try every edit (``K + 1`` with
+            ``test_on_edit``).
+        test_on_edit: an edit also runs the visible tests and answers PASS / FAIL (see :mod:`.env`).
         val_fraction: share of tasks held out for validation (by task id).
         timeout_s / memory_bytes / nproc: limits of one sandboxed test run.
         sandbox_root: host folder for the workspaces; uid_base / uid_count: the sandbox uids.
@@ -68,6 +70,7 @@ class MutationTasks:
         uid_base: int = 3_300_000,
         uid_count: int = 1024,
         python: str = "python3",
+        test_on_edit: bool = False,
     ) -> None:
         problems = []
         if num_candidates < 2:
@@ -86,6 +89,7 @@ class MutationTasks:
         self.bwrap = BwrapConfig(limits=SandboxLimits(timeout_s=timeout_s, memory_bytes=memory_bytes, nproc=nproc,
                                                       max_output_bytes=16 * 1024))
         self.vocab = ActionVocab(num_candidates)
+        self.test_on_edit = test_on_edit
 
     # ------------------------------------------------------------------ the split
     @property
@@ -127,4 +131,4 @@ class MutationTasks:
             raise ConfigError(f"MutationTasks.make_env: expected a MutationTask, got {type(task).__name__}")
         del seed  # deterministic environment
         return MutationEnv(task, self.vocab, _pool(self.uid_base, self.uid_count), self.sandbox_root,
-                           self.bwrap, self.python)
+                           self.bwrap, self.python, self.test_on_edit)

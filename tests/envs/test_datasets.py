@@ -9,6 +9,7 @@ import math
 import pytest
 
 from thundersync_lightning.core.errors import ConfigError
+from thundersync_lightning.core.types import ContentReady, GroupRequest, RewardReady, RolloutRequest
 from thundersync_lightning.envs.datasets import (
     DatasetTasks,
     RewardError,
@@ -18,7 +19,6 @@ from thundersync_lightning.envs.datasets import (
 )
 from thundersync_lightning.rollout.agent_loop import AgentLoop, Generation
 from thundersync_lightning.rollout.env_pool import EnvPool
-from thundersync_lightning.core.types import ContentReady, GroupRequest, RewardReady, RolloutRequest
 
 from ._support import needs_bwrap
 

@@ -42,8 +42,8 @@ from ..core.storage import ByteUsage, Offload
 from ..core.streaming import StreamingGRPO, StreamingReport
 from ..core.terms import OnPolicyStats
 from ..core.types import RolloutEvent, RolloutRequest
-from .objective_checks import check_objective, module_objective
 from .evaluation import ValidationPlan, collect_validation
+from .objective_checks import check_objective, module_objective
 from .plan import RolloutPlan
 from .runner import StepOutcome, StepRunner
 from .stats import Interval, RolloutProgress, StepStats

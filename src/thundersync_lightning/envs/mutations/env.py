@@ -33,9 +33,8 @@ from collections.abc import Sequence
 
 from ...core.types import StepResult
 from ..code.grading import EvalOutcome, framed_log, grade_log
-from ..sandbox.base import SandboxResult
+from ..sandbox.base import SandboxError, SandboxResult
 from ..sandbox.bwrap import BwrapConfig, BwrapSandbox, bwrap_available, chown_tree
-from ..sandbox.base import SandboxError
 from ..sandbox.uids import UidLease, UidPool
 from .generate import MutationTask
 

@@ -53,7 +53,7 @@ def main() -> None:
     ax.plot(xs, ys, "-", alpha=0.35, label="train reward (per step)")
     ax.set_xlabel("optimizer step")
     ax.set_ylim(0, 1.02)
-    ax.set_title("code_learn.yaml: mutation bug-fix tasks, sandboxed tests, tiny Qwen3 from scratch")
+    ax.set_title("configs/code_learn.yaml: held-out tasks, tiny Qwen3 from scratch, 2 CPU cores")
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -73,3 +73,17 @@ def test_edit_test_retry_in_the_sandbox_and_the_swebench_graded_verdict(test_on_
         finally:
             env.close()
     assert env.step([v.start + 3]).observation == (v.bad,)  # a token outside the language
+
+
+def test_local_code_tasks_split_by_name_keeps_held_out_tasks_out_of_training() -> None:
+    from thundersync_lightning.core.errors import ConfigError
+    from thundersync_lightning.envs.local_split import SplitLocalCodeTasks
+
+    src = SplitLocalCodeTasks(val_names=["leap_year", "slugify"])
+    assert [t.name for t in src.validation_tasks()] == ["leap_year", "slugify"]
+    drawn = {t.name for step in range(5) for t in src.tasks(step, 10, 0)}
+    assert drawn and drawn.isdisjoint({"leap_year", "slugify"})
+    by_hash = SplitLocalCodeTasks(val_fraction=0.3)
+    assert 0 < len(by_hash.validation_tasks()) < len(by_hash.all_tasks)
+    with pytest.raises(ConfigError, match="unknown val_names"):
+        SplitLocalCodeTasks(val_names=["nope"]).validation_tasks()

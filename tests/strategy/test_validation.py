@@ -129,7 +129,10 @@ def test_validate_gives_pass_at_1_one_for_winning_weights_and_less_untrained(tmp
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(json.dumps({
         "trainer": {"accelerator": "cpu", "devices": 1, "logger": False, "enable_progress_bar": False,
-                    "default_root_dir": str(tmp_path / "cli"), "strategy": "thundersync"},
+                    "default_root_dir": str(tmp_path / "cli"),
+                    # a class_path: LightningCLI then passes every DDP option at its default through **kwargs
+                    "strategy": {"class_path": "thundersync_lightning.strategy.ThunderSyncStrategy",
+                                 "init_args": {"mode": "streaming"}}},
         "model": {"config": MODEL},
         "data": {"tasks": {"class_path": "thundersync_lightning.envs.toy.GuessingGameTasks",
                            "init_args": {"num_digits": 2, "max_turns": 2, "latency": "none"}},
@@ -154,3 +157,21 @@ def test_fit_validates_at_start_and_every_interval_and_summarises_first_and_last
     assert summary["staleness_max"] == 0
     assert summary["val_pass_at_1_first"] == pytest.approx(float(rows[0]["val/pass_at_1"]))
     assert summary["val_pass_at_1_last"] == pytest.approx(float(rows[-1]["val/pass_at_1"]))
+
+
+def test_the_ddp_defaults_lightningcli_passes_through_kwargs_mean_unset() -> None:
+    import inspect
+
+    from lightning.pytorch.strategies import DDPStrategy
+    from torch.nn.parallel import DistributedDataParallel
+
+    defaults = {
+        name: p.default
+        for fn in (DDPStrategy.__init__, DistributedDataParallel.__init__)
+        for name, p in inspect.signature(fn).parameters.items()
+        if p.default is not inspect.Parameter.empty
+    }
+    assert {"find_unused_parameters", "static_graph", "ddp_comm_hook", "bucket_cap_mb"} <= set(defaults)
+    assert ThunderSyncStrategy(mode="sync", **defaults).mode == "sync"
+    with pytest.raises(ConfigError, match="static_graph=True is not an option"):
+        ThunderSyncStrategy(**{**defaults, "static_graph": True})

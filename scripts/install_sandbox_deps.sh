@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # System packages the code environments need, installed only when missing:
-#   bubblewrap + util-linux (setpriv, prlimit) + git, and Debian's python3 with pytest, which the
+#   bubblewrap + util-linux (setpriv, prlimit) + mount (tmpfs workdir budgets) + git, and Debian's python3 with pytest, which the
 #   unprivileged sandbox uids can read (the project venv's interpreter lives under /root, 0700).
 #   --containers adds podman, runc (crun fails on these machines' cgroups) and debootstrap.
 # Without root or apt-get it only warns: the sandbox tests then skip with a reason.
 set -euo pipefail
 
-pkgs=(bubblewrap util-linux git python3 python3-pytest)
+pkgs=(bubblewrap util-linux mount git python3 python3-pytest)
 if [[ "${1:-}" == "--containers" ]]; then
   pkgs+=(podman runc debootstrap)
 fi

@@ -44,11 +44,22 @@ def _fit(root: Path, *extra: str) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.parametrize("mode", ["sync", "async"])
-def test_fit_from_the_cli_writes_the_summary_and_the_last_checkpoint(tmp_path, mode):
+# sync also runs with a logger given without save_dir and the progress bar switched off: the
+# logger writes into the run's directory and the config's RolloutProgressBar is left out
+@pytest.mark.parametrize(
+    "mode, extra",
+    [("sync", ("--trainer.logger=CSVLogger", "--trainer.enable_progress_bar=false")), ("async", ())],
+)
+def test_fit_from_the_cli_writes_the_summary_and_the_last_checkpoint(tmp_path, mode, extra):
     root = tmp_path / "run"
-    proc = _fit(root, "--trainer.max_steps=2", f"--trainer.strategy.init_args.mode={mode}")
+    proc = _fit(root, "--trainer.max_steps=2", f"--trainer.strategy.init_args.mode={mode}", *extra)
     assert proc.returncode == 0, proc.stderr[-4000:]
+    if extra:
+        (metrics,) = root.glob("lightning_logs/version_*/metrics.csv")
+        assert "rollout/reward_mean" in metrics.read_text().splitlines()[0]
+        assert not (root / "wandb").exists()
+    else:
+        assert (root / "trajectories.jsonl").is_file() and (root / "reward_curve.png").is_file()
     summary = json.loads((root / "summary.json").read_text())
     assert SUMMARY_KEYS <= set(summary)
     assert summary["mode"] == mode
@@ -66,10 +77,56 @@ def test_fit_resumes_from_the_last_checkpoint(tmp_path):
     resumed = _fit(root, "--trainer.max_steps=2", f"--ckpt_path={root / 'checkpoints' / 'last.ckpt'}")
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     summary = json.loads((root / "summary.json").read_text())
-    assert summary["steps"] == 1  # only the step after the checkpoint ran in the resumed fit
+    assert (summary["steps"], summary["steps_this_fit"]) == (2, 1)  # the whole run, not only the resumed step
+    assert summary["trajectories"] == 2 * 16
+    runs = sorted((root / "wandb").glob("offline-run-*"))  # one folder per fit, one W&B run id
+    assert len(runs) == 2 and len({p.name.rsplit("-", 1)[1] for p in runs}) == 1
+
+
+def test_only_loggers_that_require_a_save_dir_get_the_run_directory():
+    from thundersync_lightning.cli import RUN_DIR, with_logger_save_dir
+
+    given = ["fit", "--trainer.logger", "CSVLogger", "--trainer.max_steps=1"]
+    assert with_logger_save_dir(given) == [
+        *given[:3],
+        f"--trainer.logger.init_args.save_dir={RUN_DIR}",
+        given[3],
+    ]
+    explicit = ["--trainer.logger=TensorBoardLogger", "--trainer.logger.save_dir=tb"]
+    assert with_logger_save_dir(explicit) == explicit
+    optional = [
+        "--trainer.logger=thundersync_lightning.callbacks.ThunderSyncWandbLogger"
+    ]  # save_dir has a default
+    assert with_logger_save_dir(optional) == optional
+
+
+def test_a_config_files_logger_without_save_dir_gets_the_run_directory(tmp_path):
+    from thundersync_lightning.cli import RUN_DIR, with_logger_save_dir
+
+    config = tmp_path / "csv.yaml"
+    config.write_text("trainer:\n  logger:\n    class_path: lightning.pytorch.loggers.CSVLogger\n")
+    given = ["fit", "--config", str(ROOT / "configs" / "toy.yaml"), "--config", str(config)]
+    assert with_logger_save_dir(given) == [*given, f"--trainer.logger.init_args.save_dir={RUN_DIR}"]
 
 
 def test_a_malformed_config_value_fails_before_training_with_the_key_named(tmp_path):
     proc = _fit(tmp_path / "run", "--trainer.strategy.init_args.mode=eventually")
     assert proc.returncode != 0
     assert "mode" in proc.stderr
+
+
+def test_the_code_config_has_the_toy_configs_logging_monitors_and_checkpoints():
+    from thundersync_lightning.cli import build_parser
+
+    parser = build_parser()
+
+    def trainer(name: str):
+        config = parser.parse_args(["--config", str(ROOT / "configs" / name)]).trainer
+        callbacks = [(c.class_path, dict(getattr(c, "init_args", None) or {})) for c in config.callbacks]
+        return config.logger.class_path, config.log_every_n_steps, [c for c, _ in callbacks], callbacks
+
+    toy, code = trainer("toy.yaml"), trainer("code_local.yaml")
+    assert code[:3] == toy[:3]
+    assert code[1] == 1 and "thundersync_lightning.callbacks.TrajectoryLogger" in code[2]
+    checkpoint = dict(code[3])["lightning.pytorch.callbacks.ModelCheckpoint"]
+    assert checkpoint["save_last"] is True

@@ -18,6 +18,7 @@ LAYERS = {
     "modules": 3,
     "callbacks": 4,
     "summary": 4,
+    "show": 5,
     "cli": 5,
 }
 

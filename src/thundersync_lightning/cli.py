@@ -3,27 +3,122 @@
     thundersync-lightning fit --config configs/toy.yaml \\
         --trainer.strategy.init_args.mode=sync --trainer.max_steps=50 --trainer.default_root_dir=runs/x
 
-Every run writes ``DIR/summary.json`` (see :mod:`thundersync_lightning.summary`) and, with a
-``ModelCheckpoint`` whose ``dirpath`` is unset, checkpoints under ``DIR/checkpoints/``
-(``last.ckpt`` with ``save_last``). Resume with ``--ckpt_path DIR/checkpoints/last.ckpt``.
+Every run writes ``DIR/summary.json`` and ``DIR/reward_curve.png`` (see
+:mod:`thundersync_lightning.summary`) and, with a ``ModelCheckpoint`` whose ``dirpath`` is unset,
+checkpoints under ``DIR/checkpoints/`` (``last.ckpt`` with ``save_last``). Resume with
+``--ckpt_path DIR/checkpoints/last.ckpt``: the W&B run recorded in the checkpoint is continued.
+
+What the CLI adds to a config, so that a config and the Python path
+(``callbacks=default_callbacks()``) give the same run:
+
+- ``RunSummary`` and ``RunChecks`` when the config lists none;
+- a logger whose ``save_dir`` is unset (``save_dir: null``, or ``--trainer.logger=CSVLogger`` or a
+  config's ``logger: {class_path: CSVLogger}`` for a logger that requires one) writes into ``DIR``;
+- ``--trainer.enable_progress_bar=false`` drops the config's progress bar callback instead of
+  failing on it;
+- with ``--ckpt_path``, a ``WandbLogger`` without an ``id`` gets the run id the checkpoint recorded.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import logging
 import os
+import sys
 from typing import Any
 
-from lightning.pytorch.callbacks import ModelCheckpoint
+import yaml
+from lightning.pytorch import loggers as pl_loggers
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI
 from typing_extensions import override
 
+from .callbacks import RunChecks, RunSummary, wandb_run_id_from_checkpoint
 from .modules import GRPOPolicy, RolloutDataModule
-from .summary import RunSummary
 
 __all__ = ["ThunderSyncCLI", "main", "build_parser"]
 
+log = logging.getLogger(__name__)
+
+#: The save_dir given to a logger named on the command line without one; replaced by DIR.
+RUN_DIR = "<run directory>"
+
+
+def _resolve_class(name: str) -> type | None:
+    """A class from a config's class_path or a short logger name (``CSVLogger``)."""
+    module, _, attr = name.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attr) if module else getattr(pl_loggers, name, None)
+    except (ImportError, AttributeError):
+        return None
+
+
+def _requires_save_dir(name: str) -> bool:
+    cls = _resolve_class(name)
+    if cls is None:
+        return False
+    param = inspect.signature(cls).parameters.get("save_dir")
+    return param is not None and param.default is inspect.Parameter.empty
+
+
+def _config_logger(path: str) -> str | None:
+    """The class_path of a config file's single ``trainer.logger`` that names no ``save_dir``."""
+    try:
+        with open(path) as f:
+            logger = (yaml.safe_load(f) or {}).get("trainer", {}).get("logger")
+    except (OSError, yaml.YAMLError, AttributeError):
+        return None
+    if not isinstance(logger, dict) or "save_dir" in (logger.get("init_args") or {}):
+        return None
+    return logger.get("class_path")
+
+
+def with_logger_save_dir(args: list[str]) -> list[str]:
+    """A logger that requires ``save_dir`` and is given none (``--trainer.logger=CSVLogger``, or a
+    ``--config`` file's logger): add ``--trainer.logger.init_args.save_dir=RUN_DIR`` after it,
+    replaced by the run's directory before the classes are instantiated."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("--trainer.logger="):
+            name, taken = arg.split("=", 1)[1], [arg]
+        elif arg == "--trainer.logger" and i + 1 < len(args):
+            name, taken = args[i + 1], [arg, args[i + 1]]
+        elif arg.startswith("--config="):
+            name, taken = _config_logger(arg.split("=", 1)[1]), [arg]
+        elif arg in ("--config", "-c") and i + 1 < len(args):
+            name, taken = _config_logger(args[i + 1]), [arg, args[i + 1]]
+        else:
+            out.append(arg)
+            i += 1
+            continue
+        out += taken
+        i += len(taken)
+        later = args[i:]
+        given = any(
+            a.startswith(("--trainer.logger.save_dir", "--trainer.logger.init_args.save_dir")) for a in later
+        )
+        if name and not given and _requires_save_dir(name):
+            out.append(f"--trainer.logger.init_args.save_dir={RUN_DIR}")
+    return out
+
+
+def _is_subclass(entry: Any, base: type) -> bool:
+    cls = _resolve_class(str(getattr(entry, "class_path", "")))
+    return isinstance(cls, type) and issubclass(cls, base)
+
 
 class ThunderSyncCLI(LightningCLI):
+    @override
+    def parse_arguments(self, parser: Any, args: Any) -> None:
+        if args is None or isinstance(args, list):
+            args = with_logger_save_dir(sys.argv[1:] if args is None else list(args))
+            self.config = parser.parse_args(args)
+        else:
+            super().parse_arguments(parser, args)
+
     @override
     def before_instantiate_classes(self) -> None:
         # A logger whose save_dir is unset writes into the run's directory, so overriding
@@ -33,10 +128,22 @@ class ThunderSyncCLI(LightningCLI):
         if trainer is None:
             return
         loggers = trainer.get("logger")
+        ckpt_path = config.get("ckpt_path")
         for logger in loggers if isinstance(loggers, list) else [loggers]:
             init_args = getattr(logger, "init_args", None)
-            if init_args is not None and "save_dir" in init_args and init_args.get("save_dir") is None:
+            if init_args is None:
+                continue
+            if "save_dir" in init_args and init_args.get("save_dir") in (None, RUN_DIR):
                 init_args["save_dir"] = trainer.get("default_root_dir") or "."
+            if ckpt_path and os.path.isfile(ckpt_path) and "id" in init_args and not init_args.get("id"):
+                if _is_subclass(logger, pl_loggers.WandbLogger):
+                    init_args["id"] = wandb_run_id_from_checkpoint(ckpt_path)  # continue the same W&B run
+        callbacks = trainer.get("callbacks")
+        if trainer.get("enable_progress_bar") is False and isinstance(callbacks, list):
+            bars = [cb for cb in callbacks if _is_subclass(cb, ProgressBar)]
+            if bars:
+                log.info("enable_progress_bar=false: leaving out %s", ", ".join(b.class_path for b in bars))
+                trainer["callbacks"] = [cb for cb in callbacks if cb not in bars]
 
     @override
     def before_fit(self) -> None:
@@ -44,8 +151,13 @@ class ThunderSyncCLI(LightningCLI):
         for cb in self.trainer.callbacks:
             if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
                 cb.dirpath = os.path.join(root, "checkpoints")
-        if not any(isinstance(cb, RunSummary) for cb in self.trainer.callbacks):
-            self.trainer.callbacks.append(RunSummary())
+        callbacks = self.trainer.callbacks
+        for kind in (RunSummary, RunChecks):
+            if not any(isinstance(cb, kind) for cb in callbacks):
+                # before the checkpoint callbacks (Lightning keeps them last), so that a checkpoint
+                # saved at a step's end holds the summary of that step
+                at = next((i for i, cb in enumerate(callbacks) if isinstance(cb, Checkpoint)), len(callbacks))
+                callbacks.insert(at, kind())
 
 
 def _cli_kwargs() -> dict[str, Any]:

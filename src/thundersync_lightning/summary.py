@@ -1,105 +1,149 @@
-"""``DIR/summary.json``: the numbers a run is judged by, written at the end of ``fit``.
+"""``DIR/summary.json`` and ``DIR/reward_curve.png``: the numbers a run is judged by.
+
+Written at the end of every ``fit`` by :class:`~thundersync_lightning.callbacks.RunSummary` from one
+:class:`StepAggregate` per optimizer step, each reduced over all ranks; the aggregates travel in
+the checkpoint, so a resumed run's summary covers every step since step 0.
 
 Keys (fixed: scripts and outside checks read them): ``mode``, ``steps``, ``reward_mean_first``,
 ``reward_mean_last`` (mean reward over the first / last ``reward_window_steps`` steps),
 ``staleness_max``, ``engine_learner_kl_max`` (the largest per-step k3 estimate of
-KL(engine || learner) over scored tokens; null without engine logprobs), ``learner_idle_fraction`` (idle seconds / step seconds, summed over steps),
-``wall_seconds`` (the whole fit), plus ``step_seconds_median``, ``trajectories`` and
-``reward_window_steps``; ``val_pass_at_1_first`` / ``val_pass_at_1_last`` (``val/pass_at_1`` of the
-first and last validation run during fit; null without validation). Run ``python -m thundersync_lightning.summary DIR/summary.json`` to print it.
+KL(engine || learner) over scored tokens; null where the strategy records none),
+``learner_idle_fraction`` (idle seconds / step seconds, summed over steps and ranks),
+``wall_seconds`` (every fit of the run), plus ``step_seconds_median``, ``trajectories``,
+``reward_window_steps``, ``steps_this_fit`` (0 for a resume that ran no step),
+``zero_advantage_group_fraction`` (groups whose rewards were all equal: no gradient),
+``reward_curve`` (the PNG's file name beside summary.json, or null) and ``stopped_by`` (null, or
+the exception that ended the fit, e.g. ``KeyboardInterrupt``: an interrupted run is summarised too).
+``val_pass_at_1_first`` / ``val_pass_at_1_last`` (``val/pass_at_1`` of the first and last validation run
+during fit; null without validation).
+Run ``python -m thundersync_lightning.summary DIR/summary.json`` to print it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import sys
-import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.utilities import rank_zero_only
-from typing_extensions import override
-
 from .strategy.stats import StepStats
 
-__all__ = ["RunSummary", "summarize", "format_summary"]
+__all__ = ["StepAggregate", "aggregate", "summarize", "format_summary", "draw_reward_curve"]
 
 
-def summarize(stats: list[StepStats], mode: str, wall_seconds: float, window: int | None = None) -> dict[str, Any]:
-    """The summary of a list of per-step statistics (one rank)."""
-    steps = len(stats)
-    window = window or max(1, min(10, steps // 10 or 1))
+@dataclass(frozen=True, slots=True)
+class StepAggregate:
+    """One optimizer step, over all ranks: sums, maxima and counts (JSON- and checkpoint-friendly)."""
 
-    def mean_reward(chunk: list[StepStats]) -> float | None:
-        values = [t.reward for s in chunk for t in s.trajectories if t.reward is not None]
-        return sum(values) / len(values) if values else None
+    step: int
+    reward_sum: float
+    reward_count: int
+    trajectories: int
+    staleness_max: int
+    wall_seconds: float  # the longest rank's step
+    wall_sum: float  # summed over ranks
+    busy_sum: float
+    groups: int
+    zero_advantage_groups: int
+    engine_learner_kl: float | None = None  # already over all ranks where the strategy records it
 
-    busy = sum(s.busy_seconds for s in stats)
-    total = sum(s.wall_seconds for s in stats)
+    @property
+    def reward_mean(self) -> float | None:
+        return self.reward_sum / self.reward_count if self.reward_count else None
+
+
+def aggregate(stats: StepStats) -> StepAggregate:
+    """One rank's step as an aggregate (what :class:`RunSummary` reduces over ranks)."""
+    rewards = [t.reward for t in stats.trajectories if t.reward is not None]
+    return StepAggregate(
+        step=stats.step,
+        reward_sum=float(sum(rewards)),
+        reward_count=len(rewards),
+        trajectories=len(stats.trajectories),
+        staleness_max=stats.staleness_max,
+        wall_seconds=stats.wall_seconds,
+        wall_sum=stats.wall_seconds,
+        busy_sum=stats.busy_seconds,
+        groups=len(stats.group_rewards),
+        zero_advantage_groups=stats.zero_advantage_groups,
+        engine_learner_kl=getattr(stats, "engine_learner_kl", None),
+    )
+
+
+def summarize(
+    steps: Sequence[StepAggregate], mode: str, wall_seconds: float, window: int | None = None
+) -> dict[str, Any]:
+    """The summary of a run's per-step aggregates (already reduced over ranks)."""
+    n = len(steps)
+    window = window or max(1, min(10, n // 10 or 1))
+
+    def mean_reward(chunk: Sequence[StepAggregate]) -> float | None:
+        count = sum(s.reward_count for s in chunk)
+        return sum(s.reward_sum for s in chunk) / count if count else None
+
+    busy = sum(s.busy_sum for s in steps)
+    total = sum(s.wall_sum for s in steps)
+    groups = sum(s.groups for s in steps)
     return {
         "mode": mode,
-        "steps": steps,
-        "reward_mean_first": mean_reward(stats[:window]),
-        "reward_mean_last": mean_reward(stats[-window:]),
+        "steps": n,
+        "reward_mean_first": mean_reward(steps[:window]),
+        "reward_mean_last": mean_reward(steps[-window:]),
         "reward_window_steps": window,
-        "staleness_max": max((s.staleness_max for s in stats), default=0),
-        "learner_idle_fraction": max(0.0, total - busy) / total if total > 0 else 0.0,
-        "step_seconds_median": statistics.median(s.wall_seconds for s in stats) if stats else 0.0,
-        "trajectories": sum(len(s.trajectories) for s in stats),
+        "staleness_max": max((s.staleness_max for s in steps), default=0),
         "engine_learner_kl_max": max(
-            (s.engine_learner_kl for s in stats if s.engine_learner_kl is not None), default=None
+            (s.engine_learner_kl for s in steps if s.engine_learner_kl is not None), default=None
         ),
+        "learner_idle_fraction": max(0.0, total - busy) / total if total > 0 else 0.0,
+        "step_seconds_median": statistics.median(s.wall_seconds for s in steps) if steps else 0.0,
+        "trajectories": sum(s.trajectories for s in steps),
+        "zero_advantage_group_fraction": sum(s.zero_advantage_groups for s in steps) / groups
+        if groups
+        else None,
         "wall_seconds": wall_seconds,
     }
 
 
-class RunSummary(Callback):
-    """Collects every step's :class:`StepStats` and writes ``summary.json`` when fit ends."""
+def draw_reward_curve(steps: Sequence[StepAggregate], path: str | Path, window: int = 10) -> Path | None:
+    """Mean reward per step and its trailing ``window``-step mean, as a PNG (Agg, no display).
 
-    def __init__(self, path: str | None = None, window: int | None = None) -> None:
-        self.path = path
-        self.window = window
-        self.stats: list[StepStats] = []
-        self.val_pass_at_1: list[float] = []
-        self._start = 0.0
+    Returns the path, or ``None`` when no step had a reward. Uses matplotlib's object API, so the
+    global pyplot backend and figures of the caller are left alone.
+    """
+    points = [(s.step, s.reward_mean) for s in steps if s.reward_mean is not None]
+    if not points:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
-    @override
-    def on_fit_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._start = time.monotonic()
-        self.stats = []
-        self.val_pass_at_1 = []
-
-    @override
-    def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        value = trainer.callback_metrics.get("val/pass_at_1")
-        if value is not None and not trainer.sanity_checking and trainer.state.fn == "fit":
-            self.val_pass_at_1.append(float(value))
-
-    @override
-    def on_train_batch_end(self, trainer: Trainer, pl_module: LightningModule, *args: Any, **kwargs: Any) -> None:
-        stats = getattr(trainer.strategy, "last_step_stats", None)
-        if stats is not None and (not self.stats or self.stats[-1] is not stats):
-            self.stats.append(stats)
-
-    @override
-    def on_fit_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.write(trainer)
-
-    @rank_zero_only
-    def write(self, trainer: Trainer) -> None:
-        mode = getattr(trainer.strategy, "mode", type(trainer.strategy).__name__)
-        summary = summarize(self.stats, mode, time.monotonic() - self._start, self.window)
-        summary["val_pass_at_1_first"] = self.val_pass_at_1[0] if self.val_pass_at_1 else None
-        summary["val_pass_at_1_last"] = self.val_pass_at_1[-1] if self.val_pass_at_1 else None
-        path = Path(self.path or os.path.join(trainer.default_root_dir, "summary.json"))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(summary, indent=2) + "\n")
+    xs = [x for x, _ in points]
+    ys = [float(y) for _, y in points]
+    smooth = [
+        sum(ys[max(0, i - window + 1) : i + 1]) / len(ys[max(0, i - window + 1) : i + 1])
+        for i in range(len(ys))
+    ]
+    fig = Figure(figsize=(6, 3.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    ax.plot(xs, ys, ".", color="tab:blue", alpha=0.35, label="mean reward of the step")
+    ax.plot(xs, smooth, "-", color="tab:blue", label=f"trailing {window}-step mean")
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    return out
 
 
-def format_summary(summary: dict[str, Any]) -> str:
+def format_summary(summary: dict[str, Any], directory: str | Path | None = None) -> str:
+    """The summary as text; ``directory`` (where summary.json lives) resolves the curve's path."""
+
     def num(v: Any, fmt: str) -> str:
         return "n/a" if v is None else format(v, fmt)
 
@@ -114,9 +158,22 @@ def format_summary(summary: dict[str, Any]) -> str:
         f"  median step            {summary.get('step_seconds_median', 0.0):.3f} s",
         f"  wall time              {summary['wall_seconds']:.1f} s",
     ]
+    if summary.get("stopped_by"):
+        lines.append(f"  stopped by             {summary['stopped_by']}")
     if summary.get("val_pass_at_1_first") is not None:
         lines.append(f"  val pass@1             {summary['val_pass_at_1_first']:.3f} (first) -> "
                      f"{summary['val_pass_at_1_last']:.3f} (last)")
+    if summary.get("zero_advantage_group_fraction") is not None:
+        lines.append(
+            f"  zero-advantage groups  {summary['zero_advantage_group_fraction']:.1%} (equal rewards: no gradient)"
+        )
+    if summary.get("reward_curve"):
+        curve = (
+            Path(directory) / summary["reward_curve"]
+            if directory is not None
+            else Path(summary["reward_curve"])
+        )
+        lines.append(f"  reward curve           {curve}")
     return "\n".join(lines)
 
 
@@ -125,8 +182,17 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m thundersync_lightning.summary DIR/summary.json", file=sys.stderr)
         return 2
-    print(format_summary(json.loads(Path(args[0]).read_text())))
+    path = Path(args[0])
+    print(format_summary(json.loads(path.read_text()), path.parent))
     return 0
+
+
+def __getattr__(name: str) -> Any:
+    if name == "RunSummary":  # the callback lives with the other callbacks
+        from .callbacks.run_summary import RunSummary
+
+        return RunSummary
+    raise AttributeError(name)
 
 
 if __name__ == "__main__":

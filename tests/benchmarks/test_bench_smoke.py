@@ -82,3 +82,17 @@ def test_sample_efficiency_smoke(tmp_path: Path) -> None:
     assert data["param_distance_async_vs_sync"] > 0
     assert set(data["modes"]) == {"sync", "streaming", "async"}
     assert data["sgd_check"]["param_distance_streaming_vs_sync"] < 1e-3
+
+
+def test_boundary_cut_smoke(tmp_path: Path) -> None:
+    data = _load("boundary_cut").main(
+        [
+            "--out", str(tmp_path), "--threads", "1", "--groups", "2", "--group-size", "2", "--prompt", "12",
+            "--action", "4", "--hidden", "64", "--layers", "1", "--vocab", "32", "--repeats", "1",
+        ]
+    )  # fmt: skip
+    written = _read(tmp_path, "boundary_cut")
+    assert written["learner_tokens"] == data["learner_tokens"]
+    assert data["learner_tokens"]["cut"] < data["learner_tokens"]["uncut"]
+    assert data["gradient_rel_diff"] <= 1e-5
+    assert data["learner_work_ratio_cpu"] > 0

@@ -3,7 +3,8 @@
 ``python -m tests.callbacks.ddp_script OUT``:
 
 1. a Lightning DDP fit of 2 steps; each rank writes its monitors' last metrics to
-   ``OUT/rank<r>.json`` and rank 0's CSVLogger writes ``OUT/csv/version_0/metrics.csv``;
+   ``OUT/rank<r>.json``, rank 0's CSVLogger writes ``OUT/csv/version_0/metrics.csv`` and
+   RunSummary writes ``OUT/summary.json``;
 2. on the same process group, one barrier where only rank 1 holds a stale trajectory; each rank
    writes what StalenessMonitor raised to ``OUT/stale<r>.json``.
 """
@@ -49,6 +50,7 @@ def fit(out: str) -> int:
         MemoryMonitor,
         MFUMonitor,
         RolloutMetrics,
+        RunSummary,
         StalenessMonitor,
     )
 
@@ -65,7 +67,7 @@ def fit(out: str) -> int:
         devices=2,
         max_steps=2,
         logger=CSVLogger(out, name="csv", version=0),
-        callbacks=monitors,
+        callbacks=[*monitors, RunSummary(print_summary=False)],  # OUT/summary.json over both ranks
         log_every_n_steps=1,
         enable_checkpointing=False,
         enable_model_summary=False,

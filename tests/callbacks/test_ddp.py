@@ -2,6 +2,7 @@
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,8 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args: str, timeout: int = 120) -> None:
-    env = subprocess_env(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    # this checkout's package first (an editable install elsewhere must not shadow it)
+    env = subprocess_env(PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "src")]), OMP_NUM_THREADS="1")
     proc = subprocess.run(
         [sys.executable, "-m", "tests.callbacks.ddp_script", *args],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
@@ -63,6 +65,15 @@ def test_metrics_reduce_over_two_gloo_ranks_and_every_rank_agrees(out):
     for row in rows:
         for key, value in GLOBAL.items():
             assert float(row[key]) == pytest.approx(value, rel=1e-12), key
+
+
+def test_the_run_summary_describes_both_ranks(out):
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["trajectories"] == 2 * 4  # 3 on rank 0 and 1 on rank 1, per step
+    assert summary["reward_mean_first"] == summary["reward_mean_last"] == 0.5  # 2 of 4, not rank 0's 2/3
+    assert summary["staleness_max"] == 1  # rank 1's trajectory
+    assert summary["learner_idle_fraction"] == pytest.approx(11 / 18, rel=1e-12)
+    assert summary["step_seconds_median"] == 10.0  # the longer rank's step
 
 
 def test_a_stale_trajectory_on_one_rank_makes_every_rank_raise(out):

@@ -1,5 +1,7 @@
 import math
 
+import pytest
+
 from tests.callbacks.helpers import StubModule, end_step, record, stats, stub_trainer
 from thundersync_lightning.callbacks import RolloutMetrics
 
@@ -33,6 +35,7 @@ def test_rollout_metrics_of_one_step_against_a_hand_count():
         "rollout/finish_length_count": 1.0,
         "rollout/finish_failure_count": 1.0,
         "train/loss": -0.25,
+        "train/zero_advantage_group_fraction": 0.0,  # groups (1, 0) and (0.5, 0) both vary
     }
 
 
@@ -50,3 +53,29 @@ def test_metrics_are_reset_between_steps():
     end_step(monitor, trainer, module, stats([record(0, reward=1.0)], step=0))
     end_step(monitor, trainer, module, stats([record(0, reward=0.0, step=1)], step=1))
     assert module.logged["rollout/reward_mean"] == 0.0 and module.logged["rollout/trajectories_count"] == 1.0
+
+
+def test_groups_with_equal_rewards_are_counted_as_zero_advantage():
+    monitor, trainer, module = RolloutMetrics(), stub_trainer(), StubModule()
+    monitor.setup(trainer, module, "fit")
+    # groups of two (record i is in group i // 2): (1, 1) equal, (0, 1) not, (0, 0) equal, (None, 1) one reward
+    rewards = [1.0, 1.0, 0.0, 1.0, 0.0, 0.0, None, 1.0]
+    end_step(monitor, trainer, module, stats([record(i, reward=r) for i, r in enumerate(rewards)]))
+    assert module.logged["train/zero_advantage_group_fraction"] == 3 / 4
+
+
+def test_a_run_with_only_equal_reward_groups_for_many_steps_warns_once():
+    monitor, trainer, module = RolloutMetrics(zero_advantage_warn_steps=3), stub_trainer(), StubModule()
+    monitor.setup(trainer, module, "fit")
+
+    def step(k, varied=False):
+        trajs = [record(i, step=k, reward=float(varied and i == 0)) for i in range(4)]
+        end_step(monitor, trainer, module, stats(trajs, step=k))
+
+    step(0)
+    step(1, varied=True)  # breaks the streak
+    step(2)
+    step(3)
+    with pytest.warns(UserWarning, match="3 consecutive steps every group had equal rewards"):
+        step(4)
+    assert module.logged["train/zero_advantage_group_fraction"] == 1.0

@@ -3,6 +3,7 @@ logged through CSV, TensorBoard and W&B offline, read back from the files."""
 
 import csv
 import glob
+import json
 import os
 
 import lightning.pytorch as pl
@@ -20,8 +21,10 @@ from thundersync_lightning.callbacks import (
     RolloutProgressBar,
     StalenessMonitor,
     ThunderSyncWandbLogger,
+    TrajectoryLogger,
     read_timeline,
 )
+from thundersync_lightning.callbacks.trajectories import TABLE_COLUMNS
 from thundersync_lightning.strategy.stats import Interval, RolloutProgress
 
 
@@ -120,9 +123,16 @@ def test_the_monitors_work_with_tensorboard(tmp_path):
 
 def test_a_w_and_b_offline_run_read_back_from_its_files_holds_every_step(tmp_path):
     logger = ThunderSyncWandbLogger(save_dir=str(tmp_path), mode="offline", project="tests")
-    fit(tmp_path, logger)
+    fit(tmp_path, logger, extra=[TrajectoryLogger(num_per_step=2)])
     finish_wandb()
     run = read_offline_run(tmp_path)
+    # the decoded trajectories as a table per step (its rows in a file beside the run)
+    tables = [r for r in run["history"] if r.get("rollout/trajectories/_type") == "table-file"]
+    assert [(r["trainer/global_step"], r["rollout/trajectories/nrows"]) for r in tables] == [(0, 2), (1, 2)]
+    (files,) = (tmp_path / "wandb").glob("offline-run-*/files")
+    table = json.loads((files / tables[1]["rollout/trajectories/path"]).read_text())
+    assert table["columns"] == TABLE_COLUMNS
+    assert [row[:3] for row in table["data"]] == [[1, "s1-g0-t0", 0.0], [1, "s1-g1-t0", 0.0]]
     rows = [r for r in run["history"] if "perf/mfu" in r]
     assert [r["trainer/global_step"] for r in rows] == [0, 1]  # Lightning logs step k at global_step - 1
     for row in rows:
@@ -133,11 +143,14 @@ def test_a_w_and_b_offline_run_read_back_from_its_files_holds_every_step(tmp_pat
     assert run["config"]["perf/peak_flops_source"] == "explicit"
 
 
-def test_the_default_callbacks_are_one_of_each_monitor_and_survive_pickling_for_spawned_ranks():
+def test_the_default_callbacks_are_the_bar_every_monitor_trajectories_summary_and_checks_and_survive_pickling():
     import pickle
 
-    from thundersync_lightning.callbacks import default_callbacks
+    from thundersync_lightning.callbacks import RunChecks, RunSummary, TrajectoryLogger, default_callbacks
 
-    monitors = default_callbacks()
-    assert [type(m) for m in monitors] == [type(m) for m in callbacks()]
-    assert [type(m) for m in pickle.loads(pickle.dumps(monitors))] == [type(m) for m in monitors]
+    everything = default_callbacks()
+    expected = [RolloutProgressBar, *[type(m) for m in callbacks()], TrajectoryLogger, RunSummary, RunChecks]
+    assert [type(m) for m in everything] == expected
+    assert [type(m) for m in pickle.loads(pickle.dumps(everything))] == expected
+    bare = default_callbacks(progress_bar=False, trajectories_per_step=0)
+    assert [type(m) for m in bare] == [type(m) for m in callbacks()] + [RunSummary, RunChecks]

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 
 import pytest
 
 from thundersync_lightning.envs.sandbox import BwrapConfig, BwrapSandbox, SandboxLimits, chown_tree
+from thundersync_lightning.envs.sandbox.fs import remove_tree
 
 from ._support import TEST_POOL
 
@@ -21,7 +21,7 @@ def sandbox_dir() -> Iterator[str]:
     d = tempfile.mkdtemp(dir=root)
     os.chmod(d, 0o711)
     yield d
-    shutil.rmtree(d, ignore_errors=True)
+    remove_tree(d)
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def make_box(sandbox_dir: str) -> Iterator:
     """Factory: a BwrapSandbox with small limits, its own uid and an empty workdir."""
     leases = []
 
-    def factory(**limits: float) -> BwrapSandbox:
+    def factory(*, cgroups: bool = True, seccomp: bool = True, **limits: float) -> BwrapSandbox:
         lease = TEST_POOL.acquire()
         leases.append(lease)
         work = os.path.join(sandbox_dir, f"w{lease.uid}")
@@ -38,7 +38,8 @@ def make_box(sandbox_dir: str) -> Iterator:
         defaults = dict(timeout_s=10.0, max_output_bytes=64 * 1024, nproc=64, memory_bytes=512 * 1024**2,
                         fsize_bytes=16 * 1024**2)
         defaults.update(limits)
-        return BwrapSandbox(work, lease.uid, BwrapConfig(limits=SandboxLimits(**defaults)))
+        config = BwrapConfig(limits=SandboxLimits(**defaults), cgroups=cgroups, seccomp=seccomp)
+        return BwrapSandbox(work, lease.uid, config)
 
     yield factory
     for lease in leases:

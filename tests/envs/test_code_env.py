@@ -69,7 +69,7 @@ def test_scripted_bash_edit_and_submit_actions_solve_a_task_end_to_end():
         assert "edited calendar_utils.py" in obs
         assert "wrote NOTES.md" in CODEC.decode(act(env, "write NOTES.md\nfixed the 400-year rule\n").observation)
         tests = CODEC.decode(act(env, "bash python3 -m pytest -q -p no:cacheprovider").observation)
-        assert "3 passed" in tests
+        assert "2 passed" in tests  # the FAIL_TO_PASS test is hidden until grading
         assert "NOTES.md" in CODEC.decode(act(env, "bash git status --short").observation)
 
         # Tokens after the end-of-action id are ignored.

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import os
+import resource
+import select
+import shlex
+import shutil
 import socket
+import struct
+import subprocess
 import uuid
 
 import pytest
+
+from thundersync_lightning.envs.sandbox.cgroups import probe
+from thundersync_lightning.envs.sandbox.fs import remove_tree
 
 from ._support import needs_bwrap, processes_of, processes_of_tag
 
@@ -138,3 +149,289 @@ def test_a_timed_out_setsid_grandchild_is_killed_too(make_box):
     result = box.run("setsid bash -c 'trap \"\" TERM; while :; do :; done' & sleep 100")
     assert result.timed_out
     assert processes_of(box.uid) == []
+
+
+# ---------------------------------------------------------------- resources bounded by the kernel
+
+# Forks N children that each allocate and touch ``mb`` MiB, report on a pipe, then wait for the
+# parent's go: all N hold their memory at the same time (no sleeps). Prints how many got there.
+_HOLDERS = r"""
+import os, sys
+n, mb = int(sys.argv[1]), int(sys.argv[2])
+ready_r, ready_w = os.pipe()
+go_r, go_w = os.pipe()
+for _ in range(n):
+    if os.fork() == 0:
+        os.close(ready_r); os.close(go_w)
+        block = bytearray(mb * 1024 * 1024)
+        block[::4096] = b"x" * len(block[::4096])
+        os.write(ready_w, b"1")
+        os.close(ready_w)
+        os.read(go_r, 1)
+        os._exit(0)
+os.close(ready_w); os.close(go_r)
+got = 0
+while got < n:
+    chunk = os.read(ready_r, n)
+    if not chunk:
+        break
+    got += len(chunk)
+print("holding", got, flush=True)
+os.close(go_w)
+"""
+
+
+def test_n_processes_cannot_use_n_times_the_memory_limit(make_box):
+    script = f"python3 -c {shlex.quote(_HOLDERS)} 3 100"
+    # Before (per-process RLIMIT_AS only): 3 x 100 MiB under a 192 MiB limit all succeed.
+    unbounded = make_box(memory_bytes=192 * 1024**2, cgroups=False).run(script)
+    assert "holding 3" in unbounded.text
+    box = make_box(memory_bytes=192 * 1024**2)
+    if box.cgroup_support is None or "memory" not in box.cgroup_support.parents:
+        pytest.skip(f"this host gives us no memory cgroup: {probe().describe_missing()}")
+    bounded = box.run(script)
+    held = [int(line.split()[1]) for line in bounded.text.splitlines() if line.startswith("holding")]
+    assert not bounded.timed_out
+    assert held == [] or held[0] < 3  # the kernel OOM-kills within the sandbox's group
+    assert processes_of(box.uid) == []
+
+
+def test_tmpfs_pages_count_against_the_memory_limit(make_box):
+    box = make_box(memory_bytes=128 * 1024**2, tmpfs_bytes=1024**3)
+    if box.cgroup_support is None or "memory" not in box.cgroup_support.parents:
+        pytest.skip("no memory cgroup on this host")
+    # /tmp may hold 1 GiB, but what is written there is memory: it stops near the 128 MiB limit.
+    result = box.run("head -c 400000000 /dev/zero > /tmp/fill; stat -c %s /tmp/fill")
+    sizes = [int(w) for w in result.text.split() if w.isdigit()]
+    assert not sizes or sizes[-1] < 200 * 1024**2
+
+
+def test_dev_is_a_small_private_tmpfs_with_only_the_basic_devices(make_box):
+    box = make_box(dev_bytes=4 * 1024**2)
+    # Before: `--dev` gave a /dev tmpfs of half the host's RAM, writable through /dev/shm.
+    result = box.run("head -c 100000000 /dev/zero > /dev/shm/fill; echo status=$?; stat -c %s /dev/shm/fill; "
+                     "ls /dev; echo x > /dev/null && head -c 4 /dev/urandom | wc -c")
+    assert "No space left on device" in result.text and "status=0" not in result.text
+    sizes = [int(w) for w in result.text.split() if w.isdigit() and int(w) > 1000]
+    assert sizes and sizes[0] <= 4 * 1024**2
+    listed = set(result.text.split())
+    assert {"null", "zero", "full", "random", "urandom", "tty", "shm"} <= listed
+    assert not listed & {"sda", "vda", "mem", "kmsg", "fuse", "net", "pts", "ptmx"}
+    assert result.text.rstrip().endswith("4")
+
+
+_SYSCALLS = r"""
+import ctypes, errno, os, platform
+libc = ctypes.CDLL(None, use_errno=True)
+x86 = platform.machine() == "x86_64"
+calls = {  # name: (x86_64 nr, aarch64 nr, args)
+    "keyctl": (250, 219, (0, -3)), "add_key": (248, 217, (b"user", b"k", b"v", 1, -3)),
+    "request_key": (249, 218, (b"user", b"k", None, 0)), "io_uring_setup": (425, 425, (1, None)),
+    "bpf": (321, 280, (0, None, 0)), "perf_event_open": (298, 241, (None, 0, -1, -1, 0)),
+    "userfaultfd": (323, 282, (0,)), "unshare": (272, 97, (0x10000000,)), "setns": (308, 268, (0, 0)),
+    "mount": (165, 40, (b"none", b"/tmp", b"tmpfs", 0, None)), "ptrace": (101, 117, (0, 0, 0, 0)),  # PTRACE_TRACEME
+}
+for name, (a, b, args) in calls.items():
+    r = libc.syscall(a if x86 else b, *args)
+    e = ctypes.get_errno()
+    print(name, "EPERM" if r < 0 and e == errno.EPERM else f"r={r} errno={errno.errorcode.get(e, e) if r < 0 else 0}")
+"""
+
+
+def test_seccomp_denies_keyrings_io_uring_bpf_perf_userfaultfd_namespaces_mount_and_ptrace(make_box):
+    script = f"python3 -c {shlex.quote(_SYSCALLS)}"
+    # Before (no filter): keyctl and add_key work and io_uring_setup reaches the kernel.
+    before = dict(line.split(" ", 1) for line in make_box(seccomp=False).run(script).text.splitlines())
+    assert before["keyctl"] != "EPERM" and before["add_key"] != "EPERM" and before["io_uring_setup"] != "EPERM"
+    after = dict(line.split(" ", 1) for line in make_box().run(script).text.splitlines())
+    assert after == {name: "EPERM" for name in after} and len(after) == 11
+
+
+def test_the_seccomp_program_checks_the_architecture_first():
+    from thundersync_lightning.envs.sandbox.seccomp import build_filter
+
+    for arch, audit in (("x86_64", 0xC000003E), ("aarch64", 0xC00000B7)):
+        prog = build_filter(arch)
+        insns = [struct.unpack("=HBBI", prog[i:i + 8]) for i in range(0, len(prog), 8)]
+        assert insns[0] == (0x20, 0, 0, 4)  # load seccomp_data.arch
+        assert insns[1] == (0x15, 1, 0, audit) and insns[2] == (0x06, 0, 0, 0x80000000)  # else kill
+        assert insns[-1] == (0x06, 0, 0, 0x00050000 | errno.EPERM) and insns[-2] == (0x06, 0, 0, 0x7FFF0000)
+
+
+def test_the_hosts_session_keyring_is_not_visible_inside(make_box):
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    desc = f"tsl-secret-{uuid.uuid4().hex}".encode()
+    # This test process joins a fresh session keyring holding a secret key (KEYCTL_JOIN_SESSION_KEYRING).
+    assert libc.syscall(250, 1, None) > 0
+    assert libc.syscall(248, b"user", desc, b"payload", 7, -3) > 0  # add_key to @s
+    box = make_box(seccomp=False)  # the keyring separation must hold even without the filter
+    uid = str(box.uid)
+    # Before: a child that merely switched uid still possesses (and can list) the host's keyring.
+    plain = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "cat", "/proc/keys"],
+                           capture_output=True, text=True)
+    assert desc.decode() in plain.stdout
+    inside = box.run("cat /proc/keys; python3 -c \"import ctypes; l = ctypes.CDLL(None); "
+                     "print('session', l.syscall(250, 0, -3, 0))\"")
+    assert desc.decode() not in inside.text
+    assert inside.exit_code == 0
+
+
+def test_a_command_cgroup_is_nested_in_our_own_group_limited_and_removed():
+    from thundersync_lightning.envs.sandbox.cgroups import CommandCgroup
+
+    support = probe()
+    if not support.parents:
+        pytest.skip(f"no writable cgroup here: {support.describe_missing()}")
+    group = CommandCgroup(support, memory_bytes=300 * 1024**2, pids=77, cpus=0.5)
+    try:
+        for d in group.dirs:
+            assert os.path.dirname(d) in support.parents.values()
+        files = {os.path.basename(os.path.dirname(f)): f for f in group.procs_files}
+        assert len(files) == 1  # one fresh name, in each hierarchy
+        texts = {}
+        for d in group.dirs:
+            for name in ("memory.limit_in_bytes", "memory.max", "pids.max", "cpu.cfs_quota_us", "cpu.max"):
+                if os.path.exists(os.path.join(d, name)):
+                    with open(os.path.join(d, name)) as f:
+                        texts[name] = f.read().split()
+        assert texts.get("memory.limit_in_bytes", texts.get("memory.max")) == [str(300 * 1024**2)]
+        assert texts["pids.max"] == ["77"]
+        assert texts.get("cpu.cfs_quota_us") == ["50000"] or texts.get("cpu.max") == ["50000", "100000"]
+    finally:
+        dirs = list(group.dirs)
+        group.remove()
+    assert not any(os.path.exists(d) for d in dirs)
+
+
+def test_removal_of_a_1000_deep_tree_neither_recurses_nor_raises(tmp_path):
+    def deep(root: str) -> None:
+        os.mkdir(root)
+        fd = os.open(root, os.O_RDONLY)
+        for _ in range(1000):
+            os.mkdir("d" * 20, dir_fd=fd)
+            nxt = os.open("d" * 20, os.O_RDONLY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        os.close(fd)
+
+    before, after = str(tmp_path / "before"), str(tmp_path / "after")
+    deep(before)
+    deep(after)
+    with pytest.raises(RecursionError):
+        shutil.rmtree(before)  # what clean-up used: the directory (and the uid) leaked
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))  # depth needs no fds either
+    try:
+        assert remove_tree(after)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert not os.path.exists(after)
+    assert remove_tree(before)
+
+
+def test_sandboxes_run_while_the_host_process_holds_more_than_1024_fds(make_box):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 2048:
+        pytest.skip("RLIMIT_NOFILE hard limit below 2048")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2048), hard))
+    held = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+        with pytest.raises(ValueError):
+            select.select([held[-1]], [], [], 0)  # what the runner used to wait with
+        box = make_box(timeout_s=2.0)
+        assert box.run("echo alive").text.strip() == "alive"
+        assert box.run("sleep 100").timed_out  # the deadline path waits on fds > 1024 too
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def _workspace(**kwargs):
+    from thundersync_lightning.envs.code import LocalCodeTasks
+
+    source = LocalCodeTasks(names=["leap_year"], sandbox_root="/tmp/thundersync-test-sandboxes",
+                            uid_base=3_955_000, uid_count=16, **kwargs)
+    env = source.make_env(source.all_tasks[0], seed=0)
+    env.reset()
+    return env
+
+
+def test_the_workspace_has_a_disk_and_an_inode_budget(make_box):
+    fill = ("head -c 12000000 /dev/zero > big1; head -c 12000000 /dev/zero > big2; echo bytes=$(cat big* | wc -c); "
+            "mkdir many && for i in $(seq 3000); do : > many/f$i || break; done; echo files=$(ls many | wc -l)")
+    # Before: the workdir was a plain host directory: no budget beyond the per-file size limit.
+    before = make_box(fsize_bytes=16 * 1024**2).run(fill)
+    assert "bytes=24000000" in before.text and "files=3000" in before.text
+    env = _workspace(disk_bytes=16 * 1024**2, disk_inodes=1000)
+    try:
+        if not env.workspace._budget.enforced:
+            pytest.skip(f"this host cannot mount a tmpfs: {env.workspace._budget.why_not}")
+        after = env.workspace.run(fill)
+        assert "No space left on device" in after.text
+        written = int(after.text.split("bytes=")[1].split()[0])
+        files = int(after.text.split("files=")[1].split()[0])
+        assert written <= 16 * 1024**2 and files < 1000
+    finally:
+        env.close()
+
+
+def test_closing_a_workspace_with_a_1000_deep_tree_frees_the_directory_and_the_uid():
+    from thundersync_lightning.envs.sandbox import UidPool
+
+    env = _workspace()
+    ws = env.workspace
+    directory, uid = ws._dir, ws._lease.uid
+    name = "d" * 40  # 1000 levels: ~41 kB of path, far past PATH_MAX
+    try:
+        made = ws.run(f"python3 -c \"import os\nfor _ in range(1000): os.mkdir('{name}'); os.chdir('{name}')\n"
+                      "print('deep')\"")
+        assert "deep" in made.text
+    finally:
+        env.close()  # must not raise
+    assert not os.path.exists(directory) and ws._lease is None
+    again = UidPool(base=uid, size=1).acquire()  # the uid is free for the next sandbox
+    again.release()
+
+
+def test_limits_the_host_cannot_enforce_are_named_in_a_warning_or_an_error(monkeypatch, tmp_path, caplog):
+    import logging
+
+    from thundersync_lightning.envs.sandbox import BwrapConfig, BwrapSandbox, SandboxError
+    from thundersync_lightning.envs.sandbox import bwrap as bwrap_module
+    from thundersync_lightning.envs.sandbox.cgroups import CgroupSupport
+
+    why = "/sys/fs/cgroup/x is not writable by us"
+    monkeypatch.setattr(bwrap_module, "probe", lambda: CgroupSupport(0, {}, {c: why for c in ("memory", "pids", "cpu")}))
+    monkeypatch.setattr(bwrap_module, "_warned", set())
+    with pytest.raises(SandboxError, match="not enforced for: memory, pids, cpu"):
+        BwrapSandbox(str(tmp_path), 4_000_000, BwrapConfig(require_kernel_limits=True))
+    with caplog.at_level(logging.WARNING, logger=bwrap_module.__name__):
+        box = BwrapSandbox(str(tmp_path), 4_000_000, BwrapConfig())
+    assert box.cgroup_support is None
+    assert "not enforced for: memory, pids, cpu" in caplog.text and why in caplog.text
+
+
+def test_a_workspace_left_by_a_killed_learner_is_swept_when_its_uid_is_reused():
+    from thundersync_lightning.envs.code import LocalCodeTasks
+
+    source = LocalCodeTasks(names=["leap_year"], sandbox_root="/tmp/thundersync-test-sandboxes",
+                            uid_base=3_956_000, uid_count=1)
+    dead = source.make_env(source.all_tasks[0], seed=0)
+    dead.reset()
+    stale, uid = dead.workspace._dir, dead.workspace._lease.uid
+    dead.workspace._lease.release()  # what the kernel does to the lease's flock when its holder is killed
+    dead.workspace._lease = None
+    fresh = source.make_env(source.all_tasks[0], seed=0)
+    try:
+        fresh.reset()
+        assert fresh.workspace._lease.uid == uid
+        assert not os.path.exists(stale)
+        with open("/proc/self/mounts") as f:
+            assert f" {stale} " not in f.read()  # its tmpfs (and the RAM it held) is gone too
+    finally:
+        fresh.close()
+        dead.close()  # closing what is already gone does not raise

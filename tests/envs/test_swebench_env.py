@@ -200,3 +200,51 @@ def test_a_missing_image_is_an_error_not_a_zero_reward(tmp_path):
     with pytest.raises(SandboxError, match="no-such-image"):
         env.reset()
     env.close()
+
+
+def test_containers_never_pull_get_no_host_proxy_and_have_cpu_memory_and_swap_limits(tmp_path, monkeypatch):
+    from thundersync_lightning.envs.sandbox import ContainerConfig, ContainerSandbox, SandboxLimits
+    from thundersync_lightning.envs.sandbox import container as container_module
+
+    monkeypatch.setattr(container_module, "find_engine", lambda engine="auto": "/usr/bin/podman")
+    config = ContainerConfig(engine="podman", runtime="", memory="1g", limits=SandboxLimits(cpus=1.5, nproc=64))
+    box = ContainerSandbox(str(tmp_path), "localhost/x:y", 4_000_000, config, ro_volumes={"/h/base.git": "/b.git"})
+    argv = box.argv("true", "tsl-test", 10.0)
+    flags = " ".join(argv)
+    for expected in ("--pull=never", "--http-proxy=false", "--cpus 1.5", "--memory 1g", "--memory-swap 1g",
+                     "--pids-limit 64", "--network none", "--cap-drop all", "--read-only",
+                     "-v /h/base.git:/b.git:ro"):
+        assert expected in flags, expected
+    assert argv.index("--pull=never") < argv.index("localhost/x:y")
+
+
+@needs_bwrap
+def test_the_container_paths_patch_capture_uses_a_host_copy_of_the_base_commit(tmp_path, sandbox_dir):
+    from thundersync_lightning.envs.code.patches import BASE_GIT_DIR, capture_command
+    from thundersync_lightning.envs.swebench_env import SWEbenchSettings, SWEbenchWorkspace
+
+    repo = os.path.join(sandbox_dir, "testbed")
+    os.mkdir(repo)
+    base = git_repo(TASK, repo)
+    (instance,) = load_instances(write_jsonl([swebench_row(TASK, image="unused", base_commit=base)], str(tmp_path)))
+    ws = SWEbenchWorkspace(instance, SWEbenchSettings(), TEST_POOL)
+    ws._dir = sandbox_dir  # where open() would have copied the image's /testbed
+    ws._base_git(repo)
+    lease = TEST_POOL.acquire()
+    try:
+        chown_tree(repo, lease.uid)
+        box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60)),
+                           ro_binds={os.path.join(sandbox_dir, "base.git"): BASE_GIT_DIR})
+        # The agent's own repository config would run a filter; the capture never reads it.
+        box.run("git config filter.x.clean 'touch /testbed/.ran; cat' && echo '*.py filter=x' > .gitattributes && "
+                "git apply - && rm -f .ran", stdin=TASK.gold_patch.encode())
+        patch = box.run(capture_command(base)).text
+    finally:
+        lease.release()
+    from thundersync_lightning.envs.code import patch_paths
+
+    added = [line for line in TASK.gold_patch.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    assert added and all(line in patch.splitlines() for line in added)
+    assert set(patch_paths(patch)) == {"intervals.py", ".gitattributes"}
+    assert not os.path.exists(os.path.join(repo, ".ran"))
+    assert ws.protects("tests/test_intervals.py") and not ws.protects("intervals.py")

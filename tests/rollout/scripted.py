@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+import os
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -19,17 +22,32 @@ MODES = (
     "reset_raises",
 )
 
+# Verdict behaviours outside MODES (so the group -> mode mapping of MODES is unchanged):
+# a slow verdict (SIMULATED test latency), and verdicts returning garbage of each kind.
+GARBAGE = {
+    "verdict_nan": math.nan,
+    "verdict_inf": -math.inf,
+    "verdict_none": None,
+    "verdict_list": [1.0],
+    "verdict_complex": 1j,
+}
+SLOW_VERDICT_S = 0.5
+# "verdict_stuck" waits for RELEASE: in-process tests set it when done, so no thread outlives them.
+RELEASE = threading.Event()
+
 
 @dataclass(frozen=True, slots=True)
 class ScriptedTask:
     secret: int
     mode: str
+    gate: str = ""
 
 
 class ScriptedEnv(GuessingGameEnv):
     def __init__(self, task: ScriptedTask, num_digits: int, max_turns: int) -> None:
         super().__init__(task.secret, num_digits, max_turns)
         self.mode = task.mode
+        self.gate = task.gate
         if self.mode == "reset_raises":
             raise RuntimeError("cannot build the sandbox")
 
@@ -38,6 +56,12 @@ class ScriptedEnv(GuessingGameEnv):
             raise ValueError("tool crashed")
         if self.mode == "step_hangs":
             threading.Event().wait()
+        if self.mode == "step_gated":  # the engine's main thread waits here until the gate exists
+            deadline = time.monotonic() + 60.0
+            while self.gate and not os.path.exists(self.gate) and time.monotonic() < deadline:
+                time.sleep(0.01)
+        if self.mode == "nondeterministic" and self.gate and os.path.exists(self.gate):
+            return StepResult((self.bad,), False)  # another answer once the gate exists
         return super().step(action)
 
     def verdict(self) -> float:
@@ -45,24 +69,40 @@ class ScriptedEnv(GuessingGameEnv):
             raise RuntimeError("test runner crashed")
         if self.mode == "verdict_hangs":
             threading.Event().wait()
+        if self.mode == "verdict_stuck":
+            RELEASE.wait()
         if self.mode == "verdict_malformed":
             return "PASSED"  # type: ignore[return-value]
+        if self.mode in GARBAGE:
+            return GARBAGE[self.mode]  # type: ignore[return-value]
+        if self.mode == "verdict_slow":
+            time.sleep(SLOW_VERDICT_S)
+        if self.mode in ("verdict_gated", "nondeterministic"):  # the test decides when these verdicts may finish
+            deadline = time.monotonic() + 60.0
+            while self.gate and not os.path.exists(self.gate) and time.monotonic() < deadline:
+                time.sleep(0.01)
         return super().verdict()
 
 
 @dataclass(frozen=True, slots=True)
 class ScriptedTasks:
-    """Guessing game (no latency) whose group g behaves as ``modes[g % len(modes)]``."""
+    """Guessing game (no latency) whose group g behaves as ``modes[g % len(modes)]``.
+
+    ``gate``: a path; "verdict_gated" verdicts wait (up to 60 s) until it exists.
+    """
 
     modes: tuple[str, ...] = ("ok",)
     num_digits: int = 10
     max_turns: int = 4
+    gate: str = ""
     max_action_tokens: int = field(default=1, init=False)
     stop_token: int | None = field(default=None, init=False)
 
     def tasks(self, step: int, num_groups: int, seed: int) -> list[ScriptedTask]:
         return [
-            ScriptedTask(derive_seed(seed, step, g, -1) % self.num_digits, self.modes[g % len(self.modes)])
+            ScriptedTask(
+                derive_seed(seed, step, g, -1) % self.num_digits, self.modes[g % len(self.modes)], self.gate
+            )
             for g in range(num_groups)
         ]
 

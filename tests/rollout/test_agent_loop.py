@@ -19,6 +19,7 @@ from thundersync_lightning.rollout import (
 
 from .conftest import random_model
 from .helpers import collect, learner_logprobs
+from .procs import wait_until
 from .scripted import MODES, ScriptedTasks
 
 
@@ -106,3 +107,38 @@ def test_failed_resets_still_yield_both_events(pool):
     assert len(trajs) == 3 and len(rewards) == 3
     assert all(t.finish_reason == "failure" and t.num_scored_tokens == 0 for t in trajs.values())
     assert all(r.reward == 0.0 and "reset raised" in r.failure for r in rewards.values())
+
+
+class _ClosingTasks(ScriptedTasks):
+    """ScriptedTasks whose environments record their ``close`` (in process only)."""
+
+    def make_env(self, task, seed):
+        env = super().make_env(task, seed)
+        env.close = lambda: CLOSED.append(seed)
+        return env
+
+
+CLOSED: list[int] = []
+
+
+def test_when_generation_raises_every_unfinished_environment_is_closed():
+    CLOSED.clear()
+    tasks = _ClosingTasks()
+    request = make_request(tasks, step=0, num_groups=2, group_size=3, seed=0)
+    calls = []
+
+    def fails_on_second_turn(requests):
+        calls.append(len(requests))
+        if len(calls) == 2:
+            raise RuntimeError("generation process gone")
+        return always(0)(requests)  # guess 0: episodes continue (or a few find the secret)
+
+    pool = EnvPool(4)
+    try:
+        with pytest.raises(RuntimeError, match="generation process gone"):
+            AgentLoop(tasks, fails_on_second_turn, pool).run(request, 0, lambda event: None)
+        # finished episodes close after their verdict, unfinished ones by the clean-up
+        assert wait_until(lambda: len(CLOSED) == 6, 10.0), f"closed {len(CLOSED)} of 6 environments"
+        assert len(set(CLOSED)) == 6
+    finally:
+        pool.shutdown()

@@ -38,3 +38,30 @@ def test_configs_and_the_toy_task_are_constructible_from_yaml():
     assert init.engine == EmbeddedEngineConfig(temperature=0.8, env_workers=4)
     assert init.replay == TraceReplayEngineConfig(source="pareto", time_scale_s=0.02)
     assert init.tasks == GuessingGameTasks(num_digits=6, latency_median_s=0.01)
+
+
+def test_yaml_with_a_misspelt_engine_option_fails_naming_it():
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--engine", type=EmbeddedEngineConfig)
+    with pytest.raises(Exception, match="verdict_timout_s"):
+        parser.instantiate_classes(parser.parse_string("engine: {verdict_timout_s: 5}\n"))
+
+
+@pytest.mark.parametrize(
+    ("build", "named"),
+    [
+        (lambda: TraceReplayEngineConfig(gen_median=2.0), "gen_median=2.0 has no effect with source='trace'"),
+        (lambda: TraceReplayEngineConfig(source="lognormal", trace="x.json"), "trace='x.json' has no effect"),
+        (lambda: TraceReplayEngineConfig(source="lognormal", pareto_alpha=3.0), "pareto_alpha=3.0 has no effect"),
+        (lambda: TraceReplayEngineConfig(source="pareto", verdict_sigma=2.0), "verdict_sigma=2.0 has no effect"),
+    ],
+)
+def test_a_replay_option_that_the_chosen_source_ignores_is_rejected(build, named):
+    with pytest.raises(ConfigError, match=named.replace("(", r"\(").replace(".", r"\.")):
+        build()
+
+
+def test_the_embedded_engine_restart_budget_must_not_be_negative():
+    with pytest.raises(ConfigError, match="max_engine_restarts=-1"):
+        EmbeddedEngineConfig(max_engine_restarts=-1)
+    assert EmbeddedEngineConfig().max_engine_restarts == 1

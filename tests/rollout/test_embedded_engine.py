@@ -110,7 +110,7 @@ def test_crashing_hanging_or_malformed_environments_give_reward_zero_with_a_reas
     assert failure_of("ok") is None
     assert "verdict raised RuntimeError: test runner crashed" == failure_of("verdict_raises")
     assert "verdict timed out" in failure_of("verdict_hangs")
-    assert "malformed verdict 'PASSED'" in failure_of("verdict_malformed")
+    assert failure_of("verdict_malformed") == "verdict returned str 'PASSED', not a real number"
     assert "step raised ValueError: tool crashed" == failure_of("step_raises")
     assert "step timed out" in failure_of("step_hangs")
     assert "reset raised RuntimeError" in failure_of("reset_raises")

@@ -32,8 +32,9 @@ def _engine_children() -> set[int]:
 
 @pytest.fixture(scope="module")
 def patient_engine(spec):
-    """Verdict timeout 10 min: hung verdicts stay pending. The last test of this module kills it."""
-    engine = EmbeddedEngineConfig(verdict_timeout_s=600).build(spec, ScriptedTasks())
+    """Verdict timeout 10 min: hung verdicts stay pending. The last test of this module kills it
+    (no restarts: a replayed hung verdict would hang again)."""
+    engine = EmbeddedEngineConfig(verdict_timeout_s=600, max_engine_restarts=0).build(spec, ScriptedTasks())
     yield engine
     engine.shutdown()
 

@@ -25,7 +25,7 @@ if __name__ == "__main__":
     policy = GRPOPolicy(config=TOY_MODEL, objective=objectives[sys.argv[4] if len(sys.argv) > 4 else "default"])
     record = RecordSteps()
     trainer = L.Trainer(
-        strategy=ThunderSyncStrategy(mode=mode),
+        strategy=ThunderSyncStrategy(mode=mode, boundary_cut=len(sys.argv) > 5 and sys.argv[5] == "cut"),
         accelerator="cpu",
         devices=devices,
         max_steps=3,

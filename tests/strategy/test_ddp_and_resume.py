@@ -16,11 +16,11 @@ from ._fit import fit, relative
 SCRIPT = Path(__file__).with_name("ddp_script.py")
 
 
-def _run(tmp_path: Path, devices: int, mode: str = "streaming", objective: str = "default") -> dict:
-    out = tmp_path / f"params-{devices}-{objective}.pt"
+def _run(tmp_path: Path, devices: int, mode: str = "streaming", objective: str = "default", cut: str = "") -> dict:
+    out = tmp_path / f"params-{devices}-{objective}-{cut}.pt"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(out), str(devices), mode, objective],
+        [sys.executable, str(SCRIPT), str(out), str(devices), mode, objective, cut],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -31,10 +31,10 @@ def _run(tmp_path: Path, devices: int, mode: str = "streaming", objective: str =
     return torch.load(out)
 
 
-@pytest.mark.parametrize("objective", ["default", "global"])
-def test_two_gloo_processes_give_the_parameters_of_one_process(tmp_path, objective):
-    one = _run(tmp_path, 1, objective=objective)
-    two = _run(tmp_path, 2, objective=objective)
+@pytest.mark.parametrize("objective, cut", [("default", ""), ("global", "cut")])
+def test_two_gloo_processes_give_the_parameters_of_one_process(tmp_path, objective, cut):
+    one = _run(tmp_path, 1, objective=objective)  # uncut: the cut on two ranks must match it too
+    two = _run(tmp_path, 2, objective=objective, cut=cut)
     assert two["world_size"] == 2
     # each rank trains its own half of the 4 groups (8 of the 16 trajectories)
     assert two["trajectories_per_step"] == [8, 8, 8]

@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 
 import thundersync_lightning  # noqa: F401  registers strategy="thundersync"
-from thundersync_lightning.callbacks import ValidateAtStart
+from thundersync_lightning.callbacks import RunSummary, ValidateAtStart
 from thundersync_lightning.cli import ThunderSyncCLI, _cli_kwargs
 from thundersync_lightning.core.errors import ConfigError
 from thundersync_lightning.envs.toy import GuessingGameTasks
@@ -23,7 +23,6 @@ from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
 from thundersync_lightning.rollout import EmbeddedEngineConfig
 from thundersync_lightning.strategy import ThunderSyncStrategy
 from thundersync_lightning.strategy.evaluation import ValidationOutcome, pass_at_k
-from thundersync_lightning.summary import RunSummary
 
 # Two secrets, two guesses: "guess 0, and 1 after HIGHER" always wins.
 TASKS = GuessingGameTasks(num_digits=2, max_turns=2, latency="none")
@@ -158,20 +157,3 @@ def test_fit_validates_at_start_and_every_interval_and_summarises_first_and_last
     assert summary["val_pass_at_1_first"] == pytest.approx(float(rows[0]["val/pass_at_1"]))
     assert summary["val_pass_at_1_last"] == pytest.approx(float(rows[-1]["val/pass_at_1"]))
 
-
-def test_the_ddp_defaults_lightningcli_passes_through_kwargs_mean_unset() -> None:
-    import inspect
-
-    from lightning.pytorch.strategies import DDPStrategy
-    from torch.nn.parallel import DistributedDataParallel
-
-    defaults = {
-        name: p.default
-        for fn in (DDPStrategy.__init__, DistributedDataParallel.__init__)
-        for name, p in inspect.signature(fn).parameters.items()
-        if p.default is not inspect.Parameter.empty
-    }
-    assert {"find_unused_parameters", "static_graph", "ddp_comm_hook", "bucket_cap_mb"} <= set(defaults)
-    assert ThunderSyncStrategy(mode="sync", **defaults).mode == "sync"
-    with pytest.raises(ConfigError, match="static_graph=True is not an option"):
-        ThunderSyncStrategy(**{**defaults, "static_graph": True})

@@ -10,6 +10,13 @@ later logger. Resolution of the mode, first match wins:
 4. "offline": runs are written under ``<save_dir>/wandb/offline-run-*`` and can be uploaded later
    with ``wandb sync``.
 
+Resuming continues the same W&B run: :class:`~thundersync_lightning.callbacks.RunChecks` stores the
+run id in every checkpoint (``checkpoint["thundersync_lightning"]["wandb_run_id"]``);
+``ThunderSyncWandbLogger(resume_from_checkpoint=PATH)`` (the CLI passes ``--ckpt_path`` on by
+itself) reads it back and opens the run with that id and ``resume="allow"``. Offline, each fit
+writes its own ``offline-run-*-<id>`` folder with the same id; ``wandb sync DIR/wandb/offline-run-*``
+uploads them in start order into one run.
+
 In a config::
 
     trainer:
@@ -26,11 +33,29 @@ from typing import Any, Literal
 
 from lightning.pytorch.loggers import WandbLogger
 
-__all__ = ["ThunderSyncWandbLogger", "default_wandb_logger", "resolve_wandb_mode"]
+__all__ = [
+    "ThunderSyncWandbLogger",
+    "default_wandb_logger",
+    "resolve_wandb_mode",
+    "wandb_run_id_from_checkpoint",
+    "CHECKPOINT_KEY",
+]
+
+#: The checkpoint entry where :class:`RunChecks` keeps run-level facts (the W&B run id).
+CHECKPOINT_KEY = "thundersync_lightning"
 
 log = logging.getLogger(__name__)
 
 WandbMode = Literal["online", "offline", "disabled", "shared"]
+
+
+def wandb_run_id_from_checkpoint(path: str | os.PathLike[str]) -> str | None:
+    """The W&B run id recorded in a checkpoint (``None`` if it has none); tensors are not read."""
+    import torch
+
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    run_id = checkpoint.get(CHECKPOINT_KEY, {}).get("wandb_run_id")
+    return str(run_id) if run_id else None
 
 
 def resolve_wandb_mode(mode: str | None = None) -> str | None:
@@ -54,6 +79,8 @@ class ThunderSyncWandbLogger(WandbLogger):
         project: W&B project.
         mode: "online", "offline", "disabled" or "shared"; ``None`` resolves it.
         log_model: as in ``WandbLogger``.
+        resume_from_checkpoint: the checkpoint this fit resumes from: the W&B run recorded in it is
+            continued (its id, ``resume="allow"``) unless ``id`` is given.
         **kwargs: passed on to ``WandbLogger`` and from it to ``wandb.init``.
     """
 
@@ -64,6 +91,7 @@ class ThunderSyncWandbLogger(WandbLogger):
         project: str = "thundersync-lightning",
         mode: WandbMode | None = None,
         log_model: Literal["all"] | bool = False,
+        resume_from_checkpoint: str | None = None,
         **kwargs: Any,
     ) -> None:
         if kwargs.pop("offline", False):
@@ -71,6 +99,14 @@ class ThunderSyncWandbLogger(WandbLogger):
                 "ThunderSyncWandbLogger(offline=...) would set WANDB_MODE for the whole process; "
                 'pass mode="offline" or mode="online" instead.'
             )
+        if kwargs.get("resume") is None:  # a config's `resume: null` would replace WandbLogger's "allow"
+            kwargs.pop("resume", None)
+        if resume_from_checkpoint is not None and not (kwargs.get("id") or kwargs.get("version")):
+            run_id = wandb_run_id_from_checkpoint(resume_from_checkpoint)
+            if run_id is None:
+                log.warning("%s records no W&B run id: this fit opens a new W&B run", resume_from_checkpoint)
+            kwargs["id"] = run_id
+        self.resume_from_checkpoint = resume_from_checkpoint
         resolved = resolve_wandb_mode(mode)
         if resolved is not None:
             kwargs["mode"] = resolved

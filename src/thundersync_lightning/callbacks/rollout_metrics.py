@@ -20,7 +20,12 @@ mean of the 4, not the mean of two rank means.
 ``rollout/groups_aborted_count``         groups dropped
 ``train/loss``                           the step's GRPO surrogate -(1/N) sum A_i S_i (global; equal
                                          on every rank)
+``train/zero_advantage_group_fraction``  groups whose rewards are all equal (every advantage 0: no
+                                         gradient) / groups with rewards
 =======================================  ==========================================================
+
+When every group of ``zero_advantage_warn_steps`` consecutive steps had equal rewards (e.g. a
+random model that never passes a test), a warning says that the run is not learning and why.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from thundersync_lightning.callbacks._common import StepReducer, StepStatsReader, log_step_metrics
@@ -48,10 +54,14 @@ class RolloutMetrics(Callback):
 
     Args:
         pass_threshold: a trajectory passes when its reward is >= this.
+        zero_advantage_warn_steps: warn after this many consecutive steps in which every group had
+            equal rewards (0: never).
     """
 
-    def __init__(self, pass_threshold: float = 1.0) -> None:
+    def __init__(self, pass_threshold: float = 1.0, zero_advantage_warn_steps: int = 20) -> None:
         self.pass_threshold = pass_threshold
+        self.zero_advantage_warn_steps = zero_advantage_warn_steps
+        self._zero_streak = 0
         kinds = {
             "rollout/reward_mean": "mean",
             "reward_sq_mean": "mean",
@@ -63,6 +73,8 @@ class RolloutMetrics(Callback):
             "rollout/failures_count": "sum",
             "rollout/groups_folded_count": "sum",
             "rollout/groups_aborted_count": "sum",
+            "zero_advantage_groups": "sum",
+            "rewarded_groups": "sum",
         }
         kinds.update({f"rollout/finish_{r}_count": "sum" for r in FINISH_REASONS})
         self._reducer = StepReducer(kinds)
@@ -73,7 +85,13 @@ class RolloutMetrics(Callback):
     def metric_keys(self) -> list[str]:
         """Every key this monitor logs."""
         names = [n for n in self._reducer.names if n.startswith("rollout/")]
-        return [*names, "rollout/reward_std", "rollout/failure_rate", "train/loss"]
+        return [
+            *names,
+            "rollout/reward_std",
+            "rollout/failure_rate",
+            "train/loss",
+            "train/zero_advantage_group_fraction",
+        ]
 
     @property
     def last_metrics(self) -> dict[str, float]:
@@ -98,6 +116,8 @@ class RolloutMetrics(Callback):
         r.update("rollout/failures_count", float(sum(t.failure is not None for t in trajs)))
         r.update("rollout/groups_folded_count", float(stats.groups_folded))
         r.update("rollout/groups_aborted_count", float(stats.groups_aborted))
+        r.update("zero_advantage_groups", float(stats.zero_advantage_groups))
+        r.update("rewarded_groups", float(len(stats.group_rewards)))
         for reason in FINISH_REASONS:
             r.update(f"rollout/finish_{reason}_count", float(sum(t.finish_reason == reason for t in trajs)))
 
@@ -110,6 +130,8 @@ class RolloutMetrics(Callback):
         )
         n = out["rollout/trajectories_count"]
         out["rollout/failure_rate"] = out["rollout/failures_count"] / n if n > 0 else 0.0
+        zero, groups = out.pop("zero_advantage_groups"), out.pop("rewarded_groups")
+        out["train/zero_advantage_group_fraction"] = zero / groups if groups > 0 else math.nan
         return out
 
     @override
@@ -122,3 +144,14 @@ class RolloutMetrics(Callback):
         self.update(stats)
         self._last = {**self.compute(), "train/loss": stats.loss}
         log_step_metrics(pl_module, self._last)
+        self._check_zero_advantage(self._last["train/zero_advantage_group_fraction"])
+
+    def _check_zero_advantage(self, fraction: float) -> None:
+        self._zero_streak = self._zero_streak + 1 if fraction == 1.0 else 0
+        if self.zero_advantage_warn_steps and self._zero_streak == self.zero_advantage_warn_steps:
+            rank_zero_warn(
+                f"For {self._zero_streak} consecutive steps every group had equal rewards "
+                "(train/zero_advantage_group_fraction = 1): all advantages are 0, the gradient is 0 and the "
+                "policy does not change. The tasks are too hard (or too easy) for the current policy: use easier "
+                "tasks, a stronger starting model, a larger group_size, or a reward with partial credit."
+            )

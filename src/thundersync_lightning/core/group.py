@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .objective import Objective
+from .prefix import LeafSums
 from .storage import GradientStore
 
 __all__ = ["GroupSums"]
@@ -37,6 +38,7 @@ class GroupSums:
     tokens: dict[Hashable, float] = field(default_factory=dict)  # scored-token counts
     dropped: set[Hashable] = field(default_factory=set)  # failed members removed from the group
     scored_dropped: set[Hashable] = field(default_factory=set)  # dropped members whose content came
+    leaves: LeafSums | None = None  # boundary cut: sums at the shared prompt's leaves
     by_reward: dict[float, torch.Tensor] = field(default_factory=dict)  # <= 2 distinct reward values
     g1: torch.Tensor | None = None  # sum (r_i - shift) grad S_i, after collapse
     g2: torch.Tensor | None = None  # sum grad S_i, after collapse

@@ -52,6 +52,7 @@ from .errors import (
 )
 from .group import GroupSums
 from .objective import BatchTotals, Objective
+from .prefix import LeafSums, SharedPrefix
 from .report import GroupStat, StreamingReport
 from .routing import plan_backward
 from .storage import ByteUsage, GradientStore, Offload
@@ -231,7 +232,10 @@ class StreamingGRPO:
         group.rewards[trajectory_id] = value
         held = group.held.pop(trajectory_id, None)
         held_r = group.held_independent.pop(trajectory_id, None)
-        if failed and self.objective.failed == "drop":
+        dropping = failed and self.objective.failed == "drop"
+        if group.leaves is not None:
+            group.leaves.on_reward(trajectory_id, value, dropping, self._independent_apart)
+        if dropping:
             group.dropped.add(trajectory_id)
             if trajectory_id in group.scores:
                 group.scored_dropped.add(trajectory_id)
@@ -247,6 +251,7 @@ class StreamingGRPO:
         if group.all_rewards_known():
             self._fold_buffers(group)  # a_g, b_g are known now: free the sums early
         self._maybe_close(gid, group)
+        self._count_leaves()
 
     def add_logprob(self, trajectory_id: Hashable, logprob: torch.Tensor) -> None:
         """One trajectory's S_i (see :meth:`add_logprobs`)."""
@@ -274,7 +279,11 @@ class StreamingGRPO:
         self._add(ids, TrajectoryTerms(logprobs, None, zeros, OnPolicyStats()))
 
     def add_tokens(
-        self, trajectory_ids: Sequence[Hashable], scores: TokenScores, engine_logprobs: torch.Tensor | None = None
+        self,
+        trajectory_ids: Sequence[Hashable],
+        scores: TokenScores,
+        engine_logprobs: torch.Tensor | None = None,
+        prefix: SharedPrefix | None = None,
     ) -> None:
         """Backpropagate a scored batch now; exact same result as one call per trajectory.
 
@@ -284,14 +293,29 @@ class StreamingGRPO:
         backward pass: everything with a known advantage or no reward dependence (the step's
         gradient), and the members of one group with the same known reward (one sum). A
         trajectory without a known reward gets its own backward (its gradient is held apart).
+
+        ``prefix``: the boundary cut (:mod:`~thundersync_lightning.core.prefix`): every trajectory
+        belongs to one group whose continuations were scored on these prefix leaves.
         """
         self._check_live()
         ids = list(trajectory_ids)
         if scores.n != len(ids):
             raise InvalidLogprobError(f"add_tokens got {scores.n} scored rows for {len(ids)} trajectory ids")
-        self._add(ids, trajectory_terms(self.objective, scores, engine_logprobs))
+        self._add(ids, trajectory_terms(self.objective, scores, engine_logprobs), prefix)
 
-    def _add(self, ids: list[Hashable], terms: TrajectoryTerms) -> None:
+    @property
+    def _independent_apart(self) -> bool:
+        """grad R_i is kept out of the s-scaled sums (only under ``scale="batch"``)."""
+        return self.objective.scale == "batch"
+
+    @staticmethod
+    def _attach_prefix(owners: list[tuple[Hashable, GroupSums]], prefix: SharedPrefix) -> GroupSums:
+        group = owners[0][1]
+        if group.leaves is None:
+            group.leaves = LeafSums(prefix)
+        return group
+
+    def _add(self, ids: list[Hashable], terms: TrajectoryTerms, prefix: SharedPrefix | None = None) -> None:
         if len(set(ids)) != len(ids):
             raise DuplicateEventError(f"add_tokens got a trajectory id twice: {ids}")
         late = [i for i, tid in enumerate(ids) if tid in self._dropped_closed]
@@ -304,6 +328,14 @@ class StreamingGRPO:
             terms = _select(terms, keep)
         owners = [self._group_of(tid) for tid in rows]
         plan = plan_backward(self.objective, rows, owners, terms)
+        if prefix is not None and rows:
+            gids = sorted({gid for gid, _ in owners}, key=str)
+            if len(gids) != 1:
+                raise GroupError(f"a shared prefix belongs to one group; add_tokens got trajectories of {gids}")
+            leaves = owners[0][1].leaves
+            if leaves is not None and leaves.prefix is not prefix:
+                raise GroupError(f"group {gids[0]!r} already has another shared prefix; score its members on one")
+        inputs = list(self._params) + (list(prefix.leaves) if prefix is not None else [])
         jobs: list[tuple[str, object, torch.Tensor]] = []
         if plan.direct:
             jobs.append(("direct", None, torch.stack(plan.direct).sum()))
@@ -313,8 +345,14 @@ class StreamingGRPO:
         jobs += [("held", rows[i], terms.score[i]) for i in plan.held]
         jobs += [("held_r", rows[i], terms.independent[i]) for i in plan.held_independent]  # type: ignore[index]
         label = rows[0] if len(rows) == 1 else f"{len(rows)} trajectories"
-        grads = [self._grad(label, t, retain=k < len(jobs) - 1) for k, (_, _, t) in enumerate(jobs)]
+        grads = [self._grad(label, t, retain=k < len(jobs) - 1, inputs=inputs) for k, (_, _, t) in enumerate(jobs)]
         # every check passed and every backward ran: now change state
+        if prefix is not None and rows:
+            group = self._attach_prefix(owners, prefix)
+            n = len(self._params)
+            for (kind, key, _), g in zip(jobs, grads):
+                group.leaves.add(kind, key, prefix.flatten(g[n:]), self._independent_apart)  # type: ignore[union-attr]
+            grads = [g[:n] for g in grads]
         for i in late:
             self._dropped_closed[ids[i]] = True
         self._skipped += len(late) + plan.skipped
@@ -344,6 +382,10 @@ class StreamingGRPO:
         for gid, group in {id(g): (gid, g) for gid, g in owners}.values():
             if gid in self._groups:
                 self._maybe_close(gid, group)
+        self._count_leaves()
+
+    def _count_leaves(self) -> None:
+        self._store.set_leaf_bytes(sum(g.leaves.nbytes for g in self._groups.values() if g.leaves is not None))
 
     def abort_group(self, group_id: Hashable) -> None:
         """Drop a group that cannot finish: its buffers are freed and it counts nowhere."""
@@ -357,6 +399,7 @@ class StreamingGRPO:
                 "gradient (it cannot be removed exactly); deliver its remaining events instead"
             )
         group.drop(self._store)
+        group.leaves = None
         del self._groups[group_id]
         for t in group.members:
             del self._owner[t]
@@ -431,9 +474,13 @@ class StreamingGRPO:
         return report
 
     # ------------------------------------------------------------------ internals
-    def _grad(self, trajectory_id: Hashable, logprob: torch.Tensor, retain: bool = False) -> list:
+    def _grad(
+        self, trajectory_id: Hashable, logprob: torch.Tensor, retain: bool = False, inputs: list | None = None
+    ) -> list:
         try:
-            grads = torch.autograd.grad(logprob, self._params, allow_unused=True, retain_graph=retain)
+            grads = torch.autograd.grad(
+                logprob, inputs if inputs is not None else self._params, allow_unused=True, retain_graph=retain
+            )
         except RuntimeError as err:
             raise InvalidLogprobError(
                 f"backward of trajectory {trajectory_id!r}'s logprob failed ({err}); it must be a scalar "
@@ -477,12 +524,33 @@ class StreamingGRPO:
             group.direct += 1
         group.drop(self._store)
 
+    def _backward_prefix(self, group: GroupSums, a: float, b: float) -> None:
+        """The group's prompt, backpropagated once with its folded leaf gradient (module docstring of prefix)."""
+        leaves = group.leaves
+        assert leaves is not None
+        scaled, unscaled = leaves.fold(a, b)
+        targets = [(self._final_buffer, scaled), (self._independent_buffer, unscaled)]
+        targets = [(buf, g) for buf, g in targets if g is not None and bool(g.ne(0).any())]
+        for k, (buffer, flat) in enumerate(targets):
+            grads = torch.autograd.grad(
+                list(leaves.prefix.outputs),
+                self._params,
+                grad_outputs=leaves.prefix.split(flat),
+                allow_unused=True,
+                retain_graph=k < len(targets) - 1,
+            )
+            self._backward += 1
+            self._add_grads(buffer(), list(grads))
+        group.leaves = None
+
     def _maybe_close(self, gid: Hashable, group: GroupSums) -> None:
         if not group.complete():
             return
         kept = group.kept()
         rewards = group.reward_tensor()
         a, b = group.coefficients(self.objective)
+        if group.leaves is not None:
+            self._backward_prefix(group, a, b)
         self._objective += sum((a * group.rewards[t] + b) * group.scores[t] for t in kept)
         self._independent += sum(group.independent.get(t, 0.0) for t in kept)
         self._totals = self._totals + BatchTotals(

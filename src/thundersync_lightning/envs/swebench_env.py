@@ -2,38 +2,53 @@
 
 Instances are rows in swebench's schema (``load_swebench_dataset`` on a local .json/.jsonl/.parquet;
 swebench >= 5 rows carry ``image``, ``eval_script``, ``log_parser`` and ``eval_type``). The image's
-``/testbed`` is copied to a host directory owned by a pool uid; every agent command runs in a fresh,
-locked-down container of the image with that directory bound at /testbed (see
-:mod:`..sandbox.container`). The verdict takes the agent's diff against ``base_commit``, drops
-changes to test files (those the instance's ``test_patch`` touches, and any protected path), applies
-it to a fresh copy of /testbed, runs the instance's eval script there, and grades the log with
-``make_test_spec`` + ``get_eval_report``.
+``/testbed`` is copied to a host directory (on a size- and inode-limited tmpfs where the host
+allows it) owned by a pool uid; every agent command runs in a fresh, locked-down container of the
+image with that directory bound at /testbed (see :mod:`..sandbox.container`). The image's test
+files for the instance are not there during the episode: SWE-bench's ``test_patch`` is applied
+only by the eval script, at grading time.
+
+The verdict takes the agent's diff against ``base_commit`` with a host-made bare copy of that
+commit as git directory (read-only; the agent's .git config, hooks and filters are never used;
+stdout only, see :mod:`.code.patches`), drops file diffs touching test files (those the
+instance's ``test_patch`` touches, per git's parse, and any protected path), applies the rest with
+``git apply`` only (no fuzzy ``patch`` fallback: it parses paths differently) to a fresh copy of
+/testbed, runs the instance's eval script there with nonce-framed markers (see
+:mod:`.swebench_log`), and grades the log with ``make_test_spec`` + ``get_eval_report``.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..core.errors import ConfigError
+from ..core.options import strict_options
 from .code.codec import ByteCodec, HFTokenizerCodec, TextCodec
 from .code.env import CodeEnv, render_prompt
-from .code.grading import EvalOutcome, filter_patch, grade_with_spec, split_patch
+from .code.grading import EvalOutcome, grade_with_spec
+from .code.patches import BASE_GIT_DIR, capture_command, filter_patch, patch_paths
+from .code.runner import new_nonce
 from .code.source import pick, uid_pool
 from .code.task import is_protected_path
-from .code.workspace import DIFF_COMMAND
 from .sandbox.base import RunGuard, SandboxError, SandboxLimits, SandboxResult
 from .sandbox.bwrap import chown_tree
 from .sandbox.container import ContainerConfig, ContainerSandbox, copy_from_image
+from .sandbox.fs import BoundedDir, remove_tree, sweep_stale
 from .sandbox.uids import UidLease, UidPool
+from .swebench_log import contradicted, frame_eval_script, reframe_log
 
 __all__ = ["SWEbenchSettings", "SWEbenchWorkspace", "SWEbenchTasks", "load_instances"]
 
-_APPLY = ("git apply --verbose --whitespace=nowarn - || "
-          "(echo 'git apply failed; trying patch' && patch --batch --fuzz=5 -p1)")
+log = logging.getLogger(__name__)
+
+_APPLY = "GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null git -c core.hooksPath=/dev/null apply --verbose " \
+         "--whitespace=nowarn -"
+_GIT_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
 
 
 def load_instances(path: str, instance_ids: list[str] | None = None) -> list[dict[str, Any]]:
@@ -61,6 +76,9 @@ class SWEbenchSettings:
     max_patch_bytes: int = 4 * 1024 * 1024
     max_log_bytes: int = 16 * 1024 * 1024
     image_override: str | None = None  # run every instance in this image (tests, mirrors)
+    disk_bytes: int = 8 * 1024**3  # the workspace's tmpfs (the /testbed copies live there: RAM)
+    disk_inodes: int = 2_000_000
+    require_disk_budget: bool = False
 
 
 class SWEbenchWorkspace:
@@ -71,38 +89,63 @@ class SWEbenchWorkspace:
         self.image = settings.image_override or str(instance["image"])
         self._lease: UidLease | None = None
         self._dir: str | None = None
+        self._budget: BoundedDir | None = None
         self._sandbox: ContainerSandbox | None = None
         self._base = str(instance.get("base_commit") or "HEAD")
         self._guard = RunGuard()  # shared by every container of this workspace: close() stops them all
         test_patch = str(instance.get("test_patch") or "")
-        self._test_paths = frozenset(p for paths, _ in split_patch(test_patch) for p in paths)
+        paths = patch_paths(test_patch) if test_patch.strip() else []
+        if paths is None:
+            raise ConfigError(f"{instance.get('instance_id')}: git cannot parse the instance's test_patch")
+        self._test_paths = frozenset(paths)
 
     def _fresh_testbed(self, dest: str, uid: int) -> None:
         copy_from_image(self.image, "/testbed", dest, self.settings.container)
         chown_tree(dest, uid)
 
-    def _box(self, workdir: str, cap: int | None = None) -> ContainerSandbox:
-        assert self._lease is not None
+    def _box(self, workdir: str, cap: int | None = None, base_git: bool = False) -> ContainerSandbox:
+        assert self._lease is not None and self._dir is not None
         config = self.settings.container
         if cap is not None:
             config = replace(config, limits=replace(config.limits, max_output_bytes=cap))
-        return ContainerSandbox(workdir, self.image, self._lease.uid, config, guard=self._guard)
+        ro = {os.path.join(self._dir, "base.git"): BASE_GIT_DIR} if base_git else None
+        return ContainerSandbox(workdir, self.image, self._lease.uid, config, guard=self._guard, ro_volumes=ro)
+
+    def _base_git(self, agent: str) -> None:
+        """A root-owned bare copy of the base commit, made before the agent acts (shallow when the
+        base is the checked-out HEAD, as in SWE-bench images)."""
+        dest = os.path.join(self._dir or "", "base.git")
+        git = ["git", "-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null"]
+        head = subprocess.run([*git, "-C", agent, "rev-parse", "HEAD"], env=_GIT_ENV, capture_output=True,
+                              text=True, timeout=120).stdout.strip()
+        shallow = self._base in ("HEAD", head)
+        args = ["clone", "-q", "--bare", *(["--depth=1", f"file://{agent}"] if shallow else ["--no-hardlinks", agent]),
+                dest]
+        done = subprocess.run([*git, *args], env=_GIT_ENV, capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0:
+            raise SandboxError(f"cannot copy the base commit of {agent}: {done.stderr.strip()[-500:]}")
+        subprocess.run(["chmod", "-R", "a+rX,go-w", dest], check=True, timeout=600)
+        if shallow:
+            self._base = head
 
     def open(self) -> None:
         if self._sandbox is not None:
             return
         os.makedirs(self.settings.root, mode=0o711, exist_ok=True)
-        lease = self.pool.acquire()
+        self._lease = self.pool.acquire()
         try:
-            self._dir = tempfile.mkdtemp(prefix="swe-", dir=self.settings.root)
-            os.chmod(self._dir, 0o711)
+            sweep_stale(self.settings.root, f"-u{self._lease.uid}-")  # left by a dead holder of this uid
+            self._dir = tempfile.mkdtemp(prefix=f"swe-u{self._lease.uid}-", dir=self.settings.root)
+            self._budget = BoundedDir(self._dir, self.settings.disk_bytes, self.settings.disk_inodes, 0o711,
+                                      require=self.settings.require_disk_budget)
+            if not self._budget.enforced:
+                log.warning("SWE-bench workspace disk/inode budget not enforced: %s", self._budget.why_not)
             agent = os.path.join(self._dir, "agent")
-            self._fresh_testbed(agent, lease.uid)
-            self._lease = lease
+            copy_from_image(self.image, "/testbed", agent, self.settings.container)
+            self._base_git(agent)
+            chown_tree(agent, self._lease.uid)
             self._sandbox = self._box(agent)
         except BaseException:
-            lease.release()
-            self._lease = None
             self.close()
             raise
 
@@ -114,8 +157,8 @@ class SWEbenchWorkspace:
     def diff(self) -> str | None:
         if self._sandbox is None:
             raise SandboxError("SWEbenchWorkspace.diff before open() or after close()")
-        box = self._box(self._sandbox.workdir, self.settings.max_patch_bytes)
-        result = box.run(DIFF_COMMAND.format(base=self._base), timeout_s=120.0)
+        box = self._box(self._sandbox.workdir, self.settings.max_patch_bytes, base_git=True)
+        result = box.run(capture_command(self._base), timeout_s=120.0)
         return result.text if result.ok else None
 
     def protects(self, path: str) -> bool:
@@ -125,44 +168,64 @@ class SWEbenchWorkspace:
     def evaluate(self, patch: str) -> EvalOutcome:
         if self._lease is None or self._dir is None:
             raise SandboxError("SWEbenchWorkspace.evaluate before open() or after close()")
-        from swebench.harness.constants import APPLY_PATCH_FAIL, APPLY_PATCH_PASS
+        from swebench.harness.constants import APPLY_PATCH_FAIL, APPLY_PATCH_PASS, TESTS_ERROR, TESTS_TIMEOUT
+        from swebench.harness.log_parsers import PARSER_REGISTRY
         from swebench.harness.utils import make_test_spec
 
         patch = filter_patch(patch, self.protects)
         if not patch.strip():
-            return EvalOutcome(False, "empty patch (after dropping changes to tests)")
+            return EvalOutcome(False, "empty patch (after dropping changes to tests, or unparseable)")
         spec = make_test_spec(self.instance)
-        evaldir = os.path.join(tempfile.mkdtemp(prefix="eval-", dir=self._dir), "testbed")
+        evalroot = tempfile.mkdtemp(prefix="eval-", dir=self._dir)
+        evaldir = os.path.join(evalroot, "testbed")
         try:
             self._fresh_testbed(evaldir, self._lease.uid)
             box = self._box(evaldir, self.settings.max_log_bytes)
             applied = box.run(_APPLY, stdin=patch.encode(), timeout_s=120.0)
             if not applied.ok:
                 return EvalOutcome(False, "patch did not apply", log=f"{APPLY_PATCH_FAIL}\n{applied.text}")
-            result = box.run("cat > /tmp/eval.sh && /bin/bash /tmp/eval.sh", stdin=spec.eval_script.encode(),
+            nonce = new_nonce()
+            script = frame_eval_script(spec.eval_script, nonce)
+            result = box.run("cat > /tmp/eval.sh && /bin/bash /tmp/eval.sh", stdin=script.encode(),
                              timeout_s=self.settings.eval_timeout_s)
-            log = f"{APPLY_PATCH_PASS}\n{result.text}"
+            log_text = f"{APPLY_PATCH_PASS}\n{reframe_log(result.text, nonce)}"
             if result.timed_out or result.truncated:
-                from swebench.harness.constants import TESTS_ERROR, TESTS_TIMEOUT
-
-                log += f"\n{TESTS_TIMEOUT if result.timed_out else TESTS_ERROR}\n"
-            return grade_with_spec(spec, log, patch)
+                log_text += f"\n{TESTS_TIMEOUT if result.timed_out else TESTS_ERROR}\n"
+            if spec.log_parser.startswith("parse_log_pytest"):
+                parser = PARSER_REGISTRY[spec.log_parser]
+                forged = contradicted(log_text, lambda line: parser(line, spec))
+                if forged:
+                    return EvalOutcome(False, f"tests reported with contradicting statuses: {sorted(forged)[:5]}",
+                                       log=log_text)
+            return grade_with_spec(spec, log_text, patch)
         finally:
-            shutil.rmtree(os.path.dirname(evaldir), ignore_errors=True)
+            remove_tree(evalroot)
 
     def close(self) -> None:
-        """Kill whatever still runs (a verdict past its timeout included), then free dirs and uid."""
-        if not self._guard.cancel():
-            return  # a run refuses to die: keep its uid and directory rather than hand them on
-        self._sandbox = None
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
+        """Kill whatever still runs (a verdict past its timeout included), then free dirs and uid.
+        Never raises; the uid lease is always released."""
+        try:
+            if not self._guard.cancel():
+                log.warning("a container run of %s did not end", self.instance.get("instance_id"))
+        except Exception as e:  # noqa: BLE001 - clean-up never raises
+            log.warning("cancelling container runs failed: %s", e)
+        finally:
+            self._sandbox = None
+            try:
+                if self._budget is not None:
+                    self._budget.remove()
+                elif self._dir is not None:
+                    remove_tree(self._dir)
+            except Exception as e:  # noqa: BLE001
+                log.warning("removing %s failed: %s", self._dir, e)
+            self._budget = None
             self._dir = None
-        if self._lease is not None:
-            self._lease.release()
-            self._lease = None
+            if self._lease is not None:
+                self._lease.release()
+                self._lease = None
 
 
+@strict_options
 class SWEbenchTasks:
     """TaskSource over a local SWE-bench file (needs podman or a running docker, and the images).
 
@@ -172,7 +235,9 @@ class SWEbenchTasks:
         engine: "podman", "docker" or "auto". runtime: podman OCI runtime ("auto": runc if present).
         image_override: one local image for every instance (instead of each row's ``image``).
         tokenizer_path: a local HF tokenizer directory; None = the byte-level codec.
-        memory: container memory limit (e.g. "4g"); nproc: pids limit.
+        memory: container memory limit (e.g. "4g"; swap is not allowed on top); nproc: pids limit;
+            cpus: CPU share of one container.
+        disk_bytes / disk_inodes: the workspace's tmpfs (RAM: the /testbed copies live there).
     """
 
     def __init__(
@@ -188,6 +253,9 @@ class SWEbenchTasks:
         runtime: str = "auto",
         memory: str = "4g",
         nproc: int = 1024,
+        cpus: float = 2.0,
+        disk_bytes: int = 8 * 1024**3,
+        disk_inodes: int = 2_000_000,
         image_override: str | None = None,
         tokenizer_path: str | None = None,
         sandbox_root: str = "/tmp/thundersync-sandboxes",
@@ -200,10 +268,11 @@ class SWEbenchTasks:
         self.max_turns, self.max_action_tokens = max_turns, max_action_tokens
         self.max_observation_bytes = max_observation_bytes
         self.uid_base, self.uid_count = uid_base, uid_count
-        limits = SandboxLimits(timeout_s=command_timeout_s, nproc=nproc)
+        limits = SandboxLimits(timeout_s=command_timeout_s, nproc=nproc, cpus=cpus)
         self.settings = SWEbenchSettings(
             container=ContainerConfig(engine=engine, runtime=runtime, limits=limits, memory=memory),
             root=sandbox_root, eval_timeout_s=eval_timeout_s, image_override=image_override,
+            disk_bytes=disk_bytes, disk_inodes=disk_inodes,
         )
         self.codec: TextCodec = HFTokenizerCodec(tokenizer_path) if tokenizer_path else ByteCodec()
         self._rows: list[dict[str, Any]] | None = None

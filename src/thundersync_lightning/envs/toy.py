@@ -15,7 +15,7 @@ while a randomly initialised model wins about 20% of the time: the reward has ro
 a tiny model learns it by GRPO on a CPU in a few hundred steps.
 
 Vocabulary layout (token ids): digits ``0..num_digits-1``, then HIGHER, LOWER, OK, BAD, START;
-``vocab_size >= num_digits + 5``.
+``vocab_size >= num_digits + 5``. ``GuessingGameTasks.decode(ids)`` writes ids as these words.
 
 SIMULATED test latency: the verdict sleeps for a per-trajectory latency drawn (seeded by the
 trajectory's seed, so reproducible) from a long-tailed distribution, standing in for the test
@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..core.errors import ConfigError
+from ..core.options import strict_options
 from ..core.types import ModelSpec, StepResult, derive_seed
 
 __all__ = ["GuessingTask", "GuessingGameEnv", "GuessingGameTasks", "toy_model_spec"]
@@ -138,6 +139,7 @@ class GuessingGameEnv:
         pass
 
 
+@strict_options
 @dataclass(frozen=True, slots=True)
 class GuessingGameTasks:
     """Task source of the guessing game (constructible from YAML).
@@ -183,6 +185,18 @@ class GuessingGameTasks:
     def vocab_size(self) -> int:
         """Smallest vocabulary holding the layout (digits, HIGHER, LOWER, OK, BAD, START)."""
         return self.num_digits + 5
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Token ids as text: digits as themselves, then HIGHER, LOWER, OK, BAD, START; space-separated."""
+        words = ("HIGHER", "LOWER", "OK", "BAD", "START")  # ids num_digits .. num_digits + 4
+
+        def word(i: int) -> str:
+            if 0 <= i < self.num_digits:
+                return str(i)
+            k = i - self.num_digits
+            return words[k] if 0 <= k < len(words) else f"<{i}>"
+
+        return " ".join(word(int(i)) for i in ids)
 
     def model_spec(self) -> ModelSpec:
         """:func:`toy_model_spec` with the vocabulary rounded up to a multiple of 8."""

@@ -12,11 +12,13 @@ import logging
 from typing import Any, Protocol, runtime_checkable
 
 from lightning.pytorch import LightningDataModule
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from ..core.errors import ConfigError
+from ..core.options import strict_options
 from ..core.protocols import RolloutEngine, TaskSource
-from ..core.types import ModelSpec
+from ..strategy.contract import check_module, check_tasks, raise_contract_problems
 from ..strategy.evaluation import ValidationLoader
 from ..strategy.plan import PlanLoader, RolloutPlan
 
@@ -46,6 +48,7 @@ class TaskSourceConfig(Protocol):
     def make_env(self, task: Any, seed: Any) -> Any: ...
 
 
+@strict_options
 class RolloutDataModule(LightningDataModule):
     """Args:
     tasks: the task source (e.g. ``thundersync_lightning.envs.toy.GuessingGameTasks``).
@@ -65,6 +68,8 @@ class RolloutDataModule(LightningDataModule):
     Validation runs in Lightning's validation loop (``val_check_interval``,
     ``check_val_every_n_epoch``, ``limit_val_batches``, ``trainer.validate``) and logs ``val/pass_at_1``,
     ``val/pass_at_k``, ``val/reward_mean``, ``val/turns_mean`` and ``val/failed_fraction``.
+
+    Every option is used; an unknown keyword raises :class:`ConfigError` naming it.
     """
 
     def __init__(
@@ -111,6 +116,12 @@ class RolloutDataModule(LightningDataModule):
             problems.append(f"engine must have build(model_spec, tasks), got {type(engine).__name__}")
         if problems:
             raise ConfigError("RolloutDataModule: " + "; ".join(problems))
+        if group_size == 1:
+            rank_zero_warn(
+                "RolloutDataModule(group_size=1): a group of one trajectory has advantage 0 under the built-in "
+                "estimators (its reward is its group's mean), so the loss and the gradient are exactly 0 and "
+                "nothing trains. Use group_size >= 2."
+            )
         self.tasks: TaskSource = tasks  # type: ignore[assignment]
         self.engine_factory: EngineFactory = engine  # type: ignore[assignment]
         self.group_size = group_size
@@ -137,13 +148,10 @@ class RolloutDataModule(LightningDataModule):
                 "every rank needs at least one group"
             )
         module = self.trainer.lightning_module if self.trainer is not None else None
-        spec = getattr(module, "model_spec", None)
-        if not isinstance(spec, ModelSpec):
-            raise ConfigError(
-                f"{type(module).__name__} has no model_spec; the engine needs the policy architecture "
-                "(use thundersync_lightning.modules.GRPOPolicy)"
-            )
-        self._engine = self.engine_factory.build(spec, self.tasks)
+        # the engine needs the policy's architecture and a task source that fits (docs/custom.md)
+        problems = check_module(module, members=["model_spec"]) + check_tasks(self.tasks)
+        raise_contract_problems(problems, "RolloutDataModule.setup")
+        self._engine = self.engine_factory.build(module.model_spec, self.tasks)
 
     @override
     def train_dataloader(self) -> Any:

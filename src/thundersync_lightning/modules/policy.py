@@ -31,6 +31,7 @@ from typing_extensions import override
 
 from ..core.errors import ConfigError
 from ..core.objective import BatchTotals, Objective
+from ..core.prefix import SharedPrefix
 from ..core.terms import TokenScores, engine_logprobs, reference_loss, trajectory_terms
 from ..core.types import ModelSpec, Trajectory
 from ..envs.chat import ChatRenderer
@@ -169,16 +170,43 @@ class GRPOPolicy(LightningModule):
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
     # ------------------------------------------------------------------ scores and loss
+    def encode_prefix(self, tokens: Sequence[int]) -> SharedPrefix:
+        """The boundary cut: run a group's shared prompt forward once (graph kept); continuations
+        scored with ``prefix=`` read detached leaves of its per-layer keys/values and last logits."""
+        ids = torch.tensor([list(tokens)], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, use_cache=True)
+        outputs: list[Tensor] = []
+        for layer in out.past_key_values.layers:
+            outputs += [layer.keys, layer.values]  # (1, kv_heads, P, head_dim) each
+        outputs.append(out.logits[:, -1])  # (1, V): predicts the first continuation token
+        leaves = tuple(t.detach().requires_grad_(True) for t in outputs)
+        return SharedPrefix(tuple(int(t) for t in tokens), tuple(outputs), leaves)
+
     def score_tokens(
-        self, trajectories: Sequence[Trajectory], *, entropy: bool = False, reference: bool = False
+        self,
+        trajectories: Sequence[Trajectory],
+        *,
+        entropy: bool = False,
+        reference: bool = False,
+        prefix: SharedPrefix | None = None,
     ) -> TokenScores:
         """Per-token log-probabilities of every scored token, shape (n, L), a graph to the trainable
         parameters; with ``entropy`` the per-position entropies (graph), with ``reference`` the
-        reference policy's log-probabilities (no graph).
+        reference policy's log-probabilities (no graph). With ``prefix`` (from
+        :meth:`encode_prefix`) every trajectory must start with its tokens; only the continuations
+        run forward, positions start after the prefix, and gradients also reach the prefix leaves.
 
         Trajectories are scored in length-sorted micro-batches of at most ``score_batch_tokens``
         padded tokens; rows come back in the order given, right-padded to the longest.
         """
+        if prefix is not None:
+            bad = [t.trajectory_id for t in trajectories if tuple(t.tokens[: len(prefix.tokens)]) != prefix.tokens]
+            if bad or any(len(t.tokens) <= len(prefix.tokens) for t in trajectories):
+                raise ConfigError(
+                    f"boundary cut: trajectories {bad[:4] or [t.trajectory_id for t in trajectories]} do not "
+                    f"continue the group's shared prefix of {len(prefix.tokens)} tokens (a group's members must "
+                    "share their prompt); turn boundary_cut off for tasks whose members share no prefix"
+                )
         order = sorted(range(len(trajectories)), key=lambda i: len(trajectories[i].tokens))
         budget = self.hparams.score_batch_tokens
         chunks: list[list[int]] = []
@@ -187,7 +215,7 @@ class GRPOPolicy(LightningModule):
                 chunks[-1].append(i)
             else:
                 chunks.append([i])
-        parts = [self._score_padded([trajectories[i] for i in chunk], entropy, reference) for chunk in chunks]
+        parts = [self._score_padded([trajectories[i] for i in chunk], entropy, reference, prefix) for chunk in chunks]
         width = max(p[0].shape[1] for p in parts)
 
         def cat(k: int) -> Tensor | None:
@@ -203,9 +231,11 @@ class GRPOPolicy(LightningModule):
         return TokenScores(lp, mask.bool(), ent, ref)  # type: ignore[union-attr,arg-type]
 
     def _score_padded(
-        self, trajectories: Sequence[Trajectory], entropy: bool, reference: bool
+        self, trajectories: Sequence[Trajectory], entropy: bool, reference: bool, prefix: SharedPrefix | None = None
     ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         """One right-padded forward over ``trajectories``: (n, L-1) logprobs, mask, entropy, reference."""
+        if prefix is not None:
+            return self._score_continuations(trajectories, entropy, reference, prefix)
         n = len(trajectories)
         length = max(len(t.tokens) for t in trajectories)
         ids = torch.zeros((n, length), dtype=torch.long)
@@ -227,6 +257,36 @@ class GRPOPolicy(LightningModule):
         if reference:
             ref = self._reference_logprobs(ids, attention, target)
         return lp, scored[:, 1:], ent, ref
+
+    def _score_continuations(
+        self, trajectories: Sequence[Trajectory], entropy: bool, reference: bool, prefix: SharedPrefix
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """Continuations on the prefix leaves: (n, C) over the tokens after the prefix."""
+        from transformers import DynamicCache
+
+        n, p = len(trajectories), len(prefix.tokens)
+        length = max(len(t.tokens) for t in trajectories)
+        ids = torch.zeros((n, length), dtype=torch.long)
+        attention = torch.zeros((n, length), dtype=torch.long)
+        scored = torch.zeros((n, length), dtype=torch.bool)
+        for row, t in enumerate(trajectories):
+            ids[row, : len(t.tokens)] = torch.tensor(t.tokens)
+            attention[row, : len(t.tokens)] = 1
+            scored[row, : len(t.tokens)] = torch.tensor(t.scored_mask, dtype=torch.bool)
+        ids, attention, scored = ids.to(self.device), attention.to(self.device), scored.to(self.device)
+        cache = DynamicCache(config=self.model.config)
+        kv, last = prefix.leaves[:-1], prefix.leaves[-1]
+        for layer in range(len(kv) // 2):
+            cache.update(kv[2 * layer].expand(n, -1, -1, -1), kv[2 * layer + 1].expand(n, -1, -1, -1), layer)
+        positions = torch.arange(p, length, device=self.device).expand(n, -1)
+        out = self.model(
+            input_ids=ids[:, p:], past_key_values=cache, attention_mask=attention, position_ids=positions
+        )
+        logits = torch.cat([last.expand(n, -1)[:, None], out.logits], dim=1)  # (n, C+1, V)
+        lp, z = self._token_logprobs(logits, ids[:, p:])  # (n, C), (n, C, V)
+        ent = torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1) if entropy else None
+        ref = self._reference_logprobs(ids, attention, ids[:, 1:])[:, p - 1 :] if reference else None
+        return lp, scored[:, p:], ent, ref
 
     def _token_logprobs(self, logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
         z = logits[:, :-1]  # predicts tokens 1..L-1

@@ -13,10 +13,13 @@ policy are generated together, while the others wait for their environment. Turn
 trajectory with seed ``s`` samples with seed ``turn_seed(s, k)``, so its tokens depend only on
 (seed, step, group, sample) and the weights, never on batch composition or completion order.
 
-Failures never escape: an environment call that raises or times out ends the episode with
-``finish_reason="failure"`` (tokens so far are still delivered) and ``RewardReady(reward=0.0,
-failure=...)``; a verdict that raises, times out or is not a finite number gives reward 0.0 with
-the reason.
+If generation itself raises, ``run`` re-raises after closing every environment whose episode had
+not finished (including those whose reset/step is still running, once it returns).
+
+Failures of the environment never escape: an environment call that raises or times out ends
+the episode with ``finish_reason="failure"`` (tokens so far are still delivered) and
+``RewardReady(reward=0.0, failure=...)``; a verdict that raises, times out or is not a finite
+number gives reward 0.0 with the reason.
 """
 
 from __future__ import annotations
@@ -76,12 +79,29 @@ in the batch."""
 
 
 def check_verdict(value: Any) -> tuple[float, str | None]:
-    """(reward, failure): a finite real number passes; anything else is reward 0.0 with a reason."""
+    """(reward, failure): a finite real number passes; anything else is reward 0.0 with the reason.
+
+    Real numbers include ``bool`` (pass/fail as 1.0/0.0) and numpy scalars; reasons read
+    "verdict returned nan", "verdict returned -inf", "verdict returned str 'PASSED', not a real
+    number".
+    """
     if isinstance(value, numbers.Real):
-        reward = float(value)
+        try:
+            reward = float(value)
+        except (TypeError, ValueError, OverflowError) as exc:
+            return 0.0, f"verdict returned {type(value).__name__} {_short(value)}, not convertible to float ({exc})"
         if math.isfinite(reward):
             return reward, None
-    return 0.0, f"malformed verdict {value!r}: expected a finite number"
+        return 0.0, f"verdict returned {reward!r}"
+    return 0.0, f"verdict returned {type(value).__name__} {_short(value)}, not a real number"
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    try:
+        text = repr(value)
+    except Exception as exc:  # a hostile __repr__ must not take the loop down
+        text = f"<unrepresentable: {type(exc).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(slots=True)
@@ -181,8 +201,10 @@ class AgentLoop:
         for ep in episodes:
             pending[self.pool.submit(self._resetter(ep), self.step_timeout_s, "reset")] = ep
         ready: list[_Episode] = []
+        live = {ep.trajectory_id: ep for ep in episodes}  # episodes whose content is not final yet
 
         def finish(ep: _Episode, reason: str, failure: str | None = None) -> None:
+            del live[ep.trajectory_id]
             traj = Trajectory(
                 trajectory_id=ep.trajectory_id,
                 group_id=ep.group_id,
@@ -223,25 +245,32 @@ class AgentLoop:
                 else:  # reset done
                     self._enqueue(ep, ready, finish)
 
-        while pending or ready:
-            if not ready:
-                wait(list(pending), return_when=FIRST_COMPLETED)
-                if self.coalesce_s > 0:  # let the environment calls finishing together form one batch
-                    wait(list(pending), timeout=self.coalesce_s)
+        try:
+            while pending or ready:
+                if not ready:
+                    wait(list(pending), return_when=FIRST_COMPLETED)
+                    if self.coalesce_s > 0:  # let the environment calls finishing together form one batch
+                        wait(list(pending), timeout=self.coalesce_s)
+                    absorb({f for f in pending if f.done()})
+                    continue
+                batch = ready[: self.max_batch_size] if self.max_batch_size else list(ready)
+                del ready[: len(batch)]
+                outputs = self.generate([self._gen_request(ep) for ep in batch])
+                if len(outputs) != len(batch):
+                    raise RuntimeError(f"generate returned {len(outputs)} outputs for {len(batch)} requests")
+                for ep, out in zip(batch, outputs):
+                    ep.turns += 1
+                    ep.segments.append(Segment(tuple(out.tokens), scored=True, logprobs=tuple(out.logprobs)))
+                    ep.context.extend(out.tokens)
+                    action = tuple(out.tokens)
+                    pending[self.pool.submit(self._stepper(ep, action), self.step_timeout_s, "step")] = ep
                 absorb({f for f in pending if f.done()})
-                continue
-            batch = ready[: self.max_batch_size] if self.max_batch_size else list(ready)
-            del ready[: len(batch)]
-            outputs = self.generate([self._gen_request(ep) for ep in batch])
-            if len(outputs) != len(batch):
-                raise RuntimeError(f"generate returned {len(outputs)} outputs for {len(batch)} requests")
-            for ep, out in zip(batch, outputs):
-                ep.turns += 1
-                ep.segments.append(Segment(tuple(out.tokens), scored=True, logprobs=tuple(out.logprobs)))
-                ep.context.extend(out.tokens)
-                action = tuple(out.tokens)
-                pending[self.pool.submit(self._stepper(ep, action), self.step_timeout_s, "step")] = ep
-            absorb({f for f in pending if f.done()})
+        except BaseException:  # generation failed: no unfinished environment (sandbox) may leak
+            for fut, ep in pending.items():
+                fut.add_done_callback(lambda _f, ep=ep: self._close(ep))
+            for ep in live.values():
+                self._close(ep)
+            raise
         return all_rewarded
 
     # -- pieces -----------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Engine configurations, constructible from YAML (jsonargparse reads the typed fields).
 
 Each config is a frozen dataclass whose ``__post_init__`` collects every problem and raises one
-:class:`~thundersync_lightning.core.errors.ConfigError`; ``build(model_spec, tasks)`` returns
+:class:`~thundersync_lightning.core.errors.ConfigError` (an unknown option raises one too, naming
+it: :func:`~thundersync_lightning.core.options.strict_options`); ``build(model_spec, tasks)`` returns
 the engine. Example (LightningCLI)::
 
     engine:
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from ..core.errors import ConfigError
+from ..core.options import inapplicable, strict_options
 from ..core.protocols import TaskSource
 from ..core.types import ModelSpec
 
@@ -30,6 +32,7 @@ def _raise_if(problems: list[str], owner: str) -> None:
         raise ConfigError(f"{owner} is invalid:\n  - " + "\n  - ".join(problems))
 
 
+@strict_options
 @dataclass(frozen=True, slots=True)
 class EmbeddedEngineConfig:
     """Settings of :class:`~thundersync_lightning.rollout.EmbeddedEngine`.
@@ -48,9 +51,13 @@ class EmbeddedEngineConfig:
         step_timeout_s: limit for one ``reset``/``step`` call (failure, reward 0, after it).
         verdict_timeout_s: limit for one verdict (failure, reward 0, after it).
         startup_timeout_s: limit for the process to import, build the model and report ready.
-        poll_interval_s: how often a waiting learner checks that the process is alive.
+        poll_interval_s: how long one receive waits before a waiting learner re-checks its
+            limits (a dead process is noticed at once, independently of it).
         idle_timeout_s: a learner waiting this long without any message raises EngineError
             (None: wait as long as the process lives; verdict timeouts bound the wait anyway).
+        max_engine_restarts: how many times a generation process that dies (killed, OOM) is
+            restarted, with every unfinished request replayed exactly at its frozen version, before
+            the engine fails with EngineError (0: fail at the first death and keep no snapshot).
     """
 
     temperature: float = 1.0
@@ -65,6 +72,7 @@ class EmbeddedEngineConfig:
     startup_timeout_s: float = 120.0
     poll_interval_s: float = 0.05
     idle_timeout_s: float | None = None
+    max_engine_restarts: int = 1
 
     def __post_init__(self) -> None:
         p: list[str] = []
@@ -82,6 +90,8 @@ class EmbeddedEngineConfig:
                 p.append(f"{name}={getattr(self, name)}: must be > 0 seconds")
         if self.idle_timeout_s is not None and not self.idle_timeout_s > 0:
             p.append(f"idle_timeout_s={self.idle_timeout_s}: must be > 0 seconds or None")
+        if self.max_engine_restarts < 0:
+            p.append(f"max_engine_restarts={self.max_engine_restarts}: must be >= 0")
         _raise_if(p, "EmbeddedEngineConfig")
 
     def build(self, model_spec: ModelSpec, tasks: TaskSource) -> EmbeddedEngine:
@@ -91,6 +101,7 @@ class EmbeddedEngineConfig:
         return EmbeddedEngine(model_spec, tasks, self)
 
 
+@strict_options
 @dataclass(frozen=True, slots=True)
 class TraceReplayEngineConfig:
     """Settings of :class:`~thundersync_lightning.rollout.TraceReplayEngine`.
@@ -157,6 +168,15 @@ class TraceReplayEngineConfig:
             p.append(f"observation_tokens={self.observation_tokens}: must be >= 0")
         if not 0 <= self.reward_p <= 1:
             p.append(f"reward_p={self.reward_p}: must be in [0, 1]")
+        drawn = ("gen_median", "gen_sigma", "verdict_median", "verdict_sigma", "pareto_alpha", "tokens_mean")
+        if self.source == "trace":
+            p += inapplicable(self, drawn, "with source='trace' (the trace gives every time and length)")
+        else:
+            p += inapplicable(self, ("trace",), f"with source={self.source!r} (no trace is read)")
+        if self.source == "lognormal":
+            p += inapplicable(self, ("pareto_alpha",), "with source='lognormal'")
+        if self.source == "pareto":
+            p += inapplicable(self, ("verdict_sigma",), "with source='pareto' (the tail is pareto_alpha)")
         _raise_if(p, "TraceReplayEngineConfig")
 
     def build(self, model_spec: ModelSpec, tasks: TaskSource | None = None) -> TraceReplayEngine:

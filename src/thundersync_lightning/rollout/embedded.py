@@ -18,10 +18,23 @@ that divides its logits by the same T gets the same numbers from its forward of 
 
 Protocol guarantees (see :class:`~thundersync_lightning.core.protocols.RolloutEngine`):
 requests are generated in the order issued, each with the weights published before it was
-issued; every trajectory yields one ContentReady and one RewardReady; a dead process, a fatal
-error in it or a start-up past ``startup_timeout_s`` raises :class:`EngineError` in the learner
-within ``poll_interval_s`` of being noticed. The process is stopped by :meth:`shutdown`, by
-garbage collection of the engine, or at interpreter exit.
+issued; every trajectory yields one ContentReady and one RewardReady, exactly once. A fatal error
+in the process or a start-up past ``startup_timeout_s`` raises :class:`EngineError`. The process
+is stopped by :meth:`shutdown`, by garbage collection of the engine, or at interpreter exit, and
+dies with the learner if the learner is killed (:mod:`.lifeline`).
+
+Process death (killed, OOM): noticed at once (end-of-file on the event pipe). Up to
+``config.max_engine_restarts`` times per engine the process is restarted and every request not
+yet complete is replayed exactly: the snapshot each was issued with is published again (frozen
+versions: kept in shared memory while a request or the latest publish needs them), then the
+request's unfinished groups are generated again. Trajectory seeds depend only on (seed, step,
+group, sample), so the replayed trajectories are the lost ones, token for token; events already
+delivered are not delivered twice, and a replayed trajectory whose tokens differ from the
+delivered one (an environment that is not deterministic given its seed) fails its request with
+:class:`EngineError` rather than pairing a reward with other tokens. Past the budget, or if the
+restarted process cannot start, the waiting iterator raises :class:`EngineError`. Cost of the
+guarantee: the learner keeps up to two weight snapshots (shared memory) while requests run; set
+``max_engine_restarts=0`` to keep none.
 
 Clock: event times are ``time.monotonic()`` of the generation process, which shares the host's
 system-wide monotonic clock with the learner; ``submitted_at`` is the learner's issue time.
@@ -30,28 +43,34 @@ system-wide monotonic clock with the learner; ``submitted_at`` is the learner's 
 from __future__ import annotations
 
 import logging
-import pickle
-import queue
 import threading
 import time
 import weakref
 from collections import deque
 from collections.abc import Iterator, Mapping
-from typing import Any
 
-import torch.multiprocessing as mp
 from torch import Tensor
 
 from ..core.errors import EngineError
 from ..core.protocols import TaskSource
-from ..core.types import ModelSpec, RolloutEvent, RolloutRequest
+from ..core.types import ContentReady, ModelSpec, RolloutEvent, RolloutRequest
 from .config import EmbeddedEngineConfig
-from .embedded_worker import worker_main
+from .embedded_process import GenerationProcess, ProcessGone
 from .weights import SharedWeights
 
 __all__ = ["EmbeddedEngine"]
 
 log = logging.getLogger(__name__)
+
+
+class _Holder:
+    """The current generation process; the engine's finalizer stops whatever it holds."""
+
+    def __init__(self, process: GenerationProcess) -> None:
+        self.process = process
+
+    def stop(self) -> None:
+        self.process.stop()
 
 
 class EmbeddedEngine:
@@ -67,31 +86,25 @@ class EmbeddedEngine:
         self, model_spec: ModelSpec, tasks: TaskSource, config: EmbeddedEngineConfig | None = None
     ) -> None:
         self.config = config or EmbeddedEngineConfig()
-        ctx = mp.get_context("spawn")
-        self._commands: Any = ctx.Queue()
-        self._events: Any = ctx.Queue()
-        self._process = ctx.Process(
-            target=worker_main,
-            args=(model_spec, tasks, self.config, self._commands, self._events),
-            name="thundersync-embedded-engine",
-            daemon=True,
-        )
-        self._lock = threading.RLock()
+        self._model_spec = model_spec
+        self._tasks = tasks
+        self._lock = threading.RLock()  # held while receiving (one pumping iterator at a time)
+        self._send_lock = threading.RLock()  # the current process, the streams, the snapshots
         self._streams: dict[int, _Stream] = {}
+        self._snapshots: dict[int, SharedWeights] = {}
         self._next_request = 0
         self._version: int | None = None
         self._applied: int | None = None
         self._fatal: str | None = None
         self._closed = False
+        self._restarts = 0
+        self._holder = _Holder(GenerationProcess(model_spec, tasks, self.config))
+        self._finalizer = weakref.finalize(self, _Holder.stop, self._holder)
         try:
-            self._process.start()
-        except (pickle.PicklingError, AttributeError, TypeError) as exc:
-            raise EngineError(
-                f"cannot send the task source or ModelSpec to the generation process ({exc}); define "
-                "task classes at module level (importable by name) and keep their fields picklable."
-            ) from exc
-        self._finalizer = weakref.finalize(self, _stop_process, self._process, self._commands, self._events)
-        self._await_ready()
+            self._holder.process.await_ready(self.config.startup_timeout_s, self.config.poll_interval_s)
+        except EngineError:
+            self.shutdown()
+            raise
 
     # -- protocol -----------------------------------------------------------------------------
 
@@ -107,8 +120,13 @@ class EmbeddedEngine:
 
     @property
     def pid(self) -> int | None:
-        """Process id of the generation process."""
-        return self._process.pid
+        """Process id of the current generation process (changes when it is restarted)."""
+        return self._holder.process.pid
+
+    @property
+    def restart_count(self) -> int:
+        """How many times the generation process was restarted after dying."""
+        return self._restarts
 
     def publish(self, weights: Mapping[str, Tensor], version: int) -> None:
         """Snapshot ``weights`` (HF ``state_dict`` names) as ``version`` for requests issued from now on.
@@ -126,8 +144,12 @@ class EmbeddedEngine:
         if not weights:
             raise EngineError("publish() got no tensors: pass the policy's full state_dict().")
         packed = SharedWeights.pack(weights)
-        self._commands.put(("publish", int(version), packed))
-        self._version = int(version)
+        with self._send_lock:
+            self._holder.process.send_publish(int(version), packed)
+            self._version = int(version)
+            if self.config.max_engine_restarts > 0:
+                self._snapshots[self._version] = packed
+                self._prune_snapshots()
 
     def rollout(self, request: RolloutRequest) -> Iterator[RolloutEvent]:
         """Queue ``request`` and return its event iterator at once (completion order, each event once)."""
@@ -137,18 +159,20 @@ class EmbeddedEngine:
                 "rollout() before any publish(): the engine has no weights. Call "
                 "engine.publish(model.state_dict(), version=0) first."
             )
-        with self._lock:
+        issued_at = time.monotonic()
+        with self._send_lock:
             request_id = self._next_request
             self._next_request += 1
-            stream = _Stream(self, request_id, 2 * request.num_trajectories)
+            stream = _Stream(self, request_id, request, self._version, issued_at)
             self._streams[request_id] = stream
-        self._commands.put(("rollout", request_id, request, time.monotonic()))
+            self._holder.process.send(("rollout", request_id, request, issued_at))
         return stream
 
     def shutdown(self) -> None:
         """Stop the generation process and its environment threads; idempotent."""
         self._closed = True
         self._finalizer()
+        self._snapshots.clear()
 
     def __enter__(self) -> EmbeddedEngine:
         return self
@@ -164,47 +188,21 @@ class EmbeddedEngine:
         if self._closed:
             raise EngineError("the engine was shut down; build a new one to keep generating.")
 
-    def _await_ready(self) -> None:
-        deadline = time.monotonic() + self.config.startup_timeout_s
-        while True:
-            try:
-                msg = self._events.get(timeout=self.config.poll_interval_s)
-            except queue.Empty:
-                if not self._process.is_alive():
-                    self.shutdown()
-                    raise EngineError(
-                        f"the generation process exited during start-up (exit code {self._process.exitcode}); "
-                        "check that the ModelSpec and the task source can be built and pickled, and that the "
-                        "launching script runs its training under `if __name__ == \"__main__\":` (the process "
-                        "is started with spawn, which re-imports the main module)."
-                    ) from None
-                if time.monotonic() > deadline:
-                    self.shutdown()
-                    raise EngineError(
-                        f"the generation process was not ready after startup_timeout_s="
-                        f"{self.config.startup_timeout_s:g} s; raise it if imports are slow on this machine."
-                    ) from None
-                continue
-            if msg[0] == "ready":
-                return
-            if msg[0] == "fatal":
-                self.shutdown()
-                raise EngineError(f"the generation process failed during start-up:\n{msg[1]}")
+    def _fail(self, reason: str) -> EngineError:
+        self._fatal = reason
+        self.shutdown()
+        return EngineError(reason)
 
     def _pump(self) -> None:
-        """Receive one message (or time out), route it; raise EngineError if the process is gone."""
+        """Receive one message (or time out) and route it; restart a dead process or raise EngineError."""
         with self._lock:
             self._check_usable()
             try:
-                msg = self._events.get(timeout=self.config.poll_interval_s)
-            except queue.Empty:
-                if not self._process.is_alive():
-                    self._fatal = f"the generation process died (exit code {self._process.exitcode})"
-                    self.shutdown()
-                    raise EngineError(
-                        f"{self._fatal}; events still missing. Check its memory use (OOM kill) "
-                        "and environment code that may crash the interpreter."
-                    ) from None
+                msg = self._holder.process.receive(self.config.poll_interval_s)
+            except ProcessGone:
+                self._recover()
+                return
+            if msg is None:
                 return
             kind = msg[0]
             if kind == "event":
@@ -213,27 +211,108 @@ class EmbeddedEngine:
                     stream._deliver(msg[2])
             elif kind == "applied":
                 self._applied = msg[1]
+                self._holder.process.applied(msg[1])
             elif kind == "fatal":
-                self._fatal = msg[1]
-                self.shutdown()
-                raise EngineError(f"the generation process failed:\n{msg[1]}")
+                raise self._fail(f"the generation process failed:\n{msg[1]}")
+
+    def _recover(self) -> None:
+        """The process died: restart it and replay every incomplete request, or raise EngineError."""
+        with self._send_lock:
+            dead = self._holder.process
+            exitcode = dead.exitcode
+            dead.stop()
+            what = f"the generation process (pid {dead.pid}) died (exit code {exitcode})"
+            budget = self.config.max_engine_restarts
+            if self._restarts >= budget:
+                raise self._fail(
+                    f"{what} with {len(self._streams)} request(s) unfinished, after {self._restarts} "
+                    f"restart(s) (max_engine_restarts={budget}). Check its memory use (OOM kill) and "
+                    "environment code that may crash the interpreter; raise max_engine_restarts to "
+                    "survive more deaths."
+                )
+            self._restarts += 1
+            log.warning("%s; restart %d of %d, replaying %d request(s)", what, self._restarts, budget,
+                        len(self._streams))
+            try:
+                process = GenerationProcess(self._model_spec, self._tasks, self.config)
+            except EngineError as exc:
+                raise self._fail(f"{what}; its restart failed: {exc}") from exc
+            self._holder.process = process
+            self._applied = None
+            try:
+                process.await_ready(self.config.startup_timeout_s, self.config.poll_interval_s)
+            except EngineError as exc:
+                raise self._fail(f"{what}; its restart failed: {exc}") from exc
+            loaded: int | None = None
+            for request_id, stream in self._streams.items():
+                if stream.version != loaded:
+                    process.send_publish(stream.version, self._snapshots[stream.version])
+                    loaded = stream.version
+                process.send(("rollout", request_id, stream.unfinished(), stream.issued_at))
+            if self._version is not None and loaded != self._version:
+                process.send_publish(self._version, self._snapshots[self._version])
+
+    def _prune_snapshots(self) -> None:
+        """Keep the snapshots a replay may need: the latest, and those of unfinished requests."""
+        with self._send_lock:
+            needed = {self._version} | {s.version for s in self._streams.values()}
+            for version in [v for v in self._snapshots if v not in needed]:
+                del self._snapshots[version]
 
     def _forget(self, request_id: int) -> None:
-        with self._lock:
+        with self._send_lock:
             self._streams.pop(request_id, None)
+            self._prune_snapshots()
 
 
 class _Stream(Iterator[RolloutEvent]):
-    """The events of one request, filled by whichever iterator pumps the engine's queue."""
+    """The events of one request, filled by whichever iterator pumps the engine's pipe.
 
-    def __init__(self, engine: EmbeddedEngine, request_id: int, expected: int) -> None:
+    Delivers each trajectory's ContentReady and RewardReady once; after a replay, events already
+    delivered are dropped (a replayed content must carry the same tokens as the delivered one).
+    """
+
+    def __init__(
+        self, engine: EmbeddedEngine, request_id: int, request: RolloutRequest, version: int, issued_at: float
+    ) -> None:
         self._engine = engine
         self._request_id = request_id
-        self._remaining = expected
-        self._undelivered = expected
+        self.request = request
+        self.version = version
+        self.issued_at = issued_at
+        self._remaining = 2 * request.num_trajectories
+        self._undelivered = self._remaining
         self._buffer: deque[RolloutEvent] = deque()
+        self._tokens: dict[str, tuple[int, ...]] = {}
+        self._rewarded: set[str] = set()
+        self._error: EngineError | None = None
+
+    def unfinished(self) -> RolloutRequest:
+        """The request restricted to the groups with a trajectory whose reward is not delivered."""
+        ids = self.request.trajectory_ids()
+        groups = tuple(
+            g for g in self.request.groups if any(t not in self._rewarded for t in ids[g.group_id])
+        )
+        return RolloutRequest(step=self.request.step, groups=groups, seed=self.request.seed)
 
     def _deliver(self, event: RolloutEvent) -> None:
+        if isinstance(event, ContentReady):
+            traj = event.trajectory
+            seen = self._tokens.get(traj.trajectory_id)
+            if seen is not None:
+                if seen != traj.tokens and self._error is None:
+                    self._error = EngineError(
+                        f"trajectory {traj.trajectory_id} came out different when replayed after the "
+                        "generation process died (its environment is not deterministic given the "
+                        "trajectory seed), so its reward cannot be paired with the delivered tokens; "
+                        "this request cannot complete exactly."
+                    )
+                return
+            self._tokens[traj.trajectory_id] = traj.tokens
+        else:
+            if event.trajectory_id in self._rewarded:
+                return
+            self._rewarded.add(event.trajectory_id)
         self._buffer.append(event)
         self._undelivered -= 1
         if self._undelivered == 0:
@@ -243,6 +322,9 @@ class _Stream(Iterator[RolloutEvent]):
         idle_limit = self._engine.config.idle_timeout_s
         waiting_since = time.monotonic()
         while not self._buffer:
+            if self._error is not None:
+                self._engine._forget(self._request_id)
+                raise self._error
             if self._remaining == 0:
                 raise StopIteration
             self._engine._pump()
@@ -253,28 +335,3 @@ class _Stream(Iterator[RolloutEvent]):
                 )
         self._remaining -= 1
         return self._buffer.popleft()
-
-
-def _stop_process(process: Any, commands: Any, events: Any) -> None:
-    """Ask the process to exit, then terminate/kill it; close the queues. Safe to call twice."""
-    try:
-        if process.is_alive():
-            try:
-                commands.put(("shutdown",))
-            except (ValueError, OSError):
-                pass
-            process.join(timeout=5.0)
-        if process.is_alive():
-            process.terminate()
-            process.join(timeout=2.0)
-        if process.is_alive():
-            process.kill()
-            process.join(timeout=2.0)
-    except (ValueError, AssertionError):  # process never started or already closed
-        pass
-    for q in (commands, events):
-        try:
-            q.cancel_join_thread()
-            q.close()
-        except (ValueError, OSError):
-            pass

@@ -2,7 +2,8 @@
 
 Commands arrive in order on one queue and are handled one at a time by the main thread:
 
-    ("publish", version, SharedWeights)   copy the snapshot into the local model
+    ("publish", version, SharedWeights)   copy the snapshot into the local model (arrives
+                                          pickled by the learner: ("pickled", bytes))
     ("rollout", request_id, request, issued_at)   run the agent loop for the request
     ("shutdown",)
 
@@ -10,8 +11,10 @@ so a publish issued after ``rollout(r1)`` is applied only after r1's generation 
 r1 is generated entirely with the weights current when it was issued. Environment calls and
 verdicts run in a thread pool; verdicts of r1 keep running (and emitting) while r2 generates.
 
-Messages sent back: ``("ready", pid)``, ``("event", request_id, event)``, ``("applied",
-version)``, ``("fatal", text)`` (then the process exits). Event times are this process's
+Messages sent back over the event pipe (by one sender thread, so neither generation nor a
+verdict ever blocks on a full pipe): ``("ready", pid)``, ``("event", request_id, event)``,
+``("applied", version)``, ``("fatal", text)`` (then the process exits). The process dies with the
+learner (:func:`~thundersync_lightning.rollout.lifeline.die_with_parent`). Event times are this process's
 ``time.monotonic()``; the learner runs on the same host, so it is the learner's clock too
 (CLOCK_MONOTONIC is system-wide on Linux).
 """
@@ -19,8 +22,9 @@ version)``, ``("fatal", text)`` (then the process exits). Event times are this p
 from __future__ import annotations
 
 import os
+import pickle
 import queue
-import time
+import threading
 import traceback
 from typing import Any
 
@@ -31,12 +35,42 @@ from ..core.types import ModelSpec
 from .agent_loop import AgentLoop
 from .env_pool import EnvPool
 from .hf_generator import HFGenerator
+from .lifeline import die_with_parent
 from .models import build_model
 from .weights import SharedWeights
 
 __all__ = ["worker_main", "load_snapshot"]
 
 _PARENT_POLL_S = 1.0
+_FLUSH_S = 2.0
+
+
+class _Sender:
+    """Sends messages over the event pipe from one thread; ``put`` never blocks (thread-safe)."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="thundersync-event-sender", daemon=True)
+        self._thread.start()
+
+    def put(self, msg: Any) -> None:
+        self._queue.put(msg)
+
+    def _run(self) -> None:
+        while True:
+            msg = self._queue.get()
+            if msg is None:
+                return
+            try:
+                self._conn.send(msg)
+            except (OSError, ValueError):  # the learner is gone or closed its end
+                return
+
+    def flush(self) -> None:
+        """Send everything queued so far (bounded wait), then stop."""
+        self._queue.put(None)
+        self._thread.join(timeout=_FLUSH_S)
 
 
 def load_snapshot(model: Any, weights: dict[str, torch.Tensor]) -> None:
@@ -66,10 +100,13 @@ def load_snapshot(model: Any, weights: dict[str, torch.Tensor]) -> None:
     model.load_state_dict(weights, strict=False)
 
 
-def worker_main(spec: ModelSpec, tasks: TaskSource, cfg: Any, commands: Any, events: Any) -> None:
+def worker_main(
+    spec: ModelSpec, tasks: TaskSource, cfg: Any, commands: Any, events_conn: Any, parent_pid: int
+) -> None:
     """Entry point of the spawned process. ``cfg`` is an ``EmbeddedEngineConfig``."""
+    die_with_parent(parent_pid)
+    events = _Sender(events_conn)
     pool: EnvPool | None = None
-    parent = os.getppid()
     try:
         torch.set_num_threads(cfg.num_threads)
         try:
@@ -96,9 +133,11 @@ def worker_main(spec: ModelSpec, tasks: TaskSource, cfg: Any, commands: Any, eve
             try:
                 cmd = commands.get(timeout=_PARENT_POLL_S)
             except queue.Empty:
-                if os.getppid() != parent:  # the learner died without shutting us down
+                if os.getppid() != parent_pid:  # the learner died without shutting us down
                     break
                 continue
+            if cmd[0] == "pickled":  # pickled by the learner (a publish; see GenerationProcess)
+                cmd = pickle.loads(cmd[1])
             kind = cmd[0]
             if kind == "shutdown":
                 break
@@ -121,12 +160,9 @@ def worker_main(spec: ModelSpec, tasks: TaskSource, cfg: Any, commands: Any, eve
             else:
                 raise RuntimeError(f"unknown engine command {kind!r}")
     except BaseException:
-        try:
-            events.put(("fatal", traceback.format_exc()))
-            time.sleep(0.2)  # let the queue's feeder thread flush the message
-        except BaseException:
-            pass
+        events.put(("fatal", traceback.format_exc()))
     finally:
+        events.flush()
         if pool is not None:
             pool.shutdown()
         os._exit(0)  # hung environment threads must not keep the process alive

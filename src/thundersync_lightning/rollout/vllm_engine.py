@@ -21,6 +21,13 @@ publish then waits until every earlier request has finished generating (so a pub
 (:mod:`.vllm_worker`), resets the prefix cache, and only then tags the new version. A reload that
 fails half-way marks the engine broken: ``rollout`` refuses until a complete publish succeeds.
 
+Faults: with ``multiprocessing=False`` vLLM lives and dies with the learner process. With worker
+processes, a dead vLLM engine core fails the step loop: every waiting rollout raises
+:class:`EngineError` (the step does not complete; there is no automatic restart as in the
+embedded engine), later calls fail at once, and no wait is unbounded (``event_timeout_s`` bounds
+the rollout iterator and a publish waiting for earlier requests). The environments of episodes
+cut short are closed.
+
 .. warning::
     With ``multiprocessing=False`` (the CPU default) vLLM runs inside the learner's process: it
     sets the process-wide torch thread count and memory binding, and vLLM caches that choice for
@@ -43,6 +50,7 @@ from typing import Any, Literal
 from torch import Tensor
 
 from ..core.errors import ConfigError, EngineError
+from ..core.options import inapplicable, strict_options
 from ..core.protocols import TaskSource
 from ..core.types import ModelSpec, RolloutEvent, RolloutRequest
 from .agent_loop import AgentLoop, GenerationRequest
@@ -56,6 +64,7 @@ __all__ = ["VLLMEngineConfig", "VLLMEngine"]
 log = logging.getLogger(__name__)
 
 
+@strict_options
 @dataclass(frozen=True, slots=True)
 class VLLMEngineConfig:
     """How to run vLLM (LightningCLI/YAML-constructible; ``build`` makes the engine).
@@ -81,7 +90,8 @@ class VLLMEngineConfig:
         env_workers: threads for environment calls (reset/step/verdict/close).
         step_timeout_s: limit for one environment reset or step; verdict_timeout_s: for one verdict.
         event_timeout_s: the rollout iterator raises :class:`EngineError` after this long without
-            an event (a hung environment or engine).
+            an event (a hung environment or engine); ``publish`` raises after waiting this long for
+            earlier requests to finish generating.
         engine_kwargs: further keyword arguments for ``vllm.LLM`` (they override the above).
     """
 
@@ -127,6 +137,12 @@ class VLLMEngineConfig:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.event_timeout_s > 0:
             problems.append(f"event_timeout_s must be > 0, got {self.event_timeout_s}")
+        if self.kv_cache_memory_bytes is not None:
+            problems += inapplicable(
+                self, ("gpu_memory_utilization",), "while kv_cache_memory_bytes is set (set it to null)"
+            )
+        if self.weight_sync == "direct":
+            problems += inapplicable(self, ("weights_dir",), "with weight_sync='direct' (no file is written)")
         if problems:
             raise ConfigError("invalid VLLMEngineConfig: " + "; ".join(problems))
 
@@ -202,7 +218,12 @@ class VLLMEngine:
                 method, args = "thundersync_load_state", (dict(weights),)
             written = time.monotonic() - start
             with self._idle:  # earlier requests finish with the weights they were issued with
-                self._idle.wait_for(lambda: self._generating == 0)
+                if not self._idle.wait_for(lambda: self._generating == 0, timeout=self.config.event_timeout_s):
+                    raise EngineError(
+                        f"publish of version {version}: earlier requests still generating after "
+                        f"event_timeout_s={self.config.event_timeout_s:g} s (vLLM or an environment hangs); "
+                        "nothing was loaded. Shut this engine down and build a new one."
+                    )
             start = time.monotonic()
             self._broken = f"the publish of version {version} has not completed"
             try:

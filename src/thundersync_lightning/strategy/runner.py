@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..core.errors import EngineError, GroupError, UnknownTrajectoryError
+from ..core.prefix import SharedPrefix
 from ..core.snapshot import PolicySnapshot
 from ..core.streaming import StreamingGRPO
 from ..core.terms import TokenScores, engine_logprobs
@@ -30,7 +31,8 @@ from .stats import Interval, RolloutProgress, TrajectoryRecord
 
 __all__ = ["StepRunner", "StepOutcome"]
 
-ScoreFn = Callable[[Sequence[Trajectory]], TokenScores]
+ScoreFn = Callable[..., TokenScores]  # (trajectories, prefix=None) -> TokenScores
+EncodeFn = Callable[[Sequence[int]], SharedPrefix]
 
 
 @dataclass
@@ -60,6 +62,8 @@ class StepOutcome:
                     failure=self.failures.get(tid) or t.failure,
                     content_ready_at=t.content_ready_at,
                     reward_ready_at=self.reward_times.get(tid),
+                    prompt=t.prompt,
+                    segments=t.segments,
                 )
             )
         return tuple(out)
@@ -75,6 +79,8 @@ class StepRunner:
         accumulator: the step's StreamingGRPO.
         score: the policy's per-token scores (``score_tokens`` with the objective's needs).
         defer: do no learner work before the event stream ends (the synchronous baseline).
+        encode: the boundary cut: a group's shared prompt is run forward once by this function
+            (``encode_prefix`` of the policy) and its members are scored on it (None: no cut).
         progress: called with a RolloutProgress at most every ``progress_interval_s`` and at the end.
     """
 
@@ -90,8 +96,11 @@ class StepRunner:
         max_batch_trajectories: int = 32,
         clock: Callable[[], float] = time.monotonic,
         defer: bool = False,
+        encode: EncodeFn | None = None,
     ) -> None:
         self.defer = defer
+        self.encode = encode
+        self._prefixes: dict[str, SharedPrefix] = {}
         self.max_batch = max(1, max_batch_trajectories)
         self._waiting: dict[str, None] = {}  # admitted groups' content not yet backpropagated (ordered)
         self.request = request
@@ -170,15 +179,37 @@ class StepRunner:
 
     def _backward(self, tids: list[str]) -> None:
         start = self.clock()
-        trajectories = [self.outcome.trajectories[t] for t in tids]
-        scores = self.score(trajectories)
-        engine = engine_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
-        self.acc.add_tokens(tids, scores, engine)
+        if self.encode is None:
+            self._score_and_add(tids, None)
+        else:
+            by_group: dict[str, list[str]] = {}
+            for t in tids:
+                by_group.setdefault(self._owner[t], []).append(t)
+            for gid, members in by_group.items():
+                self._score_and_add(members, self._prefix_of(gid, members[0]))
+            self._prefixes = {g: p for g, p in self._prefixes.items() if g in self.acc.open_groups}
         for t in tids:
             del self._waiting[t]
-        self.outcome.learner_tokens += sum(len(t.tokens) for t in trajectories)
         self.outcome.busy.append(Interval(start, self.clock(), "backward"))
         self._after_change()
+
+    def _score_and_add(self, tids: list[str], prefix: SharedPrefix | None) -> None:
+        trajectories = [self.outcome.trajectories[t] for t in tids]
+        scores = self.score(trajectories, prefix=prefix)
+        engine = engine_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
+        self.acc.add_tokens(tids, scores, engine, prefix=prefix)
+        cut = len(prefix.tokens) if prefix is not None else 0
+        self.outcome.learner_tokens += sum(len(t.tokens) - cut for t in trajectories)
+
+    def _prefix_of(self, gid: str, tid: str) -> SharedPrefix:
+        """The group's shared prompt, run forward once when its first member is scored."""
+        prefix = self._prefixes.get(gid)
+        if prefix is None:
+            assert self.encode is not None
+            prompt = self.outcome.trajectories[tid].prompt
+            prefix = self._prefixes[gid] = self.encode(prompt)
+            self.outcome.learner_tokens += len(prompt)
+        return prefix
 
     # ------------------------------------------------------------------ events
     def _dispatch(self, event: RolloutEvent) -> None:

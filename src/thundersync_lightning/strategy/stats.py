@@ -10,12 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core.storage import ByteUsage
+from ..core.types import Segment
 
 __all__ = ["TrajectoryRecord", "Interval", "AccumulatorBytes", "StepStats", "RolloutProgress"]
 
 
 @dataclass(frozen=True, slots=True)
 class TrajectoryRecord:
+    """One trajectory of a step as the learner saw it. ``prompt`` and ``segments`` are its token
+    ids (the prompt, then alternating scored actions and unscored observations), so that callbacks
+    can decode what the agent did; they are empty where a producer did not fill them in."""
+
     trajectory_id: str
     group_id: str
     policy_version: int
@@ -28,6 +33,8 @@ class TrajectoryRecord:
     failure: str | None
     content_ready_at: float
     reward_ready_at: float | None
+    prompt: tuple[int, ...] = ()
+    segments: tuple[Segment, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +123,20 @@ class StepStats:
     @property
     def staleness_max(self) -> int:
         return max((t.staleness for t in self.trajectories), default=0)
+
+    @property
+    def group_rewards(self) -> dict[str, tuple[float, ...]]:
+        """Known rewards of this rank's trajectories, by group."""
+        out: dict[str, list[float]] = {}
+        for t in self.trajectories:
+            if t.reward is not None:
+                out.setdefault(t.group_id, []).append(t.reward)
+        return {g: tuple(r) for g, r in out.items()}
+
+    @property
+    def zero_advantage_groups(self) -> int:
+        """Groups whose known rewards are all equal: every advantage is 0, they add no gradient."""
+        return sum(len(set(r)) == 1 for r in self.group_rewards.values())
 
     @property
     def staleness_mean(self) -> float:

@@ -20,11 +20,11 @@ the step's first event and its barrier (:class:`PolicySnapshot`).
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal
 
 import torch
@@ -33,6 +33,7 @@ from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
+from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
 from ..core.errors import ConfigError
@@ -42,6 +43,7 @@ from ..core.storage import ByteUsage, Offload
 from ..core.streaming import StreamingGRPO, StreamingReport
 from ..core.terms import OnPolicyStats
 from ..core.types import RolloutEvent, RolloutRequest
+from .contract import check_contract
 from .evaluation import ValidationPlan, collect_validation
 from .objective_checks import check_objective, module_objective
 from .plan import RolloutPlan
@@ -54,33 +56,7 @@ log = logging.getLogger(__name__)
 
 Mode = Literal["streaming", "sync", "async"]
 _MODES = ("streaming", "sync", "async")
-_LIGHTNING_KWARGS = frozenset(
-    {
-        "accelerator",
-        "parallel_devices",
-        "cluster_environment",
-        "checkpoint_io",
-        "precision_plugin",
-        "process_group_backend",
-        "timeout",
-        "start_method",
-    }
-)
 _OBJECTIVE_FIELDS = frozenset(Objective.__dataclass_fields__) | {"objective"}
-
-
-def _is_wrapper_default(name: str, value: Any) -> bool:
-    """``value`` is the default of DDPStrategy's or DistributedDataParallel's parameter ``name``."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    for fn in (DDPStrategy.__init__, DistributedDataParallel.__init__):
-        param = inspect.signature(fn).parameters.get(name)
-        if param is not None and param.default is not inspect.Parameter.empty:
-            try:
-                return bool(param.default == value)
-            except Exception:  # noqa: BLE001 - an uncomparable value is not the default
-                return False
-    return False
 
 
 @dataclass
@@ -112,11 +88,16 @@ class ThunderSyncStrategy(DDPStrategy):
             published (before Lightning's between-step bookkeeping); staleness stays 0.
         max_batch_trajectories: most trajectories scored in one forward (bounds activation memory).
         progress_interval_s: throttle of ``on_rollout_progress`` callbacks.
-        **kwargs: Lightning's plumbing (``accelerator``, ``parallel_devices``,
-            ``cluster_environment``, ``checkpoint_io``, ``precision_plugin``,
-            ``process_group_backend``, ``timeout``, ``start_method``). Options of the DDP *wrapper*
-            are rejected: there is no wrapper. The objective (estimator, eps, ...) belongs to the
-            LightningModule (``GRPOPolicy(objective=...)``).
+        boundary_cut: run each group's shared prompt forward and backward once instead of once per
+            trajectory (``thundersync_lightning.core.prefix``; same gradient; the module needs
+            ``encode_prefix``).
+        accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin,
+            process_group_backend, timeout, start_method: Lightning's plumbing, as for
+            :class:`~lightning.pytorch.strategies.DDPStrategy`.
+
+    Any other keyword is a :class:`ConfigError` naming it: options of the DDP *wrapper* have
+    nothing to act on (there is no wrapper), and the objective (estimator, eps, ...) belongs to the
+    LightningModule (``GRPOPolicy(objective=...)``).
     """
 
     strategy_name = "thundersync"
@@ -129,24 +110,30 @@ class ThunderSyncStrategy(DDPStrategy):
         launch_ahead: bool = True,
         max_batch_trajectories: int = 32,
         progress_interval_s: float = 0.2,
-        **kwargs: Any,
+        boundary_cut: bool = False,
+        accelerator: Any = None,
+        parallel_devices: Any = None,
+        cluster_environment: Any = None,
+        checkpoint_io: Any = None,
+        precision_plugin: Any = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+        start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        **unknown: Any,
     ) -> None:
         problems = []
-        # jsonargparse (LightningCLI) resolves **kwargs through DDPStrategy and DistributedDataParallel and
-        # passes every one of their parameters at its default: those mean "not set" and are dropped.
-        kwargs = {k: v for k, v in kwargs.items() if k in _LIGHTNING_KWARGS or not _is_wrapper_default(k, v)}
-        for name in sorted(set(kwargs) - _LIGHTNING_KWARGS):
+        for name in sorted(unknown):
             if name in _OBJECTIVE_FIELDS:
                 problems.append(
-                    f"{name}={kwargs[name]!r}: the objective moved to the LightningModule; use "
+                    f"{name}={unknown[name]!r}: the objective moved to the LightningModule; use "
                     f"GRPOPolicy(objective=Objective({name}=...)) or --model.objective.{name}=... (YAML: "
                     f"model.objective.{name})"
                 )
             else:
                 problems.append(
-                    f"{name}={kwargs[name]!r} is not an option of ThunderSyncStrategy (it has no DDP wrapper to "
+                    f"{name}={unknown[name]!r} is not an option of ThunderSyncStrategy (it has no DDP wrapper to "
                     f"pass it to); valid options: mode, offload, max_open_groups, launch_ahead, "
-                    f"max_batch_trajectories, progress_interval_s"
+                    f"max_batch_trajectories, progress_interval_s, boundary_cut"
                 )
         if mode not in _MODES:
             problems.append(f"mode={mode!r} is not one of {_MODES}")
@@ -158,14 +145,23 @@ class ThunderSyncStrategy(DDPStrategy):
             problems.append(f"max_batch_trajectories must be >= 1, got {max_batch_trajectories}")
         if problems:
             raise ConfigError("ThunderSyncStrategy: " + "; ".join(problems))
-        kwargs.setdefault("start_method", "popen")
-        super().__init__(**kwargs)
+        super().__init__(
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            checkpoint_io=checkpoint_io,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            start_method=start_method,
+        )
         self.mode: Mode = mode
         self.offload: Offload = offload
         self.max_open_groups = max_open_groups
         self.launch_ahead = launch_ahead
         self.progress_interval_s = progress_interval_s
         self.max_batch_trajectories = max_batch_trajectories
+        self.boundary_cut = boundary_cut
         self._snapshot: PolicySnapshot | None = None
         self._inflight: dict[int, tuple[Iterator[RolloutEvent], float]] = {}  # step -> (events, issued at)
         self._accumulator: StreamingGRPO | None = None
@@ -214,14 +210,14 @@ class ThunderSyncStrategy(DDPStrategy):
                 f"accumulate_grad_batches={trainer.accumulate_grad_batches}: with strategy='thundersync' one "
                 "Trainer step is one RL batch; raise the data module's groups_per_step instead"
             )
-        if not callable(getattr(module, "score_tokens", None)):
-            problems.append(
-                f"{type(module).__name__} has no score_tokens(trajectories, entropy=, reference=) method; the "
-                "strategy needs each trajectory's per-token logprobs. Use thundersync_lightning.modules.GRPOPolicy "
-                "or add it"
-            )
-        else:
+        problems += check_contract(module, trainer.datamodule, self.mode)  # docs/custom.md
+        if callable(getattr(module, "score_tokens", None)):
             problems += check_objective(module, getattr(trainer, "datamodule", None))
+        if self.boundary_cut and not callable(getattr(module, "encode_prefix", None)):
+            problems.append(
+                f"boundary_cut=True needs {type(module).__name__}.encode_prefix(tokens) (and score_tokens(..., "
+                "prefix=)); GRPOPolicy has both"
+            )
         if not module.automatic_optimization:
             problems.append("strategy='thundersync' drives the optimizer itself: use automatic optimization")
         if isinstance(self.precision_plugin, MixedPrecision) and self.precision_plugin.scaler is not None:
@@ -290,9 +286,10 @@ class ThunderSyncStrategy(DDPStrategy):
         acc = self._fresh_accumulator(module, objective)
         request = plan.request(step, self.global_rank, self.world_size)
 
-        def score(trajectories: Any) -> Any:
+        def score(trajectories: Any, prefix: Any = None) -> Any:
+            extra = {"prefix": prefix} if prefix is not None else {}
             return module.score_tokens(
-                trajectories, entropy=objective.needs_entropy, reference=objective.needs_reference
+                trajectories, entropy=objective.needs_entropy, reference=objective.needs_reference, **extra
             )
 
         runner = StepRunner(
@@ -305,6 +302,7 @@ class ThunderSyncStrategy(DDPStrategy):
             progress_interval_s=self.progress_interval_s,
             max_batch_trajectories=self.max_batch_trajectories,
             defer=self.mode == "sync",
+            encode=module.encode_prefix if self.boundary_cut else None,
         )
         with self.precision_plugin.train_step_context():
             outcome = runner.run(events)

@@ -4,6 +4,7 @@ from .actions import ACTION_HELP, Bash, Invalid, ReplaceInFile, Submit, WriteFil
 from .codec import ByteCodec, HFTokenizerCodec, TextCodec
 from .env import CodeEnv, Workspace, format_observation, render_prompt
 from .grading import EvalOutcome, filter_patch, grade_log, split_patch
+from .patches import patch_paths
 from .source import LocalCodeTasks
 from .task import LocalTask, is_protected_path, load_task, load_tasks, shipped_tasks_dir
 from .workspace import LocalWorkspace, WorkspaceSettings
@@ -27,6 +28,7 @@ __all__ = [
     "filter_patch",
     "grade_log",
     "split_patch",
+    "patch_paths",
     "LocalCodeTasks",
     "LocalTask",
     "is_protected_path",

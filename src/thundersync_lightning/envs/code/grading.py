@@ -1,28 +1,26 @@
-"""Patch hygiene and grading through swebench's own log parser and FAIL_TO_PASS/PASS_TO_PASS report.
+"""Grading through swebench's own log parser and FAIL_TO_PASS/PASS_TO_PASS report.
 
-Reward-hacking guards live here: :func:`filter_patch` drops every file diff that touches a
-protected path (tests, conftest.py, pytest configuration, caches) so such changes are reverted
-before grading, and an empty remaining patch is reward 0 without running anything.
-The test log is framed by the host (markers and the test command's exit status come from the
-sandbox result, not from the sandboxed output), then graded by ``swebench.harness.grading``.
+The log handed to swebench is always framed by the host: the test-output markers and the test
+command's exit status come from the sandbox result, never from the sandboxed output. For local
+tasks the body is rebuilt from the runner's nonce-framed results (:mod:`.runner`), so nothing the
+code under test prints can reach the parser. Patch hygiene (which files a patch touches, what is
+dropped) lives in :mod:`.patches`.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import shlex
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..sandbox.base import SandboxResult
+from .patches import filter_patch, split_patch
+from .runner import RunnerResults
 
-__all__ = ["EvalOutcome", "split_patch", "filter_patch", "pytest_command", "framed_log", "grade_log",
+__all__ = ["EvalOutcome", "split_patch", "filter_patch", "framed_log", "runner_log", "grade_log",
            "grade_with_spec"]
-
-_DIFF_HEADER = re.compile(r"^diff --git (?:\"?a/(.+?)\"?) (?:\"?b/(.+?)\"?)$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,47 +37,9 @@ class EvalOutcome:
         return 1.0 if self.resolved else 0.0
 
 
-def split_patch(patch: str) -> list[tuple[tuple[str, ...], str]]:
-    """Split a ``git diff`` into ((paths touched), text) per file; text before the first header is
-    dropped. Paths come from the ``diff --git`` line and any ---/+++/rename/copy lines."""
-    out: list[tuple[tuple[str, ...], str]] = []
-    current: list[str] | None = None
-    paths: set[str] = set()
-    for line in patch.splitlines(keepends=True):
-        if line.startswith("diff --git "):
-            if current is not None:
-                out.append((tuple(sorted(paths)), "".join(current)))
-            current, paths = [line], set()
-            m = _DIFF_HEADER.match(line.rstrip("\n"))
-            if m:
-                paths.update(m.groups())
-            else:
-                paths.add(line[len("diff --git "):].strip())
-            continue
-        if current is None:
-            continue
-        current.append(line)
-        for prefix in ("--- a/", "+++ b/", "rename from ", "rename to ", "copy from ", "copy to "):
-            if line.startswith(prefix):
-                paths.add(line[len(prefix):].rstrip("\n").strip('"'))
-    if current is not None:
-        out.append((tuple(sorted(paths)), "".join(current)))
-    return out
-
-
-def filter_patch(patch: str, protected: Callable[[str], bool]) -> str:
-    """The patch without file diffs that touch any protected path."""
-    return "".join(text for paths, text in split_patch(patch) if not any(protected(p) for p in paths))
-
-
-def pytest_command(node_ids: Sequence[str], python: str = "python3") -> str:
-    files = list(dict.fromkeys(n.split("::", 1)[0] for n in node_ids))
-    return (f"{python} -m pytest -rA --tb=short -p no:cacheprovider -o addopts='' "
-            + " ".join(shlex.quote(f) for f in files))
-
-
-def framed_log(result: SandboxResult) -> str:
-    """The test output between swebench's markers, with the exit status the host observed."""
+def framed_log(result: SandboxResult, body: str | None = None) -> str:
+    """``body`` (default: the command's output) between swebench's markers, with the exit status
+    the host observed and swebench's error marker when we stopped the run."""
     from swebench.harness.constants import (
         END_TEST_OUTPUT,
         START_TEST_OUTPUT,
@@ -91,7 +51,13 @@ def framed_log(result: SandboxResult) -> str:
     code = "-1" if result.exit_code is None else str(result.exit_code)
     # A run we stopped (deadline, output cap) has no trustworthy results: swebench's markers say so.
     note = f"\n{TESTS_TIMEOUT}\n" if result.timed_out else f"\n{TESTS_ERROR}\n" if result.truncated else ""
-    return f"{START_TEST_OUTPUT}\n{result.text}\n{END_TEST_OUTPUT}\n{TEST_EXIT_CODE}: {code}\n{note}"
+    body = result.text if body is None else body
+    return f"{START_TEST_OUTPUT}\n{body}\n{END_TEST_OUTPUT}\n{TEST_EXIT_CODE}: {code}\n{note}"
+
+
+def runner_log(results: RunnerResults, result: SandboxResult) -> str:
+    """The log swebench grades for a local task: only the runner's own result lines, host-framed."""
+    return framed_log(result, results.log_body())
 
 
 def grade_with_spec(test_spec: Any, log: str, model_patch: str) -> EvalOutcome:

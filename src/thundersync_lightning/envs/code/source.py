@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 from ...core.errors import ConfigError
+from ...core.options import strict_options
 from ...core.types import derive_seed
 from ..sandbox.base import SandboxLimits
 from ..sandbox.bwrap import BwrapConfig
@@ -45,6 +46,7 @@ def pick(items: list[Any], step: int, num_groups: int, seed: int) -> list[Any]:
     return out
 
 
+@strict_options
 class LocalCodeTasks:
     """Local repository tasks; text is byte-level (stop token ``ByteCodec.END_OF_ACTION``) unless
     ``tokenizer_path`` names a local Hugging Face tokenizer (stop token: its EOS id).
@@ -56,7 +58,9 @@ class LocalCodeTasks:
         max_observation_bytes: how much command output the agent sees per turn.
         command_timeout_s / test_timeout_s: limits of one agent command / of the grading test run.
         parallel_tests: grading runs at once in this process (0: twice the CPU count).
-        memory_bytes / nproc: per-process address space and per-sandbox process count limits.
+        memory_bytes / nproc / cpus: memory (all processes together, tmpfs included; also each
+            process's address space), process count and CPU share of one sandboxed command.
+        disk_bytes / disk_inodes: the workspace's disk and inode budget (a tmpfs of its own).
         sandbox_root: host folder for the workspaces. uid_base / uid_count: the sandbox uids.
         python: interpreter with pytest inside the sandbox. ro_binds: extra read-only host paths.
         tokenizer_path: a local HF tokenizer directory instead of the byte-level codec.
@@ -74,6 +78,9 @@ class LocalCodeTasks:
         parallel_tests: int = 0,
         memory_bytes: int = 2 * 1024**3,
         nproc: int = 256,
+        cpus: float = 1.0,
+        disk_bytes: int = 1024**3,
+        disk_inodes: int = 100_000,
         sandbox_root: str = "/tmp/thundersync-sandboxes",
         uid_base: int = 3_100_000,
         uid_count: int = 512,
@@ -89,7 +96,8 @@ class LocalCodeTasks:
         self.max_turns, self.max_action_tokens = max_turns, max_action_tokens
         self.max_observation_bytes = max_observation_bytes
         self.uid_base, self.uid_count = uid_base, uid_count
-        limits = SandboxLimits(timeout_s=command_timeout_s, memory_bytes=memory_bytes, nproc=nproc)
+        limits = SandboxLimits(timeout_s=command_timeout_s, memory_bytes=memory_bytes, nproc=nproc, cpus=cpus,
+                               disk_bytes=disk_bytes, disk_inodes=disk_inodes)
         self.settings = WorkspaceSettings(
             bwrap=BwrapConfig(limits=limits, ro_binds=tuple(ro_binds or ())),
             root=sandbox_root, python=python, test_timeout_s=test_timeout_s, parallel_tests=parallel_tests,

@@ -18,7 +18,9 @@ and optionally ``gold.patch`` (a unified diff that solves it). The shipped tasks
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,10 +28,11 @@ import yaml
 
 from ...core.errors import ConfigError
 
-__all__ = ["LocalTask", "load_task", "load_tasks", "shipped_tasks_dir", "is_protected_path"]
+__all__ = ["LocalTask", "load_task", "load_tasks", "shipped_tasks_dir", "is_protected_path", "without_tests"]
 
 _PROTECTED_NAMES = frozenset({"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
-                              "sitecustomize.py", "usercustomize.py", ".pth"})
+                              "sitecustomize.py", "usercustomize.py", ".pth", ".gitattributes", ".gitmodules",
+                              "pytest.py", "entry_points.txt"})
 
 
 def shipped_tasks_dir() -> str:
@@ -52,7 +55,39 @@ def is_protected_path(path: str, test_files: tuple[str, ...] = ()) -> bool:
         or base.endswith(".pth")
         or "__pycache__" in parts
         or base.endswith(".pyc")
+        or any(p.endswith((".dist-info", ".egg-info")) for p in parts[:-1])
     )
+
+
+def without_tests(source: str, names: list[str]) -> str | None:
+    """``source`` with the test functions/classes/methods ``names`` (``f``, ``C``, ``C::m``,
+    parameters ``[...]`` ignored) cut out, decorators included; None when one cannot be found
+    or the result does not parse (the caller then hides the whole file)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    spans: list[tuple[int, int]] = []
+    for name in names:
+        parts = [re.sub(r"\[.*\]$", "", p) for p in name.split("::")]
+        body, node = tree.body, None
+        for part in parts:
+            node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+                         and n.name == part), None)
+            if node is None:
+                return None
+            body = node.body if isinstance(node, ast.ClassDef) else []
+        assert node is not None
+        first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+        spans.append((first, node.end_lineno or node.lineno))
+    lines = source.splitlines(keepends=True)
+    cut = {i for a, b in spans for i in range(a - 1, b)}
+    out = "".join(line for i, line in enumerate(lines) if i not in cut)
+    try:
+        ast.parse(out)
+    except SyntaxError:
+        return None
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +112,29 @@ class LocalTask:
     def protects(self, path: str) -> bool:
         return is_protected_path(path, self.test_files)
 
-    def materialize(self, dest: str) -> None:
-        """Write the original repository into the (existing, empty) directory ``dest``."""
+    def visible_files(self) -> tuple[tuple[str, str], ...]:
+        """The repository as the agent sees it: the FAIL_TO_PASS tests are cut out of their files
+        (a file where that fails is left out); they come back only at grading time, on a fresh
+        copy of :attr:`files`, as SWE-bench's test patch does."""
+        hidden: dict[str, list[str]] = {}
+        for node in self.fail_to_pass:
+            path, _, name = node.partition("::")
+            hidden.setdefault(path, []).append(name)
+        out = []
         for rel, text in self.files:
+            if rel in hidden:
+                names = hidden[rel]
+                kept = None if "" in names else without_tests(text, names)
+                if kept is None:
+                    continue
+                text = kept
+            out.append((rel, text))
+        return tuple(out)
+
+    def materialize(self, dest: str, visible: bool = False) -> None:
+        """Write the original repository (``visible``: the agent's view of it, see
+        :meth:`visible_files`) into the (existing, empty) directory ``dest``."""
+        for rel, text in self.visible_files() if visible else self.files:
             target = os.path.join(dest, rel)
             os.makedirs(os.path.dirname(target), exist_ok=True)
             with open(target, "w", encoding="utf-8") as f:

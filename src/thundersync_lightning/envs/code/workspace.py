@@ -1,16 +1,26 @@
 """Where a local task's agent works and where its patch is graded: bubblewrap sandboxes on the host.
 
-Layout under ``root`` (0711, root-owned): one private directory per workspace with ``agent/`` (the
-repository the agent edits, a git repository at the original state, owned by the sandbox uid) and,
-for each verdict, a fresh ``eval-*`` copy of the ORIGINAL repository: the agent's filtered patch
-is applied there and the tests run there, so nothing the agent left behind (caches, test edits,
-background processes) reaches the grading run.
+Layout: one private directory per workspace under ``root`` (a size- and inode-limited tmpfs of
+its own where the host allows it, see :mod:`..sandbox.fs`) holding
+
+* ``agent/``: the repository as the agent sees it (the FAIL_TO_PASS tests cut out), a git
+  repository at that state, owned by the sandbox uid;
+* ``base.git``: a root-owned bare copy of that commit, bound read-only when the patch is captured
+  (so the agent's git config, hooks and filters are never used; see :mod:`.patches`);
+* ``runner/``: the host-written test runner and pytest.ini (see :mod:`.runner`), bound read-only;
+* for each verdict, a fresh ``eval-*`` copy of the ORIGINAL repository (hidden tests included):
+  the agent's filtered patch is applied there, the tree is then made root-owned and read-only (the
+  code under test cannot rewrite a test file before pytest collects it), and the tests run there,
+  so nothing the agent left behind (caches, test edits, background processes) reaches the grading
+  run.
+
+:meth:`LocalWorkspace.close` never raises and always releases the uid lease.
 """
 
 from __future__ import annotations
 
+import logging
 import os
-import shutil
 import subprocess
 import tempfile
 import threading
@@ -18,17 +28,17 @@ from dataclasses import dataclass, field, replace
 
 from ..sandbox.base import RunGuard, SandboxError, SandboxLimits, SandboxResult
 from ..sandbox.bwrap import BwrapConfig, BwrapSandbox, bwrap_available, chown_tree
+from ..sandbox.fs import BoundedDir, remove_tree, sweep_stale
 from ..sandbox.uids import UidLease, UidPool
-from .grading import EvalOutcome, filter_patch, framed_log, grade_log, pytest_command
+from .grading import EvalOutcome, grade_log, runner_log
+from .patches import BASE_GIT_DIR, capture_command, filter_patch
+from .runner import RUNNER_DIR, new_nonce, parse_results, runner_command, write_runner
 from .task import LocalTask
 
-__all__ = ["WorkspaceSettings", "LocalWorkspace", "DIFF_COMMAND", "grading_slots"]
+__all__ = ["WorkspaceSettings", "LocalWorkspace", "grading_slots"]
 
-_GIT = "GIT_CONFIG_NOSYSTEM=1 git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.quotePath=false"
-DIFF_COMMAND = (
-    f"{_GIT} add -A . >/dev/null && "
-    f"{_GIT} diff --cached --binary --no-ext-diff --no-textconv --no-color --no-renames {{base}}"
-)
+log = logging.getLogger(__name__)
+_warned_budget = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +69,7 @@ def grading_slots(n: int) -> threading.BoundedSemaphore:
 
 
 def _host_git(cwd: str, *args: str) -> str:
-    env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "GIT_CONFIG_NOSYSTEM": "1",
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
            "GIT_AUTHOR_NAME": "task", "GIT_AUTHOR_EMAIL": "task@localhost",
            "GIT_COMMITTER_NAME": "task", "GIT_COMMITTER_EMAIL": "task@localhost",
            "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z"}
@@ -76,6 +86,7 @@ class LocalWorkspace:
         self.task, self.settings, self.pool = task, settings, pool
         self._lease: UidLease | None = None
         self._dir: str | None = None
+        self._budget: BoundedDir | None = None
         self._base: str | None = None
         self._sandbox: BwrapSandbox | None = None
         self._guard = RunGuard()  # shared by every sandbox of this workspace: close() stops them all
@@ -94,24 +105,37 @@ class LocalWorkspace:
             )
         os.makedirs(self.settings.root, mode=0o711, exist_ok=True)
         lease = self.pool.acquire()
+        self._lease = lease
         try:
-            self._dir = tempfile.mkdtemp(prefix=f"{self.task.name}-", dir=self.settings.root)
-            os.chmod(self._dir, 0o711)
+            sweep_stale(self.settings.root, f"-u{lease.uid}-")  # left by a holder of this uid that died
+            self._dir = tempfile.mkdtemp(prefix=f"{self.task.name}-u{lease.uid}-", dir=self.settings.root)
+            self._mount_budget(self._dir)
             agent = os.path.join(self._dir, "agent")
             os.mkdir(agent)
-            self.task.materialize(agent)
+            self.task.materialize(agent, visible=True)
             _host_git(agent, "init", "-q")
             _host_git(agent, "add", "-A")
             _host_git(agent, "commit", "-q", "-m", "original")
             self._base = _host_git(agent, "rev-parse", "HEAD")
+            _host_git(self._dir, "clone", "-q", "--bare", "--no-hardlinks", agent, "base.git")
+            subprocess.run(["chmod", "-R", "a+rX,go-w", os.path.join(self._dir, "base.git")], check=True)
+            write_runner(os.path.join(self._dir, "runner"))
             chown_tree(agent, lease.uid)
             os.chmod(agent, 0o700)
             self._sandbox = BwrapSandbox(agent, lease.uid, self.settings.bwrap, guard=self._guard)
         except BaseException:
-            lease.release()
-            self._cleanup_dir()
+            self.close()
             raise
-        self._lease = lease
+
+    def _mount_budget(self, path: str) -> None:
+        global _warned_budget
+        lim = self.settings.bwrap.limits
+        self._budget = BoundedDir(path, lim.disk_bytes, lim.disk_inodes, 0o711,
+                                  require=self.settings.bwrap.require_kernel_limits)
+        if not self._budget.enforced and not _warned_budget:
+            _warned_budget = True
+            log.warning("workspace disk/inode budget not enforced (tmpfs mount failed: %s); the agent can fill "
+                        "the host's disk under %s", self._budget.why_not, self.settings.root)
 
     def run(self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None) -> SandboxResult:
         if self._sandbox is None:
@@ -119,16 +143,19 @@ class LocalWorkspace:
         return self._sandbox.run(command, stdin=stdin, timeout_s=timeout_s)
 
     def _big(self, workdir: str, cap: int) -> BwrapSandbox:
-        assert self._lease is not None
+        assert self._lease is not None and self._dir is not None
         limits = replace(self.settings.bwrap.limits, max_output_bytes=cap)
-        return BwrapSandbox(workdir, self._lease.uid, replace(self.settings.bwrap, limits=limits), guard=self._guard)
+        ro = {os.path.join(self._dir, "base.git"): BASE_GIT_DIR, os.path.join(self._dir, "runner"): RUNNER_DIR}
+        return BwrapSandbox(workdir, self._lease.uid, replace(self.settings.bwrap, limits=limits), guard=self._guard,
+                            ro_binds=ro)
 
     def diff(self) -> str | None:
-        """The agent's changes against the original commit (None when they could not be read)."""
-        if self._sandbox is None:
+        """The agent's changes against the original commit, git's stdout only, computed with the
+        host's git directory and configuration (None when they could not be read)."""
+        if self._sandbox is None or self._base is None:
             raise SandboxError("LocalWorkspace.diff before open() or after close()")
         result = self._big(self._sandbox.workdir, self.settings.max_patch_bytes).run(
-            DIFF_COMMAND.format(base=self._base), timeout_s=60.0)
+            capture_command(self._base), timeout_s=60.0)
         return result.text if result.ok else None
 
     def evaluate(self, patch: str) -> EvalOutcome:
@@ -138,34 +165,69 @@ class LocalWorkspace:
         task = self.task
         patch = filter_patch(patch, task.protects)
         if not patch.strip():
-            return EvalOutcome(False, "empty patch (after dropping changes to tests)")
+            return EvalOutcome(False, "empty patch (after dropping changes to tests, or unparseable)")
         evaldir = tempfile.mkdtemp(prefix="eval-", dir=self._dir)
         try:
             os.chmod(evaldir, 0o700)
             task.materialize(evaldir)
             chown_tree(evaldir, self._lease.uid)
             box = self._big(evaldir, self.settings.max_log_bytes)
-            applied = box.run("git apply --verbose --whitespace=nowarn -", stdin=patch.encode(), timeout_s=60.0)
+            applied = box.run("GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null git apply --whitespace=nowarn -",
+                              stdin=patch.encode(), timeout_s=60.0)
             if not applied.ok:
                 return EvalOutcome(False, "patch did not apply", log=applied.text)
+            _freeze(evaldir)  # the code under test must not rewrite tests that are not yet collected
+            nonce = new_nonce()
             with grading_slots(self.settings.parallel_tests):
-                tests = box.run(pytest_command(task.fail_to_pass + task.pass_to_pass, self.settings.python),
-                                timeout_s=self.settings.test_timeout_s)
-            return grade_log(task.name, framed_log(tests), task.fail_to_pass, task.pass_to_pass, patch)
+                tests = box.run(runner_command(task.fail_to_pass + task.pass_to_pass, self.settings.python),
+                                stdin=(nonce + "\n").encode(), timeout_s=self.settings.test_timeout_s)
+            results = parse_results(tests.text, nonce)
+            if results.problem is not None and not (tests.timed_out or tests.truncated):
+                return EvalOutcome(False, f"no trustworthy test results: {results.problem}", log=tests.text)
+            return grade_log(task.name, runner_log(results, tests), task.fail_to_pass, task.pass_to_pass, patch)
         finally:
-            shutil.rmtree(evaldir, ignore_errors=True)
-
-    def _cleanup_dir(self) -> None:
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
+            remove_tree(evaldir)
 
     def close(self) -> None:
-        """Kill whatever still runs (a verdict past its timeout included), then free dirs and uid."""
-        if not self._guard.cancel():
-            return  # a run refuses to die: keep its uid and directory rather than hand them on
-        self._sandbox = None
-        self._cleanup_dir()
-        if self._lease is not None:
-            self._lease.release()
-            self._lease = None
+        """Kill whatever still runs (a verdict past its timeout included), free the directories
+        and release the uid. Never raises; the uid is released even when a run would not die
+        (its processes are then killed by uid before the lease goes)."""
+        try:
+            if not self._guard.cancel():
+                log.warning("a sandbox run of %s did not end; killing the uid's processes", self.task.name)
+                if self._lease is not None:
+                    _kill_uid(self._lease.uid)
+        except Exception as e:  # noqa: BLE001 - clean-up never raises
+            log.warning("cancelling the runs of %s failed: %s", self.task.name, e)
+        finally:
+            self._sandbox = None
+            try:
+                if self._budget is not None:
+                    self._budget.remove()
+                elif self._dir is not None:
+                    remove_tree(self._dir)
+            except Exception as e:  # noqa: BLE001
+                log.warning("removing %s failed: %s", self._dir, e)
+            self._budget = None
+            self._dir = None
+            if self._lease is not None:
+                self._lease.release()
+                self._lease = None
+
+
+def _freeze(path: str) -> None:
+    """Make the tree at ``path`` root-owned and read-only to everyone else (readable, searchable)."""
+    for cmd in (["chown", "-R", "-P", "0:0", path], ["chmod", "-R", "a+rX,go-w", path]):
+        subprocess.run(cmd, check=True, capture_output=True, timeout=600)
+
+
+def _kill_uid(uid: int) -> None:
+    """SIGKILL every process whose real uid is ``uid`` (a sandbox uid: nothing else runs as it)."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.stat(f"/proc/{entry}").st_uid == uid:
+                os.kill(int(entry), 9)
+        except OSError:
+            continue

@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 
 from ...core.errors import ConfigError, ThunderSyncError
 
-__all__ = ["SandboxError", "SandboxLimits", "SandboxResult", "Sandbox", "RunGuard", "run_bounded"]
+__all__ = ["SandboxError", "SandboxLimits", "SandboxResult", "Sandbox", "RunGuard", "run_bounded", "wait_readable"]
 
 _TRUNCATED = b"\n[output truncated]\n"
 
@@ -38,15 +38,20 @@ class SandboxLimits:
     timeout_s: float = 30.0
     max_output_bytes: int = 64 * 1024
     nproc: int = 256
-    memory_bytes: int = 2 * 1024**3  # address space per process (bwrap) / cgroup memory (container)
+    memory_bytes: int = 2 * 1024**3  # the whole command's memory (cgroup; tmpfs included) and each process's address space
     fsize_bytes: int = 64 * 1024**2
     nofile: int = 1024
     tmpfs_bytes: int = 256 * 1024**2
+    cpus: float = 1.0  # CPU time per wall second for the whole command (cgroup cpu.max / --cpus)
+    dev_bytes: int = 8 * 1024**2  # the sandbox's private /dev (a tmpfs: /dev/shm lives there)
+    disk_bytes: int = 1024**3  # the workspace's disk budget (a tmpfs of its own; see sandbox.fs)
+    disk_inodes: int = 100_000  # the workspace's inode budget
 
     def __post_init__(self) -> None:
         problems = [
             f"{name}={getattr(self, name)!r} must be > 0"
-            for name in ("timeout_s", "max_output_bytes", "nproc", "memory_bytes", "fsize_bytes", "nofile")
+            for name in ("timeout_s", "max_output_bytes", "nproc", "memory_bytes", "fsize_bytes", "nofile",
+                         "tmpfs_bytes", "cpus", "dev_bytes", "disk_bytes", "disk_inodes")
             if not getattr(self, name) > 0
         ]
         if problems:
@@ -179,6 +184,16 @@ def _feed(proc: subprocess.Popen[bytes], data: bytes) -> None:
             pass
 
 
+def wait_readable(fds: Sequence[int], timeout_s: float) -> list[int]:
+    """The fds of ``fds`` that are readable (or hung up) within ``timeout_s``; poll(2), so any fd
+    number works (``select()`` fails beyond FD_SETSIZE = 1024)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN | select.POLLHUP | select.POLLERR)
+    ms = max(0, int(timeout_s * 1000 + 0.999))
+    return [fd for fd, _ in poller.poll(ms)]
+
+
 def _descendants(pid: int) -> list[int]:
     """Every live descendant of ``pid`` (breadth first), from /proc/<pid>/task/*/children."""
     out: list[int] = []
@@ -227,7 +242,7 @@ def _kill_group(proc: subprocess.Popen[bytes], wait_s: float = 30.0) -> None:
                 pass
         deadline = time.monotonic() + wait_s
         for fd in pidfds:
-            select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            wait_readable([fd], max(0.0, deadline - time.monotonic()))
     finally:
         for fd in pidfds:
             os.close(fd)
@@ -279,7 +294,7 @@ def run_bounded(
     try:
         if stdin is not None:  # a thread, so a child that writes before reading cannot deadlock us
             threading.Thread(target=_feed, args=(proc, stdin), daemon=True).start()
-        with selectors.DefaultSelector() as sel:
+        with selectors.PollSelector() as sel:  # never select(): the host may hold > 1024 fds
             sel.register(reader.fd, selectors.EVENT_READ)
             sel.register(pidfd, selectors.EVENT_READ)
             if guard is not None:
@@ -305,7 +320,7 @@ def run_bounded(
                 # Output closed but the leader runs on: wait for it until the deadline.
                 left = deadline - time.monotonic()
                 fds = [pidfd] + ([guard.fd] if guard is not None else [])
-                ready = select.select(fds, [], [], max(0.0, left))[0]
+                ready = wait_readable(fds, max(0.0, left))
                 if pidfd not in ready:
                     timed_out, cancelled = not ready, bool(ready)
     finally:

@@ -3,40 +3,62 @@
 Measured on these machines (see the field notes): bubblewrap contains code only when started
 under an unprivileged host uid. The chain is therefore
 
-    prlimit (nproc/as/fsize/nofile/core) -> setpriv (uid U, no groups, no capabilities)
-      -> bwrap --unshare-all (net, pid, ipc, uts, cgroup, user) --die-with-parent
-         read-only /usr, private /proc /dev /tmp, the workdir bound at /testbed, root remounted ro
+    sh (joins a fresh per-command cgroup: memory incl. tmpfs, pids, cpu; see :mod:`.cgroups`)
+      -> prlimit (nproc/as/fsize/nofile/core) -> setpriv (uid U, no groups, no capabilities)
+      -> bwrap --unshare-all (net, pid, ipc, uts, cgroup, user) --disable-userns --die-with-parent
+         read-only /usr, private /proc, a small private /dev (tmpfs of ``dev_bytes`` with only
+         null/zero/full/random/urandom/tty bound in), a bounded /tmp, the workdir at /testbed,
+         root remounted ro, a fresh session keyring (bwrap joins a new one), and a seccomp
+         deny list (:mod:`.seccomp`) installed right before the command runs.
 
 The pid namespace ties every process the command starts (setsid daemons included) to bwrap: when
 the caller kills bwrap (timeout, output cap, or normal end) the kernel kills the whole namespace.
 Each concurrent sandbox needs its own uid (``RLIMIT_NPROC`` counts per uid): see :mod:`.uids`.
+What the host cannot enforce (no writable cgroup) is named once in a warning, or raises when
+``BwrapConfig.require_kernel_limits`` is set.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
-import select
 import shutil
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .base import RunGuard, SandboxError, SandboxLimits, SandboxResult, run_bounded
+from .base import RunGuard, SandboxError, SandboxLimits, SandboxResult, run_bounded, wait_readable
+from .cgroups import CgroupSupport, CommandCgroup, probe
+from .seccomp import build_filter, filter_fd
 
 __all__ = ["BwrapConfig", "BwrapSandbox", "bwrap_available", "chown_tree"]
 
 WORKDIR = "/testbed"
 
+log = logging.getLogger(__name__)
+
+# Joins the command's cgroups (as root, before anything else runs), then becomes the command.
+_JOIN = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+_warned: set[str] = set()
+_warn_lock = threading.Lock()
+
 
 @dataclass(frozen=True, slots=True)
 class BwrapConfig:
     """How sandboxes are built. ``ro_binds`` are extra host paths bound read-only at the same path
-    (e.g. a venv made from /usr/bin/python3 somewhere world-readable)."""
+    (e.g. a venv made from /usr/bin/python3 somewhere world-readable). ``cgroups`` and ``seccomp``
+    switch those layers (on by default; off only to measure what they add);
+    ``require_kernel_limits`` turns "this host cannot enforce X" from a warning into an error."""
 
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     ro_binds: tuple[str, ...] = ()
     path: str = "/usr/local/bin:/usr/bin:/bin"
     bwrap: str = "bwrap"
+    cgroups: bool = True
+    seccomp: bool = True
+    require_kernel_limits: bool = False
 
 
 def bwrap_available(bwrap: str = "bwrap") -> bool:
@@ -45,17 +67,22 @@ def bwrap_available(bwrap: str = "bwrap") -> bool:
 
 
 def chown_tree(path: str, uid: int) -> None:
-    """Give ``path`` and everything below it to ``uid`` (we created it: no symlinks followed)."""
+    """Give ``path`` and everything below it to ``uid`` (no symlinks followed, no recursion)."""
     os.chown(path, uid, uid, follow_symlinks=False)
-    for root, dirs, files in os.walk(path):
-        for name in dirs + files:
-            os.chown(os.path.join(root, name), uid, uid, follow_symlinks=False)
+    stack = [path]
+    while stack:
+        with os.scandir(stack.pop()) as it:
+            for entry in it:
+                os.chown(entry.path, uid, uid, follow_symlinks=False)
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
 
 
 class BwrapSandbox:
     """Runs commands as ``uid`` in bubblewrap with ``workdir`` (host path) mounted at /testbed.
 
-    ``binds`` maps further host directories (owned by ``uid``) to writable paths inside. The
+    ``binds`` maps further host directories (owned by ``uid``) to writable paths inside,
+    ``ro_binds`` host paths to read-only paths inside. The
     workdir must be owned by ``uid`` (see :func:`chown_tree`) and reachable (o+x) by it.
     Sandboxes sharing a ``guard`` are closed together (``close`` cancels every run in flight).
     """
@@ -67,6 +94,7 @@ class BwrapSandbox:
         config: BwrapConfig | None = None,
         binds: Mapping[str, str] | None = None,
         guard: RunGuard | None = None,
+        ro_binds: Mapping[str, str] | None = None,
     ) -> None:
         if uid < 1000:
             raise SandboxError(f"BwrapSandbox(uid={uid}): refusing a system uid; use a UidPool lease")
@@ -76,12 +104,39 @@ class BwrapSandbox:
         self.uid = uid
         self.config = config or BwrapConfig()
         self.binds = dict(binds or {})
+        self.ro_binds = dict(ro_binds or {})
         self.guard = guard if guard is not None else RunGuard()
+        self.cgroup_support = self._cgroup_support()
+        self._seccomp = build_filter() if self.config.seccomp else None
 
-    def argv(self, command: str, env: Mapping[str, str] | None = None, info_fd: int | None = None) -> list[str]:
+    def _cgroup_support(self) -> CgroupSupport | None:
+        if not self.config.cgroups:
+            return None
+        support = probe()
+        if support.missing:
+            missing = ", ".join(support.missing)
+            msg = (f"sandbox cgroup limits not enforced for: {missing} ({support.describe_missing()}); "
+                   "falling back to per-process rlimits (RLIMIT_AS per process, RLIMIT_NPROC per uid, no CPU cap)")
+            if self.config.require_kernel_limits:
+                raise SandboxError(msg)
+            with _warn_lock:
+                if msg not in _warned:
+                    _warned.add(msg)
+                    log.warning(msg)
+        return support if support.parents else None
+
+    def argv(
+        self,
+        command: str,
+        env: Mapping[str, str] | None = None,
+        info_fd: int | None = None,
+        seccomp_fd: int | None = None,
+        cgroup_procs: tuple[str, ...] = (),
+    ) -> list[str]:
         lim = self.config.limits
         u = str(self.uid)
-        argv = [
+        argv = ["/bin/sh", "-c", _JOIN, "tsl-join", *cgroup_procs, "--"] if cgroup_procs else []
+        argv += [
             "prlimit", f"--nproc={lim.nproc}", f"--as={lim.memory_bytes}", f"--fsize={lim.fsize_bytes}",
             f"--nofile={lim.nofile}", "--core=0", "--",
             "setpriv", f"--reuid={u}", f"--regid={u}", "--clear-groups", "--inh-caps=-all",
@@ -99,7 +154,12 @@ class BwrapSandbox:
                 argv += ["--ro-bind", path, path]
         for path in self.config.ro_binds:
             argv += ["--ro-bind", path, path]
-        argv += ["--proc", "/proc", "--dev", "/dev",
+        argv += ["--proc", "/proc", "--size", str(lim.dev_bytes), "--tmpfs", "/dev"]
+        for dev in _DEVICES:
+            argv += ["--dev-bind", f"/dev/{dev}", f"/dev/{dev}"]
+        argv += ["--symlink", "/proc/self/fd", "/dev/fd", "--symlink", "/proc/self/fd/0", "/dev/stdin",
+                 "--symlink", "/proc/self/fd/1", "/dev/stdout", "--symlink", "/proc/self/fd/2", "/dev/stderr",
+                 "--dir", "/dev/shm",
                  "--size", str(lim.tmpfs_bytes), "--tmpfs", "/tmp", "--clearenv"]
         base_env = {"PATH": self.config.path, "HOME": "/tmp", "LANG": "C.UTF-8", "TMPDIR": "/tmp",
                     "PYTHONDONTWRITEBYTECODE": "1", "TERM": "dumb"}
@@ -109,6 +169,10 @@ class BwrapSandbox:
         argv += ["--bind", self.workdir, WORKDIR]
         for host, inside in self.binds.items():
             argv += ["--bind", host, inside]
+        for host, inside in self.ro_binds.items():
+            argv += ["--ro-bind", host, inside]
+        if seccomp_fd is not None:
+            argv += ["--seccomp", str(seccomp_fd)]
         argv += ["--chdir", WORKDIR, "--remount-ro", "/", "--", "/bin/bash", "-c", command]
         return argv
 
@@ -136,6 +200,10 @@ class BwrapSandbox:
         read_end, write_end = os.pipe()
         init_pidfd: list[int] = []
         open_ends = [write_end]
+        seccomp_fd = filter_fd(self._seccomp) if self._seccomp is not None else None
+        cgroup = None
+        if self.cgroup_support is not None:
+            cgroup = CommandCgroup(self.cgroup_support, lim.memory_bytes, lim.nproc, lim.cpus)
 
         def on_start() -> None:
             os.close(open_ends.pop())
@@ -152,23 +220,28 @@ class BwrapSandbox:
 
         try:
             return run_bounded(
-                self.argv(command, env, info_fd=write_end),
+                self.argv(command, env, info_fd=write_end, seccomp_fd=seccomp_fd,
+                          cgroup_procs=tuple(cgroup.procs_files) if cgroup is not None else ()),
                 timeout_s=timeout_s if timeout_s is not None else lim.timeout_s,
                 max_output_bytes=lim.max_output_bytes,
                 stdin=stdin,
                 env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
                 cwd="/",
-                pass_fds=(write_end,),
+                pass_fds=(write_end,) if seccomp_fd is None else (write_end, seccomp_fd),
                 on_start=on_start,
                 guard=self.guard,
             )
         finally:
             for fd in init_pidfd:
-                select.select([fd], [], [], 60.0)
+                wait_readable([fd], 60.0)
                 os.close(fd)
             os.close(read_end)
             for fd in open_ends:  # only if Popen failed before on_start ran
                 os.close(fd)
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
+            if cgroup is not None:
+                cgroup.remove()
 
     def close(self) -> None:
         """Kill commands in flight (their namespaces included), wait for them, refuse new ones."""

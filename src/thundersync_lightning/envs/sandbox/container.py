@@ -2,7 +2,12 @@
 
 State lives in a host directory bound at /testbed; everything else is the image, read-only. Each
 container runs with ``--network none --read-only --cap-drop all --security-opt no-new-privileges``,
-an unprivileged ``--user``, pids/memory limits, ``--log-driver none`` and a tmpfs /tmp. Cleanup is
+an unprivileged ``--user``, ``--pull=never`` (a missing image is an error, never a download),
+podman's ``--http-proxy=false`` (no host proxy variables leak in), cgroup limits on pids, memory
+(``--memory-swap`` equal to ``--memory``: no swap) and CPU (``--cpus``), a small ``--shm-size``,
+``--log-driver none`` and a bounded tmpfs /tmp. The engine's default seccomp profile (an allow
+list that denies keyctl, add_key, bpf, perf_event_open, mount, ... to unprivileged containers)
+stays in force. Cleanup is
 guaranteed three ways: ``--rm``; a server-side deadline (podman ``--timeout``; for docker the
 command runs under ``timeout -s KILL`` as pid 1, so the container ends with it); and a forced
 ``rm -f`` of the named container whenever the client returns, was killed, or timed out.
@@ -84,10 +89,10 @@ def copy_from_image(image: str, src: str, dest: str, config: ContainerConfig | N
         raise SandboxError("no container engine (podman or a running docker) found")
     g = _global_args(engine, config)
     name = f"tsl-cp-{uuid.uuid4().hex[:12]}"
-    created = subprocess.run([engine, *g, "create", "--name", name, image, "true"],
+    created = subprocess.run([engine, *g, "create", "--pull=never", "--name", name, image, "true"],
                              capture_output=True, text=True)
     if created.returncode != 0:
-        raise SandboxError(f"cannot create a container of image {image!r} (present locally, or pullable by the engine?): "
+        raise SandboxError(f"cannot create a container of image {image!r} (it must be present locally: images are never pulled): "
                            f"{created.stderr.strip()[-500:]}")
     try:
         copied = subprocess.run([engine, *g, "cp", f"{name}:{src}", dest], capture_output=True, text=True)
@@ -98,11 +103,13 @@ def copy_from_image(image: str, src: str, dest: str, config: ContainerConfig | N
 
 
 class ContainerSandbox:
-    """Runs each command in a fresh container of ``image`` with ``workdir`` bound at /testbed."""
+    """Runs each command in a fresh container of ``image`` with ``workdir`` bound at /testbed
+    (and ``ro_volumes``: host path -> read-only path inside)."""
 
     def __init__(
         self, workdir: str, image: str, uid: int, config: ContainerConfig | None = None,
         env: Mapping[str, str] | None = None, guard: RunGuard | None = None,
+        ro_volumes: Mapping[str, str] | None = None,
     ) -> None:
         self.config = config or ContainerConfig()
         engine = find_engine(self.config.engine)
@@ -116,6 +123,7 @@ class ContainerSandbox:
         self.engine, self.image, self.uid = engine, image, uid
         self.workdir = os.path.abspath(workdir)
         self.env = dict(env or {})
+        self.ro_volumes = dict(ro_volumes or {})
         self.guard = guard if guard is not None else RunGuard()
 
     def argv(self, command: str, name: str, timeout_s: float) -> list[str]:
@@ -123,13 +131,16 @@ class ContainerSandbox:
         secs = max(1, int(timeout_s + 0.999))
         argv = [
             self.engine, *_global_args(self.engine, self.config), "run", "--rm", "-i", "--name", name,
+            "--pull=never", *(["--http-proxy=false"] if _is_podman(self.engine) else []),
             "--network", "none", "--read-only", "--cap-drop", "all",
             "--security-opt", "no-new-privileges", "--user", f"{self.uid}:{self.uid}",
             "--log-driver", "none", "--pids-limit", str(lim.nproc), "--memory", self.config.memory,
+            "--memory-swap", self.config.memory, "--cpus", f"{lim.cpus:g}", "--shm-size", str(lim.dev_bytes),
             "--ulimit", f"nofile={lim.nofile}:{lim.nofile}", "--ulimit", f"nproc={lim.nproc}:{lim.nproc}",
             "--ulimit", f"fsize={lim.fsize_bytes}:{lim.fsize_bytes}",
             "--tmpfs", f"/tmp:rw,size={lim.tmpfs_bytes},mode=1777",
             "-v", f"{self.workdir}:{WORKDIR}:rw", "-w", WORKDIR,
+            *[a for host, inside in self.ro_volumes.items() for a in ("-v", f"{host}:{inside}:ro")],
             "-e", "HOME=/tmp", "-e", "PYTHONDONTWRITEBYTECODE=1",
         ]
         for key, value in self.env.items():

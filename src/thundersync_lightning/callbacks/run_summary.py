@@ -1,0 +1,169 @@
+"""RunSummary: ``DIR/summary.json`` and ``DIR/reward_curve.png`` for every fit, over all ranks and
+every step of the run (also across resumes).
+
+At each step every rank adds its :class:`StepStats` to torchmetrics aggregators that are reduced
+over ranks (a collective, like the monitors'), giving one :class:`StepAggregate` per step. The list
+is the callback's ``state_dict``, so it is saved in every checkpoint and restored on resume: the
+summary written at the end of a resumed fit covers the steps before the checkpoint too. Rank 0
+writes the files. ``DIR`` is ``trainer.default_root_dir`` unless ``path`` is given.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_only
+from typing_extensions import override
+
+from ..summary import StepAggregate, aggregate, draw_reward_curve, format_summary, summarize
+from ._common import StepReducer, StepStatsReader
+
+__all__ = ["RunSummary"]
+
+log = logging.getLogger(__name__)
+
+_REDUCTIONS = {
+    "reward_sum": "sum",
+    "reward_count": "sum",
+    "trajectories": "sum",
+    "staleness_max": "max",
+    "wall_seconds": "max",
+    "wall_sum": "sum",
+    "busy_sum": "sum",
+    "groups": "sum",
+    "zero_advantage_groups": "sum",
+}
+
+
+class RunSummary(Callback):
+    """Write ``summary.json`` (see :mod:`thundersync_lightning.summary`) and the reward curve.
+
+    Args:
+        path: where summary.json goes (default ``<trainer.default_root_dir>/summary.json``); the
+            curve goes beside it as ``reward_curve.png``.
+        window: steps averaged for ``reward_mean_first`` / ``reward_mean_last`` (default: a tenth
+            of the run, 1 to 10).
+        reward_curve: draw the PNG.
+        print_summary: print the summary (and the curve's path) on rank 0 when fit ends.
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        window: int | None = None,
+        reward_curve: bool = True,
+        print_summary: bool = True,
+    ) -> None:
+        self.path = path
+        self.window = window
+        self.reward_curve = reward_curve
+        self.print_summary = print_summary
+        self.steps: list[StepAggregate] = []
+        self._wall_before = 0.0  # seconds of the fits before a resume
+        self._start = time.monotonic()
+        self._steps_before = 0
+        self._reducer = StepReducer(_REDUCTIONS)
+        self._read_stats = StepStatsReader(type(self).__name__)
+        self.val_pass_at_1: list[float] = []  # val/pass_at_1 of every validation run during fit
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._reducer.to(pl_module.device)
+        if stage == "fit":  # a checkpoint, if any, is loaded after this (load_state_dict)
+            self.steps, self._wall_before, self._steps_before = [], 0.0, 0
+            self.val_pass_at_1 = []
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        value = trainer.callback_metrics.get("val/pass_at_1")
+        if value is not None and not trainer.sanity_checking and trainer.state.fn == "fit":
+            self.val_pass_at_1.append(float(value))
+
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._start = time.monotonic()
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        stats = self._read_stats(trainer)
+        if stats is None:
+            return
+        local = asdict(aggregate(stats))
+        for name in _REDUCTIONS:
+            self._reducer.update(name, float(local[name]))
+        reduced = self._reducer.compute()  # a collective: every rank calls it every step
+        self.steps.append(
+            StepAggregate(
+                step=stats.step,
+                engine_learner_kl=local["engine_learner_kl"],  # the strategy already reduced it
+                **{k: (int(v) if isinstance(local[k], int) else v) for k, v in reduced.items()},
+            )
+        )
+
+    @property
+    def wall_seconds(self) -> float:
+        """Seconds of every fit of the run so far."""
+        return self._wall_before + time.monotonic() - self._start
+
+    def summary(self, mode: str) -> dict[str, Any]:
+        out = summarize(self.steps, mode, self.wall_seconds, self.window)
+        out["steps_this_fit"] = len(self.steps) - self._steps_before
+        out["val_pass_at_1_first"] = self.val_pass_at_1[0] if self.val_pass_at_1 else None
+        out["val_pass_at_1_last"] = self.val_pass_at_1[-1] if self.val_pass_at_1 else None
+        return out
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": [asdict(s) for s in self.steps], "wall_seconds": self.wall_seconds,
+                "val_pass_at_1": list(self.val_pass_at_1)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.steps = [StepAggregate(**s) for s in state_dict.get("steps", [])]
+        self._steps_before = len(self.steps)
+        self._wall_before = float(state_dict.get("wall_seconds", 0.0))
+        self.val_pass_at_1 = [float(v) for v in state_dict.get("val_pass_at_1", [])]
+
+    @override
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.write(trainer)
+
+    @override
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        # an interrupted run (Ctrl-C, a failure) still leaves the summary of the steps it ran
+        self.write(trainer, stopped_by=type(exception).__name__)
+
+    @rank_zero_only
+    def write(self, trainer: pl.Trainer, stopped_by: str | None = None) -> Path:
+        """Write summary.json (and the curve) on rank 0; returns summary.json's path.
+
+        ``stopped_by`` (the exception's type name, or null for a finished fit) is recorded too."""
+        mode = getattr(trainer.strategy, "mode", type(trainer.strategy).__name__)
+        summary = self.summary(mode)
+        summary["stopped_by"] = stopped_by
+        path = Path(self.path or Path(trainer.default_root_dir) / "summary.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        summary["reward_curve"] = None
+        if self.reward_curve:
+            try:
+                curve = draw_reward_curve(self.steps, path.parent / "reward_curve.png")
+            except ImportError as err:  # matplotlib is a dependency; a broken install only loses the plot
+                log.warning("RunSummary: no reward curve (%s)", err)
+                curve = None
+            summary["reward_curve"] = curve.name if curve is not None else None
+        path.write_text(json.dumps(summary, indent=2) + "\n")
+        if self.print_summary:
+            print(format_summary(summary, path.parent), flush=True)
+            print(f"  summary                {path}", flush=True)
+        return path

@@ -1,0 +1,210 @@
+"""TrajectoryLogger: what the agent actually did, decoded, a few trajectories per step.
+
+At each step (every ``every_n_steps``) rank 0 takes ``num_per_step`` of its trajectories (one per
+group first, so several tasks show), decodes the prompt and every action and observation with the
+task source's decoder, and
+
+- appends one JSON line per trajectory to ``DIR/trajectories.jsonl`` (``DIR`` =
+  ``trainer.default_root_dir``; a fit starting at step 0 replaces the file, a resumed one appends);
+- logs them as a W&B table ``rollout/trajectories`` when a logger is a ``WandbLogger``.
+
+``python -m thundersync_lightning.show DIR`` prints the last ones.
+
+The decoder, first found wins: ``TrajectoryLogger(decode=...)``; the task source's
+``decode(ids) -> str``; its ``codec.decode`` (the code tasks' byte codec or tokenizer); else the
+ids written as numbers. Each JSON line holds::
+
+    {"step", "trajectory_id", "group_id", "policy_version", "reward", "failure", "finish_reason",
+     "num_turns", "prompt": str, "turns": [{"action": str, "observation": str}, ...],
+     "prompt_ids": [int], "segments": [{"scored": bool, "ids": [int]}]}
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.loggers import WandbLogger
+from typing_extensions import override
+
+from ..strategy.stats import StepStats, TrajectoryRecord
+from ._common import StepStatsReader
+
+__all__ = [
+    "TrajectoryLogger",
+    "decoder_for",
+    "decode_trajectory",
+    "pick_trajectories",
+    "read_trajectories",
+    "format_trajectory",
+    "TABLE_COLUMNS",
+]
+
+log = logging.getLogger(__name__)
+
+Decode = Callable[[Sequence[int]], str]
+TABLE_COLUMNS = ["step", "trajectory_id", "reward", "failure", "finish_reason", "prompt", "transcript"]
+
+
+def decoder_for(tasks: Any) -> Decode:
+    """The task source's ``decode``, else its ``codec.decode``, else ids as numbers."""
+    for candidate in (getattr(tasks, "decode", None), getattr(getattr(tasks, "codec", None), "decode", None)):
+        if callable(candidate):
+            return candidate
+    return lambda ids: " ".join(str(int(i)) for i in ids)
+
+
+def decode_trajectory(record: TrajectoryRecord, decode: Decode, step: int) -> dict[str, Any]:
+    """One trajectory as plain JSON data: scored segments are actions, the others observations."""
+    prompt = decode(record.prompt)
+    turns: list[dict[str, str]] = []
+    for seg in record.segments:
+        text = decode(seg.tokens)
+        if seg.scored:
+            turns.append({"action": text, "observation": ""})
+        elif turns:
+            turns[-1]["observation"] += text
+        else:  # unscored tokens before the first action belong to the prompt
+            prompt += text
+    return {
+        "step": step,
+        "trajectory_id": record.trajectory_id,
+        "group_id": record.group_id,
+        "policy_version": record.policy_version,
+        "reward": record.reward,
+        "failure": record.failure,
+        "finish_reason": record.finish_reason,
+        "num_turns": record.num_turns,
+        "prompt": prompt,
+        "turns": turns,
+        "prompt_ids": list(record.prompt),
+        "segments": [{"scored": s.scored, "ids": list(s.tokens)} for s in record.segments],
+    }
+
+
+def pick_trajectories(records: Sequence[TrajectoryRecord], n: int) -> list[TrajectoryRecord]:
+    """``n`` records, round robin over groups (each group's trajectories in id order)."""
+    groups: dict[str, list[TrajectoryRecord]] = {}
+    for r in sorted(records, key=lambda r: (r.group_id, r.trajectory_id)):
+        groups.setdefault(r.group_id, []).append(r)
+    out: list[TrajectoryRecord] = []
+    depth = 0
+    while len(out) < n and any(len(g) > depth for g in groups.values()):
+        out.extend(g[depth] for g in groups.values() if len(g) > depth)
+        depth += 1
+    return out[:n]
+
+
+def read_trajectories(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """Every line of a ``trajectories.jsonl`` (a run directory is accepted too)."""
+    p = Path(path)
+    if p.is_dir():
+        p = p / "trajectories.jsonl"
+    with open(p, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _transcript(entry: dict[str, Any]) -> str:
+    lines = []
+    for k, turn in enumerate(entry["turns"], 1):
+        lines.append(f"[action {k}] {turn['action']}")
+        if turn["observation"]:
+            lines.append(f"[observation {k}] {turn['observation']}")
+    return "\n".join(lines)
+
+
+def format_trajectory(entry: dict[str, Any]) -> str:
+    """A decoded trajectory as text for a terminal."""
+    reward = "pending" if entry["reward"] is None else f"{entry['reward']:g}"
+    head = (
+        f"--- step {entry['step']}  {entry['trajectory_id']}  reward {reward}  "
+        f"finish {entry['finish_reason']}  turns {entry['num_turns']}"
+    )
+    if entry.get("failure"):
+        head += f"\n    failure: {entry['failure']}"
+    return f"{head}\n[prompt] {entry['prompt']}\n{_transcript(entry)}"
+
+
+class TrajectoryLogger(Callback):
+    """Log decoded trajectories each step (see the module docstring).
+
+    Args:
+        num_per_step: trajectories per logged step (from rank 0's share of the step).
+        every_n_steps: log every n-th step.
+        filename: the JSONL file under ``trainer.default_root_dir``.
+        decode: ids -> text; default: the task source's decoder (:func:`decoder_for`).
+        wandb_table: also log a W&B table when a logger is a ``WandbLogger``.
+    """
+
+    def __init__(
+        self,
+        num_per_step: int = 4,
+        every_n_steps: int = 1,
+        filename: str = "trajectories.jsonl",
+        decode: Decode | None = None,
+        wandb_table: bool = True,
+    ) -> None:
+        if num_per_step < 1 or every_n_steps < 1:
+            raise ValueError(
+                f"num_per_step and every_n_steps must be >= 1, got {num_per_step}, {every_n_steps}"
+            )
+        self.num_per_step = num_per_step
+        self.every_n_steps = every_n_steps
+        self.filename = filename
+        self.decode = decode
+        self.wandb_table = wandb_table
+        self._decode: Decode | None = None
+        self._path: Path | None = None
+        self._fresh = True
+        self._read_stats = StepStatsReader(type(self).__name__)
+
+    @property
+    def path(self) -> Path | None:
+        """The JSONL file (set at set-up)."""
+        return self._path
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._path = Path(trainer.default_root_dir) / self.filename
+        self._decode = self.decode or decoder_for(getattr(trainer.datamodule, "tasks", None))
+        self._fresh = True
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        stats = self._read_stats(trainer)
+        if stats is None or not trainer.is_global_zero or stats.step % self.every_n_steps:
+            return
+        entries = self.entries(stats)
+        self._append(entries, replace=self._fresh and stats.step == 0)
+        self._fresh = False
+        if self.wandb_table:
+            rows = [[e["step"], e["trajectory_id"], e["reward"], e["failure"], e["finish_reason"], e["prompt"],
+                     _transcript(e)] for e in entries]  # fmt: skip
+            for logger in trainer.loggers:
+                if isinstance(logger, WandbLogger):
+                    logger.log_table(
+                        "rollout/trajectories", columns=TABLE_COLUMNS, data=rows, step=stats.step
+                    )
+
+    def entries(self, stats: StepStats) -> list[dict[str, Any]]:
+        """The decoded trajectories this callback logs for ``stats``."""
+        decode = self._decode or decoder_for(None)
+        return [
+            decode_trajectory(r, decode, stats.step)
+            for r in pick_trajectories(stats.trajectories, self.num_per_step)
+        ]
+
+    def _append(self, entries: list[dict[str, Any]], replace: bool) -> None:
+        assert self._path is not None
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self._path, "w" if replace else "a", encoding="utf-8") as f:
+            for e in entries:
+                f.write(json.dumps(e) + "\n")

@@ -1,0 +1,200 @@
+"""One generation process of the embedded engine and its two channels (learner side).
+
+- commands, learner -> process: a ``multiprocessing`` queue (its feeder thread never blocks the
+  learner, whatever the process is doing);
+- events, process -> learner: a one-way pipe whose write end only the process holds. When the
+  process dies, reading returns end-of-file at once (also in the middle of a message cut short by
+  the kill), so a dead process is noticed without polling and never leaves the reader blocked.
+
+:meth:`GenerationProcess.stop` leaves nothing behind: the process is asked to exit, then
+terminated, then killed, and reaped; the pipe, the queue (its feeder thread and its named
+semaphores in ``/dev/shm``) and the process sentinel are closed and dropped, and so are the
+file descriptors of weight snapshots it never took (see :meth:`GenerationProcess.send_publish`).
+The process is
+started by :func:`~thundersync_lightning.rollout.lifeline.start_process`, so it also dies with
+the learner (``PR_SET_PDEATHSIG`` plus a parent watchdog in the child).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import threading
+import time
+from multiprocessing import resource_sharer
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import torch.multiprocessing as mp
+
+from ..core.errors import EngineError
+from ..core.protocols import TaskSource
+from ..core.types import ModelSpec
+from .embedded_worker import worker_main
+from .lifeline import start_process
+
+__all__ = ["GenerationProcess", "ProcessGone"]
+
+_PICKLE_LOCK = threading.Lock()
+
+_START_HINT = (
+    "check that the ModelSpec and the task source can be built and pickled, and that the launching "
+    'script runs its training under `if __name__ == "__main__":` (the process is started with spawn, '
+    "which re-imports the main module)."
+)
+
+
+class ProcessGone(Exception):
+    """The generation process has exited (its event pipe reached end-of-file)."""
+
+
+class GenerationProcess:
+    """A started generation process; see the module docstring.
+
+    Raises :class:`EngineError` if the arguments cannot be sent to the process.
+    """
+
+    def __init__(self, model_spec: ModelSpec, tasks: TaskSource, config: Any) -> None:
+        ctx = mp.get_context("spawn")
+        self._unfetched: dict[int, set[Any]] = {}  # version -> fd-sharer keys not yet fetched
+        self.commands: Any = ctx.Queue()
+        self._reader, writer = ctx.Pipe(duplex=False)
+        self.process: Any = ctx.Process(
+            target=worker_main,
+            args=(model_spec, tasks, config, self.commands, writer, os.getpid()),
+            name="thundersync-embedded-engine",
+            daemon=True,
+        )
+        try:
+            start_process(self.process)
+        except (pickle.PicklingError, AttributeError, TypeError) as exc:
+            writer.close()
+            self.stop()
+            raise EngineError(
+                f"cannot send the task source or ModelSpec to the generation process ({exc}); define "
+                "task classes at module level (importable by name) and keep their fields picklable."
+            ) from exc
+        writer.close()  # the process holds the only write end: its death is end-of-file here
+        self.pid: int | None = self.process.pid
+
+    def send(self, command: tuple[Any, ...]) -> None:
+        """Queue a command (never blocks; a dead process simply never reads it)."""
+        self.commands.put(command)
+
+    def send_publish(self, version: int, packed: Any) -> None:
+        """Queue ``("publish", version, packed)``, pickled here rather than by the queue's thread.
+
+        Pickling a shared-memory tensor outside ``Process.start`` parks a duplicate of its file
+        descriptor in multiprocessing's fd sharer until the receiver fetches it. A process killed
+        before it read the publish would leave that descriptor (and the snapshot's memory) there
+        for the learner's lifetime, so the keys registered while pickling are remembered until
+        the process reports the version applied, and discarded by :meth:`stop` otherwise.
+        """
+        with _PICKLE_LOCK:  # keys registered meanwhile are this snapshot's
+            before = _sharer_keys()
+            data = bytes(ForkingPickler.dumps(("publish", version, packed)))
+            self._unfetched[version] = _sharer_keys() - before
+        self.commands.put(("pickled", data))
+
+    def applied(self, version: int) -> None:
+        """The process loaded ``version``: it fetched every snapshot up to it."""
+        for v in [v for v in self._unfetched if v <= version]:
+            del self._unfetched[v]
+
+    def receive(self, timeout_s: float) -> tuple[Any, ...] | None:
+        """The next message, or None after ``timeout_s``; raises :class:`ProcessGone` at end-of-file."""
+        try:
+            if not self._reader.poll(timeout_s):
+                return None
+            return self._reader.recv()
+        except (EOFError, OSError):
+            raise ProcessGone from None
+
+    @property
+    def exitcode(self) -> int | None:
+        """Exit code once reaped (waits up to 1 s for a process that has just died)."""
+        if self.process is None:
+            return None
+        try:
+            self.process.join(timeout=1.0)
+            return self.process.exitcode
+        except (ValueError, AssertionError):
+            return None
+
+    def await_ready(self, timeout_s: float, poll_s: float) -> None:
+        """Wait for the process's ``ready`` message; raise :class:`EngineError` with the cause."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                msg = self.receive(poll_s)
+            except ProcessGone:
+                raise EngineError(
+                    f"the generation process exited during start-up (exit code {self.exitcode}); " + _START_HINT
+                ) from None
+            if msg is None:
+                if time.monotonic() > deadline:
+                    raise EngineError(
+                        f"the generation process was not ready after startup_timeout_s={timeout_s:g} s; "
+                        "raise it if imports are slow on this machine."
+                    )
+                continue
+            if msg[0] == "ready":
+                return
+            if msg[0] == "fatal":
+                raise EngineError(f"the generation process failed during start-up:\n{msg[1]}")
+
+    def stop(self) -> None:
+        """Stop and reap the process, close every channel. Idempotent; never raises."""
+        process, commands, reader = self.process, self.commands, self._reader
+        if process is None:
+            return
+        self.process = self.commands = self._reader = None
+        try:
+            if process.is_alive():
+                try:
+                    commands.put(("shutdown",))
+                except (ValueError, OSError):
+                    pass
+                process.join(timeout=5.0)
+            if process.is_alive():
+                process.terminate()
+                process.join(timeout=2.0)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=2.0)
+            process.close()  # releases its sentinel fd
+        except (ValueError, AssertionError):  # never started, or still running after kill
+            pass
+        try:
+            commands.cancel_join_thread()
+            commands.close()
+        except (ValueError, OSError):
+            pass
+        try:
+            reader.close()
+        except OSError:
+            pass
+        for keys in self._unfetched.values():
+            _discard_shared(keys)
+        self._unfetched.clear()
+
+
+def _sharer_keys() -> set[Any]:
+    cache = getattr(getattr(resource_sharer, "_resource_sharer", None), "_cache", None)
+    return set(cache) if isinstance(cache, dict) else set()
+
+
+def _discard_shared(keys: set[Any]) -> None:
+    """Close the parked descriptors of ``keys`` that no process fetched (fetched ones are gone)."""
+    sharer = getattr(resource_sharer, "_resource_sharer", None)
+    cache, lock = getattr(sharer, "_cache", None), getattr(sharer, "_lock", None)
+    if not isinstance(cache, dict) or lock is None:
+        return
+    for key in keys:
+        with lock:
+            entry = cache.pop(key, None)
+        if entry is not None:
+            try:
+                entry[1]()  # close
+            except OSError:
+                pass

@@ -1,0 +1,131 @@
+"""Child processes die with the learner, even when it is SIGKILLed (the OOM killer, a scheduler).
+
+A learner killed by SIGKILL runs no ``finally``, no ``atexit`` and no finalizer: without help its
+engine process keeps generating (holding its memory and a core) until it notices, if ever. Two
+mechanisms, both on the child's side:
+
+- ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` (Linux): the kernel kills the child the moment its parent
+  goes. The kernel's "parent" is the *thread* that started the child, so :func:`start_process`
+  starts children from one long-lived daemon thread (never from a short-lived pump or worker
+  thread, whose exit would kill the child).
+- a watchdog thread polling ``os.getppid()`` (every ``poll_s``; reparenting changes it), for
+  platforms without ``prctl`` and as a second line of defence.
+
+:func:`die_with_parent` must be the first thing a child's entry function does; it checks
+``os.getppid()`` right after arming the signal, which closes the race of a parent that died
+while the child was still starting (the signal only fires for deaths after ``prctl``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import queue
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+__all__ = ["arm_parent_death_signal", "die_with_parent", "parent_death_signal_armed", "start_process"]
+
+log = logging.getLogger(__name__)
+
+_PR_SET_PDEATHSIG = 1
+_PR_GET_PDEATHSIG = 2
+
+
+def _libc() -> Any | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+def arm_parent_death_signal() -> bool:
+    """``prctl(PR_SET_PDEATHSIG, SIGKILL)`` for this process; False where unsupported.
+
+    The setting survives ``execve`` (except of set-user-ID binaries) but not a credential change;
+    for a command that drops privileges, arm it on the first process of the chain (or prefix the
+    command with util-linux ``setpriv --pdeathsig KILL``).
+    """
+    libc = _libc()
+    if libc is None:
+        return False
+    return libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+
+
+def parent_death_signal_armed() -> bool:
+    """Whether this process is set to receive SIGKILL when its parent dies (Linux only)."""
+    libc = _libc()
+    if libc is None:
+        return False
+    value = ctypes.c_int(0)
+    if libc.prctl(_PR_GET_PDEATHSIG, ctypes.byref(value), 0, 0, 0) != 0:
+        return False
+    return value.value == signal.SIGKILL
+
+
+def die_with_parent(parent_pid: int, poll_s: float = 0.5) -> None:
+    """Make this process exit as soon as ``parent_pid`` (its parent) is gone.
+
+    Call first in a child's entry function with the pid the parent passed in. Exits at once
+    (``os._exit``) if the parent is already gone.
+    """
+    arm_parent_death_signal()
+    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        stop = threading.Event()
+        while not stop.wait(poll_s):
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="thundersync-parent-watchdog", daemon=True).start()
+
+
+class _Launcher:
+    """One daemon thread that runs every ``Process.start()`` of this process (see the module doc)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="thundersync-launcher", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            fn, future = self._jobs.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+    def call(self, fn: Callable[[], Any]) -> Any:
+        future: Future[Any] = Future()
+        self._jobs.put((fn, future))
+        return future.result()
+
+
+_launcher: _Launcher | None = None
+_launcher_lock = threading.Lock()
+
+
+def start_process(process: Any) -> None:
+    """``process.start()`` from the launcher thread, which lives as long as this interpreter.
+
+    Re-raises whatever ``start`` raises (e.g. a pickling error of the child's arguments).
+    """
+    global _launcher
+    with _launcher_lock:
+        if _launcher is None or not _launcher._thread.is_alive():
+            _launcher = _Launcher()
+        launcher = _launcher
+    launcher.call(process.start)

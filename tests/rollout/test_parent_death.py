@@ -1,0 +1,63 @@
+"""A learner killed by SIGKILL (no clean-up runs) takes its engine process with it."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from thundersync_lightning.rollout.lifeline import die_with_parent, parent_death_signal_armed
+
+from .procs import gone, wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_an_engine_process_dies_within_seconds_when_its_learner_is_sigkilled():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), HF_HUB_OFFLINE="1")
+    learner = subprocess.Popen(
+        [sys.executable, "-m", "tests.rollout.orphan_learner"],
+        cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    engine_pid = None
+    try:
+        line = learner.stdout.readline()  # bounded by the module timeout
+        learner_pid, engine_pid = map(int, line.split())
+        assert learner_pid == learner.pid and not gone(engine_pid)
+        os.kill(learner.pid, signal.SIGKILL)
+        learner.wait(timeout=10)
+        assert wait_until(lambda: gone(engine_pid), deadline_s=10.0), "the engine outlived its learner"
+    finally:
+        if learner.poll() is None:
+            learner.kill()
+            learner.wait()
+        if engine_pid is not None and not gone(engine_pid):  # do not leak it when the test fails
+            os.kill(engine_pid, signal.SIGKILL)
+
+
+def test_a_child_whose_parent_is_already_gone_exits_at_once():
+    # The child is told another pid is its parent: as if the parent had died while it started.
+    child = multiprocessing.get_context("spawn").Process(target=die_with_parent, args=(os.getpid() + 10**6,))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 1
+
+
+def _armed_child(parent_pid: int) -> None:
+    die_with_parent(parent_pid)
+    sys.exit(0 if parent_death_signal_armed() else 3)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
+def test_a_child_that_calls_die_with_parent_has_the_kernel_parent_death_signal_armed():
+    child = multiprocessing.get_context("spawn").Process(target=_armed_child, args=(os.getpid(),))
+    child.start()
+    child.join(timeout=60)
+    assert child.exitcode == 0

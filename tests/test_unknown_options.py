@@ -1,0 +1,86 @@
+"""Every public constructor rejects an unknown keyword with a ConfigError that names it.
+
+A misspelt option that is silently accepted runs as if it were not given (issue 12). Python's own
+TypeError is not enough: the error must be thundersync's ConfigError, naming the option.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from thundersync_lightning.core.errors import ConfigError
+from thundersync_lightning.envs.toy import GuessingGameTasks
+from thundersync_lightning.rollout import EmbeddedEngineConfig, TraceReplayEngineConfig
+from thundersync_lightning.rollout.vllm_engine import VLLMEngineConfig
+
+
+def _strategy(**kw: Any) -> Any:
+    from thundersync_lightning.strategy import ThunderSyncStrategy
+
+    return ThunderSyncStrategy(**kw)
+
+
+def _policy(**kw: Any) -> Any:
+    from thundersync_lightning.modules import GRPOPolicy
+
+    return GRPOPolicy(**kw)
+
+
+def _data(**kw: Any) -> Any:
+    from thundersync_lightning.modules import RolloutDataModule
+
+    return RolloutDataModule(tasks=GuessingGameTasks(latency="none"), engine=EmbeddedEngineConfig(), **kw)
+
+
+def _code_tasks(**kw: Any) -> Any:
+    from thundersync_lightning.envs.code import LocalCodeTasks
+
+    return LocalCodeTasks(**kw)
+
+
+def _swebench_tasks(**kw: Any) -> Any:
+    from thundersync_lightning.envs.swebench_env import SWEbenchTasks
+
+    return SWEbenchTasks(instances="instances.jsonl", **kw)
+
+
+CONSTRUCTORS: list[Any] = [
+    pytest.param(_strategy, id="ThunderSyncStrategy"),
+    pytest.param(_policy, id="GRPOPolicy"),
+    pytest.param(_data, id="RolloutDataModule"),
+    pytest.param(EmbeddedEngineConfig, id="EmbeddedEngineConfig"),
+    pytest.param(TraceReplayEngineConfig, id="TraceReplayEngineConfig"),
+    pytest.param(VLLMEngineConfig, id="VLLMEngineConfig"),
+    pytest.param(GuessingGameTasks, id="GuessingGameTasks"),
+    pytest.param(_code_tasks, id="LocalCodeTasks"),
+    pytest.param(_swebench_tasks, id="SWEbenchTasks"),
+]
+
+
+@pytest.mark.parametrize("build", CONSTRUCTORS)
+def test_an_unknown_option_raises_a_config_error_naming_it(build: Callable[..., Any]):
+    with pytest.raises(ConfigError, match="not_an_option"):
+        build(not_an_option=1)
+
+
+def test_a_misspelt_option_is_answered_with_the_closest_valid_name():
+    with pytest.raises(ConfigError, match=r"'temprature' \(did you mean 'temperature'\?\)"):
+        EmbeddedEngineConfig(temprature=0.7)
+
+
+def test_strict_constructors_keep_their_signature_for_yaml_and_the_cli():
+    assert "max_engine_restarts" in inspect.signature(EmbeddedEngineConfig).parameters
+    assert "latency_sigma" in inspect.signature(GuessingGameTasks).parameters
+    assert EmbeddedEngineConfig(temperature=0.5).temperature == 0.5
+
+
+def test_vllm_options_that_the_chosen_mode_ignores_are_rejected():
+    with pytest.raises(ConfigError, match="gpu_memory_utilization=0.9 has no effect while kv_cache_memory_bytes"):
+        VLLMEngineConfig(gpu_memory_utilization=0.9)
+    with pytest.raises(ConfigError, match="weights_dir='/tmp' has no effect with weight_sync='direct'"):
+        VLLMEngineConfig(weights_dir="/tmp")
+    assert VLLMEngineConfig(kv_cache_memory_bytes=None, gpu_memory_utilization=0.9).gpu_memory_utilization == 0.9

@@ -6,7 +6,7 @@ TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: demo test test-slow test-vllm test-containers lint bench-quick clean
+.PHONY: demo demo-code test test-slow test-vllm test-containers lint bench-quick clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -27,6 +27,15 @@ demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/thundersync-lightning fit --config configs/toy.yaml \
 	  --trainer.default_root_dir=runs/demo
 	$(VPY) -m thundersync_lightning.summary runs/demo/summary.json
+
+# A coding agent learning from scratch through the real sandbox, with held-out evaluation
+# (configs/code_learn.yaml): writes runs/demo-code/summary.json (val_pass_at_1_first/last) and the curve.
+demo-code: $(STAMP)
+	scripts/install_sandbox_deps.sh
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(VENV)/bin/thundersync-lightning fit --config configs/code_learn.yaml \
+	  --trainer.default_root_dir=runs/demo-code
+	$(VPY) -m thundersync_lightning.summary runs/demo-code/summary.json
+	$(VPY) benchmarks/code_learn_curve.py runs/demo-code --out runs/demo-code
 
 test: $(TEST_STAMP)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VPY) -m pytest -q

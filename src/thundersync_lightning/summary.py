@@ -14,6 +14,8 @@ KL(engine || learner) over scored tokens; null where the strategy records none),
 ``zero_advantage_group_fraction`` (groups whose rewards were all equal: no gradient),
 ``reward_curve`` (the PNG's file name beside summary.json, or null) and ``stopped_by`` (null, or
 the exception that ended the fit, e.g. ``KeyboardInterrupt``: an interrupted run is summarised too).
+``val_pass_at_1_first`` / ``val_pass_at_1_last`` (``val/pass_at_1`` of the first and last validation run
+during fit; null without validation).
 Run ``python -m thundersync_lightning.summary DIR/summary.json`` to print it.
 """
 
@@ -158,6 +160,9 @@ def format_summary(summary: dict[str, Any], directory: str | Path | None = None)
     ]
     if summary.get("stopped_by"):
         lines.append(f"  stopped by             {summary['stopped_by']}")
+    if summary.get("val_pass_at_1_first") is not None:
+        lines.append(f"  val pass@1             {summary['val_pass_at_1_first']:.3f} (first) -> "
+                     f"{summary['val_pass_at_1_last']:.3f} (last)")
     if summary.get("zero_advantage_group_fraction") is not None:
         lines.append(
             f"  zero-advantage groups  {summary['zero_advantage_group_fraction']:.1%} (equal rewards: no gradient)"

@@ -22,6 +22,7 @@ from thundersync_lightning.callbacks.run_checks import RunChecks
 from thundersync_lightning.callbacks.run_summary import RunSummary
 from thundersync_lightning.callbacks.staleness import StalenessMonitor
 from thundersync_lightning.callbacks.trajectories import TrajectoryLogger, read_trajectories
+from thundersync_lightning.callbacks.validate_start import ValidateAtStart
 
 __all__ = [
     "StalenessMonitor",
@@ -33,6 +34,7 @@ __all__ = [
     "RunSummary",
     "RunChecks",
     "TrajectoryLogger",
+    "ValidateAtStart",
     "ThunderSyncWandbLogger",
     "default_wandb_logger",
     "default_callbacks",

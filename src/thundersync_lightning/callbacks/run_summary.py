@@ -71,12 +71,20 @@ class RunSummary(Callback):
         self._steps_before = 0
         self._reducer = StepReducer(_REDUCTIONS)
         self._read_stats = StepStatsReader(type(self).__name__)
+        self.val_pass_at_1: list[float] = []  # val/pass_at_1 of every validation run during fit
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._reducer.to(pl_module.device)
         if stage == "fit":  # a checkpoint, if any, is loaded after this (load_state_dict)
             self.steps, self._wall_before, self._steps_before = [], 0.0, 0
+            self.val_pass_at_1 = []
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        value = trainer.callback_metrics.get("val/pass_at_1")
+        if value is not None and not trainer.sanity_checking and trainer.state.fn == "fit":
+            self.val_pass_at_1.append(float(value))
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -109,17 +117,21 @@ class RunSummary(Callback):
     def summary(self, mode: str) -> dict[str, Any]:
         out = summarize(self.steps, mode, self.wall_seconds, self.window)
         out["steps_this_fit"] = len(self.steps) - self._steps_before
+        out["val_pass_at_1_first"] = self.val_pass_at_1[0] if self.val_pass_at_1 else None
+        out["val_pass_at_1_last"] = self.val_pass_at_1[-1] if self.val_pass_at_1 else None
         return out
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": [asdict(s) for s in self.steps], "wall_seconds": self.wall_seconds}
+        return {"steps": [asdict(s) for s in self.steps], "wall_seconds": self.wall_seconds,
+                "val_pass_at_1": list(self.val_pass_at_1)}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.steps = [StepAggregate(**s) for s in state_dict.get("steps", [])]
         self._steps_before = len(self.steps)
         self._wall_before = float(state_dict.get("wall_seconds", 0.0))
+        self.val_pass_at_1 = [float(v) for v in state_dict.get("val_pass_at_1", [])]
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -209,6 +209,11 @@ class GuessingGameTasks:
             for g in range(num_groups)
         ]
 
+    def validation_tasks(self) -> Sequence[GuessingTask]:
+        """Every secret once. The game has no held-out split (its tasks are the secrets): validation
+        measures the policy on each of them."""
+        return [GuessingTask(s) for s in range(self.num_digits)]
+
     def sample_latency(self, seed: int) -> float:
         """The simulated verdict latency of the trajectory with ``seed`` (seconds)."""
         if self.latency == "none" or self.latency_median_s == 0:

@@ -19,6 +19,7 @@ from ..core.errors import ConfigError
 from ..core.options import strict_options
 from ..core.protocols import RolloutEngine, TaskSource
 from ..strategy.contract import check_module, check_tasks, raise_contract_problems
+from ..strategy.evaluation import ValidationLoader
 from ..strategy.plan import PlanLoader, RolloutPlan
 
 __all__ = ["RolloutDataModule", "EngineFactory", "TaskSourceConfig"]
@@ -56,6 +57,17 @@ class RolloutDataModule(LightningDataModule):
     groups_per_step: B, groups (tasks) per optimizer step, over all ranks.
     seed: the rollout seed; trajectory seeds derive from (seed, step, group, sample).
     steps_per_epoch: length of an "epoch" (RL has none; it only paces epoch-level hooks).
+    val_samples: n, trajectories per held-out task in validation (0: no validation). The held-out
+        tasks are the task source's ``validation_tasks()`` (its held-out split, in a fixed order).
+    val_tasks: use only the first ``val_tasks`` held-out tasks (None: all of them).
+    val_groups: held-out tasks per validation batch (one engine request each).
+    val_pass_k: k of ``val/pass_at_k`` (default: ``val_samples``); needs k <= n.
+    val_pass_threshold: a trajectory passes when its reward is at least this (and it did not fail).
+    val_seed: the sampling seed of validation rollouts (the same at every evaluation).
+
+    Validation runs in Lightning's validation loop (``val_check_interval``,
+    ``check_val_every_n_epoch``, ``limit_val_batches``, ``trainer.validate``) and logs ``val/pass_at_1``,
+    ``val/pass_at_k``, ``val/reward_mean``, ``val/turns_mean`` and ``val/failed_fraction``.
 
     Every option is used; an unknown keyword raises :class:`ConfigError` naming it.
     """
@@ -68,6 +80,12 @@ class RolloutDataModule(LightningDataModule):
         groups_per_step: int = 16,
         seed: int = 0,
         steps_per_epoch: int = 1000,
+        val_samples: int = 0,
+        val_tasks: int | None = None,
+        val_groups: int = 16,
+        val_pass_k: int | None = None,
+        val_pass_threshold: float = 1.0,
+        val_seed: int = 12345,
     ) -> None:
         super().__init__()
         problems = []
@@ -81,6 +99,19 @@ class RolloutDataModule(LightningDataModule):
         missing += [a for a in ("max_turns", "max_action_tokens", "stop_token") if not hasattr(tasks, a)]
         if missing:
             problems.append(f"tasks ({type(tasks).__name__}) lacks TaskSource members: {', '.join(missing)}")
+        if val_samples < 0:
+            problems.append(f"val_samples must be >= 0, got {val_samples}")
+        if val_groups < 1:
+            problems.append(f"val_groups must be >= 1, got {val_groups}")
+        if val_tasks is not None and val_tasks < 1:
+            problems.append(f"val_tasks must be >= 1 or None, got {val_tasks}")
+        if val_pass_k is not None and not 1 <= val_pass_k <= max(val_samples, 1):
+            problems.append(f"val_pass_k={val_pass_k} must be in 1..val_samples ({val_samples})")
+        if val_samples > 0 and not callable(getattr(tasks, "validation_tasks", None)):
+            problems.append(
+                f"val_samples={val_samples} but the task source ({type(tasks).__name__}) has no validation_tasks() "
+                "method returning its held-out tasks; add one or set val_samples=0"
+            )
         if not callable(getattr(engine, "build", None)):
             problems.append(f"engine must have build(model_spec, tasks), got {type(engine).__name__}")
         if problems:
@@ -97,6 +128,9 @@ class RolloutDataModule(LightningDataModule):
         self.groups_per_step = groups_per_step
         self.seed = seed
         self.steps_per_epoch = steps_per_epoch
+        self.val_samples, self.val_tasks, self.val_groups = val_samples, val_tasks, val_groups
+        self.val_pass_k = val_pass_k if val_pass_k is not None else max(val_samples, 1)
+        self.val_pass_threshold, self.val_seed = val_pass_threshold, val_seed
         self._engine: RolloutEngine | None = None
 
     @property
@@ -125,6 +159,20 @@ class RolloutDataModule(LightningDataModule):
             raise ConfigError("RolloutDataModule.setup('fit') must run before train_dataloader()")
         plan = RolloutPlan(self.tasks, self._engine, self.group_size, self.groups_per_step, self.seed)
         return PlanLoader(plan, self.steps_per_epoch)
+
+    @override
+    def val_dataloader(self) -> Any:
+        if self.val_samples == 0:
+            return []  # no batches: Lightning skips the loop
+        if self._engine is None:
+            raise ConfigError("RolloutDataModule.setup() must run before val_dataloader()")
+        held_out = list(self.tasks.validation_tasks())  # type: ignore[attr-defined]
+        if self.val_tasks is not None:
+            held_out = held_out[: self.val_tasks]
+        if not held_out:
+            raise ConfigError(f"{type(self.tasks).__name__}.validation_tasks() returned no tasks")
+        return ValidationLoader(held_out, self._engine, self.val_samples, self.val_groups, self.val_seed,
+                                self.val_pass_k, self.val_pass_threshold)
 
     @override
     def teardown(self, stage: str) -> None:

@@ -34,7 +34,9 @@ from ..core.objective import BatchTotals, Objective
 from ..core.prefix import SharedPrefix
 from ..core.terms import TokenScores, engine_logprobs, reference_loss, teacher_logprobs, trajectory_terms
 from ..core.types import ModelSpec, Trajectory
+from ..envs.chat import ChatRenderer
 from ..rollout.models import build_model
+from ..strategy.evaluation import ValidationOutcome, ValidationPlan, collect_validation
 from ..strategy.plan import RolloutPlan
 from .collect import collect_batch
 from .lora import LoraSettings, apply_lora, merged_state_dict
@@ -120,6 +122,7 @@ class GRPOPolicy(LightningModule):
         model = build_model(self._spec).train()
         self.model = apply_lora(model, lora) if lora is not None else model
         self.reference: torch.nn.Module | None = None
+        self._chat: ChatRenderer | None = None
         if self._objective.needs_reference and lora is None:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
             log.info("KL reference policy: a frozen copy of the initial weights (%d bytes)", self.reference_bytes)
@@ -140,6 +143,20 @@ class GRPOPolicy(LightningModule):
         if self.reference is None:
             return 0
         return sum(t.numel() * t.element_size() for t in self.reference.state_dict().values())
+
+    @property
+    def chat_renderer(self) -> ChatRenderer:
+        """The chat template of the tokenizer saved with ``pretrained_path`` (the same renderer the
+        environments use, e.g. ``DatasetTasks(tokenizer_path=<the same directory>)``)."""
+        if self._spec.pretrained_path is None:
+            raise ConfigError("GRPOPolicy.chat_renderer needs pretrained_path (a model directory with its tokenizer)")
+        if self._chat is None:
+            self._chat = ChatRenderer(self._spec.pretrained_path)
+        return self._chat
+
+    def render_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False) -> Tensor:
+        """Token ids of a conversation under the model's chat template, shape (T,)."""
+        return torch.tensor(self.chat_renderer.render(messages, add_generation_prompt), dtype=torch.long)
 
     @property
     def model_spec(self) -> ModelSpec:
@@ -321,6 +338,19 @@ class GRPOPolicy(LightningModule):
             batch, self.global_step, self.weights_for_engine(), self.global_rank, self.trainer.world_size
         )
         return self.grpo_loss(trajectories, rewards)
+
+    @override
+    def validation_step(self, batch: ValidationPlan | ValidationOutcome, batch_idx: int) -> None:
+        """Log a held-out batch's metrics (``val/...``). Under strategy='thundersync' the strategy has
+        already run the rollouts; under a stock strategy this publishes the weights and runs them."""
+        if isinstance(batch, ValidationPlan):
+            engine, step = batch.engine, self.global_step
+            if engine.version != step:
+                engine.publish(self.weights_for_engine(), step)
+            request = batch.request(self.global_rank, self.trainer.world_size)
+            batch = collect_validation(batch, request, engine.rollout(request), step)
+        metrics = {f"val/{k}": v for k, v in batch.metrics().items()}
+        self.log_dict(metrics, batch_size=max(batch.num_tasks, 1), on_step=False, on_epoch=True, sync_dist=True)
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:

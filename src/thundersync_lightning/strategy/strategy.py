@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
@@ -43,6 +44,7 @@ from ..core.streaming import StreamingGRPO, StreamingReport
 from ..core.terms import OnPolicyStats
 from ..core.types import RolloutEvent, RolloutRequest
 from .contract import check_contract
+from .evaluation import ValidationPlan, collect_validation
 from .objective_checks import check_objective, module_objective
 from .plan import RolloutPlan
 from .runner import StepOutcome, StepRunner
@@ -229,6 +231,14 @@ class ThunderSyncStrategy(DDPStrategy):
     @override
     def setup(self, trainer: Any) -> None:
         self._validate(trainer)
+        if trainer.state.fn != TrainerFn.FITTING and not dist.is_initialized():
+            # validate/test/predict in one process: DDPStrategy.setup would sync module states through
+            # a process group that setup_distributed (rightly) did not create. Nothing to sync.
+            self.accelerator.setup(trainer)
+            self.precision_plugin.convert_module(self.model)
+            self.model_to_device()
+            self.setup_precision_plugin()
+            return
         super().setup(trainer)  # calls configure_ddp below, then sets up optimizers
 
     @override
@@ -249,7 +259,7 @@ class ThunderSyncStrategy(DDPStrategy):
 
     @override
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
-        if isinstance(batch, RolloutPlan):
+        if isinstance(batch, (RolloutPlan, ValidationPlan)):
             return batch  # a plan holds no tensors; its rollouts are generated inside the step
         return super().batch_to_device(batch, device, dataloader_idx)
 
@@ -299,6 +309,26 @@ class ThunderSyncStrategy(DDPStrategy):
         self._step = _StepInFlight(start, plan, request, outcome, busy, self._issued_at)
         self._accumulator = acc
         return torch.zeros((), device=self.root_device)
+
+    @override
+    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
+        """Held-out rollouts of the current weights (published first: staleness 0), no gradient; the
+        module's ``validation_step`` receives the :class:`ValidationOutcome` in place of the plan."""
+        plan = args[0] if args else kwargs.get("batch")
+        if not isinstance(plan, ValidationPlan):
+            return super().validation_step(*args, **kwargs)
+        module = self.lightning_module
+        step = module.trainer.global_step
+        if self._snapshot is None:
+            self._snapshot = PolicySnapshot(module, version=step, weights_fn=module.weights_for_engine)
+        elif self._snapshot.version != step:
+            self._snapshot.restore(step)
+        self._publish(plan.engine, None)
+        request = plan.request(self.global_rank, self.world_size)
+        outcome = collect_validation(plan, request, plan.engine.rollout(request), self._snapshot.version)
+        args, kwargs = ((outcome, *args[1:]), kwargs) if args else ((), {**kwargs, "batch": outcome})
+        with self.precision_plugin.val_step_context():
+            return module.validation_step(*args, **kwargs)
 
     def _fresh_accumulator(self, module: Any, objective: Objective) -> StreamingGRPO:
         """One accumulator for the whole fit, reset per step: its gradient buffers are reused."""

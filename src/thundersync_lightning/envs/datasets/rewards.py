@@ -1,0 +1,195 @@
+"""Reward functions: ``reward(prompt, completion, **row) -> float``, by name or import path.
+
+A registry in the style of verl's ``register_*`` / ``get_*``: :func:`register_reward` adds a
+callable under a name, :func:`resolve_reward` turns a YAML value into a callable:
+
+    reward: exact_match                                   # a registered name
+    reward: {name: regex_match, pattern: "^4$"}            # a name with fixed keyword arguments
+    reward: {function: my_pkg.rewards:score, scale: 2}     # any importable callable ("module:attr")
+
+Built-ins (``row`` holds the dataset row's mapped fields; ``answer`` is the reference):
+
+    exact_match   1 if the completion, stripped, equals ``answer`` stripped (``ignore_case``)
+    regex_match   1 if ``pattern`` (argument, or the row's ``pattern`` field) matches the completion
+    math_answer   1 if the last number (or ``\\boxed{...}``) of the completion equals ``answer`` numerically
+    unit_tests    1 if the completion's code passes the row's ``tests`` (Python source with asserts),
+                  run in a bubblewrap sandbox (``python3 -I``, no network, own uid, limits)
+
+A reward that raises, or returns something that is not a finite number, is the trajectory's
+failure (reward 0, ``RewardReady.failure`` says which function and why): see
+:func:`call_reward`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import numbers
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ...core.errors import ConfigError, ThunderSyncError
+
+__all__ = ["RewardFn", "RewardError", "register_reward", "get_reward", "resolve_reward", "call_reward",
+           "reward_names", "exact_match", "regex_match", "math_answer", "unit_tests"]
+
+RewardFn = Callable[..., float]
+
+_REGISTRY: dict[str, RewardFn] = {}
+
+
+class RewardError(ThunderSyncError):
+    """A reward function raised or returned a value that is not a finite number."""
+
+
+def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
+    """Decorator: register ``fn`` as ``name`` (a name is registered once)."""
+
+    def add(fn: RewardFn) -> RewardFn:
+        if name in _REGISTRY and _REGISTRY[name] is not fn:
+            raise ConfigError(f"reward {name!r} is already registered ({_REGISTRY[name].__qualname__})")
+        _REGISTRY[name] = fn
+        return fn
+
+    return add
+
+
+def reward_names() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def get_reward(name: str) -> RewardFn:
+    if name not in _REGISTRY:
+        raise ConfigError(f"unknown reward {name!r}; registered: {', '.join(reward_names())}; or give "
+                          "{function: 'module:callable'}")
+    return _REGISTRY[name]
+
+
+class _Bound:
+    """A reward with fixed keyword arguments (picklable when the function is importable)."""
+
+    def __init__(self, fn: RewardFn, name: str, kwargs: Mapping[str, Any]) -> None:
+        self.fn, self.name, self.kwargs = fn, name, dict(kwargs)
+
+    def __call__(self, prompt: str, completion: str, **row: Any) -> float:
+        return self.fn(prompt, completion, **{**row, **self.kwargs})
+
+
+def resolve_reward(spec: str | Mapping[str, Any] | RewardFn) -> _Bound:
+    """A callable from a name, ``{name: ..., **kwargs}``, ``{function: "module:attr", **kwargs}`` or a callable."""
+    if callable(spec):
+        return _Bound(spec, getattr(spec, "__name__", type(spec).__name__), {})
+    if isinstance(spec, str):
+        return _Bound(get_reward(spec), spec, {})
+    if isinstance(spec, Mapping):
+        kwargs = dict(spec)
+        name, path = kwargs.pop("name", None), kwargs.pop("function", None)
+        if (name is None) == (path is None):
+            raise ConfigError(f"reward {dict(spec)!r}: give exactly one of 'name' (registered: "
+                              f"{', '.join(reward_names())}) or 'function' ('module:callable')")
+        if name is not None:
+            return _Bound(get_reward(name), name, kwargs)
+        module, _, attr = str(path).partition(":")
+        try:
+            fn = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ConfigError(f"reward function {path!r} cannot be imported ({exc}); use 'module:callable'") from exc
+        if not callable(fn):
+            raise ConfigError(f"reward function {path!r} is not callable")
+        return _Bound(fn, str(path), kwargs)
+    raise ConfigError(f"reward must be a name, a mapping or a callable, got {type(spec).__name__}")
+
+
+def call_reward(fn: _Bound, prompt: str, completion: str, row: Mapping[str, Any]) -> float:
+    """``fn``'s value, or RewardError naming the function and what went wrong."""
+    extra = {k: v for k, v in row.items() if k not in ("prompt", "completion")}
+    try:
+        value = fn(prompt, completion, **extra)
+    except Exception as exc:  # noqa: BLE001 - any failure of user code becomes the trajectory's failure
+        raise RewardError(f"reward {fn.name!r} raised {type(exc).__name__}: {exc}") from exc
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
+        raise RewardError(f"reward {fn.name!r} returned {value!r}: expected a finite number")
+    return float(value)
+
+
+# ---------------------------------------------------------------------- built-ins
+@register_reward("exact_match")
+def exact_match(prompt: str, completion: str, answer: Any = None, ignore_case: bool = False, **row: Any) -> float:
+    if answer is None:
+        raise ValueError("exact_match needs the row's 'answer' field (map it with fields: {answer: ...})")
+    a, b = completion.strip(), str(answer).strip()
+    return float(a.lower() == b.lower() if ignore_case else a == b)
+
+
+@register_reward("regex_match")
+def regex_match(prompt: str, completion: str, pattern: str | None = None, **row: Any) -> float:
+    if pattern is None:
+        raise ValueError("regex_match needs a pattern (reward: {name: regex_match, pattern: ...} or a row field)")
+    return float(re.search(pattern, completion) is not None)
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:/\d+)?")
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+
+
+def _number(text: str) -> float | None:
+    text = text.replace(",", "").strip()
+    try:
+        if "/" in text:
+            num, den = text.split("/", 1)
+            return float(num) / float(den)
+        return float(text)
+    except (ValueError, ZeroDivisionError):
+        return None
+
+
+@register_reward("math_answer")
+def math_answer(prompt: str, completion: str, answer: Any = None, tolerance: float = 1e-6, **row: Any) -> float:
+    if answer is None:
+        raise ValueError("math_answer needs the row's 'answer' field")
+    boxed = _BOXED.findall(completion)
+    found = boxed[-1] if boxed else (_NUMBER.findall(completion.replace(",", "")) or [None])[-1]
+    expected = _number(str(answer))
+    if expected is None:
+        raise ValueError(f"math_answer: the reference answer {answer!r} is not a number")
+    got = _number(found) if found is not None else None
+    return float(got is not None and abs(got - expected) <= tolerance * max(1.0, abs(expected)))
+
+
+@register_reward("unit_tests")
+def unit_tests(prompt: str, completion: str, tests: str | None = None, timeout_s: float = 10.0,
+               uid_base: int = 3_500_000, uid_count: int = 256, python: str = "python3", **row: Any) -> float:
+    """Run ``completion`` (code, fenced or not) followed by ``tests`` in a bubblewrap sandbox."""
+    from ..sandbox.base import SandboxLimits
+    from ..sandbox.bwrap import BwrapConfig, BwrapSandbox, chown_tree
+    from ..sandbox.uids import UidPool
+
+    if tests is None:
+        raise ValueError("unit_tests needs the row's 'tests' field (Python source with asserts)")
+    fenced = re.findall(r"```(?:python)?\n(.*?)```", completion, re.S)
+    code = fenced[-1] if fenced else completion
+    lease = _pool(UidPool, uid_base, uid_count).acquire()
+    root = "/tmp/thundersync-reward-sandboxes"
+    os.makedirs(root, mode=0o711, exist_ok=True)
+    work = tempfile.mkdtemp(dir=root)
+    try:
+        with open(os.path.join(work, "check.py"), "w", encoding="utf-8") as f:
+            f.write(code + "\n\n" + tests + "\n")
+        chown_tree(work, lease.uid)
+        box = BwrapSandbox(work, lease.uid, BwrapConfig(limits=SandboxLimits(timeout_s=timeout_s, nproc=64,
+                                                                               memory_bytes=512 * 1024**2)))
+        return float(box.run(f"{python} -I check.py").ok)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        lease.release()
+
+
+_pools: dict[tuple[int, int], Any] = {}
+
+
+def _pool(cls: Any, base: int, size: int) -> Any:
+    return _pools.setdefault((base, size), cls(base, size))

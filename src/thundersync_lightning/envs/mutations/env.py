@@ -1,0 +1,197 @@
+"""One episode of a mutation task: choose candidate edits, run the visible tests, submit.
+
+Action language (one token per turn; ``K`` candidates):
+
+    EDIT_i   (0 <= i < K)   write candidate i over ``solution.py``        -> APPLIED
+                            (``test_on_edit``: then run the visible tests -> PASS | FAIL)
+    TEST                    run the visible tests in the sandbox          -> PASS | FAIL
+    REVERT                  restore the buggy file                        -> APPLIED (or PASS | FAIL)
+    SUBMIT                  end the episode
+    anything else                                                        -> BAD
+
+The prompt is ``[START]``: the policy does not read the code, so what it can learn is the
+edit-test-retry strategy (try an edit, run the tests, keep it on PASS, try another on FAIL). A
+random policy solves a task by luck about a fifth of the time (K=4); the strategy solves all.
+``test_on_edit`` makes an edit a compound "edit and run the visible tests" action (as agent
+scaffolds often do): the same runs, one decision fewer per attempt, and much faster learning.
+
+Every TEST and every verdict is a real run in a bubblewrap sandbox (``python3 -I`` on a plain test
+script that prints pytest-style ``PASSED``/``FAILED`` lines, ~40 ms instead of ~150 ms for
+pytest); its output is read by swebench's pytest log parser, and the verdict is graded by
+swebench's FAIL_TO_PASS / PASS_TO_PASS report (:func:`~thundersync_lightning.envs.code.grading.grade_log`)
+on the hidden tests, which are written into the workspace only when the verdict runs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Sequence
+
+from ...core.types import StepResult
+from ..code.grading import EvalOutcome, framed_log, grade_log
+from ..sandbox.base import SandboxError, SandboxResult
+from ..sandbox.bwrap import BwrapConfig, BwrapSandbox, bwrap_available, chown_tree
+from ..sandbox.uids import UidLease, UidPool
+from .generate import MutationTask
+
+__all__ = ["ActionVocab", "MutationEnv", "test_script", "parse_results"]
+
+
+class ActionVocab:
+    """Token ids of the action language for ``k`` candidates (actions first, then observations)."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.test, self.revert, self.submit = k, k + 1, k + 2
+        self.passed, self.failed, self.applied, self.bad, self.start = k + 3, k + 4, k + 5, k + 6, k + 7
+
+    @property
+    def size(self) -> int:
+        return self.k + 8
+
+
+def test_script(function: str, cases: Sequence[tuple[str, tuple, object]], file: str) -> str:
+    """A plain Python test script printing one pytest-style status line per case."""
+    rows = ",\n    ".join(repr((name, args, expected)) for name, args, expected in cases)
+    return (
+        f"CASES = [\n    {rows},\n]\n"
+        "ns = {}\n"
+        "try:\n"
+        "    with open('solution.py') as f:\n"
+        "        exec(compile(f.read(), 'solution.py', 'exec'), ns)\n"
+        f"    fn = ns[{function!r}]\n"
+        "except BaseException as exc:\n"
+        "    fn = None\n"
+        "    print('ERROR loading solution.py:', type(exc).__name__, exc)\n"
+        "for name, args, expected in CASES:\n"
+        "    try:\n"
+        "        ok = fn is not None and fn(*args) == expected\n"
+        "    except Exception:\n"
+        "        ok = False\n"
+        f"    print(('PASSED' if ok else 'FAILED') + ' {file}::' + name)\n"
+    )
+
+
+def parse_results(log: str) -> dict[str, str]:
+    """swebench's pytest parser on a test run's output: test id -> PASSED / FAILED / ..."""
+    from swebench.harness.log_parsers.python import parse_log_pytest
+
+    return parse_log_pytest(log, None)
+
+
+class MutationEnv:
+    """A workspace (own directory and sandbox uid) for one episode of one :class:`MutationTask`."""
+
+    def __init__(
+        self,
+        task: MutationTask,
+        vocab: ActionVocab,
+        pool: UidPool,
+        root: str,
+        bwrap: BwrapConfig,
+        python: str = "python3",
+        test_on_edit: bool = False,
+    ) -> None:
+        self.test_on_edit = test_on_edit
+        self.task, self.vocab, self.pool, self.root = task, vocab, pool, root
+        self.bwrap, self.python = bwrap, python
+        self._lease: UidLease | None = None
+        self._dir: str | None = None
+        self._box: BwrapSandbox | None = None
+        self._current = task.buggy
+        self._lock = threading.Lock()
+        self._outcome: EvalOutcome | None = None
+        self.tests_run = 0
+
+    # ------------------------------------------------------------------ workspace
+    def _write(self, name: str, text: str) -> None:
+        assert self._dir is not None and self._lease is not None
+        path = os.path.join(self._dir, name)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chown(path, self._lease.uid, self._lease.uid)
+
+    def _run(self, script: str) -> SandboxResult:
+        assert self._box is not None
+        return self._box.run(f"{self.python} -I {script}")
+
+    def reset(self) -> tuple[int, ...]:
+        if self._box is None:
+            if not bwrap_available(self.bwrap.bwrap):
+                raise SandboxError("mutation tasks need root and bubblewrap, setpriv, prlimit (make test installs them)")
+            os.makedirs(self.root, mode=0o711, exist_ok=True)
+            self._lease = self.pool.acquire()
+            try:
+                self._dir = tempfile.mkdtemp(prefix=f"{self.task.task_id}-", dir=self.root)
+                chown_tree(self._dir, self._lease.uid)
+                os.chmod(self._dir, 0o700)
+                self._write("test_visible.py", test_script(self.task.function, self.task.visible, "test_visible.py"))
+                self._box = BwrapSandbox(self._dir, self._lease.uid, self.bwrap)
+            except BaseException:
+                self.close()
+                raise
+        self._current = self.task.buggy
+        self._write("solution.py", self._current)
+        return (self.vocab.start,)
+
+    # ------------------------------------------------------------------ actions
+    def step(self, action: Sequence[int]) -> StepResult:
+        v = self.vocab
+        token = action[-1] if action else -1
+        if 0 <= token < v.k or token == v.revert:
+            self._current = self.task.candidates[token] if token < v.k else self.task.buggy
+            self._write("solution.py", self._current)
+            return StepResult((self._test() if self.test_on_edit else v.applied,), False)
+        if token == v.test:
+            return StepResult((self._test(),), False)
+        if token == v.submit:
+            return StepResult((), True)
+        return StepResult((v.bad,), False)
+
+    def _test(self) -> int:
+        """Run the visible tests in the sandbox; PASS when swebench's parser reads every one as PASSED."""
+        self.tests_run += 1
+        statuses = parse_results(self._run("test_visible.py").text)
+        ok = len(statuses) == len(self.task.visible) and all(s == "PASSED" for s in statuses.values())
+        return self.vocab.passed if ok else self.vocab.failed
+
+    # ------------------------------------------------------------------ verdict
+    def patch(self) -> str:
+        """The agent's change as a unified diff of ``solution.py`` (empty when nothing changed)."""
+        return "".join(difflib.unified_diff(
+            self.task.buggy.splitlines(keepends=True), self._current.splitlines(keepends=True),
+            "a/solution.py", "b/solution.py"))
+
+    def outcome(self) -> EvalOutcome:
+        """Hidden tests on the final file, graded with swebench's FAIL_TO_PASS / PASS_TO_PASS report."""
+        with self._lock:
+            if self._outcome is None:
+                patch = self.patch()
+                if self._box is None:
+                    self._outcome = EvalOutcome(False, "the episode never started or was closed")
+                elif not patch:
+                    self._outcome = EvalOutcome(False, "empty patch: the buggy file was submitted")
+                else:
+                    self._write("test_hidden.py", test_script(self.task.function, self.task.hidden, "test_hidden.py"))
+                    log = framed_log(self._run("test_hidden.py"))
+                    self._outcome = grade_log(self.task.task_id, log, self.task.fail_to_pass,
+                                              self.task.pass_to_pass, patch)
+            return self._outcome
+
+    def verdict(self) -> float:
+        return self.outcome().reward
+
+    def close(self) -> None:
+        box, self._box = self._box, None
+        if box is not None:
+            box.close()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None

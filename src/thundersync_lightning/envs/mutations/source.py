@@ -1,0 +1,134 @@
+"""``MutationTasks``: the TaskSource of generated bug-fix tasks, with a held-out split by task id.
+
+Split: a task is held out when ``blake2b(task_id) mod 10_000 < val_fraction * 10_000``, so the
+split depends on the id alone (not on the list's order or length) and never changes between
+processes or runs. Training steps draw only training tasks (:meth:`tasks`); validation uses
+:meth:`validation_tasks`, the held-out tasks in id order (the ``validation_tasks`` member of a
+task source; see :class:`~thundersync_lightning.modules.RolloutDataModule`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import threading
+from typing import Any
+
+from ...core.errors import ConfigError
+from ...core.types import ModelSpec, derive_seed
+from ..sandbox.base import SandboxLimits
+from ..sandbox.bwrap import BwrapConfig
+from ..sandbox.uids import UidPool
+from .env import ActionVocab, MutationEnv
+from .generate import MutationTask, generate_tasks
+
+__all__ = ["MutationTasks", "is_held_out"]
+
+_pools: dict[tuple[int, int], UidPool] = {}
+_pools_lock = threading.Lock()
+
+
+def _pool(base: int, size: int) -> UidPool:
+    with _pools_lock:
+        return _pools.setdefault((base, size), UidPool(base, size))
+
+
+def is_held_out(task_id: str, val_fraction: float) -> bool:
+    """The split rule: a hash of the id alone decides."""
+    h = int.from_bytes(hashlib.blake2b(task_id.encode(), digest_size=8).digest(), "little") % 10_000
+    return h < round(val_fraction * 10_000)
+
+
+class MutationTasks:
+    """Generated bug-fix tasks in bubblewrap (see :mod:`.env` for the action language).
+
+    Args:
+        num_candidates: K, candidate edits per task (one is the fix).
+        num_visible: visible tests per task (the first inputs of the seed function).
+        max_turns: actions per episode; ``2K - 1`` suffices to try every edit (``K + 1`` with
+            ``test_on_edit``).
+        test_on_edit: an edit also runs the visible tests and answers PASS / FAIL (see :mod:`.env`).
+        val_fraction: share of tasks held out for validation (by task id).
+        timeout_s / memory_bytes / nproc: limits of one sandboxed test run.
+        sandbox_root: host folder for the workspaces; uid_base / uid_count: the sandbox uids.
+        python: interpreter inside the sandbox (Debian's ``python3``).
+    """
+
+    max_action_tokens = 1
+    stop_token = None
+
+    def __init__(
+        self,
+        num_candidates: int = 4,
+        num_visible: int = 3,
+        max_turns: int = 8,
+        val_fraction: float = 0.2,
+        timeout_s: float = 10.0,
+        memory_bytes: int = 512 * 1024**2,
+        nproc: int = 64,
+        sandbox_root: str = "/tmp/thundersync-mutations",
+        uid_base: int = 3_300_000,
+        uid_count: int = 1024,
+        python: str = "python3",
+        test_on_edit: bool = False,
+    ) -> None:
+        problems = []
+        if num_candidates < 2:
+            problems.append(f"num_candidates={num_candidates}: need >= 2 (the fix and a decoy)")
+        if not 1 <= num_visible <= 6:
+            problems.append(f"num_visible={num_visible}: must be in 1..6 (every seed function has 6 inputs)")
+        if max_turns < 1:
+            problems.append(f"max_turns={max_turns}: must be >= 1")
+        if not 0.0 < val_fraction < 1.0:
+            problems.append(f"val_fraction={val_fraction}: must be in (0, 1)")
+        if problems:
+            raise ConfigError("MutationTasks: " + "; ".join(problems))
+        self.num_candidates, self.num_visible, self.max_turns = num_candidates, num_visible, max_turns
+        self.val_fraction = val_fraction
+        self.sandbox_root, self.uid_base, self.uid_count, self.python = sandbox_root, uid_base, uid_count, python
+        self.bwrap = BwrapConfig(limits=SandboxLimits(timeout_s=timeout_s, memory_bytes=memory_bytes, nproc=nproc,
+                                                      max_output_bytes=16 * 1024))
+        self.vocab = ActionVocab(num_candidates)
+        self.test_on_edit = test_on_edit
+
+    # ------------------------------------------------------------------ the split
+    @property
+    def all_tasks(self) -> list[MutationTask]:
+        return generate_tasks(self.num_candidates, self.num_visible)
+
+    @property
+    def train_tasks(self) -> list[MutationTask]:
+        return [t for t in self.all_tasks if not is_held_out(t.task_id, self.val_fraction)]
+
+    def validation_tasks(self) -> list[MutationTask]:
+        """The held-out tasks, in task-id order."""
+        return [t for t in self.all_tasks if is_held_out(t.task_id, self.val_fraction)]
+
+    def tasks(self, step: int, num_groups: int, seed: int) -> list[MutationTask]:
+        """``num_groups`` training tasks: a seeded permutation per step, cycled if more are asked."""
+        items = self.train_tasks
+        rng = random.Random(derive_seed(seed, step, -1, -1))
+        out: list[MutationTask] = []
+        while len(out) < num_groups:
+            order = list(range(len(items)))
+            rng.shuffle(order)
+            out.extend(items[i] for i in order[: num_groups - len(out)])
+        return out
+
+    # ------------------------------------------------------------------ environments
+    @property
+    def vocab_size(self) -> int:
+        return self.vocab.size
+
+    def model_spec(self) -> ModelSpec:
+        """The tiny Qwen3 of the toy task, vocabulary rounded up to a multiple of 8."""
+        from ..toy import toy_model_spec
+
+        return toy_model_spec(vocab_size=8 * -(-self.vocab.size // 8))
+
+    def make_env(self, task: Any, seed: int) -> MutationEnv:
+        if not isinstance(task, MutationTask):
+            raise ConfigError(f"MutationTasks.make_env: expected a MutationTask, got {type(task).__name__}")
+        del seed  # deterministic environment
+        return MutationEnv(task, self.vocab, _pool(self.uid_base, self.uid_count), self.sandbox_root,
+                           self.bwrap, self.python, self.test_on_edit)

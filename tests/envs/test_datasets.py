@@ -1,0 +1,160 @@
+"""Bring your own prompts and rewards: DatasetTasks over datasets files, the reward registry, the
+chat-template renderer, and every kind of bad input (a clear ConfigError, or a failed trajectory)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from thundersync_lightning.core.errors import ConfigError
+from thundersync_lightning.core.types import ContentReady, GroupRequest, RewardReady, RolloutRequest
+from thundersync_lightning.envs.datasets import (
+    DatasetTasks,
+    RewardError,
+    call_reward,
+    register_reward,
+    resolve_reward,
+)
+from thundersync_lightning.rollout.agent_loop import AgentLoop, Generation
+from thundersync_lightning.rollout.env_pool import EnvPool
+
+from ._support import needs_bwrap
+
+ROWS = [{"question": f"what is {i} + {i}?", "solution": str(2 * i), "re": f"^{2 * i}$"} for i in range(20)]
+
+
+@pytest.fixture
+def jsonl(tmp_path):  # noqa: ANN001, ANN201
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    return str(path)
+
+
+def reward_of(spec, completion, **row) -> float:  # noqa: ANN001, ANN003
+    return call_reward(resolve_reward(spec), "p", completion, row)
+
+
+def test_exact_match_compares_stripped_text_and_can_ignore_case() -> None:
+    assert reward_of("exact_match", " 42\n", answer="42") == 1.0
+    assert reward_of("exact_match", "41", answer="42") == 0.0
+    assert reward_of({"name": "exact_match", "ignore_case": True}, "Paris", answer="paris") == 1.0
+
+
+def test_regex_match_uses_the_configured_or_the_row_pattern() -> None:
+    assert reward_of({"name": "regex_match", "pattern": r"\bdef \w+\("}, "def f(x): pass") == 1.0
+    assert reward_of("regex_match", "abc", pattern="^b") == 0.0
+
+
+def test_math_answer_reads_the_last_number_or_boxed_value() -> None:
+    assert reward_of("math_answer", "so 3 + 4 = 7", answer="7") == 1.0
+    assert reward_of("math_answer", r"the answer is \boxed{1/2}, not 3", answer="0.5") == 1.0
+    assert reward_of("math_answer", "it is 1,000", answer="1000") == 1.0
+    assert reward_of("math_answer", "8", answer="7") == 0.0
+    assert reward_of("math_answer", "no number", answer="7") == 0.0
+
+
+@needs_bwrap
+def test_unit_tests_runs_the_completion_against_the_tests_in_the_sandbox() -> None:
+    tests = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
+    good = "```python\ndef add(a, b):\n    return a + b\n```"
+    bad = "def add(a, b):\n    return a - b\n"
+    escape = "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)\ndef add(a, b):\n    return a + b\n"
+    assert reward_of("unit_tests", good, tests=tests) == 1.0
+    assert reward_of("unit_tests", bad, tests=tests) == 0.0
+    assert reward_of("unit_tests", escape, tests=tests) == 0.0  # no network in the sandbox
+
+
+def test_a_reward_that_raises_or_returns_nan_is_a_reward_error_naming_it() -> None:
+    @register_reward("test_nan_reward")
+    def nan_reward(prompt, completion, **row):  # noqa: ANN001, ANN003, ANN202
+        return math.nan
+
+    with pytest.raises(RewardError, match="test_nan_reward.*nan"):
+        reward_of("test_nan_reward", "x")
+    with pytest.raises(RewardError, match="exact_match.*answer"):
+        reward_of("exact_match", "x")  # no answer field: raises inside
+    with pytest.raises(ConfigError, match="unknown reward 'nope'.*exact_match"):
+        resolve_reward("nope")
+    with pytest.raises(ConfigError, match="cannot be imported"):
+        resolve_reward({"function": "no_such_module:fn"})
+
+
+def test_missing_columns_are_one_config_error_listing_each(jsonl) -> None:  # noqa: ANN001
+    with pytest.raises(ConfigError) as err:
+        DatasetTasks(jsonl, fields={"answer": "sol"}, reward="nope")
+    text = str(err.value)
+    assert "prompt -> column 'prompt'" in text and "answer -> column 'sol'" in text and "unknown reward" in text
+
+
+def run_episodes(tasks, actions, group=None):  # noqa: ANN001, ANN201
+    """Run the real agent loop with scripted generations (texts encoded by the source's codec)."""
+    it = iter(actions)
+
+    def generate(requests):  # noqa: ANN001, ANN202
+        out = []
+        for _ in requests:
+            ids = tuple(next(it))
+            out.append(Generation(ids, (0.0,) * len(ids)))
+        return out
+
+    pool = EnvPool(2, name="test-datasets")
+    try:
+        task = group if group is not None else tasks.tasks(0, 1, 0)[0]
+        events = []
+        done = AgentLoop(tasks, generate, pool, coalesce_s=0).run(
+            RolloutRequest(0, (GroupRequest("g", 0, task, 1),), 0), 0, events.append)
+        done.wait(30)
+    finally:
+        pool.shutdown()
+    content = next(e.trajectory for e in events if isinstance(e, ContentReady))
+    reward = next(e for e in events if isinstance(e, RewardReady))
+    return content, reward
+
+
+def byte_action(tasks, text):  # noqa: ANN001, ANN201
+    return (*tasks.codec.encode(text), tasks.stop_token)
+
+
+def test_single_and_multi_turn_rows_are_graded_by_the_configured_reward(jsonl) -> None:  # noqa: ANN001
+    one = DatasetTasks(jsonl, fields={"prompt": "question", "answer": "solution"}, reward="exact_match")
+    task = one.tasks(0, 1, 0)[0]
+    _, r = run_episodes(one, [byte_action(one, task.row["answer"])], task)
+    assert (r.reward, r.failure) == (1.0, None)
+
+    multi = DatasetTasks(jsonl, fields={"prompt": "question", "answer": "solution"}, reward="math_answer", max_turns=3)
+    t, r = run_episodes(multi, [byte_action(multi, "1"), byte_action(multi, f"it is {task.row['answer']}")], task)
+    assert r.reward == 1.0 and t.num_turns == 2
+    assert b"Incorrect. Try again." in bytes(x for x in t.tokens if x < 256)
+    assert {len(multi.validation_tasks()), len(multi.tasks(0, 5, 0))} and not set(
+        x.index for x in multi.validation_tasks()) & set(x.index for x in multi.tasks(0, 50, 0))
+
+
+def test_a_null_field_or_a_failing_reward_fails_the_trajectory_with_its_reason(tmp_path) -> None:  # noqa: ANN001
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"prompt": "q", "answer": None}) + "\n" + json.dumps({"prompt": "q", "answer": "a"}) + "\n")
+    tasks = DatasetTasks(str(path), fields={"answer": "answer"}, reward="exact_match", val_fraction=0.0)
+    null_row = next(t for t in tasks.rows if t.row["answer"] is None)
+    _, r = run_episodes(tasks, [], null_row)
+    assert r.reward == 0.0 and "no value for mapped field(s) ['answer']" in r.failure
+
+    @register_reward("test_raising_reward")
+    def boom(prompt, completion, **row):  # noqa: ANN001, ANN003, ANN202
+        raise RuntimeError("grader crashed")
+
+    tasks = DatasetTasks(str(path), fields={"answer": "answer"}, reward="test_raising_reward", val_fraction=0.0)
+    _, r = run_episodes(tasks, [byte_action(tasks, "a")], tasks.rows[1])
+    assert r.reward == 0.0 and "test_raising_reward" in r.failure and "grader crashed" in r.failure
+
+
+def test_parquet_and_save_to_disk_directories_load_the_same_rows(tmp_path) -> None:  # noqa: ANN001
+    import datasets
+
+    ds = datasets.Dataset.from_list(ROWS)
+    ds.to_parquet(str(tmp_path / "rows.parquet"))
+    ds.save_to_disk(str(tmp_path / "rows_dir"))
+    a = DatasetTasks(str(tmp_path / "rows.parquet"), fields={"prompt": "question", "answer": "solution"})
+    b = DatasetTasks(str(tmp_path / "rows_dir"), fields={"prompt": "question", "answer": "solution"})
+    assert [t.row for t in a.rows] == [t.row for t in b.rows] == [
+        {"prompt": r["question"], "answer": r["solution"]} for r in ROWS]

@@ -26,7 +26,6 @@ $(TEST_STAMP): $(STAMP)
 demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/thundersync-lightning fit --config configs/toy.yaml \
 	  --trainer.default_root_dir=runs/demo
-	$(VPY) -m thundersync_lightning.summary runs/demo/summary.json
 
 # A coding agent learning from scratch through the real sandbox, with held-out evaluation
 # (configs/code_learn.yaml): writes runs/demo-code/summary.json (val_pass_at_1_first/last) and the curve.
@@ -34,7 +33,6 @@ demo-code: $(STAMP)
 	scripts/install_sandbox_deps.sh
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(VENV)/bin/thundersync-lightning fit --config configs/code_learn.yaml \
 	  --trainer.default_root_dir=runs/demo-code
-	$(VPY) -m thundersync_lightning.summary runs/demo-code/summary.json
 	$(VPY) benchmarks/code_learn_curve.py runs/demo-code --out runs/demo-code
 
 test: $(TEST_STAMP)

@@ -16,6 +16,7 @@ import tempfile
 
 import pytest
 
+from thundersync_lightning.core.errors import ConfigError
 from thundersync_lightning.envs.code import ByteCodec, load_tasks
 from thundersync_lightning.envs.code.grading import grade_with_spec
 from thundersync_lightning.envs.sandbox import (
@@ -248,3 +249,18 @@ def test_the_container_paths_patch_capture_uses_a_host_copy_of_the_base_commit(t
     assert set(patch_paths(patch)) == {"intervals.py", ".gitattributes"}
     assert not os.path.exists(os.path.join(repo, ".ran"))
     assert ws.protects("tests/test_intervals.py") and not ws.protects("intervals.py")
+
+
+def test_held_out_instances_never_train_and_are_the_validation_tasks(tmp_path):
+    rows = [dict(swebench_row(TASK, image="unused", base_commit="0" * 40), instance_id=f"repo__x-{k}") for k in range(12)]
+    path = write_jsonl(rows, str(tmp_path))
+    by_id = SWEbenchTasks(instances=path, val_instance_ids=["repo__x-3", "repo__x-7"])
+    assert [r["instance_id"] for r in by_id.validation_tasks()] == ["repo__x-3", "repo__x-7"]
+    trained = {r["instance_id"] for step in range(20) for r in by_id.tasks(step, 4, seed=0)}
+    assert trained and not trained & {"repo__x-3", "repo__x-7"}
+    by_hash = SWEbenchTasks(instances=path, val_fraction=0.3)
+    held = {r["instance_id"] for r in by_hash.validation_tasks()}
+    assert 0 < len(held) < 12
+    assert not held & {r["instance_id"] for step in range(20) for r in by_hash.tasks(step, 4, seed=1)}
+    with pytest.raises(ConfigError, match="holds out 0 of 12 instances"):
+        SWEbenchTasks(instances=path).validation_tasks()

@@ -19,6 +19,7 @@ instance's ``test_patch`` touches, per git's parse, and any protected path), app
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import subprocess
@@ -238,6 +239,10 @@ class SWEbenchTasks:
         memory: container memory limit (e.g. "4g"; swap is not allowed on top); nproc: pids limit;
             cpus: CPU share of one container.
         disk_bytes / disk_inodes: the workspace's tmpfs (RAM: the /testbed copies live there).
+        val_instance_ids / val_fraction: held-out instances for validation
+            (``RolloutDataModule(val_samples=...)``): these ids, or else the instances whose id
+            hashes below ``val_fraction`` (0: no split; every instance trains). Training steps draw
+            only the others.
     """
 
     def __init__(
@@ -261,9 +266,15 @@ class SWEbenchTasks:
         sandbox_root: str = "/tmp/thundersync-sandboxes",
         uid_base: int = 3_700_000,
         uid_count: int = 512,
+        val_instance_ids: list[str] | None = None,
+        val_fraction: float = 0.0,
     ) -> None:
         if max_turns < 1 or max_action_tokens < 1:
             raise ConfigError("SWEbenchTasks: max_turns and max_action_tokens must be >= 1")
+        if not 0.0 <= val_fraction < 1.0:
+            raise ConfigError(f"SWEbenchTasks: val_fraction={val_fraction} must be in [0, 1)")
+        self.val_instance_ids = list(val_instance_ids) if val_instance_ids is not None else None
+        self.val_fraction = val_fraction
         self.instances_path, self.instance_ids = instances, list(instance_ids) if instance_ids else None
         self.max_turns, self.max_action_tokens = max_turns, max_action_tokens
         self.max_observation_bytes = max_observation_bytes
@@ -288,8 +299,26 @@ class SWEbenchTasks:
             self._rows = load_instances(self.instances_path, self.instance_ids)
         return self._rows
 
+    def _held_out(self, row: dict[str, Any]) -> bool:
+        iid = str(row["instance_id"])
+        if self.val_instance_ids is not None:
+            return iid in self.val_instance_ids
+        h = int.from_bytes(hashlib.blake2b(iid.encode(), digest_size=8).digest(), "little") % 10_000
+        return h < round(self.val_fraction * 10_000)
+
     def tasks(self, step: int, num_groups: int, seed: int) -> list[dict[str, Any]]:
-        return pick(self.rows, step, num_groups, seed)
+        return pick([r for r in self.rows if not self._held_out(r)], step, num_groups, seed)
+
+    def validation_tasks(self) -> list[dict[str, Any]]:
+        """The held-out instances (split by instance id; see ``val_instance_ids`` / ``val_fraction``)."""
+        held = [r for r in self.rows if self._held_out(r)]
+        unknown = sorted(set(self.val_instance_ids or ()) - {str(r["instance_id"]) for r in self.rows})
+        if unknown or not held or len(held) == len(self.rows):
+            raise ConfigError(
+                f"SWEbenchTasks: the split holds out {len(held)} of {len(self.rows)} instances (unknown "
+                f"val_instance_ids: {unknown}); set val_instance_ids or val_fraction so both sides keep one"
+            )
+        return held
 
     def make_env(self, task: Any, seed: int) -> CodeEnv:
         del seed

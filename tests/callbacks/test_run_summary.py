@@ -4,6 +4,7 @@ for a resume that runs no step. A stand-in strategy publishes synthetic StepStat
 from __future__ import annotations
 
 import json
+import re
 
 import lightning.pytorch as pl
 import pytest
@@ -53,7 +54,9 @@ def test_a_resumed_run_continues_its_w_and_b_run_and_summarises_every_step(tmp_p
     finish_wandb()
     assert again.version == first.version
     runs = sorted(p.name for p in (tmp_path / "wandb").glob("offline-run-*"))
-    assert len(runs) == 2 and all(name.endswith(f"-{first.version}") for name in runs)
+    # offline-run-<time>-<id>, wandb adds "-1" when both fits start within the same second
+    ids = [re.fullmatch(r"offline-run-\d{8}_\d{6}-(\w+?)(-\d+)?", name) for name in runs]
+    assert len(runs) == 2 and all(m is not None and m.group(1) == first.version for m in ids), runs
     # steps 0, 1, 2 with 1, 2, 3 of 4 rewards: the whole run, not only the resumed step
     assert (summary["steps"], summary["steps_this_fit"], summary["trajectories"]) == (3, 1, 12)
     assert summary["reward_window_steps"] == 1

@@ -7,8 +7,9 @@ observations); the teacher's logits z' at position t-1 give
 
 with T the engine's sampling temperature, the same distribution the learner scores the student
 at. One forward of the episode (up to its last action) per trajectory, in the generation
-process, before its ContentReady: the learner receives p in ``Segment.teacher_logprobs`` and does no extra work
-(``Objective(opd_coef=...)`` turns it into the per-token advantage -(l_t - p_t)).
+process, before its ContentReady: the learner receives p in ``Segment.teacher_logprobs`` and
+does no extra work (``Objective(opd_coef=...)`` turns it into the per-token advantage
+-(l_t - p_t)).
 
 A teacher is configured on the engine with :class:`TeacherConfig`: a local Hugging Face
 directory (``pretrained_path``), a Lightning checkpoint of this project (``ckpt_path``: its

@@ -14,7 +14,7 @@ import pytest
 
 from thundersync_lightning.core.errors import ConfigError
 from thundersync_lightning.envs.toy import GuessingGameTasks
-from thundersync_lightning.rollout import EmbeddedEngineConfig, TraceReplayEngineConfig
+from thundersync_lightning.rollout import EmbeddedEngineConfig, TeacherConfig, TraceReplayEngineConfig
 from thundersync_lightning.rollout.vllm_engine import VLLMEngineConfig
 
 
@@ -84,3 +84,9 @@ def test_vllm_options_that_the_chosen_mode_ignores_are_rejected():
     with pytest.raises(ConfigError, match="weights_dir='/tmp' has no effect with weight_sync='direct'"):
         VLLMEngineConfig(weights_dir="/tmp")
     assert VLLMEngineConfig(kv_cache_memory_bytes=None, gpu_memory_utilization=0.9).gpu_memory_utilization == 0.9
+    with pytest.raises(ConfigError, match=r"teacher_engine_kwargs=\{'gpu_memory_utilization': 0.2\} has no effect without a teacher"):
+        VLLMEngineConfig(teacher_engine_kwargs={"gpu_memory_utilization": 0.2})
+    with pytest.raises(ConfigError, match="teacher must be a TeacherConfig or None, got dict"):
+        VLLMEngineConfig(teacher={"ckpt_path": "last.ckpt"})  # type: ignore[arg-type]
+    teacher = TeacherConfig(ckpt_path="last.ckpt")
+    assert VLLMEngineConfig(teacher=teacher, teacher_engine_kwargs={"max_num_seqs": 8}).teacher == teacher

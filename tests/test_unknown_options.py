@@ -14,7 +14,12 @@ import pytest
 
 from thundersync_lightning.core.errors import ConfigError
 from thundersync_lightning.envs.toy import GuessingGameTasks
-from thundersync_lightning.rollout import EmbeddedEngineConfig, TeacherConfig, TraceReplayEngineConfig
+from thundersync_lightning.rollout import (
+    EmbeddedEngineConfig,
+    EnginePoolConfig,
+    TeacherConfig,
+    TraceReplayEngineConfig,
+)
 from thundersync_lightning.rollout.vllm_engine import VLLMEngineConfig
 
 
@@ -36,6 +41,10 @@ def _data(**kw: Any) -> Any:
     return RolloutDataModule(tasks=GuessingGameTasks(latency="none"), engine=EmbeddedEngineConfig(), **kw)
 
 
+def _pool(**kw: Any) -> Any:
+    return EnginePoolConfig(engine=EmbeddedEngineConfig(), **kw)
+
+
 def _code_tasks(**kw: Any) -> Any:
     from thundersync_lightning.envs.code import LocalCodeTasks
 
@@ -55,6 +64,7 @@ CONSTRUCTORS: list[Any] = [
     pytest.param(EmbeddedEngineConfig, id="EmbeddedEngineConfig"),
     pytest.param(TraceReplayEngineConfig, id="TraceReplayEngineConfig"),
     pytest.param(VLLMEngineConfig, id="VLLMEngineConfig"),
+    pytest.param(_pool, id="EnginePoolConfig"),
     pytest.param(GuessingGameTasks, id="GuessingGameTasks"),
     pytest.param(_code_tasks, id="LocalCodeTasks"),
     pytest.param(_swebench_tasks, id="SWEbenchTasks"),

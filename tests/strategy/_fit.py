@@ -27,10 +27,10 @@ class RecordSteps(Callback):
         self.steps.append(trainer.strategy.last_step_stats)
 
 
-def toy_data(groups: int = 4, group_size: int = 4, seed: int = 0) -> RolloutDataModule:
+def toy_data(groups: int = 4, group_size: int = 4, seed: int = 0, engine: Any = None) -> RolloutDataModule:
     return RolloutDataModule(
         tasks=GuessingGameTasks(latency="none"),
-        engine=EmbeddedEngineConfig(num_threads=1, env_workers=4),
+        engine=engine or EmbeddedEngineConfig(num_threads=1, env_workers=4),
         group_size=group_size,
         groups_per_step=groups,
         seed=seed,
@@ -48,6 +48,7 @@ def fit(
     resume_from: str | None = None,
     policy: GRPOPolicy | None = None,
     strategy_kwargs: dict[str, Any] | None = None,
+    data: RolloutDataModule | None = None,
     **trainer_kwargs: Any,
 ):
     """Returns (flat parameters after fit, recorded StepStats, trainer)."""
@@ -69,7 +70,7 @@ def fit(
         callbacks=[record, *trainer_kwargs.pop("callbacks", [])],
         **trainer_kwargs,
     )
-    trainer.fit(policy, toy_data(), ckpt_path=resume_from)
+    trainer.fit(policy, data or toy_data(), ckpt_path=resume_from)
     return flat(policy), record.steps, trainer
 
 

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .types import RolloutEvent, RolloutRequest, StepResult
 
-__all__ = ["RolloutEngine", "Environment", "TaskSource"]
+__all__ = ["RolloutEngine", "EngineFactory", "Environment", "TaskSource"]
 
 
 @runtime_checkable
@@ -39,6 +39,17 @@ class RolloutEngine(Protocol):
     def rollout(self, request: RolloutRequest) -> Iterator[RolloutEvent]: ...
 
     def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class EngineFactory(Protocol):
+    """An engine configuration: ``build(model_spec, tasks)`` starts the engine (a RolloutEngine).
+
+    Annotated with ``Any`` on purpose: jsonargparse matches protocol implementations by exact
+    annotations, and this is the type configs name engine classes under.
+    """
+
+    def build(self, model_spec: Any, tasks: Any) -> Any: ...
 
 
 @runtime_checkable

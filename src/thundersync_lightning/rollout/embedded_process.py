@@ -103,11 +103,14 @@ class GenerationProcess:
 
     def receive(self, timeout_s: float) -> tuple[Any, ...] | None:
         """The next message, or None after ``timeout_s``; raises :class:`ProcessGone` at end-of-file."""
+        reader = self._reader
+        if reader is None:  # stopped (by another thread)
+            raise ProcessGone
         try:
-            if not self._reader.poll(timeout_s):
+            if not reader.poll(timeout_s):
                 return None
-            return self._reader.recv()
-        except (EOFError, OSError):
+            return reader.recv()
+        except (EOFError, OSError):  # OSError: closed by stop() meanwhile
             raise ProcessGone from None
 
     @property

@@ -65,3 +65,15 @@ def test_plan_reads_the_same_overrides_as_fit(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert done.value.code == 0 and "FITS" in out
     assert "3 open groups (max_open_groups=3), 6 held trajectories" in out
+
+
+@pytest.mark.slow  # builds eight Qwen3 architectures on the meta device (~15 s of CPU)
+def test_the_memory_table_in_docs_scaling_is_the_planners_output():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("scaling_table", ROOT / "benchmarks" / "scaling_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    doc = (ROOT / "docs" / "scaling.md").read_text()
+    assert module.table() in doc, "docs/scaling.md is stale: run python benchmarks/scaling_table.py --write"
+    assert "## Multi-node" in doc and "## Sharding" in doc

@@ -50,10 +50,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import ConfigError
 from .storage import Offload
+
+if TYPE_CHECKING:
+    from .memory_fit import Verdict
 
 __all__ = [
     "Architecture",
@@ -61,7 +64,6 @@ __all__ = [
     "PlanInputs",
     "PlanRow",
     "MemoryPlan",
-    "Verdict",
     "Sharding",
     "OptimizerKind",
     "OPTIMIZER_STATES",
@@ -77,8 +79,6 @@ OPTIMIZER_STATES: dict[str, int] = {"adamw": 2, "adam": 2, "sgd_momentum": 1, "s
 _SHARDINGS = ("none", "zero1", "fsdp2")
 _OFFLOADS = ("none", "cpu", "pinned")
 _MODES = ("streaming", "sync", "async")
-#: LoRA ranks tried when a plan suggests LoRA (the LoraSettings default first).
-_LORA_RANK = 8
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -306,33 +306,6 @@ class PlanRow:
 
 
 @dataclass(frozen=True, slots=True)
-class Verdict:
-    """Whether a plan fits a machine, and single settings (or one combination) that would make it fit."""
-
-    fits: bool
-    device_needed: int
-    device_available: int
-    host_needed: int
-    host_available: int
-    suggestions: tuple[str, ...] = ()
-
-    def __bool__(self) -> bool:
-        return self.fits
-
-    def message(self) -> str:
-        host = f"host: needs {format_bytes(self.host_needed)} of {format_bytes(self.host_available)}"
-        if self.device_available or self.device_needed:
-            host = f"device: needs {format_bytes(self.device_needed)} of {format_bytes(self.device_available)}; {host}"
-        lines = [host]
-        if not self.fits:
-            if self.suggestions:
-                lines.append("any of these would make it fit: " + "; ".join(self.suggestions))
-            else:
-                lines.append("no setting in reach makes it fit: use a smaller model or more devices")
-        return "\n".join(lines)
-
-
-@dataclass(frozen=True, slots=True)
 class MemoryPlan:
     """The rows of one rank's plan (see the module docstring) and the verdict against a machine."""
 
@@ -370,19 +343,21 @@ class MemoryPlan:
     def fits(self, device_bytes: int, host_bytes: int) -> Verdict:
         """Does the plan fit ``device_bytes`` per device (less the engine's share) and ``host_bytes``?
 
-        When it does not, every single change of :func:`_suggestions` that would fit is named.
+        When it does not, the settings of :func:`~.memory_fit.suggestions` that would fit are named.
         """
         needed = self._needs(device_bytes, host_bytes)
         ok = needed[0] <= needed[1] and needed[2] <= needed[3]
-        suggestions = () if ok else _suggestions(self.inputs, device_bytes, host_bytes)
-        return Verdict(ok, *needed, suggestions=suggestions)
+        from .memory_fit import Verdict, suggestions  # it re-plans variants of these inputs
+
+        return Verdict(ok, *needed, suggestions=() if ok else suggestions(self.inputs, device_bytes, host_bytes))
 
     def _needs(self, device_bytes: int, host_bytes: int) -> tuple[int, int, int, int]:
         if self.inputs.accelerator == "cpu":  # the device is the host
             return 0, 0, self.device_bytes + self.host_bytes, host_bytes
         return self.device_bytes, device_bytes - self.engine_reserve(device_bytes), self.host_bytes, host_bytes
 
-    def _fits(self, device_bytes: int, host_bytes: int) -> bool:
+    def fits_bytes(self, device_bytes: int, host_bytes: int) -> bool:
+        """The verdict alone (no suggestions searched)."""
         d, d_cap, h, h_cap = self._needs(device_bytes, host_bytes)
         return d <= d_cap and h <= h_cap
 
@@ -499,66 +474,3 @@ def _activation_rows(i: PlanInputs) -> list[PlanRow]:
             )
         )
     return rows
-
-
-def _suggestions(i: PlanInputs, device: int, host: int) -> tuple[str, ...]:
-    """Settings that make the plan fit: single changes first, else the first combination that does."""
-
-    def fits(x: PlanInputs) -> bool:
-        return plan_memory(x)._fits(device, host)
-
-    out: list[str] = []
-    strategy = "trainer.strategy.init_args"
-    for name in ("max_batch_trajectories", "max_held_trajectories", "max_open_groups"):
-        current = getattr(i, name)
-        upper = current - 1 if current is not None else _natural_bound(i, name)
-        best = next((k for k in range(upper, 0, -1) if fits(replace(i, **{name: k}))), None)
-        if best is not None:
-            out.append(f"{strategy}.{name}={best}")
-    if i.offload == "none" and i.mode != "sync":
-        for where in (("pinned", "cpu") if i.accelerator == "gpu" else ()):
-            if fits(replace(i, offload=where)):
-                out.append(f"{strategy}.offload={where}")
-                break
-    lora = not i.model.lora and i.model.lora_params_per_rank > 0
-    lora_inputs = replace(i, model=i.model.with_lora(_LORA_RANK), reference=False) if lora else i
-    if lora and fits(lora_inputs):
-        out.append(f"model.lora.r={_LORA_RANK} (LoRA: only adapters train)")
-    if i.accelerator == "gpu":
-        for sharding in ("zero1", "fsdp2"):
-            if i.sharding == sharding:
-                continue
-            for n in sorted({max(i.world_size, 1), 2, 4, 8}):
-                if n >= i.world_size and fits(replace(i, sharding=sharding, world_size=n)):
-                    devices = "" if n == i.world_size else f" over {n} GPUs (trainer.devices={n})"
-                    out.append(f"{strategy}.sharding={sharding}{devices}")
-                    break
-    if out:
-        return tuple(out)
-    tight = replace(i, max_open_groups=1, max_held_trajectories=1, max_batch_trajectories=1)
-    combos = [("", tight)]
-    if lora:
-        combos.append((f"model.lora.r={_LORA_RANK}, ", replace(tight, model=lora_inputs.model, reference=False)))
-    offloads = ("pinned", "none") if i.accelerator == "gpu" and i.mode != "sync" else (i.offload,)
-    candidates = [(label, where, replace(base, offload=where)) for label, base in combos for where in offloads]
-    together = f"together: {{}}{strategy}.max_open_groups=1, max_held_trajectories=1, max_batch_trajectories=1, "
-    for label, where, x in candidates:
-        if fits(x):
-            return (together.format(label) + f"offload={where}",)
-    for label, where, x in candidates:  # activations of long trajectories: the context limit decides
-        t = x.max_tokens_per_trajectory // 2
-        while t >= 256 and not fits(replace(x, max_tokens_per_trajectory=t)):
-            t //= 2
-        if t >= 256:
-            return (
-                together.format(label) + f"offload={where} and trajectories of at most {t} tokens "
-                "(the engine's context limit, e.g. data.engine.init_args.max_model_len)",
-            )
-    return ()
-
-
-def _natural_bound(i: PlanInputs, name: str) -> int:
-    """The largest value of an unbounded limit that still changes the plan."""
-    if name == "max_open_groups":
-        return i.groups_on_rank - 1
-    return i.open_groups * i.group_size - 1  # max_held_trajectories

@@ -45,16 +45,18 @@ from ..core.terms import OnPolicyStats
 from ..core.types import RolloutEvent, RolloutRequest
 from .contract import check_contract
 from .evaluation import ValidationPlan, collect_validation
+from .memory_check import memory_problems
 from .objective_checks import check_objective, module_objective
 from .plan import RolloutPlan
 from .runner import StepOutcome, StepRunner
 from .stats import Interval, RolloutProgress, StepStats
 
-__all__ = ["ThunderSyncStrategy", "Mode"]
+__all__ = ["ThunderSyncStrategy", "Mode", "MemoryCheck"]
 
 log = logging.getLogger(__name__)
 
 Mode = Literal["streaming", "sync", "async"]
+MemoryCheck = Literal["error", "warn", "off"]
 _MODES = ("streaming", "sync", "async")
 _OBJECTIVE_FIELDS = frozenset(Objective.__dataclass_fields__) | {"objective"}
 
@@ -91,6 +93,10 @@ class ThunderSyncStrategy(DDPStrategy):
         boundary_cut: run each group's shared prompt forward and backward once instead of once per
             trajectory (``thundersync_lightning.core.prefix``; same gradient; the module needs
             ``encode_prefix``).
+        memory_check: at set-up, before the engine starts, the learner's memory plan
+            (:mod:`thundersync_lightning.core.memory_plan`) is checked against the device (the host on
+            a CPU run): ``error`` refuses a plan that does not fit, naming settings that would make it
+            fit; ``warn`` logs that and runs; ``off`` skips the check.
         accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin,
             process_group_backend, timeout, start_method: Lightning's plumbing, as for
             :class:`~lightning.pytorch.strategies.DDPStrategy`.
@@ -111,6 +117,7 @@ class ThunderSyncStrategy(DDPStrategy):
         max_batch_trajectories: int = 32,
         progress_interval_s: float = 0.2,
         boundary_cut: bool = False,
+        memory_check: MemoryCheck = "error",
         accelerator: Any = None,
         parallel_devices: Any = None,
         cluster_environment: Any = None,
@@ -133,7 +140,7 @@ class ThunderSyncStrategy(DDPStrategy):
                 problems.append(
                     f"{name}={unknown[name]!r} is not an option of ThunderSyncStrategy (it has no DDP wrapper to "
                     f"pass it to); valid options: mode, offload, max_open_groups, launch_ahead, "
-                    f"max_batch_trajectories, progress_interval_s, boundary_cut"
+                    f"max_batch_trajectories, progress_interval_s, boundary_cut, memory_check"
                 )
         if mode not in _MODES:
             problems.append(f"mode={mode!r} is not one of {_MODES}")
@@ -143,6 +150,8 @@ class ThunderSyncStrategy(DDPStrategy):
             problems.append(f"max_open_groups must be >= 1 or None, got {max_open_groups}")
         if max_batch_trajectories < 1:
             problems.append(f"max_batch_trajectories must be >= 1, got {max_batch_trajectories}")
+        if memory_check not in ("error", "warn", "off"):
+            problems.append(f"memory_check={memory_check!r} is not one of ('error', 'warn', 'off')")
         if problems:
             raise ConfigError("ThunderSyncStrategy: " + "; ".join(problems))
         super().__init__(
@@ -162,6 +171,7 @@ class ThunderSyncStrategy(DDPStrategy):
         self.progress_interval_s = progress_interval_s
         self.max_batch_trajectories = max_batch_trajectories
         self.boundary_cut = boundary_cut
+        self.memory_check: MemoryCheck = memory_check
         self._snapshot: PolicySnapshot | None = None
         self._inflight: dict[int, tuple[Iterator[RolloutEvent], float]] = {}  # step -> (events, issued at)
         self._accumulator: StreamingGRPO | None = None
@@ -200,7 +210,19 @@ class ThunderSyncStrategy(DDPStrategy):
         trainer = module.trainer if module is not None else None
         if trainer is not None:
             self._validate(trainer)
+            if trainer.state.fn == TrainerFn.FITTING:
+                self._check_memory(trainer)
         super().setup_environment()
+
+    def _check_memory(self, trainer: Any) -> None:
+        """The learner's memory plan against this machine (docs/scaling.md), before anything allocates."""
+        if self.memory_check == "off":
+            return
+        problems = memory_problems(trainer, self)
+        if problems and self.memory_check == "error":
+            raise ConfigError(problems[0])
+        for problem in problems:
+            log.warning("memory_check='warn': %s", problem)
 
     def _validate(self, trainer: Any) -> None:
         module = trainer.lightning_module

@@ -51,10 +51,12 @@ from .errors import (
     UnknownTrajectoryError,
 )
 from .group import GroupSums
+from .jobs import jobs_of, prefix_backward, run_jobs, select_terms
 from .objective import BatchTotals, Objective
 from .prefix import LeafSums, SharedPrefix
 from .report import GroupStat, StreamingReport
-from .routing import plan_backward
+from .routing import check_prefix, plan_backward
+from .step_gradient import StepGradient
 from .storage import ByteUsage, GradientStore, Offload
 from .terms import OnPolicyStats, TokenScores, TrajectoryTerms, trajectory_terms
 from .validation import check_scalar, finite_reward
@@ -106,6 +108,7 @@ class StreamingGRPO:
         self.objective = objective
         self.max_open_groups = max_open_groups
         self._store = GradientStore(self._params, offload)
+        self._step = StepGradient(self._store)
         self.reset()
 
     @property
@@ -129,8 +132,7 @@ class StreamingGRPO:
         self._on_policy = OnPolicyStats()
         self._backward = 0
         self._skipped = 0
-        self._final: torch.Tensor | None = None  # s-scaled at the barrier
-        self._final_independent: torch.Tensor | None = None  # only under scale="batch"
+        self._step.reset()
         self._dropped_closed: dict[Hashable, bool] = {}  # dropped members of closed groups -> content seen
         self._spent = False
         self._versions = [p._version for p in self._params]
@@ -246,7 +248,7 @@ class StreamingGRPO:
             if held is not None:
                 group.accumulate(self._store, value, flat=held)
             if held_r is not None:
-                self._add_flat(self._independent_buffer(), held_r)
+                self._step.add_flat(self._independent_buffer(), held_r)
                 group.direct += 1
         if group.all_rewards_known():
             self._fold_buffers(group)  # a_g, b_g are known now: free the sums early
@@ -311,13 +313,6 @@ class StreamingGRPO:
         """grad R_i is kept out of the s-scaled sums (only under ``scale="batch"``)."""
         return self.objective.scale == "batch"
 
-    @staticmethod
-    def _attach_prefix(owners: list[tuple[Hashable, GroupSums]], prefix: SharedPrefix) -> GroupSums:
-        group = owners[0][1]
-        if group.leaves is None:
-            group.leaves = LeafSums(prefix)
-        return group
-
     def _add(self, ids: list[Hashable], terms: TrajectoryTerms, prefix: SharedPrefix | None = None) -> None:
         if len(set(ids)) != len(ids):
             raise DuplicateEventError(f"add_tokens got a trajectory id twice: {ids}")
@@ -328,42 +323,32 @@ class StreamingGRPO:
         keep = [i for i in range(len(ids)) if i not in set(late)]
         rows = [ids[i] for i in keep]
         if late:
-            terms = _select(terms, keep)
+            terms = select_terms(terms, keep)
         owners = [self._group_of(tid) for tid in rows]
         plan = plan_backward(self.objective, rows, owners, terms)
-        if prefix is not None and rows:
-            gids = sorted({gid for gid, _ in owners}, key=str)
-            if len(gids) != 1:
-                raise GroupError(f"a shared prefix belongs to one group; add_tokens got trajectories of {gids}")
-            leaves = owners[0][1].leaves
-            if leaves is not None and leaves.prefix is not prefix:
-                raise GroupError(f"group {gids[0]!r} already has another shared prefix; score its members on one")
+        if prefix is not None:
+            check_prefix(owners, prefix)
         inputs = list(self._params) + (list(prefix.leaves) if prefix is not None else [])
-        jobs: list[tuple[str, object, torch.Tensor]] = []
-        if plan.direct:
-            jobs.append(("direct", None, torch.stack(plan.direct).sum()))
-        if plan.direct_independent:
-            jobs.append(("direct_r", None, torch.stack(plan.direct_independent).sum()))
-        jobs += [("sum", key, terms.score[r].sum()) for key, r in plan.buckets.items()]
-        jobs += [("held", rows[i], terms.score[i]) for i in plan.held]
-        jobs += [("held_r", rows[i], terms.independent[i]) for i in plan.held_independent]  # type: ignore[index]
+        jobs = jobs_of(plan, rows, terms)
         label = rows[0] if len(rows) == 1 else f"{len(rows)} trajectories"
-        grads = [self._grad(label, t, retain=k < len(jobs) - 1, inputs=inputs) for k, (_, _, t) in enumerate(jobs)]
+        grads = run_jobs(label, jobs, inputs)
+        self._backward += len(jobs)
         # every check passed and every backward ran: now change state
         if prefix is not None and rows:
-            group = self._attach_prefix(owners, prefix)
+            group = owners[0][1]
+            leaves = group.leaves = group.leaves or LeafSums(prefix)
             n = len(self._params)
             for (kind, key, _), g in zip(jobs, grads):
-                group.leaves.add(kind, key, prefix.flatten(g[n:]), self._independent_apart)  # type: ignore[union-attr]
+                leaves.add(kind, key, prefix.flatten(g[n:]), self._independent_apart)
             grads = [g[:n] for g in grads]
         for i in late:
             self._dropped_closed[ids[i]] = True
         self._skipped += len(late) + plan.skipped
         for (kind, key, _), g in zip(jobs, grads):
             if kind == "direct":
-                self._add_grads(self._final_buffer(), g)
+                self._step.add_grads(self._step.scaled(), g)
             elif kind == "direct_r":
-                self._add_grads(self._independent_buffer(), g)
+                self._step.add_grads(self._independent_buffer(), g)
             elif kind == "sum":
                 gid, reward = key  # type: ignore[misc]
                 self._groups[gid].accumulate(self._store, reward, grads=g)
@@ -374,13 +359,8 @@ class StreamingGRPO:
         for i in plan.touched:
             owners[i][1].direct += 1
         for i, (tid, (_, group)) in enumerate(zip(rows, owners)):
-            if tid in group.dropped:
-                group.scored_dropped.add(tid)
-                continue
-            group.scores[tid] = plan.scores[i]
-            group.tokens[tid] = float(terms.tokens[i])
-            if plan.independent is not None:
-                group.independent[tid] = plan.independent[i]
+            independent = plan.independent[i] if plan.independent is not None else None
+            group.record_score(tid, plan.scores[i], float(terms.tokens[i]), independent)
         self._on_policy = self._on_policy + terms.on_policy
         for gid, group in {id(g): (gid, g) for gid, g in owners}.values():
             if gid in self._groups:
@@ -432,26 +412,6 @@ class StreamingGRPO:
             glob = replace(glob, groups=float(num_groups))
         d = self.objective.denominator(glob)
         s = self.objective.batch_scale(glob)
-        final = self._final
-        if final is not None and self._final_independent is not None:
-            final.mul_(s).add_(self._final_independent)
-        elif final is None and self._final_independent is not None:
-            final, self._final_independent = self._final_independent, None
-        elif final is not None:
-            final.mul_(s)
-        if final is not None and d > 0:
-            for p, g in zip(self._params, self._store.split(final)):
-                contribution = (g * (-1.0 / d)).to(p.dtype)
-                if p.grad is None:
-                    p.grad = contribution.clone()
-                else:
-                    p.grad.add_(contribution)
-        else:
-            # Nothing to add (e.g. every group had equal rewards): a zero gradient, as a synchronous
-            # loss.backward() would leave, so optimizers apply momentum/weight decay the same way.
-            for p in self._params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
         report = StreamingReport(
             groups_folded=len(self._folded),
             groups_aborted=self._aborted,
@@ -469,119 +429,41 @@ class StreamingGRPO:
             on_policy=self._on_policy,
             dropped=sum(s_.dropped for s_ in self._folded),
         )
-        for buf in (final, self._final_independent):
-            if buf is not None:
-                self._store.release_device(buf)
-        self._final = self._final_independent = None
+        self._step.apply(self._params, s, d)
         self._spent = True
         return report
 
     # ------------------------------------------------------------------ internals
-    def _grad(
-        self, trajectory_id: Hashable, logprob: torch.Tensor, retain: bool = False, inputs: list | None = None
-    ) -> list:
-        try:
-            grads = torch.autograd.grad(
-                logprob, inputs if inputs is not None else self._params, allow_unused=True, retain_graph=retain
-            )
-        except RuntimeError as err:
-            raise InvalidLogprobError(
-                f"backward of trajectory {trajectory_id!r}'s logprob failed ({err}); it must be a scalar "
-                "computed from the parameters in this step's graph"
-            ) from err
-        if all(g is None for g in grads):
-            raise InvalidLogprobError(
-                f"trajectory {trajectory_id!r}'s logprob has no autograd path to the parameters; "
-                "compute it from the policy's forward pass"
-            )
-        self._backward += 1
-        return list(grads)
-
-    def _final_buffer(self) -> torch.Tensor:
-        if self._final is None:
-            self._final = self._store.zeros_on_device()
-        return self._final
-
     def _independent_buffer(self) -> torch.Tensor:
         """Where grad R_i goes: the step's gradient, or a buffer of its own when s is deferred."""
-        if self.objective.scale != "batch":
-            return self._final_buffer()
-        if self._final_independent is None:
-            self._final_independent = self._store.zeros_on_device()
-        return self._final_independent
-
-    def _add_grads(self, buf: torch.Tensor, grads: list) -> None:
-        for view, g in zip(self._store.split(buf), grads):
-            if g is not None:
-                view.add_(g.to(view.dtype))
-
-    def _add_flat(self, buf: torch.Tensor, flat: torch.Tensor) -> None:
-        buf.add_(self._store.to_device(flat))
-        self._store.release(flat)
+        return self._step.unscaled() if self._independent_apart else self._step.scaled()
 
     def _fold_buffers(self, group: GroupSums) -> None:
         """All verdicts known: a_g, b_g are fixed, so move the group's sums into the step's gradient."""
         if group.has_sums and not group.zero_advantage(self.objective):
             a, b = group.coefficients(self.objective)
-            group.fold_into(self._final_buffer(), self._store, a, b)
+            group.fold_into(self._step.scaled(), self._store, a, b)
             group.direct += 1
         group.drop(self._store)
-
-    def _backward_prefix(self, group: GroupSums, a: float, b: float) -> None:
-        """The group's prompt, backpropagated once with its folded leaf gradient (module docstring of prefix)."""
-        leaves = group.leaves
-        assert leaves is not None
-        scaled, unscaled = leaves.fold(a, b)
-        targets = [(self._final_buffer, scaled), (self._independent_buffer, unscaled)]
-        targets = [(buf, g) for buf, g in targets if g is not None and bool(g.ne(0).any())]
-        for k, (buffer, flat) in enumerate(targets):
-            grads = torch.autograd.grad(
-                list(leaves.prefix.outputs),
-                self._params,
-                grad_outputs=leaves.prefix.split(flat),
-                allow_unused=True,
-                retain_graph=k < len(targets) - 1,
-            )
-            self._backward += 1
-            self._add_grads(buffer(), list(grads))
-        group.leaves = None
 
     def _maybe_close(self, gid: Hashable, group: GroupSums) -> None:
         if not group.complete():
             return
-        kept = group.kept()
-        rewards = group.reward_tensor()
         a, b = group.coefficients(self.objective)
         if group.leaves is not None:
-            self._backward_prefix(group, a, b)
-        self._objective += sum((a * group.rewards[t] + b) * group.scores[t] for t in kept)
-        self._independent += sum(group.independent.get(t, 0.0) for t in kept)
-        self._totals = self._totals + BatchTotals(
-            groups=float(bool(kept)),
-            sequences=float(len(kept)),
-            tokens=sum(group.tokens.get(t, 0.0) for t in kept),
-            reward_count=float(len(kept)),
-            reward_sum=float(rewards.sum()),
-            reward_sq_sum=float((rewards**2).sum()),
-        )
+            for kind, grads in prefix_backward(group.leaves, self._params, a, b):
+                self._backward += 1
+                self._step.add_grads(self._step.scaled() if kind == "direct" else self._independent_buffer(), grads)
+            group.leaves = None
+        closed = group.close(gid, a, b)
+        self._objective += closed.objective
+        self._independent += closed.independent
+        self._totals = self._totals + closed.totals
         del self._groups[gid]
         for t in group.dropped:
             self._dropped_closed[t] = t in group.scored_dropped
-        mean = float(rewards.mean()) if kept else 0.0
-        std = float(rewards.std(correction=0)) if kept else 0.0
-        self._folded.append(GroupStat(gid, len(kept), mean, std, len(group.dropped)))
+        self._folded.append(closed.stat)
 
     def _describe_open(self) -> str:
-        parts = []
-        for gid, g in self._groups.items():
-            no_reward = [t for t in g.members if t not in g.rewards]
-            no_logprob = [t for t in g.kept() if t not in g.scores]
-            parts.append(f"group {gid!r} misses rewards of {no_reward} and logprobs of {no_logprob}")
+        parts = [g.describe_missing(gid) for gid, g in self._groups.items()]
         return "; ".join(parts) + ". Deliver the missing events or abort_group() the groups that cannot finish."
-
-
-def _select(terms: TrajectoryTerms, rows: list[int]) -> TrajectoryTerms:
-    """The terms of a subset of a scored batch (the on-policy statistics stay whole)."""
-    index = torch.tensor(rows, dtype=torch.long, device=terms.score.device)
-    independent = terms.independent[index] if terms.independent is not None else None
-    return TrajectoryTerms(terms.score[index], independent, terms.tokens[index.to(terms.tokens.device)], terms.on_policy)

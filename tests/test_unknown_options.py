@@ -84,3 +84,18 @@ def test_vllm_options_that_the_chosen_mode_ignores_are_rejected():
     with pytest.raises(ConfigError, match="weights_dir='/tmp' has no effect with weight_sync='direct'"):
         VLLMEngineConfig(weights_dir="/tmp")
     assert VLLMEngineConfig(kv_cache_memory_bytes=None, gpu_memory_utilization=0.9).gpu_memory_utilization == 0.9
+
+
+def test_the_strategy_names_max_held_trajectories_among_its_options_and_validates_it():
+    with pytest.raises(ConfigError, match="valid options: .*max_held_trajectories"):
+        _strategy(max_held=1)
+    with pytest.raises(ConfigError, match="max_held_trajectories must be >= 0"):
+        _strategy(max_held_trajectories=-1)
+    assert _strategy(max_held_trajectories=0).max_held_trajectories == 0
+    assert "max_held_trajectories" in inspect.signature(_strategy_class()).parameters
+
+
+def _strategy_class() -> Any:
+    from thundersync_lightning.strategy import ThunderSyncStrategy
+
+    return ThunderSyncStrategy

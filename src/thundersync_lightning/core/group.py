@@ -126,6 +126,15 @@ class GroupSums:
         self.by_reward.clear()
         self.g1, self.g2, self.shift = g1, g2, c
 
+    def take(self, kind: str, key: object, grads: list, store: GradientStore) -> None:
+        """One backward job's gradient: into the sum of its reward (``sum``), or held (``held``, ``held_r``)."""
+        if kind == "sum":
+            self.accumulate(store, key[1], grads=grads)  # type: ignore[index]
+        elif kind == "held":
+            self.held[key] = store.flatten(grads)
+        else:
+            self.held_independent[key] = store.flatten(grads)
+
     def fold_into(self, final: torch.Tensor, store: GradientStore, a: float, b: float) -> None:
         """``final += sum_i (a r_i + b) grad S_i`` from the sums (the caller then drops them)."""
         if self.g1 is not None:

@@ -26,28 +26,25 @@ the step's gradient (no sums). Once anything of a group has reached the step's g
 longer be aborted (its contribution cannot be removed exactly): ``abort_group`` raises; deliver
 its remaining events instead.
 
-``max_open_groups``: ``open_group`` raises :class:`OpenGroupLimitError` when that many groups are
-already open (declared, not yet folded or aborted); nothing changes. The caller admits groups as
-slots free up (the strategy defers a group's events until it is admitted).
+Memory is bounded by ``max_open_groups`` and ``max_held_trajectories``
+(:mod:`~thundersync_lightning.core.bounds`); a call that would pass a bound raises and changes nothing.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import replace
 
 import torch
 
+from .bounds import Bounds, bound_problems
 from .errors import (
     AccumulatorSpentError,
     ConfigError,
     DuplicateEventError,
     GroupError,
     InvalidLogprobError,
-    OpenGroupLimitError,
     OpenGroupsError,
-    PolicyChangedError,
     UnknownTrajectoryError,
 )
 from .group import GroupSums
@@ -59,7 +56,7 @@ from .routing import check_prefix, plan_backward
 from .step_gradient import StepGradient
 from .storage import ByteUsage, GradientStore, Offload
 from .terms import OnPolicyStats, TokenScores, TrajectoryTerms, trajectory_terms
-from .validation import check_scalar, finite_reward
+from .validation import argument_problems, check_scalar, check_unchanged, finite_reward
 
 __all__ = ["StreamingGRPO", "StreamingReport", "GroupStat"]
 
@@ -74,6 +71,8 @@ class StreamingGRPO:
         estimator, eps: shorthands for ``Objective(estimator=..., eps=...)``.
         offload: where group sums and held gradients live (``none`` | ``cpu`` | ``pinned``).
         max_open_groups: bound on groups declared and not yet folded/aborted (None: unbounded).
+        max_held_trajectories: bound on reward-pending trajectories holding a gradient (None:
+            unbounded; 0: never hold, wait for the reward before the backward).
     """
 
     def __init__(
@@ -85,28 +84,18 @@ class StreamingGRPO:
         objective: Objective | None = None,
         offload: Offload = "none",
         max_open_groups: int | None = None,
+        max_held_trajectories: int | None = None,
     ) -> None:
         self._params = [p for p in params]
-        problems = []
-        if not self._params:
-            problems.append("params is empty: pass the trainable parameters")
-        if any(not p.requires_grad for p in self._params):
-            problems.append("every tensor in params must require grad")
-        if len({id(p) for p in self._params}) != len(self._params):
-            problems.append("params lists the same tensor twice")
-        if objective is not None and (estimator is not None or eps is not None):
-            problems.append("pass either objective= or the estimator=/eps= shorthands, not both")
-        if eps is not None and not (eps >= 0 and math.isfinite(eps)):
-            problems.append(f"eps must be a finite number >= 0, got {eps}")
-        if max_open_groups is not None and max_open_groups < 1:
-            problems.append(f"max_open_groups must be >= 1 or None, got {max_open_groups}")
+        problems = argument_problems(self._params, objective is not None, estimator, eps)
+        problems += bound_problems(max_open_groups, max_held_trajectories)
         if problems:
             raise ConfigError("invalid StreamingGRPO arguments: " + "; ".join(problems))
         if objective is None:
             shorthand = {k: v for k, v in (("estimator", estimator), ("eps", eps)) if v is not None}
             objective = Objective(**shorthand)
         self.objective = objective
-        self.max_open_groups = max_open_groups
+        self._bounds = Bounds(max_open_groups, max_held_trajectories)
         self._store = GradientStore(self._params, offload)
         self._step = StepGradient(self._store)
         self.reset()
@@ -137,6 +126,7 @@ class StreamingGRPO:
         self._spent = False
         self._versions = [p._version for p in self._params]
         self._store.reset_counters()
+        self._bounds.reset()
 
     @property
     def open_groups(self) -> tuple[Hashable, ...]:
@@ -158,6 +148,24 @@ class StreamingGRPO:
     @property
     def peak_bytes(self) -> ByteUsage:
         return self._store.peak()
+
+    @property
+    def max_open_groups(self) -> int | None:
+        return self._bounds.max_open_groups
+
+    @property
+    def max_held_trajectories(self) -> int | None:
+        return self._bounds.max_held_trajectories
+
+    @property
+    def held_trajectories(self) -> int:
+        """Trajectories backpropagated before their reward, each holding a gradient until it lands."""
+        return self._bounds.held
+
+    @property
+    def peak_held_bytes(self) -> int:
+        """Most bytes held gradients took at once in this step (wherever ``offload`` put them)."""
+        return self._bounds.peak_held_buffers * self._store.buffer_bytes
 
     def totals(self) -> BatchTotals:
         """This process's counts so far (sum them over ranks for :meth:`finish`)."""
@@ -202,11 +210,7 @@ class StreamingGRPO:
                 f"trajectories {taken} of group {group_id!r} already belong to group "
                 f"{self._owner[taken[0]]!r}; a trajectory belongs to exactly one group"
             )
-        if self.max_open_groups is not None and len(self._groups) >= self.max_open_groups:
-            raise OpenGroupLimitError(
-                f"cannot open group {group_id!r}: {len(self._groups)} groups are open and "
-                f"max_open_groups={self.max_open_groups}; fold or abort one first, or raise the limit"
-            )
+        self._bounds.check_open(group_id, len(self._groups))
         self._groups[group_id] = GroupSums(members)
         for t in members:
             self._owner[t] = group_id
@@ -248,12 +252,12 @@ class StreamingGRPO:
             if held is not None:
                 group.accumulate(self._store, value, flat=held)
             if held_r is not None:
-                self._step.add_flat(self._independent_buffer(), held_r)
+                self._step.add_flat(self._step_buffer("direct_r"), held_r)
                 group.direct += 1
         if group.all_rewards_known():
             self._fold_buffers(group)  # a_g, b_g are known now: free the sums early
         self._maybe_close(gid, group)
-        self._count_leaves()
+        self._count()
 
     def add_logprob(self, trajectory_id: Hashable, logprob: torch.Tensor) -> None:
         """One trajectory's S_i (see :meth:`add_logprobs`)."""
@@ -326,6 +330,7 @@ class StreamingGRPO:
             terms = select_terms(terms, keep)
         owners = [self._group_of(tid) for tid in rows]
         plan = plan_backward(self.objective, rows, owners, terms)
+        self._bounds.check_held(rows[i] for i in plan.held + plan.held_independent)
         if prefix is not None:
             check_prefix(owners, prefix)
         inputs = list(self._params) + (list(prefix.leaves) if prefix is not None else [])
@@ -345,17 +350,10 @@ class StreamingGRPO:
             self._dropped_closed[ids[i]] = True
         self._skipped += len(late) + plan.skipped
         for (kind, key, _), g in zip(jobs, grads):
-            if kind == "direct":
-                self._step.add_grads(self._step.scaled(), g)
-            elif kind == "direct_r":
-                self._step.add_grads(self._independent_buffer(), g)
-            elif kind == "sum":
-                gid, reward = key  # type: ignore[misc]
-                self._groups[gid].accumulate(self._store, reward, grads=g)
-            elif kind == "held":
-                self._groups[self._owner[key]].held[key] = self._store.flatten(g)
+            if kind in ("direct", "direct_r"):
+                self._step.add_grads(self._step_buffer(kind), g)
             else:
-                self._groups[self._owner[key]].held_independent[key] = self._store.flatten(g)
+                self._groups[key[0] if kind == "sum" else self._owner[key]].take(kind, key, g, self._store)
         for i in plan.touched:
             owners[i][1].direct += 1
         for i, (tid, (_, group)) in enumerate(zip(rows, owners)):
@@ -365,9 +363,11 @@ class StreamingGRPO:
         for gid, group in {id(g): (gid, g) for gid, g in owners}.values():
             if gid in self._groups:
                 self._maybe_close(gid, group)
-        self._count_leaves()
+        self._count()
 
-    def _count_leaves(self) -> None:
+    def _count(self) -> None:
+        """Held gradients and leaf bytes, recounted from the open groups (the one source of truth)."""
+        self._bounds.count_held(self._groups.values())
         self._store.set_leaf_bytes(sum(g.leaves.nbytes for g in self._groups.values() if g.leaves is not None))
 
     def abort_group(self, group_id: Hashable) -> None:
@@ -387,6 +387,7 @@ class StreamingGRPO:
         for t in group.members:
             del self._owner[t]
         self._aborted += 1
+        self._count()
 
     # ------------------------------------------------------------------ barrier
     def finish(self, num_groups: int | None = None, *, totals: BatchTotals | None = None) -> StreamingReport:
@@ -398,13 +399,7 @@ class StreamingGRPO:
         self._check_live()
         if self._groups:
             raise OpenGroupsError("cannot finish the step: " + self._describe_open())
-        moved = [i for i, (p, v) in enumerate(zip(self._params, self._versions)) if p._version != v]
-        if moved:
-            raise PolicyChangedError(
-                f"{len(moved)} parameter(s) (indices {moved[:8]}) were modified in place during the step; "
-                "the streamed gradients were taken at the old values, so stepping now would mix two "
-                "policies. Do not change parameters between the first event and the barrier."
-            )
+        check_unchanged(self._params, self._versions)
         if num_groups is not None and (num_groups < len(self._folded) or num_groups < 0):
             raise GroupError(f"num_groups={num_groups} is smaller than the {len(self._folded)} groups folded here")
         glob = totals if totals is not None else self._totals
@@ -428,15 +423,17 @@ class StreamingGRPO:
             totals=self._totals,
             on_policy=self._on_policy,
             dropped=sum(s_.dropped for s_ in self._folded),
+            peak_held_trajectories=self._bounds.peak_held,
+            peak_held_bytes=self.peak_held_bytes,
         )
         self._step.apply(self._params, s, d)
         self._spent = True
         return report
 
     # ------------------------------------------------------------------ internals
-    def _independent_buffer(self) -> torch.Tensor:
-        """Where grad R_i goes: the step's gradient, or a buffer of its own when s is deferred."""
-        return self._step.unscaled() if self._independent_apart else self._step.scaled()
+    def _step_buffer(self, kind: str) -> torch.Tensor:
+        """The step buffer of a ``direct`` job or of R terms (``direct_r``: their own when s is deferred)."""
+        return self._step.unscaled() if kind == "direct_r" and self._independent_apart else self._step.scaled()
 
     def _fold_buffers(self, group: GroupSums) -> None:
         """All verdicts known: a_g, b_g are fixed, so move the group's sums into the step's gradient."""
@@ -453,7 +450,7 @@ class StreamingGRPO:
         if group.leaves is not None:
             for kind, grads in prefix_backward(group.leaves, self._params, a, b):
                 self._backward += 1
-                self._step.add_grads(self._step.scaled() if kind == "direct" else self._independent_buffer(), grads)
+                self._step.add_grads(self._step_buffer(kind), grads)
             group.leaves = None
         closed = group.close(gid, a, b)
         self._objective += closed.objective

@@ -22,9 +22,8 @@ import torch
 from thundersync_lightning.envs.toy import GuessingGameTasks
 from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
 from thundersync_lightning.rollout import TraceReplayEngineConfig
-from thundersync_lightning.strategy import ThunderSyncStrategy
 
-from ._fit import TOY_MODEL, RecordSteps
+from ._fit import TOY_MODEL, fit
 from .test_objective_modes import GradientAtBarrier
 
 BF16_TOLERANCE = 3e-2
@@ -37,19 +36,6 @@ def first_gradient(mode: str, precision: str, dtype: str = "float32") -> tuple[t
     with torch.no_grad():
         for p in policy.parameters():
             p.copy_(p.to(torch.bfloat16).to(p.dtype))
-    grads, record = GradientAtBarrier(), RecordSteps()
-    trainer = L.Trainer(
-        strategy=ThunderSyncStrategy(mode=mode),
-        accelerator="cpu",
-        devices=1,
-        max_steps=1,
-        precision=precision,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        callbacks=[grads, record],
-    )
     data = RolloutDataModule(
         tasks=GuessingGameTasks(latency="none"),
         engine=TraceReplayEngineConfig(time_scale_s=0.001),
@@ -57,8 +43,9 @@ def first_gradient(mode: str, precision: str, dtype: str = "float32") -> tuple[t
         groups_per_step=4,
         seed=0,
     )
-    trainer.fit(policy, data)
-    return grads.grads[0], record.steps[0], policy
+    grads = GradientAtBarrier()
+    _, steps, _ = fit(mode, steps=1, policy=policy, data=data, precision=precision, callbacks=[grads])
+    return grads.grads[0], steps[0], policy
 
 
 @pytest.fixture(scope="module")

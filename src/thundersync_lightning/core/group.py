@@ -97,7 +97,7 @@ class GroupSums:
 
         def add(buf: torch.Tensor, alpha: float = 1.0) -> None:
             if flat is not None:
-                buf.add_(flat, alpha=alpha)
+                store.add_flat(buf, flat, alpha)
             else:
                 store.add_grads(buf, grads, alpha)
 
@@ -120,8 +120,8 @@ class GroupSums:
         g1 = store.scaled(flat, reward - c)
         g2 = flat
         for r, h in self.by_reward.items():
-            g1.add_(h, alpha=r - c)
-            g2.add_(h)
+            store.add_flat(g1, h, r - c)
+            store.add_flat(g2, h)
             store.release(h)
         self.by_reward.clear()
         self.g1, self.g2, self.shift = g1, g2, c

@@ -100,3 +100,18 @@ def test_vllm_options_that_the_chosen_mode_ignores_are_rejected():
         VLLMEngineConfig(teacher={"ckpt_path": "last.ckpt"})  # type: ignore[arg-type]
     teacher = TeacherConfig(ckpt_path="last.ckpt")
     assert VLLMEngineConfig(teacher=teacher, teacher_engine_kwargs={"max_num_seqs": 8}).teacher == teacher
+
+
+def test_the_strategy_names_max_held_trajectories_among_its_options_and_validates_it():
+    with pytest.raises(ConfigError, match="valid options: .*max_held_trajectories"):
+        _strategy(max_held=1)
+    with pytest.raises(ConfigError, match="max_held_trajectories must be >= 0"):
+        _strategy(max_held_trajectories=-1)
+    assert _strategy(max_held_trajectories=0).max_held_trajectories == 0
+    assert "max_held_trajectories" in inspect.signature(_strategy_class()).parameters
+
+
+def _strategy_class() -> Any:
+    from thundersync_lightning.strategy import ThunderSyncStrategy
+
+    return ThunderSyncStrategy

@@ -27,9 +27,14 @@ class RecordSteps(Callback):
         self.steps.append(trainer.strategy.last_step_stats)
 
 
-def toy_data(groups: int = 4, group_size: int = 4, seed: int = 0, engine: Any = None) -> RolloutDataModule:
+def toy_data(
+    groups: int = 4, group_size: int = 4, seed: int = 0, latency: bool = False, engine: Any = None
+) -> RolloutDataModule:
+    """The toy task; ``latency`` delays each verdict a little (seeded; same trajectories and rewards),
+    so that the learner backpropagates trajectories before their rewards and holds their gradients."""
+    delay = {"latency": "lognormal", "latency_median_s": 0.005, "latency_max_s": 0.05} if latency else {}
     return RolloutDataModule(
-        tasks=GuessingGameTasks(latency="none"),
+        tasks=GuessingGameTasks(**{"latency": "none", **delay}),
         engine=engine or EmbeddedEngineConfig(num_threads=1, env_workers=4),
         group_size=group_size,
         groups_per_step=groups,

@@ -4,8 +4,10 @@ Streaming (and async): a pump thread moves the engine's events into a queue; the
 it and never idles while work exists. Trajectories whose content and reward are both known are
 scored and backpropagated in buckets that share one backward (one group and one reward value,
 or every trajectory of fully rewarded groups: ``StreamingGRPO.add_logprobs``); when nothing else is
-ready, a trajectory whose reward is still pending is backpropagated alone and its gradient held.
-The learner waits only when no work is left. Sync (``defer=True``): the learner does nothing until
+ready, a trajectory whose reward is still pending is backpropagated alone and its gradient held,
+unless ``max_held_trajectories`` gradients are already held: then it waits for its reward (which
+frees a held gradient into its group's sum) and keeps doing reward-known work meanwhile. The
+learner waits only when no work is left that fits the bounds. Sync (``defer=True``): the learner does nothing until
 the last event, then the same accumulator processes the whole batch (every reward known: the
 direct path), so every mode trains the same objective through the same code.
 
@@ -149,7 +151,14 @@ class StepRunner:
         return False
 
     def _has_work(self, ended: bool) -> bool:
-        return bool(self._waiting) and (ended or not self.defer)
+        if not self._waiting or not (ended or not self.defer):
+            return False
+        return self._can_hold() or any(t in self.outcome.rewards for t in self._waiting)
+
+    def _can_hold(self) -> bool:
+        """Room to backpropagate one more reward-pending trajectory (its gradient is held)."""
+        limit = self.acc.max_held_trajectories
+        return limit is None or self.acc.held_trajectories < limit
 
     def _work(self, inbox_empty: bool) -> bool:
         """One unit of learner work; False when there was none."""
@@ -167,7 +176,7 @@ class StepRunner:
                 for k in range(0, len(tids), self.max_batch):
                     self._backward(tids[k : k + self.max_batch])
             return True
-        if inbox_empty:
+        if inbox_empty and self._can_hold():
             pending = next(iter(self._waiting), None)
             if pending is not None:
                 self._backward([pending])

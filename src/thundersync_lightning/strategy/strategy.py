@@ -20,6 +20,7 @@ the step's first event and its barrier (:class:`PolicySnapshot`).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -36,6 +37,7 @@ from torch import Tensor
 from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
+from ..core.bounds import bound_problems
 from ..core.errors import ConfigError
 from ..core.objective import BatchTotals, Objective
 from ..core.snapshot import PolicySnapshot
@@ -86,6 +88,12 @@ class ThunderSyncStrategy(DDPStrategy):
         offload: where open groups' gradient sums live: ``none`` | ``cpu`` | ``pinned``.
         max_open_groups: bound on groups holding gradient buffers at once; later groups' events
             are deferred until a slot frees (the result is unchanged, memory is bounded).
+        max_held_trajectories: bound on reward-pending trajectories holding a parameter-sized
+            gradient at once (None: unbounded; 0: never hold, each backward waits for its reward).
+            When it is full the learner waits for rewards and keeps doing reward-known work (the
+            result is unchanged). Together with ``max_open_groups`` it bounds the accumulator to
+            ``2 * (max_open_groups + max_held_trajectories)`` parameter-sized buffers
+            (:mod:`thundersync_lightning.core.bounds`).
         launch_ahead: in streaming/sync, issue step k+1's rollouts right after step k's weights are
             published (before Lightning's between-step bookkeeping); staleness stays 0.
         max_batch_trajectories: most trajectories scored in one forward (bounds activation memory).
@@ -113,6 +121,7 @@ class ThunderSyncStrategy(DDPStrategy):
         mode: Mode = "streaming",
         offload: Offload = "none",
         max_open_groups: int | None = None,
+        max_held_trajectories: int | None = None,
         launch_ahead: bool = True,
         max_batch_trajectories: int = 32,
         progress_interval_s: float = 0.2,
@@ -139,15 +148,13 @@ class ThunderSyncStrategy(DDPStrategy):
             else:
                 problems.append(
                     f"{name}={unknown[name]!r} is not an option of ThunderSyncStrategy (it has no DDP wrapper to "
-                    f"pass it to); valid options: mode, offload, max_open_groups, launch_ahead, "
-                    f"max_batch_trajectories, progress_interval_s, boundary_cut, memory_check"
+                    f"pass it to); valid options: {', '.join(_own_options())}"
                 )
         if mode not in _MODES:
             problems.append(f"mode={mode!r} is not one of {_MODES}")
         if offload not in ("none", "cpu", "pinned"):
             problems.append(f"offload={offload!r} is not one of ('none', 'cpu', 'pinned')")
-        if max_open_groups is not None and max_open_groups < 1:
-            problems.append(f"max_open_groups must be >= 1 or None, got {max_open_groups}")
+        problems += bound_problems(max_open_groups, max_held_trajectories)
         if max_batch_trajectories < 1:
             problems.append(f"max_batch_trajectories must be >= 1, got {max_batch_trajectories}")
         if memory_check not in ("error", "warn", "off"):
@@ -167,6 +174,7 @@ class ThunderSyncStrategy(DDPStrategy):
         self.mode: Mode = mode
         self.offload: Offload = offload
         self.max_open_groups = max_open_groups
+        self.max_held_trajectories = max_held_trajectories
         self.launch_ahead = launch_ahead
         self.progress_interval_s = progress_interval_s
         self.max_batch_trajectories = max_batch_trajectories
@@ -363,7 +371,11 @@ class ThunderSyncStrategy(DDPStrategy):
             or any(a is not b for a, b in zip(acc.params, params))
         ):
             acc = StreamingGRPO(
-                params, objective=objective, offload=self.offload, max_open_groups=self.max_open_groups
+                params,
+                objective=objective,
+                offload=self.offload,
+                max_open_groups=self.max_open_groups,
+                max_held_trajectories=self.max_held_trajectories,
             )
             self._accumulator_cache = acc
         else:
@@ -485,6 +497,8 @@ class ThunderSyncStrategy(DDPStrategy):
             accumulator=report.peak_bytes if report is not None else ByteUsage(),
             groups_folded=report.groups_folded if report is not None else len(step.request.groups),
             groups_aborted=report.groups_aborted if report is not None else 0,
+            peak_held_trajectories=report.peak_held_trajectories if report is not None else 0,
+            peak_held_bytes=report.peak_held_bytes if report is not None else 0,
             num_groups_global=step.num_groups,
             learner_tokens=outcome.learner_tokens,
             loss=step.loss,
@@ -513,3 +527,9 @@ class ThunderSyncStrategy(DDPStrategy):
         self._accumulator = None
         self._accumulator_cache = None
         super().teardown()
+
+
+def _own_options() -> list[str]:
+    """The strategy's own options (its signature up to Lightning's plumbing), for error messages."""
+    names = list(inspect.signature(ThunderSyncStrategy.__init__).parameters)[1:]
+    return names[: names.index("accelerator")]

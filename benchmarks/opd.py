@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import math
+import os
 import statistics
 import sys
 import time

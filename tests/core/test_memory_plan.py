@@ -59,10 +59,17 @@ def test_the_held_bound_never_exceeds_the_trajectories_of_the_open_groups():
 def test_offload_moves_sums_and_held_gradients_to_the_host_and_adds_device_staging():
     none, pinned = plan_memory(inputs(max_open_groups=1)), plan_memory(inputs(max_open_groups=1, offload="pinned"))
     moved = none.bytes_of("group sums", "held gradients")
-    assert pinned.pinned_host_bytes == moved
+    assert pinned.pinned_host_bytes == moved + 2 * 4 * P  # and the two buffers the copies land in
     assert pinned.device_bytes == none.device_bytes - moved + 2 * 4 * P  # double-buffered staging
     cpu = plan_memory(inputs(max_open_groups=1, offload="cpu"))
     assert cpu.pageable_host_bytes == moved and cpu.pinned_host_bytes == 0
+
+
+def test_a_held_trajectory_holds_two_gradients_when_failed_ones_are_dropped_with_independent_terms():
+    one, two = plan_memory(inputs(max_held_trajectories=3)), plan_memory(inputs(max_held_trajectories=3, held_independent=True))
+    assert one.row("held gradients").total == 3 * 4 * P
+    assert two.row("held gradients").total == 2 * 3 * 4 * P
+    assert plan_memory(inputs(max_held_trajectories=0)).row("held gradients").total == 0  # 0: never hold
 
 
 def test_sync_mode_holds_no_sums_because_every_reward_is_known_when_scored():

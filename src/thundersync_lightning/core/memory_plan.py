@@ -11,10 +11,12 @@ O the open groups and H the held (reward-pending) trajectories of a rank at once
     gradients        P_t e                     (fsdp2: / N)
     optimizer state  S P_t e                   (torch keeps it in the weights' dtype; zero1, fsdp2: / N)
     group sums       2 O P_t a                 (two running sums per open group; 0 in sync mode)
-    held gradients   H P_t a                   (one per reward-pending trajectory; 0 in sync mode)
+    held gradients   H P_t a                   (one per reward-pending trajectory; 0 in sync mode;
+                                               2 H P_t a when failed="drop" keeps R_i apart too)
     step gradient    P_t a                     (the folded gradient; a second under scale="batch"
                                                 with reward-independent terms)
     staging          2 P_t a                   (offload on a GPU: double-buffered device copies)
+    landing          2 P_t a                   (pinned offload: the host buffers copies land in)
     backward         P_t e                     (one autograd result before it is added)
     collective       P_t e                     (N > 1 without fsdp2: the flat all-reduce buffer)
     activations      n T (L b_layer + b_logits) (the largest scored micro-batch, see below)
@@ -212,6 +214,8 @@ class PlanInputs:
         reference: a frozen full copy of the weights for the KL term (kl_coef != 0 without LoRA).
         entropy: the objective has an entropy term (more logits activations).
         independent_buffer: a second step gradient (scale="batch" with KL/entropy/OPD terms).
+        held_independent: a held trajectory also holds its reward-independent gradient
+            (``failed="drop"`` with KL/entropy/OPD terms: it is dropped with a failed verdict).
         teacher_params, teacher_on_device: an OPD teacher held by a rollout engine (0: none).
         engine_device_fraction: the share of the device a colocated engine reserves (vLLM's
             ``gpu_memory_utilization``); engine_device_bytes: bytes it reserves instead.
@@ -237,6 +241,7 @@ class PlanInputs:
     reference: bool = False
     entropy: bool = False
     independent_buffer: bool = False
+    held_independent: bool = False
     teacher_params: int = 0
     teacher_on_device: bool = False
     engine_device_fraction: float = 0.0
@@ -262,10 +267,12 @@ class PlanInputs:
                      "max_batch_trajectories", "accumulator_bytes"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_open_groups", "max_held_trajectories", "max_prompt_tokens"):
+        for name in ("max_open_groups", "max_prompt_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 problems.append(f"{name} must be >= 1 or None, got {value}")
+        if self.max_held_trajectories is not None and self.max_held_trajectories < 0:
+            problems.append(f"max_held_trajectories must be >= 0 or None, got {self.max_held_trajectories}")
         if not 0.0 <= self.engine_device_fraction < 1.0:
             problems.append(f"engine_device_fraction must be in [0, 1), got {self.engine_device_fraction}")
         if self.model.trainable_params > self.model.total_params:
@@ -428,16 +435,20 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
            f"{states} x P_t e ({i.optimizer})" + (f" / {n} ({i.sharding})" if shard > 1 else "")),
     ]
     sums = 2 * i.open_groups * pt * a if streaming else 0
-    held = i.held_trajectories * pt * a if streaming else 0
+    per_held = 2 if i.held_independent else 1
+    held = per_held * i.held_trajectories * pt * a if streaming else 0
     sync_note = "sync mode: every reward is known when scored"
     rows += [
         at("group sums", sums, f"2 x {i.open_groups} open groups x P_t a" if streaming else sync_note, offload_where),
-        at("held gradients", held, f"{i.held_trajectories} held x P_t a" if streaming else sync_note, offload_where),
+        at("held gradients", held,
+           f"{i.held_trajectories} held x {per_held} x P_t a" if streaming else sync_note, offload_where),
         at("step gradient", (2 if i.independent_buffer else 1) * pt * a,
            "2 x P_t a (scale=batch keeps R apart)" if i.independent_buffer else "P_t a"),
     ]
     if i.offload != "none" and i.accelerator == "gpu" and streaming:
         rows.append(at("staging", 2 * pt * a, "2 x P_t a: double-buffered copies to and from the host"))
+    if i.offload == "pinned" and streaming:
+        rows.append(at("landing", 2 * pt * a, "2 x P_t a: pinned buffers the copies land in", "pinned_host"))
     rows.append(at("backward", pt * e, "P_t e: one autograd result before it is added"))
     if n > 1 and not fsdp:
         rows.append(at("collective", pt * e, "P_t e: the flat all-reduce at the barrier"))

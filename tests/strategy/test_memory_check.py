@@ -60,7 +60,8 @@ def test_the_fit_plan_reads_the_live_module_data_and_strategy():
     assert (i.groups_per_step, i.group_size, i.open_groups, i.held_trajectories) == (6, 3, 2, 6)
     assert (i.offload, i.max_batch_trajectories, i.accelerator, i.optimizer) == ("cpu", 5, "cpu", "adamw")
     assert (i.sharding, i.max_held_trajectories) == ("none", None)  # options of other parts, absent here
-    assert i.max_tokens_per_trajectory == TOY_MODEL["max_position_embeddings"]
+    # the task source bounds an episode (start token + 4 turns of a guess and an answer)
+    assert i.max_tokens_per_trajectory == toy_data().tasks.max_episode_tokens() == 9 and i.tokens_bounded
     assert plan.row("group sums").pageable_host == 2 * 2 * trainable * 4
 
 
@@ -73,8 +74,8 @@ def test_the_fit_plan_reads_the_held_bound_and_sharding_when_the_strategy_has_th
 
 
 def test_a_fit_whose_plan_does_not_fit_is_refused_before_the_engine_starts_naming_the_fix(monkeypatch):
-    # 20 MiB free: the unbounded plan (~45 MiB, mostly 16 scored trajectories' activations) does not fit
-    monkeypatch.setattr(memory_check, "machine_capacity", lambda device: (20 * 2**20, 20 * 2**20))
+    # 12 MiB free: the unbounded plan (20 MiB: 4 open groups x 2 sums + 16 held gradients of 0.6 MB) does not fit
+    monkeypatch.setattr(memory_check, "machine_capacity", lambda device: (12 * 2**20, 12 * 2**20))
     data = RolloutDataModule(tasks=toy_data().tasks, engine=_EngineThatMustNotStart(), group_size=4, groups_per_step=4)
     trainer = L.Trainer(strategy=ThunderSyncStrategy(), accelerator="cpu", devices=1, max_steps=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
@@ -82,8 +83,29 @@ def test_a_fit_whose_plan_does_not_fit_is_refused_before_the_engine_starts_namin
         trainer.fit(GRPOPolicy(config=TOY_MODEL), data)
     message = str(err.value)
     assert "memory plan does not fit this host" in message
-    assert re.search(r"any of these would make it fit: .*trainer\.strategy\.init_args\.max_batch_trajectories=\d+", message)
+    assert re.search(r"any of these would make it fit: .*trainer\.strategy\.init_args\.max_\w+=\d+", message)
     assert "group sums" in message and "memory_check=warn" in message
+
+
+class _UnboundedTasks(type(toy_data().tasks)):
+    """The toy game without its episode bound: only the model's context window bounds T."""
+
+    max_episode_tokens = None  # type: ignore[assignment]
+
+
+def test_a_plan_bounded_only_by_the_model_context_is_a_worst_case_that_warns_instead_of_refusing(monkeypatch, caplog):
+    policy = GRPOPolicy(config=TOY_MODEL)
+    data = RolloutDataModule(tasks=_UnboundedTasks(latency="none"), engine=EmbeddedEngineConfig(num_threads=1),
+                             group_size=4, groups_per_step=4)
+    plan = memory_check.fit_plan(SimpleNamespace(lightning_module=policy, datamodule=data, precision="32-true"),
+                                 _strategy())
+    assert plan.inputs.max_tokens_per_trajectory == TOY_MODEL["max_position_embeddings"]
+    assert not plan.inputs.tokens_bounded and "T unbounded" in plan.table()
+    monkeypatch.setattr(memory_check, "machine_capacity", lambda device: (2**20, 2**20))
+    with caplog.at_level(logging.WARNING, logger="thundersync_lightning.strategy.strategy"):
+        problems, certain = memory_check.memory_problems(
+            SimpleNamespace(lightning_module=policy, datamodule=data, precision="32-true"), _strategy())
+    assert problems and not certain and "max_context_tokens" in problems[0]
 
 
 def test_memory_check_warn_logs_the_plan_and_trains(monkeypatch, caplog):

@@ -58,7 +58,8 @@ def suggestions(i: PlanInputs, device: int, host: int) -> tuple[str, ...]:
     for name in ("max_batch_trajectories", "max_held_trajectories", "max_open_groups"):
         current = getattr(i, name)
         upper = current - 1 if current is not None else _natural_bound(i, name)
-        best = next((k for k in range(upper, 0, -1) if fits(replace(i, **{name: k}))), None)
+        lowest = 0 if name == "max_held_trajectories" else 1  # 0 held: every backward waits for its reward
+        best = next((k for k in range(upper, lowest - 1, -1) if fits(replace(i, **{name: k}))), None)
         if best is not None:
             out.append(f"{strategy}.{name}={best}")
     if i.offload == "none" and i.mode != "sync":
@@ -81,13 +82,13 @@ def suggestions(i: PlanInputs, device: int, host: int) -> tuple[str, ...]:
                     break
     if out:
         return tuple(out)
-    tight = replace(i, max_open_groups=1, max_held_trajectories=1, max_batch_trajectories=1)
+    tight = replace(i, max_open_groups=1, max_held_trajectories=0, max_batch_trajectories=1)
     combos = [("", tight)]
     if lora:
         combos.append((f"model.lora.r={_LORA_RANK}, ", replace(tight, model=lora_inputs.model, reference=False)))
     offloads = ("pinned", "none") if i.accelerator == "gpu" and i.mode != "sync" else (i.offload,)
     candidates = [(label, where, replace(base, offload=where)) for label, base in combos for where in offloads]
-    together = f"together: {{}}{strategy}.max_open_groups=1, max_held_trajectories=1, max_batch_trajectories=1, "
+    together = f"together: {{}}{strategy}.max_open_groups=1, max_held_trajectories=0, max_batch_trajectories=1, "
     for label, where, x in candidates:
         if fits(x):
             return (together.format(label) + f"offload={where}",)

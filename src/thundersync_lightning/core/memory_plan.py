@@ -208,6 +208,8 @@ class PlanInputs:
         max_open_groups, max_held_trajectories: the accumulator's bounds (None: unbounded).
         groups_per_step, group_size: the batch (over all ranks; a rank holds its share).
         max_tokens_per_trajectory: T, the longest trajectory (context limit).
+        tokens_bounded: False when nothing but the model's context window bounds T (no engine
+            context limit, no task bound): the activation rows are then a worst case, not a plan.
         max_batch_trajectories: n, trajectories scored in one forward.
         max_prompt_tokens: the longest shared prompt (boundary cut; None: T).
         boundary_cut: a group's prompt graph and leaf sums stay alive while the group is open.
@@ -235,6 +237,7 @@ class PlanInputs:
     groups_per_step: int = 16
     group_size: int = 8
     max_tokens_per_trajectory: int = 4096
+    tokens_bounded: bool = True
     max_batch_trajectories: int = 32
     max_prompt_tokens: int | None = None
     boundary_cut: bool = False
@@ -470,7 +473,8 @@ def _activation_rows(i: PlanInputs) -> list[PlanRow]:
             "activations",
             device=tokens * per_token,
             note=f"{trajectories} trajectories x {i.max_tokens_per_trajectory} tokens x "
-            f"{format_bytes(per_token)} per token",
+            f"{format_bytes(per_token)} per token"
+            + ("" if i.tokens_bounded else " (T unbounded: the model's context window)"),
         )
     ]
     if i.boundary_cut and i.mode != "sync":

@@ -76,3 +76,7 @@ class TaskSource(Protocol):
     def tasks(self, step: int, num_groups: int, seed: int) -> Sequence[Any]: ...
 
     def make_env(self, task: Any, seed: int) -> Environment: ...
+
+    # Optional: ``max_episode_tokens() -> int``, an upper bound on one episode's tokens (prompt,
+    # actions and observations). The memory plan sizes activations with it when the engine sets
+    # no context limit (``max_context_tokens`` / ``max_model_len``).

@@ -91,8 +91,11 @@ def plan_inputs(
     """
     gpu = accelerator == "gpu"
     arch = model.architecture
-    limits = [engine.get("max_model_len"), engine.get("max_context_tokens"), arch.max_positions if arch else None]
+    limits = [engine.get("max_model_len"), engine.get("max_context_tokens"), data.get("max_episode_tokens")]
     known = [int(v) for v in limits if isinstance(v, int) and v > 0]
+    bounded = bool(known)  # else only the model's context window bounds an episode
+    if arch is not None and arch.max_positions:
+        known.append(int(arch.max_positions))
     engine_fraction, engine_bytes = 0.0, 0
     if gpu and "gpu_memory_utilization" in engine:  # vLLM, colocated on the learner's GPU
         kv = engine.get("kv_cache_memory_bytes")
@@ -117,6 +120,7 @@ def plan_inputs(
         groups_per_step=int(data.get("groups_per_step", 16)),
         group_size=int(data.get("group_size", 8)),
         max_tokens_per_trajectory=min(known) if known else DEFAULT_MAX_TOKENS,
+        tokens_bounded=bounded,
         max_batch_trajectories=int(strategy.get("max_batch_trajectories", 32)),
         boundary_cut=bool(strategy.get("boundary_cut", False)),
         reference=(objective.needs_reference and not model.lora) if reference is None else reference,
@@ -165,12 +169,21 @@ def fit_plan(trainer: Any, strategy: Any) -> MemoryPlan:
             accelerator="gpu" if strategy.root_device.type == "cuda" else "cpu",
             world_size=strategy.num_nodes * strategy.num_processes,
             strategy={"sharding": "none", **_settings(strategy, STRATEGY_KEYS)},
-            data=_settings(data, ("groups_per_step", "group_size")),
+            data={**_settings(data, ("groups_per_step", "group_size")), "max_episode_tokens": _episode_bound(data)},
             engine=_settings(getattr(data, "engine_factory", None)),
             optimizer=_module_optimizer(module),
             reference=getattr(module, "reference", None) is not None,
         )
     )
+
+
+def _episode_bound(data: Any) -> int | None:
+    """The task source's own bound on an episode's tokens (``max_episode_tokens()``), if it has one."""
+    bound = getattr(getattr(data, "tasks", None), "max_episode_tokens", None)
+    try:
+        return int(bound()) if callable(bound) else None
+    except Exception:  # noqa: BLE001 - an optional hint; planning goes on without it
+        return None
 
 
 def machine_capacity(device: torch.device) -> tuple[int, int]:
@@ -192,8 +205,10 @@ def _resident_bytes(module: Any) -> int:
     return sum(t.numel() * t.element_size() for t in unique.values())
 
 
-def memory_problems(trainer: Any, strategy: Any) -> list[str]:
-    """One problem naming the settings that would make the fit's plan fit (empty when it fits)."""
+def memory_problems(trainer: Any, strategy: Any) -> tuple[list[str], bool]:
+    """(one problem naming the settings that would make the fit's plan fit, or none; whether the
+    plan is certain enough to refuse the fit). A plan whose trajectory length is bounded only by
+    the model's context window is a worst case: it is reported, never refused."""
     plan = fit_plan(trainer, strategy)
     device, host = machine_capacity(strategy.root_device)
     resident = _resident_bytes(trainer.lightning_module)
@@ -203,11 +218,18 @@ def memory_problems(trainer: Any, strategy: Any) -> list[str]:
     if verdict.fits:
         log.info("memory plan fits: %s on the %s", format_bytes(plan.device_bytes + plan.host_bytes),
                  plan.inputs.accelerator)
-        return []
+        return [], False
     where = "GPU" if plan.inputs.accelerator == "gpu" else "host (a CPU run: the device is the host)"
+    certain = plan.inputs.tokens_bounded
+    unbounded = (
+        "" if certain else
+        f"Nothing bounds an episode's length but the model's context ({plan.inputs.max_tokens_per_trajectory} "
+        "tokens), so this is a worst case: set the engine's max_context_tokens (vLLM: max_model_len) to plan "
+        "and bound it.\n"
+    )
     return [
         f"the learner's memory plan does not fit this {where}; it would run out of memory mid-step.\n"
-        f"{verdict.message()}\n{plan.table()}\n"
+        f"{unbounded}{verdict.message()}\n{plan.table()}\n"
         "(`thundersync-lightning plan --config ...` prints this plan; trainer.strategy.init_args.memory_check="
         "warn runs anyway)"
-    ]
+    ], certain

@@ -226,11 +226,11 @@ class ThunderSyncStrategy(DDPStrategy):
         """The learner's memory plan against this machine (docs/scaling.md), before anything allocates."""
         if self.memory_check == "off":
             return
-        problems = memory_problems(trainer, self)
-        if problems and self.memory_check == "error":
+        problems, certain = memory_problems(trainer, self)
+        if problems and certain and self.memory_check == "error":
             raise ConfigError(problems[0])
         for problem in problems:
-            log.warning("memory_check='warn': %s", problem)
+            log.warning("memory_check=%r: %s", self.memory_check, problem)
 
     def _validate(self, trainer: Any) -> None:
         module = trainer.lightning_module

@@ -84,3 +84,13 @@ def test_vllm_options_that_the_chosen_mode_ignores_are_rejected():
     with pytest.raises(ConfigError, match="weights_dir='/tmp' has no effect with weight_sync='direct'"):
         VLLMEngineConfig(weights_dir="/tmp")
     assert VLLMEngineConfig(kv_cache_memory_bytes=None, gpu_memory_utilization=0.9).gpu_memory_utilization == 0.9
+
+
+def test_the_strategy_lists_every_option_of_its_own_when_rejecting_an_unknown_one():
+    from thundersync_lightning.strategy import ThunderSyncStrategy
+
+    params = list(inspect.signature(ThunderSyncStrategy).parameters)
+    own = params[: params.index("accelerator")]  # the rest is Lightning's plumbing
+    with pytest.raises(ConfigError) as err:
+        ThunderSyncStrategy(not_an_option=1)
+    assert [name for name in own if name not in str(err.value)] == []

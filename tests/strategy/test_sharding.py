@@ -39,7 +39,8 @@ def _launch(out: Path, *runs: str) -> dict[str, list[dict]]:
 
 @pytest.fixture(scope="module")
 def streaming(tmp_path_factory) -> dict[str, list[dict]]:
-    return _launch(tmp_path_factory.mktemp("streaming"), "streaming/none", "streaming/zero1", "streaming/fsdp2")
+    runs = ("streaming/none", "streaming/zero1", "streaming/fsdp2", "uneven/fsdp2")
+    return _launch(tmp_path_factory.mktemp("streaming"), *runs)
 
 
 @pytest.mark.parametrize("sharding", ["zero1", "fsdp2"])
@@ -54,8 +55,8 @@ def test_sharded_streaming_on_two_ranks_gives_the_parameters_of_plain_data_paral
 @pytest.mark.parametrize("sharding", ["zero1", "fsdp2"])
 def test_each_rank_holds_part_of_the_optimizer_state(streaming, sharding):
     plain, sharded = streaming["streaming/none"], streaming[f"streaming/{sharding}"]
-    # AdamW: two moments per trainable tensor (26 tensors in the toy Qwen3), every one on every plain rank
-    assert plain[0]["state_tensors"] == plain[1]["state_tensors"] == 2 * 26
+    # AdamW: two moments per trainable tensor (25 tensors in the toy Qwen3), every one on every plain rank
+    assert plain[0]["state_tensors"] == plain[1]["state_tensors"] == 2 * 25
     for rank in (0, 1):
         assert 0 < sharded[rank]["state_bytes"] < plain[rank]["state_bytes"]
     # nothing lost, nothing twice: the shards add up to one full copy
@@ -64,13 +65,14 @@ def test_each_rank_holds_part_of_the_optimizer_state(streaming, sharding):
         assert sharded[0]["state_tensors"] + sharded[1]["state_tensors"] == plain[0]["state_tensors"]
 
 
-@pytest.mark.slow  # seven fits with their engine start-ups
-def test_sharded_sync_async_and_boundary_cut_runs_give_the_parameters_of_plain_data_parallel(tmp_path):
-    runs = ["sync/none", "sync/zero1", "sync/fsdp2", "async/none", "async/zero1", "async/fsdp2", "streaming/fsdp2/cut"]
+@pytest.mark.slow  # ten fits with their engine start-ups
+def test_sharded_sync_async_cut_and_clipped_runs_give_the_parameters_of_plain_data_parallel(tmp_path):
+    runs = ["sync/none", "sync/zero1", "sync/fsdp2", "async/none", "async/zero1", "async/fsdp2"]
+    runs += ["streaming/none", "streaming/fsdp2/cut", "streaming/none/clip", "streaming/zero1/clip", "streaming/fsdp2/clip"]
     results = _launch(tmp_path, *runs)
     for run in runs:
-        mode, sharding, *_ = run.split("/")
-        baseline = results[f"{mode}/none"][0]["params"]
+        mode, sharding, *extra = run.split("/")
+        baseline = results["/".join([mode, "none", *(e for e in extra if e == "clip")])][0]["params"]
         assert relative(results[run][0]["params"], baseline) <= 1e-5, run
         assert relative(results[run][1]["params"], baseline) <= 1e-5, run
         allowed = {0, 1} if mode == "async" else {0}
@@ -82,8 +84,18 @@ def test_sharded_sync_async_and_boundary_cut_runs_give_the_parameters_of_plain_d
 def test_resuming_a_sharded_run_from_its_checkpoint_reproduces_the_uninterrupted_run(tmp_path, sharding):
     result = _launch(tmp_path, f"resume/{sharding}")[f"resume/{sharding}"]
     assert result[0]["steps"] == [2, 3]
+    assert result[0]["saved_state_entries"] == 25  # every rank's state is in the file: all 25 tensors
     for rank in (0, 1):
         assert relative(result[rank]["params"], result[rank]["uninterrupted"]) <= 1e-5
+
+
+def test_fsdp2_reduce_scatters_uneven_rows_into_the_shards_and_catches_a_reshard_during_the_step(streaming):
+    rank0, rank1 = streaming["uneven/fsdp2"]
+    # torch.chunk layout: 5 rows -> 3 + 2, 1 row -> 1 + 0, 3 rows -> 2 + 1
+    assert rank0["rows"]["net.0.weight"] == 3 and rank1["rows"]["net.0.weight"] == 2
+    assert rank0["rows"]["net.2.weight"] == 1 and rank1["rows"]["net.2.weight"] == 0
+    for result in (rank0, rank1):
+        assert result["grads_match"] and result["full_grads_freed"] and result["reshard_caught"]
 
 
 # ---------------------------------------------------------------------- one process
@@ -130,3 +142,15 @@ def test_zero1_keeps_parameter_groups_and_the_lr_scheduler_working(one_rank_grou
         scheduler.step()
     assert [g["lr"] for g in zero.param_groups] == [0.05, 0.25]
     assert torch.allclose(a.detach(), torch.full((3,), 0.9))  # AdamW's first step moves by lr
+
+
+def test_the_yaml_key_strategy_init_args_sharding_takes_the_three_layouts_and_nothing_else():
+    from thundersync_lightning.cli import build_parser
+
+    toy = str(Path(__file__).resolve().parents[2] / "configs" / "toy.yaml")
+    parser = build_parser()
+    for sharding in ("none", "zero1", "fsdp2"):
+        config = parser.parse_args(["--config", toy, f"--trainer.strategy.init_args.sharding={sharding}"])
+        assert config.trainer.strategy.init_args.sharding == sharding
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--config", toy, "--trainer.strategy.init_args.sharding=zero3"])

@@ -25,8 +25,9 @@ What FSDP2 saves here is optimizer state and gradient (and between-step weights,
 change reshards between steps); activations and accumulator buffers are unchanged.
 
 Checkpoints hold full (unsharded) state dicts, gathered with
-``torch.distributed.checkpoint.state_dict`` (``full_state_dict=True``): a fsdp2 checkpoint loads
-with any sharding and world size.
+``torch.distributed.checkpoint.state_dict`` (``full_state_dict=True``) and written by rank 0: the
+weights load anywhere; the optimizer state is keyed by parameter name (that API's format), so it
+resumes ``fsdp2`` runs, not ``none``/``zero1`` ones.
 """
 
 from __future__ import annotations
@@ -112,12 +113,17 @@ class FSDP2(Layout):
 
     # ------------------------------------------------------------------ the step
     def gather(self, module: nn.Module) -> None:
+        """Full weights registered, and the shards' version counters recorded: these are theta_v."""
+        self._unshard(module)
+        self._shard_versions = {n: s.to_local()._version for n, s in self._shards.items()}
+
+    def _unshard(self, module: nn.Module) -> None:
+        """Full weights registered again (after a state dict resharded them); the weights are unchanged."""
         for unit in self._units:
             unit.unshard()
         self._gathered = dict(trainable(module))
         if any(isinstance(p, DTensor) for p in self._gathered.values()):
-            raise RuntimeError("FSDP2 gather left sharded parameters registered; the step needs full weights")
-        self._shard_versions = {n: s.to_local()._version for n, s in self._shards.items()}
+            raise RuntimeError("FSDP2 unshard left sharded parameters registered; the step needs full weights")
 
     def check_frozen(self, module: nn.Module) -> None:
         """The gathered tensors are still the registered ones and no shard was written since ``gather``
@@ -172,7 +178,7 @@ class FSDP2(Layout):
         def weights() -> dict[str, Tensor]:
             named = module.weights_for_engine()
             full = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in named.items()}
-            self.gather(module)
+            self._unshard(module)
             return full
 
         return weights
@@ -183,7 +189,7 @@ class FSDP2(Layout):
             return default()
         self._reshard()
         state = get_model_state_dict(module, options=_FULL)
-        self.gather(module)
+        self._unshard(module)
         return state
 
     def load_module_state_dict(self, module: nn.Module, state: Mapping[str, Any], default: Callable[[], None]) -> None:
@@ -191,12 +197,12 @@ class FSDP2(Layout):
             return default()  # before set-up: a plain module loads the full state as it is
         self._reshard()
         set_model_state_dict(module, dict(state), options=StateDictOptions(full_state_dict=True))
-        self.gather(module)
+        self.gather(module)  # the loaded weights are the current ones now
 
     def optimizer_state(self, module: nn.Module, optimizer: Any, default: Callable[[], dict]) -> dict:
         self._reshard()  # state dict keys map the optimizer's shards to names through the registered params
         state = get_optimizer_state_dict(module, _inner(optimizer), options=_FULL)
-        self.gather(module)
+        self._unshard(module)
         return state
 
     def load_optimizer_states(
@@ -205,7 +211,7 @@ class FSDP2(Layout):
         self._reshard()
         for optimizer, state in zip(optimizers, states):
             set_optimizer_state_dict(module, _inner(optimizer), dict(state), options=StateDictOptions(full_state_dict=True))
-        self.gather(module)
+        self._unshard(module)
 
 
 def _inner(optimizer: Any) -> Any:

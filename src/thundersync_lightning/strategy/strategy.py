@@ -230,11 +230,7 @@ class ThunderSyncStrategy(DDPStrategy):
                 f"boundary_cut=True needs {type(module).__name__}.encode_prefix(tokens) (and score_tokens(..., "
                 "prefix=)); GRPOPolicy has both"
             )
-        if self.sharding == "fsdp2" and self.num_nodes * self.num_processes < 2:
-            problems.append(
-                "sharding='fsdp2' shards the weights over processes and there is one; use devices >= 2 (or "
-                "num_nodes >= 2), or sharding='none' in one process"
-            )
+        problems += SHARDINGS[self.sharding].problems(self.num_nodes * self.num_processes)
         if not module.automatic_optimization:
             problems.append("strategy='thundersync' drives the optimizer itself: use automatic optimization")
         if isinstance(self.precision_plugin, MixedPrecision) and self.precision_plugin.scaler is not None:

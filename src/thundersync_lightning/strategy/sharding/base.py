@@ -56,6 +56,11 @@ class Layout:
     def __init__(self, distributed: bool) -> None:
         self.distributed = distributed
 
+    @classmethod
+    def problems(cls, processes: int) -> list[str]:
+        """What makes this layout unusable with ``processes`` data-parallel processes (checked at set-up)."""
+        return []
+
     def shard(self, module: nn.Module, device: torch.device) -> None:
         """Set-up: called once, after rank 0's weights were broadcast, before the optimizers exist."""
 

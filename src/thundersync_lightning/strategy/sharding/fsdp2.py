@@ -86,6 +86,15 @@ class FSDP2(Layout):
         self._gathered: dict[str, Tensor] = {}
         self._shard_versions: dict[str, int] = {}
 
+    @classmethod
+    def problems(cls, processes: int) -> list[str]:
+        if processes >= 2:
+            return []
+        return [
+            "sharding='fsdp2' shards the weights over processes and there is one; use devices >= 2 (or "
+            "num_nodes >= 2), or sharding='none' in one process"
+        ]
+
     # ------------------------------------------------------------------ set-up
     def shard(self, module: nn.Module, device: torch.device) -> None:
         if not self.distributed:

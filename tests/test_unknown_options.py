@@ -115,3 +115,13 @@ def _strategy_class() -> Any:
     from thundersync_lightning.strategy import ThunderSyncStrategy
 
     return ThunderSyncStrategy
+
+
+def test_the_strategy_lists_every_option_of_its_own_when_rejecting_an_unknown_one():
+    from thundersync_lightning.strategy import ThunderSyncStrategy
+
+    params = list(inspect.signature(ThunderSyncStrategy).parameters)
+    own = params[: params.index("accelerator")]  # the rest is Lightning's plumbing
+    with pytest.raises(ConfigError) as err:
+        ThunderSyncStrategy(not_an_option=1)
+    assert [name for name in own if name not in str(err.value)] == []

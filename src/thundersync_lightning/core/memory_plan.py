@@ -18,7 +18,7 @@ O the open groups and H the held (reward-pending) trajectories of a rank at once
     staging          2 P_t a                   (offload on a GPU: double-buffered device copies)
     landing          2 P_t a                   (pinned offload: the host buffers copies land in)
     backward         P_t e                     (one autograd result before it is added)
-    collective       P_t e                     (N > 1 without fsdp2: the flat all-reduce buffer)
+    collective       P_t e                     (N > 1: the flat all-reduce / reduce-scatter buffer)
     activations      n T (L b_layer + b_logits) (the largest scored micro-batch, see below)
 
 Group sums and held gradients live where ``offload`` puts them (device, pinned or pageable
@@ -453,8 +453,9 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
     if i.offload == "pinned" and streaming:
         rows.append(at("landing", 2 * pt * a, "2 x P_t a: pinned buffers the copies land in", "pinned_host"))
     rows.append(at("backward", pt * e, "P_t e: one autograd result before it is added"))
-    if n > 1 and not fsdp:
-        rows.append(at("collective", pt * e, "P_t e: the flat all-reduce at the barrier"))
+    if n > 1:
+        rows.append(at("collective", pt * e, "P_t e: the flat reduce-scatter input at the barrier" if fsdp
+                       else "P_t e: the flat all-reduce at the barrier"))
     rows += _activation_rows(i)
     if i.device_overhead_bytes:
         rows.append(at("runtime", i.device_overhead_bytes, "CUDA context and allocator slack (fixed)"))

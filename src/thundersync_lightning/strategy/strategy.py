@@ -15,7 +15,8 @@ the step's first event and its barrier (:class:`PolicySnapshot`).
 
 .. warning:: The module is not wrapped in ``DistributedDataParallel``: per-trajectory
    ``autograd.grad`` calls do not feed DDP's reducer. The strategy broadcasts rank 0's parameters at
-   start-up and all-reduces the folded gradient itself at the barrier (one coalesced SUM).
+   start-up and reduces the folded gradient itself at the barrier through its data-parallel layout
+   (:mod:`~thundersync_lightning.strategy.sharding`: an all-reduce, ZeRO-1 or FSDP2).
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import partial
 from typing import Any, Literal
 
 import torch
@@ -51,6 +53,7 @@ from .memory_check import memory_problems
 from .objective_checks import check_objective, module_objective
 from .plan import RolloutPlan
 from .runner import StepOutcome, StepRunner
+from .sharding import SHARDINGS, Sharding, build_layout
 from .stats import Interval, RolloutProgress, StepStats
 
 __all__ = ["ThunderSyncStrategy", "Mode", "MemoryCheck"]
@@ -105,6 +108,10 @@ class ThunderSyncStrategy(DDPStrategy):
             (:mod:`thundersync_lightning.core.memory_plan`) is checked against the device (the host on
             a CPU run): ``error`` refuses a plan that does not fit, naming settings that would make it
             fit; ``warn`` logs that and runs; ``off`` skips the check.
+        sharding: the data-parallel layout (:mod:`~thundersync_lightning.strategy.sharding`): ``none``
+            (replicated, the gradient all-reduced), ``zero1`` (optimizer state sharded over ranks with
+            torch's ZeroRedundancyOptimizer) or ``fsdp2`` (weights, gradients and optimizer state sharded
+            with ``fully_shard``; weights gathered once per step; needs >= 2 processes).
         accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin,
             process_group_backend, timeout, start_method: Lightning's plumbing, as for
             :class:`~lightning.pytorch.strategies.DDPStrategy`.
@@ -127,6 +134,7 @@ class ThunderSyncStrategy(DDPStrategy):
         progress_interval_s: float = 0.2,
         boundary_cut: bool = False,
         memory_check: MemoryCheck = "error",
+        sharding: Sharding = "none",
         accelerator: Any = None,
         parallel_devices: Any = None,
         cluster_environment: Any = None,
@@ -155,6 +163,8 @@ class ThunderSyncStrategy(DDPStrategy):
         if offload not in ("none", "cpu", "pinned"):
             problems.append(f"offload={offload!r} is not one of ('none', 'cpu', 'pinned')")
         problems += bound_problems(max_open_groups, max_held_trajectories)
+        if sharding not in SHARDINGS:
+            problems.append(f"sharding={sharding!r} is not one of {tuple(SHARDINGS)}")
         if max_batch_trajectories < 1:
             problems.append(f"max_batch_trajectories must be >= 1, got {max_batch_trajectories}")
         if memory_check not in ("error", "warn", "off"):
@@ -180,6 +190,8 @@ class ThunderSyncStrategy(DDPStrategy):
         self.max_batch_trajectories = max_batch_trajectories
         self.boundary_cut = boundary_cut
         self.memory_check: MemoryCheck = memory_check
+        self.sharding: Sharding = sharding
+        self._layout = build_layout(sharding, distributed=False)  # rebuilt at set-up, once ranks exist
         self._snapshot: PolicySnapshot | None = None
         self._inflight: dict[int, tuple[Iterator[RolloutEvent], float]] = {}  # step -> (events, issued at)
         self._accumulator: StreamingGRPO | None = None
@@ -248,6 +260,7 @@ class ThunderSyncStrategy(DDPStrategy):
                 f"boundary_cut=True needs {type(module).__name__}.encode_prefix(tokens) (and score_tokens(..., "
                 "prefix=)); GRPOPolicy has both"
             )
+        problems += SHARDINGS[self.sharding].problems(self.num_nodes * self.num_processes)
         if not module.automatic_optimization:
             problems.append("strategy='thundersync' drives the optimizer itself: use automatic optimization")
         if isinstance(self.precision_plugin, MixedPrecision) and self.precision_plugin.scaler is not None:
@@ -281,11 +294,20 @@ class ThunderSyncStrategy(DDPStrategy):
 
     @override
     def configure_ddp(self) -> None:
-        """No DDP wrapper (see the class warning): start every rank from rank 0's weights instead."""
-        if self.world_size > 1 and dist.is_initialized():
+        """No DDP wrapper (see the class warning): start every rank from rank 0's weights, then lay the
+        module out as ``sharding`` says (before the optimizers are built over its parameters)."""
+        distributed = self.world_size > 1 and dist.is_initialized()
+        if distributed:
             with torch.no_grad():
                 for t in [*self.lightning_module.parameters(), *self.lightning_module.buffers()]:
                     dist.broadcast(t.data, src=0)
+        self._layout = build_layout(self.sharding, distributed)
+        self._layout.shard(self.lightning_module, self.root_device)
+
+    @override
+    def setup_optimizers(self, trainer: Any) -> None:
+        super().setup_optimizers(trainer)
+        self.optimizers = self._layout.wrap_optimizers(self.optimizers, self.lr_scheduler_configs)
 
     @override
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
@@ -307,10 +329,7 @@ class ThunderSyncStrategy(DDPStrategy):
         step = trainer.global_step
         start = time.monotonic()
         busy: list[Interval] = []
-        if self._snapshot is None:
-            self._snapshot = PolicySnapshot(module, version=step, weights_fn=module.weights_for_engine)
-        elif self._snapshot.version != step:
-            self._snapshot.restore(step)  # a checkpoint was loaded or fit restarted
+        self._frozen_policy(module, step)
         events = self._events_for(plan, step, busy)
         objective = module_objective(module)
         acc = self._fresh_accumulator(module, objective)
@@ -348,17 +367,21 @@ class ThunderSyncStrategy(DDPStrategy):
         if not isinstance(plan, ValidationPlan):
             return super().validation_step(*args, **kwargs)
         module = self.lightning_module
-        step = module.trainer.global_step
-        if self._snapshot is None:
-            self._snapshot = PolicySnapshot(module, version=step, weights_fn=module.weights_for_engine)
-        elif self._snapshot.version != step:
-            self._snapshot.restore(step)
+        self._frozen_policy(module, module.trainer.global_step)
         self._publish(plan.engine, None)
         request = plan.request(self.global_rank, self.world_size)
         outcome = collect_validation(plan, request, plan.engine.rollout(request), self._snapshot.version)
         args, kwargs = ((outcome, *args[1:]), kwargs) if args else ((), {**kwargs, "batch": outcome})
         with self.precision_plugin.val_step_context():
             return module.validation_step(*args, **kwargs)
+
+    def _frozen_policy(self, module: Any, step: int) -> None:
+        """The step's weights gathered (full tensors in ``module.parameters()``) and their snapshot."""
+        self._layout.gather(module)
+        if self._snapshot is None:
+            self._snapshot = PolicySnapshot(module, version=step, weights_fn=self._layout.weights_fn(module))
+        elif self._snapshot.version != step:
+            self._snapshot.restore(step)  # a checkpoint was loaded or fit restarted
 
     def _fresh_accumulator(self, module: Any, objective: Objective) -> StreamingGRPO:
         """One accumulator for the whole fit, reset per step: its gradient buffers are reused."""
@@ -416,6 +439,7 @@ class ThunderSyncStrategy(DDPStrategy):
         start = time.monotonic()
         assert self._snapshot is not None and self._step is not None
         self._snapshot.assert_unchanged()
+        self._layout.check_frozen(self.lightning_module)
         step = self._step
         acc = self._accumulator
         assert acc is not None
@@ -425,7 +449,7 @@ class ThunderSyncStrategy(DDPStrategy):
         step.on_policy = on_policy
         d, s = step.report.denominator, step.report.batch_scale
         step.loss = -(s * parts[0] + parts[1]) / d if d > 0 else 0.0
-        self._all_reduce_grads()
+        self._layout.reduce_gradients(self.lightning_module)
         step.busy.append(Interval(start, time.monotonic(), "barrier"))
         return closure_loss
 
@@ -449,16 +473,6 @@ class ThunderSyncStrategy(DDPStrategy):
             (obj, ind),
         )
 
-    def _all_reduce_grads(self) -> None:
-        if self.world_size <= 1 or not dist.is_initialized():
-            return
-        params = [p for p in self.lightning_module.parameters() if p.requires_grad]
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)  # SUM: every rank already divided by the global group count
-        for p, chunk in zip(params, flat.split([g.numel() for g in grads])):
-            p.grad = chunk.view_as(p).clone()
-
     @override
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
         out = super().optimizer_step(optimizer, closure, model, **kwargs)
@@ -467,6 +481,7 @@ class ThunderSyncStrategy(DDPStrategy):
             return out
         assert self._snapshot is not None
         start = time.monotonic()
+        self._layout.after_optimizer_step(self.lightning_module)
         trained_version = self._snapshot.version
         self._snapshot.advance()
         step.busy.append(Interval(start, time.monotonic(), "optimizer"))
@@ -520,6 +535,25 @@ class ThunderSyncStrategy(DDPStrategy):
                 cb.on_rollout_progress(trainer, module, progress)
 
         return push
+
+    # ------------------------------------------------------------------ checkpoints: the layout decides
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        return self._layout.module_state_dict(self.lightning_module, super().lightning_module_state_dict)
+
+    @override
+    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
+        default = partial(super().load_model_state_dict, checkpoint, strict)
+        self._layout.load_module_state_dict(self.lightning_module, checkpoint["state_dict"], default)
+
+    @override
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        return self._layout.optimizer_state(self.lightning_module, optimizer, partial(super().optimizer_state, optimizer))
+
+    @override
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        default = partial(super().load_optimizer_state_dict, checkpoint)
+        self._layout.load_optimizer_states(self.lightning_module, self.optimizers, checkpoint["optimizer_states"], default)
 
     @override
     def teardown(self) -> None:

@@ -54,6 +54,24 @@ def test_overlap_smoke(tmp_path: Path) -> None:
     assert data["modes"]["async"]["staleness_max"] == 1
 
 
+def test_overlap_long_workload_with_set_up_and_balance_calibration_smoke(tmp_path: Path) -> None:
+    _load("overlap").main(
+        [
+            "--workload", "long", "--out", str(tmp_path), "--threads", "1", "--rounds", "1", "--steps", "2",
+            "--warmup", "1", "--groups", "2", "--group-size", "2", "--hidden", "64", "--layers", "1", "--vocab", "64",
+            "--prompt-tokens", "8", "--token-scale", "0.5", "--setup-fraction", "0.1", "--no-prepare-ahead",
+            "--calibration-samples", "2", "--calibration-reps", "1", "--calibration-batches", "1",
+        ]
+    )  # fmt: skip
+    data = _read(tmp_path, "overlap_long")
+    assert data["workload_name"] == "long" and data["calibration"]["calibrate"] == "balance"
+    assert data["calibration"]["time_scale_s"] > 0
+    assert data["workload"]["setup_fraction"] == 0.1 and data["workload"]["prepare_ahead"] is False
+    assert set(data["targets_met"]) >= {"efficiency", "streaming_throughput_over_async", "streaming_over_sync_learner_work"}
+    assert data["diagnosis"]["streaming_over_sync_learner_work"] > 0
+    assert data["modes"]["streaming"]["staleness_max"] == 0 and data["modes"]["async"]["staleness_max"] == 1
+
+
 def test_memory_smoke(tmp_path: Path) -> None:
     _load("memory").main(
         [

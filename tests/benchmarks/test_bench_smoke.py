@@ -136,3 +136,24 @@ def test_opd_smoke(tmp_path: Path) -> None:
     data = _read(tmp_path, "opd")
     assert [(r["arm"], len(r["rewards"])) for r in data["runs"]] == [("opd", 2), ("grpo", 2)]
     assert set(data["summary"]) == {"opd", "grpo"} and data["objectives"]["opd"]["reward_coef"] == 0.0
+
+
+@pytest.mark.slow  # one embedded-engine fit: ~2 min on a loaded 2-core machine (engine start-up)
+def test_time_to_target_smoke_writes_medians_per_mode_and_skips_finished_runs(tmp_path: Path, capsys) -> None:
+    argv = [
+        "--out", str(tmp_path), "--threads", "1", "--seeds", "0", "--workloads", "toy",
+        "--modes", "async_is", "--max-steps", "2", "--groups", "2", "--group-size", "2",
+    ]  # fmt: skip
+    module = _load("time_to_target")
+    module.main(argv)
+    data = _read(tmp_path, "time_to_target")
+    assert set(data["median_seconds"]["toy"]) == set(data["median_steps"]["toy"]) == {"async_is"}
+    for run in data["runs"]:
+        assert run["budget_steps"] == 2 and run["steps_run"] == 2 and len(run["rewards"]) == 2
+        assert run["reached"] is False and run["seconds"] is None  # 10-step window: not reachable in 2
+    assert data["workloads"]["toy"]["modes"]["async_is"]["reached"] == "0/1"
+    assert data["workloads"]["toy"]["modes"]["async_is"]["median_seconds"] is None  # not reached
+    capsys.readouterr()
+    module.main(argv)  # everything already measured with these settings: nothing reruns
+    assert capsys.readouterr().out.count("skipped") == 1
+    assert json.loads((tmp_path / "time_to_target.json").read_text())["runs"] == data["runs"]

@@ -48,6 +48,8 @@ class Workload:
     quick_group_size: int | None = None
     quick_rounds: int = 2
     quick_steps: int = 4
+    quick_calibration_samples: int = 12
+    quick_calibration_reps: int = 2
 
 
 WORKLOADS = {
@@ -58,7 +60,7 @@ WORKLOADS = {
     "long": Workload(
         hidden=512, intermediate=1536, layers=4, vocab=8192, prompt_tokens=448, token_scale=6.0,
         max_positions=2048, calibrate="balance", quick_groups=4, quick_group_size=2, quick_rounds=1,
-        quick_steps=3,
+        quick_steps=3, quick_calibration_samples=4, quick_calibration_reps=1,
     ),
 }  # fmt: skip
 

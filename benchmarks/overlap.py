@@ -485,12 +485,12 @@ def main(argv: list[str] | None = None) -> dict:
         "--time-scale", type=float, default=None, help="seconds per trace unit (skips --calibrate)"
     )
     parser.add_argument(
-        "--calibration-samples", type=int, default=12, help="single-trajectory timings per rep"
+        "--calibration-samples", type=int, default=None, help="single-trajectory timings per rep (12; long quick 4)"
     )
     parser.add_argument(
         "--calibration-batches", type=int, default=4, help="measured batches timed the sync way"
     )
-    parser.add_argument("--calibration-reps", type=int, default=None, help="(default 3, quick 2)")
+    parser.add_argument("--calibration-reps", type=int, default=None, help="(default 3, quick 2; long quick 1)")
     parser.add_argument("--max-batch-trajectories", type=int, default=32, help="ThunderSyncStrategy option")
     parser.add_argument(
         "--max-open-groups", type=int, default=None, help="ThunderSyncStrategy option (GPU memory)"
@@ -519,7 +519,8 @@ def main(argv: list[str] | None = None) -> dict:
     args.calibrate = args.calibrate or w.calibrate
     if args.rollout_slots is None:
         args.rollout_slots = args.groups * args.group_size
-    args.calibration_reps = args.calibration_reps or (2 if q else 3)
+    args.calibration_reps = args.calibration_reps or (w.quick_calibration_reps if q else 3)
+    args.calibration_samples = args.calibration_samples or (w.quick_calibration_samples if q else 12)
     if args.steps <= args.warmup:
         parser.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     device = torch.device(args.device)

@@ -193,14 +193,16 @@ def targets_met(summary: dict, name: str) -> dict[str, bool | None]:
             return None
         return m["median_seconds"] if m["median_seconds"] is not None else math.inf
 
+    def compare(stream: float | None, other: float | None, factor: float = 1.0) -> bool | None:
+        """None: a mode missing, or neither median reached (nothing measured to compare)."""
+        if stream is None or other is None or (math.isinf(stream) and math.isinf(other)):
+            return None
+        return stream <= factor * other
+
     stream = value("streaming")
-    met: dict[str, bool | None] = {}
-    for peer in ("async", "async_is"):
-        other = value(peer)
-        met[f"streaming_le_{peer}"] = None if stream is None or other is None else stream <= other
-    sync = value("sync")
+    met = {f"streaming_le_{peer}": compare(stream, value(peer)) for peer in ("async", "async_is")}
     if name == "balanced":
-        met["streaming_le_0.6x_sync"] = None if stream is None or sync is None else stream <= 0.6 * sync
+        met["streaming_le_0.6x_sync"] = compare(stream, value("sync"), 0.6)
     return met
 
 

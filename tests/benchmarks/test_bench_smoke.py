@@ -157,3 +157,18 @@ def test_time_to_target_smoke_writes_medians_per_mode_and_skips_finished_runs(tm
     module.main(argv)  # everything already measured with these settings: nothing reruns
     assert capsys.readouterr().out.count("skipped") == 1
     assert json.loads((tmp_path / "time_to_target.json").read_text())["runs"] == data["runs"]
+
+
+def test_time_to_target_counts_an_unreached_run_as_slower_and_two_unreached_medians_as_undecided() -> None:
+    module = _load("time_to_target")
+
+    def summary(**seconds):
+        return {m: {"median_seconds": s} for m, s in seconds.items()}
+
+    assert module.targets_met(summary(streaming=10.0, **{"async": None}, async_is=9.0), "toy") == {
+        "streaming_le_async": True,  # async never reached 0.9 within its budget
+        "streaming_le_async_is": False,
+    }
+    both_unreached = module.targets_met(summary(streaming=None, **{"async": None}, async_is=None, sync=None), "balanced")
+    assert both_unreached == {"streaming_le_async": None, "streaming_le_async_is": None, "streaming_le_0.6x_sync": None}
+    assert module.targets_met(summary(streaming=50.0, sync=80.0), "balanced")["streaming_le_0.6x_sync"] is False

@@ -86,6 +86,7 @@ class _Until:
 
     def __init__(self) -> None:
         self.rewards: list[float] = []
+        self.elapsed: list[float] = []  # seconds from the first step's start to each step's end
         self.idle: list[float] = []
         self.first_start: float | None = None
         self.reached: int | None = None
@@ -96,6 +97,7 @@ class _Until:
         self.rewards.append(statistics.fmean(float(t.reward or 0.0) for t in stats.trajectories))
         if self.first_start is None:
             self.first_start = stats.step_start
+        self.elapsed.append(stats.step_end - self.first_start)
         if self.last_end is not None:  # idle over the period between step ends (step 0 has none)
             busy = sum(i.seconds for i in stats.busy)
             self.idle.append(max(0.0, 1.0 - busy / (stats.step_end - self.last_end)))
@@ -135,6 +137,7 @@ def run_one(args: argparse.Namespace, name: str, mode: str, seed: int) -> dict:
         "seconds_run": until.last_end - until.first_start,
         "fit_seconds": time.monotonic() - started,
         "rewards": until.rewards,
+        "elapsed_s": until.elapsed,
         "sync_idle_fraction": statistics.median(until.idle) if mode == "sync" and until.idle else None,
         "learner_idle_fraction": statistics.median(until.idle) if until.idle else None,
         "settings": settings(args, name),
@@ -217,12 +220,11 @@ def plot(path: Path, runs: list[dict], workloads: list[str]) -> None:
         for r in (r for r in runs if r["workload"] == name):
             rewards = r["rewards"]
             avg = [statistics.fmean(rewards[max(0, i - WINDOW + 1) : i + 1]) for i in range(len(rewards))]
-            per_step = r["seconds_run"] / max(1, r["steps_run"])
             style = {"color": COLORS[r["mode"]], "linewidth": 0.9, "alpha": 0.8}
             label = r["mode"] if r["seed"] == min(x["seed"] for x in runs if x["mode"] == r["mode"]) else None
             axes[0][col].plot(range(1, len(avg) + 1), avg, label=label, **style)
-            axes[1][col].plot([per_step * (i + 1) for i in range(len(avg))], avg, **style)
-        for row, xlabel in enumerate(("step", "seconds (steps x the run's mean step time)")):
+            axes[1][col].plot(r["elapsed_s"], avg, **style)
+        for row, xlabel in enumerate(("step", "seconds since the first step started")):
             ax = axes[row][col]
             ax.axhline(TARGET, color="k", linestyle="--", linewidth=0.8)
             ax.set_xlabel(xlabel)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 __all__ = ["Workload", "WORKLOADS", "balance_time_scale"]
 
@@ -41,7 +42,7 @@ class Workload:
     prompt_tokens: int
     token_scale: float
     max_positions: int
-    calibrate: str  # "sync" | "balance"
+    calibrate: Literal["sync", "balance"]
     quick_hidden: int | None = None
     quick_vocab: int | None = None
     quick_groups: int | None = None

@@ -3,7 +3,8 @@
 #
 # Records absolute step times, MFU (against the device's measured float32 matmul rate, or
 # PEAK_FLOPS if given) and peak VRAM (torch.cuda.max_memory_allocated per mode) in
-# $OUT/overlap.json and $OUT/memory.json (+ PNGs), with nvidia-smi's description of the device.
+# $OUT/overlap.json and $OUT/memory.json (+ PNGs), with nvidia-smi's description of the device;
+# $OUT/offload.json: seconds per held backward with offload none / cpu / pinned and their ratios.
 #
 # Usage (from anywhere): benchmarks/gpu_check.sh
 #   PY=path/to/python   interpreter with this package and a CUDA build of torch (default .venv/bin/python)
@@ -59,6 +60,9 @@ echo "== overlap: sync / streaming / async on cuda, Qwen3 hidden $HIDDEN x $LAYE
 echo "== memory: accumulator bytes on cuda (offload none / cpu / pinned), sizes S M and a large L"
 "$PY" benchmarks/memory.py --device cuda "${QUICK_FLAG[@]}" \
   --large "$HIDDEN,$((HIDDEN * 4)),$LAYERS,$VOCAB" --max-groups 4 --out "$OUT"
+
+echo "== offload: seconds per held backward with offload none / cpu / pinned (overlapped copies)"
+"$PY" benchmarks/offload.py --device cuda --hidden "$HIDDEN" --layers "$LAYERS" --vocab "$VOCAB" --out "$OUT"
 
 "$PY" - "$OUT" <<'PYEOF'
 import json, sys

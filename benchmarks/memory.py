@@ -19,6 +19,12 @@ the ratio is reported.
 
 Offload ``pinned`` is measured only where CUDA is available (a CPU build cannot pin memory).
 
+The planner (``thundersync_lightning.core.memory_plan``) is compared with both parts: in part 1 its
+``group sums`` row for the open groups against the RSS growth; in part 2 its accumulator rows (group
+sums + held gradients + step gradient, an upper bound) against the measured peak, with the
+held-gradient bound ``max_held_trajectories`` (``--held-bound``; recorded as null where this build's
+strategy has no such option).
+
 Usage: python benchmarks/memory.py [--quick] [--out DIR] [--threads N] [--device cpu|cuda]
 """
 
@@ -33,18 +39,31 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import inspect  # noqa: E402
+
 import psutil  # noqa: E402
 import torch  # noqa: E402
 
 from _common import add_common_args, write_result  # noqa: E402
 from _harness import fit, load_average, qwen3_config  # noqa: E402
+from thundersync_lightning.core.memory_plan import ModelShape, PlanInputs, plan_memory  # noqa: E402
 from thundersync_lightning.core.streaming import StreamingGRPO  # noqa: E402
 from thundersync_lightning.core.types import Segment, Trajectory  # noqa: E402
 from thundersync_lightning.envs.toy import GuessingGameTasks  # noqa: E402
 from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule  # noqa: E402
 from thundersync_lightning.rollout import TraceReplayEngineConfig  # noqa: E402
+from thundersync_lightning.strategy import ThunderSyncStrategy  # noqa: E402
 
 NAME = "memory"
+#: the strategy's held-gradient bound exists (issue 14); older builds plan it unbounded
+HAS_HELD_BOUND = "max_held_trajectories" in inspect.signature(ThunderSyncStrategy.__init__).parameters
+ACCUMULATOR_ROWS = ("group sums", "held gradients", "step gradient")
+
+
+def planned(num_params: int, device: torch.device, **kw: Any) -> Any:
+    """The planner's plan for an fp32 model of ``num_params`` trainable parameters on ``device``."""
+    accelerator = "gpu" if device.type == "cuda" else "cpu"
+    return plan_memory(PlanInputs(ModelShape(num_params, num_params, 4), accelerator=accelerator, **kw))
 #: name -> (hidden, intermediate, layers, vocab)
 SIZES = {
     "S": (64, 256, 2, 256),
@@ -128,6 +147,8 @@ def accumulator_curve(size: str, offload: str, max_groups: int, device: torch.de
     report = acc.finish()
     peak = report.peak_bytes
     last = curve[-1]
+    # every group open, two rewarded trajectories each (the third is scored after the snapshot)
+    plan_sums = planned(P, device, groups_per_step=max_groups, group_size=3).row("group sums").total
     out = {
         "size": size,
         "offload": offload,
@@ -145,6 +166,8 @@ def accumulator_curve(size: str, offload: str, max_groups: int, device: torch.de
         "peak_total_bytes": peak.total,
         "peak_over_analytic_max_groups": peak.total / (2 * buffer * max_groups),
         "backward_passes": report.backward_passes,
+        "planned_group_sums_bytes": plan_sums,
+        "ratio_rss_over_planned": last["measured_delta_bytes"]["rss"] / plan_sums,
     }
     if device.type == "cuda":
         out["ratio_cuda_allocated_over_analytic"] = (
@@ -164,6 +187,7 @@ def strategy_run(
     groups: int,
     group_size: int,
     time_scale_s: float,
+    held_bound: int | None = None,
 ) -> dict[str, Any]:
     hidden, inter, layers, vocab = SIZES[size]
     torch.manual_seed(0)
@@ -176,9 +200,15 @@ def strategy_run(
         groups_per_step=groups,
         seed=0,
     )
+    held = {"max_held_trajectories": held_bound} if HAS_HELD_BOUND else {}
     record = fit(
-        "streaming", policy, data, steps, device=device.type, offload=offload, max_open_groups=max_open
+        "streaming", policy, data, steps, device=device.type, offload=offload, max_open_groups=max_open, **held
     )
+    plan = planned(
+        P, device, groups_per_step=groups, group_size=group_size, max_open_groups=max_open,
+        max_held_trajectories=held_bound if HAS_HELD_BOUND else None, offload=offload,
+    )
+    plan_acc = plan.bytes_of(*ACCUMULATOR_ROWS)
     rows = []
     for s in record.steps:
         most_open = max((n for _, n in s.open_groups), default=0)
@@ -208,6 +238,10 @@ def strategy_run(
         "peak_over_analytic": worst["accumulator_peak_total_bytes"]
         / max(1, worst["analytic_bytes_at_most_open"]),
         "peak_in_buffers": worst["accumulator_peak_total_bytes"] / (4 * P),
+        "max_held_trajectories": held_bound if HAS_HELD_BOUND else None,
+        "planned_held_trajectories": plan.inputs.held_trajectories,
+        "planned_accumulator_bytes": plan_acc,
+        "peak_over_planned": worst["accumulator_peak_total_bytes"] / plan_acc,
     }
 
 
@@ -307,6 +341,9 @@ def main(argv: list[str] | None = None) -> dict:
         help="max_open_groups values, 0 = none (default 0 8 4 2 1, quick 0 4 1)",
     )
     parser.add_argument(
+        "--held-bound", type=int, default=4, help="max_held_trajectories of part 2 (where the strategy has it)"
+    )
+    parser.add_argument(
         "--large", default=None, help="override size L as HIDDEN,INTERMEDIATE,LAYERS,VOCAB (GPU runs)"
     )
     args = parser.parse_args(argv)
@@ -346,12 +383,14 @@ def main(argv: list[str] | None = None) -> dict:
                 args.strategy_groups,
                 args.strategy_group_size,
                 args.strategy_time_scale,
+                args.held_bound,
             )
             runs.append(r)
             print(
                 f"part 2 {args.strategy_size} offload={offload} max_open_groups={bound}: peak "
                 f"{r['peak_total_bytes'] / 2**20:.2f} MiB = {r['peak_in_buffers']:.1f} buffers, most open groups "
-                f"{r['max_open_groups_seen']}, peak/analytic {r['peak_over_analytic']:.2f}",
+                f"{r['max_open_groups_seen']}, peak/analytic {r['peak_over_analytic']:.2f}, peak/planned "
+                f"{r['peak_over_planned']:.2f} (max_held_trajectories={r['max_held_trajectories']})",
                 flush=True,
             )
     results = {
@@ -376,6 +415,11 @@ def main(argv: list[str] | None = None) -> dict:
             "strategy_peak_buffers": {
                 f"{r['offload']}/max_open={r['max_open_groups']}": r["peak_in_buffers"] for r in runs
             },
+            "rss_over_planned": {f"{c['size']}/{c['offload']}": c["ratio_rss_over_planned"] for c in curves},
+            "strategy_peak_over_planned": {
+                f"{r['offload']}/max_open={r['max_open_groups']}": r["peak_over_planned"] for r in runs
+            },
+            "held_bound": args.held_bound if HAS_HELD_BOUND else None,
         },
         "strategy_workload": {
             "engine": f"TraceReplayEngineConfig(trace='paper_tail', time_scale_s={args.strategy_time_scale})",

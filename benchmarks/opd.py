@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -196,6 +197,11 @@ def main(argv: list[str] | None = None) -> None:
             _write(args, teacher, runs)  # after every run: a long benchmark keeps what it measured
 
 
+def _median_or_none(values: list[float | None], digits: int | None = None) -> float | None:
+    med = statistics.median([math.inf if v is None else v for v in values])
+    return None if math.isinf(med) else (round(med, digits) if digits is not None else med)
+
+
 def _write(
     args: argparse.Namespace, teacher: Path, runs: list[dict[str, Any]], merged: list[str] | None = None, name: str = NAME
 ) -> None:
@@ -212,8 +218,10 @@ def _write(
             "last_moving_average": [round(statistics.fmean(r["rewards"][-WINDOW:]), 3) if r["rewards"] else None
                                     for r in mine],
             "seconds_to_target": [round(r["seconds_to_target"], 1) if r["seconds_to_target"] else None for r in mine],
-            "median_steps": statistics.median([r["steps_to_target"] for r in reached]) if reached else None,
-            "median_seconds": round(statistics.median([r["seconds_to_target"] for r in reached]), 1) if reached else None,
+            # a run that never reached the target counts as infinitely late: a median of None
+            # means most seeds did not reach it within their budget
+            "median_steps": _median_or_none([r["steps_to_target"] for r in mine]),
+            "median_seconds": _median_or_none([r["seconds_to_target"] for r in mine], digits=1),
         }
         print(arm, summary[arm], flush=True)
     payload = {

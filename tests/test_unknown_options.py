@@ -14,7 +14,12 @@ import pytest
 
 from thundersync_lightning.core.errors import ConfigError
 from thundersync_lightning.envs.toy import GuessingGameTasks
-from thundersync_lightning.rollout import EmbeddedEngineConfig, TraceReplayEngineConfig
+from thundersync_lightning.rollout import (
+    EmbeddedEngineConfig,
+    EnginePoolConfig,
+    TeacherConfig,
+    TraceReplayEngineConfig,
+)
 from thundersync_lightning.rollout.vllm_engine import VLLMEngineConfig
 
 
@@ -36,6 +41,10 @@ def _data(**kw: Any) -> Any:
     return RolloutDataModule(tasks=GuessingGameTasks(latency="none"), engine=EmbeddedEngineConfig(), **kw)
 
 
+def _pool(**kw: Any) -> Any:
+    return EnginePoolConfig(engine=EmbeddedEngineConfig(), **kw)
+
+
 def _code_tasks(**kw: Any) -> Any:
     from thundersync_lightning.envs.code import LocalCodeTasks
 
@@ -55,6 +64,7 @@ CONSTRUCTORS: list[Any] = [
     pytest.param(EmbeddedEngineConfig, id="EmbeddedEngineConfig"),
     pytest.param(TraceReplayEngineConfig, id="TraceReplayEngineConfig"),
     pytest.param(VLLMEngineConfig, id="VLLMEngineConfig"),
+    pytest.param(_pool, id="EnginePoolConfig"),
     pytest.param(GuessingGameTasks, id="GuessingGameTasks"),
     pytest.param(_code_tasks, id="LocalCodeTasks"),
     pytest.param(_swebench_tasks, id="SWEbenchTasks"),
@@ -84,3 +94,24 @@ def test_vllm_options_that_the_chosen_mode_ignores_are_rejected():
     with pytest.raises(ConfigError, match="weights_dir='/tmp' has no effect with weight_sync='direct'"):
         VLLMEngineConfig(weights_dir="/tmp")
     assert VLLMEngineConfig(kv_cache_memory_bytes=None, gpu_memory_utilization=0.9).gpu_memory_utilization == 0.9
+    with pytest.raises(ConfigError, match=r"teacher_engine_kwargs=\{'gpu_memory_utilization': 0.2\} has no effect without a teacher"):
+        VLLMEngineConfig(teacher_engine_kwargs={"gpu_memory_utilization": 0.2})
+    with pytest.raises(ConfigError, match="teacher must be a TeacherConfig or None, got dict"):
+        VLLMEngineConfig(teacher={"ckpt_path": "last.ckpt"})  # type: ignore[arg-type]
+    teacher = TeacherConfig(ckpt_path="last.ckpt")
+    assert VLLMEngineConfig(teacher=teacher, teacher_engine_kwargs={"max_num_seqs": 8}).teacher == teacher
+
+
+def test_the_strategy_names_max_held_trajectories_among_its_options_and_validates_it():
+    with pytest.raises(ConfigError, match="valid options: .*max_held_trajectories"):
+        _strategy(max_held=1)
+    with pytest.raises(ConfigError, match="max_held_trajectories must be >= 0"):
+        _strategy(max_held_trajectories=-1)
+    assert _strategy(max_held_trajectories=0).max_held_trajectories == 0
+    assert "max_held_trajectories" in inspect.signature(_strategy_class()).parameters
+
+
+def _strategy_class() -> Any:
+    from thundersync_lightning.strategy import ThunderSyncStrategy
+
+    return ThunderSyncStrategy

@@ -17,10 +17,18 @@ What the CLI adds to a config, so that a config and the Python path
 - ``--trainer.enable_progress_bar=false`` drops the config's progress bar callback instead of
   failing on it;
 - with ``--ckpt_path``, a ``WandbLogger`` without an ``id`` gets the run id the checkpoint recorded.
+
+``thundersync-lightning plan --config X [--device_memory 80GB] [--host_memory 512GB] [fit's
+overrides]`` prints the learner's memory plan of that config (docs/scaling.md) without building
+anything: the same YAML and overrides as ``fit``, parsed by the same parser. Capacities default to
+this machine's (the GPU's total memory, the available RAM; a CPU config's device is the host);
+sizes read ``80GB`` (10^9), ``80GiB`` (2^30), ``512MiB``. Exit status 1 when the plan does not fit,
+with the settings that would make it fit.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import inspect
 import logging
@@ -28,6 +36,8 @@ import os
 import sys
 from typing import Any
 
+import psutil
+import torch
 import yaml
 from lightning.pytorch import loggers as pl_loggers
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, ProgressBar
@@ -35,9 +45,15 @@ from lightning.pytorch.cli import LightningCLI
 from typing_extensions import override
 
 from .callbacks import RunChecks, RunSummary, wandb_run_id_from_checkpoint
+from .core.memory_plan import MemoryPlan, format_bytes, parse_bytes, plan_memory
+from .core.objective import Objective
+from .core.types import ModelSpec
 from .modules import GRPOPolicy, RolloutDataModule
+from .modules.policy import TINY_QWEN3
+from .modules.shape import model_shape
+from .strategy.memory_check import param_bytes, plan_inputs
 
-__all__ = ["ThunderSyncCLI", "main", "build_parser"]
+__all__ = ["ThunderSyncCLI", "main", "build_parser", "config_plan", "plan_main"]
 
 log = logging.getLogger(__name__)
 
@@ -192,9 +208,85 @@ def build_parser() -> Any:
     return holder["parser"]
 
 
+def _init_args(entry: Any) -> dict[str, Any]:
+    return dict(entry.get("init_args") or {}) if isinstance(entry, dict) else {}
+
+
+def _world_size(trainer: dict[str, Any], gpu: bool) -> int:
+    devices = trainer.get("devices", "auto")
+    if isinstance(devices, (list, tuple)):
+        count = len(devices)
+    elif isinstance(devices, int) and devices > 0:
+        count = devices
+    elif isinstance(devices, str) and devices.strip().isdigit():
+        count = int(devices)
+    else:  # "auto" / -1: every GPU here (one process on a CPU)
+        count = max(torch.cuda.device_count(), 1) if gpu else 1
+    return count * int(trainer.get("num_nodes") or 1)
+
+
+def config_plan(config: dict[str, Any]) -> MemoryPlan:
+    """The memory plan of a parsed ``fit`` config (``build_parser().parse_args(...).as_dict()``)."""
+    model, trainer, data = config["model"], config["trainer"], config["data"]
+    spec = ModelSpec(
+        model_type=model.get("model_type", "qwen3"),
+        config=dict(TINY_QWEN3 if model.get("config") is None else model["config"]),
+        pretrained_path=model.get("pretrained_path"),
+        dtype=model.get("dtype", "float32"),
+    )
+    accelerator = str(trainer.get("accelerator") or "auto")
+    gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
+    size = param_bytes(trainer.get("precision"), spec.dtype)
+    return plan_memory(
+        plan_inputs(
+            model=model_shape(spec, model.get("lora"), size),
+            objective=Objective.of(model.get("objective")),
+            accelerator="gpu" if gpu else "cpu",
+            world_size=_world_size(trainer, gpu),
+            strategy=_init_args(trainer.get("strategy")),
+            data=data,
+            engine=_init_args(data.get("engine")),
+            optimizer="adamw",  # GRPOPolicy.configure_optimizers
+        )
+    )
+
+
+def plan_main(args: list[str]) -> int:
+    """``thundersync-lightning plan``: print the plan and its verdict; 1 when it does not fit."""
+    parser = argparse.ArgumentParser(
+        prog="thundersync-lightning plan",
+        description="The learner's memory plan of a fit config (same --config and overrides as fit).",
+    )
+    parser.add_argument("--device_memory", help="bytes per GPU (80GB, 80GiB; default: this machine's GPU)")
+    parser.add_argument("--host_memory", help="host RAM (default: available RAM here)")
+    own, rest = parser.parse_known_args(args)
+    plan = config_plan(build_parser().parse_args(rest).as_dict())
+    print(plan.table())
+    host = parse_bytes(own.host_memory) if own.host_memory else int(psutil.virtual_memory().available)
+    if own.device_memory:
+        device = parse_bytes(own.device_memory)
+    elif plan.inputs.accelerator == "gpu" and torch.cuda.is_available():
+        device = int(torch.cuda.mem_get_info()[1])
+    elif plan.inputs.accelerator == "cpu":
+        device = host
+    else:
+        print("no GPU on this machine: pass --device_memory (e.g. 80GB) for a verdict")
+        return 0
+    verdict = plan.fits(device, host)
+    print(("FITS: " if verdict.fits else "DOES NOT FIT: ") + verdict.message())
+    if verdict.fits:
+        spare = device - plan.engine_reserve(device) - plan.device_bytes
+        if plan.inputs.accelerator == "gpu":
+            print(f"device headroom: {format_bytes(spare)}")
+    return 0 if verdict.fits else 1
+
+
 def main(args: list[str] | None = None) -> None:
     import thundersync_lightning  # noqa: F401  registers strategy="thundersync"
 
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv[:1] == ["plan"]:
+        raise SystemExit(plan_main(argv[1:]))
     ThunderSyncCLI(**_cli_kwargs(), args=args)
 
 

@@ -140,7 +140,6 @@ def test_a_publish_the_killed_process_never_read_leaves_no_file_descriptor_behin
 
 
 # Keep last: it spends the module engine's restart budget.
-@pytest.mark.xfail(strict=False, reason="open: after 3 restarts two multiprocessing semaphores (sem.mp-*) of the killed process stay in /dev/shm; see the closing note")
 def test_a_kill_beyond_max_engine_restarts_raises_engine_error_and_leaves_nothing_behind(engine, spec):
     assert engine.restart_count == 3
     engine.publish(random_model(spec, 2).state_dict(), version=engine.version + 1)

@@ -16,6 +16,7 @@ from thundersync_lightning.rollout import (
     load_teacher,
     make_request,
 )
+from thundersync_lightning.rollout.teacher import teacher_input
 
 from .conftest import random_model
 from .helpers import collect, learner_logprobs
@@ -71,6 +72,16 @@ def test_the_scorer_fills_every_scored_segment_from_a_local_pretrained_directory
     expected = learner_logprobs(teacher, scored, temperature=0.7)
     assert float((torch.tensor(scored.teacher_logprobs) - expected).abs().max()) <= 1e-5
     assert scored.tokens == _episode().tokens and scored.sampling_logprobs == _episode().sampling_logprobs
+
+
+def test_the_teacher_scores_the_episode_up_to_its_last_action_and_nothing_without_actions():
+    episode = _episode()
+    trailing = Trajectory("t1", "g0", 0, episode.prompt, (*episode.segments, Segment((7, 8), False)), 0, 2,
+                          "length", 0.0, 0.0)  # fmt: skip
+    assert teacher_input(trailing) == teacher_input(episode) == episode.tokens  # the last answer is left out
+    assert len(trailing.tokens) == len(episode.tokens) + 2
+    silent = Trajectory("t2", "g0", 0, (12, 2), (Segment((9,), False),), 0, 0, "failure", 0.0, 0.0)
+    assert teacher_input(silent) is None and TeacherScorer(None, 1.0)(silent) is silent
 
 
 def test_a_teacher_with_another_vocabulary_is_refused_at_set_up_naming_both_sizes(tmp_path):

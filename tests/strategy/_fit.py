@@ -27,10 +27,15 @@ class RecordSteps(Callback):
         self.steps.append(trainer.strategy.last_step_stats)
 
 
-def toy_data(groups: int = 4, group_size: int = 4, seed: int = 0) -> RolloutDataModule:
+def toy_data(
+    groups: int = 4, group_size: int = 4, seed: int = 0, latency: bool = False, engine: Any = None
+) -> RolloutDataModule:
+    """The toy task; ``latency`` delays each verdict a little (seeded; same trajectories and rewards),
+    so that the learner backpropagates trajectories before their rewards and holds their gradients."""
+    delay = {"latency": "lognormal", "latency_median_s": 0.005, "latency_max_s": 0.05} if latency else {}
     return RolloutDataModule(
-        tasks=GuessingGameTasks(latency="none"),
-        engine=EmbeddedEngineConfig(num_threads=1, env_workers=4),
+        tasks=GuessingGameTasks(**{"latency": "none", **delay}),
+        engine=engine or EmbeddedEngineConfig(num_threads=1, env_workers=4),
         group_size=group_size,
         groups_per_step=groups,
         seed=seed,
@@ -48,6 +53,7 @@ def fit(
     resume_from: str | None = None,
     policy: GRPOPolicy | None = None,
     strategy_kwargs: dict[str, Any] | None = None,
+    data: RolloutDataModule | None = None,
     **trainer_kwargs: Any,
 ):
     """Returns (flat parameters after fit, recorded StepStats, trainer)."""
@@ -69,7 +75,7 @@ def fit(
         callbacks=[record, *trainer_kwargs.pop("callbacks", [])],
         **trainer_kwargs,
     )
-    trainer.fit(policy, toy_data(), ckpt_path=resume_from)
+    trainer.fit(policy, data or toy_data(), ckpt_path=resume_from)
     return flat(policy), record.steps, trainer
 
 

@@ -8,8 +8,8 @@ MEMBERS = {"a": ["a0", "a1", "a2"], "b": ["b0", "b1", "b2"], "c": ["c0", "c1", "
 OWNER = {t: g for g, ts in MEMBERS.items() for t in ts}
 
 
-def choose(waiting, rewards, max_batch=32, inbox_empty=True):
-    return next_batch(waiting, rewards, OWNER, MEMBERS, max_batch, inbox_empty)
+def choose(waiting, rewards, max_batch=32, may_hold=True):
+    return next_batch(waiting, rewards, OWNER, MEMBERS, max_batch, may_hold=may_hold)
 
 
 def test_fully_rewarded_groups_go_first_and_together_across_groups():
@@ -23,10 +23,10 @@ def test_without_complete_groups_the_largest_group_and_reward_bucket_goes_next()
     assert choose(["a0", "a1", "b0", "b1"], rewards) == ["b0", "b1"]
 
 
-def test_a_reward_pending_trajectory_goes_alone_oldest_first_and_only_when_no_event_is_queued():
+def test_a_reward_pending_trajectory_goes_alone_oldest_first_and_only_when_one_more_may_be_held():
     waiting = ["c1", "a0", "b2"]
     assert choose(waiting, {}) == ["c1"]
-    assert choose(waiting, {}, inbox_empty=False) == []  # a queued reward may make it ready
+    assert choose(waiting, {}, may_hold=False) == []  # an event is queued, or the held bound is reached
 
 
 def test_known_reward_work_is_preferred_to_a_pending_trajectory_even_when_younger():

@@ -11,16 +11,20 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
+from thundersync_lightning.strategy.evaluation import VALIDATION_METRICS
+
 from ._fit import fit, relative
 
 SCRIPT = Path(__file__).with_name("ddp_script.py")
+VALIDATE_SCRIPT = Path(__file__).with_name("ddp_validate_script.py")
 
 
-def _run(tmp_path: Path, devices: int, mode: str = "streaming", objective: str = "default", cut: str = "") -> dict:
-    out = tmp_path / f"params-{devices}-{objective}-{cut}.pt"
+def _run(tmp_path: Path, devices: int, mode: str = "streaming", objective: str = "default", cut: str = "",
+         script: Path = SCRIPT) -> dict:
+    out = tmp_path / f"{script.stem}-{devices}-{objective}-{cut}.pt"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(out), str(devices), mode, objective, cut],
+        [sys.executable, str(script), str(out), str(devices), mode, objective, cut],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -40,6 +44,15 @@ def test_two_gloo_processes_give_the_parameters_of_one_process(tmp_path, objecti
     assert two["trajectories_per_step"] == [8, 8, 8]
     assert set(two["staleness"]) == {0}
     assert relative(two["params"], one["params"]) <= 1e-5
+
+
+def test_validation_metrics_on_two_ranks_with_uneven_task_splits_equal_one_process(tmp_path):
+    one = _run(tmp_path, 1, script=VALIDATE_SCRIPT)
+    two = _run(tmp_path, 2, script=VALIDATE_SCRIPT)
+    assert two["world_size"] == 2
+    assert set(two["metrics"]) == {f"val/{k}" for k in VALIDATION_METRICS}
+    for key, value in one["metrics"].items():  # weighted by tasks/trajectories, not a mean of rank means
+        assert two["metrics"][key] == pytest.approx(value, abs=1e-12), key
 
 
 def test_resuming_from_a_barrier_checkpoint_reproduces_the_uninterrupted_run(tmp_path):

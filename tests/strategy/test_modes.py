@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ._fit import fit, relative
+from ._fit import fit, relative, toy_data
 
 
 @pytest.fixture(scope="module")
@@ -58,4 +58,16 @@ def test_bounding_open_groups_defers_groups_without_changing_the_update(runs):
     assert relative(bounded, runs["streaming"][0]) <= 1e-5
     assert max(n for s in steps for _, n in s.open_groups) == 1
     assert {t.staleness for s in steps for t in s.trajectories} == {0}
+    assert len(steps[-1].trajectories) == 16
+
+
+@pytest.mark.parametrize("mode", ["streaming", "async"])
+def test_bounding_held_gradients_keeps_them_within_the_bound_without_changing_the_update(runs, mode):
+    # Verdict latency makes the learner backpropagate trajectories before their rewards; the
+    # trajectories and rewards are those of the runs without latency, so the update is the same.
+    data = toy_data(latency=True)
+    bounded, steps, _ = fit(mode, steps=3, data=data, strategy_kwargs={"max_held_trajectories": 1})
+    assert relative(bounded, runs[mode][0]) <= 1e-5
+    assert max(s.peak_held_trajectories for s in steps) <= 1
+    assert all(s.peak_held_bytes <= 2 * bounded.numel() * 4 for s in steps)  # grad S_i (and grad R_i)
     assert len(steps[-1].trajectories) == 16

@@ -1,10 +1,12 @@
 """Run as a script (vLLM worker processes re-import it): a multiprocessing engine with "file"
-weight sync, the GPU set-up, checked against transformers. Prints one JSON line."""
+weight sync and a distillation teacher in its own engine process, the GPU set-up, checked against
+transformers. Prints one JSON line."""
 
 from __future__ import annotations
 
 import json
 import sys
+import tempfile
 
 
 def main() -> None:
@@ -12,15 +14,21 @@ def main() -> None:
     from tests.vllm.test_vllm_engine import request
     from thundersync_lightning.core.errors import EngineError
     from thundersync_lightning.core.types import ContentReady
+    from thundersync_lightning.rollout import TeacherConfig, TeacherScorer
     from thundersync_lightning.rollout.vllm_engine import VLLMEngineConfig
 
+    teacher_dir = tempfile.mkdtemp(prefix="thundersync-teacher-")
+    make_learner(3).save_pretrained(teacher_dir)
+    teacher = TeacherConfig(pretrained_path=teacher_dir)
     config = VLLMEngineConfig(
         temperature=TEMPERATURE,
         kv_cache_memory_bytes=64 << 20,
         max_model_len=128,
         multiprocessing=True,
         weight_sync="file",
+        teacher=teacher,
     )
+    scorer = TeacherScorer.from_config(teacher, TEMPERATURE)
     result: dict = {}
     with config.build(TINY_QWEN3, TurnTasks()) as engine:
         try:
@@ -39,6 +47,9 @@ def main() -> None:
                 abs(a - b) for t in trajs for a, b in zip(reference_logprobs(model, t), t.sampling_logprobs)
             )
             result[f"max_logprob_error_v{version}"] = err
+            result[f"max_teacher_error_v{version}"] = max(
+                abs(a - b) for t in trajs for a, b in zip(scorer(t).teacher_logprobs, t.teacher_logprobs)
+            )
             result[f"versions_v{version}"] = sorted({t.policy_version for t in trajs})
             result[f"tokens_v{version}"] = [t.tokens for t in trajs]
     print("RESULT " + json.dumps(result), flush=True)

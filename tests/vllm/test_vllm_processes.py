@@ -1,4 +1,4 @@
-"""Set-ups that need their own process: vLLM worker processes with file weight sync (the GPU path),
+"""Set-ups that need their own process: vLLM worker processes with file weight sync and a teacher (the GPU path),
 and a 3-step streaming fit through the CLI with configs/toy_vllm.yaml."""
 
 from __future__ import annotations
@@ -18,14 +18,16 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", WANDB_MODE="offline")
+    # this checkout's package first: the venv's editable install may point at another checkout
+    pythonpath = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+    env = dict(os.environ, PYTHONPATH=pythonpath, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the in-process test engine set it for this process
     proc = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return proc
 
 
-def test_worker_processes_with_file_weight_sync_match_transformers_after_each_publish(tmp_path):
+def test_worker_processes_with_file_weight_sync_and_a_teacher_match_transformers_after_each_publish(tmp_path):
     proc = run([sys.executable, "-m", "tests.vllm.mp_file_sync"], cwd=ROOT)
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     result = json.loads(line[len("RESULT ") :])
@@ -34,6 +36,8 @@ def test_worker_processes_with_file_weight_sync_match_transformers_after_each_pu
     assert result["versions_v0"] == [0] and result["versions_v1"] == [1]
     assert result["max_logprob_error_v0"] <= 1e-4
     assert result["max_logprob_error_v1"] <= 1e-4
+    assert result["max_teacher_error_v0"] <= 1e-4  # the teacher's engine process, tempered to T
+    assert result["max_teacher_error_v1"] <= 1e-4
     assert result["tokens_v0"] != result["tokens_v1"]
 
 

@@ -17,11 +17,13 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import Callback
 from torchmetrics import MaxMetric, MeanMetric, Metric, SumMetric
+from typing_extensions import override
 
 from thundersync_lightning.strategy.stats import StepStats
 
-__all__ = ["StepStatsReader", "StepReducer", "log_step_metrics"]
+__all__ = ["StepStatsCallback", "StepStatsReader", "StepReducer", "log_step_metrics"]
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -56,6 +58,30 @@ class StepStatsReader:
             return None
         self._seen = stats
         return stats
+
+
+class StepStatsCallback(Callback):
+    """A monitor fed each step's :class:`StepStats` exactly once, through :meth:`on_step_stats`.
+
+    The Lightning hook (``on_train_batch_end``) lives here; subclasses implement only what they do
+    with a step's statistics. Subclasses that define ``__init__`` call ``super().__init__()``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._read_stats = StepStatsReader(type(self).__name__)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        stats = self._read_stats(trainer)
+        if stats is not None:
+            self.on_step_stats(trainer, pl_module, stats)
+
+    def on_step_stats(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats) -> None:
+        """Called once per step that produced statistics, on every rank."""
+        raise NotImplementedError
 
 
 class StepReducer(torch.nn.Module):

@@ -30,10 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from thundersync_lightning.callbacks._common import StepReducer, StepStatsReader, log_step_metrics
+from thundersync_lightning.callbacks._common import StepReducer, StepStatsCallback, log_step_metrics
 from thundersync_lightning.strategy.stats import StepStats
 
 __all__ = ["IdleTimeMonitor", "timeline_record", "read_timeline", "draw_timeline"]
@@ -104,7 +103,7 @@ def draw_timeline(records: list[dict[str, Any]], ax: Any = None) -> Any:
     return ax
 
 
-class IdleTimeMonitor(Callback):
+class IdleTimeMonitor(StepStatsCallback):
     """Log the idle-time keys of the module docstring and write the per-step timeline.
 
     Args:
@@ -129,7 +128,7 @@ class IdleTimeMonitor(Callback):
         self._path: Path | None = None
         self._first_write = True
         self._last: dict[str, float] = {}
-        self._read_stats = StepStatsReader(type(self).__name__)
+        super().__init__()
 
     @property
     def timeline_path(self) -> Path | None:
@@ -156,12 +155,7 @@ class IdleTimeMonitor(Callback):
             self._first_write = True
 
     @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        stats = self._read_stats(trainer)
-        if stats is None:
-            return
+    def on_step_stats(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats) -> None:
         r = self._reducer
         r.update("perf/step_seconds", stats.wall_seconds)
         r.update("perf/learner_busy_seconds", stats.busy_seconds)

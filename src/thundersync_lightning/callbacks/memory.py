@@ -26,10 +26,10 @@ from typing import Any, Protocol
 import lightning.pytorch as pl
 import psutil
 import torch
-from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from thundersync_lightning.callbacks._common import StepReducer, StepStatsReader, log_step_metrics
+from thundersync_lightning.callbacks._common import StepReducer, StepStatsCallback, log_step_metrics
+from thundersync_lightning.strategy.stats import StepStats
 
 __all__ = ["MemoryMonitor", "device_memory", "pinned_host_memory", "process_rss_bytes", "accumulator_memory"]
 
@@ -87,13 +87,13 @@ def accumulator_memory(acc: _Bytes) -> dict[str, float]:
     return {key: float(v) for key, v in zip(ACCUMULATOR_KEYS, values)}
 
 
-class MemoryMonitor(Callback):
+class MemoryMonitor(StepStatsCallback):
     """Log the memory keys of the module docstring at every step (max over ranks)."""
 
     def __init__(self) -> None:
         self._reducer: StepReducer | None = None
         self._last: dict[str, float] = {}
-        self._read_stats = StepStatsReader(type(self).__name__)
+        super().__init__()
 
     @property
     def metric_keys(self) -> list[str]:
@@ -119,11 +119,8 @@ class MemoryMonitor(Callback):
             torch.cuda.reset_peak_memory_stats(pl_module.device)
 
     @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        stats = self._read_stats(trainer)
-        if stats is None or self._reducer is None:
+    def on_step_stats(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats) -> None:
+        if self._reducer is None:
             return
         values = {
             **accumulator_memory(stats.accumulator),

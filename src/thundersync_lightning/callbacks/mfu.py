@@ -18,11 +18,10 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
-from thundersync_lightning.callbacks._common import StepReducer, StepStatsReader, log_step_metrics
+from thundersync_lightning.callbacks._common import StepReducer, StepStatsCallback, log_step_metrics
 from thundersync_lightning.callbacks.flops import (
     MeasuredFlops,
     PeakFlops,
@@ -47,7 +46,7 @@ METRIC_KEYS = (
 )
 
 
-class MFUMonitor(Callback):
+class MFUMonitor(StepStatsCallback):
     """Log ``perf/mfu``, ``perf/mfu_busy``, ``perf/model_flops_per_step``,
     ``perf/model_flops_per_second`` and ``perf/learner_tokens_per_second`` at every step.
 
@@ -78,7 +77,7 @@ class MFUMonitor(Callback):
         self._measured: MeasuredFlops | None = None
         self._reducer = StepReducer({"flops": "sum", "tokens": "sum", "wall": "max", "busy": "sum"})
         self._last: dict[str, float] = {}
-        self._read_stats = StepStatsReader(type(self).__name__)
+        super().__init__()
 
     @property
     def peak(self) -> PeakFlops | None:
@@ -141,12 +140,7 @@ class MFUMonitor(Callback):
         return analytic_step_flops(self._shape, stats.learner_tokens, lengths)
 
     @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        stats = self._read_stats(trainer)
-        if stats is None:
-            return
+    def on_step_stats(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats) -> None:
         r = self._reducer
         r.update("flops", float(self.step_flops(stats)))
         r.update("tokens", float(stats.learner_tokens))

@@ -32,14 +32,12 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from thundersync_lightning.callbacks._common import StepReducer, StepStatsReader, log_step_metrics
+from thundersync_lightning.callbacks._common import StepReducer, StepStatsCallback, log_step_metrics
 from thundersync_lightning.strategy.stats import StepStats
 
 __all__ = ["RolloutMetrics", "FINISH_REASONS"]
@@ -49,7 +47,7 @@ log = logging.getLogger(__name__)
 FINISH_REASONS = ("submit", "turn_limit", "length", "failure")
 
 
-class RolloutMetrics(Callback):
+class RolloutMetrics(StepStatsCallback):
     """Log the rollout keys of the module docstring at every step.
 
     Args:
@@ -79,7 +77,7 @@ class RolloutMetrics(Callback):
         kinds.update({f"rollout/finish_{r}_count": "sum" for r in FINISH_REASONS})
         self._reducer = StepReducer(kinds)
         self._last: dict[str, float] = {}
-        self._read_stats = StepStatsReader(type(self).__name__)
+        super().__init__()
 
     @property
     def metric_keys(self) -> list[str]:
@@ -135,12 +133,7 @@ class RolloutMetrics(Callback):
         return out
 
     @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        stats = self._read_stats(trainer)
-        if stats is None:
-            return
+    def on_step_stats(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats) -> None:
         self.update(stats)
         self._last = {**self.compute(), "train/loss": stats.loss}
         log_step_metrics(pl_module, self._last)

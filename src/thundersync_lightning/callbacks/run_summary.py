@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
+from ..strategy.stats import StepStats
 from ..summary import StepAggregate, aggregate, draw_reward_curve, format_summary, summarize
-from ._common import StepReducer, StepStatsReader
+from ._common import StepReducer, StepStatsCallback
 
 __all__ = ["RunSummary"]
 
@@ -42,7 +42,7 @@ _REDUCTIONS = {
 }
 
 
-class RunSummary(Callback):
+class RunSummary(StepStatsCallback):
     """Write ``summary.json`` (see :mod:`thundersync_lightning.summary`) and the reward curve.
 
     Args:
@@ -70,7 +70,7 @@ class RunSummary(Callback):
         self._start = time.monotonic()
         self._steps_before = 0
         self._reducer = StepReducer(_REDUCTIONS)
-        self._read_stats = StepStatsReader(type(self).__name__)
+        super().__init__()
         self.val_pass_at_1: list[float] = []  # val/pass_at_1 of every validation run during fit
 
     @override
@@ -91,12 +91,7 @@ class RunSummary(Callback):
         self._start = time.monotonic()
 
     @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        stats = self._read_stats(trainer)
-        if stats is None:
-            return
+    def on_step_stats(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats) -> None:
         local = asdict(aggregate(stats))
         for name in _REDUCTIONS:
             self._reducer.update(name, float(local[name]))

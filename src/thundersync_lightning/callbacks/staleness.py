@@ -22,13 +22,11 @@ or weight-sync mismatch the version numbers cannot show).
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from thundersync_lightning.callbacks._common import StepReducer, StepStatsReader, log_step_metrics
+from thundersync_lightning.callbacks._common import StepReducer, StepStatsCallback, log_step_metrics
 from thundersync_lightning.core.errors import StalenessError
 from thundersync_lightning.strategy.stats import StepStats, TrajectoryRecord
 
@@ -45,7 +43,7 @@ log = logging.getLogger(__name__)
 _ZERO_STALENESS_MODES = frozenset({"streaming", "sync"})
 
 
-class StalenessMonitor(Callback):
+class StalenessMonitor(StepStatsCallback):
     """Log per-step staleness (mean, max, histogram) and optionally require it to be zero.
 
     Keys (reduced over all ranks' trajectories): ``train/staleness_mean_versions``,
@@ -77,7 +75,7 @@ class StalenessMonitor(Callback):
         kinds.update({key: "sum" for key in self.histogram_keys})
         self._reducer = StepReducer(kinds)
         self._last: dict[str, float] = {}
-        self._read_stats = StepStatsReader(type(self).__name__)
+        super().__init__()
 
     @property
     def histogram_keys(self) -> list[str]:
@@ -103,12 +101,7 @@ class StalenessMonitor(Callback):
         self._reducer.to(pl_module.device)
 
     @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        stats = self._read_stats(trainer)
-        if stats is None:
-            return
+    def on_step_stats(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats) -> None:
         values = [float(t.staleness) for t in stats.trajectories]
         r = self._reducer
         r.update("train/staleness_mean_versions", values)

@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 from typing_extensions import override
 
 from ..strategy.stats import StepStats, TrajectoryRecord
-from ._common import StepStatsReader
+from ._common import StepStatsCallback
 
 __all__ = [
     "TrajectoryLogger",
@@ -131,7 +130,7 @@ def format_trajectory(entry: dict[str, Any]) -> str:
     return f"{head}\n[prompt] {entry['prompt']}\n{_transcript(entry)}"
 
 
-class TrajectoryLogger(Callback):
+class TrajectoryLogger(StepStatsCallback):
     """Log decoded trajectories each step (see the module docstring).
 
     Args:
@@ -162,7 +161,7 @@ class TrajectoryLogger(Callback):
         self._decode: Decode | None = None
         self._path: Path | None = None
         self._fresh = True
-        self._read_stats = StepStatsReader(type(self).__name__)
+        super().__init__()
 
     @property
     def path(self) -> Path | None:
@@ -176,11 +175,8 @@ class TrajectoryLogger(Callback):
         self._fresh = True
 
     @override
-    def on_train_batch_end(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
-    ) -> None:
-        stats = self._read_stats(trainer)
-        if stats is None or not trainer.is_global_zero or stats.step % self.every_n_steps:
+    def on_step_stats(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats) -> None:
+        if not trainer.is_global_zero or stats.step % self.every_n_steps:
             return
         entries = self.entries(stats)
         self._append(entries, replace=self._fresh and stats.step == 0)

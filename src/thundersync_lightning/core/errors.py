@@ -15,6 +15,7 @@ __all__ = [
     "GroupError",
     "OpenGroupsError",
     "OpenGroupLimitError",
+    "HeldGradientLimitError",
     "AccumulatorSpentError",
     "PolicyChangedError",
     "StalenessError",
@@ -56,6 +57,10 @@ class OpenGroupsError(ThunderSyncError):
 
 class OpenGroupLimitError(ThunderSyncError):
     """Opening one more group would exceed ``max_open_groups``."""
+
+
+class HeldGradientLimitError(ThunderSyncError):
+    """Backpropagating a reward-pending trajectory would hold more gradients than ``max_held_trajectories``."""
 
 
 class AccumulatorSpentError(ThunderSyncError):

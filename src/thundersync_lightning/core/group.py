@@ -20,11 +20,22 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .objective import Objective
+from .objective import BatchTotals, Objective
 from .prefix import LeafSums
+from .report import GroupStat
 from .storage import GradientStore
 
-__all__ = ["GroupSums"]
+__all__ = ["GroupSums", "ClosedGroup"]
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedGroup:
+    """What a complete group adds to the step's objective parts, counts and report."""
+
+    objective: float  # sum_i A'_i S_i over kept members (before the batch scale s)
+    independent: float  # sum_i R_i over kept members
+    totals: BatchTotals
+    stat: GroupStat
 
 
 @dataclass
@@ -86,7 +97,7 @@ class GroupSums:
 
         def add(buf: torch.Tensor, alpha: float = 1.0) -> None:
             if flat is not None:
-                buf.add_(flat, alpha=alpha)
+                store.add_flat(buf, flat, alpha)
             else:
                 store.add_grads(buf, grads, alpha)
 
@@ -109,11 +120,20 @@ class GroupSums:
         g1 = store.scaled(flat, reward - c)
         g2 = flat
         for r, h in self.by_reward.items():
-            g1.add_(h, alpha=r - c)
-            g2.add_(h)
+            store.add_flat(g1, h, r - c)
+            store.add_flat(g2, h)
             store.release(h)
         self.by_reward.clear()
         self.g1, self.g2, self.shift = g1, g2, c
+
+    def take(self, kind: str, key: object, grads: list, store: GradientStore) -> None:
+        """One backward job's gradient: into the sum of its reward (``sum``), or held (``held``, ``held_r``)."""
+        if kind == "sum":
+            self.accumulate(store, key[1], grads=grads)  # type: ignore[index]
+        elif kind == "held":
+            self.held[key] = store.flatten(grads)
+        else:
+            self.held_independent[key] = store.flatten(grads)
 
     def fold_into(self, final: torch.Tensor, store: GradientStore, a: float, b: float) -> None:
         """``final += sum_i (a r_i + b) grad S_i`` from the sums (the caller then drops them)."""
@@ -122,6 +142,40 @@ class GroupSums:
             final.add_(store.to_device(self.g2), alpha=a * self.shift + b)
         for r, h in self.by_reward.items():
             final.add_(store.to_device(h), alpha=a * r + b)
+
+    def record_score(self, trajectory_id: Hashable, score: float, tokens: float, independent: float | None) -> None:
+        """A member's S_i (and R_i) value and scored-token count; a dropped member is only marked scored."""
+        if trajectory_id in self.dropped:
+            self.scored_dropped.add(trajectory_id)
+            return
+        self.scores[trajectory_id] = score
+        self.tokens[trajectory_id] = tokens
+        if independent is not None:
+            self.independent[trajectory_id] = independent
+
+    def close(self, group_id: Hashable, a: float, b: float) -> ClosedGroup:
+        """The closed group's parts, given its coefficients (every verdict known, every kept member scored)."""
+        kept = self.kept()
+        rewards = self.reward_tensor()
+        objective = sum((a * self.rewards[t] + b) * self.scores[t] for t in kept)
+        independent = sum(self.independent.get(t, 0.0) for t in kept)
+        totals = BatchTotals(
+            groups=float(bool(kept)),
+            sequences=float(len(kept)),
+            tokens=sum(self.tokens.get(t, 0.0) for t in kept),
+            reward_count=float(len(kept)),
+            reward_sum=float(rewards.sum()),
+            reward_sq_sum=float((rewards**2).sum()),
+        )
+        mean = float(rewards.mean()) if kept else 0.0
+        std = float(rewards.std(correction=0)) if kept else 0.0
+        stat = GroupStat(group_id, len(kept), mean, std, len(self.dropped))
+        return ClosedGroup(objective, independent, totals, stat)
+
+    def describe_missing(self, group_id: Hashable) -> str:
+        no_reward = [t for t in self.members if t not in self.rewards]
+        no_logprob = [t for t in self.kept() if t not in self.scores]
+        return f"group {group_id!r} misses rewards of {no_reward} and logprobs of {no_logprob}"
 
     def drop(self, store: GradientStore) -> None:
         """Free every buffer of the group (held gradients and sums)."""

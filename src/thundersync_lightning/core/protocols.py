@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .types import RolloutEvent, RolloutRequest, StepResult
 
-__all__ = ["RolloutEngine", "PreparesAhead", "Environment", "TaskSource"]
+__all__ = ["RolloutEngine", "PreparesAhead", "EngineFactory", "Environment", "TaskSource"]
 
 
 @runtime_checkable
@@ -58,6 +58,17 @@ class PreparesAhead(Protocol):
 
 
 @runtime_checkable
+class EngineFactory(Protocol):
+    """An engine configuration: ``build(model_spec, tasks)`` starts the engine (a RolloutEngine).
+
+    Annotated with ``Any`` on purpose: jsonargparse matches protocol implementations by exact
+    annotations, and this is the type configs name engine classes under.
+    """
+
+    def build(self, model_spec: Any, tasks: Any) -> Any: ...
+
+
+@runtime_checkable
 class Environment(Protocol):
     """One task instance, at the level of token ids."""
 
@@ -81,3 +92,7 @@ class TaskSource(Protocol):
     def tasks(self, step: int, num_groups: int, seed: int) -> Sequence[Any]: ...
 
     def make_env(self, task: Any, seed: int) -> Environment: ...
+
+    # Optional: ``max_episode_tokens() -> int``, an upper bound on one episode's tokens (prompt,
+    # actions and observations). The memory plan sizes activations with it when the engine sets
+    # no context limit (``max_context_tokens`` / ``max_model_len``).

@@ -25,6 +25,10 @@ class GroupStat:
 class StreamingReport:
     """What the barrier folded on this process.
 
+    ``peak_held_trajectories`` is the most reward-pending trajectories that held a parameter-sized
+    gradient at once, ``peak_held_bytes`` the most bytes those held gradients took (also counted in
+    ``peak_bytes``, by location).
+
     ``objective`` = sum_i A'_i S_i over kept trajectories, with A' the advantage before the batch
     scale s, and ``independent`` = sum_i R_i; the loss is ``-(s * objective + independent) / D``
     with the global ``batch_scale`` s and ``denominator`` D (``loss`` holds it for one process;
@@ -46,6 +50,8 @@ class StreamingReport:
     totals: BatchTotals = field(default_factory=BatchTotals)
     on_policy: OnPolicyStats = field(default_factory=OnPolicyStats)
     dropped: int = 0
+    peak_held_trajectories: int = 0
+    peak_held_bytes: int = 0
 
     @property
     def loss(self) -> float:

@@ -20,13 +20,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import DuplicateEventError
+from .errors import DuplicateEventError, GroupError
 from .group import GroupSums
 from .objective import Objective
+from .prefix import SharedPrefix
 from .terms import TrajectoryTerms
 from .validation import finite_score
 
-__all__ = ["BackwardPlan", "plan_backward"]
+__all__ = ["BackwardPlan", "plan_backward", "check_prefix"]
 
 
 @dataclass
@@ -86,3 +87,15 @@ def plan_backward(
                 (plan.direct_independent if batch else plan.direct).append(r_term)
                 plan.touched.add(i)
     return plan
+
+
+def check_prefix(owners: Sequence[tuple[Hashable, GroupSums]], prefix: SharedPrefix) -> None:
+    """A shared prefix (boundary cut) belongs to exactly one group, and a group to one prefix."""
+    if not owners:
+        return
+    gids = sorted({gid for gid, _ in owners}, key=str)
+    if len(gids) != 1:
+        raise GroupError(f"a shared prefix belongs to one group; add_tokens got trajectories of {gids}")
+    leaves = owners[0][1].leaves
+    if leaves is not None and leaves.prefix is not prefix:
+        raise GroupError(f"group {gids[0]!r} already has another shared prefix; score its members on one")

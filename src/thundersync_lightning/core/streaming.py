@@ -26,38 +26,37 @@ the step's gradient (no sums). Once anything of a group has reached the step's g
 longer be aborted (its contribution cannot be removed exactly): ``abort_group`` raises; deliver
 its remaining events instead.
 
-``max_open_groups``: ``open_group`` raises :class:`OpenGroupLimitError` when that many groups are
-already open (declared, not yet folded or aborted); nothing changes. The caller admits groups as
-slots free up (the strategy defers a group's events until it is admitted).
+Memory is bounded by ``max_open_groups`` and ``max_held_trajectories``
+(:mod:`~thundersync_lightning.core.bounds`); a call that would pass a bound raises and changes nothing.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import replace
 
 import torch
 
+from .bounds import Bounds, bound_problems
 from .errors import (
     AccumulatorSpentError,
     ConfigError,
     DuplicateEventError,
     GroupError,
     InvalidLogprobError,
-    OpenGroupLimitError,
     OpenGroupsError,
-    PolicyChangedError,
     UnknownTrajectoryError,
 )
 from .group import GroupSums
+from .jobs import jobs_of, prefix_backward, run_jobs, select_terms
 from .objective import BatchTotals, Objective
 from .prefix import LeafSums, SharedPrefix
 from .report import GroupStat, StreamingReport
-from .routing import plan_backward
+from .routing import check_prefix, plan_backward
+from .step_gradient import StepGradient
 from .storage import ByteUsage, GradientStore, Offload
 from .terms import OnPolicyStats, TokenScores, TrajectoryTerms, trajectory_terms
-from .validation import check_scalar, finite_reward
+from .validation import argument_problems, check_scalar, check_unchanged, finite_reward
 
 __all__ = ["StreamingGRPO", "StreamingReport", "GroupStat"]
 
@@ -72,6 +71,8 @@ class StreamingGRPO:
         estimator, eps: shorthands for ``Objective(estimator=..., eps=...)``.
         offload: where group sums and held gradients live (``none`` | ``cpu`` | ``pinned``).
         max_open_groups: bound on groups declared and not yet folded/aborted (None: unbounded).
+        max_held_trajectories: bound on reward-pending trajectories holding a gradient (None:
+            unbounded; 0: never hold, wait for the reward before the backward).
     """
 
     def __init__(
@@ -83,29 +84,20 @@ class StreamingGRPO:
         objective: Objective | None = None,
         offload: Offload = "none",
         max_open_groups: int | None = None,
+        max_held_trajectories: int | None = None,
     ) -> None:
         self._params = [p for p in params]
-        problems = []
-        if not self._params:
-            problems.append("params is empty: pass the trainable parameters")
-        if any(not p.requires_grad for p in self._params):
-            problems.append("every tensor in params must require grad")
-        if len({id(p) for p in self._params}) != len(self._params):
-            problems.append("params lists the same tensor twice")
-        if objective is not None and (estimator is not None or eps is not None):
-            problems.append("pass either objective= or the estimator=/eps= shorthands, not both")
-        if eps is not None and not (eps >= 0 and math.isfinite(eps)):
-            problems.append(f"eps must be a finite number >= 0, got {eps}")
-        if max_open_groups is not None and max_open_groups < 1:
-            problems.append(f"max_open_groups must be >= 1 or None, got {max_open_groups}")
+        problems = argument_problems(self._params, objective is not None, estimator, eps)
+        problems += bound_problems(max_open_groups, max_held_trajectories)
         if problems:
             raise ConfigError("invalid StreamingGRPO arguments: " + "; ".join(problems))
         if objective is None:
             shorthand = {k: v for k, v in (("estimator", estimator), ("eps", eps)) if v is not None}
             objective = Objective(**shorthand)
         self.objective = objective
-        self.max_open_groups = max_open_groups
+        self._bounds = Bounds(max_open_groups, max_held_trajectories)
         self._store = GradientStore(self._params, offload)
+        self._step = StepGradient(self._store)
         self.reset()
 
     @property
@@ -129,12 +121,12 @@ class StreamingGRPO:
         self._on_policy = OnPolicyStats()
         self._backward = 0
         self._skipped = 0
-        self._final: torch.Tensor | None = None  # s-scaled at the barrier
-        self._final_independent: torch.Tensor | None = None  # only under scale="batch"
+        self._step.reset()
         self._dropped_closed: dict[Hashable, bool] = {}  # dropped members of closed groups -> content seen
         self._spent = False
         self._versions = [p._version for p in self._params]
         self._store.reset_counters()
+        self._bounds.reset()
 
     @property
     def open_groups(self) -> tuple[Hashable, ...]:
@@ -156,6 +148,24 @@ class StreamingGRPO:
     @property
     def peak_bytes(self) -> ByteUsage:
         return self._store.peak()
+
+    @property
+    def max_open_groups(self) -> int | None:
+        return self._bounds.max_open_groups
+
+    @property
+    def max_held_trajectories(self) -> int | None:
+        return self._bounds.max_held_trajectories
+
+    @property
+    def held_trajectories(self) -> int:
+        """Trajectories backpropagated before their reward, each holding a gradient until it lands."""
+        return self._bounds.held
+
+    @property
+    def peak_held_bytes(self) -> int:
+        """Most bytes held gradients took at once in this step (wherever ``offload`` put them)."""
+        return self._bounds.peak_held_buffers * self._store.buffer_bytes
 
     def totals(self) -> BatchTotals:
         """This process's counts so far (sum them over ranks for :meth:`finish`)."""
@@ -200,11 +210,7 @@ class StreamingGRPO:
                 f"trajectories {taken} of group {group_id!r} already belong to group "
                 f"{self._owner[taken[0]]!r}; a trajectory belongs to exactly one group"
             )
-        if self.max_open_groups is not None and len(self._groups) >= self.max_open_groups:
-            raise OpenGroupLimitError(
-                f"cannot open group {group_id!r}: {len(self._groups)} groups are open and "
-                f"max_open_groups={self.max_open_groups}; fold or abort one first, or raise the limit"
-            )
+        self._bounds.check_open(group_id, len(self._groups))
         self._groups[group_id] = GroupSums(members)
         for t in members:
             self._owner[t] = group_id
@@ -246,12 +252,12 @@ class StreamingGRPO:
             if held is not None:
                 group.accumulate(self._store, value, flat=held)
             if held_r is not None:
-                self._add_flat(self._independent_buffer(), held_r)
+                self._step.add_flat(self._step_buffer("direct_r"), held_r)
                 group.direct += 1
         if group.all_rewards_known():
             self._fold_buffers(group)  # a_g, b_g are known now: free the sums early
         self._maybe_close(gid, group)
-        self._count_leaves()
+        self._count()
 
     def add_logprob(self, trajectory_id: Hashable, logprob: torch.Tensor) -> None:
         """One trajectory's S_i (see :meth:`add_logprobs`)."""
@@ -311,13 +317,6 @@ class StreamingGRPO:
         """grad R_i is kept out of the s-scaled sums (only under ``scale="batch"``)."""
         return self.objective.scale == "batch"
 
-    @staticmethod
-    def _attach_prefix(owners: list[tuple[Hashable, GroupSums]], prefix: SharedPrefix) -> GroupSums:
-        group = owners[0][1]
-        if group.leaves is None:
-            group.leaves = LeafSums(prefix)
-        return group
-
     def _add(self, ids: list[Hashable], terms: TrajectoryTerms, prefix: SharedPrefix | None = None) -> None:
         if len(set(ids)) != len(ids):
             raise DuplicateEventError(f"add_tokens got a trajectory id twice: {ids}")
@@ -328,66 +327,47 @@ class StreamingGRPO:
         keep = [i for i in range(len(ids)) if i not in set(late)]
         rows = [ids[i] for i in keep]
         if late:
-            terms = _select(terms, keep)
+            terms = select_terms(terms, keep)
         owners = [self._group_of(tid) for tid in rows]
         plan = plan_backward(self.objective, rows, owners, terms)
-        if prefix is not None and rows:
-            gids = sorted({gid for gid, _ in owners}, key=str)
-            if len(gids) != 1:
-                raise GroupError(f"a shared prefix belongs to one group; add_tokens got trajectories of {gids}")
-            leaves = owners[0][1].leaves
-            if leaves is not None and leaves.prefix is not prefix:
-                raise GroupError(f"group {gids[0]!r} already has another shared prefix; score its members on one")
+        self._bounds.check_held(rows[i] for i in plan.held + plan.held_independent)
+        if prefix is not None:
+            check_prefix(owners, prefix)
         inputs = list(self._params) + (list(prefix.leaves) if prefix is not None else [])
-        jobs: list[tuple[str, object, torch.Tensor]] = []
-        if plan.direct:
-            jobs.append(("direct", None, torch.stack(plan.direct).sum()))
-        if plan.direct_independent:
-            jobs.append(("direct_r", None, torch.stack(plan.direct_independent).sum()))
-        jobs += [("sum", key, terms.score[r].sum()) for key, r in plan.buckets.items()]
-        jobs += [("held", rows[i], terms.score[i]) for i in plan.held]
-        jobs += [("held_r", rows[i], terms.independent[i]) for i in plan.held_independent]  # type: ignore[index]
+        jobs = jobs_of(plan, rows, terms)
         label = rows[0] if len(rows) == 1 else f"{len(rows)} trajectories"
-        grads = [self._grad(label, t, retain=k < len(jobs) - 1, inputs=inputs) for k, (_, _, t) in enumerate(jobs)]
+        grads = run_jobs(label, jobs, inputs)
+        self._backward += len(jobs)
         # every check passed and every backward ran: now change state
         if prefix is not None and rows:
-            group = self._attach_prefix(owners, prefix)
+            group = owners[0][1]
+            leaves = group.leaves = group.leaves or LeafSums(prefix)
             n = len(self._params)
             for (kind, key, _), g in zip(jobs, grads):
-                group.leaves.add(kind, key, prefix.flatten(g[n:]), self._independent_apart)  # type: ignore[union-attr]
+                leaves.add(kind, key, prefix.flatten(g[n:]), self._independent_apart)
             grads = [g[:n] for g in grads]
         for i in late:
             self._dropped_closed[ids[i]] = True
         self._skipped += len(late) + plan.skipped
         for (kind, key, _), g in zip(jobs, grads):
-            if kind == "direct":
-                self._add_grads(self._final_buffer(), g)
-            elif kind == "direct_r":
-                self._add_grads(self._independent_buffer(), g)
-            elif kind == "sum":
-                gid, reward = key  # type: ignore[misc]
-                self._groups[gid].accumulate(self._store, reward, grads=g)
-            elif kind == "held":
-                self._groups[self._owner[key]].held[key] = self._store.flatten(g)
+            if kind in ("direct", "direct_r"):
+                self._step.add_grads(self._step_buffer(kind), g)
             else:
-                self._groups[self._owner[key]].held_independent[key] = self._store.flatten(g)
+                self._groups[key[0] if kind == "sum" else self._owner[key]].take(kind, key, g, self._store)
         for i in plan.touched:
             owners[i][1].direct += 1
         for i, (tid, (_, group)) in enumerate(zip(rows, owners)):
-            if tid in group.dropped:
-                group.scored_dropped.add(tid)
-                continue
-            group.scores[tid] = plan.scores[i]
-            group.tokens[tid] = float(terms.tokens[i])
-            if plan.independent is not None:
-                group.independent[tid] = plan.independent[i]
+            independent = plan.independent[i] if plan.independent is not None else None
+            group.record_score(tid, plan.scores[i], float(terms.tokens[i]), independent)
         self._on_policy = self._on_policy + terms.on_policy
         for gid, group in {id(g): (gid, g) for gid, g in owners}.values():
             if gid in self._groups:
                 self._maybe_close(gid, group)
-        self._count_leaves()
+        self._count()
 
-    def _count_leaves(self) -> None:
+    def _count(self) -> None:
+        """Held gradients and leaf bytes, recounted from the open groups (the one source of truth)."""
+        self._bounds.count_held(self._groups.values())
         self._store.set_leaf_bytes(sum(g.leaves.nbytes for g in self._groups.values() if g.leaves is not None))
 
     def abort_group(self, group_id: Hashable) -> None:
@@ -407,6 +387,7 @@ class StreamingGRPO:
         for t in group.members:
             del self._owner[t]
         self._aborted += 1
+        self._count()
 
     # ------------------------------------------------------------------ barrier
     def finish(self, num_groups: int | None = None, *, totals: BatchTotals | None = None) -> StreamingReport:
@@ -418,13 +399,7 @@ class StreamingGRPO:
         self._check_live()
         if self._groups:
             raise OpenGroupsError("cannot finish the step: " + self._describe_open())
-        moved = [i for i, (p, v) in enumerate(zip(self._params, self._versions)) if p._version != v]
-        if moved:
-            raise PolicyChangedError(
-                f"{len(moved)} parameter(s) (indices {moved[:8]}) were modified in place during the step; "
-                "the streamed gradients were taken at the old values, so stepping now would mix two "
-                "policies. Do not change parameters between the first event and the barrier."
-            )
+        check_unchanged(self._params, self._versions)
         if num_groups is not None and (num_groups < len(self._folded) or num_groups < 0):
             raise GroupError(f"num_groups={num_groups} is smaller than the {len(self._folded)} groups folded here")
         glob = totals if totals is not None else self._totals
@@ -432,26 +407,6 @@ class StreamingGRPO:
             glob = replace(glob, groups=float(num_groups))
         d = self.objective.denominator(glob)
         s = self.objective.batch_scale(glob)
-        final = self._final
-        if final is not None and self._final_independent is not None:
-            final.mul_(s).add_(self._final_independent)
-        elif final is None and self._final_independent is not None:
-            final, self._final_independent = self._final_independent, None
-        elif final is not None:
-            final.mul_(s)
-        if final is not None and d > 0:
-            for p, g in zip(self._params, self._store.split(final)):
-                contribution = (g * (-1.0 / d)).to(p.dtype)
-                if p.grad is None:
-                    p.grad = contribution.clone()
-                else:
-                    p.grad.add_(contribution)
-        else:
-            # Nothing to add (e.g. every group had equal rewards): a zero gradient, as a synchronous
-            # loss.backward() would leave, so optimizers apply momentum/weight decay the same way.
-            for p in self._params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
         report = StreamingReport(
             groups_folded=len(self._folded),
             groups_aborted=self._aborted,
@@ -468,120 +423,44 @@ class StreamingGRPO:
             totals=self._totals,
             on_policy=self._on_policy,
             dropped=sum(s_.dropped for s_ in self._folded),
+            peak_held_trajectories=self._bounds.peak_held,
+            peak_held_bytes=self.peak_held_bytes,
         )
-        for buf in (final, self._final_independent):
-            if buf is not None:
-                self._store.release_device(buf)
-        self._final = self._final_independent = None
+        self._step.apply(self._params, s, d)
         self._spent = True
         return report
 
     # ------------------------------------------------------------------ internals
-    def _grad(
-        self, trajectory_id: Hashable, logprob: torch.Tensor, retain: bool = False, inputs: list | None = None
-    ) -> list:
-        try:
-            grads = torch.autograd.grad(
-                logprob, inputs if inputs is not None else self._params, allow_unused=True, retain_graph=retain
-            )
-        except RuntimeError as err:
-            raise InvalidLogprobError(
-                f"backward of trajectory {trajectory_id!r}'s logprob failed ({err}); it must be a scalar "
-                "computed from the parameters in this step's graph"
-            ) from err
-        if all(g is None for g in grads):
-            raise InvalidLogprobError(
-                f"trajectory {trajectory_id!r}'s logprob has no autograd path to the parameters; "
-                "compute it from the policy's forward pass"
-            )
-        self._backward += 1
-        return list(grads)
-
-    def _final_buffer(self) -> torch.Tensor:
-        if self._final is None:
-            self._final = self._store.zeros_on_device()
-        return self._final
-
-    def _independent_buffer(self) -> torch.Tensor:
-        """Where grad R_i goes: the step's gradient, or a buffer of its own when s is deferred."""
-        if self.objective.scale != "batch":
-            return self._final_buffer()
-        if self._final_independent is None:
-            self._final_independent = self._store.zeros_on_device()
-        return self._final_independent
-
-    def _add_grads(self, buf: torch.Tensor, grads: list) -> None:
-        for view, g in zip(self._store.split(buf), grads):
-            if g is not None:
-                view.add_(g.to(view.dtype))
-
-    def _add_flat(self, buf: torch.Tensor, flat: torch.Tensor) -> None:
-        buf.add_(self._store.to_device(flat))
-        self._store.release(flat)
+    def _step_buffer(self, kind: str) -> torch.Tensor:
+        """The step buffer of a ``direct`` job or of R terms (``direct_r``: their own when s is deferred)."""
+        return self._step.unscaled() if kind == "direct_r" and self._independent_apart else self._step.scaled()
 
     def _fold_buffers(self, group: GroupSums) -> None:
         """All verdicts known: a_g, b_g are fixed, so move the group's sums into the step's gradient."""
         if group.has_sums and not group.zero_advantage(self.objective):
             a, b = group.coefficients(self.objective)
-            group.fold_into(self._final_buffer(), self._store, a, b)
+            group.fold_into(self._step.scaled(), self._store, a, b)
             group.direct += 1
         group.drop(self._store)
-
-    def _backward_prefix(self, group: GroupSums, a: float, b: float) -> None:
-        """The group's prompt, backpropagated once with its folded leaf gradient (module docstring of prefix)."""
-        leaves = group.leaves
-        assert leaves is not None
-        scaled, unscaled = leaves.fold(a, b)
-        targets = [(self._final_buffer, scaled), (self._independent_buffer, unscaled)]
-        targets = [(buf, g) for buf, g in targets if g is not None and bool(g.ne(0).any())]
-        for k, (buffer, flat) in enumerate(targets):
-            grads = torch.autograd.grad(
-                list(leaves.prefix.outputs),
-                self._params,
-                grad_outputs=leaves.prefix.split(flat),
-                allow_unused=True,
-                retain_graph=k < len(targets) - 1,
-            )
-            self._backward += 1
-            self._add_grads(buffer(), list(grads))
-        group.leaves = None
 
     def _maybe_close(self, gid: Hashable, group: GroupSums) -> None:
         if not group.complete():
             return
-        kept = group.kept()
-        rewards = group.reward_tensor()
         a, b = group.coefficients(self.objective)
         if group.leaves is not None:
-            self._backward_prefix(group, a, b)
-        self._objective += sum((a * group.rewards[t] + b) * group.scores[t] for t in kept)
-        self._independent += sum(group.independent.get(t, 0.0) for t in kept)
-        self._totals = self._totals + BatchTotals(
-            groups=float(bool(kept)),
-            sequences=float(len(kept)),
-            tokens=sum(group.tokens.get(t, 0.0) for t in kept),
-            reward_count=float(len(kept)),
-            reward_sum=float(rewards.sum()),
-            reward_sq_sum=float((rewards**2).sum()),
-        )
+            for kind, grads in prefix_backward(group.leaves, self._params, a, b):
+                self._backward += 1
+                self._step.add_grads(self._step_buffer(kind), grads)
+            group.leaves = None
+        closed = group.close(gid, a, b)
+        self._objective += closed.objective
+        self._independent += closed.independent
+        self._totals = self._totals + closed.totals
         del self._groups[gid]
         for t in group.dropped:
             self._dropped_closed[t] = t in group.scored_dropped
-        mean = float(rewards.mean()) if kept else 0.0
-        std = float(rewards.std(correction=0)) if kept else 0.0
-        self._folded.append(GroupStat(gid, len(kept), mean, std, len(group.dropped)))
+        self._folded.append(closed.stat)
 
     def _describe_open(self) -> str:
-        parts = []
-        for gid, g in self._groups.items():
-            no_reward = [t for t in g.members if t not in g.rewards]
-            no_logprob = [t for t in g.kept() if t not in g.scores]
-            parts.append(f"group {gid!r} misses rewards of {no_reward} and logprobs of {no_logprob}")
+        parts = [g.describe_missing(gid) for gid, g in self._groups.items()]
         return "; ".join(parts) + ". Deliver the missing events or abort_group() the groups that cannot finish."
-
-
-def _select(terms: TrajectoryTerms, rows: list[int]) -> TrajectoryTerms:
-    """The terms of a subset of a scored batch (the on-policy statistics stay whole)."""
-    index = torch.tensor(rows, dtype=torch.long, device=terms.score.device)
-    independent = terms.independent[index] if terms.independent is not None else None
-    return TrajectoryTerms(terms.score[index], independent, terms.tokens[index.to(terms.tokens.device)], terms.on_policy)

@@ -128,7 +128,7 @@ def teacher_logprobs(trajectories: Sequence[Trajectory], mask: Tensor, dtype: to
         if r is None:
             raise InvalidLogprobError(
                 f"trajectory {t.trajectory_id!r} has no teacher logprobs, and objective.opd_coef > 0 needs "
-                "one per scored token: give the engine a teacher (EmbeddedEngineConfig(teacher=TeacherConfig(...))) "
+                "one per scored token: give the engine a teacher (EmbeddedEngineConfig or VLLMEngineConfig: teacher=TeacherConfig(...)) "
                 "or set opd_coef=0"
             )
         rows.append(r)
@@ -224,7 +224,7 @@ def trajectory_terms(
             if teacher is None:
                 raise InvalidLogprobError(
                     f"opd_coef={objective.opd_coef} needs the teacher's logprobs of every scored token, and this "
-                    "batch has none; give the engine a teacher (EmbeddedEngineConfig(teacher=TeacherConfig(...)))"
+                    "batch has none; give the engine a teacher (EmbeddedEngineConfig or VLLMEngineConfig: teacher=TeacherConfig(...))"
                 )
             p = teacher.to(device=lp.device, dtype=lp.dtype)
             advantage = -(lp.detach() - p) * m  # (n, L): per-token OPD advantage, masked (p is 0 off the mask)

@@ -3,13 +3,42 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 import torch
 
-from .errors import InvalidLogprobError, InvalidRewardError
+from .errors import InvalidLogprobError, InvalidRewardError, PolicyChangedError
 
-__all__ = ["finite_reward", "finite_score", "check_scalar"]
+__all__ = ["finite_reward", "finite_score", "check_scalar", "argument_problems", "check_unchanged"]
+
+
+def argument_problems(
+    params: Sequence[torch.Tensor], objective_given: bool, estimator: str | None, eps: float | None
+) -> list[str]:
+    """Every problem with a StreamingGRPO's parameters and objective arguments (message parts)."""
+    problems = []
+    if not params:
+        problems.append("params is empty: pass the trainable parameters")
+    if any(not p.requires_grad for p in params):
+        problems.append("every tensor in params must require grad")
+    if len({id(p) for p in params}) != len(params):
+        problems.append("params lists the same tensor twice")
+    if objective_given and (estimator is not None or eps is not None):
+        problems.append("pass either objective= or the estimator=/eps= shorthands, not both")
+    if eps is not None and not (eps >= 0 and math.isfinite(eps)):
+        problems.append(f"eps must be a finite number >= 0, got {eps}")
+    return problems
+
+
+def check_unchanged(params: Sequence[torch.Tensor], versions: Sequence[int]) -> None:
+    """Raise :class:`PolicyChangedError` if a parameter was written in place since ``versions``."""
+    moved = [i for i, (p, v) in enumerate(zip(params, versions)) if p._version != v]
+    if moved:
+        raise PolicyChangedError(
+            f"{len(moved)} parameter(s) (indices {moved[:8]}) were modified in place during the step; "
+            "the streamed gradients were taken at the old values, so stepping now would mix two "
+            "policies. Do not change parameters between the first event and the barrier."
+        )
 
 
 def finite_reward(trajectory_id: Hashable, reward: float) -> float:

@@ -39,7 +39,7 @@ from .code.task import is_protected_path
 from .sandbox.base import RunGuard, SandboxError, SandboxLimits, SandboxResult
 from .sandbox.bwrap import chown_tree
 from .sandbox.container import ContainerConfig, ContainerSandbox, copy_from_image
-from .sandbox.fs import BoundedDir, remove_tree, sweep_stale
+from .sandbox.fs import BoundedDir, release_workdir, remove_tree, sweep_stale
 from .sandbox.uids import UidLease, UidPool
 from .swebench_log import contradicted, frame_eval_script, reframe_log
 
@@ -212,18 +212,9 @@ class SWEbenchWorkspace:
             log.warning("cancelling container runs failed: %s", e)
         finally:
             self._sandbox = None
-            try:
-                if self._budget is not None:
-                    self._budget.remove()
-                elif self._dir is not None:
-                    remove_tree(self._dir)
-            except Exception as e:  # noqa: BLE001
-                log.warning("removing %s failed: %s", self._dir, e)
-            self._budget = None
-            self._dir = None
-            if self._lease is not None:
-                self._lease.release()
-                self._lease = None
+            budget, path, lease = self._budget, self._dir, self._lease
+            self._budget = self._dir = self._lease = None
+            release_workdir(budget, path, lease)
 
 
 @strict_options

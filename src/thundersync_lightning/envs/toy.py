@@ -214,6 +214,10 @@ class GuessingGameTasks:
         measures the policy on each of them."""
         return [GuessingTask(s) for s in range(self.num_digits)]
 
+    def max_episode_tokens(self) -> int:
+        """The start token, then per turn one guess and one answer (an upper bound on an episode)."""
+        return 1 + self.max_turns * (self.max_action_tokens + 1)
+
     def sample_latency(self, seed: int) -> float:
         """The simulated verdict latency of the trajectory with ``seed`` (seconds)."""
         if self.latency == "none" or self.latency_median_s == 0:

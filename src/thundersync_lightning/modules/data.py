@@ -17,7 +17,7 @@ from typing_extensions import override
 
 from ..core.errors import ConfigError
 from ..core.options import strict_options
-from ..core.protocols import RolloutEngine, TaskSource
+from ..core.protocols import EngineFactory, RolloutEngine, TaskSource
 from ..strategy.contract import check_module, check_tasks, raise_contract_problems
 from ..strategy.evaluation import ValidationLoader
 from ..strategy.plan import PlanLoader, RolloutPlan
@@ -25,17 +25,6 @@ from ..strategy.plan import PlanLoader, RolloutPlan
 __all__ = ["RolloutDataModule", "EngineFactory", "TaskSourceConfig"]
 
 log = logging.getLogger(__name__)
-
-
-@runtime_checkable
-class EngineFactory(Protocol):
-    """An engine configuration: ``build(model_spec, tasks)`` starts the engine (a RolloutEngine).
-
-    Annotated with ``Any`` on purpose: jsonargparse matches protocol implementations by exact
-    annotations, and this is the type configs name engine classes under.
-    """
-
-    def build(self, model_spec: Any, tasks: Any) -> Any: ...
 
 
 @runtime_checkable

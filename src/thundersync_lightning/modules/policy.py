@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from lightning.pytorch import LightningModule
 from torch import Tensor
+from torchmetrics import MeanMetric
 from typing_extensions import override
 
 from ..core.errors import ConfigError
@@ -36,7 +37,7 @@ from ..core.terms import TokenScores, engine_logprobs, reference_loss, teacher_l
 from ..core.types import ModelSpec, Trajectory
 from ..envs.chat import ChatRenderer
 from ..rollout.models import build_model
-from ..strategy.evaluation import ValidationOutcome, ValidationPlan, collect_validation
+from ..strategy.evaluation import VALIDATION_METRICS, ValidationOutcome, ValidationPlan, collect_validation
 from ..strategy.plan import RolloutPlan
 from .collect import collect_batch
 from .lora import LoraSettings, apply_lora, merged_state_dict
@@ -123,6 +124,10 @@ class GRPOPolicy(LightningModule):
         self.model = apply_lora(model, lora) if lora is not None else model
         self.reference: torch.nn.Module | None = None
         self._chat: ChatRenderer | None = None
+        # held-out metrics (no persistent state: checkpoints are unchanged)
+        self.val_metrics = torch.nn.ModuleDict(
+            {name: MeanMetric(nan_strategy="ignore").set_dtype(torch.float64) for name in VALIDATION_METRICS}
+        )
         if self._objective.needs_reference and lora is None:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
             log.info("KL reference policy: a frozen copy of the initial weights (%d bytes)", self.reference_bytes)
@@ -349,8 +354,13 @@ class GRPOPolicy(LightningModule):
                 engine.publish(self.weights_for_engine(), step)
             request = batch.request(self.global_rank, self.trainer.world_size)
             batch = collect_validation(batch, request, engine.rollout(request), step)
-        metrics = {f"val/{k}": v for k, v in batch.metrics().items()}
-        self.log_dict(metrics, batch_size=max(batch.num_tasks, 1), on_step=False, on_epoch=True, sync_dist=True)
+        # torchmetrics weighted means: reduced over ranks by counts at epoch end (a mean of per-rank
+        # means would weigh ranks equally however many tasks each had, and a rank without tasks
+        # would skip the collective); every rank updates and logs every metric in every batch.
+        for name, (value, weight) in batch.weighted_metrics().items():
+            metric = self.val_metrics[name]
+            metric.update(torch.tensor(value, dtype=torch.float64), torch.tensor(float(weight), dtype=torch.float64))
+            self.log(f"val/{name}", metric, on_step=False, on_epoch=True)
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:

@@ -25,6 +25,7 @@ from .embedded import EmbeddedEngine
 from .env_pool import EnvPool, Outcome
 from .hf_generator import HFGenerator
 from .models import build_model
+from .pool import EnginePool, EnginePoolConfig, place_groups
 from .replay import TraceReplayEngine, load_trace, sync_idle_fraction
 from .requests import make_request
 from .sampling import sample_from_logprobs, temperature_logprobs, turn_seed
@@ -57,6 +58,9 @@ __all__ = [
     "TraceReplayEngine",
     "load_trace",
     "sync_idle_fraction",
+    "EnginePoolConfig",
+    "EnginePool",
+    "place_groups",
     # building blocks
     "AgentLoop",
     "GenerateFn",

@@ -221,6 +221,7 @@ class EmbeddedEngine:
     def _recover(self) -> None:
         """The process died: restart it and replay every incomplete request, or raise EngineError."""
         with self._send_lock:
+            self._check_usable()  # shut down meanwhile (from another thread): no restart after shutdown
             dead = self._holder.process
             exitcode = dead.exitcode
             dead.stop()

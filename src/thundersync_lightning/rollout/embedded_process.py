@@ -103,11 +103,14 @@ class GenerationProcess:
 
     def receive(self, timeout_s: float) -> tuple[Any, ...] | None:
         """The next message, or None after ``timeout_s``; raises :class:`ProcessGone` at end-of-file."""
+        reader = self._reader
+        if reader is None:  # stopped (by another thread)
+            raise ProcessGone
         try:
-            if not self._reader.poll(timeout_s):
+            if not reader.poll(timeout_s):
                 return None
-            return self._reader.recv()
-        except (EOFError, OSError):
+            return reader.recv()
+        except (EOFError, OSError):  # OSError: closed by stop() meanwhile
             raise ProcessGone from None
 
     @property
@@ -165,11 +168,7 @@ class GenerationProcess:
             process.close()  # releases its sentinel fd
         except (ValueError, AssertionError):  # never started, or still running after kill
             pass
-        try:
-            commands.cancel_join_thread()
-            commands.close()
-        except (ValueError, OSError):
-            pass
+        _close_unread(commands)
         try:
             reader.close()
         except OSError:
@@ -177,6 +176,31 @@ class GenerationProcess:
         for keys in self._unfetched.values():
             _discard_shared(keys)
         self._unfetched.clear()
+
+
+def _close_unread(commands: Any) -> None:
+    """Close a command queue whose reader process is gone, and wait for its feeder thread.
+
+    The queue's feeder thread holds two of its named semaphores (``/dev/shm/sem.mp-*``) until it
+    exits, and it exits only after writing every buffered command into the pipe. With the reader
+    dead, a command larger than the pipe buffer (a publish of many tensors) would block that write
+    forever, and the semaphores would stay for the learner's lifetime: drain the pipe from this
+    side until the thread is done. Uses the queue's private ``_reader``/``_thread`` (CPython's
+    ``multiprocessing.queues.Queue``); where they are missing it only closes the queue.
+    """
+    reader, thread = getattr(commands, "_reader", None), getattr(commands, "_thread", None)
+    try:
+        commands.close()
+    except (ValueError, OSError):
+        return
+    while reader is not None and thread is not None and thread.is_alive():
+        try:
+            if reader.poll(0.05):
+                reader.recv_bytes()
+        except (OSError, EOFError):  # the feeder closed its ends: it is exiting
+            break
+    if thread is not None:
+        thread.join(timeout=5.0)
 
 
 def _sharer_keys() -> set[Any]:

@@ -6,9 +6,10 @@ observations); the teacher's logits z' at position t-1 give
     p_t = log_softmax(z'_{t-1} / T)[x_t]        at every scored t (float32)
 
 with T the engine's sampling temperature, the same distribution the learner scores the student
-at. One forward of the whole episode per trajectory, in the generation process, before its
-ContentReady: the learner receives p in ``Segment.teacher_logprobs`` and does no extra work
-(``Objective(opd_coef=...)`` turns it into the per-token advantage -(l_t - p_t)).
+at. One forward of the episode (up to its last action) per trajectory, in the generation
+process, before its ContentReady: the learner receives p in ``Segment.teacher_logprobs`` and
+does no extra work (``Objective(opd_coef=...)`` turns it into the per-token advantage
+-(l_t - p_t)).
 
 A teacher is configured on the engine with :class:`TeacherConfig`: a local Hugging Face
 directory (``pretrained_path``), a Lightning checkpoint of this project (``ckpt_path``: its
@@ -16,11 +17,15 @@ directory (``pretrained_path``), a Lightning checkpoint of this project (``ckpt_
 read with ``torch.load``, no Lightning import) or, for tests, a random ``model_type``/``config``.
 Its vocabulary must equal the student's: :func:`check_teacher` raises a ConfigError at set-up,
 before the generation process starts.
+
+:class:`TeacherScorer` is the transformers scorer of the embedded engine; the vLLM engine scores
+with a second vLLM engine instead (:mod:`.vllm_teacher`). Both go through :func:`teacher_input`
+and :func:`with_teacher_logprobs`, so ``Segment.teacher_logprobs`` has one layout.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -32,7 +37,16 @@ from ..core.types import ModelSpec, Trajectory
 from .models import build_model
 from .sampling import temperature_logprobs
 
-__all__ = ["TeacherConfig", "TeacherScorer", "check_teacher", "load_teacher", "teacher_spec", "vocab_size"]
+__all__ = [
+    "TeacherConfig",
+    "TeacherScorer",
+    "check_teacher",
+    "load_teacher",
+    "teacher_input",
+    "teacher_spec",
+    "vocab_size",
+    "with_teacher_logprobs",
+]
 
 _MODEL_PREFIX = "model."
 
@@ -167,19 +181,45 @@ class TeacherScorer:
 
     @torch.inference_mode()
     def __call__(self, trajectory: Trajectory) -> Trajectory:
-        if trajectory.num_scored_tokens == 0:
+        tokens = teacher_input(trajectory)
+        if tokens is None:
             return trajectory
-        if not trajectory.prompt:
-            raise ValueError(f"trajectory {trajectory.trajectory_id!r} has no prompt: its first token has no context")
         device = next(self.model.parameters()).device
-        ids = torch.tensor(trajectory.tokens, dtype=torch.long, device=device).unsqueeze(0)  # (1, T)
-        logits = self.model(input_ids=ids).logits[0, :-1]  # (T-1, V): position t predicts token t+1
-        lp = temperature_logprobs(logits, self.temperature)  # (T-1, V)
-        picked = lp.gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1).tolist()  # (T-1,)
-        segments, pos = [], len(trajectory.prompt)  # token index of the segment's first token
-        for seg in trajectory.segments:
-            if seg.scored and seg.tokens:
-                seg = replace(seg, teacher_logprobs=tuple(picked[pos - 1 : pos - 1 + len(seg.tokens)]))
-            segments.append(seg)
-            pos += len(seg.tokens)
-        return replace(trajectory, segments=tuple(segments))
+        ids = torch.tensor(tokens, dtype=torch.long, device=device).unsqueeze(0)  # (1, L)
+        logits = self.model(input_ids=ids).logits[0, :-1]  # (L-1, V): position t predicts token t+1
+        lp = temperature_logprobs(logits, self.temperature)  # (L-1, V)
+        picked = lp.gather(-1, ids[0, 1:].unsqueeze(-1)).squeeze(-1).tolist()  # (L-1,)
+        return with_teacher_logprobs(trajectory, picked)
+
+
+def teacher_input(trajectory: Trajectory) -> tuple[int, ...] | None:
+    """The token ids a teacher must score: the episode up to its last scored token (None: nothing to score).
+
+    Observations after the last action carry no teacher signal and are left out (they may also
+    run past the engine's context limit: the environment's last answer is never generated on).
+    """
+    if trajectory.num_scored_tokens == 0:
+        return None
+    if not trajectory.prompt:
+        raise ValueError(f"trajectory {trajectory.trajectory_id!r} has no prompt: its first token has no context")
+    end, pos = len(trajectory.prompt), len(trajectory.prompt)
+    for seg in trajectory.segments:
+        pos += len(seg.tokens)
+        if seg.scored and seg.tokens:
+            end = pos
+    return trajectory.tokens[:end]
+
+
+def with_teacher_logprobs(trajectory: Trajectory, picked: Sequence[float]) -> Trajectory:
+    """``trajectory`` with ``Segment.teacher_logprobs`` filled on every non-empty scored segment.
+
+    ``picked[t-1]`` is the teacher's p_t of token t of ``teacher_input(trajectory)`` (t >= 1), the
+    layout of a causal LM's shifted logits and of vLLM's ``prompt_logprobs[1:]``.
+    """
+    segments, pos = [], len(trajectory.prompt)  # token index of the segment's first token
+    for seg in trajectory.segments:
+        if seg.scored and seg.tokens:
+            seg = replace(seg, teacher_logprobs=tuple(float(p) for p in picked[pos - 1 : pos - 1 + len(seg.tokens)]))
+        segments.append(seg)
+        pos += len(seg.tokens)
+    return replace(trajectory, segments=tuple(segments))

@@ -10,6 +10,11 @@ still shares its prompt's KV blocks through prefix caching. Sampled tokens come 
 the quantity the learner recomputes with the same temperature. ``generation_config="vllm"`` keeps
 a checkpoint's own sampling defaults (top-k/top-p) out.
 
+On-policy distillation (``teacher``): a second vLLM engine, on its own step loop, scores every
+finished episode with prompt logprobs at the sampling temperature before its ContentReady
+(``Segment.teacher_logprobs``, the embedded engine's layout); see :mod:`.vllm_teacher`. The
+teacher's vocabulary is checked before vLLM starts.
+
 Episodes run in the engine-agnostic :class:`~thundersync_lightning.rollout.agent_loop.AgentLoop`
 (environment calls in a thread pool, concurrent with generation); a single step-loop thread owns
 the ``LLM`` and batches the turns of every episode in flight (:mod:`.vllm_loop`). Events reach the
@@ -28,10 +33,17 @@ embedded engine), later calls fail at once, and no wait is unbounded (``event_ti
 the rollout iterator and a publish waiting for earlier requests). The environments of episodes
 cut short are closed.
 
+Placement: with worker processes and one GPU per engine, the engine runs on the learner rank's
+own GPU (``torch.cuda.current_device()``, passed as vLLM's ``device_ids``) unless
+``engine_kwargs.device_ids`` says otherwise (:func:`colocated_device_ids`); several engines per
+rank: :mod:`.pool`.
+
 .. warning::
     With ``multiprocessing=False`` (the CPU default) vLLM runs inside the learner's process: it
     sets the process-wide torch thread count and memory binding, and vLLM caches that choice for
-    the process (one in-process engine per process at a time).
+    the process (every engine in a process must use the same setting). In-process engines (a
+    policy and its teacher, or several engines) run one forward at a time (:mod:`.vllm_loop`), and
+    vLLM's process groups are dropped when the last of them shuts down.
 """
 
 from __future__ import annotations
@@ -44,9 +56,10 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
+import torch
 from torch import Tensor
 
 from ..core.errors import ConfigError, EngineError
@@ -55,11 +68,13 @@ from ..core.protocols import TaskSource
 from ..core.types import ModelSpec, RolloutEvent, RolloutRequest
 from .agent_loop import AgentLoop, GenerationRequest
 from .env_pool import EnvPool
-from .vllm_loop import StepLoop
+from .teacher import TeacherConfig, check_teacher
+from .vllm_loop import IN_PROCESS_LOCK, StepLoop, close_llm, open_llm, read_generation
 from .vllm_model import ModelLayout, check_weights, materialize_model
+from .vllm_teacher import VLLMTeacher
 from .vllm_worker import WORKER_EXTENSION, save_weights_file
 
-__all__ = ["VLLMEngineConfig", "VLLMEngine"]
+__all__ = ["VLLMEngineConfig", "VLLMEngine", "colocated_device_ids"]
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +108,12 @@ class VLLMEngineConfig:
             an event (a hung environment or engine); ``publish`` raises after waiting this long for
             earlier requests to finish generating.
         engine_kwargs: further keyword arguments for ``vllm.LLM`` (they override the above).
+        teacher: on-policy distillation: a teacher model (the embedded engine's
+            :class:`~.teacher.TeacherConfig`) served by a second vLLM engine with the same settings,
+            which scores every finished trajectory's sampled tokens at ``temperature`` before its
+            ContentReady (``Segment.teacher_logprobs``); see :mod:`.vllm_teacher`.
+        teacher_engine_kwargs: ``vllm.LLM`` keyword arguments for the teacher's engine only (on
+            top of ``engine_kwargs``), e.g. its share of GPU memory.
     """
 
     temperature: float = 1.0
@@ -113,9 +134,15 @@ class VLLMEngineConfig:
     verdict_timeout_s: float | None = 300.0
     event_timeout_s: float = 600.0
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    teacher: TeacherConfig | None = None
+    teacher_engine_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         problems: list[str] = []
+        if self.teacher is not None and not isinstance(self.teacher, TeacherConfig):
+            problems.append(f"teacher must be a TeacherConfig or None, got {type(self.teacher).__name__}")
+        if self.teacher is None:
+            problems += inapplicable(self, ("teacher_engine_kwargs",), "without a teacher")
         if not self.temperature > 0:
             problems.append(
                 f"temperature must be > 0 (got {self.temperature}); greedy decoding has no logprobs to train on"
@@ -166,21 +193,39 @@ class VLLMEngine:
 
     def __init__(self, config: VLLMEngineConfig, model_spec: ModelSpec, tasks: TaskSource) -> None:
         self.config = config
+        if config.teacher is not None:  # a wrong teacher fails here, before vLLM starts
+            check_teacher(config.teacher, model_spec)
         self._tasks = tasks
         self._workdir = tempfile.mkdtemp(prefix="thundersync-vllm-")
         self._dtype = config.dtype or model_spec.dtype
+        lock = None if config.multiprocessing else IN_PROCESS_LOCK
+        loop: StepLoop[GenerationRequest, Any] | None = None
+        self._teacher: VLLMTeacher | None = None
         try:
             self._layout: ModelLayout = materialize_model(model_spec, os.path.join(self._workdir, "model"))
-            self._owns_torch_distributed = False
-            self._loop = StepLoop(
-                self._make_llm,
-                self._sampling_params,
-                lambda llm: _close_llm(llm, self._owns_torch_distributed),
+            loop = StepLoop(
+                lambda: self._make_llm(self._layout.path, self._dtype, teacher=False),
+                self._request,
+                read_generation,
+                close_llm,
+                step_lock=lock,
             )
+            self.max_model_len: int = int(loop.llm.llm_engine.model_config.max_model_len)
+            if config.teacher is not None:
+                self._teacher = VLLMTeacher(
+                    config.teacher,
+                    config.temperature,
+                    lambda path, dtype: self._make_llm(path, dtype, teacher=True),
+                    self._workdir,
+                    close_llm,
+                    step_lock=lock,
+                )
         except BaseException:
+            if loop is not None:
+                loop.close()
             shutil.rmtree(self._workdir, ignore_errors=True)
             raise
-        self.max_model_len: int = int(self._loop.llm.llm_engine.model_config.max_model_len)
+        self._loop = loop
         self._pool = EnvPool(config.env_workers, name="vllm-env")
         self._version = -1
         self._broken: str | None = None
@@ -196,6 +241,11 @@ class VLLMEngine:
     @property
     def version(self) -> int:
         return self._version
+
+    @property
+    def teacher(self) -> TeacherConfig | None:
+        """The distillation teacher scoring every trajectory (None: no teacher logprobs)."""
+        return self.config.teacher
 
     def publish(self, weights: Mapping[str, Tensor], version: int) -> None:
         """Load ``weights`` (HF names) in place for every request issued after this call."""
@@ -267,6 +317,8 @@ class VLLMEngine:
         if self._closed:
             return
         self._closed = True
+        if self._teacher is not None:
+            self._teacher.close()
         self._loop.close()
         self._pool.shutdown()
         shutil.rmtree(self._workdir, ignore_errors=True)
@@ -300,7 +352,9 @@ class VLLMEngine:
             step_timeout_s=self.config.step_timeout_s,
             verdict_timeout_s=self.config.verdict_timeout_s,
             max_batch_size=self.config.max_num_seqs,
-            max_context_tokens=self.max_model_len,
+            # a teacher's scoring request needs one output slot after the episode
+            max_context_tokens=self.max_model_len - (1 if self._teacher is not None else 0),
+            annotate=self._teacher,
         )
         try:
             loop.run(request, version, events.put, submitted_at=submitted)
@@ -325,7 +379,8 @@ class VLLMEngine:
                 raise EngineError(f"the rollout of step {step} failed: {item.error}") from item.error
             yield item
 
-    def _make_llm(self) -> Any:
+    def _make_llm(self, path: str, dtype: str, teacher: bool) -> Any:
+        """The policy's ``vllm.LLM`` (``teacher=False``) or the teacher's, with this config's settings."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if self.config.multiprocessing else "0"
         import vllm.envs
 
@@ -337,18 +392,16 @@ class VLLMEngine:
                 "and vLLM caches that setting; use the same VLLMEngineConfig.multiprocessing for every "
                 "engine in a process"
             )
-        import torch.distributed as dist
-
-        self._owns_torch_distributed = not (dist.is_available() and dist.is_initialized())
         kwargs: dict[str, Any] = dict(
-            model=self._layout.path,
+            model=path,
             skip_tokenizer_init=True,
-            dtype=self._dtype,
+            dtype=dtype,
             enforce_eager=self.config.enforce_eager,
             seed=self.config.seed,
             logprobs_mode="processed_logprobs",
             generation_config="vllm",
-            enable_prefix_caching=self.config.enable_prefix_caching,
+            # vLLM never reads the prefix cache for a prompt-logprob (teacher) request
+            enable_prefix_caching=self.config.enable_prefix_caching and not teacher,
             max_num_seqs=self.config.max_num_seqs,
             tensor_parallel_size=self.config.tensor_parallel_size,
             worker_extension_cls=WORKER_EXTENSION,
@@ -357,10 +410,28 @@ class VLLMEngine:
             kwargs["kv_cache_memory_bytes"] = self.config.kv_cache_memory_bytes
         else:
             kwargs["gpu_memory_utilization"] = self.config.gpu_memory_utilization
-        if self.config.max_model_len is not None:
+        if teacher:  # the policy's resolved context limit: every episode fits
+            kwargs["max_model_len"] = self.max_model_len
+        elif self.config.max_model_len is not None:
             kwargs["max_model_len"] = self.config.max_model_len
+        learner = _learner_cuda_device()
+        placed = colocated_device_ids(self.config, learner, _vllm_accepts_device_ids())
+        if placed is not None:
+            kwargs["device_ids"] = placed
+        elif learner and self.config.multiprocessing and "device_ids" not in self.config.engine_kwargs:
+            log.warning(
+                "this learner rank trains on cuda:%d but its vLLM workers take the first visible GPU (this vLLM "
+                "has no device_ids, or tensor_parallel_size > 1): set engine_kwargs.device_ids, or give each "
+                "rank its own CUDA_VISIBLE_DEVICES",
+                learner,
+            )
         kwargs.update(self.config.engine_kwargs)
-        return LLM(**kwargs)
+        if teacher:
+            kwargs.update(self.config.teacher_engine_kwargs)
+        return open_llm(lambda: LLM(**kwargs))
+
+    def _request(self, req: GenerationRequest) -> tuple[tuple[int, ...], Any]:
+        return req.prefix, self._sampling_params(req)
 
     def _sampling_params(self, req: GenerationRequest) -> Any:
         from vllm.sampling_params import RequestOutputKind
@@ -384,26 +455,36 @@ class VLLMEngine:
         return os.path.join(base, f"thundersync-weights-{os.getpid()}-{id(self)}.safetensors")
 
 
+def colocated_device_ids(config: VLLMEngineConfig, learner_device: int | None, accepts: bool) -> list[int] | None:
+    """GPUs for vLLM's worker process when the config names none: the learner rank's own GPU.
+
+    vLLM's workers otherwise take the first visible GPU, so with one learner rank per GPU (Lightning
+    ``devices=K``) every rank's engine would land on GPU 0. ``learner_device`` is the learner's
+    ``torch.cuda.current_device()`` (None without CUDA), an index into ``CUDA_VISIBLE_DEVICES``,
+    which is how vLLM reads ``device_ids`` too. Only for worker processes (``multiprocessing``),
+    one GPU per engine (``tensor_parallel_size=1``) and a vLLM that ``accepts`` ``device_ids``; an
+    explicit ``engine_kwargs.device_ids`` (e.g. an engine pool's ``per_engine``) always wins.
+    """
+    if learner_device is None or not accepts or not config.multiprocessing or config.tensor_parallel_size != 1:
+        return None
+    if "device_ids" in config.engine_kwargs:
+        return None
+    return [learner_device]
+
+
+def _learner_cuda_device() -> int | None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return int(torch.cuda.current_device())
+    return None
+
+
+def _vllm_accepts_device_ids() -> bool:
+    from vllm.engine.arg_utils import EngineArgs
+
+    return "device_ids" in {f.name for f in fields(EngineArgs)}
+
+
 def _reload(llm: Any, method: str, args: tuple[Any, ...]) -> None:
     llm.collective_rpc(method, args=args)
     if not llm.reset_prefix_cache():
         raise EngineError("vLLM refused to reset its prefix cache after a weight reload")
-
-
-def _close_llm(llm: Any, owns_torch_distributed: bool) -> None:
-    """Stop the engine core; for an in-process engine also drop vLLM's process groups, and the
-    default torch.distributed group only if vLLM created it (never the learner's)."""
-    llm.llm_engine.engine_core.shutdown()
-    import vllm.envs
-    from vllm.distributed import parallel_state
-
-    vllm.envs.disable_envs_cache()
-    parallel_state.destroy_model_parallel()
-    world = getattr(parallel_state, "_WORLD", None)
-    if world is not None:
-        world.destroy()
-        parallel_state._WORLD = None
-    import torch.distributed as dist
-
-    if owns_torch_distributed and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()

@@ -2,15 +2,22 @@
 
 Every caller hands work to this thread through a FIFO of commands and waits on a future:
 
-- ``generate(requests)``: each request becomes one vLLM request (``n=1``, its own seed); they
-  join whatever is already running (continuous batching across callers) and the future resolves
-  when the last of them finishes;
+- ``generate(requests)``: each request becomes one vLLM request (``make_request`` gives its token
+  ids and ``SamplingParams``; for the policy ``n=1`` with its own seed, for a teacher a prompt-
+  logprob scoring request); they join whatever is already running (continuous batching across
+  callers) and the future resolves, with ``read(output)`` of each, when the last of them finishes;
 - ``call(fn)``: run ``fn(llm)`` on this thread once no request is in flight, before any command
   queued after it (weight reloads, prefix-cache resets).
 
 The thread blocks on the command queue when idle and calls ``LLMEngine.step()`` while requests
 run; nothing polls or sleeps. If the engine raises, every pending and later future fails with
 :class:`EngineError` (the engine is dead; build a new one).
+
+Engines in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) share process-global state (the
+forward context, the current vLLM config), so their loops take one ``step_lock`` around every
+build, step, call and close: two in-process engines (a policy and its teacher) run one forward at a time.
+Every engine of the process also shares vLLM's process groups: :func:`open_llm` and
+:func:`close_llm` count the live engines, and only the last one to close drops the groups.
 """
 
 from __future__ import annotations
@@ -22,47 +29,68 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..core.errors import EngineError
-from .agent_loop import Generation, GenerationRequest
+from .agent_loop import Generation
 
-__all__ = ["StepLoop"]
+__all__ = ["IN_PROCESS_LOCK", "StepLoop", "close_llm", "open_llm", "read_generation"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+Req = TypeVar("Req")
+Res = TypeVar("Res")
+
+
+def read_generation(out: Any) -> Generation:
+    """The sampled tokens of a finished ``n=1`` request and the logprob of each."""
+    completion = out.outputs[0]
+    tokens = tuple(int(t) for t in completion.token_ids)
+    if completion.logprobs is None or len(completion.logprobs) != len(tokens):
+        raise EngineError(
+            f"vLLM returned {len(tokens)} tokens without one logprob each; the engine must be "
+            "built with logprobs=0 sampling params"
+        )
+    return Generation(tokens, tuple(float(completion.logprobs[k][t].logprob) for k, t in enumerate(tokens)))
 
 
 @dataclass(slots=True)
 class _Batch:
-    future: Future[list[Generation]]
-    results: list[Generation | None]
+    future: Future[list[Any]]
+    results: list[Any]
     remaining: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.remaining = len(self.results)
 
 
-class StepLoop:
+class StepLoop(Generic[Req, Res]):
     """Owns the ``LLM`` built by ``make_llm`` on a daemon thread; see the module docstring.
 
     Args:
         make_llm: builds the ``vllm.LLM`` (runs on the loop thread; its errors surface here).
-        make_params: ``GenerationRequest -> vllm.SamplingParams``.
+        make_request: ``request -> (prompt token ids, vllm.SamplingParams)``.
+        read: a finished ``vllm.RequestOutput`` -> the caller's result (an error kills the loop).
         on_close: called on the loop thread with the ``LLM`` when the loop stops (shutdown).
+        step_lock: held around every build, step, call and close (in-process engines; None: no lock).
     """
 
     def __init__(
         self,
         make_llm: Callable[[], Any],
-        make_params: Callable[[GenerationRequest], Any],
+        make_request: Callable[[Req], tuple[Sequence[int], Any]],
+        read: Callable[[Any], Res],
         on_close: Callable[[Any], None],
         name: str = "vllm-step-loop",
+        step_lock: AbstractContextManager[Any] | None = None,
     ) -> None:
         self._make_llm = make_llm
-        self._make_params = make_params
+        self._make_request = make_request
+        self._read = read
         self._on_close = on_close
+        self._lock: AbstractContextManager[Any] = step_lock if step_lock is not None else nullcontext()
         self._commands: queue.SimpleQueue[tuple[str, Any, Future[Any]]] = queue.SimpleQueue()
         self._ready: Future[Any] = Future()
         self._dead: BaseException | None = None
@@ -73,8 +101,8 @@ class StepLoop:
 
     # -- caller side ------------------------------------------------------------------------
 
-    def generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
-        """Generate every request; blocks until all are done (thread-safe)."""
+    def generate(self, requests: Sequence[Req]) -> list[Res]:
+        """Run every request; blocks until all are done, results in request order (thread-safe)."""
         if not requests:
             return []
         return self._submit("generate", list(requests)).result()
@@ -106,7 +134,8 @@ class StepLoop:
 
     def _run(self) -> None:
         try:
-            llm = self._make_llm()
+            with self._lock:
+                llm = self._make_llm()
         except BaseException as exc:  # surface in the constructor's thread
             self._dead = exc
             self._ready.set_exception(
@@ -133,7 +162,9 @@ class StepLoop:
                 if self._handle(engine, llm, backlog, inflight):
                     break
                 if engine.has_unfinished_requests():
-                    self._step(engine, inflight)
+                    with self._lock:
+                        outputs = engine.step()
+                    self._finish(outputs, inflight)
         except BaseException as exc:
             self._dead = exc
             log.exception("vLLM step loop failed")
@@ -153,7 +184,8 @@ class StepLoop:
                 if not future.done():
                     future.set_exception(error)
             try:
-                self._on_close(llm)
+                with self._lock:
+                    self._on_close(llm)
             except Exception:  # shutdown must not raise
                 log.exception("vLLM engine shutdown failed")
 
@@ -168,7 +200,9 @@ class StepLoop:
                     return False  # keep stepping; later commands stay behind it
                 backlog.popleft()
                 try:
-                    future.set_result(payload(llm))
+                    with self._lock:
+                        result = payload(llm)
+                    future.set_result(result)
                 except BaseException as exc:
                     future.set_exception(exc)
                 continue
@@ -176,9 +210,7 @@ class StepLoop:
             self._add(engine, payload, future, inflight)
         return False
 
-    def _add(
-        self, engine: Any, requests: list[GenerationRequest], future: Future[Any], inflight: dict
-    ) -> None:
+    def _add(self, engine: Any, requests: list[Req], future: Future[Any], inflight: dict) -> None:
         from vllm.inputs import TokensPrompt
 
         batch = _Batch(future, [None] * len(requests))
@@ -186,9 +218,8 @@ class StepLoop:
         try:
             for index, req in enumerate(requests):
                 rid = f"ts-{next(self._ids)}"
-                engine.add_request(
-                    rid, TokensPrompt(prompt_token_ids=list(req.prefix)), self._make_params(req)
-                )
+                prompt, params = self._make_request(req)
+                engine.add_request(rid, TokensPrompt(prompt_token_ids=list(prompt)), params)
                 inflight[rid] = (batch, index)
                 added.append(rid)
         except Exception as exc:  # e.g. a prompt longer than max_model_len: fail this batch only
@@ -198,20 +229,78 @@ class StepLoop:
                 engine.abort_request(added)
             future.set_exception(EngineError(f"vLLM rejected a generation request: {exc}"))
 
-    def _step(self, engine: Any, inflight: dict[str, tuple[_Batch, int]]) -> None:
-        for out in engine.step():
+    def _finish(self, outputs: Sequence[Any], inflight: dict[str, tuple[_Batch, int]]) -> None:
+        for out in outputs:
             if not out.finished or out.request_id not in inflight:
                 continue
             batch, index = inflight.pop(out.request_id)
-            completion = out.outputs[0]
-            tokens = tuple(int(t) for t in completion.token_ids)
-            if completion.logprobs is None or len(completion.logprobs) != len(tokens):
-                raise EngineError(
-                    f"vLLM returned {len(tokens)} tokens without one logprob each; the engine must be "
-                    "built with logprobs=0 sampling params"
-                )
-            logprobs = tuple(float(completion.logprobs[k][t].logprob) for k, t in enumerate(tokens))
-            batch.results[index] = Generation(tokens, logprobs)
+            batch.results[index] = self._read(out)
             batch.remaining -= 1
             if batch.remaining == 0:
-                batch.future.set_result([g for g in batch.results if g is not None])
+                batch.future.set_result(list(batch.results))
+
+
+class _LiveEngines:
+    """The vLLM engines this module has started in this process and not yet shut down.
+
+    vLLM's process groups (and, for an in-process engine, torch.distributed's default group when
+    vLLM created it) are shared by every engine in the process: only the last one to shut down
+    may drop them.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+        self._owns_torch_distributed = False
+
+    def opening(self) -> None:
+        import torch.distributed as dist
+
+        with self._lock:
+            if self._count == 0:
+                self._owns_torch_distributed = not (dist.is_available() and dist.is_initialized())
+            self._count += 1
+
+    def closed(self) -> bool | None:
+        """Count one engine down; None while others live, else whether vLLM created torch.distributed's group."""
+        with self._lock:
+            self._count -= 1
+            return None if self._count > 0 else self._owns_torch_distributed
+
+
+_LIVE = _LiveEngines()
+IN_PROCESS_LOCK = threading.Lock()
+"""The ``step_lock`` of every in-process engine: one build, forward, call or close at a time."""
+
+
+def close_llm(llm: Any) -> None:
+    """Stop the engine core; once the last engine of this process is stopped also drop vLLM's
+    process groups, and the default torch.distributed group only if vLLM created it (never the
+    learner's)."""
+    llm.llm_engine.engine_core.shutdown()
+    owns_torch_distributed = _LIVE.closed()
+    if owns_torch_distributed is None:
+        return
+    import vllm.envs
+    from vllm.distributed import parallel_state
+
+    vllm.envs.disable_envs_cache()
+    parallel_state.destroy_model_parallel()
+    world = getattr(parallel_state, "_WORLD", None)
+    if world is not None:
+        world.destroy()
+        parallel_state._WORLD = None
+    import torch.distributed as dist
+
+    if owns_torch_distributed and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def open_llm(make: Callable[[], T]) -> T:
+    """``make()`` (builds a ``vllm.LLM``), counted among this process's live engines; stop it with :func:`close_llm`."""
+    _LIVE.opening()
+    try:
+        return make()
+    except BaseException:
+        _LIVE.closed()
+        raise

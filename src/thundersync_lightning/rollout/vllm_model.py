@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -19,7 +20,7 @@ from ..core.errors import ConfigError, EngineError
 from ..core.types import ModelSpec
 from .vllm_worker import save_weights_file
 
-__all__ = ["ModelLayout", "materialize_model", "check_weights"]
+__all__ = ["ModelLayout", "materialize_model", "check_weights", "write_model_dir"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,21 +55,25 @@ def materialize_model(spec: ModelSpec, dest: str) -> ModelLayout:
             raise ConfigError(
                 f"cannot build a {spec.model_type!r} config from ModelSpec.config={dict(spec.config)}: {exc}"
             ) from exc
-        model = AutoModelForCausalLM.from_config(config).to(dtype)
-        # Written by hand: save_pretrained writes nothing on ranks != 0 under torch.distributed,
-        # and every learner rank starts its own engine.
-        os.makedirs(dest, exist_ok=True)
-        config.architectures = [type(model).__name__]
-        config.to_json_file(os.path.join(dest, "config.json"))
-        save_weights_file(model.state_dict(), os.path.join(dest, "model.safetensors"))
-        del model
-        path = dest
+        path = write_model_dir(AutoModelForCausalLM.from_config(config).to(dtype), dest)
     with torch.device("meta"):
         meta = AutoModelForCausalLM.from_config(config)
     shapes = {name: tuple(t.shape) for name, t in meta.state_dict().items()}
     tied = bool(getattr(config, "tie_word_embeddings", False))
     optional = frozenset(n for n in shapes if tied and n == "lm_head.weight")
     return ModelLayout(path, shapes, optional, getattr(config, "max_position_embeddings", None))
+
+
+def write_model_dir(model: torch.nn.Module, dest: str) -> str:
+    """Write a ``transformers`` causal LM (its config and weights) to ``dest`` for vLLM; returns ``dest``."""
+    # Written by hand: save_pretrained writes nothing on ranks != 0 under torch.distributed,
+    # and every learner rank starts its own engine.
+    config: Any = model.config
+    os.makedirs(dest, exist_ok=True)
+    config.architectures = [type(model).__name__]
+    config.to_json_file(os.path.join(dest, "config.json"))
+    save_weights_file(model.state_dict(), os.path.join(dest, "model.safetensors"))
+    return dest
 
 
 def check_weights(layout: ModelLayout, weights: Mapping[str, torch.Tensor]) -> None:

@@ -7,6 +7,9 @@ gate/up, skipping a tied ``lm_head``) and copies into the existing parameters: n
 KV cache. The caller must reset the prefix cache afterwards (cached KV blocks hold activations of
 the old weights).
 
+A third method, :meth:`WeightSyncExtension.thundersync_scale_logits`, tempers a teacher engine's
+logits (see :mod:`.vllm_teacher`).
+
 Two transports:
 
 - :meth:`WeightSyncExtension.thundersync_load_file`: a safetensors file (``/dev/shm`` by default)
@@ -48,6 +51,21 @@ class WeightSyncExtension:
         """Reload every weight from an in-memory mapping (in-process engines only)."""
         self._thundersync_reload(weights)
         return len(weights)
+
+    def thundersync_scale_logits(self, factor: float) -> int:
+        """Multiply the model's final logits by ``factor`` (after any soft cap); returns how many
+        ``LogitsProcessor`` layers were scaled (the caller requires exactly one).
+
+        With ``factor = 1/T`` every log-probability the engine reports, prompt logprobs included,
+        is log_softmax(z / T): vLLM's prompt logprobs skip the sampler's temperature.
+        """
+        from vllm.model_executor.layers.logits_processor import LogitsProcessor
+
+        worker: Any = self
+        layers = [m for m in worker.model_runner.get_model().modules() if isinstance(m, LogitsProcessor)]
+        for layer in layers:
+            layer.scale = float(layer.scale) * factor
+        return len(layers)
 
     def _thundersync_reload(self, weights: Mapping[str, torch.Tensor]) -> None:
         worker: Any = self

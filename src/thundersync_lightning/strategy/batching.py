@@ -7,9 +7,11 @@ accumulator is exact whatever the order and grouping), so this choice only moves
    forward and ONE backward (their advantages are final: no per-group sums, nothing held);
 2. else the largest **(group, reward) bucket** of a group still waiting for verdicts: one
    forward, one backward into that group's two running sums;
-3. else, only when no event is queued, ONE **reward-pending** trajectory, the one whose content
-   landed first (under heavy-tailed verdict latencies the longest waiter is the likeliest to keep
-   waiting): its gradient is held apart until its reward lands, so it cannot share a backward.
+3. else, only when the runner allows one more held gradient (no event is queued, which might make
+   it ready, and fewer than ``max_held_trajectories`` are held), ONE **reward-pending**
+   trajectory, the one whose content landed first (under heavy-tailed verdict latencies the
+   longest waiter is the likeliest to keep waiting): its gradient is held apart until its reward
+   lands, so it cannot share a backward.
 
 One choice per call: the runner drains the queue between calls, so rewards that landed during a
 backward turn partial-group buckets into direct work before they are spent in small passes.
@@ -29,7 +31,8 @@ def next_batch(
     owner: Mapping[str, str],
     members: Mapping[str, Sequence[str]],
     max_batch: int,
-    inbox_empty: bool,
+    *,
+    may_hold: bool,
 ) -> list[str]:
     """The next trajectories to backpropagate together (empty: nothing to do now).
 
@@ -38,7 +41,7 @@ def next_batch(
         rewards: the rewards known so far (trajectory id -> reward).
         owner, members: trajectory -> group, group -> its trajectories.
         max_batch: most trajectories in one call.
-        inbox_empty: no event is queued (a queued reward may make a pending trajectory ready).
+        may_hold: a reward-pending trajectory may be backpropagated now (its gradient held).
     """
     direct: list[str] = []
     buckets: dict[tuple[str, float], list[str]] = {}
@@ -54,6 +57,6 @@ def next_batch(
         return direct[:max_batch]
     if buckets:
         return max(buckets.values(), key=len)[:max_batch]
-    if inbox_empty and waiting:
+    if may_hold and waiting:
         return [waiting[0]]
     return []

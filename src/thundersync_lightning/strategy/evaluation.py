@@ -33,7 +33,23 @@ from ..core.errors import ConfigError, GroupError, StalenessError
 from ..core.protocols import RolloutEngine
 from ..core.types import ContentReady, GroupRequest, RolloutEvent, RolloutRequest, group_id
 
-__all__ = ["ValidationPlan", "ValidationLoader", "ValidationOutcome", "pass_at_k", "collect_validation"]
+__all__ = [
+    "VALIDATION_METRICS",
+    "ValidationPlan",
+    "ValidationLoader",
+    "ValidationOutcome",
+    "pass_at_k",
+    "collect_validation",
+]
+
+# (name without the ``val/`` prefix, what its mean is over): the weights of exact cross-batch means
+VALIDATION_METRICS: dict[str, str] = {
+    "pass_at_1": "tasks",
+    "pass_at_k": "tasks",
+    "reward_mean": "trajectories",
+    "turns_mean": "trajectories",
+    "failed_fraction": "trajectories",
+}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -148,6 +164,15 @@ class ValidationOutcome:
             "turns_mean": sum(self.turns) / len(self.turns),
             "failed_fraction": self.failures / len(self.rewards),
         }
+
+    def weighted_metrics(self) -> dict[str, tuple[float, int]]:
+        """Every metric of :data:`VALIDATION_METRICS` as (this batch's mean, its weight: the number
+        of tasks or trajectories it averages), ``(0.0, 0)`` for an empty batch. Weighted means over
+        batches and ranks then give the metric of the whole held-out set, however unevenly the
+        tasks were split (a rank may get none of a batch's tasks)."""
+        means = self.metrics()
+        sizes = {"tasks": self.num_tasks, "trajectories": len(self.rewards)}
+        return {name: (means.get(name, 0.0), sizes[over]) for name, over in VALIDATION_METRICS.items()}
 
 
 def collect_validation(plan: ValidationPlan, request: RolloutRequest, events: Iterator[RolloutEvent],

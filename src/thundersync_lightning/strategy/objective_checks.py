@@ -43,8 +43,8 @@ def check_objective(module: Any, data: Any) -> list[str]:
         problems.append(
             f"objective.opd_coef={objective.opd_coef} needs a teacher's logprobs of every sampled token, and "
             f"{type(engine).__name__} has no teacher: configure one on the engine "
-            "(EmbeddedEngineConfig(teacher=TeacherConfig(ckpt_path=... or pretrained_path=...)); teacher scoring is "
-            "implemented for the embedded engine only) or set opd_coef=0"
+            "(EmbeddedEngineConfig or VLLMEngineConfig: teacher=TeacherConfig(ckpt_path=... or pretrained_path=...)) "
+            "or set opd_coef=0"
         )
     if objective.needs_engine_logprobs and getattr(engine, "provides_logprobs", True) is False:
         problems.append(

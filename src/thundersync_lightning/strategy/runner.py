@@ -4,8 +4,10 @@ Streaming (and async): a pump thread moves the engine's events into a queue; the
 it and never idles while work exists. What it backpropagates next, one ``add_tokens`` call at a
 time with the queue drained in between, is :func:`~thundersync_lightning.strategy.batching.next_batch`'s
 choice: fully rewarded groups' trajectories together, else the largest (group, reward) bucket,
-else (queue empty) one reward-pending trajectory, whose gradient is held.
-The learner waits only when no work is left. Sync (``defer=True``): the learner does nothing until
+else one reward-pending trajectory, whose gradient is held, only when the queue is empty and fewer
+than ``max_held_trajectories`` gradients are held (otherwise it waits for its reward, which frees a
+held gradient into its group's sum, and keeps doing reward-known work meanwhile). The learner
+waits only when no work is left that fits the bounds. Sync (``defer=True``): the learner does nothing until
 the last event, then the same accumulator processes the whole batch (every reward known: the
 direct path), so every mode trains the same objective through the same code.
 
@@ -150,7 +152,14 @@ class StepRunner:
         return False
 
     def _has_work(self, ended: bool) -> bool:
-        return bool(self._waiting) and (ended or not self.defer)
+        if not self._waiting or not (ended or not self.defer):
+            return False
+        return self._can_hold() or any(t in self.outcome.rewards for t in self._waiting)
+
+    def _can_hold(self) -> bool:
+        """Room to backpropagate one more reward-pending trajectory (its gradient is held)."""
+        limit = self.acc.max_held_trajectories
+        return limit is None or self.acc.held_trajectories < limit
 
     def _work(self, inbox_empty: bool) -> bool:
         """One unit of learner work; False when there was none."""
@@ -158,7 +167,12 @@ class StepRunner:
         for t in dropped:  # a failed verdict under failed="drop": never scored
             del self._waiting[t]
         batch = next_batch(
-            list(self._waiting), self.outcome.rewards, self._owner, self._members, self.max_batch, inbox_empty
+            list(self._waiting),
+            self.outcome.rewards,
+            self._owner,
+            self._members,
+            self.max_batch,
+            may_hold=inbox_empty and self._can_hold(),
         )
         if batch:
             self._backward(batch)

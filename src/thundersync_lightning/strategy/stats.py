@@ -75,6 +75,8 @@ class StepStats:
     accumulator: AccumulatorBytes = field(default_factory=AccumulatorBytes)
     groups_folded: int = 0
     groups_aborted: int = 0
+    peak_held_trajectories: int = 0  # most reward-pending trajectories holding a gradient at once
+    peak_held_bytes: int = 0  # most bytes held gradients took at once (also in ``accumulator``, by location)
     num_groups_global: int = 0
     learner_tokens: int = 0  # tokens the learner ran forward+backward on this rank this step
     loss: float = 0.0  # the global surrogate loss -(1/N) sum A_i S_i

@@ -20,6 +20,7 @@ the step's first event and its barrier (:class:`PolicySnapshot`).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -36,6 +37,7 @@ from torch import Tensor
 from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
+from ..core.bounds import bound_problems
 from ..core.errors import ConfigError
 from ..core.objective import BatchTotals, Objective
 from ..core.protocols import PreparesAhead
@@ -46,16 +48,18 @@ from ..core.terms import OnPolicyStats
 from ..core.types import RolloutEvent, RolloutRequest
 from .contract import check_contract
 from .evaluation import ValidationPlan, collect_validation
+from .memory_check import memory_problems
 from .objective_checks import check_objective, module_objective
 from .plan import RolloutPlan
 from .runner import StepOutcome, StepRunner
 from .stats import Interval, RolloutProgress, StepStats
 
-__all__ = ["ThunderSyncStrategy", "Mode"]
+__all__ = ["ThunderSyncStrategy", "Mode", "MemoryCheck"]
 
 log = logging.getLogger(__name__)
 
 Mode = Literal["streaming", "sync", "async"]
+MemoryCheck = Literal["error", "warn", "off"]
 _MODES = ("streaming", "sync", "async")
 _OBJECTIVE_FIELDS = frozenset(Objective.__dataclass_fields__) | {"objective"}
 
@@ -85,6 +89,12 @@ class ThunderSyncStrategy(DDPStrategy):
         offload: where open groups' gradient sums live: ``none`` | ``cpu`` | ``pinned``.
         max_open_groups: bound on groups holding gradient buffers at once; later groups' events
             are deferred until a slot frees (the result is unchanged, memory is bounded).
+        max_held_trajectories: bound on reward-pending trajectories holding a parameter-sized
+            gradient at once (None: unbounded; 0: never hold, each backward waits for its reward).
+            When it is full the learner waits for rewards and keeps doing reward-known work (the
+            result is unchanged). Together with ``max_open_groups`` it bounds the accumulator to
+            ``2 * (max_open_groups + max_held_trajectories)`` parameter-sized buffers
+            (:mod:`thundersync_lightning.core.bounds`).
         launch_ahead: in streaming/sync, issue step k+1's rollouts right after step k's weights are
             published (before Lightning's between-step bookkeeping); staleness stays 0.
         prepare_ahead: when a step starts, hand the next step whose rollouts are not issued yet
@@ -97,6 +107,10 @@ class ThunderSyncStrategy(DDPStrategy):
         boundary_cut: run each group's shared prompt forward and backward once instead of once per
             trajectory (``thundersync_lightning.core.prefix``; same gradient; the module needs
             ``encode_prefix``).
+        memory_check: at set-up, before the engine starts, the learner's memory plan
+            (:mod:`thundersync_lightning.core.memory_plan`) is checked against the device (the host on
+            a CPU run): ``error`` refuses a plan that does not fit, naming settings that would make it
+            fit; ``warn`` logs that and runs; ``off`` skips the check.
         accelerator, parallel_devices, cluster_environment, checkpoint_io, precision_plugin,
             process_group_backend, timeout, start_method: Lightning's plumbing, as for
             :class:`~lightning.pytorch.strategies.DDPStrategy`.
@@ -113,11 +127,13 @@ class ThunderSyncStrategy(DDPStrategy):
         mode: Mode = "streaming",
         offload: Offload = "none",
         max_open_groups: int | None = None,
+        max_held_trajectories: int | None = None,
         launch_ahead: bool = True,
         prepare_ahead: bool = True,
         max_batch_trajectories: int = 32,
         progress_interval_s: float = 0.2,
         boundary_cut: bool = False,
+        memory_check: MemoryCheck = "error",
         accelerator: Any = None,
         parallel_devices: Any = None,
         cluster_environment: Any = None,
@@ -139,17 +155,17 @@ class ThunderSyncStrategy(DDPStrategy):
             else:
                 problems.append(
                     f"{name}={unknown[name]!r} is not an option of ThunderSyncStrategy (it has no DDP wrapper to "
-                    f"pass it to); valid options: mode, offload, max_open_groups, launch_ahead, "
-                    f"prepare_ahead, max_batch_trajectories, progress_interval_s, boundary_cut"
+                    f"pass it to); valid options: {', '.join(_own_options())}"
                 )
         if mode not in _MODES:
             problems.append(f"mode={mode!r} is not one of {_MODES}")
         if offload not in ("none", "cpu", "pinned"):
             problems.append(f"offload={offload!r} is not one of ('none', 'cpu', 'pinned')")
-        if max_open_groups is not None and max_open_groups < 1:
-            problems.append(f"max_open_groups must be >= 1 or None, got {max_open_groups}")
+        problems += bound_problems(max_open_groups, max_held_trajectories)
         if max_batch_trajectories < 1:
             problems.append(f"max_batch_trajectories must be >= 1, got {max_batch_trajectories}")
+        if memory_check not in ("error", "warn", "off"):
+            problems.append(f"memory_check={memory_check!r} is not one of ('error', 'warn', 'off')")
         if problems:
             raise ConfigError("ThunderSyncStrategy: " + "; ".join(problems))
         super().__init__(
@@ -165,11 +181,13 @@ class ThunderSyncStrategy(DDPStrategy):
         self.mode: Mode = mode
         self.offload: Offload = offload
         self.max_open_groups = max_open_groups
+        self.max_held_trajectories = max_held_trajectories
         self.launch_ahead = launch_ahead
         self.prepare_ahead = prepare_ahead
         self.progress_interval_s = progress_interval_s
         self.max_batch_trajectories = max_batch_trajectories
         self.boundary_cut = boundary_cut
+        self.memory_check: MemoryCheck = memory_check
         self._snapshot: PolicySnapshot | None = None
         self._inflight: dict[int, tuple[Iterator[RolloutEvent], float]] = {}  # step -> (events, issued at)
         self._accumulator: StreamingGRPO | None = None
@@ -208,7 +226,19 @@ class ThunderSyncStrategy(DDPStrategy):
         trainer = module.trainer if module is not None else None
         if trainer is not None:
             self._validate(trainer)
+            if trainer.state.fn == TrainerFn.FITTING:
+                self._check_memory(trainer)
         super().setup_environment()
+
+    def _check_memory(self, trainer: Any) -> None:
+        """The learner's memory plan against this machine (docs/scaling.md), before anything allocates."""
+        if self.memory_check == "off":
+            return
+        problems, certain = memory_problems(trainer, self)
+        if problems and certain and self.memory_check == "error":
+            raise ConfigError(problems[0])
+        for problem in problems:
+            log.warning("memory_check=%r: %s", self.memory_check, problem)
 
     def _validate(self, trainer: Any) -> None:
         module = trainer.lightning_module
@@ -349,7 +379,11 @@ class ThunderSyncStrategy(DDPStrategy):
             or any(a is not b for a, b in zip(acc.params, params))
         ):
             acc = StreamingGRPO(
-                params, objective=objective, offload=self.offload, max_open_groups=self.max_open_groups
+                params,
+                objective=objective,
+                offload=self.offload,
+                max_open_groups=self.max_open_groups,
+                max_held_trajectories=self.max_held_trajectories,
             )
             self._accumulator_cache = acc
         else:
@@ -478,6 +512,8 @@ class ThunderSyncStrategy(DDPStrategy):
             accumulator=report.peak_bytes if report is not None else ByteUsage(),
             groups_folded=report.groups_folded if report is not None else len(step.request.groups),
             groups_aborted=report.groups_aborted if report is not None else 0,
+            peak_held_trajectories=report.peak_held_trajectories if report is not None else 0,
+            peak_held_bytes=report.peak_held_bytes if report is not None else 0,
             num_groups_global=step.num_groups,
             learner_tokens=outcome.learner_tokens,
             loss=step.loss,
@@ -506,3 +542,9 @@ class ThunderSyncStrategy(DDPStrategy):
         self._accumulator = None
         self._accumulator_cache = None
         super().teardown()
+
+
+def _own_options() -> list[str]:
+    """The strategy's own options (its signature up to Lightning's plumbing), for error messages."""
+    names = list(inspect.signature(ThunderSyncStrategy.__init__).parameters)[1:]
+    return names[: names.index("accelerator")]

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 
 from ..sandbox.base import RunGuard, SandboxError, SandboxLimits, SandboxResult
 from ..sandbox.bwrap import BwrapConfig, BwrapSandbox, bwrap_available, chown_tree
-from ..sandbox.fs import BoundedDir, remove_tree, sweep_stale
+from ..sandbox.fs import BoundedDir, release_workdir, remove_tree, sweep_stale
 from ..sandbox.uids import UidLease, UidPool
 from .grading import EvalOutcome, grade_log, runner_log
 from .patches import BASE_GIT_DIR, capture_command, filter_patch
@@ -201,18 +201,9 @@ class LocalWorkspace:
             log.warning("cancelling the runs of %s failed: %s", self.task.name, e)
         finally:
             self._sandbox = None
-            try:
-                if self._budget is not None:
-                    self._budget.remove()
-                elif self._dir is not None:
-                    remove_tree(self._dir)
-            except Exception as e:  # noqa: BLE001
-                log.warning("removing %s failed: %s", self._dir, e)
-            self._budget = None
-            self._dir = None
-            if self._lease is not None:
-                self._lease.release()
-                self._lease = None
+            budget, path, lease = self._budget, self._dir, self._lease
+            self._budget = self._dir = self._lease = None
+            release_workdir(budget, path, lease)
 
 
 def _freeze(path: str) -> None:

@@ -22,8 +22,9 @@ import stat
 import subprocess
 
 from .base import SandboxError
+from .uids import UidLease
 
-__all__ = ["BoundedDir", "remove_tree", "sweep_stale"]
+__all__ = ["BoundedDir", "release_workdir", "remove_tree", "sweep_stale"]
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,24 @@ class BoundedDir:
         if self.enforced:  # still mounted: empty it, leave the mount point
             return False
         return remove_tree(self.path)
+
+
+def release_workdir(budget: BoundedDir | None, path: str | None, lease: UidLease | None) -> None:
+    """Free a sandbox's work directory (its bounded mount, else the plain tree), then its uid lease.
+
+    Never raises, and the lease is always released: a leaked lease would shrink the uid pool for
+    the rest of the run.
+    """
+    try:
+        if budget is not None:
+            budget.remove()
+        elif path is not None:
+            remove_tree(path)
+    except Exception as e:  # noqa: BLE001 - clean-up never raises
+        log.warning("removing %s failed: %s", path, e)
+    finally:
+        if lease is not None:
+            lease.release()
 
 
 def sweep_stale(root: str, marker: str) -> int:

@@ -1,0 +1,168 @@
+"""The memory planner's rows, bounds, sharding and verdicts, checked against hand-computed bytes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from thundersync_lightning.core.errors import ConfigError
+from thundersync_lightning.core.memory_plan import (
+    Architecture,
+    ModelShape,
+    PlanInputs,
+    parse_bytes,
+    plan_memory,
+)
+
+P = 1_000_000  # parameters of the hand-computed examples
+ARCH = Architecture(layers=2, hidden=64, intermediate=128, q_dim=64, kv_dim=32, vocab=100, max_positions=64)
+
+
+def inputs(**kw) -> PlanInputs:
+    model = kw.pop("model", ModelShape(P, P, 4, ARCH, lora_params_per_rank=ARCH.lora_params_per_rank))
+    base = dict(model=model, groups_per_step=8, group_size=4, max_tokens_per_trajectory=64,
+                max_batch_trajectories=4)
+    return PlanInputs(**{**base, **kw})
+
+
+def test_every_row_of_a_streaming_plan_matches_the_formula_of_the_module_docstring():
+    plan = plan_memory(inputs(max_open_groups=2, max_held_trajectories=3))
+    by_name = {r.name: r.device for r in plan.rows}
+    # e = a = 4 bytes; AdamW keeps 2 states; 2 open groups x 2 sums; 3 held; one step gradient
+    assert by_name["weights"] == 4 * P
+    assert by_name["gradients"] == 4 * P
+    assert by_name["optimizer state"] == 2 * 4 * P
+    assert by_name["group sums"] == 2 * 2 * 4 * P
+    assert by_name["held gradients"] == 3 * 4 * P
+    assert by_name["step gradient"] == 4 * P
+    assert by_name["backward"] == 4 * P
+    # 4 trajectories x 64 tokens x (2 layers x b_layer + (5 + 8) h + V (4 + 8))
+    b_layer = 2 * 8 * 64 + 8 * (64 + 32) + 4 * (64 + 64) + 4 * (128 + 64) + 16 * 128
+    assert by_name["activations"] == 4 * 64 * (2 * b_layer + 13 * 64 + 100 * 12)
+    assert plan.host_bytes == 0
+
+
+def test_unbounded_limits_are_planned_at_their_worst_case_and_the_table_says_so():
+    plan = plan_memory(inputs(world_size=2))  # 8 groups over 2 ranks: 4 per rank, 16 trajectories
+    assert plan.row("group sums").device == 2 * 4 * 4 * P
+    assert plan.row("held gradients").device == 16 * 4 * P
+    table = plan.table()
+    assert "max_open_groups unbounded: every group of the step on this rank" in table
+    assert "max_held_trajectories unbounded: every trajectory of the open groups" in table
+
+
+def test_the_held_bound_never_exceeds_the_trajectories_of_the_open_groups():
+    assert inputs(max_open_groups=1, max_held_trajectories=100).held_trajectories == 4
+
+
+def test_offload_moves_sums_and_held_gradients_to_the_host_and_adds_device_staging():
+    none, pinned = plan_memory(inputs(max_open_groups=1)), plan_memory(inputs(max_open_groups=1, offload="pinned"))
+    moved = none.bytes_of("group sums", "held gradients")
+    assert pinned.pinned_host_bytes == moved + 2 * 4 * P  # and the two buffers the copies land in
+    assert pinned.device_bytes == none.device_bytes - moved + 2 * 4 * P  # double-buffered staging
+    cpu = plan_memory(inputs(max_open_groups=1, offload="cpu"))
+    assert cpu.pageable_host_bytes == moved and cpu.pinned_host_bytes == 0
+
+
+def test_a_held_trajectory_holds_two_gradients_when_failed_ones_are_dropped_with_independent_terms():
+    one, two = plan_memory(inputs(max_held_trajectories=3)), plan_memory(inputs(max_held_trajectories=3, held_independent=True))
+    assert one.row("held gradients").total == 3 * 4 * P
+    assert two.row("held gradients").total == 2 * 3 * 4 * P
+    assert plan_memory(inputs(max_held_trajectories=0)).row("held gradients").total == 0  # 0: never hold
+
+
+def test_sync_mode_holds_no_sums_because_every_reward_is_known_when_scored():
+    plan = plan_memory(inputs(mode="sync", offload="cpu"))
+    assert plan.row("group sums").total == plan.row("held gradients").total == 0
+    assert "staging" not in [r.name for r in plan.rows]
+
+
+@pytest.mark.parametrize(
+    "sharding, weights, grads, state",
+    [
+        ("none", 4 * P, 4 * P, 8 * P),
+        ("zero1", 4 * P, 4 * P, 8 * P / 4),  # optimizer state over 4 ranks
+        ("fsdp2", 4 * P / 4 + 4 * P, 4 * P / 4, 8 * P / 4),  # shards + one gathered copy per step
+    ],
+)
+def test_each_sharding_divides_what_it_shards_by_the_world_size(sharding, weights, grads, state):
+    plan = plan_memory(inputs(world_size=4, sharding=sharding, max_open_groups=1))
+    assert plan.row("weights").device == weights
+    assert plan.row("gradients").device == grads
+    assert plan.row("optimizer state").device == state
+    assert plan.row("group sums").device == 2 * 4 * P  # sums of local trajectories are never sharded
+    assert ("collective" in [r.name for r in plan.rows]) == (sharding != "fsdp2")
+
+
+def test_lora_shrinks_sums_gradients_and_state_to_the_adapters_and_needs_no_reference_copy():
+    shape = ModelShape(P, P, 2, ARCH, lora_params_per_rank=ARCH.lora_params_per_rank)
+    adapters = 8 * ARCH.lora_params_per_rank  # r (in + out) over q/k/v/o of every layer
+    lora = plan_memory(inputs(model=shape.with_lora(8), max_open_groups=1))
+    assert lora.row("group sums").device == 2 * adapters * 4  # fp32 sums of bf16 adapters
+    assert lora.row("optimizer state").device == 2 * adapters * 2
+    assert lora.row("weights").device == (P + adapters) * 2
+    full = plan_memory(inputs(model=shape, reference=True))
+    assert full.row("reference copy").device == P * 2
+
+
+def test_a_cpu_plan_is_checked_against_the_host_alone():
+    plan = plan_memory(inputs(accelerator="cpu", max_open_groups=1))
+    total = plan.device_bytes
+    assert plan.fits(device_bytes=0, host_bytes=total).fits
+    assert not plan.fits(device_bytes=10 * total, host_bytes=total - 1).fits
+
+
+def test_a_colocated_engine_share_is_taken_off_the_device():
+    plan = plan_memory(inputs(max_open_groups=1, engine_device_fraction=0.5))
+    assert plan.fits(2 * plan.device_bytes, 0).fits
+    assert not plan.fits(2 * plan.device_bytes - 2, 0).fits
+
+
+def test_a_plan_that_does_not_fit_names_settings_and_each_named_setting_fits():
+    i = inputs(max_batch_trajectories=1)
+    plan = plan_memory(i)
+    device = plan_memory(replace(i, max_open_groups=2)).device_bytes  # room for 2 open groups only
+    verdict = plan.fits(device, 0)
+    assert not verdict.fits
+    assert "trainer.strategy.init_args.max_open_groups=2" in verdict.suggestions
+    assert "trainer.strategy.init_args.offload=pinned" not in verdict.suggestions  # host 0: pinned cannot fit
+    for s in verdict.suggestions:
+        key, value = s.split(" ")[0].rsplit(".", 1)[1].split("=")
+        if key in ("max_open_groups", "max_held_trajectories", "max_batch_trajectories"):
+            assert plan_memory(replace(i, **{key: int(value)})).fits(device, 0).fits, s
+    assert "max_open_groups=2" in verdict.message()
+
+
+def test_lora_and_sharding_are_suggested_when_the_weights_state_does_not_fit():
+    shape = ModelShape(P, P, 2, ARCH, lora_params_per_rank=ARCH.lora_params_per_rank)
+    i = inputs(model=shape, max_open_groups=1, max_held_trajectories=1, max_batch_trajectories=1)
+    plan = plan_memory(i)
+    verdict = plan.fits(plan.device_bytes - plan.row("optimizer state").device // 8, 0)
+    assert "model.lora.r=8 (LoRA: only adapters train)" in verdict.suggestions
+    # over 2 ranks ZeRO-1 saves half the state (2P bytes) and adds the flat all-reduce (2P): 4 are needed
+    assert "trainer.strategy.init_args.sharding=zero1 over 4 GPUs (trainer.devices=4)" in verdict.suggestions
+
+
+def test_invalid_inputs_are_reported_together():
+    with pytest.raises(ConfigError, match=r"sharding='zero3'.*offload='pinned' needs a GPU.*max_open_groups must"):
+        inputs(sharding="zero3", accelerator="cpu", offload="pinned", max_open_groups=0)
+
+
+@pytest.mark.parametrize(
+    "text, expected", [("80GB", 80 * 10**9), ("80GiB", 80 * 2**30), ("512 MiB", 512 * 2**20), ("1.5TB", 1.5e12), ("42", 42)]
+)
+def test_sizes_read_decimal_and_binary_units(text, expected):
+    assert parse_bytes(text) == expected
+
+
+def test_an_unreadable_size_is_a_config_error():
+    with pytest.raises(ConfigError, match="80GB, 80GiB"):
+        parse_bytes("eighty gigs")
+
+
+def test_the_architecture_is_read_from_a_hugging_face_config_mapping():
+    arch = Architecture.of({"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100, "num_attention_heads": 2,
+                            "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 128})
+    assert (arch.q_dim, arch.kv_dim, arch.intermediate) == (64, 32, 128)
+    assert Architecture.of({"hidden_size": 64}) is None

@@ -1,0 +1,79 @@
+"""Every shipped config's memory plan fits the machine its header states, and ``plan`` prints it."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from thundersync_lightning.cli import build_parser, config_plan, main
+from thundersync_lightning.core.memory_plan import parse_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+TARGET = re.compile(r"^# memory plan target \(.*\): (.+)$", re.M)
+
+
+@pytest.fixture(scope="module")
+def parser():
+    return build_parser()
+
+
+def target(path: Path) -> dict[str, int]:
+    """The ``--device_memory=... --host_memory=...`` a config's header states it is sized for."""
+    found = TARGET.search(path.read_text())
+    assert found, f"{path.name} states no '# memory plan target (...): --device_memory=... --host_memory=...' line"
+    return {k.lstrip("-"): parse_bytes(v) for k, v in (arg.split("=", 1) for arg in shlex.split(found.group(1)))}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_config_fits_the_machine_its_header_states(parser, path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    plan = config_plan(parser.parse_args(["--config", str(path)]).as_dict())
+    machine = target(path)
+    host = machine["host_memory"]
+    device = machine.get("device_memory", host if plan.inputs.accelerator == "cpu" else 0)
+    assert plan.inputs.accelerator == ("gpu" if "device_memory" in machine else "cpu"), path.name
+    verdict = plan.fits(device, host)
+    assert verdict.fits, f"{path.name}:\n{verdict.message()}\n{plan.table()}"
+
+
+def test_the_swebench_config_is_planned_as_lora_on_qwen3_8b(parser, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    plan = config_plan(parser.parse_args(["--config", "configs/swebench.yaml"]).as_dict())
+    assert plan.inputs.model.lora and 8.1e9 < plan.inputs.model.total_params < 8.3e9  # the published Qwen3-8B
+    assert plan.inputs.model.trainable_params < 0.01 * plan.inputs.model.total_params
+
+
+def test_plan_prints_the_table_and_exits_1_naming_the_fix_when_it_does_not_fit(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as done:
+        main(["plan", "--config", "configs/swebench.yaml", "--device_memory=60GiB", "--host_memory=256GiB"])
+    out = capsys.readouterr().out
+    assert done.value.code == 1
+    assert "activations" in out and "group sums" in out and "DOES NOT FIT" in out
+    assert "any of these would make it fit" in out
+
+
+def test_plan_reads_the_same_overrides_as_fit(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as done:
+        main(["plan", "--config", "configs/toy.yaml", "--host_memory=4GiB",
+              "--trainer.strategy.init_args.max_open_groups=3", "--data.group_size=2"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "FITS" in out
+    assert "3 open groups (max_open_groups=3), 6 held trajectories" in out
+
+
+@pytest.mark.slow  # builds eight Qwen3 architectures on the meta device (~15 s of CPU)
+def test_the_memory_table_in_docs_scaling_is_the_planners_output():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("scaling_table", ROOT / "benchmarks" / "scaling_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    doc = (ROOT / "docs" / "scaling.md").read_text()
+    assert module.table() in doc, "docs/scaling.md is stale: run python benchmarks/scaling_table.py --write"
+    assert "## Multi-node" in doc and "## Sharding" in doc

@@ -138,7 +138,6 @@ def test_opd_smoke(tmp_path: Path) -> None:
     assert set(data["summary"]) == {"opd", "grpo"} and data["objectives"]["opd"]["reward_coef"] == 0.0
 
 
-@pytest.mark.slow  # one embedded-engine fit: ~2 min on a loaded 2-core machine (engine start-up)
 def test_time_to_target_smoke_writes_medians_per_mode_and_skips_finished_runs(tmp_path: Path, capsys) -> None:
     argv = [
         "--out", str(tmp_path), "--threads", "1", "--seeds", "0", "--workloads", "toy",

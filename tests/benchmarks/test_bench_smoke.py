@@ -54,6 +54,24 @@ def test_overlap_smoke(tmp_path: Path) -> None:
     assert data["modes"]["async"]["staleness_max"] == 1
 
 
+def test_overlap_long_workload_with_set_up_and_balance_calibration_smoke(tmp_path: Path) -> None:
+    _load("overlap").main(
+        [
+            "--workload", "long", "--out", str(tmp_path), "--threads", "1", "--rounds", "1", "--steps", "2",
+            "--warmup", "1", "--groups", "2", "--group-size", "2", "--hidden", "64", "--layers", "1", "--vocab", "64",
+            "--prompt-tokens", "8", "--token-scale", "0.5", "--setup-fraction", "0.1", "--no-prepare-ahead",
+            "--calibration-samples", "2", "--calibration-reps", "1", "--calibration-batches", "1",
+        ]
+    )  # fmt: skip
+    data = _read(tmp_path, "overlap_long")
+    assert data["workload_name"] == "long" and data["calibration"]["calibrate"] == "balance"
+    assert data["calibration"]["time_scale_s"] > 0
+    assert data["workload"]["setup_fraction"] == 0.1 and data["workload"]["prepare_ahead"] is False
+    assert set(data["targets_met"]) >= {"efficiency", "streaming_throughput_over_async", "streaming_over_sync_learner_work"}
+    assert data["diagnosis"]["streaming_over_sync_learner_work"] > 0
+    assert data["modes"]["streaming"]["staleness_max"] == 0 and data["modes"]["async"]["staleness_max"] == 1
+
+
 def test_memory_smoke(tmp_path: Path) -> None:
     _load("memory").main(
         [
@@ -118,3 +136,38 @@ def test_opd_smoke(tmp_path: Path) -> None:
     data = _read(tmp_path, "opd")
     assert [(r["arm"], len(r["rewards"])) for r in data["runs"]] == [("opd", 2), ("grpo", 2)]
     assert set(data["summary"]) == {"opd", "grpo"} and data["objectives"]["opd"]["reward_coef"] == 0.0
+
+
+def test_time_to_target_smoke_writes_medians_per_mode_and_skips_finished_runs(tmp_path: Path, capsys) -> None:
+    argv = [
+        "--out", str(tmp_path), "--threads", "1", "--seeds", "0", "--workloads", "toy",
+        "--modes", "async_is", "--max-steps", "2", "--groups", "2", "--group-size", "2",
+    ]  # fmt: skip
+    module = _load("time_to_target")
+    module.main(argv)
+    data = _read(tmp_path, "time_to_target")
+    assert set(data["median_seconds"]["toy"]) == set(data["median_steps"]["toy"]) == {"async_is"}
+    for run in data["runs"]:
+        assert run["budget_steps"] == 2 and run["steps_run"] == 2 and len(run["rewards"]) == 2
+        assert run["reached"] is False and run["seconds"] is None  # 10-step window: not reachable in 2
+    assert data["workloads"]["toy"]["modes"]["async_is"]["reached"] == "0/1"
+    assert data["workloads"]["toy"]["modes"]["async_is"]["median_seconds"] is None  # not reached
+    capsys.readouterr()
+    module.main(argv)  # everything already measured with these settings: nothing reruns
+    assert capsys.readouterr().out.count("skipped") == 1
+    assert json.loads((tmp_path / "time_to_target.json").read_text())["runs"] == data["runs"]
+
+
+def test_time_to_target_counts_an_unreached_run_as_slower_and_two_unreached_medians_as_undecided() -> None:
+    module = _load("time_to_target")
+
+    def summary(**seconds):
+        return {m: {"median_seconds": s} for m, s in seconds.items()}
+
+    assert module.targets_met(summary(streaming=10.0, **{"async": None}, async_is=9.0), "toy") == {
+        "streaming_le_async": True,  # async never reached 0.9 within its budget
+        "streaming_le_async_is": False,
+    }
+    both_unreached = module.targets_met(summary(streaming=None, **{"async": None}, async_is=None, sync=None), "balanced")
+    assert both_unreached == {"streaming_le_async": None, "streaming_le_async_is": None, "streaming_le_0.6x_sync": None}
+    assert module.targets_met(summary(streaming=50.0, sync=80.0), "balanced")["streaming_le_0.6x_sync"] is False

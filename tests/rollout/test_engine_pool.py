@@ -116,6 +116,34 @@ def test_every_engine_gets_whole_groups_with_the_request_seed_and_global_group_i
     pool.shutdown()
 
 
+class _Preparing(_Recording):
+    """A recording engine that also implements PreparesAhead."""
+
+    def __init__(self, engine) -> None:
+        super().__init__(engine)
+        self.prepared: list[RolloutRequest] = []
+
+    def prepare(self, request: RolloutRequest) -> None:
+        self.prepared.append(request)
+        self.engine.prepare(request)
+
+
+def test_the_pool_prepares_on_each_engine_the_groups_its_next_rollout_places_there(spec):
+    replay = TraceReplayEngineConfig(time_scale_s=0.001)
+    members = [_Preparing(replay.build(spec)), _Recording(replay.build(spec)), _Preparing(replay.build(spec))]
+    pool = EnginePool(members)
+    pool.publish({}, version=0)
+    _summary(pool.rollout(make_request(ScriptedTasks(), step=0, num_groups=4, group_size=2, seed=9)))
+    request = make_request(ScriptedTasks(), step=1, num_groups=4, group_size=2, seed=9)
+    pool.prepare(request)  # engine 1 cannot prepare: it is skipped
+    _summary(pool.rollout(request))
+    for member in (members[0], members[2]):
+        assert [(r.step, r.seed, r.groups) for r in member.prepared] == [
+            (r.step, r.seed, r.groups) for r in member.requests[1:]
+        ]
+    pool.shutdown()
+
+
 def test_a_pool_of_replay_engines_replays_what_one_replay_engine_replays(spec):
     replay = TraceReplayEngineConfig(time_scale_s=0.001)
     single, pool = replay.build(spec), EnginePoolConfig(engine=replay, num_engines=3).build(spec, None)

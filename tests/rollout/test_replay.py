@@ -129,3 +129,68 @@ def test_rollout_slots_make_a_second_request_wait_for_the_first_requests_verdict
 def test_a_rollout_slot_count_below_one_is_rejected():
     with pytest.raises(ConfigError, match="rollout_slots"):
         TraceReplayEngineConfig(rollout_slots=0)
+
+
+class _Clock:
+    """A settable monotonic clock (the engine lays its schedule on it; sleeps stay sub-millisecond)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _engine_on(clock: _Clock, **kwargs) -> TraceReplayEngine:
+    engine = TraceReplayEngine(
+        TASKS.model_spec(), TraceReplayEngineConfig(time_scale_s=FAST, **kwargs), clock=clock
+    )
+    engine.publish({}, version=0)
+    return engine
+
+
+def test_environment_set_up_delays_generation_unless_the_request_was_prepared_ahead():
+    # setup_fraction 0.5: an unprepared trajectory generates from t + 0.5 c, so its content lands at
+    # t + 1.5 c; prepared long before (its set-up done), generation starts at t: content at t + c.
+    request = make_request(TASKS, step=0, num_groups=2, group_size=4, seed=3)
+    clock = _Clock()
+    prepared = _engine_on(clock, setup_fraction=0.5)
+    prepared.prepare(request)
+    clock.now = 1e3
+    ahead, ahead_rewards, _ = collect(prepared.rollout(request))
+    late, late_rewards, _ = collect(_engine_on(clock, setup_fraction=0.5).rollout(request))
+    plain, _, _ = collect(_engine_on(clock).rollout(request))
+    for tid, t in plain.items():
+        c = t.content_ready_at - 1e3
+        assert ahead[tid].content_ready_at - 1e3 == pytest.approx(c, rel=1e-9)
+        assert late[tid].content_ready_at - 1e3 == pytest.approx(1.5 * c, rel=1e-9)
+        assert ahead[tid].tokens == late[tid].tokens == t.tokens  # only the times differ
+        assert ahead_rewards[tid].reward == late_rewards[tid].reward
+
+
+def test_a_request_prepared_just_before_its_rollout_still_waits_for_its_set_up():
+    request = make_request(TASKS, step=0, num_groups=1, group_size=4, seed=3)
+    clock = _Clock()
+    engine = _engine_on(clock, setup_fraction=0.5)
+    engine.prepare(request)
+    just, _, _ = collect(engine.rollout(request))
+    unprepared, _, _ = collect(_engine_on(clock, setup_fraction=0.5).rollout(request))
+    assert {k: t.content_ready_at for k, t in just.items()} == {
+        k: t.content_ready_at for k, t in unprepared.items()
+    }
+
+
+def test_token_scale_multiplies_every_trajectorys_scored_tokens():
+    request = make_request(TASKS, step=0, num_groups=2, group_size=4, seed=1)
+    clock = _Clock()
+    plain, _, _ = collect(_engine_on(clock).rollout(request))
+    longer, _, _ = collect(_engine_on(clock, token_scale=4.0).rollout(request))
+    assert {k: 4 * t.num_scored_tokens for k, t in plain.items()} == {
+        k: t.num_scored_tokens for k, t in longer.items()
+    }
+
+
+def test_a_non_positive_token_scale_and_a_negative_setup_fraction_are_both_reported():
+    with pytest.raises(ConfigError) as err:
+        TraceReplayEngineConfig(token_scale=0, setup_fraction=-0.1)
+    assert "token_scale=0" in str(err.value) and "setup_fraction=-0.1" in str(err.value)

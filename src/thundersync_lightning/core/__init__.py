@@ -13,7 +13,7 @@ from .estimators import (
     register_estimator,
 )
 from .objective import PRESETS, BatchTotals, Objective
-from .protocols import Environment, RolloutEngine, TaskSource
+from .protocols import Environment, PreparesAhead, RolloutEngine, TaskSource
 from .report import GroupStat, StreamingReport
 from .snapshot import PolicySnapshot
 from .storage import ByteUsage, Offload
@@ -66,6 +66,7 @@ __all__ = [
     "register_estimator",
     "Environment",
     "RolloutEngine",
+    "PreparesAhead",
     "TaskSource",
     "ContentReady",
     "GroupRequest",

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from .types import RolloutEvent, RolloutRequest, StepResult
 
-__all__ = ["RolloutEngine", "EngineFactory", "Environment", "TaskSource"]
+__all__ = ["RolloutEngine", "PreparesAhead", "EngineFactory", "Environment", "TaskSource"]
 
 
 @runtime_checkable
@@ -39,6 +39,22 @@ class RolloutEngine(Protocol):
     def rollout(self, request: RolloutRequest) -> Iterator[RolloutEvent]: ...
 
     def shutdown(self) -> None: ...
+
+
+@runtime_checkable
+class PreparesAhead(Protocol):
+    """An engine that can do a request's weight-independent work before its weights exist.
+
+    Contract:
+    - ``prepare(request)`` returns at once and generates nothing: it may create environments and
+      sandboxes, prepare workspaces and tokenise prompts for ``request``, work that no policy
+      weights enter, so doing it while the previous step trains leaves the staleness at 0.
+    - A later ``rollout`` of the same request (same step and seed) uses what was prepared; a
+      ``rollout`` without ``prepare`` is equally valid (it does the work itself), and the events are
+      the same either way (only their times differ).
+    """
+
+    def prepare(self, request: RolloutRequest) -> None: ...
 
 
 @runtime_checkable

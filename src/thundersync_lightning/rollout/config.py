@@ -12,6 +12,7 @@ the engine. Example (LightningCLI)::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
@@ -134,6 +135,11 @@ class TraceReplayEngineConfig:
         rollout_slots: trajectories the rollout fleet runs at once (agent + sandbox); each holds a
             slot from its start until its reward is known. None: unlimited. With B*G slots a
             batch issued early (async mode) only starts as the previous batch's tail frees slots.
+        token_scale: every drawn ``scored_tokens`` is multiplied by this (rounded, at least 1):
+            a trace's schedule with longer trajectories (a compute-bound learner workload).
+        setup_fraction: environment set-up (sandbox, workspace, prompt) before a trajectory's
+            generation, as a fraction of its generation time ``content_ready``; it needs no
+            weights, so a request passed to ``prepare`` ahead of its ``rollout`` has it done then.
     """
 
     #: trace replays carry no engine logprobs (no importance correction, no on-policy check)
@@ -153,9 +159,15 @@ class TraceReplayEngineConfig:
     observation_tokens: int = 4
     reward_p: float = 0.5
     rollout_slots: int | None = None
+    token_scale: float = 1.0
+    setup_fraction: float = 0.0
 
     def __post_init__(self) -> None:
         p: list[str] = []
+        if not (self.token_scale > 0 and math.isfinite(self.token_scale)):
+            p.append(f"token_scale={self.token_scale}: must be a finite number > 0")
+        if not (self.setup_fraction >= 0 and math.isfinite(self.setup_fraction)):
+            p.append(f"setup_fraction={self.setup_fraction}: must be a finite number >= 0")
         if self.rollout_slots is not None and self.rollout_slots < 1:
             p.append(f"rollout_slots={self.rollout_slots}: must be >= 1 or None (unlimited)")
         if self.source not in ("trace", "lognormal", "pareto"):

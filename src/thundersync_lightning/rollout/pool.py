@@ -56,7 +56,7 @@ from torch import Tensor
 
 from ..core.errors import ConfigError, EngineError
 from ..core.options import strict_options
-from ..core.protocols import EngineFactory, RolloutEngine, TaskSource
+from ..core.protocols import EngineFactory, PreparesAhead, RolloutEngine, TaskSource
 from ..core.types import ModelSpec, RolloutEvent, RolloutRequest
 
 __all__ = ["EnginePoolConfig", "EnginePool", "place_groups"]
@@ -217,6 +217,21 @@ class EnginePool:
                 raise EngineError(f"{self._incomplete}. Publish a complete state_dict again.") from exc
             self._version = int(version)
             self._incomplete = None
+
+    def prepare(self, request: RolloutRequest) -> None:
+        """Hand each engine that can prepare ahead the groups the NEXT ``rollout`` would place on it.
+
+        The placement is the one the cursor gives now: exact when ``request`` is the next request
+        rolled out (the strategy prepares the step after the one it issued last). Otherwise an
+        engine prepares groups it will not run, which costs it time, never correctness.
+        """
+        with self._lock:
+            self._check_open()
+            placement = place_groups(len(request.groups), len(self._engines), self._cursor)
+            for k, engine in enumerate(self._engines):
+                groups = tuple(g for g, e in zip(request.groups, placement) if e == k)
+                if groups and isinstance(engine, PreparesAhead):
+                    engine.prepare(RolloutRequest(step=request.step, groups=groups, seed=request.seed))
 
     def rollout(self, request: RolloutRequest) -> Iterator[RolloutEvent]:
         """Spread ``request``'s groups over the engines and return one iterator over all their events."""

@@ -11,7 +11,17 @@ distribution. A row holds, in trace units from the moment the request's generati
 Wall-clock times are ``start + units * time_scale_s``; a benchmark sets ``time_scale_s`` to the
 learner's measured backward time per trajectory so "units" mean "trajectory backwards".
 With ``rollout_slots`` set, a trajectory also waits for a free slot (slots free when a verdict
-lands), as on a saturated rollout fleet.
+lands), as on a saturated rollout fleet. ``token_scale`` multiplies every row's ``scored_tokens``
+(longer trajectories on the same schedule).
+
+Environment set-up (``setup_fraction`` = f): before generating, a trajectory spends f * c units
+creating its environment (sandbox, workspace, prompt). That work needs no weights: after
+``prepare(request)`` (at time t_p) it runs at once, outside the rollout slots (environments come
+from their own pool), and generation begins at ``max(slot free, request start, t_p + f c)``;
+without it, generation begins f c after the slot frees. Then, in seconds,
+
+    content_ready_at = generation begin + c * time_scale_s
+    reward_ready_at  = content_ready_at + (r - c) * time_scale_s
 Requests are generated one after another as by a single engine: a request starts at
 ``max(issue time, previous request's last content_ready)``; verdicts overlap freely.
 
@@ -36,7 +46,7 @@ import json
 import math
 import random
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -149,16 +159,25 @@ class TraceReplayEngine:
     Args:
         model_spec: gives ``vocab_size`` (``config['vocab_size']`` or the pretrained config).
         config: schedule source and time scale.
+        clock: the monotonic clock the schedule is laid on (a seam for tests).
     """
 
-    def __init__(self, model_spec: ModelSpec, config: TraceReplayEngineConfig | None = None) -> None:
+    def __init__(
+        self,
+        model_spec: ModelSpec,
+        config: TraceReplayEngineConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.config = config or TraceReplayEngineConfig()
+        self._clock = clock
         self._drawer = _Drawer(self.config)
         self.vocab_size = _vocab_size(model_spec)
         self._version: int | None = None
         self._generation_free_at = 0.0
         n = self.config.rollout_slots
         self._slot_free_at: list[float] | None = None if n is None else [0.0] * n  # a min-heap
+        self._prepared: dict[tuple[int, int], float] = {}  # (seed, step) -> when its set-up began
         self._closed = False
 
     @property
@@ -175,6 +194,12 @@ class TraceReplayEngine:
             )
         self._version = int(version)
 
+    def prepare(self, request: RolloutRequest) -> None:
+        """Start ``request``'s environment set-up now (no weights needed; see the module docstring)."""
+        if self._closed:
+            raise EngineError("the engine was shut down; build a new one to keep generating.")
+        self._prepared.setdefault((request.seed, request.step), self._clock())
+
     def rollout(self, request: RolloutRequest) -> Iterator[RolloutEvent]:
         if self._closed:
             raise EngineError("the engine was shut down; build a new one to keep generating.")
@@ -182,9 +207,11 @@ class TraceReplayEngine:
             raise EngineError(
                 "rollout() before any publish(): call engine.publish(model.state_dict(), version=0)."
             )
-        issued = time.monotonic()
+        issued = self._clock()
         start = max(issued, self._generation_free_at)
         scale = self.config.time_scale_s
+        setup = self.config.setup_fraction
+        prepared_at = self._prepared.pop((request.seed, request.step), None)
         slots = self._slot_free_at
         timed: list[tuple[float, int, RolloutEvent]] = []
         last_content = start
@@ -196,6 +223,8 @@ class TraceReplayEngine:
                 rng = random.Random(seed)
                 row = self._drawer.draw(rng)
                 begin = start if slots is None else max(start, heapq.heappop(slots))
+                setup_s = setup * row.content_ready * scale
+                begin = begin + setup_s if prepared_at is None else max(begin, prepared_at + setup_s)
                 content_at = begin + row.content_ready * scale
                 reward_at = begin + row.reward_ready * scale
                 if slots is not None:
@@ -219,13 +248,14 @@ class TraceReplayEngine:
                 timed.append((reward_at, len(timed), RewardReady(tid, g.group_id, reward, reward_at)))
         self._generation_free_at = last_content
         timed.sort(key=lambda item: (item[0], item[1]))
-        return _Schedule(timed)
+        return _Schedule(timed, self._clock)
 
     def shutdown(self) -> None:
         """Nothing runs in the background; later calls raise. Idempotent."""
         self._closed = True
 
     def _segments(self, rng: random.Random, scored_tokens: int) -> tuple[Segment, ...]:
+        scored_tokens = max(1, round(scored_tokens * self.config.token_scale))
         turns = min(self.config.turns, scored_tokens)
         sizes = [scored_tokens // turns + (1 if t < scored_tokens % turns else 0) for t in range(turns)]
         segments: list[Segment] = []
@@ -240,8 +270,9 @@ class TraceReplayEngine:
 class _Schedule(Iterator[RolloutEvent]):
     """Yields pre-timed events, sleeping until each one's time."""
 
-    def __init__(self, timed: list[tuple[float, int, RolloutEvent]]) -> None:
+    def __init__(self, timed: list[tuple[float, int, RolloutEvent]], clock: Callable[[], float]) -> None:
         self._timed = timed
+        self._clock = clock
         self._next = 0
 
     def __next__(self) -> RolloutEvent:
@@ -249,7 +280,7 @@ class _Schedule(Iterator[RolloutEvent]):
             raise StopIteration
         due, _, event = self._timed[self._next]
         self._next += 1
-        delay = due - time.monotonic()
+        delay = due - self._clock()
         if delay > 0:
             time.sleep(delay)
         return event

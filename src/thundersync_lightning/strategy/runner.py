@@ -1,13 +1,13 @@
 """One RL step's event loop on one learner process.
 
 Streaming (and async): a pump thread moves the engine's events into a queue; the learner drains
-it and never idles while work exists. Trajectories whose content and reward are both known are
-scored and backpropagated in buckets that share one backward (one group and one reward value,
-or every trajectory of fully rewarded groups: ``StreamingGRPO.add_logprobs``); when nothing else is
-ready, a trajectory whose reward is still pending is backpropagated alone and its gradient held,
-unless ``max_held_trajectories`` gradients are already held: then it waits for its reward (which
-frees a held gradient into its group's sum) and keeps doing reward-known work meanwhile. The
-learner waits only when no work is left that fits the bounds. Sync (``defer=True``): the learner does nothing until
+it and never idles while work exists. What it backpropagates next, one ``add_tokens`` call at a
+time with the queue drained in between, is :func:`~thundersync_lightning.strategy.batching.next_batch`'s
+choice: fully rewarded groups' trajectories together, else the largest (group, reward) bucket,
+else one reward-pending trajectory, whose gradient is held, only when the queue is empty and fewer
+than ``max_held_trajectories`` gradients are held (otherwise it waits for its reward, which frees a
+held gradient into its group's sum, and keeps doing reward-known work meanwhile). The learner
+waits only when no work is left that fits the bounds. Sync (``defer=True``): the learner does nothing until
 the last event, then the same accumulator processes the whole batch (every reward known: the
 direct path), so every mode trains the same objective through the same code.
 
@@ -29,6 +29,7 @@ from ..core.snapshot import PolicySnapshot
 from ..core.streaming import StreamingGRPO
 from ..core.terms import TokenScores, engine_logprobs, teacher_logprobs
 from ..core.types import ContentReady, RewardReady, RolloutEvent, RolloutRequest, Trajectory
+from .batching import next_batch
 from .stats import Interval, RolloutProgress, TrajectoryRecord
 
 __all__ = ["StepRunner", "StepOutcome"]
@@ -165,22 +166,17 @@ class StepRunner:
         dropped = [t for t in self._waiting if self._is_dropped(t)]
         for t in dropped:  # a failed verdict under failed="drop": never scored
             del self._waiting[t]
-        ready = [t for t in self._waiting if t in self.outcome.rewards]
-        if ready:
-            buckets: dict[object, list[str]] = {}
-            for tid in ready:
-                gid = self._owner[tid]
-                full = all(m in self.outcome.rewards for m in self._members[gid])
-                buckets.setdefault("direct" if full else (gid, self.outcome.rewards[tid]), []).append(tid)
-            for tids in buckets.values():
-                for k in range(0, len(tids), self.max_batch):
-                    self._backward(tids[k : k + self.max_batch])
+        batch = next_batch(
+            list(self._waiting),
+            self.outcome.rewards,
+            self._owner,
+            self._members,
+            self.max_batch,
+            may_hold=inbox_empty and self._can_hold(),
+        )
+        if batch:
+            self._backward(batch)
             return True
-        if inbox_empty and self._can_hold():
-            pending = next(iter(self._waiting), None)
-            if pending is not None:
-                self._backward([pending])
-                return True
         return bool(dropped)
 
     def _is_dropped(self, tid: str) -> bool:

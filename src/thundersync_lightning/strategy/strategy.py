@@ -42,6 +42,7 @@ from typing_extensions import override
 from ..core.bounds import bound_problems
 from ..core.errors import ConfigError
 from ..core.objective import BatchTotals, Objective
+from ..core.protocols import PreparesAhead
 from ..core.snapshot import PolicySnapshot
 from ..core.storage import ByteUsage, Offload
 from ..core.streaming import StreamingGRPO, StreamingReport
@@ -99,6 +100,11 @@ class ThunderSyncStrategy(DDPStrategy):
             (:mod:`thundersync_lightning.core.bounds`).
         launch_ahead: in streaming/sync, issue step k+1's rollouts right after step k's weights are
             published (before Lightning's between-step bookkeeping); staleness stays 0.
+        prepare_ahead: when a step starts, hand the next step whose rollouts are not issued yet
+            (k+1; k+2 in async) to an engine that implements
+            :class:`~thundersync_lightning.core.protocols.PreparesAhead`, so its environments,
+            workspaces and prompts are ready when its weights are published (no weights enter
+            that work: staleness unchanged). Engines without ``prepare`` are left alone.
         max_batch_trajectories: most trajectories scored in one forward (bounds activation memory).
         progress_interval_s: throttle of ``on_rollout_progress`` callbacks.
         boundary_cut: run each group's shared prompt forward and backward once instead of once per
@@ -130,6 +136,7 @@ class ThunderSyncStrategy(DDPStrategy):
         max_open_groups: int | None = None,
         max_held_trajectories: int | None = None,
         launch_ahead: bool = True,
+        prepare_ahead: bool = True,
         max_batch_trajectories: int = 32,
         progress_interval_s: float = 0.2,
         boundary_cut: bool = False,
@@ -186,6 +193,7 @@ class ThunderSyncStrategy(DDPStrategy):
         self.max_open_groups = max_open_groups
         self.max_held_trajectories = max_held_trajectories
         self.launch_ahead = launch_ahead
+        self.prepare_ahead = prepare_ahead
         self.progress_interval_s = progress_interval_s
         self.max_batch_trajectories = max_batch_trajectories
         self.boundary_cut = boundary_cut
@@ -418,7 +426,14 @@ class ThunderSyncStrategy(DDPStrategy):
             if self._within_max_steps(step + 1):
                 self._inflight[step + 1] = (engine.rollout(plan.request(step + 1, rank, world)), time.monotonic())
         events, self._issued_at = launched
+        self._prepare_next(plan, step + (2 if self.mode == "async" else 1))
         return events
+
+    def _prepare_next(self, plan: RolloutPlan, step: int) -> None:
+        """Start ``step``'s weight-independent rollout work now (``prepare_ahead``)."""
+        engine = plan.engine
+        if self.prepare_ahead and isinstance(engine, PreparesAhead) and self._within_max_steps(step):
+            engine.prepare(plan.request(step, self.global_rank, self.world_size))
 
     def _publish(self, engine: Any, busy: list[Interval] | None) -> None:
         assert self._snapshot is not None

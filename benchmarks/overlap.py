@@ -78,7 +78,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 from _common import add_common_args, write_result  # noqa: E402
-from _workloads import WORKLOADS, balance_time_scale  # noqa: E402
 from _harness import (  # noqa: E402
     MODES,
     fit,
@@ -88,6 +87,7 @@ from _harness import (  # noqa: E402
     qwen3_config,
     trace_schedule,
 )
+from _workloads import WORKLOADS, balance_time_scale  # noqa: E402
 from thundersync_lightning.core.streaming import StreamingGRPO  # noqa: E402
 from thundersync_lightning.core.types import ContentReady, GroupRequest, RewardReady, RolloutRequest  # noqa: E402
 from thundersync_lightning.envs.toy import GuessingGameTasks  # noqa: E402

@@ -102,7 +102,7 @@ def test_a_plan_bounded_only_by_the_model_context_is_a_worst_case_that_warns_ins
     assert plan.inputs.max_tokens_per_trajectory == TOY_MODEL["max_position_embeddings"]
     assert not plan.inputs.tokens_bounded and "T unbounded" in plan.table()
     monkeypatch.setattr(memory_check, "machine_capacity", lambda device: (2**20, 2**20))
-    with caplog.at_level(logging.WARNING, logger="thundersync_lightning.strategy.strategy"):
+    with caplog.at_level(logging.WARNING, logger="thundersync_lightning.strategy.setup_checks"):
         problems, certain = memory_check.memory_problems(
             SimpleNamespace(lightning_module=policy, datamodule=data, precision="32-true"), _strategy())
     assert problems and not certain and "max_context_tokens" in problems[0]
@@ -110,7 +110,7 @@ def test_a_plan_bounded_only_by_the_model_context_is_a_worst_case_that_warns_ins
 
 def test_memory_check_warn_logs_the_plan_and_trains(monkeypatch, caplog):
     monkeypatch.setattr(memory_check, "machine_capacity", lambda device: (2**20, 2**20))
-    with caplog.at_level(logging.WARNING, logger="thundersync_lightning.strategy.strategy"):
+    with caplog.at_level(logging.WARNING, logger="thundersync_lightning.strategy.setup_checks"):
         _, steps, _ = fit("streaming", steps=1, strategy_kwargs={"memory_check": "warn"})
     assert len(steps) == 1
     assert "memory_check='warn': the learner's memory plan does not fit" in caplog.text

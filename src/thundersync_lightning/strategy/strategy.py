@@ -25,14 +25,12 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch.plugins.precision import MixedPrecision
 from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
@@ -41,19 +39,18 @@ from typing_extensions import override
 
 from ..core.bounds import bound_problems
 from ..core.errors import ConfigError
-from ..core.objective import BatchTotals, Objective
+from ..core.objective import Objective
 from ..core.protocols import PreparesAhead
 from ..core.snapshot import PolicySnapshot
-from ..core.storage import ByteUsage, Offload
-from ..core.streaming import StreamingGRPO, StreamingReport
-from ..core.terms import OnPolicyStats
-from ..core.types import RolloutEvent, RolloutRequest
-from .contract import check_contract
+from ..core.storage import Offload
+from ..core.streaming import StreamingGRPO
+from ..core.types import RolloutEvent
+from .barrier import StepInFlight, global_totals
 from .evaluation import ValidationPlan, collect_validation
-from .memory_check import memory_problems
-from .objective_checks import check_objective, module_objective
+from .objective_checks import module_objective
 from .plan import RolloutPlan
-from .runner import StepOutcome, StepRunner
+from .runner import StepRunner
+from .setup_checks import check_memory, setup_problems
 from .sharding import SHARDINGS, Sharding, build_layout
 from .stats import Interval, RolloutProgress, StepStats
 
@@ -66,21 +63,6 @@ MemoryCheck = Literal["error", "warn", "off"]
 _MODES = ("streaming", "sync", "async")
 _OBJECTIVE_FIELDS = frozenset(Objective.__dataclass_fields__) | {"objective"}
 
-
-@dataclass
-class _StepInFlight:
-    """What one step accumulates between its rollout and its optimizer step."""
-
-    start: float
-    plan: RolloutPlan
-    request: RolloutRequest
-    outcome: StepOutcome
-    busy: list[Interval]
-    issued_at: float
-    report: StreamingReport | None = None
-    loss: float = 0.0
-    num_groups: int = 0
-    on_policy: OnPolicyStats = OnPolicyStats()
 
 
 class ThunderSyncStrategy(DDPStrategy):
@@ -204,7 +186,7 @@ class ThunderSyncStrategy(DDPStrategy):
         self._inflight: dict[int, tuple[Iterator[RolloutEvent], float]] = {}  # step -> (events, issued at)
         self._accumulator: StreamingGRPO | None = None
         self._accumulator_cache: StreamingGRPO | None = None
-        self._step: _StepInFlight | None = None
+        self._step: StepInFlight | None = None
         self._last_stats: StepStats | None = None
         self._issued_at = 0.0
 
@@ -243,39 +225,11 @@ class ThunderSyncStrategy(DDPStrategy):
         super().setup_environment()
 
     def _check_memory(self, trainer: Any) -> None:
-        """The learner's memory plan against this machine (docs/scaling.md), before anything allocates."""
-        if self.memory_check == "off":
-            return
-        problems, certain = memory_problems(trainer, self)
-        if problems and certain and self.memory_check == "error":
-            raise ConfigError(problems[0])
-        for problem in problems:
-            log.warning("memory_check=%r: %s", self.memory_check, problem)
+        check_memory(trainer, self, self.memory_check)
 
     def _validate(self, trainer: Any) -> None:
-        module = trainer.lightning_module
-        problems = []
-        if trainer.accumulate_grad_batches != 1:
-            problems.append(
-                f"accumulate_grad_batches={trainer.accumulate_grad_batches}: with strategy='thundersync' one "
-                "Trainer step is one RL batch; raise the data module's groups_per_step instead"
-            )
-        problems += check_contract(module, trainer.datamodule, self.mode)  # docs/custom.md
-        if callable(getattr(module, "score_tokens", None)):
-            problems += check_objective(module, getattr(trainer, "datamodule", None))
-        if self.boundary_cut and not callable(getattr(module, "encode_prefix", None)):
-            problems.append(
-                f"boundary_cut=True needs {type(module).__name__}.encode_prefix(tokens) (and score_tokens(..., "
-                "prefix=)); GRPOPolicy has both"
-            )
-        problems += SHARDINGS[self.sharding].problems(self.num_nodes * self.num_processes)
-        if not module.automatic_optimization:
-            problems.append("strategy='thundersync' drives the optimizer itself: use automatic optimization")
-        if isinstance(self.precision_plugin, MixedPrecision) and self.precision_plugin.scaler is not None:
-            problems.append(
-                "precision='16-mixed' scales the loss for its GradScaler, which streamed gradients bypass; "
-                "use precision='bf16-mixed', 'bf16-true' or '32-true'"
-            )
+        problems = setup_problems(trainer, self.mode, self.boundary_cut, self.sharding, self.precision_plugin,
+                                  self.num_nodes * self.num_processes)
         if problems:
             raise ConfigError("; ".join(problems))
 
@@ -363,7 +317,7 @@ class ThunderSyncStrategy(DDPStrategy):
         )
         with self.precision_plugin.train_step_context():
             outcome = runner.run(events)
-        self._step = _StepInFlight(start, plan, request, outcome, busy, self._issued_at)
+        self._step = StepInFlight(start, plan, request, outcome, busy, self._issued_at)
         self._accumulator = acc
         return torch.zeros((), device=self.root_device)
 
@@ -458,7 +412,7 @@ class ThunderSyncStrategy(DDPStrategy):
         step = self._step
         acc = self._accumulator
         assert acc is not None
-        totals, on_policy, parts = self._global_totals(acc)
+        totals, on_policy, parts = global_totals(acc, self.world_size, self.root_device)
         step.report = acc.finish(totals=totals)
         step.num_groups = int(totals.groups)
         step.on_policy = on_policy
@@ -468,25 +422,6 @@ class ThunderSyncStrategy(DDPStrategy):
         step.busy.append(Interval(start, time.monotonic(), "barrier"))
         return closure_loss
 
-    def _global_totals(self, acc: StreamingGRPO) -> tuple[BatchTotals, OnPolicyStats, tuple[float, float]]:
-        """The step's counts, on-policy statistics and objective parts summed over ranks (two collectives)."""
-        totals, stats = acc.totals(), acc.on_policy
-        parts = acc.objective_parts()
-        if self.world_size <= 1 or not dist.is_initialized():
-            return totals, stats, parts
-        extra = [float(stats.tokens), stats.abs_diff_sum, stats.kl_sum, *parts]
-        t = torch.cat([totals.as_tensor(), torch.tensor(extra, dtype=torch.float64)]).to(self.root_device)
-        dist.all_reduce(t)
-        peak = torch.tensor([stats.abs_diff_max], dtype=torch.float64, device=self.root_device)
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        values = t.cpu()
-        k = len(BatchTotals.__dataclass_fields__)
-        tokens, abs_sum, kl_sum, obj, ind = values[k:].tolist()
-        return (
-            BatchTotals.from_tensor(values[:k]),
-            OnPolicyStats(int(tokens), abs_sum, float(peak.item()), kl_sum),
-            (obj, ind),
-        )
 
     @override
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
@@ -507,36 +442,10 @@ class ThunderSyncStrategy(DDPStrategy):
             if self.launch_ahead and self._within_max_steps(next_step) and next_step not in self._inflight:
                 request = step.plan.request(next_step, self.global_rank, self.world_size)
                 self._inflight[next_step] = (engine.rollout(request), time.monotonic())
-        self._last_stats = self._stats(step, trained_version)
+        self._last_stats = step.stats(self.mode, trained_version, self.global_rank, self.world_size)
         self._step = None
         return out
 
-    def _stats(self, step: _StepInFlight, version: int) -> StepStats:
-        report, outcome = step.report, step.outcome
-        return StepStats(
-            step=step.request.step,
-            mode=self.mode,
-            policy_version=version,
-            rank=self.global_rank,
-            world_size=self.world_size,
-            step_start=step.start,
-            step_end=time.monotonic(),
-            trajectories=outcome.records(version),
-            busy=tuple(sorted(step.busy + outcome.busy, key=lambda i: i.start)),
-            open_groups=tuple(outcome.open_groups),
-            accumulator=report.peak_bytes if report is not None else ByteUsage(),
-            groups_folded=report.groups_folded if report is not None else len(step.request.groups),
-            groups_aborted=report.groups_aborted if report is not None else 0,
-            peak_held_trajectories=report.peak_held_trajectories if report is not None else 0,
-            peak_held_bytes=report.peak_held_bytes if report is not None else 0,
-            num_groups_global=step.num_groups,
-            learner_tokens=outcome.learner_tokens,
-            loss=step.loss,
-            logprob_diff_mean=step.on_policy.abs_diff_mean if step.on_policy.tokens else None,
-            logprob_diff_max=step.on_policy.abs_diff_max if step.on_policy.tokens else None,
-            engine_learner_kl=step.on_policy.kl if step.on_policy.tokens else None,
-            rollout_issued_at=step.issued_at,
-        )
 
     def _progress_fn(self) -> Callable[[RolloutProgress], None] | None:
         trainer = self.lightning_module.trainer

@@ -22,8 +22,7 @@ Offload ``pinned`` is measured only where CUDA is available (a CPU build cannot 
 The planner (``thundersync_lightning.core.memory_plan``) is compared with both parts: in part 1 its
 ``group sums`` row for the open groups against the RSS growth; in part 2 its accumulator rows (group
 sums + held gradients + step gradient, an upper bound) against the measured peak, with the
-held-gradient bound ``max_held_trajectories`` (``--held-bound``; recorded as null where this build's
-strategy has no such option).
+held-gradient bound ``max_held_trajectories`` (``--held-bound``).
 
 Usage: python benchmarks/memory.py [--quick] [--out DIR] [--threads N] [--device cpu|cuda]
 """
@@ -39,8 +38,6 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import inspect  # noqa: E402
-
 import psutil  # noqa: E402
 import torch  # noqa: E402
 
@@ -52,11 +49,8 @@ from thundersync_lightning.core.types import Segment, Trajectory  # noqa: E402
 from thundersync_lightning.envs.toy import GuessingGameTasks  # noqa: E402
 from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule  # noqa: E402
 from thundersync_lightning.rollout import TraceReplayEngineConfig  # noqa: E402
-from thundersync_lightning.strategy import ThunderSyncStrategy  # noqa: E402
 
 NAME = "memory"
-#: the strategy's held-gradient bound exists (issue 14); older builds plan it unbounded
-HAS_HELD_BOUND = "max_held_trajectories" in inspect.signature(ThunderSyncStrategy.__init__).parameters
 ACCUMULATOR_ROWS = ("group sums", "held gradients", "step gradient")
 
 
@@ -200,13 +194,13 @@ def strategy_run(
         groups_per_step=groups,
         seed=0,
     )
-    held = {"max_held_trajectories": held_bound} if HAS_HELD_BOUND else {}
     record = fit(
-        "streaming", policy, data, steps, device=device.type, offload=offload, max_open_groups=max_open, **held
+        "streaming", policy, data, steps, device=device.type, offload=offload, max_open_groups=max_open,
+        max_held_trajectories=held_bound,
     )
     plan = planned(
         P, device, groups_per_step=groups, group_size=group_size, max_open_groups=max_open,
-        max_held_trajectories=held_bound if HAS_HELD_BOUND else None, offload=offload,
+        max_held_trajectories=held_bound, offload=offload,
     )
     plan_acc = plan.bytes_of(*ACCUMULATOR_ROWS)
     rows = []
@@ -238,7 +232,7 @@ def strategy_run(
         "peak_over_analytic": worst["accumulator_peak_total_bytes"]
         / max(1, worst["analytic_bytes_at_most_open"]),
         "peak_in_buffers": worst["accumulator_peak_total_bytes"] / (4 * P),
-        "max_held_trajectories": held_bound if HAS_HELD_BOUND else None,
+        "max_held_trajectories": held_bound,
         "planned_held_trajectories": plan.inputs.held_trajectories,
         "planned_accumulator_bytes": plan_acc,
         "peak_over_planned": worst["accumulator_peak_total_bytes"] / plan_acc,
@@ -341,7 +335,7 @@ def main(argv: list[str] | None = None) -> dict:
         help="max_open_groups values, 0 = none (default 0 8 4 2 1, quick 0 4 1)",
     )
     parser.add_argument(
-        "--held-bound", type=int, default=4, help="max_held_trajectories of part 2 (where the strategy has it)"
+        "--held-bound", type=int, default=4, help="max_held_trajectories of part 2 (0: unbounded)"
     )
     parser.add_argument(
         "--large", default=None, help="override size L as HIDDEN,INTERMEDIATE,LAYERS,VOCAB (GPU runs)"
@@ -383,7 +377,7 @@ def main(argv: list[str] | None = None) -> dict:
                 args.strategy_groups,
                 args.strategy_group_size,
                 args.strategy_time_scale,
-                args.held_bound,
+                args.held_bound or None,
             )
             runs.append(r)
             print(
@@ -419,7 +413,7 @@ def main(argv: list[str] | None = None) -> dict:
             "strategy_peak_over_planned": {
                 f"{r['offload']}/max_open={r['max_open_groups']}": r["peak_over_planned"] for r in runs
             },
-            "held_bound": args.held_bound if HAS_HELD_BOUND else None,
+            "held_bound": args.held_bound or None,
         },
         "strategy_workload": {
             "engine": f"TraceReplayEngineConfig(trace='paper_tail', time_scale_s={args.strategy_time_scale})",

@@ -20,6 +20,7 @@ def _load(name: str):
     sys.path.insert(0, str(BENCH))
     spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
     spec.loader.exec_module(module)
     return module
 
@@ -171,3 +172,22 @@ def test_time_to_target_counts_an_unreached_run_as_slower_and_two_unreached_medi
     both_unreached = module.targets_met(summary(streaming=None, **{"async": None}, async_is=None, sync=None), "balanced")
     assert both_unreached == {"streaming_le_async": None, "streaming_le_async_is": None, "streaming_le_0.6x_sync": None}
     assert module.targets_met(summary(streaming=50.0, sync=80.0), "balanced")["streaming_le_0.6x_sync"] is False
+
+
+def test_gpu_scale_runs_tiny_on_cpu_and_records_why_pinned_and_fsdp2_were_skipped(tmp_path: Path) -> None:
+    _load("gpu_scale").main(["--device", "cpu", "--tiny", "--out", str(tmp_path), "--threads", "1"])
+    data = _read(tmp_path, "gpu_scale")
+    variants = data["variants"]
+    assert "CUDA" in variants["bf16_pinned"]["skipped"]
+    assert "processes" in data["not_applicable"]["fsdp2"]
+    assert variants["fp32"]["param_dtype"] == "torch.float32"
+    assert variants["bf16"]["param_dtype"] == "torch.bfloat16"
+    assert variants["bf16_zero1"]["strategy_options"] == {"sharding": "zero1"}
+    for name in ("fp32", "bf16", "bf16_zero1"):
+        r = variants[name]
+        assert r["steps"] == 1 and r["median_step_s"] > 0
+        assert r["peak_device_bytes"] is None and "CUDA" in r["peak_device_bytes_reason"]
+        # the plan bounds the replayed episodes (trace lengths, not the game's) and counts every buffer
+        assert r["planned_tokens_per_trajectory"] >= r["longest_trajectory_tokens"]
+        assert r["planned_rows"]["activations"] > 0 and r["planned_rows"]["group sums"] > 0
+    assert set(data["ratios"]) == {"bf16/fp32", "bf16_zero1/bf16"}

@@ -119,7 +119,9 @@ def skip_reason(variant: str, device: torch.device) -> str | None:
     """Why ``variant`` cannot run on ``device`` (None: it runs)."""
     _, options = VARIANTS[variant]
     if options.get("offload") == "pinned" and device.type != "cuda":
-        return "offload='pinned' needs CUDA (page-locked host memory and a copy stream); this run is on the CPU"
+        return (
+            "offload='pinned' needs CUDA (page-locked host memory and a copy stream); this run is on the CPU"
+        )
     return None
 
 
@@ -161,7 +163,9 @@ def run_variant(variant: str, args: argparse.Namespace, device: torch.device) ->
         "median_step_s": median(s.step_end - s.step_start for s in timed),
         "median_busy_s": median(sum(i.seconds for i in s.busy) for s in timed),
         "learner_tokens_per_step": median(s.learner_tokens for s in timed),
-        "longest_trajectory_tokens": max((t.num_tokens for s in record.steps for t in s.trajectories), default=None),
+        "longest_trajectory_tokens": max(
+            (t.num_tokens for s in record.steps for t in s.trajectories), default=None
+        ),
         "accumulator_peak_bytes": max(s.accumulator.total for s in record.steps),
         "planned_device_bytes": planned,
         "planned_host_bytes": plan.host_bytes,
@@ -170,7 +174,9 @@ def run_variant(variant: str, args: argparse.Namespace, device: torch.device) ->
         "peak_device_bytes": probe.peak,
     }
     if probe.peak is None:
-        out["peak_device_bytes_reason"] = "torch.cuda.max_memory_allocated is CUDA-only; this run is on the CPU"
+        out["peak_device_bytes_reason"] = (
+            "torch.cuda.max_memory_allocated is CUDA-only; this run is on the CPU"
+        )
     else:
         out["peak_over_planned"] = probe.peak / planned
         out["peak_over_planned_without_runtime"] = probe.peak / max(1, planned_no_runtime)
@@ -206,7 +212,9 @@ def figure(path: Any, variants: dict[str, dict[str, Any]], cuda: bool) -> None:
         for k, v in ran.items()
     }
     where = "max_memory_allocated vs plan" if cuda else "CPU smoke run: no device peak"
-    write_bar_chart(path, groups, ylabel="seconds / GiB", title=f"gpu_scale: step time and device bytes ({where})")
+    write_bar_chart(
+        path, groups, ylabel="seconds / GiB", title=f"gpu_scale: step time and device bytes ({where})"
+    )
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -228,7 +236,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: torch.cuda.is_available() is False on this machine (use --device cpu --tiny)")
+        parser.error(
+            "--device cuda: torch.cuda.is_available() is False on this machine (use --device cpu --tiny)"
+        )
     if args.tiny:
         args.groups, args.group_size = min(args.groups, 2), min(args.group_size, 2)
     args.steps = args.steps or (1 if args.tiny else 4)

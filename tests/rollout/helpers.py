@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 
@@ -43,3 +44,17 @@ def learner_logprobs(
         lp = lp - torch.log(kept)
     scored = torch.tensor(traj.scored_mask[1:])
     return lp[scored]
+
+
+def timeless(events: Iterable[RolloutEvent]) -> dict[str, tuple[Trajectory, float, str | None]]:
+    """trajectory id -> (trajectory with its times zeroed, reward, reward failure): what must not
+    depend on when things happened."""
+    trajectories, rewards, _ = collect(events)
+    return {
+        tid: (
+            replace(traj, submitted_at=0.0, content_ready_at=0.0),
+            rewards[tid].reward,
+            rewards[tid].failure,
+        )
+        for tid, traj in trajectories.items()
+    }

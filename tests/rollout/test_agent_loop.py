@@ -19,7 +19,7 @@ from thundersync_lightning.rollout import (
 )
 
 from .conftest import random_model
-from .helpers import collect, learner_logprobs, timeless
+from .helpers import assert_same_outcomes, collect, learner_logprobs
 from .procs import wait_until
 from .scripted import MODES, CountingTasks, ScriptedTasks, drain, take
 
@@ -172,9 +172,9 @@ def test_a_prepared_request_gives_the_same_events_as_an_unprepared_one_and_creat
     assert loop.run(request, 0, prepared.append).wait(timeout=30)
     assert drain(tasks.made) == 0  # the rollout created none again
 
-    assert timeless(prepared) == timeless(unprepared)
-    failures = {tid: failure for tid, (_, _, failure) in timeless(prepared).items() if failure}
-    assert len(failures) == 8 and all(f.startswith(("reset raised", "step raised")) for f in failures.values())
+    assert_same_outcomes(prepared, unprepared)
+    failures = [r.failure for r in collect(prepared)[1].values() if r.failure]
+    assert len(failures) == 8 and all(f.startswith(("reset raised", "step raised")) for f in failures)
 
 
 def test_prepared_environments_no_rollout_claims_are_closed_and_later_prepares_do_nothing(pool):

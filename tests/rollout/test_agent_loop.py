@@ -154,11 +154,16 @@ def seeded(requests: Sequence[GenerationRequest]) -> list[Generation]:
 
 def _counting() -> CountingTasks:
     # groups: ok, reset_raises (the failure must surface at rollout), step_raises
-    return CountingTasks(modes=("ok", "reset_raises", "step_raises"), made=threading.Semaphore(0),
-                         closed=threading.Semaphore(0))
+    return CountingTasks(
+        modes=("ok", "reset_raises", "step_raises"),
+        made=threading.Semaphore(0),
+        closed=threading.Semaphore(0),
+    )
 
 
-def test_a_prepared_request_gives_the_same_events_as_an_unprepared_one_and_creates_its_environments_once(pool):
+def test_a_prepared_request_gives_the_same_events_as_an_unprepared_one_and_creates_its_environments_once(
+    pool,
+):
     tasks = _counting()
     request = make_request(tasks, step=2, num_groups=3, group_size=4, seed=9)
     unprepared: list = []
@@ -194,6 +199,8 @@ def test_running_a_later_step_closes_the_prepared_environments_of_an_earlier_one
     loop.prepare(make_request(tasks, step=0, num_groups=1, group_size=3, seed=0))
     assert take(tasks.made, 3) == 3
     events: list = []
-    assert loop.run(make_request(tasks, step=1, num_groups=1, group_size=2, seed=0), 0, events.append).wait(30)
+    assert loop.run(make_request(tasks, step=1, num_groups=1, group_size=2, seed=0), 0, events.append).wait(
+        30
+    )
     assert take(tasks.closed, 3 + 2) == 5  # step 0's three, then step 1's two after their verdicts
     assert loop.close_prepared() == 0

@@ -132,12 +132,16 @@ def test_crashing_hanging_or_malformed_environments_give_reward_zero_with_a_reas
 
 def _counting_tasks() -> CountingTasks:
     ctx = mp.get_context("spawn")  # semaphores the engine process counts in and this test reads
-    return CountingTasks(modes=("ok", "reset_raises", "step_raises"), made=ctx.Semaphore(0), closed=ctx.Semaphore(0))
+    return CountingTasks(
+        modes=("ok", "reset_raises", "step_raises"), made=ctx.Semaphore(0), closed=ctx.Semaphore(0)
+    )
 
 
 def test_a_prepared_request_gives_the_same_events_and_its_rollout_creates_no_environment_again(spec):
     tasks = _counting_tasks()
-    request = make_request(tasks, step=4, num_groups=3, group_size=4, seed=3)  # 8 environments (one group fails)
+    request = make_request(
+        tasks, step=4, num_groups=3, group_size=4, seed=3
+    )  # 8 environments (one group fails)
     with EmbeddedEngineConfig(step_timeout_s=5.0).build(spec, tasks) as engine:
         assert isinstance(engine, PreparesAhead)
         engine.prepare(request)  # before any weights exist

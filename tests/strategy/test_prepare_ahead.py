@@ -89,7 +89,12 @@ def test_prepare_ahead_off_leaves_the_engine_unprepared():
 
 
 @pytest.mark.parametrize(
-    "mode", ["streaming", pytest.param("sync", marks=pytest.mark.slow), pytest.param("async", marks=pytest.mark.slow)]
+    "mode",
+    [
+        "streaming",
+        pytest.param("sync", marks=pytest.mark.slow),
+        pytest.param("async", marks=pytest.mark.slow),
+    ],
 )
 def test_the_embedded_engine_trains_the_same_parameters_with_and_without_prepare_ahead(mode):
     prepared, prepared_steps, _ = fit(mode, steps=STEPS, strategy_kwargs={"prepare_ahead": True})
@@ -102,7 +107,13 @@ def test_the_embedded_engine_trains_the_same_parameters_with_and_without_prepare
 
 def _outcomes(stats: Any) -> dict[str, tuple[Any, ...]]:
     return {
-        t.trajectory_id: (t.reward, t.failure, t.finish_reason, t.policy_version, t.prompt,
-                          tuple(s.tokens for s in t.segments))
+        t.trajectory_id: (
+            t.reward,
+            t.failure,
+            t.finish_reason,
+            t.policy_version,
+            t.prompt,
+            tuple(s.tokens for s in t.segments),
+        )
         for t in stats.trajectories
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 import torch
 
@@ -43,3 +44,21 @@ def learner_logprobs(
         lp = lp - torch.log(kept)
     scored = torch.tensor(traj.scored_mask[1:])
     return lp[scored]
+
+
+def assert_same_outcomes(a: Iterable[RolloutEvent], b: Iterable[RolloutEvent], atol: float = 1e-5) -> None:
+    """The two event streams carry the same trajectories (tokens, turns, finish reasons, failures)
+    and rewards; times may differ, and logprobs by float rounding (batch composition moves them,
+    never the tokens)."""
+    (ta, ra, _), (tb, rb, _) = collect(a), collect(b)
+    assert set(ta) == set(tb) and set(ra) == set(rb)
+
+    def bare(traj: Trajectory) -> Trajectory:
+        segments = tuple(replace(s, logprobs=None) for s in traj.segments)
+        return replace(traj, submitted_at=0.0, content_ready_at=0.0, segments=segments)
+
+    for tid in ta:
+        assert bare(ta[tid]) == bare(tb[tid]), tid
+        assert (ra[tid].reward, ra[tid].failure) == (rb[tid].reward, rb[tid].failure), tid
+        gap = torch.tensor(ta[tid].sampling_logprobs) - torch.tensor(tb[tid].sampling_logprobs)
+        assert gap.numel() == 0 or gap.abs().max().item() <= atol, tid

@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from thundersync_lightning.core.types import StepResult, derive_seed
 from thundersync_lightning.envs.toy import GuessingGameEnv
@@ -108,3 +109,43 @@ class ScriptedTasks:
 
     def make_env(self, task: ScriptedTask, seed: int) -> ScriptedEnv:
         return ScriptedEnv(task, self.num_digits, self.max_turns)
+
+
+class CountingEnv(ScriptedEnv):
+    def __init__(self, task: ScriptedTask, num_digits: int, max_turns: int, closed: Any) -> None:
+        super().__init__(task, num_digits, max_turns)
+        self._closed = closed
+
+    def close(self) -> None:
+        self._closed.release()
+
+
+@dataclass(frozen=True, slots=True)
+class CountingTasks(ScriptedTasks):
+    """ScriptedTasks that count environments: ``made`` is released once per environment created,
+    ``closed`` once per environment closed. Pass semaphores of ``multiprocessing.get_context("spawn")``
+    to count inside an engine process (they travel with the task source when the process starts)."""
+
+    made: Any = None
+    closed: Any = None
+
+    def make_env(self, task: ScriptedTask, seed: int) -> CountingEnv:
+        env = CountingEnv(task, self.num_digits, self.max_turns, self.closed)
+        self.made.release()
+        return env
+
+
+def take(semaphore: Any, count: int, timeout_s: float = 60.0) -> int:
+    """Acquire ``semaphore`` up to ``count`` times, each waiting at most ``timeout_s``; return how many."""
+    for k in range(count):
+        if not semaphore.acquire(timeout=timeout_s):
+            return k
+    return count
+
+
+def drain(semaphore: Any) -> int:
+    """Acquire ``semaphore`` without waiting until it is zero; return how many times it was acquired."""
+    k = 0
+    while semaphore.acquire(False):
+        k += 1
+    return k

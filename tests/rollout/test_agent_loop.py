@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import pytest
@@ -18,9 +19,9 @@ from thundersync_lightning.rollout import (
 )
 
 from .conftest import random_model
-from .helpers import collect, learner_logprobs
+from .helpers import assert_same_outcomes, collect, learner_logprobs
 from .procs import wait_until
-from .scripted import MODES, ScriptedTasks
+from .scripted import MODES, CountingTasks, ScriptedTasks, drain, take
 
 
 @pytest.fixture
@@ -144,3 +145,62 @@ def test_when_generation_raises_every_unfinished_environment_is_closed():
         assert len(set(CLOSED)) == 6
     finally:
         pool.shutdown()
+
+
+def seeded(requests: Sequence[GenerationRequest]) -> list[Generation]:
+    """A generator whose guess depends on the turn's seed and the prefix (logprob 0)."""
+    return [Generation(((r.seed + len(r.prefix)) % 10,), (0.0,)) for r in requests]
+
+
+def _counting() -> CountingTasks:
+    # groups: ok, reset_raises (the failure must surface at rollout), step_raises
+    return CountingTasks(
+        modes=("ok", "reset_raises", "step_raises"),
+        made=threading.Semaphore(0),
+        closed=threading.Semaphore(0),
+    )
+
+
+def test_a_prepared_request_gives_the_same_events_as_an_unprepared_one_and_creates_its_environments_once(
+    pool,
+):
+    tasks = _counting()
+    request = make_request(tasks, step=2, num_groups=3, group_size=4, seed=9)
+    unprepared: list = []
+    assert AgentLoop(tasks, seeded, pool).run(request, 0, unprepared.append).wait(timeout=30)
+    assert drain(tasks.made) == 8  # the reset_raises group creates nothing
+
+    loop = AgentLoop(tasks, seeded, pool)
+    loop.prepare(request)
+    assert take(tasks.made, 8) == 8  # created by prepare: nothing else ran yet
+    prepared: list = []
+    assert loop.run(request, 0, prepared.append).wait(timeout=30)
+    assert drain(tasks.made) == 0  # the rollout created none again
+
+    assert_same_outcomes(prepared, unprepared)
+    failures = [r.failure for r in collect(prepared)[1].values() if r.failure]
+    assert len(failures) == 8 and all(f.startswith(("reset raised", "step raised")) for f in failures)
+
+
+def test_prepared_environments_no_rollout_claims_are_closed_and_later_prepares_do_nothing(pool):
+    tasks = _counting()
+    loop = AgentLoop(tasks, seeded, pool)
+    loop.prepare(make_request(tasks, step=0, num_groups=1, group_size=3, seed=0))
+    assert take(tasks.made, 3) == 3
+    assert loop.close_prepared() == 3
+    assert drain(tasks.closed) == 3
+    loop.prepare(make_request(tasks, step=1, num_groups=1, group_size=3, seed=0))
+    assert loop.close_prepared() == 0 and drain(tasks.made) == 0
+
+
+def test_running_a_later_step_closes_the_prepared_environments_of_an_earlier_one(pool):
+    tasks = _counting()
+    loop = AgentLoop(tasks, seeded, pool)
+    loop.prepare(make_request(tasks, step=0, num_groups=1, group_size=3, seed=0))
+    assert take(tasks.made, 3) == 3
+    events: list = []
+    assert loop.run(make_request(tasks, step=1, num_groups=1, group_size=2, seed=0), 0, events.append).wait(
+        30
+    )
+    assert take(tasks.closed, 3 + 2) == 5  # step 0's three, then step 1's two after their verdicts
+    assert loop.close_prepared() == 0

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import multiprocessing as mp
+
 import torch
 
-from thundersync_lightning.rollout import ContentReady, EmbeddedEngine, RewardReady, make_request
+from thundersync_lightning.core.protocols import PreparesAhead
+from thundersync_lightning.rollout import (
+    ContentReady,
+    EmbeddedEngine,
+    EmbeddedEngineConfig,
+    RewardReady,
+    make_request,
+)
 
 from .conftest import random_model
-from .helpers import collect, learner_logprobs
-from .scripted import MODES, ScriptedTasks
+from .helpers import assert_same_outcomes, collect, learner_logprobs
+from .scripted import MODES, CountingTasks, ScriptedTasks, drain, take
 
 OK_GROUPS = [0, 7, 14, 21]  # groups whose mode is "ok" (MODES[g % 7])
 
@@ -119,3 +128,39 @@ def test_crashing_hanging_or_malformed_environments_give_reward_zero_with_a_reas
         traj = trajectories[f"s2-g{MODES.index(mode)}-t0"]
         assert traj.finish_reason == "failure" and traj.failure == failure_of(mode)
     assert isinstance(next(iter(rewards.values())), RewardReady)
+
+
+def _counting_tasks() -> CountingTasks:
+    ctx = mp.get_context("spawn")  # semaphores the engine process counts in and this test reads
+    return CountingTasks(
+        modes=("ok", "reset_raises", "step_raises"), made=ctx.Semaphore(0), closed=ctx.Semaphore(0)
+    )
+
+
+def test_a_prepared_request_gives_the_same_events_and_its_rollout_creates_no_environment_again(spec):
+    tasks = _counting_tasks()
+    request = make_request(
+        tasks, step=4, num_groups=3, group_size=4, seed=3
+    )  # 8 environments (one group fails)
+    with EmbeddedEngineConfig(step_timeout_s=5.0).build(spec, tasks) as engine:
+        assert isinstance(engine, PreparesAhead)
+        engine.prepare(request)  # before any weights exist
+        assert take(tasks.made, 8) == 8  # created by prepare: nothing was rolled out yet
+        _publish_new(engine, random_model(spec, 4))
+        prepared = list(engine.rollout(request))
+        assert drain(tasks.made) == 0  # the rollout used them
+
+        unprepared = list(engine.rollout(request))
+        assert drain(tasks.made) == 8
+    assert_same_outcomes(prepared, unprepared)
+    _, rewards, _ = collect(prepared)
+    assert sum(r.failure is not None for r in rewards.values()) == 8  # the reset and step failures
+
+
+def test_prepared_environments_never_rolled_out_are_closed_when_the_engine_shuts_down(spec):
+    tasks = _counting_tasks()
+    engine = EmbeddedEngineConfig(step_timeout_s=5.0).build(spec, tasks)
+    engine.prepare(make_request(tasks, step=0, num_groups=1, group_size=3, seed=0))
+    assert take(tasks.made, 3) == 3
+    engine.shutdown()
+    assert drain(tasks.closed) == 3

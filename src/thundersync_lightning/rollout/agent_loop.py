@@ -13,6 +13,18 @@ policy are generated together, while the others wait for their environment. Turn
 trajectory with seed ``s`` samples with seed ``turn_seed(s, k)``, so its tokens depend only on
 (seed, step, group, sample) and the weights, never on batch composition or completion order.
 
+Preparing ahead (:meth:`AgentLoop.prepare`, the engines' ``PreparesAhead.prepare``): the reset
+wave of a request (``make_env``, ``env.reset``: sandboxes, workspaces, prompt tokens) needs no
+weights, so it can start before the request's weights exist. ``prepare(request)`` submits it to
+the pool at once and keeps each episode, with its reset future, keyed by (trajectory id,
+trajectory seed); ``run`` claims the prepared episodes of its request (waiting on a reset still
+running) and creates the others itself. The episode, its reset call and its timeout are the ones
+``run`` would have made, so the events are the same with or without ``prepare`` (same tokens,
+rewards and failure reasons; only their times differ): a reset that fails or times out while
+prepared ends the trajectory as ``"failure"`` with the same reason, when it is rolled out.
+Prepared episodes of an older step than a request being run are closed then (nothing will claim
+them); :meth:`AgentLoop.close_prepared` closes the rest at shutdown, so no sandbox leaks.
+
 If generation itself raises, ``run`` re-raises after closing every environment whose episode had
 not finished (including those whose reset/step is still running, once it returns).
 
@@ -96,6 +108,16 @@ def check_verdict(value: Any) -> tuple[float, str | None]:
     return 0.0, f"verdict returned {type(value).__name__} {_short(value)}, not a real number"
 
 
+def _same_task(prepared: _Episode, wanted: _Episode) -> bool:
+    """Whether a prepared episode is the one ``wanted`` names (a task that cannot be compared: no)."""
+    if (prepared.group_id, prepared.sample) != (wanted.group_id, wanted.sample):
+        return False
+    try:
+        return prepared.task is wanted.task or bool(prepared.task == wanted.task)
+    except Exception:  # e.g. array fields: ambiguous truth value
+        return False
+
+
 def _short(value: Any, limit: int = 120) -> str:
     try:
         text = repr(value)
@@ -158,6 +180,71 @@ class AgentLoop:
         self.verdict_timeout_s = verdict_timeout_s
         self.max_batch_size = max_batch_size
         self.max_context_tokens = max_context_tokens
+        self._prepared_lock = threading.Lock()  # prepare (any thread) against run and close_prepared
+        self._prepared: dict[tuple[str, int], tuple[int, _Episode, Future[Outcome[Any]]]] = {}
+        self._prepare_closed = False
+
+    def prepare(self, request: RolloutRequest) -> None:
+        """Start the reset wave of ``request`` (``make_env`` and ``env.reset``) in the pool; return at once.
+
+        Thread-safe, and safe to call while ``run`` is generating another request. A trajectory
+        already prepared is not prepared twice; after :meth:`close_prepared` this does nothing.
+        """
+        with self._prepared_lock:
+            if self._prepare_closed:
+                return
+            for ep in self._episodes(request):
+                key = (ep.trajectory_id, ep.seed)
+                if key not in self._prepared:
+                    future = self.pool.submit(self._resetter(ep), self.step_timeout_s, "reset")
+                    self._prepared[key] = (request.step, ep, future)
+
+    def close_prepared(self, timeout_s: float | None = None) -> int:
+        """Close every prepared episode no ``run`` claimed; return how many environments were closed.
+
+        Resets still queued are cancelled (nothing was created); the environments of finished ones
+        are closed in the pool. Waits at most ``timeout_s`` in all (default: ``step_timeout_s``)
+        for running resets and for the closes; an environment whose reset returns later is closed
+        then, if the pool still runs. Later ``prepare`` calls do nothing: call it when the engine
+        shuts down, before shutting the pool down.
+        """
+        with self._prepared_lock:
+            self._prepare_closed = True
+            entries = [(ep, future) for _, ep, future in self._prepared.values()]
+            self._prepared.clear()
+        return self._discard(entries, self.step_timeout_s if timeout_s is None else timeout_s)
+
+    def _claim(self, request: RolloutRequest) -> list[tuple[_Episode, Future[Outcome[Any]] | None]]:
+        """``request``'s episodes, each with its prepared reset (None: not prepared)."""
+        claimed: list[tuple[_Episode, Future[Outcome[Any]] | None]] = []
+        with self._prepared_lock:
+            for ep in self._episodes(request):
+                entry = self._prepared.pop((ep.trajectory_id, ep.seed), None)
+                if entry is not None and not _same_task(entry[1], ep):  # another task under this id
+                    self._prepared[(ep.trajectory_id, ep.seed)] = entry
+                    entry = None
+                claimed.append((ep, None) if entry is None else (entry[1], entry[2]))
+            stale = [key for key, (step, _, _) in self._prepared.items() if step < request.step]
+            old = [self._prepared.pop(key)[1:] for key in stale]
+        if old:  # an older step than the one running now: no run will claim them
+            threading.Thread(target=self._discard, args=(old, self.step_timeout_s), daemon=True).start()
+        return claimed
+
+    def _discard(self, entries: list[tuple[_Episode, Future[Outcome[Any]]]], timeout_s: float | None) -> int:
+        """Close the environments of ``entries`` (prepared episodes nobody will run)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        started = [(ep, future) for ep, future in entries if not future.cancel()]  # queued: nothing created
+        wait([future for _, future in started], timeout=timeout_s)
+        closes = []
+        for ep, future in started:
+            if future.done():
+                env, ep.env = ep.env, None
+                if env is not None:
+                    closes.append(self.pool.submit(env.close, self.step_timeout_s, "close"))
+            else:  # still creating past the wait: close it when it returns (if the process lives on)
+                future.add_done_callback(lambda _f, ep=ep: self._close(ep))
+        wait(closes, timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return len(closes)
 
     def run(
         self,
@@ -190,22 +277,13 @@ class AgentLoop:
 
         if request.num_trajectories == 0:
             all_rewarded.set()
-        episodes = [
-            _Episode(
-                sample=k,
-                group_id=g.group_id,
-                trajectory_id=trajectory_id(request.step, g.group_index, k),
-                seed=derive_seed(request.seed, request.step, g.group_index, k),
-                task=g.task,
-            )
-            for g in request.groups
-            for k in range(g.size)
-        ]
+        episodes = self._claim(request)
         pending: dict[Future[Outcome[Any]], _Episode] = {}
-        for ep in episodes:
-            pending[self.pool.submit(self._resetter(ep), self.step_timeout_s, "reset")] = ep
+        for ep, prepared in episodes:
+            future = prepared or self.pool.submit(self._resetter(ep), self.step_timeout_s, "reset")
+            pending[future] = ep
         ready: list[_Episode] = []
-        live = {ep.trajectory_id: ep for ep in episodes}  # episodes whose content is not final yet
+        live = {ep.trajectory_id: ep for ep, _ in episodes}  # episodes whose content is not final yet
 
         def finish(ep: _Episode, reason: str, failure: str | None = None) -> None:
             del live[ep.trajectory_id]
@@ -280,6 +358,20 @@ class AgentLoop:
         return all_rewarded
 
     # -- pieces -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _episodes(request: RolloutRequest) -> list[_Episode]:
+        return [
+            _Episode(
+                sample=k,
+                group_id=g.group_id,
+                trajectory_id=trajectory_id(request.step, g.group_index, k),
+                seed=derive_seed(request.seed, request.step, g.group_index, k),
+                task=g.task,
+            )
+            for g in request.groups
+            for k in range(g.size)
+        ]
 
     def _resetter(self, ep: _Episode) -> Callable[[], None]:
         def reset() -> None:

@@ -36,6 +36,13 @@ restarted process cannot start, the waiting iterator raises :class:`EngineError`
 guarantee: the learner keeps up to two weight snapshots (shared memory) while requests run; set
 ``max_engine_restarts=0`` to keep none.
 
+Preparing ahead (:class:`~thundersync_lightning.core.protocols.PreparesAhead`): ``prepare(request)``
+sends the request to the process, whose command thread starts its environments (``make_env``,
+``reset``: the prompt tokens) in the environment pool at once, even while another request
+generates; the later ``rollout`` of the request uses them. Environments prepared but never rolled
+out are closed when the process shuts down. A restarted process is sent the latest request
+prepared and not yet rolled out again (what the dead one had prepared is lost with it).
+
 Clock: event times are ``time.monotonic()`` of the generation process, which shares the host's
 system-wide monotonic clock with the learner; ``submitted_at`` is the learner's issue time.
 """
@@ -101,6 +108,7 @@ class EmbeddedEngine:
         self._fatal: str | None = None
         self._closed = False
         self._restarts = 0
+        self._prepared: RolloutRequest | None = None  # the latest prepared request not rolled out yet
         self._holder = _Holder(GenerationProcess(model_spec, tasks, self.config))
         self._finalizer = weakref.finalize(self, _Holder.stop, self._holder)
         try:
@@ -154,6 +162,17 @@ class EmbeddedEngine:
                 self._snapshots[self._version] = packed
                 self._prune_snapshots()
 
+    def prepare(self, request: RolloutRequest) -> None:
+        """Start ``request``'s environments in the generation process now; return at once.
+
+        Needs no weights (a prepare before the first publish is fine) and generates nothing; the
+        events of the later ``rollout(request)`` are the same as without it.
+        """
+        self._check_usable()
+        with self._send_lock:
+            self._holder.process.send(("prepare", request))
+            self._prepared = request
+
     def rollout(self, request: RolloutRequest) -> Iterator[RolloutEvent]:
         """Queue ``request`` and return its event iterator at once (completion order, each event once)."""
         self._check_usable()
@@ -169,6 +188,8 @@ class EmbeddedEngine:
             stream = _Stream(self, request_id, request, self._version, issued_at)
             self._streams[request_id] = stream
             self._holder.process.send(("rollout", request_id, request, issued_at))
+            if self._prepared is not None and self._prepared.step <= request.step:
+                self._prepared = None
         return stream
 
     def shutdown(self) -> None:
@@ -247,6 +268,8 @@ class EmbeddedEngine:
                 process.await_ready(self.config.startup_timeout_s, self.config.poll_interval_s)
             except EngineError as exc:
                 raise self._fail(f"{what}; its restart failed: {exc}") from exc
+            if self._prepared is not None:  # the dead process's prepared environments are lost
+                process.send(("prepare", self._prepared))
             loaded: int | None = None
             for request_id, stream in self._streams.items():
                 if stream.version != loaded:

@@ -1,14 +1,22 @@
 """The embedded engine's generation process (the learner never imports this at run time).
 
-Commands arrive in order on one queue and are handled one at a time by the main thread:
+Commands arrive in order on one queue, read by a command thread:
 
+    ("prepare", request)                  start the request's environments now (handled by the
+                                          command thread itself, see below)
     ("publish", version, SharedWeights)   copy the snapshot into the local model (arrives
                                           pickled by the learner: ("pickled", bytes))
     ("rollout", request_id, request, issued_at)   run the agent loop for the request
     ("shutdown",)
 
-so a publish issued after ``rollout(r1)`` is applied only after r1's generation has finished:
-r1 is generated entirely with the weights current when it was issued. Environment calls and
+Publish, rollout and shutdown are passed on, in order, to the main thread, which handles them one
+at a time; so a publish issued after ``rollout(r1)`` is applied only after r1's generation has
+finished: r1 is generated entirely with the weights current when it was issued. A prepare does not
+wait in that line: the learner sends step k+1's prepare while step k generates (the main thread is
+inside ``loop.run``), and the point is to build k+1's environments meanwhile, so the command thread
+submits them to the environment pool at once (:meth:`AgentLoop.prepare`, which returns at once and
+touches no weights). Prepared environments nobody ran are closed at shutdown; those of a process
+that dies are lost with it, and a replayed request creates its environments itself. Environment calls and
 verdicts run in a thread pool; verdicts of r1 keep running (and emitting) while r2 generates.
 
 Messages sent back over the event pipe (by one sender thread, so neither generation nor a
@@ -44,6 +52,7 @@ __all__ = ["worker_main", "load_snapshot"]
 
 _PARENT_POLL_S = 1.0
 _FLUSH_S = 2.0
+_CLOSE_PREPARED_S = 3.0  # within the learner's 5 s wait for a shut-down process (GenerationProcess.stop)
 
 
 class _Sender:
@@ -101,6 +110,24 @@ def load_snapshot(model: Any, weights: dict[str, torch.Tensor]) -> None:
     model.load_state_dict(weights, strict=False)
 
 
+def _read_commands(commands: Any, inbox: queue.SimpleQueue[Any], loop: AgentLoop) -> None:
+    """Handle ``prepare`` at once; pass every other command on to the main thread, in order."""
+    try:
+        while True:
+            try:
+                cmd = commands.get(timeout=_PARENT_POLL_S)
+            except queue.Empty:
+                continue
+            if cmd[0] == "prepare":
+                loop.prepare(cmd[1])
+                continue
+            inbox.put(cmd)
+            if cmd[0] == "shutdown":
+                return
+    except BaseException:  # the main thread reports it (as it would its own failure) and exits
+        inbox.put(("unreadable", traceback.format_exc()))
+
+
 def worker_main(
     spec: ModelSpec, tasks: TaskSource, cfg: Any, commands: Any, events_conn: Any, parent_pid: int
 ) -> None:
@@ -108,6 +135,7 @@ def worker_main(
     die_with_parent(parent_pid)
     events = _Sender(events_conn)
     pool: EnvPool | None = None
+    loop: AgentLoop | None = None
     try:
         torch.set_num_threads(cfg.num_threads)
         try:
@@ -131,14 +159,21 @@ def worker_main(
             annotate=teacher,
         )
         version: int | None = None
+        inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        reader = threading.Thread(
+            target=_read_commands, args=(commands, inbox, loop), name="thundersync-commands", daemon=True
+        )
+        reader.start()
         events.put(("ready", os.getpid()))
         while True:
             try:
-                cmd = commands.get(timeout=_PARENT_POLL_S)
+                cmd = inbox.get(timeout=_PARENT_POLL_S)
             except queue.Empty:
                 if os.getppid() != parent_pid:  # the learner died without shutting us down
                     break
                 continue
+            if cmd[0] == "unreadable":
+                raise RuntimeError(f"reading the engine's commands failed:\n{cmd[1]}")
             if cmd[0] == "pickled":  # pickled by the learner (a publish; see GenerationProcess)
                 cmd = pickle.loads(cmd[1])
             kind = cmd[0]
@@ -165,6 +200,8 @@ def worker_main(
     except BaseException:
         events.put(("fatal", traceback.format_exc()))
     finally:
+        if loop is not None:  # no prepared sandbox may outlive the process
+            loop.close_prepared(_CLOSE_PREPARED_S)
         events.flush()
         if pool is not None:
             pool.shutdown()

@@ -20,6 +20,10 @@ Episodes run in the engine-agnostic :class:`~thundersync_lightning.rollout.agent
 the ``LLM`` and batches the turns of every episode in flight (:mod:`.vllm_loop`). Events reach the
 caller in completion order through a queue.
 
+Preparing ahead (``prepare``, :class:`~thundersync_lightning.core.protocols.PreparesAhead`): one
+:class:`AgentLoop` serves every request and starts a prepared request's environments in the
+environment pool at once, while earlier requests generate; its rollout picks them up.
+
 Weight sync (``publish``): names and shapes are checked first (nothing changes on error); the
 publish then waits until every earlier request has finished generating (so a publish issued after
 ``rollout(r1)`` applies to ``r2`` only), reloads in place through the worker extension
@@ -227,6 +231,17 @@ class VLLMEngine:
             raise
         self._loop = loop
         self._pool = EnvPool(config.env_workers, name="vllm-env")
+        self._agents = AgentLoop(  # one for every request: it keeps what ``prepare`` started
+            self._tasks,
+            self._loop.generate,
+            self._pool,
+            step_timeout_s=self.config.step_timeout_s,
+            verdict_timeout_s=self.config.verdict_timeout_s,
+            max_batch_size=self.config.max_num_seqs,
+            # a teacher's scoring request needs one output slot after the episode
+            max_context_tokens=self.max_model_len - (1 if self._teacher is not None else 0),
+            annotate=self._teacher,
+        )
         self._version = -1
         self._broken: str | None = None
         self._closed = False
@@ -312,14 +327,26 @@ class VLLMEngine:
             ).start()
         return self._events(events, 2 * request.num_trajectories, request.step)
 
+    def prepare(self, request: RolloutRequest) -> None:
+        """Start ``request``'s environments (``make_env``, ``reset``: prompt tokens) now; return at once.
+
+        Needs no weights and generates nothing; the later ``rollout(request)`` uses them and gives
+        the same events as without ``prepare`` (see :meth:`AgentLoop.prepare`).
+        """
+        if self._closed:
+            raise EngineError("prepare on a shut-down VLLMEngine; build a new engine")
+        self._agents.prepare(request)
+
     def shutdown(self) -> None:
-        """Stop vLLM (in-flight rollouts fail with EngineError) and remove temporary files. Idempotent."""
+        """Stop vLLM (in-flight rollouts fail with EngineError), close prepared environments nobody
+        rolled out, and remove temporary files. Idempotent."""
         if self._closed:
             return
         self._closed = True
         if self._teacher is not None:
             self._teacher.close()
         self._loop.close()
+        self._agents.close_prepared()
         self._pool.shutdown()
         shutil.rmtree(self._workdir, ignore_errors=True)
 
@@ -345,19 +372,8 @@ class VLLMEngine:
     def _serve(
         self, request: RolloutRequest, version: int, events: queue.SimpleQueue[Any], submitted: float
     ) -> None:
-        loop = AgentLoop(
-            self._tasks,
-            self._loop.generate,
-            self._pool,
-            step_timeout_s=self.config.step_timeout_s,
-            verdict_timeout_s=self.config.verdict_timeout_s,
-            max_batch_size=self.config.max_num_seqs,
-            # a teacher's scoring request needs one output slot after the episode
-            max_context_tokens=self.max_model_len - (1 if self._teacher is not None else 0),
-            annotate=self._teacher,
-        )
         try:
-            loop.run(request, version, events.put, submitted_at=submitted)
+            self._agents.run(request, version, events.put, submitted_at=submitted)
         except BaseException as exc:
             events.put(_Crash(exc))
         finally:

@@ -91,6 +91,7 @@ def test_memory_smoke(tmp_path: Path) -> None:
     assert [r["max_open_groups"] for r in data["strategy"]] == [None, 1, None]
 
 
+@pytest.mark.slow  # 40 s; make test-slow
 def test_sample_efficiency_smoke(tmp_path: Path) -> None:
     _load("sample_efficiency").main(
         ["--out", str(tmp_path), "--threads", "1", "--steps", "2", "--groups", "2", "--group-size", "2",

@@ -134,7 +134,9 @@ def test_async_rollouts_are_measured_off_policy_and_importance_correction_runs_o
     assert all(float(g.norm()) > 0 for g in grads)
 
 
-@pytest.mark.parametrize("mode", ["streaming", "sync", "async"])
+@pytest.mark.parametrize(
+    "mode", ["streaming", pytest.param("sync", marks=pytest.mark.slow), pytest.param("async", marks=pytest.mark.slow)]
+)
 def test_the_boundary_cut_applies_the_uncut_gradient_in_every_mode(mode):
     objective = OBJECTIVES["rloo-token-mean-kl-entropy"]
     uncut, _ = _fit(mode, objective)

@@ -60,10 +60,9 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import torch
 from torch import Tensor
 
 from ..core.errors import ConfigError, EngineError
@@ -75,10 +74,11 @@ from .env_pool import EnvPool
 from .teacher import TeacherConfig, check_teacher
 from .vllm_loop import IN_PROCESS_LOCK, StepLoop, close_llm, open_llm, read_generation
 from .vllm_model import ModelLayout, check_weights, materialize_model
+from .vllm_placement import colocated_device_ids, learner_cuda_device, vllm_accepts_device_ids
 from .vllm_teacher import VLLMTeacher
 from .vllm_worker import WORKER_EXTENSION, save_weights_file
 
-__all__ = ["VLLMEngineConfig", "VLLMEngine", "colocated_device_ids"]
+__all__ = ["VLLMEngineConfig", "VLLMEngine", "colocated_device_ids"]  # placement: .vllm_placement
 
 log = logging.getLogger(__name__)
 
@@ -430,8 +430,8 @@ class VLLMEngine:
             kwargs["max_model_len"] = self.max_model_len
         elif self.config.max_model_len is not None:
             kwargs["max_model_len"] = self.config.max_model_len
-        learner = _learner_cuda_device()
-        placed = colocated_device_ids(self.config, learner, _vllm_accepts_device_ids())
+        learner = learner_cuda_device()
+        placed = colocated_device_ids(self.config, learner, vllm_accepts_device_ids())
         if placed is not None:
             kwargs["device_ids"] = placed
         elif learner and self.config.multiprocessing and "device_ids" not in self.config.engine_kwargs:
@@ -469,35 +469,6 @@ class VLLMEngine:
     def _weights_path(self) -> str:
         base = self.config.weights_dir if os.path.isdir(self.config.weights_dir) else self._workdir
         return os.path.join(base, f"thundersync-weights-{os.getpid()}-{id(self)}.safetensors")
-
-
-def colocated_device_ids(config: VLLMEngineConfig, learner_device: int | None, accepts: bool) -> list[int] | None:
-    """GPUs for vLLM's worker process when the config names none: the learner rank's own GPU.
-
-    vLLM's workers otherwise take the first visible GPU, so with one learner rank per GPU (Lightning
-    ``devices=K``) every rank's engine would land on GPU 0. ``learner_device`` is the learner's
-    ``torch.cuda.current_device()`` (None without CUDA), an index into ``CUDA_VISIBLE_DEVICES``,
-    which is how vLLM reads ``device_ids`` too. Only for worker processes (``multiprocessing``),
-    one GPU per engine (``tensor_parallel_size=1``) and a vLLM that ``accepts`` ``device_ids``; an
-    explicit ``engine_kwargs.device_ids`` (e.g. an engine pool's ``per_engine``) always wins.
-    """
-    if learner_device is None or not accepts or not config.multiprocessing or config.tensor_parallel_size != 1:
-        return None
-    if "device_ids" in config.engine_kwargs:
-        return None
-    return [learner_device]
-
-
-def _learner_cuda_device() -> int | None:
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return int(torch.cuda.current_device())
-    return None
-
-
-def _vllm_accepts_device_ids() -> bool:
-    from vllm.engine.arg_utils import EngineArgs
-
-    return "device_ids" in {f.name for f in fields(EngineArgs)}
 
 
 def _reload(llm: Any, method: str, args: tuple[Any, ...]) -> None:

@@ -119,3 +119,18 @@ def test_memory_check_warn_logs_the_plan_and_trains(monkeypatch, caplog):
 def test_an_unknown_memory_check_value_is_rejected():
     with pytest.raises(ConfigError, match="memory_check='maybe' is not one of"):
         ThunderSyncStrategy(memory_check="maybe")
+
+
+def test_memory_check_off_neither_plans_nor_refuses_and_error_refuses_what_warn_only_logs(monkeypatch, caplog):
+    from thundersync_lightning.strategy import setup_checks
+
+    planned = []
+    monkeypatch.setattr(setup_checks, "memory_problems", lambda t, s: planned.append(1) or (["too big"], True))
+    setup_checks.check_memory(None, None, "off")
+    assert planned == []
+    with caplog.at_level(logging.WARNING, logger="thundersync_lightning.strategy.setup_checks"):
+        setup_checks.check_memory(None, None, "warn")
+    assert "too big" in caplog.text
+    with pytest.raises(ConfigError, match="too big"):
+        setup_checks.check_memory(None, None, "error")
+    assert planned == [1, 1]

@@ -110,7 +110,7 @@ END_OF_STEP = ("barrier", "optimizer", "publish")
 # ---------------------------------------------------------------------------------------- set-up
 def make_policy(args: argparse.Namespace) -> GRPOPolicy:
     torch.manual_seed(0)
-    return GRPOPolicy(config=model_config(args), lr=1e-5)
+    return GRPOPolicy(config=model_config(args), lr=1e-5, score_max_padding=args.score_max_padding)
 
 
 def model_config(args: argparse.Namespace) -> dict:
@@ -501,6 +501,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--calibration-reps", type=int, default=None, help="(default 3, quick 2; long quick 1)")
     parser.add_argument("--max-batch-trajectories", type=int, default=32, help="ThunderSyncStrategy option")
     parser.add_argument(
+        "--score-max-padding", type=float, default=0.25, help="GRPOPolicy option (inf: the budget alone cuts)"
+    )
+    parser.add_argument(
         "--max-open-groups", type=int, default=None, help="ThunderSyncStrategy option (GPU memory)"
     )
     parser.add_argument(
@@ -743,6 +746,7 @@ def main(argv: list[str] | None = None) -> dict:
             "warmup_steps": args.warmup,
             "order": order_log,
             "max_batch_trajectories": args.max_batch_trajectories,
+            "score_max_padding": args.score_max_padding,
             "max_open_groups": args.max_open_groups,
             "offload": args.offload,
             "device": args.device,

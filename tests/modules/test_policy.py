@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from thundersync_lightning.core.errors import ConfigError
 from thundersync_lightning.core.types import Segment, Trajectory
 from thundersync_lightning.modules import GRPOPolicy, LoraSettings
+from thundersync_lightning.modules.micro_batches import micro_batches
 
 from ..strategy._fit import TOY_MODEL
 
@@ -105,3 +108,36 @@ def test_length_sorted_micro_batches_give_the_scores_of_one_batch_in_the_origina
         _trajectory([14] * (1 + k % 3), [Segment(tuple(range(1, 2 + k)), True)], f"t{k}") for k in (4, 0, 2, 5, 1, 3)
     ]
     assert torch.allclose(split.trajectory_logprobs(trajectories), whole.trajectory_logprobs(trajectories), atol=1e-5)
+
+
+@pytest.mark.parametrize("max_padding", [0.0, 0.25, float("inf")])
+def test_micro_batches_bound_padding_and_budget_and_keep_every_row_once(max_padding):
+    lengths = [70, 12, 250, 64, 66, 13, 900, 11, 240, 68]
+    chunks = micro_batches(lengths, budget_tokens=600, max_padding=max_padding)
+    assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
+    for chunk in chunks:
+        ls = [lengths[i] for i in chunk]
+        assert ls == sorted(ls)
+        padded = len(ls) * max(ls)
+        assert len(ls) == 1 or (padded <= 600 and padded <= (1 + max_padding) * sum(ls))
+    if max_padding == 0.0:  # only equal lengths may share a forward
+        assert all(len({lengths[i] for i in c}) == 1 for c in chunks)
+    if max_padding == float("inf"):  # the budget alone cuts: 11, 12, 13 and 64, 66, 68, 70 share
+        assert [lengths[i] for i in chunks[0]] == [11, 12, 13, 64, 66, 68, 70]
+
+
+def test_score_max_padding_changes_forwards_not_scores():
+    torch.manual_seed(0)
+    loose = GRPOPolicy(config=TOY_MODEL, score_max_padding=float("inf"))
+    tight = GRPOPolicy(config=TOY_MODEL, score_max_padding=0.0)
+    tight.load_state_dict(loose.state_dict())
+    trajectories = [
+        _trajectory([14] * 2, [Segment(tuple(1 + j % 9 for j in range(1 + 3 * k)), True)], f"t{k}")
+        for k in (4, 0, 2, 5, 1, 3)
+    ]
+    calls = []
+    tight.model.register_forward_hook(lambda *_: calls.append(1))
+    assert torch.allclose(tight.trajectory_logprobs(trajectories), loose.trajectory_logprobs(trajectories), atol=1e-5)
+    assert len(calls) == 6  # six distinct lengths: six forwards
+    with pytest.raises(ConfigError, match="score_max_padding"):
+        GRPOPolicy(config=TOY_MODEL, score_max_padding=-1.0)

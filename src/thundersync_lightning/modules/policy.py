@@ -41,6 +41,7 @@ from ..strategy.evaluation import VALIDATION_METRICS, ValidationOutcome, Validat
 from ..strategy.plan import RolloutPlan
 from .collect import collect_batch
 from .lora import LoraSettings, apply_lora, merged_state_dict
+from .micro_batches import micro_batches
 
 __all__ = ["GRPOPolicy", "TINY_QWEN3"]
 
@@ -83,6 +84,10 @@ class GRPOPolicy(LightningModule):
         score_batch_tokens: padded-token budget of one forward in :meth:`trajectory_logprobs`;
             trajectories are sorted by length and packed into micro-batches under it, so a large
             batch (the synchronous baseline) wastes no compute on padding and bounds activations.
+        score_max_padding: a micro-batch's padded tokens are at most (1 + this) x its real tokens
+            (:mod:`~thundersync_lightning.modules.micro_batches`): a batch that mixes lengths (the
+            streaming learner's, across groups) runs as several forwards rather than paying for
+            padding; the backward stays one. ``float("inf")``: cut by ``score_batch_tokens`` only.
     """
 
     def __init__(
@@ -98,6 +103,7 @@ class GRPOPolicy(LightningModule):
         objective: Objective | str | dict[str, Any] | None = None,
         lora: LoraSettings | None = None,
         score_batch_tokens: int = 8192,
+        score_max_padding: float = 0.25,
         **unknown: Any,
     ) -> None:
         super().__init__()
@@ -107,6 +113,8 @@ class GRPOPolicy(LightningModule):
             problems.append(f"{name}={unknown[name]!r}: {hint}")
         if score_batch_tokens < 1:
             problems.append(f"score_batch_tokens must be >= 1, got {score_batch_tokens}")
+        if not score_max_padding >= 0:
+            problems.append(f"score_max_padding must be >= 0, got {score_max_padding}")
         if temperature <= 0:
             problems.append(f"temperature must be > 0, got {temperature}")
         if problems:
@@ -202,7 +210,7 @@ class GRPOPolicy(LightningModule):
         run forward, positions start after the prefix, and gradients also reach the prefix leaves.
 
         Trajectories are scored in length-sorted micro-batches of at most ``score_batch_tokens``
-        padded tokens; rows come back in the order given, right-padded to the longest.
+        padded tokens and ``1 + score_max_padding`` padded tokens per real token; rows come back in the order given, right-padded to the longest.
         """
         if prefix is not None:
             bad = [t.trajectory_id for t in trajectories if tuple(t.tokens[: len(prefix.tokens)]) != prefix.tokens]
@@ -212,14 +220,9 @@ class GRPOPolicy(LightningModule):
                     f"continue the group's shared prefix of {len(prefix.tokens)} tokens (a group's members must "
                     "share their prompt); turn boundary_cut off for tasks whose members share no prefix"
                 )
-        order = sorted(range(len(trajectories)), key=lambda i: len(trajectories[i].tokens))
-        budget = self.hparams.score_batch_tokens
-        chunks: list[list[int]] = []
-        for i in order:  # ascending lengths: the last member of a chunk is its longest
-            if chunks and (len(chunks[-1]) + 1) * len(trajectories[i].tokens) <= budget:
-                chunks[-1].append(i)
-            else:
-                chunks.append([i])
+        lengths = [len(t.tokens) for t in trajectories]
+        chunks = micro_batches(lengths, self.hparams.score_batch_tokens, self.hparams.score_max_padding)
+        order = [i for chunk in chunks for i in chunk]
         parts = [self._score_padded([trajectories[i] for i in chunk], entropy, reference, prefix) for chunk in chunks]
         width = max(p[0].shape[1] for p in parts)
 
@@ -229,7 +232,7 @@ class GRPOPolicy(LightningModule):
             return torch.cat([torch.nn.functional.pad(p[k], (0, width - p[k].shape[1])) for p in parts])
 
         inverse = torch.empty(len(order), dtype=torch.long)
-        inverse[torch.tensor([i for chunk in chunks for i in chunk])] = torch.arange(len(order))
+        inverse[torch.tensor(order)] = torch.arange(len(order))
         inverse = inverse.to(self.device)
         picked = [cat(k) for k in range(4)]
         lp, mask, ent, ref = (t[inverse] if t is not None else None for t in picked)

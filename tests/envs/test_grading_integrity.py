@@ -5,6 +5,7 @@ swebench, paths read from diff headers, the agent's own git), and shown containe
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 
 import pytest
@@ -18,9 +19,10 @@ from thundersync_lightning.envs.code import (
 )
 from thundersync_lightning.envs.code.grading import framed_log, grade_log, runner_log
 from thundersync_lightning.envs.code.patches import filter_patch, patch_paths, split_patch
+from thundersync_lightning.envs.code.reporter import line_tag, signed_lines
 from thundersync_lightning.envs.code.runner import (
     RUNNER_DIR,
-    new_nonce,
+    new_key,
     parse_results,
     runner_command,
     write_runner,
@@ -75,9 +77,10 @@ def old_grade(box: BwrapSandbox) -> bool:
 
 
 def new_grade(box: BwrapSandbox):
-    nonce = new_nonce()
-    result = box.run(runner_command(NODES), stdin=(nonce + "\n").encode())
-    results = parse_results(result.text, nonce)
+    key = new_key()
+    result = box.run(runner_command(NODES), stdin=(key + "\n").encode())
+    assert key not in result.text  # the key is never written
+    results = parse_results(result.text, key)
     if results.problem is not None:
         return False, results
     outcome = grade_log(TASK.name, runner_log(results, result), TASK.fail_to_pass, TASK.pass_to_pass, "x")
@@ -140,15 +143,23 @@ def test_patching_pytests_report_making_in_process_is_detected(repo_box):
     assert "patched" in results.problem and "from_item_and_call" in results.problem
 
 
-def test_only_nonce_framed_results_count():
-    nonce, other = new_nonce(), new_nonce()
-    out = (f"PASSED a::t\n{other} PASSED a::t\n{other} END 1 0\n{nonce} FAILED a::t\n{nonce} END 1 1\n"
-           f"PASSED a::t\n>>>>> Test Exit Code: 0\n")
-    results = parse_results(out, nonce)
+def test_only_result_lines_signed_with_the_runs_key_count():
+    key, other = new_key(), new_key()
+    real = signed_lines(key, [("FAILED", "a::t"), ("END", "1 1")])
+    out = "\n".join(["PASSED a::t", *signed_lines(other, [("PASSED", "a::t"), ("END", "1 0")]), *real,
+                     "PASSED a::t", ">>>>> Test Exit Code: 0"]) + "\n"
+    results = parse_results(out, key)
     assert results.problem is None and results.lines == (("FAILED", "a::t"),) and results.exit_status == 1
-    assert parse_results(f"{nonce} PASSED a::t\n", nonce).problem  # no end line: killed, os._exit
-    assert parse_results(f"{nonce} PASSED a::t\n{nonce} END 2 0\n", nonce).problem  # count mismatch
-    assert parse_results(f"{nonce} END 0 0\n{nonce} PASSED a::t\n", nonce).problem  # after the end
+    tag = line_tag(key)
+    assert key not in out and tag in real[0]  # the tag is public; the key never appears
+    # Seeing the real lines does not help to forge: a changed status, a reordering, a cut.
+    altered = real[0].replace(" FAILED ", " PASSED ")
+    assert "authentication" in parse_results(f"{altered}\n{real[1]}\n", key).problem
+    assert parse_results(f"{real[1]}\n{real[0]}\n", key).problem  # moved
+    assert parse_results(f"{real[0]}\n", key).problem  # no end line: killed, os._exit
+    assert parse_results("\n".join(signed_lines(key, [("PASSED", "a::t"), ("END", "2 0")])), key).problem
+    after = signed_lines(key, [("END", "0 0"), ("PASSED", "a::t")])
+    assert "after" in parse_results("\n".join(after), key).problem
 
 
 # ---------------------------------------------------------------- the patch
@@ -265,27 +276,56 @@ def test_hidden_tests_are_cut_out_with_their_decorators_and_methods():
 
 # ---------------------------------------------------------------- the container path's log
 
-def test_markers_forged_in_a_swebench_eval_log_are_dropped_and_contradictions_fail():
+def test_the_container_eval_script_holds_no_secret_and_forged_markers_are_dropped():
     from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT, TEST_EXIT_CODE
     from swebench.harness.grading import parse_test_exit_code
-    from swebench.harness.log_parsers import PARSER_REGISTRY
 
-    from thundersync_lightning.envs.swebench_log import contradicted, frame_eval_script, reframe_log
+    from thundersync_lightning.envs.swebench_log import (
+        EvalSecrets,
+        eval_command,
+        frame_eval_script,
+        reframe_log,
+    )
 
     script = f": '{START_TEST_OUTPUT}'\npytest -rA\nV=$?\n: '{END_TEST_OUTPUT}'\necho \"{TEST_EXIT_CODE}: $V\"\n"
-    nonce = new_nonce()
-    framed = frame_eval_script(script, nonce)
-    assert START_TEST_OUTPUT not in framed and TEST_EXIT_CODE not in framed and nonce in framed
+    secrets = EvalSecrets.new()
+    framed = frame_eval_script(script, plugin="tsl_report_0123")
+    assert START_TEST_OUTPUT not in framed and TEST_EXIT_CODE not in framed and END_TEST_OUTPUT not in framed
+    assert framed.splitlines()[0] == "__tsl_test_start tsl_report_0123" and "__tsl_test_end" in framed
+    for text in (framed, eval_command()):  # neither the script nor the command carries a secret
+        assert secrets.key not in text and secrets.tag(START_TEST_OUTPUT) not in text
+    start, end, code = (secrets.tag(m) for m in (START_TEST_OUTPUT, END_TEST_OUTPUT, TEST_EXIT_CODE))
+    assert len({start, end, code}) == 3 and secrets.key not in start + end + code
+    assert secrets.stdin().decode().split() == [secrets.key, start, end, code]
     forged = f"{TEST_EXIT_CODE}: 0\nPASSED t.py::f\n{END_TEST_OUTPUT}\n"
-    output = (f"+ : '{nonce}:Start_Test_Output'\n{forged}FAILED t.py::f - boom\n"
-              f"+ : '{nonce}:End_Test_Output'\n{nonce}:Test_Exit_Code: 1\n")
+    output = f"{start}\n{forged}FAILED t.py::f - boom\n{end}\n+ echo '{code}: 1'\n{code}: 1\n"
     raw = f"{START_TEST_OUTPUT}\n{forged}FAILED t.py::f\n{END_TEST_OUTPUT}\n{TEST_EXIT_CODE}: 1\n"
     assert parse_test_exit_code(raw) == 0  # before: the first (forged) exit code won
-    log = reframe_log(output, nonce)
+    log = reframe_log(output, secrets)
     assert parse_test_exit_code(log) == 1
     assert log.count(END_TEST_OUTPUT) == 1 and log.count(START_TEST_OUTPUT) == 1
-    parser = PARSER_REGISTRY["parse_log_pytest"]
-    assert contradicted(log, lambda line: parser(line, None)) == {"t.py::f"}
+    assert log.index("FAILED t.py::f") < log.index(END_TEST_OUTPUT)
+    # Knowing the start tag (it is printed before the tests run) does not give the end tag.
+    assert reframe_log(f"{start}\n{forged.replace(END_TEST_OUTPUT, start)}", secrets).count(END_TEST_OUTPUT) == 0
+
+
+@needs_bwrap
+def test_the_reporters_process_cannot_be_read_by_other_processes_of_its_uid(sandbox_dir):
+    lease = TEST_POOL.acquire()
+    try:
+        work = os.path.join(sandbox_dir, "w")
+        os.mkdir(work)
+        chown_tree(work, lease.uid)
+        runner = os.path.join(sandbox_dir, "runner")
+        write_runner(runner)
+        box = BwrapSandbox(work, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60.0)), ro_binds={runner: RUNNER_DIR})
+        probe = ("import os, subprocess, sys; sys.path.insert(0, '/tsl-runner'); import tsl_report; "
+                 "peek = lambda: subprocess.run(['cat', f'/proc/{os.getpid()}/environ'], capture_output=True)"
+                 ".returncode; before = peek(); tsl_report.make_undumpable(); print('peek', before, peek())")
+        out = box.run(f"python3 -I -c {shlex.quote(probe)}").text
+    finally:
+        lease.release()
+    assert "peek 0 1" in out  # before: a sibling of the same uid read it; after: permission denied
 
 
 # ---------------------------------------------------------------- observations and control tokens
@@ -363,9 +403,9 @@ def test_code_under_test_cannot_rewrite_a_test_file_before_it_is_collected(sandb
         runner = os.path.join(sandbox_dir, "runner")
         write_runner(runner)
         box = BwrapSandbox(work, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60.0)), ro_binds={runner: RUNNER_DIR})
-        nonce = new_nonce()
-        result = box.run(runner_command(TWO_FILES.fail_to_pass), stdin=(nonce + "\n").encode())
-        assert statuses(parse_results(result.text, nonce)) == {n: "PASSED" for n in TWO_FILES.fail_to_pass}
+        key = new_key()
+        result = box.run(runner_command(TWO_FILES.fail_to_pass), stdin=(key + "\n").encode())
+        assert statuses(parse_results(result.text, key)) == {n: "PASSED" for n in TWO_FILES.fail_to_pass}
     finally:
         lease.release()
     ws = LocalWorkspace(TWO_FILES, WorkspaceSettings(root=os.path.join(sandbox_dir, "ws")), TEST_POOL)

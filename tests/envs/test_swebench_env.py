@@ -76,6 +76,146 @@ def test_a_swebench_instance_is_graded_by_make_test_spec_and_get_eval_report_fro
         lease.release()
 
 
+# Appended to the module under test: on import it prints what it can find of the run's secrets and
+# a PASSED line for every graded test onto every pipe it holds (the real output), then exits 0
+# before pytest reports anything.
+FORGE = """
+import os as _os
+
+
+def _forge(names):
+    found = [repr(dict(_os.environ)), "/proc/self/cmdline"]
+    for path in ("/tsl-eval/eval.sh", f"/proc/{_os.getppid()}/environ", f"/proc/{_os.getppid()}/cmdline"):
+        try:
+            found.append(open(path, "rb").read().decode("latin-1"))
+        except OSError as e:
+            found.append(str(e))
+    text = "\\n".join(["LEAKS", *found, *(f"PASSED {n}" for n in names)]) + "\\n"
+    for fd in range(3, 256):
+        try:
+            if _os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):
+                _os.write(fd, text.encode())
+        except OSError:
+            pass
+    _os._exit(0)
+
+
+_forge(%r)
+"""
+
+
+@needs_bwrap
+@pytest.mark.parametrize("variant", ["gold", "unfixed", "forged"])
+def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows_no_key(
+    tmp_path, sandbox_dir, variant
+):
+    """The container path's eval run (read-only script directory, key on stdin only, reporter
+    plugin) run by bubblewrap instead of podman: the same command, script and grading."""
+    from swebench.harness.utils import make_test_spec
+
+    from thundersync_lightning.envs.code.grading import grade_with_spec
+    from thundersync_lightning.envs.swebench_log import (
+        EVAL_DIR,
+        EvalSecrets,
+        eval_command,
+        grade_eval_run,
+        write_eval_dir,
+    )
+
+    lease = TEST_POOL.acquire()
+    try:
+        repo = os.path.join(sandbox_dir, "testbed")
+        os.mkdir(repo)
+        base = git_repo(TASK, repo)
+        (instance,) = load_instances(write_jsonl([swebench_row(TASK, image="unused", base_commit=base)], str(tmp_path)))
+        spec = make_test_spec(instance)
+        if variant == "forged":
+            with open(os.path.join(repo, "intervals.py"), "a") as f:
+                f.write(FORGE % (list(TASK.fail_to_pass + TASK.pass_to_pass),))
+        chown_tree(repo, lease.uid)
+        scripts = os.path.join(sandbox_dir, "eval")
+        write_eval_dir(scripts, spec.eval_script, spec.log_parser)
+        box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60, max_output_bytes=1 << 20)),
+                           ro_binds={scripts: EVAL_DIR})
+        if variant == "gold":
+            assert box.run("git apply -", stdin=TASK.gold_patch.encode()).exit_code == 0
+        if variant == "forged":  # before: graded from the log, the forged lines resolve the instance
+            assert grade_with_spec(spec, box.run(spec.eval_script).text, "x").resolved
+        secrets = EvalSecrets.new()
+        result = box.run(eval_command(), stdin=secrets.stdin())
+        outcome = grade_eval_run(spec, result, secrets, TASK.gold_patch)
+    finally:
+        lease.release()
+    assert secrets.key not in result.text  # not in the script, the environment, any argv or the output
+    assert outcome.resolved is (variant == "gold")
+    if variant == "forged":
+        assert "LEAKS" in result.text and "no trustworthy test results" in outcome.reason
+    else:
+        status = outcome.report["tests_status"]
+        assert status["FAIL_TO_PASS"]["success" if variant == "gold" else "failure"] == list(TASK.fail_to_pass)
+        assert sorted(status["PASS_TO_PASS"]["success"]) == sorted(TASK.pass_to_pass)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (workspace uids)")
+@pytest.mark.parametrize("signed", [True, False])
+def test_the_container_eval_run_gets_a_read_only_script_and_its_key_on_stdin_only(
+    tmp_path, sandbox_dir, monkeypatch, signed
+):
+    """SWEbenchWorkspace.evaluate against a stand-in for the container runs: what each run gets
+    (argv, mounts, stdin, the script directory's files) and how its output is graded."""
+    from thundersync_lightning.envs import swebench_env
+    from thundersync_lightning.envs.code.reporter import signed_lines
+    from thundersync_lightning.envs.sandbox import SandboxResult
+    from thundersync_lightning.envs.sandbox import container as container_module
+    from thundersync_lightning.envs.swebench_env import SWEbenchSettings, SWEbenchWorkspace
+    from thundersync_lightning.envs.swebench_log import EVAL_DIR, eval_command
+
+    monkeypatch.setattr(container_module, "find_engine", lambda engine="auto": "/usr/bin/podman")
+    monkeypatch.setattr(swebench_env, "copy_from_image", lambda image, src, dest, config=None: git_repo(TASK, dest))
+    runs = []
+    nodes = list(TASK.fail_to_pass + TASK.pass_to_pass)
+
+    def run(box, command, *, stdin=None, timeout_s=None):
+        argv = box.argv(command, "tsl-test", 10.0)
+        mounts = {argv[i + 1] for i, a in enumerate(argv) if a == "-v"}
+        files = {}
+        for spec in mounts:
+            host, inside, _ = spec.split(":")
+            if inside == EVAL_DIR:
+                files = {n: (os.stat(os.path.join(host, n)), open(os.path.join(host, n)).read())
+                         for n in os.listdir(host)}
+                files[""] = (os.stat(host), "")
+        runs.append((argv, mounts, stdin, files))
+        if command != eval_command():
+            return SandboxResult(0, b"applied\n")
+        key = stdin.decode().split()[0]
+        lines = [f"PASSED {n}" for n in nodes] if not signed else signed_lines(
+            key, [("PASSED", n) for n in nodes] + [("END", f"{len(nodes)} 0")])
+        return SandboxResult(0, ("\n".join(lines) + "\n").encode())
+
+    monkeypatch.setattr(container_module.ContainerSandbox, "run", run)
+    (instance,) = load_instances(write_jsonl([swebench_row(TASK, image="localhost/x:1", base_commit="HEAD")],
+                                             str(tmp_path)))
+    ws = SWEbenchWorkspace(instance, SWEbenchSettings(root=os.path.join(sandbox_dir, "ws")), TEST_POOL)
+    try:
+        ws.open()
+        outcome = ws.evaluate(TASK.gold_patch)
+    finally:
+        ws.close()
+    assert outcome.resolved is signed  # unsigned PASSED lines are just text
+    argv, mounts, stdin, files = runs[-1]
+    key = stdin.decode().split()[0]
+    (scripts,) = [m for m in mounts if f":{EVAL_DIR}:" in m]
+    assert scripts.endswith(f":{EVAL_DIR}:ro") and argv[-1] == eval_command()
+    assert not any(key in a for a in argv)
+    plugin = [n for n in files if n.startswith("tsl_report_")]
+    assert sorted(files) == sorted(["", "eval.sh", *plugin]) and len(plugin) == 1
+    for name, (st, text) in files.items():
+        assert st.st_uid == 0 and st.st_mode & 0o022 == 0 and key not in text, name
+    assert f"__tsl_test_start {plugin[0][:-3]}" in files["eval.sh"][1]
+    assert all(EVAL_DIR not in " ".join(a) for a, *_ in runs[:-1])  # only the eval run sees it
+
+
 def test_rows_without_the_fields_swebench_5_needs_are_rejected(tmp_path):
     from thundersync_lightning.core.errors import ConfigError
 
@@ -217,6 +357,10 @@ def test_containers_never_pull_get_no_host_proxy_and_have_cpu_memory_and_swap_li
                      "-v /h/base.git:/b.git:ro"):
         assert expected in flags, expected
     assert argv.index("--pull=never") < argv.index("localhost/x:y")
+    from thundersync_lightning.envs.sandbox.reaper import host_key, process_start
+
+    owner = f"tsl.owner={host_key()}.{os.getpid()}.{process_start(os.getpid())}"
+    assert f"--label tsl.host={host_key()}" in flags and f"--label {owner}" in flags  # what the reaper finds
 
 
 @needs_bwrap

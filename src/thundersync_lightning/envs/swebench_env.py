@@ -13,8 +13,9 @@ commit as git directory (read-only; the agent's .git config, hooks and filters a
 stdout only, see :mod:`.code.patches`), drops file diffs touching test files (those the
 instance's ``test_patch`` touches, per git's parse, and any protected path), applies the rest with
 ``git apply`` only (no fuzzy ``patch`` fallback: it parses paths differently) to a fresh copy of
-/testbed, runs the instance's eval script there with nonce-framed markers (see
-:mod:`.swebench_log`), and grades the log with ``make_test_spec`` + ``get_eval_report``.
+/testbed, runs the instance's eval script there from a read-only host directory, with the run's
+key on stdin only, tagged markers and, for pytest log parsers, the results from the key-signed
+reporter (see :mod:`.swebench_log`), and grades with ``make_test_spec`` + ``get_eval_report``.
 """
 
 from __future__ import annotations
@@ -31,9 +32,8 @@ from ..core.errors import ConfigError
 from ..core.options import strict_options
 from .code.codec import ByteCodec, HFTokenizerCodec, TextCodec
 from .code.env import CodeEnv, render_prompt
-from .code.grading import EvalOutcome, grade_with_spec
+from .code.grading import EvalOutcome
 from .code.patches import BASE_GIT_DIR, capture_command, filter_patch, patch_paths
-from .code.runner import new_nonce
 from .code.source import pick, uid_pool
 from .code.task import is_protected_path
 from .sandbox.base import RunGuard, SandboxError, SandboxLimits, SandboxResult
@@ -41,7 +41,14 @@ from .sandbox.bwrap import chown_tree
 from .sandbox.container import ContainerConfig, ContainerSandbox, copy_from_image
 from .sandbox.fs import BoundedDir, release_workdir, remove_tree, sweep_stale
 from .sandbox.uids import UidLease, UidPool
-from .swebench_log import contradicted, frame_eval_script, reframe_log
+from .swebench_log import (
+    EVAL_DIR,
+    EvalSecrets,
+    eval_command,
+    grade_eval_run,
+    warn_if_ptrace_open,
+    write_eval_dir,
+)
 
 __all__ = ["SWEbenchSettings", "SWEbenchWorkspace", "SWEbenchTasks", "load_instances"]
 
@@ -104,12 +111,15 @@ class SWEbenchWorkspace:
         copy_from_image(self.image, "/testbed", dest, self.settings.container)
         chown_tree(dest, uid)
 
-    def _box(self, workdir: str, cap: int | None = None, base_git: bool = False) -> ContainerSandbox:
+    def _box(self, workdir: str, cap: int | None = None, base_git: bool = False,
+             eval_dir: str | None = None) -> ContainerSandbox:
         assert self._lease is not None and self._dir is not None
         config = self.settings.container
         if cap is not None:
             config = replace(config, limits=replace(config.limits, max_output_bytes=cap))
-        ro = {os.path.join(self._dir, "base.git"): BASE_GIT_DIR} if base_git else None
+        ro = {os.path.join(self._dir, "base.git"): BASE_GIT_DIR} if base_git else {}
+        if eval_dir is not None:
+            ro[eval_dir] = EVAL_DIR
         return ContainerSandbox(workdir, self.image, self._lease.uid, config, guard=self._guard, ro_volumes=ro)
 
     def _base_git(self, agent: str) -> None:
@@ -169,8 +179,7 @@ class SWEbenchWorkspace:
     def evaluate(self, patch: str) -> EvalOutcome:
         if self._lease is None or self._dir is None:
             raise SandboxError("SWEbenchWorkspace.evaluate before open() or after close()")
-        from swebench.harness.constants import APPLY_PATCH_FAIL, APPLY_PATCH_PASS, TESTS_ERROR, TESTS_TIMEOUT
-        from swebench.harness.log_parsers import PARSER_REGISTRY
+        from swebench.harness.constants import APPLY_PATCH_FAIL
         from swebench.harness.utils import make_test_spec
 
         patch = filter_patch(patch, self.protects)
@@ -185,20 +194,13 @@ class SWEbenchWorkspace:
             applied = box.run(_APPLY, stdin=patch.encode(), timeout_s=120.0)
             if not applied.ok:
                 return EvalOutcome(False, "patch did not apply", log=f"{APPLY_PATCH_FAIL}\n{applied.text}")
-            nonce = new_nonce()
-            script = frame_eval_script(spec.eval_script, nonce)
-            result = box.run("cat > /tmp/eval.sh && /bin/bash /tmp/eval.sh", stdin=script.encode(),
-                             timeout_s=self.settings.eval_timeout_s)
-            log_text = f"{APPLY_PATCH_PASS}\n{reframe_log(result.text, nonce)}"
-            if result.timed_out or result.truncated:
-                log_text += f"\n{TESTS_TIMEOUT if result.timed_out else TESTS_ERROR}\n"
-            if spec.log_parser.startswith("parse_log_pytest"):
-                parser = PARSER_REGISTRY[spec.log_parser]
-                forged = contradicted(log_text, lambda line: parser(line, spec))
-                if forged:
-                    return EvalOutcome(False, f"tests reported with contradicting statuses: {sorted(forged)[:5]}",
-                                       log=log_text)
-            return grade_with_spec(spec, log_text, patch)
+            scripts = os.path.join(evalroot, "eval")  # root-owned, bound read-only: no secret inside
+            write_eval_dir(scripts, spec.eval_script, spec.log_parser)
+            warn_if_ptrace_open()
+            secrets = EvalSecrets.new()
+            result = self._box(evaldir, self.settings.max_log_bytes, eval_dir=scripts).run(
+                eval_command(), stdin=secrets.stdin(), timeout_s=self.settings.eval_timeout_s)
+            return grade_eval_run(spec, result, secrets, patch)
         finally:
             remove_tree(evalroot)
 

@@ -37,9 +37,9 @@ class EvalOutcome:
         return 1.0 if self.resolved else 0.0
 
 
-def framed_log(result: SandboxResult, body: str | None = None) -> str:
-    """``body`` (default: the command's output) between swebench's markers, with the exit status
-    the host observed and swebench's error marker when we stopped the run."""
+def framed_log(result: SandboxResult, body: str | None = None, exit_status: int | None = None) -> str:
+    """``body`` (default: the command's output) between swebench's markers, with ``exit_status``
+    (default: the one the host observed) and swebench's error marker when we stopped the run."""
     from swebench.harness.constants import (
         END_TEST_OUTPUT,
         START_TEST_OUTPUT,
@@ -48,7 +48,8 @@ def framed_log(result: SandboxResult, body: str | None = None) -> str:
         TESTS_TIMEOUT,
     )
 
-    code = "-1" if result.exit_code is None else str(result.exit_code)
+    code = result.exit_code if exit_status is None else exit_status
+    code = "-1" if code is None or result.timed_out or result.truncated else str(code)
     # A run we stopped (deadline, output cap) has no trustworthy results: swebench's markers say so.
     note = f"\n{TESTS_TIMEOUT}\n" if result.timed_out else f"\n{TESTS_ERROR}\n" if result.truncated else ""
     body = result.text if body is None else body

@@ -8,19 +8,21 @@ ini, ``--rootdir`` and ``--confcutdir`` fixed and ``-p no:cacheprovider``. A ``p
 ``*.dist-info`` entry point, ``pytest.ini``/``setup.cfg``/``tox.ini`` in the work tree is
 therefore never loaded.
 
-Results: the host sends a random per-run nonce on stdin; the runner reads it before any test code
-is imported, and a reporter plugin writes one ``<nonce> STATUS nodeid`` line per test, then
-``<nonce> END <count> <exit status>``, when the session ends. Only those lines count: output
-printed by the code under test (``PASSED ...`` lines, swebench's ``>>>>>`` markers, from an atexit
-hook or anywhere else) lacks the nonce and is ignored; a run without the trailer (killed,
-``os._exit``) has no results. The log handed to swebench's parser and report is rebuilt from the
-nonce lines, framed by the host with the exit status the host observed.
+Results: the host sends a random per-run key on stdin; the runner makes its process non-dumpable
+and reads the key before any test code is imported, and the reporter (:mod:`.reporter`, copied
+next to the runner as ``tsl_report.py``) writes one line per test, then an end line with the count
+and pytest's exit status, each authenticated with the key (HMAC; the key itself is never
+written). Only lines that verify count: output printed by the code under test (``PASSED ...``
+lines, swebench's ``>>>>>`` markers, from an atexit hook or anywhere else), or result lines
+altered, reordered or cut short, never do; a run without the end line (killed, ``os._exit``) has no
+results. The log handed to swebench's parser and report is rebuilt from the verified lines,
+framed by the host with the exit status the host observed.
 
 .. warning::
-   Limit: the code under test runs in the runner's process. Code that searches the process's
-   memory for the nonce, or patches pytest's runner or the reporter in-process, can still forge
-   results. A cheap detection heuristic reports ``TAMPERED`` (reward 0) when any of the pytest
-   internals that make reports, or the reporter's own methods, were replaced during the run.
+   Limit: the code under test runs in the runner's process (see :mod:`.reporter`): code that
+   searches the process's memory for the key, or patches pytest's runner or the reporter
+   in-process, can still forge results; the plain form of the patching is reported as
+   ``TAMPERED`` (reward 0).
 """
 
 from __future__ import annotations
@@ -31,8 +33,13 @@ import secrets
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-__all__ = ["RUNNER_DIR", "write_runner", "runner_command", "new_nonce", "parse_results", "RunnerResults"]
+from . import reporter
+from .reporter import line_mac, line_tag
+
+__all__ = ["RUNNER_DIR", "write_runner", "write_host_dir", "runner_command", "new_key", "parse_results",
+           "RunnerResults", "reporter_source"]
 
 RUNNER_DIR = "/tsl-runner"  # bound read-only inside the sandbox
 
@@ -42,72 +49,20 @@ import sys
 
 
 def main():
-    nonce = sys.stdin.buffer.readline().strip().decode("ascii", "replace")
+    here = os.path.dirname(os.path.abspath(__file__))
+    sys.path.insert(0, here)  # only the host's files: tsl_report.py
+    import tsl_report
+
+    sys.path.remove(here)
+    tsl_report.make_undumpable()  # before the key is in memory
+    key = sys.stdin.buffer.readline().strip().decode("ascii", "replace")
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
-    out = os.dup(1)
-    write = os.write
     import pytest
-    import _pytest.main
-    import _pytest.python
-    import _pytest.reports
-    import _pytest.runner
-    import _pytest.skipping
 
-    watched = {
-        "runner.call_and_report": (_pytest.runner, "call_and_report"),
-        "runner.runtestprotocol": (_pytest.runner, "runtestprotocol"),
-        "runner.pytest_runtest_makereport": (_pytest.runner, "pytest_runtest_makereport"),
-        "runner.CallInfo.from_call": (_pytest.runner.CallInfo, "from_call"),
-        "reports.TestReport.from_item_and_call": (_pytest.reports.TestReport, "from_item_and_call"),
-        "reports.TestReport.__init__": (_pytest.reports.TestReport, "__init__"),
-        "python.pytest_pyfunc_call": (_pytest.python, "pytest_pyfunc_call"),
-        "python.Function.runtest": (_pytest.python.Function, "runtest"),
-        "main.pytest_runtestloop": (_pytest.main, "pytest_runtestloop"),
-        "skipping.pytest_runtest_makereport": (_pytest.skipping, "pytest_runtest_makereport"),
-    }
-
-    class Reporter:
-        def __init__(self):
-            self.status = {}
-
-        def pytest_collectreport(self, report):
-            if report.failed:
-                self.status[report.nodeid or "<collection>"] = "ERROR"
-
-        def pytest_runtest_logreport(self, report):
-            xfail = hasattr(report, "wasxfail")
-            if report.when == "call":
-                if report.passed:
-                    status = "FAILED" if xfail else "PASSED"
-                elif report.skipped:
-                    status = "XFAIL" if xfail else "SKIPPED"
-                else:
-                    status = "FAILED"
-                self.status[report.nodeid] = status
-            elif report.failed:
-                self.status[report.nodeid] = "ERROR"
-            elif report.skipped and report.when == "setup":
-                self.status[report.nodeid] = "XFAIL" if xfail else "SKIPPED"
-
-        def pytest_sessionfinish(self, session, exitstatus):
-            tampered = [name for name, (owner, attr) in watched.items()
-                        if vars(owner).get(attr) is not originals[name]]
-            tampered += [name for name, fn in own.items() if vars(Reporter).get(name) is not fn]
-            lines = [nonce + " " + status + " " + nodeid.replace("\n", " ")
-                     for nodeid, status in self.status.items()]
-            if tampered:
-                lines.append(nonce + " TAMPERED " + ",".join(tampered))
-            lines.append(nonce + " END " + str(len(self.status)) + " " + str(int(exitstatus)))
-            data = ("\n" + "\n".join(lines) + "\n").encode("utf-8", "replace")
-            while data:
-                data = data[write(out, data):]
-
-    originals = {name: vars(owner).get(attr) for name, (owner, attr) in watched.items()}
-    own = {name: vars(Reporter).get(name) for name in
-           ("pytest_collectreport", "pytest_runtest_logreport", "pytest_sessionfinish")}
-    sys.exit(int(pytest.main(sys.argv[1:], plugins=[Reporter()])))
+    reporter = tsl_report.Reporter(key, os.dup(1))
+    sys.exit(int(pytest.main(sys.argv[1:], plugins=[reporter])))
 
 
 main()
@@ -120,15 +75,26 @@ python_files = test_*.py *_test.py
 """
 
 
-def write_runner(directory: str, workdir: str = "/testbed") -> None:
-    """Write the runner script and its pytest.ini into the (host-owned) ``directory``."""
+def reporter_source() -> str:
+    """The text of :mod:`.reporter` (installed in sandboxes as ``tsl_report.py``)."""
+    return Path(reporter.__file__).read_text(encoding="utf-8")
+
+
+def write_host_dir(directory: str, files: Sequence[tuple[str, str]]) -> None:
+    """Write ``files`` (name, text) into ``directory``, owned by the host and read-only to others."""
     os.makedirs(directory, mode=0o755, exist_ok=True)
-    for name, text in (("run_tests.py", _RUNNER), ("pytest.ini", _INI.format(workdir=workdir))):
+    for name, text in files:
         path = os.path.join(directory, name)
         with open(path, "w", encoding="utf-8") as f:
             f.write(text)
         os.chmod(path, 0o644)
     os.chmod(directory, 0o755)
+
+
+def write_runner(directory: str, workdir: str = "/testbed") -> None:
+    """Write the runner script, its reporter and its pytest.ini into the (host-owned) ``directory``."""
+    write_host_dir(directory, [("run_tests.py", _RUNNER), ("tsl_report.py", reporter_source()),
+                               ("pytest.ini", _INI.format(workdir=workdir))])
 
 
 def runner_command(node_ids: Sequence[str], python: str = "python3", workdir: str = "/testbed") -> str:
@@ -139,8 +105,9 @@ def runner_command(node_ids: Sequence[str], python: str = "python3", workdir: st
     return "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 exec " + " ".join(shlex.quote(a) for a in args)
 
 
-def new_nonce() -> str:
-    return "tsl-" + secrets.token_hex(16)
+def new_key() -> str:
+    """A fresh per-run key (sent to the reporter on stdin; never printed)."""
+    return secrets.token_hex(32)
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,24 +119,31 @@ class RunnerResults:
     exit_status: int | None
     problem: str | None
 
-    def log_body(self) -> str:
-        """The results as pytest ``-rA`` summary lines (what swebench's pytest parser reads)."""
-        return "".join(f"{status} {nodeid}\n" for status, nodeid in self.lines)
+    def log_body(self, skipped: bool = True) -> str:
+        """The results as pytest ``-rA`` summary lines (what swebench's pytest parser reads);
+        ``skipped=False`` leaves out SKIPPED tests, which ``-rA`` prints in a form the parser ignores."""
+        return "".join(f"{status} {nodeid}\n" for status, nodeid in self.lines if skipped or status != "SKIPPED")
 
 
-def parse_results(output: str, nonce: str) -> RunnerResults:
-    """Read the nonce-framed lines from the runner's output; every other line is ignored."""
+def parse_results(output: str, key: str) -> RunnerResults:
+    """Read the reporter's lines (those carrying the run's tag) from ``output`` and verify each
+    against ``key``; every other line is ignored. Any tagged line that fails verification, or
+    comes after the end line, voids the results."""
     lines: list[tuple[str, str]] = []
     end: tuple[int, int] | None = None
     tampered = None
-    pattern = re.compile(rf"^{re.escape(nonce)} (\S+) ?(.*)$")
+    pattern = re.compile(rf"^{re.escape(line_tag(key))} ([0-9a-f]{{32}}) (\S+) ?(.*)$")
+    index = 0
     for raw in output.split("\n"):
         m = pattern.match(raw)
         if m is None:
             continue
-        kind, rest = m.group(1), m.group(2)
+        mac, kind, rest = m.group(1), m.group(2), m.group(3)
         if end is not None:
             return RunnerResults((), None, "results after the reporter's end line")
+        if not secrets.compare_digest(mac, line_mac(key, index, kind, rest)):
+            return RunnerResults((), None, f"result line {index} fails authentication (forged, altered or moved)")
+        index += 1
         if kind == "END":
             count, _, status = rest.partition(" ")
             try:

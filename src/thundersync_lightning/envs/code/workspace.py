@@ -32,7 +32,7 @@ from ..sandbox.fs import BoundedDir, release_workdir, remove_tree, sweep_stale
 from ..sandbox.uids import UidLease, UidPool
 from .grading import EvalOutcome, grade_log, runner_log
 from .patches import BASE_GIT_DIR, capture_command, filter_patch
-from .runner import RUNNER_DIR, new_nonce, parse_results, runner_command, write_runner
+from .runner import RUNNER_DIR, new_key, parse_results, runner_command, write_runner
 from .task import LocalTask
 
 __all__ = ["WorkspaceSettings", "LocalWorkspace", "grading_slots"]
@@ -177,11 +177,11 @@ class LocalWorkspace:
             if not applied.ok:
                 return EvalOutcome(False, "patch did not apply", log=applied.text)
             _freeze(evaldir)  # the code under test must not rewrite tests that are not yet collected
-            nonce = new_nonce()
+            key = new_key()
             with grading_slots(self.settings.parallel_tests):
                 tests = box.run(runner_command(task.fail_to_pass + task.pass_to_pass, self.settings.python),
-                                stdin=(nonce + "\n").encode(), timeout_s=self.settings.test_timeout_s)
-            results = parse_results(tests.text, nonce)
+                                stdin=(key + "\n").encode(), timeout_s=self.settings.test_timeout_s)
+            results = parse_results(tests.text, key)
             if results.problem is not None and not (tests.timed_out or tests.truncated):
                 return EvalOutcome(False, f"no trustworthy test results: {results.problem}", log=tests.text)
             return grade_log(task.name, runner_log(results, tests), task.fail_to_pass, task.pass_to_pass, patch)

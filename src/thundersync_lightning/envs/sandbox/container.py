@@ -8,9 +8,13 @@ podman's ``--http-proxy=false`` (no host proxy variables leak in), cgroup limits
 ``--log-driver none`` and a bounded tmpfs /tmp. The engine's default seccomp profile (an allow
 list that denies keyctl, add_key, bpf, perf_event_open, mount, ... to unprivileged containers)
 stays in force. Cleanup is
-guaranteed three ways: ``--rm``; a server-side deadline (podman ``--timeout``; for docker the
-command runs under ``timeout -s KILL`` as pid 1, so the container ends with it); and a forced
-``rm -f`` of the named container whenever the client returns, was killed, or timed out.
+guaranteed four ways: ``--rm``; a server-side deadline (podman ``--timeout``; for docker the
+command runs under ``timeout -s KILL`` as pid 1, so the container ends with it); a forced
+``rm -f`` of the named container whenever the client returns, was killed, or timed out; and, for a
+learner killed before it could do that (SIGKILL, the OOM killer), its reaper (:mod:`.reaper`),
+which removes the learner's containers within seconds of its death. Every container is labelled
+with its owner (``tsl.host``, ``tsl.owner``) and named after it, so leftovers of dead owners are
+found and removed when a reaper starts.
 """
 
 from __future__ import annotations
@@ -20,11 +24,11 @@ import os
 import shutil
 import subprocess
 import time
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from .base import RunGuard, SandboxError, SandboxLimits, SandboxResult, run_bounded
+from .reaper import ContainerReaper, container_name, owner_labels, reaper_for
 
 __all__ = ["ContainerConfig", "ContainerSandbox", "find_engine", "image_exists", "copy_from_image"]
 
@@ -88,18 +92,21 @@ def copy_from_image(image: str, src: str, dest: str, config: ContainerConfig | N
     if engine is None:
         raise SandboxError("no container engine (podman or a running docker) found")
     g = _global_args(engine, config)
-    name = f"tsl-cp-{uuid.uuid4().hex[:12]}"
-    created = subprocess.run([engine, *g, "create", "--pull=never", "--name", name, image, "true"],
-                             capture_output=True, text=True)
-    if created.returncode != 0:
-        raise SandboxError(f"cannot create a container of image {image!r} (it must be present locally: images are never pulled): "
-                           f"{created.stderr.strip()[-500:]}")
+    reaper = reaper_for(engine, g)
+    name = container_name("cp")
+    reaper.started(name)
     try:
+        created = subprocess.run([engine, *g, "create", "--pull=never", *owner_labels(), "--name", name, image, "true"],
+                                 capture_output=True, text=True)
+        if created.returncode != 0:
+            raise SandboxError(f"cannot create a container of image {image!r} (it must be present locally: images "
+                               f"are never pulled): {created.stderr.strip()[-500:]}")
         copied = subprocess.run([engine, *g, "cp", f"{name}:{src}", dest], capture_output=True, text=True)
         if copied.returncode != 0:
             raise SandboxError(f"cannot copy {src} out of image {image!r}: {copied.stderr.strip()[-500:]}")
     finally:
         subprocess.run([engine, *g, "rm", "-f", name], capture_output=True)
+        reaper.finished(name)
 
 
 class ContainerSandbox:
@@ -125,13 +132,19 @@ class ContainerSandbox:
         self.env = dict(env or {})
         self.ro_volumes = dict(ro_volumes or {})
         self.guard = guard if guard is not None else RunGuard()
+        reaper_for(engine, _global_args(engine, self.config))  # started now: its sweep removes dead owners' containers
+
+    @property
+    def reaper(self) -> ContainerReaper:
+        """This process's reaper for the engine (a forked child gets its own)."""
+        return reaper_for(self.engine, _global_args(self.engine, self.config))
 
     def argv(self, command: str, name: str, timeout_s: float) -> list[str]:
         lim = self.config.limits
         secs = max(1, int(timeout_s + 0.999))
         argv = [
             self.engine, *_global_args(self.engine, self.config), "run", "--rm", "-i", "--name", name,
-            "--pull=never", *(["--http-proxy=false"] if _is_podman(self.engine) else []),
+            "--pull=never", *(["--http-proxy=false"] if _is_podman(self.engine) else []), *owner_labels(),
             "--network", "none", "--read-only", "--cap-drop", "all",
             "--security-opt", "no-new-privileges", "--user", f"{self.uid}:{self.uid}",
             "--log-driver", "none", "--pids-limit", str(lim.nproc), "--memory", self.config.memory,
@@ -161,7 +174,9 @@ class ContainerSandbox:
     def _run(self, command: str, stdin: bytes | None, timeout_s: float | None) -> SandboxResult:
         lim = self.config.limits
         timeout = timeout_s if timeout_s is not None else lim.timeout_s
-        name = f"tsl-{uuid.uuid4().hex[:16]}"
+        name = container_name()
+        reaper = self.reaper
+        reaper.started(name)  # before the client starts: a learner killed from here on is covered
         start = time.monotonic()
         try:
             # The client gets a little longer than the container so the server-side kill wins.
@@ -172,6 +187,7 @@ class ContainerSandbox:
             )
         finally:
             self._remove(name)
+            reaper.finished(name)  # only once rm returned (if it raised, the reaper keeps the name)
         if result.exit_code not in (None, 0) and not result.cancelled and time.monotonic() - start >= timeout:
             note = f"\n[timed out after {timeout:g} s]\n".encode()
             result = replace(result, exit_code=None, timed_out=True, output=result.output + note)

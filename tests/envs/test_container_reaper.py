@@ -1,0 +1,147 @@
+"""A SIGKILLed learner's containers are removed by its reaper; dead owners' leftovers are swept.
+
+No container engine runs here: a fake ``podman`` executable records every call (argv, pid, parent
+pid) and behaves as the client would (``run`` blocks like a long command, ``ps`` lists what the
+test says exists). ContainerSandbox and the reaper run their real code paths against it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from thundersync_lightning.envs.sandbox import ContainerConfig, ContainerSandbox
+from thundersync_lightning.envs.sandbox.base import wait_readable
+from thundersync_lightning.envs.sandbox.reaper import container_name, host_key, process_start, reaper_for
+
+SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+DEADLINE_S = 15.0
+
+
+@pytest.fixture
+def fake_podman(tmp_path):
+    """A fake ``podman``: appends {pid, ppid, argv} to calls.jsonl; ``run`` sleeps; ``ps`` prints ps.txt."""
+    path = tmp_path / "bin" / "podman"
+    path.parent.mkdir()
+    path.write_text(textwrap.dedent(f"""\
+        #!{sys.executable} -S
+        import json, os, sys, time
+        args = sys.argv[1:]
+        with open({str(tmp_path / "calls.jsonl")!r}, "a") as f:
+            f.write(json.dumps({{"pid": os.getpid(), "ppid": os.getppid(), "argv": args}}) + "\\n")
+        sub = next(a for a in args if not a.startswith("-"))
+        if sub == "run":
+            time.sleep(600)  # the container's command runs until someone removes it
+        elif sub == "ps":
+            try:
+                print(open({str(tmp_path / "ps.txt")!r}).read())
+            except OSError:
+                pass
+        """))
+    path.chmod(0o755)
+    return str(path)
+
+
+def calls(tmp_path) -> list[dict]:
+    try:
+        with open(tmp_path / "calls.jsonl") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def wait_for(predicate, what: str):
+    """Poll ``predicate`` until it returns something truthy (the file is written by other processes)."""
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def wait_gone(pid: int) -> bool:
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(wait_readable([fd], DEADLINE_S))
+    finally:
+        os.close(fd)
+
+
+def removals(tmp_path) -> list[dict]:
+    return [c for c in calls(tmp_path) if c["argv"][:2] == ["rm", "-f"]]
+
+
+def test_a_sigkilled_learners_running_container_is_removed_by_its_reaper(tmp_path, fake_podman):
+    learner = textwrap.dedent(f"""\
+        import sys
+        sys.path.insert(0, {SRC!r})
+        from thundersync_lightning.envs.sandbox import ContainerConfig, ContainerSandbox
+        box = ContainerSandbox({str(tmp_path)!r}, "localhost/fake:1", 4_000_000,
+                               ContainerConfig(engine={fake_podman!r}, runtime=""))
+        print(box.reaper.process.pid, flush=True)
+        box.run("sleep 1000", timeout_s=300)
+        """)
+    # --multiprocessing-fork: the package skips importing Lightning (seconds) in such processes.
+    proc = subprocess.Popen([sys.executable, "-c", learner, "--multiprocessing-fork"], stdout=subprocess.PIPE,
+                            text=True)
+    client = None
+    try:
+        watchdog = int(proc.stdout.readline())
+        run = wait_for(lambda: [c for c in calls(tmp_path) if "run" in c["argv"]], "the container's client")[0]
+        client = run["pid"]
+        name = run["argv"][run["argv"].index("--name") + 1]
+        owner = f"tsl.owner={host_key()}.{proc.pid}.{process_start(proc.pid)}"
+        assert owner in run["argv"] and name.startswith(f"tsl-{proc.pid}-")
+        proc.kill()  # SIGKILL: no finally, no atexit
+        proc.wait()
+        rm = wait_for(lambda: [c for c in removals(tmp_path) if name in c["argv"]], "rm -f of the container")
+        assert rm[0]["argv"] == ["rm", "-f", "-t", "0", name] and rm[0]["ppid"] == watchdog  # by the reaper
+        assert wait_gone(client)  # the client was killed too (it could still have been creating)
+        assert wait_gone(watchdog)  # and the watchdog exits once done
+        assert any(c["argv"][:2] == ["ps", "-a"] and f"label={owner}" in c["argv"] for c in calls(tmp_path))
+    finally:
+        proc.kill()
+        proc.wait()
+        if client is not None and not wait_gone(client):
+            os.kill(client, signal.SIGKILL)
+
+
+def test_a_learner_that_ends_normally_leaves_its_reaper_nothing_to_do(tmp_path, fake_podman):
+    box = ContainerSandbox(str(tmp_path), "localhost/fake:1", 4_000_000,
+                           ContainerConfig(engine=fake_podman, runtime=""))
+    reaper = box.reaper
+    name = container_name()
+    reaper.started(name)
+    reaper.finished(name)
+    reaper.close()
+    assert reaper.process.returncode == 0
+    assert not removals(tmp_path)
+
+
+def test_the_start_up_sweep_removes_only_containers_of_this_host_whose_owner_is_gone(tmp_path, fake_podman):
+    child = subprocess.Popen(["true"])  # once reaped, its pid belongs to no one
+    dead_pid = child.pid
+    child.wait()
+    me, my_start = os.getpid(), process_start(os.getpid())
+    dead = f"tsl-{dead_pid}-123-0123456789ab"
+    reused = f"tsl-cp-{me}-{my_start + 1}-0123456789ab"  # this pid, another (earlier owner's) start time
+    mine = f"tsl-{me}-{my_start}-0123456789ab"
+    (tmp_path / "ps.txt").write_text("\n".join([dead, reused, mine, "someone-elses-container"]))
+    reaper = reaper_for(fake_podman, [])
+    reaper.close()  # end of file at once: the watchdog exits once its sweep is done
+    assert reaper.process.returncode == 0
+    assert {c["argv"][-1] for c in removals(tmp_path)} == {dead, reused}
+    listing = [c for c in calls(tmp_path) if c["argv"][:2] == ["ps", "-a"]][0]["argv"]
+    assert f"label=tsl.host={host_key()}" in listing

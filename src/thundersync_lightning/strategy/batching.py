@@ -15,7 +15,9 @@ accumulator is exact whatever the order and grouping), so this choice only moves
 
 One choice per call: the runner drains the queue between calls, so rewards that landed during a
 backward turn partial-group buckets into direct work before they are spent in small passes.
-Batches are cut at ``max_batch`` trajectories (activation memory).
+Batches are cut at ``max_batch`` trajectories (activation memory). A batch may mix lengths freely:
+the policy scores it in length-sorted micro-batches whose padding it bounds
+(``GRPOPolicy(score_max_padding=...)``), so mixing groups costs forward launches, not padded compute.
 """
 
 from __future__ import annotations

@@ -85,3 +85,18 @@ def flat(module: torch.nn.Module) -> torch.Tensor:
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
+
+
+def outcomes(stats: StepStats) -> dict[str, tuple[Any, ...]]:
+    """What a step trained on, per trajectory: reward, failure, finish reason, version, prompt, tokens."""
+    return {
+        t.trajectory_id: (
+            t.reward,
+            t.failure,
+            t.finish_reason,
+            t.policy_version,
+            t.prompt,
+            tuple(s.tokens for s in t.segments),
+        )
+        for t in stats.trajectories
+    }

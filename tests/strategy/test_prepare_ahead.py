@@ -15,7 +15,7 @@ from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
 from thundersync_lightning.rollout import TraceReplayEngine, TraceReplayEngineConfig
 from thundersync_lightning.strategy import ThunderSyncStrategy
 
-from ._fit import TOY_MODEL, fit, relative
+from ._fit import TOY_MODEL, fit, outcomes, relative
 
 STEPS = 3
 
@@ -99,21 +99,7 @@ def test_prepare_ahead_off_leaves_the_engine_unprepared():
 def test_the_embedded_engine_trains_the_same_parameters_with_and_without_prepare_ahead(mode):
     prepared, prepared_steps, _ = fit(mode, steps=STEPS, strategy_kwargs={"prepare_ahead": True})
     unprepared, unprepared_steps, _ = fit(mode, steps=STEPS, strategy_kwargs={"prepare_ahead": False})
-    assert [_outcomes(s) for s in prepared_steps] == [_outcomes(s) for s in unprepared_steps]
+    assert [outcomes(s) for s in prepared_steps] == [outcomes(s) for s in unprepared_steps]
     # the same trajectories and rewards; logprobs and the summation order of gradients follow batch
     # composition and completion order by float rounding only (the streaming == sync criterion)
     assert relative(prepared, unprepared) <= 1e-5
-
-
-def _outcomes(stats: Any) -> dict[str, tuple[Any, ...]]:
-    return {
-        t.trajectory_id: (
-            t.reward,
-            t.failure,
-            t.finish_reason,
-            t.policy_version,
-            t.prompt,
-            tuple(s.tokens for s in t.segments),
-        )
-        for t in stats.trajectories
-    }

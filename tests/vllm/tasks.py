@@ -5,6 +5,8 @@ An episode: prompt ``(3, 4 + group, 5)``; the agent emits up to 4 tokens (stoppi
 the environment answers ``(OBS, 6 + len(action))`` and the episode ends after ``turns`` actions
 (``done``). The verdict is the number of STOP-terminated actions. ``gates[group_index]``, when
 set, makes that group's first step wait for the event (to force a completion order).
+``Task.fails_at`` makes ``make_env`` or every ``step`` raise; ``TurnTasks.made`` / ``closed`` are
+released once per environment created / closed (so tests can count them).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 
@@ -35,17 +38,22 @@ TINY_QWEN3 = ModelSpec(
     },
 )
 
+TOY_VLLM_MODEL = {**TINY_QWEN3.config, "vocab_size": 16, "max_position_embeddings": 64}
+"""TINY_QWEN3 for the toy guessing game (GRPOPolicy's ``config`` in the vLLM fits)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Task:
     group_index: int
     turns: int = 3
+    fails_at: Literal["make_env", "step"] | None = None
 
 
 class TurnEnv:
-    def __init__(self, task: Task, gate: threading.Event | None) -> None:
+    def __init__(self, task: Task, gate: threading.Event | None, closed: threading.Semaphore) -> None:
         self.task = task
         self.gate = gate
+        self.closed = closed
         self.turns = 0
         self.stops = 0
 
@@ -53,6 +61,8 @@ class TurnEnv:
         return (3, 4 + self.task.group_index % 20, 5)
 
     def step(self, action: Sequence[int]) -> StepResult:
+        if self.task.fails_at == "step":
+            raise ValueError("tool crashed")
         if self.gate is not None and self.turns == 0 and not self.gate.wait(timeout=120):
             raise TimeoutError("gate never opened")
         self.turns += 1
@@ -63,7 +73,7 @@ class TurnEnv:
         return float(self.stops)
 
     def close(self) -> None:
-        pass
+        self.closed.release()
 
 
 @dataclass
@@ -72,12 +82,18 @@ class TurnTasks:
     max_action_tokens: int = 4
     stop_token: int | None = STOP
     gates: dict[int, threading.Event] = field(default_factory=dict)
+    made: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
+    closed: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(0))
 
     def tasks(self, step: int, num_groups: int, seed: int) -> Sequence[Task]:
         return [Task(g) for g in range(num_groups)]
 
     def make_env(self, task: Task, seed: int) -> TurnEnv:
-        return TurnEnv(task, self.gates.get(task.group_index))
+        if task.fails_at == "make_env":
+            raise RuntimeError("cannot build the sandbox")
+        env = TurnEnv(task, self.gates.get(task.group_index), self.closed)
+        self.made.release()
+        return env
 
 
 def make_learner(seed: int) -> torch.nn.Module:

@@ -16,7 +16,7 @@ from lightning.pytorch import Callback
 from thundersync_lightning.core import ConfigError, Objective
 from thundersync_lightning.core.types import ContentReady, GroupRequest, RolloutRequest, group_id
 
-from .tasks import TEMPERATURE, TINY_QWEN3, Task, make_learner, reference_logprobs
+from .tasks import TEMPERATURE, TINY_QWEN3, TOY_VLLM_MODEL, Task, make_learner, reference_logprobs
 
 pytestmark = pytest.mark.vllm
 
@@ -99,8 +99,6 @@ def test_a_teacher_with_another_vocabulary_is_refused_before_vllm_starts(turn_ta
 
 
 # -- a short OPD fit through the strategy, against the written per-token gradient ---------------------
-
-TOY_VLLM_MODEL = {**TINY_QWEN3.config, "vocab_size": 16, "max_position_embeddings": 64}
 
 
 class GradientAndWeights(Callback):

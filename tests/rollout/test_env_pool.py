@@ -39,3 +39,24 @@ def test_calls_after_shutdown_resolve_as_failures():
     pool = EnvPool(1)
     pool.shutdown()
     assert "shut down" in pool.submit(lambda: 1, timeout_s=1.0).result(timeout=10).failure
+
+
+def test_a_free_worker_takes_the_lowest_priority_then_the_oldest_queued_call():
+    pool = EnvPool(workers=1)
+    started, release = threading.Event(), threading.Event()
+    order: list[str] = []
+
+    def blocker() -> None:
+        started.set()
+        release.wait(10)
+
+    first = pool.submit(blocker, timeout_s=None)
+    assert started.wait(10)  # the only worker is busy: everything below queues
+    calls = [
+        pool.submit(lambda name=name: order.append(name), timeout_s=None, priority=priority)
+        for name, priority in [("prepared-1", 1), ("prepared-2", 1), ("step-1", 0), ("step-2", 0)]
+    ]
+    release.set()
+    assert first.result(10).ok and all(c.result(10).ok for c in calls)
+    assert order == ["step-1", "step-2", "prepared-1", "prepared-2"]
+    pool.shutdown()

@@ -196,7 +196,8 @@ class AgentLoop:
             for ep in self._episodes(request):
                 key = (ep.trajectory_id, ep.seed)
                 if key not in self._prepared:
-                    future = self.pool.submit(self._resetter(ep), self.step_timeout_s, "reset")
+                    # priority 1: behind every call of the request being generated now
+                    future = self.pool.submit(self._resetter(ep), self.step_timeout_s, "reset", priority=1)
                     self._prepared[key] = (request.step, ep, future)
 
     def close_prepared(self, timeout_s: float | None = None) -> int:

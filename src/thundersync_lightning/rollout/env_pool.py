@@ -8,6 +8,9 @@ keeps its pool slot until it returns, and its late result is discarded.
 
 Invariants:
 - every submitted call resolves exactly once (value, exception or timeout);
+- a free worker takes the queued call of the lowest ``priority`` (then the oldest): work for the
+  step being generated (priority 0) never waits behind work prepared ahead for the next step
+  (``AgentLoop.prepare``, priority 1), however many prepared resets are queued;
 - the timeout clock starts when the call starts running, not when it is queued, so a busy pool
   never turns queueing delay into spurious timeouts.
 
@@ -67,11 +70,16 @@ class EnvPool:
         self._counter = itertools.count()
         self._cond = threading.Condition()
         self._closed = False
+        self._queue: list[tuple[int, int, Callable[[], None]]] = []  # (priority, seq, run): a heap
+        self._queue_lock = threading.Lock()
         self._watchdog = threading.Thread(target=self._watch, name=f"{name}-watchdog", daemon=True)
         self._watchdog.start()
 
-    def submit(self, fn: Callable[[], T], timeout_s: float | None, what: str = "call") -> Future[Outcome[T]]:
-        """Run ``fn()`` in the pool; the future always resolves to an :class:`Outcome`."""
+    def submit(
+        self, fn: Callable[[], T], timeout_s: float | None, what: str = "call", priority: int = 0
+    ) -> Future[Outcome[T]]:
+        """Run ``fn()`` in the pool (lower ``priority`` first); the future always resolves to an
+        :class:`Outcome`."""
         future: Future[Outcome[T]] = Future()
 
         def run() -> None:
@@ -88,8 +96,16 @@ class EnvPool:
         if self._closed:
             _resolve_now(future, Outcome(None, f"{what} not run: the environment pool is shut down"))
             return future
-        self._executor.submit(run)
+        with self._queue_lock:
+            heapq.heappush(self._queue, (priority, next(self._counter), run))
+        # one slot per queued call; the slot runs whichever queued call is best when a worker frees
+        self._executor.submit(self._run_next)
         return future
+
+    def _run_next(self) -> None:
+        with self._queue_lock:
+            _, _, run = heapq.heappop(self._queue)
+        run()
 
     def shutdown(self) -> None:
         """Stop accepting calls; queued calls are dropped, running ones are not waited for."""

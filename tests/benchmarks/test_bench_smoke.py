@@ -53,6 +53,20 @@ def test_overlap_smoke(tmp_path: Path) -> None:
     assert data["modes"]["sync"]["staleness_max"] == 0
     assert data["modes"]["streaming"]["staleness_max"] == 0
     assert data["modes"]["async"]["staleness_max"] == 1
+    loose = data["without_release_dates"]  # the release dates only tighten (raise) the bound
+    assert data["bound_step_s"] >= loose["bound_step_s"] and data["efficiency"] >= loose["efficiency"]
+    for step in data["per_step"].values():
+        assert step["bound_s"] >= step["bound_without_release_dates_s"]
+
+
+def test_release_bound_is_the_single_machine_bound_with_release_dates() -> None:
+    bound = _load("overlap").release_bound
+    # two equal trajectories landing at 0 and 10 s, 4 s of work: the second's 2 s start at 10 at the earliest
+    assert bound([(10.0, 5), (0.0, 5)], 1.0, 4.0) == 12.0
+    # everything landing early: the work itself is the bound; the scale converts units to seconds
+    assert bound([(0.0, 1), (1.0, 3)], 0.5, 8.0) == 8.0
+    # a long trajectory landing last carries its token share: 5 + 4 * 3/4 = 8
+    assert bound([(0.0, 1), (5.0, 3)], 1.0, 4.0) == 8.0
 
 
 def test_overlap_long_workload_with_set_up_and_balance_calibration_smoke(tmp_path: Path) -> None:

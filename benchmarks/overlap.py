@@ -41,18 +41,18 @@ matmul on this machine with the same threads (stated in the JSON).
 The lower bound of a step (per measured (seed, step) k, then median / mean like the step times):
 
     bound_k = max(M_k * time_scale_s + c_single + end_of_step,
-                  max_j (c_j * time_scale_s + W * T_{>=j} / T) + end_of_step)
+                  max_j (c_j * time_scale_s + W_k * T_{>=j} / T) + end_of_step)
 
 M_k: the step's rollout makespan in trace units (the last reward), c_single: one trajectory's
 streaming backward (the last one can only start when it lands), end_of_step: the barrier, the
-optimizer step and the weight publish (streaming's measured medians), W: the whole batch's learner
-work done the cheapest way measured (the smaller of the synchronous and the streaming learner's
-median busy seconds per step), c_j: trajectory j's content_ready (units), T_{>=j} / T: the share
-of the step's tokens in trajectories whose content lands at c_j or later. The second term is the
-single-machine bound with release dates: no learner, however it batches, works on a trajectory
-before its content lands, and the barrier follows the last of that work. ``without_release_dates``
-reports the looser bound of earlier runs (``max(M_k s + c_single + end_of_step, W)``), which no
-zero-staleness learner can reach when the first content lands late.
+optimizer step and the weight publish (streaming's measured medians), W_k: step k's learner work
+done the cheapest way measured (the smaller of the synchronous and the streaming learner's busy
+seconds on that very step: steps differ in tokens), c_j: trajectory j's content_ready (units),
+T_{>=j} / T: the share of the step's tokens in trajectories whose content lands at c_j or later.
+The second term is the single-machine bound with release dates: no learner, however it batches,
+works on a trajectory before its content lands, and the barrier follows the last of that work.
+``without_release_dates`` reports the bound of earlier runs (``max(M_k s + c_single +
+end_of_step, W)`` with W the median work over all steps).
 ``bound_speedup`` = sync step / bound, ``efficiency`` = streaming's speedup / bound_speedup.
 
 Workloads (``--workload``, :mod:`_workloads`): ``short`` (default; the numbers above) and ``long``
@@ -626,11 +626,21 @@ def main(argv: list[str] | None = None) -> dict:
         for key in measured
     }
     arrivals = {(r["seed"], r["step"]): r["arrivals"] for r in rows["streaming"]}
+    work = {  # this step's learner work, the cheaper of the two ways measured on it
+        key: min(
+            statistics.mean(r["busy_s"] for r in rows[m] if (r["seed"], r["step"]) == key)
+            for m in ("sync", "streaming")
+        )
+        for key in makespans
+    }
     loose = {
         key: max(m * time_scale_s + cal["single_s"] + end_of_step, least_work) for key, m in makespans.items()
     }
     bounds = {
-        key: max(loose[key], release_bound(arrivals[key], time_scale_s, least_work) + end_of_step)
+        key: max(
+            makespans[key] * time_scale_s + cal["single_s"] + end_of_step,
+            release_bound(arrivals[key], time_scale_s, work[key]) + end_of_step,
+        )
         for key in makespans
     }
     bound_s = statistics.median(bounds[key] for key in measured)
@@ -677,6 +687,11 @@ def main(argv: list[str] | None = None) -> dict:
             "makespan_units": makespans[key],
             "bound_s": bounds[key],
             "bound_without_release_dates_s": loose[key],
+            "learner_work_s": work[key],
+            **{
+                f"{m}_busy_s": statistics.mean(r["busy_s"] for r in rows[m] if (r["seed"], r["step"]) == key)
+                for m in MODES
+            },
             **{
                 f"{m}_s": statistics.mean(r["period_s"] for r in rows[m] if (r["seed"], r["step"]) == key)
                 for m in MODES

@@ -114,3 +114,18 @@ def test_the_model_spec_builds_a_tiny_qwen3_with_head_dim_64_covering_the_vocabu
     assert model.config.vocab_size >= tasks.vocab_size
     assert sum(p.numel() for p in model.parameters()) < 300_000
     assert math.isfinite(model(input_ids=torch.tensor([[tasks.num_digits + 4]])).logits.sum().item())
+
+
+def test_context_tokens_lengthen_the_prompt_and_the_positions_but_not_the_game():
+    tasks = GuessingGameTasks(context_tokens=100, latency="none")
+    env = tasks.make_env(tasks.tasks(0, 1, 0)[0], seed=0)
+    prompt = tuple(env.reset())
+    assert prompt == (env.start,) * 101
+    assert tasks.max_episode_tokens() == GuessingGameTasks().max_episode_tokens() + 100
+    positions = tasks.model_spec().config["max_position_embeddings"]
+    assert positions >= tasks.max_episode_tokens() and positions % 64 == 0
+    assert GuessingGameTasks().model_spec().config["max_position_embeddings"] == 64
+    # the rules after the context: binary search still wins every secret
+    assert play(env, lambda history: binary_search(8)(history[100:])) == 1.0
+    with pytest.raises(ConfigError, match="context_tokens"):
+        GuessingGameTasks(context_tokens=-1)

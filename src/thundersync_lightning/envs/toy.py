@@ -14,6 +14,11 @@ digits; the default 8 leaves slack, so several strategies win and learning is qu
 while a randomly initialised model wins about 20% of the time: the reward has room to rise and
 a tiny model learns it by GRPO on a CPU in a few hundred steps.
 
+``context_tokens = n`` puts n copies of START before it (the prompt is ``[START] * (n + 1)``): a
+shared, uninformative task statement that makes every trajectory n tokens longer, standing in for
+the repository context a coding agent reads, so the learner's work per trajectory is set by tokens
+(compute) rather than by per-call overheads. The game and its verdicts are unchanged.
+
 Vocabulary layout (token ids): digits ``0..num_digits-1``, then HIGHER, LOWER, OK, BAD, START;
 ``vocab_size >= num_digits + 5``. ``GuessingGameTasks.decode(ids)`` writes ids as these words.
 
@@ -83,8 +88,11 @@ class GuessingTask:
 class GuessingGameEnv:
     """One episode of the guessing game (see the module docstring for the rules)."""
 
-    def __init__(self, secret: int, num_digits: int, max_turns: int, latency_s: float = 0.0) -> None:
+    def __init__(
+        self, secret: int, num_digits: int, max_turns: int, latency_s: float = 0.0, context_tokens: int = 0
+    ) -> None:
         self.secret = secret
+        self.context_tokens = context_tokens
         self.num_digits = num_digits
         self.max_turns = max_turns
         self.latency_s = latency_s  # simulated verdict latency of this trajectory
@@ -115,7 +123,7 @@ class GuessingGameEnv:
     def reset(self) -> Sequence[int]:
         self.found = False
         self.turns = 0
-        return (self.start,)
+        return (self.start,) * (self.context_tokens + 1)
 
     def step(self, action: Sequence[int]) -> StepResult:
         self.turns += 1
@@ -153,6 +161,7 @@ class GuessingGameTasks:
         latency_pareto_alpha: Pareto tail index (smaller: heavier).
         latency_max_s: cap on one latency.
         seed: offset mixed into every task and latency draw.
+        context_tokens: START tokens before the prompt's own (module docstring); 0: none.
     """
 
     num_digits: int = 8
@@ -163,6 +172,7 @@ class GuessingGameTasks:
     latency_pareto_alpha: float = 1.5
     latency_max_s: float = 5.0
     seed: int = 0
+    context_tokens: int = 0
     max_action_tokens: int = field(default=1, init=False)
     stop_token: int | None = field(default=None, init=False)
 
@@ -176,6 +186,8 @@ class GuessingGameTasks:
             p.append(f"latency={self.latency!r}: use 'lognormal', 'pareto' or 'none'")
         if self.latency_median_s < 0 or self.latency_sigma < 0 or self.latency_max_s < 0:
             p.append("latency_median_s, latency_sigma and latency_max_s must be >= 0")
+        if self.context_tokens < 0:
+            p.append(f"context_tokens={self.context_tokens}: must be >= 0")
         if not self.latency_pareto_alpha > 0:
             p.append(f"latency_pareto_alpha={self.latency_pareto_alpha}: must be > 0")
         if p:
@@ -199,8 +211,13 @@ class GuessingGameTasks:
         return " ".join(word(int(i)) for i in ids)
 
     def model_spec(self) -> ModelSpec:
-        """:func:`toy_model_spec` with the vocabulary rounded up to a multiple of 8."""
-        return toy_model_spec(vocab_size=8 * math.ceil(self.vocab_size / 8))
+        """:func:`toy_model_spec` with the vocabulary rounded up to a multiple of 8 and positions for
+        the longest episode (a multiple of 64)."""
+        spec = toy_model_spec(vocab_size=8 * math.ceil(self.vocab_size / 8))
+        positions = 64 * math.ceil(self.max_episode_tokens() / 64)
+        if positions <= spec.config["max_position_embeddings"]:
+            return spec
+        return ModelSpec(spec.model_type, {**spec.config, "max_position_embeddings": positions})
 
     def tasks(self, step: int, num_groups: int, seed: int) -> Sequence[GuessingTask]:
         """Group g's secret depends on (seed, step, g) only, so any split of groups agrees."""
@@ -215,8 +232,8 @@ class GuessingGameTasks:
         return [GuessingTask(s) for s in range(self.num_digits)]
 
     def max_episode_tokens(self) -> int:
-        """The start token, then per turn one guess and one answer (an upper bound on an episode)."""
-        return 1 + self.max_turns * (self.max_action_tokens + 1)
+        """The prompt, then per turn one guess and one answer (an upper bound on an episode)."""
+        return 1 + self.context_tokens + self.max_turns * (self.max_action_tokens + 1)
 
     def sample_latency(self, seed: int) -> float:
         """The simulated verdict latency of the trajectory with ``seed`` (seconds)."""
@@ -231,4 +248,6 @@ class GuessingGameTasks:
         return min(value, self.latency_max_s)
 
     def make_env(self, task: GuessingTask, seed: int) -> GuessingGameEnv:
-        return GuessingGameEnv(task.secret, self.num_digits, self.max_turns, self.sample_latency(seed))
+        return GuessingGameEnv(
+            task.secret, self.num_digits, self.max_turns, self.sample_latency(seed), self.context_tokens
+        )

@@ -156,6 +156,12 @@ def trace_schedule(
     return out
 
 
+def schedule_index(trajectory_id: str, group_size: int) -> int:
+    """Position of "s{step}-g{g}-t{k}" in trace_schedule's order."""
+    g, k = (int(part[1:]) for part in trajectory_id.split("-")[1:])
+    return g * group_size + k
+
+
 def flat_params(module: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).to("cpu", torch.float64) for p in module.parameters()])
 

@@ -75,31 +75,30 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import replace
-from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from _common import add_common_args, write_result  # noqa: E402
+from _common import write_result  # noqa: E402
 from _harness import (  # noqa: E402
     MODES,
     fit,
     load_average,
     matmul_params,
     peak_flops,
-    qwen3_config,
+    schedule_index,
     trace_schedule,
 )
-from _workloads import WORKLOADS, balance_time_scale  # noqa: E402
-from thundersync_lightning.core.streaming import StreamingGRPO  # noqa: E402
-from thundersync_lightning.core.types import ContentReady, GroupRequest, RewardReady, RolloutRequest  # noqa: E402
-from thundersync_lightning.envs.toy import GuessingGameTasks  # noqa: E402
-from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule  # noqa: E402
+from _overlap_bound import release_bound, step_bounds, trace_ceiling  # noqa: E402
+from _overlap_figure import timeline_png  # noqa: E402
+from _overlap_setup import calibrate, make_data, make_policy, model_config, parse_args  # noqa: E402
+from _workloads import balance_time_scale  # noqa: E402
 from thundersync_lightning.rollout import TraceReplayEngineConfig  # noqa: E402
-from thundersync_lightning.rollout.replay import TraceReplayEngine, sync_idle_fraction  # noqa: E402
+from thundersync_lightning.rollout.replay import sync_idle_fraction  # noqa: E402
+
+__all__ = ["main", "release_bound"]
 
 NAME = "overlap"
 TARGETS = {  # issue 16, per workload
@@ -111,120 +110,6 @@ TARGETS = {  # issue 16, per workload
     },
 }
 END_OF_STEP = ("barrier", "optimizer", "publish")
-
-
-# ---------------------------------------------------------------------------------------- set-up
-def make_policy(args: argparse.Namespace) -> GRPOPolicy:
-    torch.manual_seed(0)
-    return GRPOPolicy(config=model_config(args), lr=1e-5, score_max_padding=args.score_max_padding)
-
-
-def model_config(args: argparse.Namespace) -> dict:
-    return qwen3_config(args.hidden, args.intermediate, args.layers, args.vocab, args.max_positions)
-
-
-def engine_config(args: argparse.Namespace, time_scale_s: float, slots: int | None) -> TraceReplayEngineConfig:
-    return TraceReplayEngineConfig(
-        trace=args.trace,
-        time_scale_s=time_scale_s,
-        prompt_tokens=args.prompt_tokens,
-        rollout_slots=slots,
-        token_scale=args.token_scale,
-        setup_fraction=args.setup_fraction,
-    )
-
-
-def make_data(args: argparse.Namespace, time_scale_s: float, seed: int) -> RolloutDataModule:
-    return RolloutDataModule(
-        tasks=GuessingGameTasks(latency="none"),  # payloads only; the replay engine draws the tokens
-        engine=engine_config(args, time_scale_s, args.rollout_slots or None),
-        group_size=args.group_size,
-        groups_per_step=args.groups,
-        seed=seed,
-    )
-
-
-def calibrate(
-    args: argparse.Namespace, device: torch.device, workloads: list[tuple[int, int]]
-) -> dict[str, Any]:
-    """Seconds of the learner's backward per trajectory, streaming-single and sync-batched, on the
-    real trajectories of the (seed, step) batches the runs will measure (the engine draws them; no
-    waiting: time scale ~0). The sync cost depends on each batch's longest trajectory (padding), so
-    it is averaged over the batches: total seconds / total trajectories."""
-    policy = make_policy(args).to(device)
-    params = [p for p in policy.parameters() if p.requires_grad]
-    batches = []
-    for seed, step in workloads:
-        engine = TraceReplayEngine(policy.model_spec, replace(engine_config(args, 1e-9, None), setup_fraction=0.0))
-        engine.publish({}, 0)
-        request = RolloutRequest(
-            step=step,
-            groups=tuple(GroupRequest(f"s{step}-g{g}", g, None, args.group_size) for g in range(args.groups)),
-            seed=seed,
-        )
-        events = list(engine.rollout(request))
-        trajectories = [e.trajectory for e in events if isinstance(e, ContentReady)]
-        rewards = {e.trajectory_id: e.reward for e in events if isinstance(e, RewardReady)}
-        batches.append((trajectories, [rewards[t.trajectory_id] for t in trajectories]))
-
-    def sync_once(trajectories: list, rewards: list) -> float:
-        for p in params:
-            p.grad = None
-        start = time.perf_counter()
-        loss = policy.grpo_loss(trajectories, rewards)
-        loss.backward()
-        _sync(device)
-        return time.perf_counter() - start
-
-    def single_once(t: Any) -> float:
-        acc = StreamingGRPO(params)
-        acc.open_group("g", [t.trajectory_id, "other"])
-        start = time.perf_counter()
-        acc.add_logprobs([t.trajectory_id], policy.trajectory_logprobs([t]))  # reward unknown: held
-        _sync(device)
-        return time.perf_counter() - start
-
-    per_batch = max(1, args.calibration_samples // len(batches))
-    samples = [
-        t
-        for trajectories, _ in batches
-        for t in trajectories[:: max(1, len(trajectories) // per_batch)][:per_batch]
-    ]
-    for t in samples[:2]:
-        single_once(t)  # warm-up
-    sync_once(*batches[0])
-    singles: list[float] = []
-    sync_seconds = [0.0] * len(batches)
-    for _rep in range(args.calibration_reps):  # interleaved: the sync batches, then the singles
-        for i, batch in enumerate(batches):
-            sync_seconds[i] += sync_once(*batch)
-        singles.extend(single_once(t) for t in samples)
-    for p in params:
-        p.grad = None
-    n = sum(len(b[0]) for b in batches)
-    lengths = [len(t.tokens) for b in batches for t in b[0]]
-    padded = sum(len(b[0]) * max(len(t.tokens) for t in b[0]) for b in batches)
-    return {
-        "workloads": [list(w) for w in workloads],
-        "single_s": statistics.median(singles),
-        "single_samples_s": singles,
-        "sync_per_trajectory_s": sum(sync_seconds) / (n * args.calibration_reps),
-        "sync_per_trajectory_by_batch_s": [
-            x / (len(b[0]) * args.calibration_reps) for x, b in zip(sync_seconds, batches)
-        ],
-        "trajectories": n,
-        "tokens_mean": statistics.mean(lengths),
-        "tokens_min": min(lengths),
-        "tokens_max": max(lengths),
-        "sync_work_per_step_s": sum(sync_seconds) / (len(batches) * args.calibration_reps),
-        "padding_factor_sync": padded / sum(lengths),
-        "sample_mean_tokens": statistics.mean(len(t.tokens) for t in samples),
-    }
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # ---------------------------------------------------------------------------------------- runs
@@ -270,7 +155,7 @@ def step_rows(
         s, prev = steps[i], steps[i - 1]
         sched = trace_schedule(args.trace, block["seed"], s.step, args.groups, args.group_size)
         gen_start = min(
-            r.content_ready_at - sched[_index(r.trajectory_id, args.group_size)][0] * time_scale_s
+            r.content_ready_at - sched[schedule_index(r.trajectory_id, args.group_size)][0] * time_scale_s
             for r in s.trajectories
         )
         period = s.step_end - prev.step_end
@@ -297,30 +182,11 @@ def step_rows(
                 "rollout_head_start_s": prev.step_end - gen_start,
                 # (content_ready in trace units, tokens) per trajectory: the release-date bound
                 "arrivals": sorted(
-                    (sched[_index(r.trajectory_id, args.group_size)][0], r.num_tokens) for r in s.trajectories
+                    (sched[schedule_index(r.trajectory_id, args.group_size)][0], r.num_tokens) for r in s.trajectories
                 ),
             }
         )
     return rows
-
-
-def release_bound(arrivals: list[tuple[float, int]], time_scale_s: float, work_s: float) -> float:
-    """Least time to finish a step's learner work when no trajectory can be worked on before its
-    content lands: ``max_j (c_j s + W * tokens(c >= c_j) / tokens)`` over arrivals c_j (units, x s
-    seconds), W the step's learner work split over trajectories in proportion to their tokens (the
-    single-machine bound with release dates, every job at its cheapest measured rate)."""
-    total = sum(n for _, n in arrivals)
-    best, after = 0.0, total
-    for c, n in sorted(arrivals):
-        best = max(best, c * time_scale_s + work_s * after / total)
-        after -= n
-    return best
-
-
-def _index(trajectory_id: str, group_size: int) -> int:
-    """Position of "s{step}-g{g}-t{k}" in trace_schedule's order."""
-    g, k = (int(part[1:]) for part in trajectory_id.split("-")[1:])
-    return g * group_size + k
 
 
 def med(rows: list[dict], key: str) -> float:
@@ -369,197 +235,11 @@ def targets_met(
     return met
 
 
-# ---------------------------------------------------------------------------------------- figure
-def timeline_png(
-    path: str, blocks: dict[str, dict], args: argparse.Namespace, time_scale_s: float, results: dict
-) -> None:
-    """One row per mode: each trajectory's rollout (generation, then verdict wait) above, the
-    learner's busy intervals below (white gaps = idle), for two consecutive measured steps."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    kind_colors = {
-        "backward": "tab:green",
-        "fold": "tab:olive",
-        "barrier": "tab:red",
-        "optimizer": "tab:purple",
-        "publish": "tab:brown",
-    }
-    first = max(1, args.warmup)
-    shown = list(range(first, min(first + 2, args.steps)))
-    fig, axes = plt.subplots(len(MODES), 1, figsize=(12, 2.6 * len(MODES)), sharex=True, dpi=100)
-    xmax = 0.0
-    xmin = 0.0
-    for ax, mode in zip(axes, MODES):
-        steps = blocks[mode]["steps"]
-        t0 = steps[shown[0] - 1].step_end  # the previous step's end: where the first shown step begins
-        n_traj = args.groups * args.group_size
-        lane = 0
-        for k in shown:
-            s = steps[k]
-            sched = trace_schedule(args.trace, blocks[mode]["seed"], s.step, args.groups, args.group_size)
-            recs = sorted(s.trajectories, key=lambda r: r.reward_ready_at or r.content_ready_at)
-            for j, r in enumerate(recs):
-                gen_units = sched[_index(r.trajectory_id, args.group_size)][0]
-                y = 1.0 + lane + (j + 0.5) / n_traj
-                gen0 = r.content_ready_at - gen_units * time_scale_s - t0
-                xmin = min(xmin, gen0)
-                ax.hlines(y, gen0, r.content_ready_at - t0, color="tab:blue", linewidth=0.6, alpha=0.8)
-                if r.reward_ready_at is not None:
-                    ax.hlines(
-                        y,
-                        r.content_ready_at - t0,
-                        r.reward_ready_at - t0,
-                        color="tab:orange",
-                        linewidth=0.6,
-                        alpha=0.8,
-                    )
-            lane += 1
-            ax.axvline(s.step_end - t0, color="k", linestyle=":", linewidth=0.8)
-            for iv in s.busy:
-                ax.broken_barh(
-                    [(iv.start - t0, iv.seconds)], (0.1, 0.7), color=kind_colors.get(iv.kind, "gray")
-                )
-            xmax = max(xmax, s.step_end - t0)
-        ax.broken_barh(
-            [(0, steps[shown[-1]].step_end - t0)],
-            (0.1, 0.7),
-            facecolor="none",
-            edgecolor="0.6",
-            hatch="//",
-            linewidth=0.3,
-            zorder=0,
-        )
-        r = results["modes"][mode]
-        ax.set_yticks([0.45, 2.0], ["learner", "rollouts"])
-        ax.set_ylim(0, 3.1)
-        ax.set_title(
-            f"{mode}: median step {r['median_step_s']:.2f} s, learner idle {r['learner_idle_fraction']:.0%}, "
-            f"MFU {r['mfu']:.1%}, staleness max {r['staleness_max']}",
-            fontsize=9,
-            loc="left",
-        )
-    axes[-1].set_xlim(xmin - 0.01 * xmax, xmax * 1.01)
-    axes[-1].set_xlabel(
-        "seconds from the end of the step before (two consecutive steps; dotted: step end; hatched: learner idle; "
-        "async's rollouts start before 0: issued one step ahead)"
-    )
-    handles = [
-        Patch(color="tab:blue", label="generation (content ready)"),
-        Patch(color="tab:orange", label="verdict wait (reward ready)"),
-        *[Patch(color=c, label=k) for k, c in kind_colors.items()],
-    ]
-    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.955), ncol=7, fontsize=7)
-    fig.suptitle(
-        f"streaming {results['speedup_streaming_vs_sync']:.2f}x sync, async {results['speedup_async_vs_sync']:.2f}x, "
-        f"bound {results['bound_speedup']:.2f}x, efficiency {results['efficiency']:.2f} "
-        f"(trace {args.trace}, {args.groups}x{args.group_size}, 1 unit = {time_scale_s * 1e3:.1f} ms)",
-        fontsize=10,
-        x=0.01,
-        ha="left",
-    )
-    fig.tight_layout(rect=(0, 0, 1, 0.91))
-    fig.savefig(path)
-    plt.close(fig)
-
-
 # ---------------------------------------------------------------------------------------- main
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_common_args(parser, default_threads=1)  # 2 OpenMP threads stall on a shared 2-core VM (README)
-    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    parser.add_argument(
-        "--workload", default="short", choices=sorted(WORKLOADS), help="model and trajectory shape (_workloads.py)"
-    )
-    parser.add_argument("--name", default=None, help="output name (default overlap; overlap_long for long)")
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 4, quick 2; long quick 1)")
-    parser.add_argument("--steps", type=int, default=None, help="steps per block (default 5, quick 4; long quick 3)")
-    parser.add_argument("--warmup", type=int, default=2, help="unmeasured steps at the start of every block")
-    parser.add_argument("--groups", type=int, default=None, help="B, groups per step (default 16; long quick 4)")
-    parser.add_argument("--group-size", type=int, default=None, help="G (default 8; long quick 2)")
-    parser.add_argument("--hidden", type=int, default=None, help="Qwen3 hidden size (workload's)")
-    parser.add_argument("--intermediate", type=int, default=None, help="(workload's)")
-    parser.add_argument("--layers", type=int, default=None, help="(workload's)")
-    parser.add_argument("--vocab", type=int, default=None, help="(workload's)")
-    parser.add_argument("--trace", default="paper_tail")
-    parser.add_argument(
-        "--prompt-tokens", type=int, default=None, help="unscored prompt tokens per trajectory (workload's)"
-    )
-    parser.add_argument("--token-scale", type=float, default=None, help="x the trace's scored tokens (workload's)")
-    parser.add_argument(
-        "--setup-fraction", type=float, default=0.0, help="environment set-up, x each trajectory's generation time"
-    )
-    parser.add_argument(
-        "--prepare-ahead",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="ThunderSyncStrategy(prepare_ahead=...): set-up of step k+1 during step k",
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--rollout-slots",
-        type=int,
-        default=None,
-        help="trajectories the rollout fleet runs at once (default B*G: a saturated fleet, as in the "
-        "paper; 0: unlimited, which lets async start a whole batch early)",
-    )
-    parser.add_argument(
-        "--calibrate",
-        choices=["sync", "single", "balance"],
-        default=None,
-        help="what one trace unit is (short: sync, long: balance = sync idle 49.5%% at this batch)",
-    )
-    parser.add_argument(
-        "--time-scale", type=float, default=None, help="seconds per trace unit (skips --calibrate)"
-    )
-    parser.add_argument(
-        "--calibration-samples", type=int, default=None, help="single-trajectory timings per rep (12; long quick 4)"
-    )
-    parser.add_argument(
-        "--calibration-batches", type=int, default=4, help="measured batches timed the sync way"
-    )
-    parser.add_argument("--calibration-reps", type=int, default=None, help="(default 3, quick 2; long quick 1)")
-    parser.add_argument("--max-batch-trajectories", type=int, default=32, help="ThunderSyncStrategy option")
-    parser.add_argument(
-        "--score-max-padding", type=float, default=0.25, help="GRPOPolicy option (inf: the budget alone cuts)"
-    )
-    parser.add_argument(
-        "--max-open-groups", type=int, default=None, help="ThunderSyncStrategy option (GPU memory)"
-    )
-    parser.add_argument(
-        "--offload", default="none", choices=["none", "cpu", "pinned"], help="ThunderSyncStrategy option"
-    )
-    parser.add_argument(
-        "--peak-flops", type=float, default=None, help="peak FLOP/s for MFU (default: measured)"
-    )
-    args = parser.parse_args(argv)
+    args = parse_args(argv, __doc__.split("\n\n")[0], NAME)
     q = args.quick
-    w = WORKLOADS[args.workload]
-    args.name = args.name or (NAME if args.workload == "short" else f"{NAME}_{args.workload}")
-    args.rounds = args.rounds or (w.quick_rounds if q else 4)
-    args.steps = args.steps or (w.quick_steps if q else 5)
-    args.groups = args.groups or ((w.quick_groups or 16) if q else 16)
-    args.group_size = args.group_size or ((w.quick_group_size or 8) if q else 8)
-    args.hidden = args.hidden or ((w.quick_hidden or w.hidden) if q else w.hidden)
-    args.intermediate = args.intermediate or (w.intermediate * args.hidden // w.hidden)
-    args.vocab = args.vocab or ((w.quick_vocab or w.vocab) if q else w.vocab)
-    args.layers = args.layers or w.layers
-    args.prompt_tokens = args.prompt_tokens or w.prompt_tokens
-    args.token_scale = args.token_scale or w.token_scale
-    args.max_positions = w.max_positions
-    args.calibrate = args.calibrate or w.calibrate
-    if args.rollout_slots is None:
-        args.rollout_slots = args.groups * args.group_size
-    args.calibration_reps = args.calibration_reps or (w.quick_calibration_reps if q else 3)
-    args.calibration_samples = args.calibration_samples or (w.quick_calibration_samples if q else 12)
-    if args.steps <= args.warmup:
-        parser.error(f"--steps ({args.steps}) must exceed --warmup ({args.warmup})")
     device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error("--device cuda: torch.cuda.is_available() is False on this machine")
     torch.set_num_threads(args.threads)
     load_start = load_average()
 
@@ -616,33 +296,9 @@ def main(argv: list[str] | None = None) -> dict:
         sync_work, modes["streaming"]["busy_s"]
     )  # the batch's learner work, cheapest way measured
     end_of_step = sum(modes["streaming"]["busy_by_kind_median_s"].get(k, 0.0) for k in END_OF_STEP)
-    measured = [(r["seed"], r["step"]) for r in rows["streaming"]]
-    for m in MODES:
-        assert sorted((r["seed"], r["step"]) for r in rows[m]) == sorted(measured), (
-            "modes ran different workloads"
-        )
-    makespans = {
-        key: max(r for _, r in trace_schedule(args.trace, key[0], key[1], args.groups, args.group_size))
-        for key in measured
-    }
-    arrivals = {(r["seed"], r["step"]): r["arrivals"] for r in rows["streaming"]}
-    work = {  # this step's learner work, the cheaper of the two ways measured on it
-        key: min(
-            statistics.mean(r["busy_s"] for r in rows[m] if (r["seed"], r["step"]) == key)
-            for m in ("sync", "streaming")
-        )
-        for key in makespans
-    }
-    loose = {
-        key: max(m * time_scale_s + cal["single_s"] + end_of_step, least_work) for key, m in makespans.items()
-    }
-    bounds = {
-        key: max(
-            makespans[key] * time_scale_s + cal["single_s"] + end_of_step,
-            release_bound(arrivals[key], time_scale_s, work[key]) + end_of_step,
-        )
-        for key in makespans
-    }
+    measured, makespans, bounds, loose, per_step = step_bounds(
+        args, rows, cal["single_s"], time_scale_s, end_of_step, least_work
+    )
     bound_s = statistics.median(bounds[key] for key in measured)
     sync_s = modes["sync"]["median_step_s"]
     speed_stream = sync_s / modes["streaming"]["median_step_s"]
@@ -665,41 +321,6 @@ def main(argv: list[str] | None = None) -> dict:
         "efficiency": bound_mean / modes["streaming"]["mean_step_s"],
         "bound_step_s": bound_mean,
     }
-    # what the trace itself allows: a learner that spends one unit per trajectory (B*G units per step)
-    # and a perfect streaming learner (step = max(makespan, B*G units)), over 400 trace steps
-    ceiling_ms = [
-        max(r for _, r in trace_schedule(args.trace, args.seed, k, args.groups, args.group_size))
-        for k in range(400)
-    ]
-    work_units = args.groups * args.group_size
-    trace_ceiling = {
-        "steps": 400,
-        "sync_idle_fraction_mean": statistics.mean(m / (m + work_units) for m in ceiling_ms),
-        "median_ratio": statistics.median(m + work_units for m in ceiling_ms)
-        / statistics.median(max(m, work_units) for m in ceiling_ms),
-        "throughput_ratio": sum(m + work_units for m in ceiling_ms)
-        / sum(max(m, work_units) for m in ceiling_ms),
-        "mean_of_per_step_ratios": statistics.mean((m + work_units) / max(m, work_units) for m in ceiling_ms),
-        "note": "sync step = makespan + B*G units, perfect streaming step = max(makespan, B*G units), in trace units",
-    }
-    per_step = {
-        f"seed{key[0]}-step{key[1]}": {
-            "makespan_units": makespans[key],
-            "bound_s": bounds[key],
-            "bound_without_release_dates_s": loose[key],
-            "learner_work_s": work[key],
-            **{
-                f"{m}_busy_s": statistics.mean(r["busy_s"] for r in rows[m] if (r["seed"], r["step"]) == key)
-                for m in MODES
-            },
-            **{
-                f"{m}_s": statistics.mean(r["period_s"] for r in rows[m] if (r["seed"], r["step"]) == key)
-                for m in MODES
-            },
-        }
-        for key in sorted(set(measured))
-    }
-
     # ---- why: the learner's work per mode, in trace units
     stream_backward = modes["streaming"]["busy_by_kind_median_s"].get("backward", 0.0)
     sync_compute = sum(modes["sync"]["busy_by_kind_median_s"].get(k, 0.0) for k in ("backward", "barrier"))
@@ -755,7 +376,7 @@ def main(argv: list[str] | None = None) -> dict:
         "speedup_definition": "median sync step / median mode step over the same (seed, step) workloads; "
         "'throughput' has the same ratios with mean step times",
         "throughput": throughput,
-        "trace_ceiling": trace_ceiling,
+        "trace_ceiling": trace_ceiling(args.trace, args.seed, args.groups, args.group_size),
         "bound_step_s": bound_s,
         "without_release_dates": without_release_dates,
         "per_step": per_step,

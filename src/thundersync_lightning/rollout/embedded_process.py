@@ -197,8 +197,8 @@ def _close_unread(commands: Any) -> None:
         try:
             if reader.poll(0.05):
                 reader.recv_bytes()
-        except (OSError, EOFError):  # the feeder closed its ends: it is exiting
-            break
+        except (OSError, EOFError, TypeError):  # the feeder closed its ends (TypeError: the reader's
+            break  # handle was closed under this read by the exiting feeder): it is exiting
     if thread is not None:
         thread.join(timeout=5.0)
 

@@ -70,18 +70,16 @@ def step_bounds(
     loose = {
         key: max(m * time_scale_s + single_s + end_of_step, least_work) for key, m in makespans.items()
     }
-    bounds = {
-        key: max(
-            makespans[key] * time_scale_s + single_s + end_of_step,
-            release_bound(arrivals[key], time_scale_s, work[key]) + end_of_step,
-        )
-        for key in makespans
-    }
+    # the last reward needs no backward of its own when its content landed earlier (only a fold):
+    # the release-date term covers every trajectory's work after its content lands
+    release = {key: release_bound(arrivals[key], time_scale_s, work[key]) for key in makespans}
+    bounds = {key: max(makespans[key] * time_scale_s, release[key]) + end_of_step for key in makespans}
     per_step = {
         f"seed{key[0]}-step{key[1]}": {
             "makespan_units": makespans[key],
             "bound_s": bounds[key],
             "bound_without_release_dates_s": loose[key],
+            "release_bound_s": release[key],
             "learner_work_s": work[key],
             **{
                 f"{m}_busy_s": statistics.mean(r["busy_s"] for r in rows[m] if (r["seed"], r["step"]) == key)

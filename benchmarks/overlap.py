@@ -40,11 +40,10 @@ matmul on this machine with the same threads (stated in the JSON).
 
 The lower bound of a step (per measured (seed, step) k, then median / mean like the step times):
 
-    bound_k = max(M_k * time_scale_s + c_single + end_of_step,
-                  max_j (c_j * time_scale_s + W_k * T_{>=j} / T) + end_of_step)
+    bound_k = max(M_k * time_scale_s,  max_j (c_j * time_scale_s + W_k * T_{>=j} / T)) + end_of_step
 
-M_k: the step's rollout makespan in trace units (the last reward), c_single: one trajectory's
-streaming backward (the last one can only start when it lands), end_of_step: the barrier, the
+M_k: the step's rollout makespan in trace units (the last reward; a reward that lands after its
+content needs only a fold, its backward can be done before), end_of_step: the barrier, the
 optimizer step and the weight publish (streaming's measured medians), W_k: step k's learner work
 done the cheapest way measured (the smaller of the synchronous and the streaming learner's busy
 seconds on that very step: steps differ in tokens), c_j: trajectory j's content_ready (units),
@@ -52,7 +51,8 @@ T_{>=j} / T: the share of the step's tokens in trajectories whose content lands 
 The second term is the single-machine bound with release dates: no learner, however it batches,
 works on a trajectory before its content lands, and the barrier follows the last of that work.
 ``without_release_dates`` reports the bound of earlier runs (``max(M_k s + c_single +
-end_of_step, W)`` with W the median work over all steps).
+end_of_step, W)`` with W the median work over all steps and c_single one trajectory's streaming
+backward, which overstated rollout-bound steps: their last reward needs no backward).
 ``bound_speedup`` = sync step / bound, ``efficiency`` = streaming's speedup / bound_speedup.
 
 Workloads (``--workload``, :mod:`_workloads`): ``short`` (default; the numbers above) and ``long``
@@ -347,8 +347,8 @@ def main(argv: list[str] | None = None) -> dict:
         "async_over_streaming_throughput": modes["streaming"]["mean_step_s"] / modes["async"]["mean_step_s"],
         "async_over_streaming_median": modes["streaming"]["median_step_s"] / modes["async"]["median_step_s"],
         "note": (
-            "bound = max(makespan + one single-trajectory backward + barrier/optimizer/publish, release-date "
-            "bound of the cheapest learner work + barrier/optimizer/publish). streaming_over_sync_learner_work compares the streaming learner's per-step work (mostly "
+            "bound = max(makespan, release-date bound of the step's cheapest learner work) + "
+            "barrier/optimizer/publish. streaming_over_sync_learner_work compares the streaming learner's per-step work (mostly "
             "one-trajectory or small-bucket backward passes) with the synchronous one (one batch padded to the "
             "longest trajectory): above 1, streaming is learner-bound sooner. rollout_head_start: how long "
             "before a step began its rollouts were already generating: ~0 in sync and streaming (issued "

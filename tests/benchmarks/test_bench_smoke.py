@@ -6,6 +6,7 @@ paths and writes its JSON (with command and machine description) and PNG.
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import sys
@@ -174,15 +175,26 @@ def test_time_to_target_smoke_writes_medians_per_mode_and_skips_finished_runs(tm
     assert json.loads((tmp_path / "time_to_target.json").read_text())["runs"] == data["runs"]
 
 
-def test_time_to_target_balanced_workload_takes_its_own_groups_and_context(tmp_path: Path) -> None:
-    argv = [
-        "--out", str(tmp_path), "--threads", "1", "--seeds", "0", "--workloads", "balanced", "--modes", "streaming",
-        "--max-steps", "2", "--group-size", "2", "--balanced-groups", "3", "--balanced-context-tokens", "70",
-    ]  # fmt: skip
-    data = _load("time_to_target").main(argv)
-    (run,) = data["runs"]
-    assert run["settings"]["groups"] == 3 and run["settings"]["context_tokens"] == 70
-    assert run["steps_run"] == 2 and data["workloads"]["balanced"]["modes"]["streaming"]["reached"] == "0/1"
+def test_time_to_target_balanced_workload_takes_its_own_groups_and_context() -> None:
+    module = _load("time_to_target")
+    args = argparse.Namespace(
+        groups=16, group_size=8, lr=3e-3, threads=1, max_steps=300, balanced_hidden=64,
+        balanced_context_tokens=70, balanced_groups=3, balanced_latency_median_s=0.002,
+    )  # fmt: skip
+    model, tasks = module.workload(args, "balanced")
+    assert tasks.context_tokens == 70 and tasks.latency_median_s == 0.002
+    assert model["max_position_embeddings"] >= tasks.max_episode_tokens()
+    assert module.groups(args, "balanced") == 3 and module.groups(args, "toy") == 16
+    assert module.settings(args, "balanced")["groups"] == 3
+    assert module.settings(args, "balanced")["context_tokens"] == 70
+    assert "context_tokens" not in module.settings(args, "toy")  # stored toy runs stay comparable
+    toy_model, _ = module.workload(args, "toy")
+    balanced_model, _ = module.workload(replace_args(args, balanced_context_tokens=0), "balanced")
+    assert balanced_model == toy_model  # the default balanced workload: the toy's model
+
+
+def replace_args(args: argparse.Namespace, **changes: object) -> argparse.Namespace:
+    return argparse.Namespace(**{**vars(args), **changes})
 
 
 def test_time_to_target_counts_an_unreached_run_as_slower_and_two_unreached_medians_as_undecided() -> None:

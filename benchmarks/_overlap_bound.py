@@ -60,13 +60,14 @@ def step_bounds(
         for key in measured
     }
     arrivals = {(r["seed"], r["step"]): r["arrivals"] for r in rows["streaming"]}
-    work = {  # this step's learner work, the cheaper of the two ways measured on it
-        key: min(
-            statistics.mean(r["busy_s"] for r in rows[m] if (r["seed"], r["step"]) == key)
-            for m in ("sync", "streaming")
-        )
-        for key in makespans
-    }
+
+    def per_key(mode: str, field: str) -> dict:
+        return {key: statistics.mean(r[field] for r in rows[mode] if (r["seed"], r["step"]) == key) for key in makespans}
+
+    busy = {m: per_key(m, "busy_s") for m in MODES}
+    period = {m: per_key(m, "period_s") for m in MODES}
+    # this step's learner work, the cheaper of the two ways measured on it
+    work = {key: min(busy["sync"][key], busy["streaming"][key]) for key in makespans}
     loose = {
         key: max(m * time_scale_s + single_s + end_of_step, least_work) for key, m in makespans.items()
     }
@@ -81,14 +82,8 @@ def step_bounds(
             "bound_without_release_dates_s": loose[key],
             "release_bound_s": release[key],
             "learner_work_s": work[key],
-            **{
-                f"{m}_busy_s": statistics.mean(r["busy_s"] for r in rows[m] if (r["seed"], r["step"]) == key)
-                for m in MODES
-            },
-            **{
-                f"{m}_s": statistics.mean(r["period_s"] for r in rows[m] if (r["seed"], r["step"]) == key)
-                for m in MODES
-            },
+            **{f"{m}_busy_s": busy[m][key] for m in MODES},
+            **{f"{m}_s": period[m][key] for m in MODES},
         }
         for key in sorted(set(measured))
     }

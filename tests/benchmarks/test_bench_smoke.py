@@ -189,12 +189,9 @@ def test_time_to_target_balanced_workload_takes_its_own_groups_and_context() -> 
     assert module.settings(args, "balanced")["context_tokens"] == 70
     assert "context_tokens" not in module.settings(args, "toy")  # stored toy runs stay comparable
     toy_model, _ = module.workload(args, "toy")
-    balanced_model, _ = module.workload(replace_args(args, balanced_context_tokens=0), "balanced")
+    args.balanced_context_tokens = 0
+    balanced_model, _ = module.workload(args, "balanced")
     assert balanced_model == toy_model  # the default balanced workload: the toy's model
-
-
-def replace_args(args: argparse.Namespace, **changes: object) -> argparse.Namespace:
-    return argparse.Namespace(**{**vars(args), **changes})
 
 
 def test_time_to_target_counts_an_unreached_run_as_slower_and_two_unreached_medians_as_undecided() -> None:

@@ -59,7 +59,7 @@ def calibrate(
 ) -> dict[str, Any]:
     """Seconds of the learner's backward per trajectory, streaming-single and sync-batched, on the
     real trajectories of the (seed, step) batches the runs will measure (the engine draws them; no
-    waiting: time scale ~0). The sync cost depends on each batch's longest trajectory (padding), so
+    waiting: time scale ~0). The sync cost depends on each call's longest trajectory (padding), so
     it is averaged over the batches: total seconds / total trajectories."""
     policy = make_policy(args).to(device)
     params = [p for p in policy.parameters() if p.requires_grad]
@@ -78,11 +78,14 @@ def calibrate(
         batches.append((trajectories, [rewards[t.trajectory_id] for t in trajectories]))
 
     def sync_once(trajectories: list, rewards: list) -> float:
+        """In the fit's calls of at most ``max_batch_trajectories`` (one call of a 16 x 8 long batch
+        would hold every activation at once: 20+ GB)."""
         for p in params:
             p.grad = None
+        cut = args.max_batch_trajectories
         start = time.perf_counter()
-        loss = policy.grpo_loss(trajectories, rewards)
-        loss.backward()
+        for k in range(0, len(trajectories), cut):
+            policy.grpo_loss(trajectories[k : k + cut], rewards[k : k + cut]).backward()
         sync_device(device)
         return time.perf_counter() - start
 
@@ -113,7 +116,9 @@ def calibrate(
         p.grad = None
     n = sum(len(b[0]) for b in batches)
     lengths = [len(t.tokens) for b in batches for t in b[0]]
-    padded = sum(len(b[0]) * max(len(t.tokens) for t in b[0]) for b in batches)
+    cut = args.max_batch_trajectories
+    calls = [b[0][k : k + cut] for b in batches for k in range(0, len(b[0]), cut)]
+    padded = sum(len(c) * max(len(t.tokens) for t in c) for c in calls)  # before score_max_padding
     return {
         "workloads": [list(w) for w in workloads],
         "single_s": statistics.median(singles),

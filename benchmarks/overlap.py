@@ -164,6 +164,13 @@ def step_rows(
             kinds[iv.kind] = kinds.get(iv.kind, 0.0) + iv.seconds
         busy = sum(kinds.values())
         backward_calls = sum(1 for iv in s.busy if iv.kind == "backward")
+        by_path: dict[str, dict[str, float]] = {}  # which rule of next_batch chose each call
+        for iv in s.busy:
+            if iv.kind == "backward":
+                p = by_path.setdefault(iv.path, {"calls": 0, "trajectories": 0, "seconds": 0.0})
+                p["calls"] += 1
+                p["trajectories"] += iv.trajectories
+                p["seconds"] += iv.seconds
         rows.append(
             {
                 "seed": block["seed"],
@@ -178,6 +185,7 @@ def step_rows(
                 "mfu": 6 * n_matmul * s.learner_tokens / (period * peak),
                 "staleness_max": s.staleness_max,
                 "backward_calls": backward_calls,
+                "backward_by_path": by_path,
                 "accumulator_peak_bytes": s.accumulator.total,
                 "rollout_head_start_s": prev.step_end - gen_start,
                 # (content_ready in trace units, tokens) per trajectory: the release-date bound
@@ -212,6 +220,13 @@ def summarise(rows: list[dict], blocks: list[dict], args: argparse.Namespace) ->
         },
         "backward_calls_median": med(rows, "backward_calls"),
         "trajectories_per_backward_call": trajectories / max(1.0, med(rows, "backward_calls")),
+        "backward_by_path_median": {  # per step: calls, trajectories and seconds by next_batch's rule
+            path: {
+                field: statistics.median(r["backward_by_path"].get(path, {}).get(field, 0) for r in rows)
+                for field in ("calls", "trajectories", "seconds")
+            }
+            for path in sorted({p for r in rows for p in r["backward_by_path"]})
+        },
         "accumulator_peak_bytes_max": max(r["accumulator_peak_bytes"] for r in rows),
         "rollout_head_start_median_s": med(rows, "rollout_head_start_s"),
         "fit_seconds": [b["fit_seconds"] for b in blocks],
@@ -437,7 +452,12 @@ def main(argv: list[str] | None = None) -> dict:
         print(
             f"{m:9s}: step {r['median_step_s']:.3f} s, idle {r['learner_idle_fraction']:.1%}, MFU {r['mfu']:.2%}, "
             f"staleness max {r['staleness_max']}, learner busy {r['busy_s']:.3f} s, "
-            f"{r['trajectories_per_backward_call']:.1f} trajectories per backward call"
+            f"{r['trajectories_per_backward_call']:.1f} trajectories per backward call ("
+            + ", ".join(
+                f"{path} {c['calls']:g} x {c['trajectories'] / max(1, c['calls']):.1f} in {c['seconds']:.3f} s"
+                for path, c in r["backward_by_path_median"].items()
+            )
+            + ", medians per step)"
         )
     print(
         f"speedup streaming/sync {speed_stream:.3f}x, async/sync {speed_async:.3f}x, bound {bound_speedup:.3f}x, "

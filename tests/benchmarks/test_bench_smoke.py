@@ -55,6 +55,12 @@ def test_overlap_smoke(tmp_path: Path) -> None:
     assert data["modes"]["streaming"]["staleness_max"] == 0
     assert data["modes"]["async"]["staleness_max"] == 1
     assert data["without_release_dates"]["bound_step_s"] > 0
+    # one measured step: each mode's calls by next_batch's rule add up to the step's 4 trajectories
+    assert set(data["modes"]["sync"]["backward_by_path_median"]) == {"direct"}
+    for mode in ("sync", "streaming", "async"):
+        paths = data["modes"][mode]["backward_by_path_median"]
+        assert set(paths) <= {"direct", "bucket", "held"}
+        assert sum(p["trajectories"] for p in paths.values()) == 4
     for step in data["per_step"].values():  # each step's bound holds that step's cheapest learner work
         assert step["learner_work_s"] == min(step["sync_busy_s"], step["streaming_busy_s"])
         assert step["bound_s"] >= step["release_bound_s"] >= step["learner_work_s"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from thundersync_lightning.strategy.batching import next_batch
+from thundersync_lightning.strategy.batching import Batch, next_batch
 
 MEMBERS = {"a": ["a0", "a1", "a2"], "b": ["b0", "b1", "b2"], "c": ["c0", "c1", "c2"]}
 OWNER = {t: g for g, ts in MEMBERS.items() for t in ts}
@@ -15,29 +15,29 @@ def choose(waiting, rewards, max_batch=32, may_hold=True):
 def test_fully_rewarded_groups_go_first_and_together_across_groups():
     rewards = {t: 1.0 for t in MEMBERS["a"] + MEMBERS["c"]} | {"b0": 0.0, "b1": 0.0}
     waiting = ["b0", "a0", "b1", "c2", "a2"]
-    assert choose(waiting, rewards) == ["a0", "c2", "a2"]  # b still waits for b2's verdict
+    assert choose(waiting, rewards) == Batch("direct", ["a0", "c2", "a2"])  # b still waits for b2's verdict
 
 
 def test_without_complete_groups_the_largest_group_and_reward_bucket_goes_next():
     rewards = {"a0": 1.0, "a1": 0.0, "b0": 0.0, "b1": 0.0}
-    assert choose(["a0", "a1", "b0", "b1"], rewards) == ["b0", "b1"]
+    assert choose(["a0", "a1", "b0", "b1"], rewards) == Batch("bucket", ["b0", "b1"])
 
 
 def test_a_reward_pending_trajectory_goes_alone_oldest_first_and_only_when_one_more_may_be_held():
     waiting = ["c1", "a0", "b2"]
-    assert choose(waiting, {}) == ["c1"]
-    assert choose(waiting, {}, may_hold=False) == []  # an event is queued, or the held bound is reached
+    assert choose(waiting, {}) == Batch("held", ["c1"])
+    assert choose(waiting, {}, may_hold=False) is None  # an event is queued, or the held bound is reached
 
 
 def test_known_reward_work_is_preferred_to_a_pending_trajectory_even_when_younger():
-    assert choose(["a0", "b0"], {"b0": 1.0}) == ["b0"]
+    assert choose(["a0", "b0"], {"b0": 1.0}) == Batch("bucket", ["b0"])
 
 
 def test_a_batch_is_cut_at_max_batch_trajectories():
     rewards = {t: 1.0 for ts in MEMBERS.values() for t in ts}
     waiting = [t for ts in MEMBERS.values() for t in ts]
-    assert choose(waiting, rewards, max_batch=4) == waiting[:4]
+    assert choose(waiting, rewards, max_batch=4) == Batch("direct", waiting[:4])
 
 
 def test_nothing_waiting_means_nothing_to_do():
-    assert choose([], {"a0": 1.0}) == []
+    assert choose([], {"a0": 1.0}) is None

@@ -157,3 +157,28 @@ def test_a_zero_bound_never_holds_and_equals_the_synchronous_gradient():
     sync, _, _ = run_step(order, sizes, rewards, None, defer=True)
     assert set(held) == {0} and report.peak_held_trajectories == report.peak_held_bytes == 0
     assert float((never - sync).abs().max()) / float(sync.abs().max()) <= 1e-12
+
+
+def backward_calls(order, sizes, rewards, bound: int | None, defer: bool = False) -> list[tuple[str, int]]:
+    policy = TinyPolicy()
+    req = request(sizes)
+    acc = Recording(list(policy.parameters()), max_held_trajectories=bound)
+    runner = StepRunner(req, PolicySnapshot(policy), 0, acc, policy.score, defer=defer)
+    outcome = runner.run(plain(order, req, rewards) if defer else lockstep(order, req, rewards, acc, bound))
+    return [(iv.path, iv.trajectories) for iv in outcome.busy if iv.kind == "backward"]
+
+
+def test_each_backward_call_records_how_many_trajectories_it_took_and_the_rule_that_chose_them():
+    sizes = [3, 2]
+    req = request(sizes)
+    ids = [t for ts in req.trajectory_ids().values() for t in ts]
+    rewards = dict(zip(ids, [1.0, 0.0, 0.5, 1.0, 0.0]))
+    order = [("content", t) for t in ids] + [("reward", t) for t in ids]
+    # every content lands before any reward and the learner catches up after each: five lone passes
+    assert backward_calls(order, sizes, rewards, None) == [("held", 1)] * 5
+    # the synchronous learner starts after the last event: every group complete, one call
+    assert backward_calls(order, sizes, rewards, None, defer=True) == [("direct", 5)]
+    # nothing may be held: each trajectory waits for its reward (a bucket, or direct once its group is complete)
+    calls = backward_calls(order, sizes, rewards, 0)
+    assert {path for path, _ in calls} <= {"bucket", "direct"}
+    assert sum(n for _, n in calls) == 5

@@ -23,8 +23,17 @@ the policy scores it in length-sorted micro-batches whose padding it bounds
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Literal, NamedTuple
 
-__all__ = ["next_batch"]
+__all__ = ["Batch", "BatchPath", "next_batch"]
+
+#: Which rule above chose a batch: 1 ``direct``, 2 ``bucket``, 3 ``held``.
+BatchPath = Literal["direct", "bucket", "held"]
+
+
+class Batch(NamedTuple):
+    path: BatchPath
+    trajectories: list[str]
 
 
 def next_batch(
@@ -35,8 +44,8 @@ def next_batch(
     max_batch: int,
     *,
     may_hold: bool,
-) -> list[str]:
-    """The next trajectories to backpropagate together (empty: nothing to do now).
+) -> Batch | None:
+    """The next trajectories to backpropagate together, and the rule that chose them (None: nothing to do now).
 
     Args:
         waiting: trajectories with content, not yet backpropagated, oldest first.
@@ -56,9 +65,9 @@ def next_batch(
         else:
             buckets.setdefault((gid, rewards[tid]), []).append(tid)
     if direct:
-        return direct[:max_batch]
+        return Batch("direct", direct[:max_batch])
     if buckets:
-        return max(buckets.values(), key=len)[:max_batch]
+        return Batch("bucket", max(buckets.values(), key=len)[:max_batch])
     if may_hold and waiting:
-        return [waiting[0]]
-    return []
+        return Batch("held", [waiting[0]])
+    return None

@@ -29,7 +29,7 @@ from ..core.snapshot import PolicySnapshot
 from ..core.streaming import StreamingGRPO
 from ..core.terms import TokenScores, engine_logprobs, teacher_logprobs
 from ..core.types import ContentReady, RewardReady, RolloutEvent, RolloutRequest, Trajectory
-from .batching import next_batch
+from .batching import Batch, next_batch
 from .stats import Interval, RolloutProgress, TrajectoryRecord
 
 __all__ = ["StepRunner", "StepOutcome"]
@@ -174,7 +174,7 @@ class StepRunner:
             self.max_batch,
             may_hold=inbox_empty and self._can_hold(),
         )
-        if batch:
+        if batch is not None:
             self._backward(batch)
             return True
         return bool(dropped)
@@ -182,7 +182,8 @@ class StepRunner:
     def _is_dropped(self, tid: str) -> bool:
         return self.acc.objective.failed == "drop" and tid in self.outcome.failures
 
-    def _backward(self, tids: list[str]) -> None:
+    def _backward(self, batch: Batch) -> None:
+        tids = batch.trajectories
         start = self.clock()
         if self.encode is None:
             self._score_and_add(tids, None)
@@ -195,7 +196,7 @@ class StepRunner:
             self._prefixes = {g: p for g, p in self._prefixes.items() if g in self.acc.open_groups}
         for t in tids:
             del self._waiting[t]
-        self.outcome.busy.append(Interval(start, self.clock(), "backward"))
+        self.outcome.busy.append(Interval(start, self.clock(), "backward", len(tids), batch.path))
         self._after_change()
 
     def _score_and_add(self, tids: list[str], prefix: SharedPrefix | None) -> None:

@@ -39,11 +39,18 @@ class TrajectoryRecord:
 
 @dataclass(frozen=True, slots=True)
 class Interval:
-    """A span of learner work: ``kind`` is "backward", "barrier", "optimizer" or "publish"."""
+    """A span of learner work: ``kind`` is "backward", "fold", "barrier", "optimizer" or "publish".
+
+    A "backward" (one scoring call and its backward passes) also says how many ``trajectories`` it
+    took and which rule of :func:`~thundersync_lightning.strategy.batching.next_batch` chose them
+    (``path``: "direct", "bucket" or "held"); other kinds leave them 0 and "".
+    """
 
     start: float
     end: float
     kind: str
+    trajectories: int = 0
+    path: str = ""
 
     @property
     def seconds(self) -> float:

@@ -36,7 +36,7 @@ from ..core.prefix import SharedPrefix
 from ..core.terms import TokenScores, engine_logprobs, reference_loss, teacher_logprobs, trajectory_terms
 from ..core.types import ModelSpec, Trajectory
 from ..envs.chat import ChatRenderer
-from ..rollout.models import build_model
+from ..rollout.models import build_model, cache_kwarg
 from ..strategy.evaluation import VALIDATION_METRICS, ValidationOutcome, ValidationPlan, collect_validation
 from ..strategy.plan import RolloutPlan
 from .collect import collect_batch
@@ -288,7 +288,7 @@ class GRPOPolicy(LightningModule):
             cache.update(kv[2 * layer].expand(n, -1, -1, -1), kv[2 * layer + 1].expand(n, -1, -1, -1), layer)
         positions = torch.arange(p, length, device=self.device).expand(n, -1)
         out = self.model(
-            input_ids=ids[:, p:], past_key_values=cache, attention_mask=attention, position_ids=positions
+            input_ids=ids[:, p:], attention_mask=attention, position_ids=positions, **{cache_kwarg(self.model): cache}
         )
         logits = torch.cat([last.expand(n, -1)[:, None], out.logits], dim=1)  # (n, C+1, V)
         lp, z = self._token_logprobs(logits, ids[:, p:])  # (n, C), (n, C, V)

@@ -11,7 +11,6 @@ uniform per token (see :mod:`.sampling`), so its tokens do not depend on the oth
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,14 +18,10 @@ import torch
 from transformers import DynamicCache
 
 from .agent_loop import Generation, GenerationRequest
+from .models import cache_kwarg
 from .sampling import make_generator, sample_from_logprobs, temperature_logprobs
 
 __all__ = ["HFGenerator"]
-
-
-def _cache_kwarg(model: Any) -> str:
-    """transformers >= 5.x names the cache argument ``cache``; older releases ``past_key_values``."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 class HFGenerator:
@@ -88,7 +83,7 @@ class HFGenerator:
         logprobs: list[list[float]] = [[] for _ in requests]
         active = [lim > 0 for lim in limits]
 
-        cache = {_cache_kwarg(self.model): DynamicCache(config=self.model.config)}
+        cache = {cache_kwarg(self.model): DynamicCache(config=self.model.config)}
         logits = self.model(
             input_ids=input_ids,
             attention_mask=mask,

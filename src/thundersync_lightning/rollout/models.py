@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -9,7 +10,14 @@ import torch
 from ..core.errors import ConfigError
 from ..core.types import ModelSpec
 
-__all__ = ["build_model"]
+__all__ = ["build_model", "cache_kwarg"]
+
+
+def cache_kwarg(model: Any) -> str:
+    """The forward's key/value-cache argument: ``cache`` in newer transformers, ``past_key_values``
+    before (deprecated since 5.x). A PEFT wrapper forwards ``**kwargs``: its base model decides."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def build_model(spec: ModelSpec, device: str | torch.device = "cpu") -> Any:

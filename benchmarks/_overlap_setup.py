@@ -77,15 +77,18 @@ def calibrate(
         rewards = {e.trajectory_id: e.reward for e in events if isinstance(e, RewardReady)}
         batches.append((trajectories, [rewards[t.trajectory_id] for t in trajectories]))
 
-    def sync_once(trajectories: list, rewards: list) -> float:
-        """In the fit's calls of at most ``max_batch_trajectories`` (one call of a 16 x 8 long batch
+    def calls_of(items: list) -> list[list]:
+        """The fit's calls of at most ``max_batch_trajectories`` (one call of a 16 x 8 long batch
         would hold every activation at once: 20+ GB)."""
+        cut = args.max_batch_trajectories
+        return [items[k : k + cut] for k in range(0, len(items), cut)]
+
+    def sync_once(trajectories: list, rewards: list) -> float:
         for p in params:
             p.grad = None
-        cut = args.max_batch_trajectories
         start = time.perf_counter()
-        for k in range(0, len(trajectories), cut):
-            policy.grpo_loss(trajectories[k : k + cut], rewards[k : k + cut]).backward()
+        for call, call_rewards in zip(calls_of(trajectories), calls_of(rewards)):
+            policy.grpo_loss(call, call_rewards).backward()
         sync_device(device)
         return time.perf_counter() - start
 
@@ -116,8 +119,7 @@ def calibrate(
         p.grad = None
     n = sum(len(b[0]) for b in batches)
     lengths = [len(t.tokens) for b in batches for t in b[0]]
-    cut = args.max_batch_trajectories
-    calls = [b[0][k : k + cut] for b in batches for k in range(0, len(b[0]), cut)]
+    calls = [c for b in batches for c in calls_of(b[0])]
     padded = sum(len(c) * max(len(t.tokens) for t in c) for c in calls)  # before score_max_padding
     return {
         "workloads": [list(w) for w in workloads],

@@ -160,17 +160,16 @@ def step_rows(
         )
         period = s.step_end - prev.step_end
         kinds: dict[str, float] = {}
+        by_path: dict[str, dict[str, float]] = {}  # which rule of next_batch chose each backward call
         for iv in s.busy:
             kinds[iv.kind] = kinds.get(iv.kind, 0.0) + iv.seconds
-        busy = sum(kinds.values())
-        backward_calls = sum(1 for iv in s.busy if iv.kind == "backward")
-        by_path: dict[str, dict[str, float]] = {}  # which rule of next_batch chose each call
-        for iv in s.busy:
             if iv.kind == "backward":
                 p = by_path.setdefault(iv.path, {"calls": 0, "trajectories": 0, "seconds": 0.0})
                 p["calls"] += 1
                 p["trajectories"] += iv.trajectories
                 p["seconds"] += iv.seconds
+        busy = sum(kinds.values())
+        backward_calls = sum(p["calls"] for p in by_path.values())
         rows.append(
             {
                 "seed": block["seed"],

@@ -112,12 +112,18 @@ def lockstep(order, req: RolloutRequest, rewards: dict[str, float], acc: Recordi
         assert caught_up, f"the learner holds {acc.held_trajectories} gradients, expected {expected}"
 
 
-def run_step(order, group_sizes, rewards, bound: int | None, defer: bool = False):
+def run_runner(order, group_sizes, rewards, bound: int | None, defer: bool = False):
+    """(policy, accumulator, outcome) of one step driven by ``order`` (lockstep unless ``defer``)."""
     policy = TinyPolicy()
     req = request(group_sizes)
     acc = Recording(list(policy.parameters()), max_held_trajectories=bound)
     runner = StepRunner(req, PolicySnapshot(policy), 0, acc, policy.score, defer=defer)
-    runner.run(plain(order, req, rewards) if defer else lockstep(order, req, rewards, acc, bound))
+    outcome = runner.run(plain(order, req, rewards) if defer else lockstep(order, req, rewards, acc, bound))
+    return policy, acc, outcome
+
+
+def run_step(order, group_sizes, rewards, bound: int | None, defer: bool = False):
+    policy, acc, _ = run_runner(order, group_sizes, rewards, bound, defer)
     report = acc.finish()
     return policy.logits.grad.clone(), report, acc.held_seen
 
@@ -160,11 +166,7 @@ def test_a_zero_bound_never_holds_and_equals_the_synchronous_gradient():
 
 
 def backward_calls(order, sizes, rewards, bound: int | None, defer: bool = False) -> list[tuple[str, int]]:
-    policy = TinyPolicy()
-    req = request(sizes)
-    acc = Recording(list(policy.parameters()), max_held_trajectories=bound)
-    runner = StepRunner(req, PolicySnapshot(policy), 0, acc, policy.score, defer=defer)
-    outcome = runner.run(plain(order, req, rewards) if defer else lockstep(order, req, rewards, acc, bound))
+    _, _, outcome = run_runner(order, sizes, rewards, bound, defer)
     return [(iv.path, iv.trajectories) for iv in outcome.busy if iv.kind == "backward"]
 
 

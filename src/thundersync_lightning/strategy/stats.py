@@ -8,9 +8,11 @@ optimizer step per rank; ``strategy.last_step_stats`` holds the latest, set just
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ..core.storage import ByteUsage
 from ..core.types import Segment
+from .batching import BatchPath
 
 __all__ = ["TrajectoryRecord", "Interval", "AccumulatorBytes", "StepStats", "RolloutProgress"]
 
@@ -50,7 +52,7 @@ class Interval:
     end: float
     kind: str
     trajectories: int = 0
-    path: str = ""
+    path: BatchPath | Literal[""] = ""
 
     @property
     def seconds(self) -> float:

@@ -176,6 +176,13 @@ def parse_args(argv: list[str] | None, description: str, name: str = "overlap") 
         default=True,
         help="ThunderSyncStrategy(prepare_ahead=...): set-up of step k+1 during step k",
     )
+    parser.add_argument(
+        "--split-backward",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ThunderSyncStrategy(split_backward='auto' or False): a streaming learner call spans "
+        "destinations with one backward",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--rollout-slots",

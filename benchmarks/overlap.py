@@ -131,6 +131,7 @@ def run_block(
         max_open_groups=args.max_open_groups,
         offload=args.offload,
         prepare_ahead=args.prepare_ahead,
+        split_backward="auto" if args.split_backward else False,
     )
     out = {
         "mode": mode,
@@ -423,6 +424,7 @@ def main(argv: list[str] | None = None) -> dict:
             "trajectory_tokens_min_mean_max": [cal["tokens_min"], cal["tokens_mean"], cal["tokens_max"]],
             "setup_fraction": args.setup_fraction,
             "prepare_ahead": args.prepare_ahead,
+            "split_backward": args.split_backward,
             "sync_idle_fraction_target": 0.495,
             "groups": args.groups,
             "group_size": args.group_size,

@@ -145,7 +145,15 @@ def run_one(args: argparse.Namespace, name: str, mode: str, seed: int) -> dict:
     )
     until = _Until()
     started = time.monotonic()
-    fit(strategy_mode, policy, data, args.max_steps, on_step=until, trainer_kwargs={"gradient_clip_val": 1.0})
+    fit(
+        strategy_mode,
+        policy,
+        data,
+        args.max_steps,
+        on_step=until,
+        trainer_kwargs={"gradient_clip_val": 1.0},
+        split_backward="auto" if args.split_backward else False,
+    )
     assert until.first_start is not None and until.last_end is not None
     return {
         "workload": name,
@@ -162,11 +170,11 @@ def run_one(args: argparse.Namespace, name: str, mode: str, seed: int) -> dict:
         "elapsed_s": until.elapsed,
         "sync_idle_fraction": statistics.median(until.idle) if mode == "sync" and until.idle else None,
         "learner_idle_fraction": statistics.median(until.idle) if until.idle else None,
-        "settings": settings(args, name),
+        "settings": settings(args, name, mode),
     }
 
 
-def settings(args: argparse.Namespace, name: str) -> dict:
+def settings(args: argparse.Namespace, name: str, mode: str) -> dict:
     """What makes two runs comparable: a stored run with other settings is redone."""
     model, tasks = workload(args, name)
     out = {
@@ -180,6 +188,8 @@ def settings(args: argparse.Namespace, name: str) -> dict:
     }
     if tasks.context_tokens:
         out["context_tokens"] = tasks.context_tokens
+    if mode == "streaming":  # the split only changes streaming's learner calls
+        out["split_backward"] = bool(args.split_backward)
     return out
 
 
@@ -283,6 +293,12 @@ def main(argv: list[str] | None = None) -> dict:
         help="verdict latency median of the balanced workload (sync idles ~50%%)",
     )
     parser.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--split-backward",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="ThunderSyncStrategy(split_backward='auto' or False) (streaming)",
+    )
     args = parser.parse_args(argv)
     args.seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
     args.max_steps = args.max_steps or (20 if args.quick else 300)
@@ -323,7 +339,7 @@ def main(argv: list[str] | None = None) -> dict:
                         r
                         for r in stored
                         if (r["workload"], r["mode"], r["seed"]) == (name, mode, seed)
-                        and r.get("settings") == settings(args, name)
+                        and r.get("settings") == settings(args, name, r["mode"])
                     ),
                     None,
                 )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from thundersync_lightning.strategy.batching import Batch, next_batch
+from thundersync_lightning.strategy.batching import Batch, destinations, next_batch
 
 MEMBERS = {"a": ["a0", "a1", "a2"], "b": ["b0", "b1", "b2"], "c": ["c0", "c1", "c2"]}
 OWNER = {t: g for g, ts in MEMBERS.items() for t in ts}
@@ -41,3 +41,26 @@ def test_a_batch_is_cut_at_max_batch_trajectories():
 
 def test_nothing_waiting_means_nothing_to_do():
     assert choose([], {"a0": 1.0}) is None
+
+
+def mixed(waiting, rewards, max_batch=32, may_hold=True, hold_room=None):
+    return next_batch(waiting, rewards, OWNER, MEMBERS, max_batch, may_hold=may_hold, mix=True, hold_room=hold_room)
+
+
+def test_a_split_backward_call_takes_direct_rows_then_buckets_largest_first_then_pending_oldest_first():
+    rewards = {t: 1.0 for t in MEMBERS["a"]} | {"b0": 0.0, "c0": 1.0, "c1": 1.0}
+    waiting = ["c1", "b0", "a0", "b1", "c0", "b2"]
+    batch = mixed(waiting, rewards)
+    assert batch == Batch("direct", ["a0", "c1", "c0", "b0", "b1", "b2"])
+    assert destinations(batch.trajectories, rewards, OWNER, MEMBERS) == 5  # step, (c, 1), (b, 0), b1, b2
+    assert mixed(waiting, rewards, may_hold=False) == Batch("direct", ["a0", "c1", "c0", "b0"])
+    assert mixed(waiting, rewards, hold_room=1) == Batch("direct", ["a0", "c1", "c0", "b0", "b1"])
+    assert mixed(waiting, rewards, max_batch=3) == Batch("direct", ["a0", "c1", "c0"])
+
+
+def test_a_split_backward_call_names_its_first_rule_and_holds_nothing_without_room():
+    assert mixed(["c1", "b0"], {"b0": 1.0}) == Batch("bucket", ["b0", "c1"])
+    assert mixed(["c1", "a0"], {}) == Batch("held", ["c1", "a0"])
+    assert mixed(["c1", "a0"], {}, hold_room=0) is None
+    assert mixed(["c1"], {}, may_hold=False) is None
+    assert destinations(["a0", "a1"], {"a0": 1.0, "a1": 1.0, "a2": 0.0}, OWNER, MEMBERS) == 1

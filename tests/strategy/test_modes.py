@@ -71,3 +71,11 @@ def test_bounding_held_gradients_keeps_them_within_the_bound_without_changing_th
     assert max(s.peak_held_trajectories for s in steps) <= 1
     assert all(s.peak_held_bytes <= 2 * bounded.numel() * 4 for s in steps)  # grad S_i (and grad R_i)
     assert len(steps[-1].trajectories) == 16
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_the_split_backward_on_or_off_applies_the_synchronous_update(runs, split):
+    # verdict latency: calls that span destinations (buckets, held rows) occur in streaming
+    params, steps, _ = fit("streaming", steps=3, data=toy_data(latency=True), strategy_kwargs={"split_backward": split})
+    assert relative(params, runs["sync"][0]) <= 1e-5
+    assert all(s.backward_passes >= 1 for s in steps)

@@ -56,9 +56,10 @@ def jobs_of(plan: BackwardPlan, rows: Sequence[Hashable], terms: TrajectoryTerms
     return jobs
 
 
-def run_jobs(label: Hashable, jobs: Sequence[Job], inputs: Sequence[Tensor]) -> list[Grads]:
-    """Each job's gradient with respect to ``inputs`` (the graph is freed after the last one)."""
-    return [grad_of(label, job.term, inputs, retain=k < len(jobs) - 1) for k, job in enumerate(jobs)]
+def run_jobs(label: Hashable, jobs: Sequence[Job], inputs: Sequence[Tensor], *, retain: bool = False) -> list[Grads]:
+    """Each job's gradient with respect to ``inputs`` (the graph is freed after the last one
+    unless ``retain``)."""
+    return [grad_of(label, job.term, inputs, retain=retain or k < len(jobs) - 1) for k, job in enumerate(jobs)]
 
 
 def grad_of(label: Hashable, output: Tensor, inputs: Sequence[Tensor], retain: bool = False) -> Grads:

@@ -53,6 +53,7 @@ from .objective import BatchTotals, Objective
 from .prefix import LeafSums, SharedPrefix
 from .report import GroupStat, StreamingReport
 from .routing import check_prefix, plan_backward
+from .split_backward import RowCapture, split_gradients
 from .step_gradient import StepGradient
 from .storage import ByteUsage, GradientStore, Offload
 from .terms import OnPolicyStats, TokenScores, TrajectoryTerms, trajectory_terms
@@ -292,6 +293,7 @@ class StreamingGRPO:
         *,
         teacher_logprobs: torch.Tensor | None = None,
         prefix: SharedPrefix | None = None,
+        capture: RowCapture | None = None,
     ) -> None:
         """Backpropagate a scored batch now; exact same result as one call per trajectory.
 
@@ -305,19 +307,31 @@ class StreamingGRPO:
 
         ``prefix``: the boundary cut (:mod:`~thundersync_lightning.core.prefix`): every trajectory
         belongs to one group whose continuations were scored on these prefix leaves.
+
+        ``capture``: the batch was scored inside this :class:`~thundersync_lightning.core.split_backward.RowCapture`;
+        ONE backward then serves every destination (split by row), instead of one backward each.
         """
         self._check_live()
         ids = list(trajectory_ids)
         if scores.n != len(ids):
             raise InvalidLogprobError(f"add_tokens got {scores.n} scored rows for {len(ids)} trajectory ids")
-        self._add(ids, trajectory_terms(self.objective, scores, engine_logprobs, teacher_logprobs), prefix)
+        if capture is not None and prefix is not None:
+            raise ConfigError("add_tokens: a split backward (capture) and a shared prefix cannot be combined")
+        terms = trajectory_terms(self.objective, scores, engine_logprobs, teacher_logprobs)
+        self._add(ids, terms, prefix, capture)
 
     @property
     def _independent_apart(self) -> bool:
         """grad R_i is kept out of the s-scaled sums (only under ``scale="batch"``)."""
         return self.objective.scale == "batch"
 
-    def _add(self, ids: list[Hashable], terms: TrajectoryTerms, prefix: SharedPrefix | None = None) -> None:
+    def _add(
+        self,
+        ids: list[Hashable],
+        terms: TrajectoryTerms,
+        prefix: SharedPrefix | None = None,
+        capture: RowCapture | None = None,
+    ) -> None:
         if len(set(ids)) != len(ids):
             raise DuplicateEventError(f"add_tokens got a trajectory id twice: {ids}")
         late = [i for i, tid in enumerate(ids) if tid in self._dropped_closed]
@@ -336,8 +350,16 @@ class StreamingGRPO:
         inputs = list(self._params) + (list(prefix.leaves) if prefix is not None else [])
         jobs = jobs_of(plan, rows, terms)
         label = rows[0] if len(rows) == 1 else f"{len(rows)} trajectories"
-        grads = run_jobs(label, jobs, inputs)
-        self._backward += len(jobs)
+        try:
+            if capture is not None and len(jobs) > 1:
+                grads, passes = split_gradients(capture, label, jobs, terms, inputs, keep)
+                self._backward += passes
+            else:
+                grads = run_jobs(label, jobs, inputs)
+                self._backward += len(jobs)
+        finally:
+            if capture is not None:
+                capture.clear()
         # every check passed and every backward ran: now change state
         if prefix is not None and rows:
             group = owners[0][1]

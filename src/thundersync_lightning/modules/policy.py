@@ -33,6 +33,7 @@ from typing_extensions import override
 from ..core.errors import ConfigError
 from ..core.objective import BatchTotals, Objective
 from ..core.prefix import SharedPrefix
+from ..core.split_backward import RowCapture
 from ..core.terms import TokenScores, engine_logprobs, reference_loss, teacher_logprobs, trajectory_terms
 from ..core.types import ModelSpec, Trajectory
 from ..envs.chat import ChatRenderer
@@ -202,6 +203,7 @@ class GRPOPolicy(LightningModule):
         entropy: bool = False,
         reference: bool = False,
         prefix: SharedPrefix | None = None,
+        capture: RowCapture | None = None,
     ) -> TokenScores:
         """Per-token log-probabilities of every scored token, shape (n, L), a graph to the trainable
         parameters; with ``entropy`` the per-position entropies (graph), with ``reference`` the
@@ -211,7 +213,12 @@ class GRPOPolicy(LightningModule):
 
         Trajectories are scored in length-sorted micro-batches of at most ``score_batch_tokens``
         padded tokens and ``1 + score_max_padding`` padded tokens per real token; rows come back in the order given, right-padded to the longest.
+
+        ``capture``: record the forwards for one split backward (``StreamingGRPO.add_tokens(...,
+        capture=)``, :mod:`~thundersync_lightning.core.split_backward`); not with ``prefix``.
         """
+        if capture is not None and prefix is not None:
+            raise ConfigError("score_tokens: a split backward (capture) and a shared prefix cannot be combined")
         if prefix is not None:
             bad = [t.trajectory_id for t in trajectories if tuple(t.tokens[: len(prefix.tokens)]) != prefix.tokens]
             if bad or any(len(t.tokens) <= len(prefix.tokens) for t in trajectories):
@@ -223,7 +230,14 @@ class GRPOPolicy(LightningModule):
         lengths = [len(t.tokens) for t in trajectories]
         chunks = micro_batches(lengths, self.hparams.score_batch_tokens, self.hparams.score_max_padding)
         order = [i for chunk in chunks for i in chunk]
-        parts = [self._score_padded([trajectories[i] for i in chunk], entropy, reference, prefix) for chunk in chunks]
+        if capture is None:
+            parts = [self._score_padded([trajectories[i] for i in c], entropy, reference, prefix) for c in chunks]
+        else:
+            parts = []
+            with capture:
+                for chunk in chunks:
+                    with capture.rows(chunk):
+                        parts.append(self._score_padded([trajectories[i] for i in chunk], entropy, reference))
         width = max(p[0].shape[1] for p in parts)
 
         def cat(k: int) -> Tensor | None:

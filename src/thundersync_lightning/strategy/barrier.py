@@ -62,6 +62,7 @@ class StepInFlight:
             peak_held_bytes=report.peak_held_bytes if report is not None else 0,
             num_groups_global=self.num_groups,
             learner_tokens=outcome.learner_tokens,
+            backward_passes=report.backward_passes if report is not None else 0,
             loss=self.loss,
             logprob_diff_mean=on_policy.abs_diff_mean if on_policy.tokens else None,
             logprob_diff_max=on_policy.abs_diff_max if on_policy.tokens else None,

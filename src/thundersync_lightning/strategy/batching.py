@@ -13,6 +13,12 @@ accumulator is exact whatever the order and grouping), so this choice only moves
    longest waiter is the likeliest to keep waiting): its gradient is held apart until its reward
    lands, so it cannot share a backward.
 
+With a split backward (``ThunderSyncStrategy(split_backward=...)``,
+:mod:`~thundersync_lightning.core.split_backward`: one backward serves every destination of a
+call) a call is no longer one destination (``mix=True``): it takes the direct rows, then every
+bucket (largest first), then, when holding is allowed, the reward-pending rows oldest first, up to
+``hold_room`` held gradients; its path names the first rule that contributed.
+
 One choice per call: the runner drains the queue between calls, so rewards that landed during a
 backward turn partial-group buckets into direct work before they are spent in small passes.
 Batches are cut at ``max_batch`` trajectories (activation memory). A batch may mix lengths freely:
@@ -25,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple
 
-__all__ = ["Batch", "BatchPath", "next_batch"]
+__all__ = ["Batch", "BatchPath", "next_batch", "destinations"]
 
 #: Which rule above chose a batch: 1 ``direct``, 2 ``bucket``, 3 ``held``.
 BatchPath = Literal["direct", "bucket", "held"]
@@ -44,6 +50,8 @@ def next_batch(
     max_batch: int,
     *,
     may_hold: bool,
+    mix: bool = False,
+    hold_room: int | None = None,
 ) -> Batch | None:
     """The next trajectories to backpropagate together, and the rule that chose them (None: nothing to do now).
 
@@ -53,6 +61,8 @@ def next_batch(
         owner, members: trajectory -> group, group -> its trajectories.
         max_batch: most trajectories in one call.
         may_hold: a reward-pending trajectory may be backpropagated now (its gradient held).
+        mix: one call may span destinations (a split backward; module docstring).
+        hold_room: with ``mix``, the most reward-pending trajectories to take (None: no bound).
     """
     direct: list[str] = []
     buckets: dict[tuple[str, float], list[str]] = {}
@@ -64,6 +74,12 @@ def next_batch(
             direct.append(tid)
         else:
             buckets.setdefault((gid, rewards[tid]), []).append(tid)
+    if mix:
+        pending = [t for t in waiting if t not in rewards] if may_hold else []
+        pending = pending if hold_room is None else pending[: max(0, hold_room)]
+        chosen = direct + [t for b in sorted(buckets.values(), key=len, reverse=True) for t in b] + pending
+        path: BatchPath = "direct" if direct else "bucket" if buckets else "held"
+        return Batch(path, chosen[:max_batch]) if chosen else None
     if direct:
         return Batch("direct", direct[:max_batch])
     if buckets:
@@ -71,3 +87,20 @@ def next_batch(
     if may_hold and waiting:
         return Batch("held", [waiting[0]])
     return None
+
+
+def destinations(
+    batch: Sequence[str], rewards: Mapping[str, float], owner: Mapping[str, str], members: Mapping[str, Sequence[str]]
+) -> int:
+    """How many places a batch's gradients go: the step's gradient (rows of fully rewarded
+    groups), one sum per (group, reward), one held gradient per reward-pending row."""
+    places: set[object] = set()
+    for tid in batch:
+        gid = owner[tid]
+        if tid not in rewards:
+            places.add(("held", tid))
+        elif all(m in rewards for m in members[gid]):
+            places.add("direct")
+        else:
+            places.add((gid, rewards[tid]))
+    return len(places)

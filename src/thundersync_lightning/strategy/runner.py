@@ -26,15 +26,16 @@ from dataclasses import dataclass, field
 from ..core.errors import EngineError, GroupError, UnknownTrajectoryError
 from ..core.prefix import SharedPrefix
 from ..core.snapshot import PolicySnapshot
+from ..core.split_backward import RowCapture
 from ..core.streaming import StreamingGRPO
 from ..core.terms import TokenScores, engine_logprobs, teacher_logprobs
 from ..core.types import ContentReady, RewardReady, RolloutEvent, RolloutRequest, Trajectory
-from .batching import Batch, next_batch
+from .batching import Batch, destinations, next_batch
 from .stats import Interval, RolloutProgress, TrajectoryRecord
 
 __all__ = ["StepRunner", "StepOutcome"]
 
-ScoreFn = Callable[..., TokenScores]  # (trajectories, prefix=None) -> TokenScores
+ScoreFn = Callable[..., TokenScores]  # (trajectories, prefix=None[, capture=]) -> TokenScores
 EncodeFn = Callable[[Sequence[int]], SharedPrefix]
 
 
@@ -85,6 +86,10 @@ class StepRunner:
         encode: the boundary cut: a group's shared prompt is run forward once by this function
             (``encode_prefix`` of the policy) and its members are scored on it (None: no cut).
         progress: called with a RolloutProgress at most every ``progress_interval_s`` and at the end.
+        split: a split backward (:mod:`~thundersync_lightning.core.split_backward`): a call takes
+            work for every destination at once (``next_batch(mix=True)``) and, when it spans more
+            than one, is scored inside this capture so that ONE backward serves them all; ``score``
+            then takes ``capture=``. Not with ``encode``.
     """
 
     def __init__(
@@ -100,9 +105,11 @@ class StepRunner:
         clock: Callable[[], float] = time.monotonic,
         defer: bool = False,
         encode: EncodeFn | None = None,
+        split: RowCapture | None = None,
     ) -> None:
         self.defer = defer
         self.encode = encode
+        self.split = split if encode is None else None
         self._prefixes: dict[str, SharedPrefix] = {}
         self.max_batch = max(1, max_batch_trajectories)
         self._waiting: dict[str, None] = {}  # admitted groups' content not yet backpropagated (ordered)
@@ -166,6 +173,7 @@ class StepRunner:
         dropped = [t for t in self._waiting if self._is_dropped(t)]
         for t in dropped:  # a failed verdict under failed="drop": never scored
             del self._waiting[t]
+        limit = self.acc.max_held_trajectories
         batch = next_batch(
             list(self._waiting),
             self.outcome.rewards,
@@ -173,11 +181,17 @@ class StepRunner:
             self._members,
             self.max_batch,
             may_hold=inbox_empty and self._can_hold(),
+            mix=self._splitting,
+            hold_room=None if limit is None else limit - self.acc.held_trajectories,
         )
         if batch is not None:
             self._backward(batch)
             return True
         return bool(dropped)
+
+    @property
+    def _splitting(self) -> bool:
+        return self.split is not None and self.split.refused is None
 
     def _is_dropped(self, tid: str) -> bool:
         return self.acc.objective.failed == "drop" and tid in self.outcome.failures
@@ -201,12 +215,16 @@ class StepRunner:
 
     def _score_and_add(self, tids: list[str], prefix: SharedPrefix | None) -> None:
         trajectories = [self.outcome.trajectories[t] for t in tids]
-        scores = self.score(trajectories, prefix=prefix)
+        capture = None
+        if self._splitting and destinations(tids, self.outcome.rewards, self._owner, self._members) > 1:
+            capture = self.split
+        extra = {"capture": capture} if capture is not None else {}
+        scores = self.score(trajectories, prefix=prefix, **extra)
         engine = engine_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
         teacher = None
         if self.acc.objective.needs_teacher:  # shipped by the engine: no teacher forward here
             teacher = teacher_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
-        self.acc.add_tokens(tids, scores, engine, teacher_logprobs=teacher, prefix=prefix)
+        self.acc.add_tokens(tids, scores, engine, teacher_logprobs=teacher, prefix=prefix, capture=capture)
         cut = len(prefix.tokens) if prefix is not None else 0
         self.outcome.learner_tokens += sum(len(t.tokens) - cut for t in trajectories)
 

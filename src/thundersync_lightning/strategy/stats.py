@@ -88,6 +88,7 @@ class StepStats:
     peak_held_bytes: int = 0  # most bytes held gradients took at once (also in ``accumulator``, by location)
     num_groups_global: int = 0
     learner_tokens: int = 0  # tokens the learner ran forward+backward on this rank this step
+    backward_passes: int = 0  # the accumulator's backward passes (one per destination of a call, or one per split call)
     loss: float = 0.0  # the global surrogate loss -(1/N) sum A_i S_i
     rollout_issued_at: float | None = None  # when the step's rollout was requested (may precede step_start)
     # on-policy check over every rank's scored tokens (None: the engine reported no logprobs)

@@ -42,6 +42,7 @@ from ..core.errors import ConfigError
 from ..core.objective import Objective
 from ..core.protocols import PreparesAhead
 from ..core.snapshot import PolicySnapshot
+from ..core.split_backward import RowCapture
 from ..core.storage import Offload
 from ..core.streaming import StreamingGRPO
 from ..core.types import RolloutEvent
@@ -52,6 +53,7 @@ from .plan import RolloutPlan
 from .runner import StepRunner
 from .setup_checks import check_memory, setup_problems
 from .sharding import SHARDINGS, Sharding, build_layout
+from .split_choice import SplitBackward, row_capture
 from .stats import Interval, RolloutProgress, StepStats
 
 __all__ = ["ThunderSyncStrategy", "Mode", "MemoryCheck"]
@@ -92,6 +94,14 @@ class ThunderSyncStrategy(DDPStrategy):
         boundary_cut: run each group's shared prompt forward and backward once instead of once per
             trajectory (``thundersync_lightning.core.prefix``; same gradient; the module needs
             ``encode_prefix``).
+        split_backward: a learner call may span several destinations of its gradients (the step's
+            gradient, a group's running sums, held gradients) and take ONE backward for all, the
+            parameter gradients split by row (:mod:`thundersync_lightning.core.split_backward`;
+            same gradient; checked against per-destination backward passes on first use).
+            ``"auto"``: in streaming mode where the module supports it (``GRPOPolicy`` does; not
+            with ``boundary_cut`` or ``sharding="fsdp2"``), falling back to one backward per
+            destination if the first-use check fails; ``True``: required (a ConfigError where it
+            cannot run or the check fails); ``False``: one backward per destination.
         memory_check: at set-up, before the engine starts, the learner's memory plan
             (:mod:`thundersync_lightning.core.memory_plan`) is checked against the device (the host on
             a CPU run): ``error`` refuses a plan that does not fit, naming settings that would make it
@@ -122,6 +132,7 @@ class ThunderSyncStrategy(DDPStrategy):
         max_batch_trajectories: int = 32,
         progress_interval_s: float = 0.2,
         boundary_cut: bool = False,
+        split_backward: SplitBackward = "auto",
         memory_check: MemoryCheck = "error",
         sharding: Sharding = "none",
         accelerator: Any = None,
@@ -156,6 +167,10 @@ class ThunderSyncStrategy(DDPStrategy):
             problems.append(f"sharding={sharding!r} is not one of {tuple(SHARDINGS)}")
         if max_batch_trajectories < 1:
             problems.append(f"max_batch_trajectories must be >= 1, got {max_batch_trajectories}")
+        if split_backward not in (True, False, "auto"):
+            problems.append(f"split_backward={split_backward!r} is not one of (True, False, 'auto')")
+        elif split_backward is True and boundary_cut:
+            problems.append("split_backward=True and boundary_cut=True cannot be combined (choose one)")
         if memory_check not in ("error", "warn", "off"):
             problems.append(f"memory_check={memory_check!r} is not one of ('error', 'warn', 'off')")
         if problems:
@@ -179,6 +194,8 @@ class ThunderSyncStrategy(DDPStrategy):
         self.progress_interval_s = progress_interval_s
         self.max_batch_trajectories = max_batch_trajectories
         self.boundary_cut = boundary_cut
+        self.split_backward: SplitBackward = split_backward
+        self._split: tuple[tuple[int, ...], RowCapture | None] | None = None  # (params' ids, capture)
         self.memory_check: MemoryCheck = memory_check
         self.sharding: Sharding = sharding
         self._layout = build_layout(sharding, distributed=False)  # rebuilt at set-up, once ranks exist
@@ -297,8 +314,8 @@ class ThunderSyncStrategy(DDPStrategy):
         acc = self._fresh_accumulator(module, objective)
         request = plan.request(step, self.global_rank, self.world_size)
 
-        def score(trajectories: Any, prefix: Any = None) -> Any:
-            extra = {"prefix": prefix} if prefix is not None else {}
+        def score(trajectories: Any, prefix: Any = None, capture: Any = None) -> Any:
+            extra = {k: v for k, v in (("prefix", prefix), ("capture", capture)) if v is not None}
             return module.score_tokens(
                 trajectories, entropy=objective.needs_entropy, reference=objective.needs_reference, **extra
             )
@@ -314,9 +331,13 @@ class ThunderSyncStrategy(DDPStrategy):
             max_batch_trajectories=self.max_batch_trajectories,
             defer=self.mode == "sync",
             encode=module.encode_prefix if self.boundary_cut else None,
+            split=self._row_capture(module, acc),
         )
         with self.precision_plugin.train_step_context():
             outcome = runner.run(events)
+        if runner.split is not None and runner.split.refused is not None and self._split is not None:
+            log.warning("split_backward='auto' turned off for this fit: %s", runner.split.refused)
+            self._split = (self._split[0], None)
         self._step = StepInFlight(start, plan, request, outcome, busy, self._issued_at)
         self._accumulator = acc
         return torch.zeros((), device=self.root_device)
@@ -344,6 +365,14 @@ class ThunderSyncStrategy(DDPStrategy):
             self._snapshot = PolicySnapshot(module, version=step, weights_fn=self._layout.weights_fn(module))
         elif self._snapshot.version != step:
             self._snapshot.restore(step)  # a checkpoint was loaded or fit restarted
+
+    def _row_capture(self, module: Any, acc: StreamingGRPO) -> RowCapture | None:
+        """The fit's split-backward capture (built once per set of trainable parameters)."""
+        key = tuple(id(p) for p in acc.params)
+        if self._split is None or self._split[0] != key:
+            capture = row_capture(self.split_backward, module, acc.params, self.mode, self.boundary_cut, self.sharding)
+            self._split = (key, capture)
+        return self._split[1]
 
     def _fresh_accumulator(self, module: Any, objective: Objective) -> StreamingGRPO:
         """One accumulator for the whole fit, reset per step: its gradient buffers are reused."""

@@ -1,0 +1,129 @@
+"""The split backward on the real policy: one backward for a batch spanning every destination
+gives the per-destination gradients of every objective option (transformers Qwen3, LoRA too)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from thundersync_lightning.core import Objective, Segment, StreamingGRPO, Trajectory
+from thundersync_lightning.core.errors import ConfigError
+from thundersync_lightning.core.split_backward import RowCapture
+from thundersync_lightning.core.terms import engine_logprobs, teacher_logprobs
+from thundersync_lightning.modules import GRPOPolicy, LoraSettings
+
+from ..strategy._fit import TOY_MODEL
+
+G, SIZE = 4, 4
+OBJECTIVES = {
+    "default": Objective(),
+    "rloo-token-mean-kl-entropy": Objective(
+        estimator="rloo", loss_agg="token-mean", kl_coef=0.1, entropy_coef=0.01, singleton="reward"
+    ),
+    "trl-batch-drop-kl": Objective.preset("trl", scale="batch", failed="drop", kl_coef=0.05, kl_estimator="k2"),
+    "verl": Objective.preset("verl"),
+    "is-token-truncate": Objective(is_correction="token_truncate", is_cap=2.0),
+    "opd": Objective(opd_coef=0.5),
+}
+
+
+def _trajectory(g: int, i: int) -> Trajectory:
+    gen = torch.Generator().manual_seed(100 * g + i)
+    vocab = TOY_MODEL["vocab_size"]
+    n = 2 + int(torch.randint(0, 6, (), generator=gen))  # different lengths: padding in every micro-batch
+    tokens = tuple(int(x) for x in torch.randint(0, vocab, (n,), generator=gen))
+    engine = tuple(float(x) for x in -torch.rand(n, generator=gen) * 3)
+    teacher = tuple(float(x) for x in -torch.rand(n, generator=gen) * 3)
+    prompt = tuple(int(x) for x in torch.randint(0, vocab, (3,), generator=gen))
+    return Trajectory(f"t{g}-{i}", f"g{g}", 0, prompt, (Segment(tokens, True, engine, teacher),), 0, 1, "stop", 0.0, 0.0)
+
+
+REWARDS = {f"t{g}-{i}": float((g + i) % 2) for g in range(G) for i in range(SIZE)}
+FAILED = {"t3-1"}  # its verdict fails: dropped under failed="drop"
+
+
+EARLY = ["t0-0", "t0-1", "t0-2", "t0-3", "t1-0", "t1-1", "t2-0"]  # group 0 complete (direct), 1-2 partly (buckets)
+
+
+def _before(acc: StreamingGRPO) -> None:
+    for g in range(G):
+        acc.open_group(f"g{g}", [f"t{g}-{i}" for i in range(SIZE)])
+    for tid in EARLY:
+        acc.add_reward(tid, REWARDS[tid])
+
+
+def _after(acc: StreamingGRPO) -> None:
+    for tid, r in REWARDS.items():
+        if tid not in EARLY:  # group 3's rewards were pending: its gradients were held
+            acc.add_reward(tid, r, failed=tid in FAILED)
+
+
+def _step(policy: GRPOPolicy, objective: Objective, capture: RowCapture | None) -> tuple[torch.Tensor, int]:
+    params = [p for p in policy.parameters() if p.requires_grad]
+    acc = StreamingGRPO(params, objective=objective)
+    _before(acc)
+    batch = [_trajectory(g, i) for g in range(G) for i in range(SIZE)]
+    scores = policy.score_tokens(
+        batch, entropy=objective.needs_entropy, reference=objective.needs_reference, capture=capture
+    )
+    engine = engine_logprobs(batch, scores.mask, scores.logprobs.dtype)
+    teacher = teacher_logprobs(batch, scores.mask, scores.logprobs.dtype) if objective.needs_teacher else None
+    acc.add_tokens([t.trajectory_id for t in batch], scores, engine, teacher_logprobs=teacher, capture=capture)
+    _after(acc)
+    for p in params:
+        p.grad = None
+    report = acc.finish()
+    return torch.cat([p.grad.reshape(-1) for p in params]).clone(), report.backward_passes
+
+
+def _policy(objective: Objective, **kwargs) -> GRPOPolicy:
+    torch.manual_seed(0)
+    policy = GRPOPolicy(config=TOY_MODEL, objective=objective, score_batch_tokens=40, **kwargs)
+    with torch.no_grad():  # a trained-looking model: LoRA's B starts at zero, so no gradient would pass it
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.02)
+    return policy
+
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+def test_one_split_backward_gives_every_destinations_gradient(name):
+    objective = OBJECTIVES[name]
+    policy = _policy(objective)
+    reference, jobs = _step(policy, objective, None)
+    capture = RowCapture(policy, [p for p in policy.parameters() if p.requires_grad])
+    split, passes = _step(policy, objective, capture)
+    assert capture.verified and capture.refused is None
+    assert float(reference.norm()) > 0
+    assert float((split - reference).norm() / reference.norm()) <= 1e-5
+    # one pass; two where rows feed two places: S_i to a sum or held, R_i (KL, entropy, OPD) elsewhere
+    has_r = bool(objective.kl_coef or objective.entropy_coef or objective.opd_coef)
+    assert passes == (2 if has_r else 1)
+    assert jobs >= 8 > passes
+    again, _ = _step(policy, objective, capture)  # verified: no per-job check any more
+    assert float((again - reference).norm() / reference.norm()) <= 1e-5
+
+
+def test_lora_adapters_split_exactly_with_the_base_frozen():
+    objective = OBJECTIVES["rloo-token-mean-kl-entropy"]
+    policy = _policy(objective, lora=LoraSettings(r=2, target_modules=("q_proj", "v_proj", "down_proj")))
+    params = [p for p in policy.parameters() if p.requires_grad]
+    assert 0 < len(params) < len(list(policy.parameters()))
+    reference, _ = _step(policy, objective, None)
+    capture = RowCapture(policy, params)
+    split, passes = _step(policy, objective, capture)
+    assert passes == 2 and capture.verified  # KL and entropy: R_i of held rows go elsewhere
+    assert float((split - reference).norm() / reference.norm()) <= 1e-5
+
+
+def test_the_capture_records_only_grad_forwards_and_is_refused_for_a_prefix():
+    objective = OBJECTIVES["rloo-token-mean-kl-entropy"]  # KL: a no-grad reference forward
+    policy = _policy(objective)
+    capture = RowCapture(policy, [p for p in policy.parameters() if p.requires_grad])
+    batch = [_trajectory(0, i) for i in range(3)]
+    policy.score_tokens(batch, reference=True, capture=capture)
+    assert capture.records and all(r.output.requires_grad for r in capture.records)
+    assert not capture.recording
+    prefix = policy.encode_prefix(batch[0].prompt)
+    with pytest.raises(ConfigError, match="capture"):
+        policy.score_tokens(batch, capture=capture, prefix=prefix)

@@ -1,0 +1,131 @@
+"""``split_backward``: the runner's calls span destinations and take one backward; same gradient."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from thundersync_lightning.core import (
+    ConfigError,
+    ContentReady,
+    GroupRequest,
+    PolicySnapshot,
+    RewardReady,
+    RolloutRequest,
+    Segment,
+    StreamingGRPO,
+    Trajectory,
+)
+from thundersync_lightning.modules import GRPOPolicy
+from thundersync_lightning.strategy import ThunderSyncStrategy
+from thundersync_lightning.strategy.runner import StepRunner
+from thundersync_lightning.strategy.split_choice import row_capture, split_problems
+
+from ._fit import TOY_MODEL
+
+SIZES = (3, 3, 3)
+REQUEST = RolloutRequest(step=0, groups=tuple(GroupRequest(f"g{g}", g, None, n) for g, n in enumerate(SIZES)), seed=0)
+IDS = [t for ts in REQUEST.trajectory_ids().values() for t in ts]
+OWNER = {t: g for g, ts in REQUEST.trajectory_ids().items() for t in ts}
+REWARDS = {t: float(k % 2) for k, t in enumerate(IDS)}
+EARLY = [t for t in IDS if OWNER[t] == "g0"] + [IDS[3]]  # group g0 complete, one reward of g1
+
+
+def trajectory(tid: str) -> Trajectory:
+    g = torch.Generator().manual_seed(sum(map(ord, tid)))
+    tokens = tuple(int(x) for x in torch.randint(0, TOY_MODEL["vocab_size"], (2 + len(tid) % 3,), generator=g))
+    return Trajectory(tid, OWNER[tid], 0, (1, 2), (Segment(tokens, True),), 0, 1, "stop", 0.0, 0.0)
+
+
+class Scored(StreamingGRPO):
+    """Counts the trajectories added so far, for the event source to wait on."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.changed = threading.Condition()
+        self.scored = 0
+
+    def add_tokens(self, ids, *args, **kwargs) -> None:
+        super().add_tokens(ids, *args, **kwargs)
+        with self.changed:
+            self.scored += len(ids)
+            self.changed.notify_all()
+
+
+def events(acc: Scored, queued: threading.Event) -> Iterator:
+    """Every content and the early rewards; once the learner scored every content, the rest."""
+    for tid in IDS:
+        yield ContentReady(trajectory(tid), 0.0)
+    for tid in EARLY:
+        yield RewardReady(tid, OWNER[tid], REWARDS[tid], 0.0)
+    queued.set()  # runs when the pump asks for the next event: the ones above are queued
+    with acc.changed:
+        assert acc.changed.wait_for(lambda: acc.scored == len(IDS), timeout=60)
+    for tid in IDS:
+        if tid not in EARLY:
+            yield RewardReady(tid, OWNER[tid], REWARDS[tid], 0.0)
+
+
+def run(split: bool):
+    """One step: the first call scores one trajectory while the rest of the first events queue up,
+    so the second call finds direct rows, a bucket and reward-pending rows together."""
+    torch.manual_seed(0)
+    policy = GRPOPolicy(config=TOY_MODEL)
+    params = [p for p in policy.parameters() if p.requires_grad]
+    acc = Scored(params)
+    queued = threading.Event()
+
+    def score(trajectories, prefix=None, capture=None):
+        assert queued.wait(60)
+        return policy.score_tokens(trajectories, capture=capture)
+
+    capture = row_capture(True, policy, params, "streaming", False, "none") if split else None
+    runner = StepRunner(REQUEST, PolicySnapshot(policy), 0, acc, score, split=capture)
+    outcome = runner.run(events(acc, queued))
+    report = acc.finish()
+    grad = torch.cat([p.grad.reshape(-1) for p in params]).clone()
+    calls = [(iv.path, iv.trajectories) for iv in outcome.busy if iv.kind == "backward"]
+    return grad, report.backward_passes, calls, capture
+
+
+def test_one_split_call_takes_every_destination_and_applies_the_same_gradient():
+    per_job, jobs, calls, _ = run(split=False)
+    split, passes, split_calls, capture = run(split=True)
+    assert calls[0] == split_calls[0] == ("held", 1)
+    # without the split each destination's work is its own call; with it, one call for the rest
+    assert split_calls[1:] == [("direct", 8)]
+    assert len(calls) > 2
+    assert capture is not None and capture.verified
+    assert passes == 2 < jobs  # the lone first call and the split call
+    assert float((split - per_job).norm() / per_job.norm()) <= 1e-5
+
+
+def test_the_option_is_checked_and_required_where_asked_for():
+    with pytest.raises(ConfigError, match="split_backward='yes' is not one of"):
+        ThunderSyncStrategy(split_backward="yes")
+    with pytest.raises(ConfigError, match="split_backward=True and boundary_cut=True"):
+        ThunderSyncStrategy(split_backward=True, boundary_cut=True)
+    policy = GRPOPolicy(config=TOY_MODEL)
+    params = list(policy.parameters())
+    assert split_problems(policy, params, "streaming", False, "none") == []
+    assert row_capture("auto", policy, params, "streaming", False, "none") is not None
+    assert row_capture(False, policy, params, "streaming", False, "none") is None
+
+    class NoCapture(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = torch.nn.Linear(2, 2)
+
+        def score_tokens(self, trajectories, *, entropy=False, reference=False):
+            raise AssertionError("not called")
+
+    plain = NoCapture()
+    problems = split_problems(plain, list(plain.parameters()), "streaming", False, "fsdp2")
+    assert any("takes no capture=" in p for p in problems) and any("fsdp2" in p for p in problems)
+    assert row_capture("auto", plain, list(plain.parameters()), "streaming", False, "none") is None
+    with pytest.raises(ConfigError, match="split_backward=True cannot be used: NoCapture.score_tokens"):
+        row_capture(True, plain, list(plain.parameters()), "streaming", False, "none")
+    assert row_capture(True, policy, params, "sync", False, "none") is None  # nothing to split in sync

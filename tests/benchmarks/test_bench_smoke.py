@@ -185,15 +185,18 @@ def test_time_to_target_balanced_workload_takes_its_own_groups_and_context() -> 
     module = _load("time_to_target")
     args = argparse.Namespace(
         groups=16, group_size=8, lr=3e-3, threads=1, max_steps=300, balanced_hidden=64,
-        balanced_context_tokens=70, balanced_groups=3, balanced_latency_median_s=0.002,
+        balanced_context_tokens=70, balanced_groups=3, balanced_latency_median_s=0.002, split_backward=True,
     )  # fmt: skip
     model, tasks = module.workload(args, "balanced")
     assert tasks.context_tokens == 70 and tasks.latency_median_s == 0.002
     assert model["max_position_embeddings"] >= tasks.max_episode_tokens()
     assert module.groups(args, "balanced") == 3 and module.groups(args, "toy") == 16
-    assert module.settings(args, "balanced")["groups"] == 3
-    assert module.settings(args, "balanced")["context_tokens"] == 70
-    assert "context_tokens" not in module.settings(args, "toy")  # stored toy runs stay comparable
+    assert module.settings(args, "balanced", "sync")["groups"] == 3
+    assert module.settings(args, "balanced", "sync")["context_tokens"] == 70
+    assert "context_tokens" not in module.settings(args, "toy", "sync")  # stored toy runs stay comparable
+    # the split backward changes streaming's learner calls only: a stored streaming run without it is redone
+    assert module.settings(args, "toy", "streaming")["split_backward"] is True
+    assert "split_backward" not in module.settings(args, "toy", "async")
     toy_model, _ = module.workload(args, "toy")
     args.balanced_context_tokens = 0
     balanced_model, _ = module.workload(args, "balanced")

@@ -139,6 +139,19 @@ def test_boundary_cut_smoke(tmp_path: Path) -> None:
     assert data["learner_work_ratio_cpu"] > 0
 
 
+def test_split_backward_smoke(tmp_path: Path) -> None:
+    data = _load("split_backward").main(
+        ["--out", str(tmp_path), "--threads", "1", "--groups", "3", "--group-size", "2", "--repeats", "1",
+         "--models", "toy"]
+    )  # fmt: skip
+    toy = _read(tmp_path, "split_backward")["models"]["toy"]
+    assert toy["seconds"] == data["models"]["toy"]["seconds"]
+    assert toy["trajectories"] == 6 and toy["destinations"] == 1 + 2 + 2  # direct, two buckets, two pending
+    assert toy["backward_passes"]["split"] == 1 < toy["backward_passes"]["per_job"]
+    assert max(toy["gradient_rel_diff_vs_per_job"].values()) <= 1e-5
+    assert toy["separate_over_split_wall"] > 0
+
+
 @pytest.mark.slow  # two fits with their engine start-ups: ~40 s on an idle 2-core box, minutes when loaded
 def test_opd_smoke(tmp_path: Path) -> None:
     import torch

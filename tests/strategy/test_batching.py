@@ -43,8 +43,11 @@ def test_nothing_waiting_means_nothing_to_do():
     assert choose([], {"a0": 1.0}) is None
 
 
-def mixed(waiting, rewards, max_batch=32, may_hold=True, hold_room=None):
-    return next_batch(waiting, rewards, OWNER, MEMBERS, max_batch, may_hold=may_hold, mix=True, hold_room=hold_room)
+def mixed(waiting, rewards, max_batch=32, may_hold=True, hold_room=None, max_destinations=None):
+    return next_batch(
+        waiting, rewards, OWNER, MEMBERS, max_batch,
+        may_hold=may_hold, mix=True, hold_room=hold_room, max_destinations=max_destinations,
+    )  # fmt: skip
 
 
 def test_a_split_backward_call_takes_direct_rows_then_buckets_largest_first_then_pending_oldest_first():
@@ -56,6 +59,8 @@ def test_a_split_backward_call_takes_direct_rows_then_buckets_largest_first_then
     assert mixed(waiting, rewards, may_hold=False) == Batch("direct", ["a0", "c1", "c0", "b0"])
     assert mixed(waiting, rewards, hold_room=1) == Batch("direct", ["a0", "c1", "c0", "b0", "b1"])
     assert mixed(waiting, rewards, max_batch=3) == Batch("direct", ["a0", "c1", "c0"])
+    assert mixed(waiting, rewards, max_destinations=2) == Batch("direct", ["a0", "c1", "c0"])  # step, (c, 1)
+    assert mixed(["c1", "a0"], {}, max_destinations=1) == Batch("held", ["c1"])
 
 
 def test_a_split_backward_call_names_its_first_rule_and_holds_nothing_without_room():

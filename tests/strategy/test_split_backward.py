@@ -22,7 +22,13 @@ from thundersync_lightning.core import (
 from thundersync_lightning.modules import GRPOPolicy
 from thundersync_lightning.strategy import ThunderSyncStrategy
 from thundersync_lightning.strategy.runner import StepRunner
-from thundersync_lightning.strategy.split_choice import row_capture, split_problems
+from thundersync_lightning.strategy.split_choice import (
+    AUTO_CPU_MAX_PARAMS,
+    CALL_GRADIENT_BYTES,
+    max_destinations,
+    row_capture,
+    split_problems,
+)
 
 from ._fit import TOY_MODEL
 
@@ -129,3 +135,15 @@ def test_the_option_is_checked_and_required_where_asked_for():
     with pytest.raises(ConfigError, match="split_backward=True cannot be used: NoCapture.score_tokens"):
         row_capture(True, plain, list(plain.parameters()), "streaming", False, "none")
     assert row_capture(True, policy, params, "sync", False, "none") is None  # nothing to split in sync
+
+
+def test_auto_splits_small_models_on_cpu_only_and_each_call_holds_a_bounded_number_of_gradients():
+    small = GRPOPolicy(config=TOY_MODEL)
+    wide = GRPOPolicy(config={**TOY_MODEL, "hidden_size": 512, "intermediate_size": 2048, "head_dim": 64})
+    for policy, splits in ((small, True), (wide, False)):
+        params = list(policy.parameters())
+        assert (sum(p.numel() for p in params) > AUTO_CPU_MAX_PARAMS) is not splits
+        assert (row_capture("auto", policy, params, "streaming", False, "none") is not None) is splits
+        assert row_capture(True, policy, params, "streaming", False, "none") is not None  # required: always
+    assert max_destinations([torch.zeros(10)]) == CALL_GRADIENT_BYTES // 40
+    assert max_destinations([torch.zeros(2**30)]) == 2  # 4 GiB of gradients: never fewer than two

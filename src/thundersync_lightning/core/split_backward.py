@@ -293,7 +293,7 @@ def _module_grads(
 
 #: Bytes of per-row weight gradients a record may take to split its jobs in one batched matmul;
 #: above it (large layers, where a matmul per job costs little extra) each job takes its own.
-SEGMENT_BYTES = 64 * 2**20
+SEGMENT_BYTES = 4 * 2**20
 
 
 def _segment_grads(
@@ -304,22 +304,25 @@ def _segment_grads(
     names = {n for n, _ in owned}
     b = x.shape[0]
     if scale:
-        per_row = (dy * x).reshape(b, -1, x.shape[-1]).sum(1)  # (b, d)
+        wide = torch.promote_types(dy.dtype, torch.float32)
+        per_row = (dy.to(wide) * x.to(wide)).reshape(b, -1, x.shape[-1]).sum(1)  # (b, d)
         return [("weight", per_row.new_zeros(m, x.shape[-1]).index_add_(0, slots, per_row).to(module.weight.dtype))]
     if isinstance(module, nn.Embedding):
         ids = x.reshape(b, -1)
-        rows = dy.reshape(b, ids.shape[1], -1).to(module.weight.dtype)
+        wide = torch.promote_types(dy.dtype, torch.float32)
+        rows = dy.reshape(b, ids.shape[1], -1).to(wide)
         keep = ids.ne(module.padding_idx) if module.padding_idx is not None else torch.ones_like(ids, dtype=torch.bool)
         flat = (slots[:, None] * module.num_embeddings + ids)[keep]
-        table = module.weight.new_zeros(m * module.num_embeddings, module.embedding_dim).index_add_(0, flat, rows[keep])
-        return [("weight", table.view(m, module.num_embeddings, module.embedding_dim))]
+        table = rows.new_zeros(m * module.num_embeddings, module.embedding_dim).index_add_(0, flat, rows[keep])
+        return [("weight", table.view(m, module.num_embeddings, module.embedding_dim).to(module.weight.dtype))]
     assert isinstance(module, nn.Linear)
-    d3 = dy.reshape(b, -1, dy.shape[-1])
+    wide = torch.promote_types(dy.dtype, torch.float32)  # per-row sums of low-precision rows add up in fp32
+    d3 = dy.reshape(b, -1, dy.shape[-1]).to(wide)
     result = []
     if "weight" in names:
         if b * module.weight.numel() * d3.element_size() > SEGMENT_BYTES:
             return None
-        per_row = torch.bmm(d3.transpose(1, 2), x.reshape(b, -1, x.shape[-1]).to(d3.dtype))  # (b, out, in)
+        per_row = torch.bmm(d3.transpose(1, 2), x.reshape(b, -1, x.shape[-1]).to(wide))  # (b, out, in)
         summed = per_row.new_zeros(m, *per_row.shape[1:]).index_add_(0, slots, per_row)
         result.append(("weight", summed.to(module.weight.dtype)))
     if "bias" in names:

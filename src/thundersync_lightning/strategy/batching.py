@@ -52,6 +52,7 @@ def next_batch(
     may_hold: bool,
     mix: bool = False,
     hold_room: int | None = None,
+    max_destinations: int | None = None,
 ) -> Batch | None:
     """The next trajectories to backpropagate together, and the rule that chose them (None: nothing to do now).
 
@@ -63,6 +64,8 @@ def next_batch(
         may_hold: a reward-pending trajectory may be backpropagated now (its gradient held).
         mix: one call may span destinations (a split backward; module docstring).
         hold_room: with ``mix``, the most reward-pending trajectories to take (None: no bound).
+        max_destinations: with ``mix``, the most destinations in one call (each holds one
+            gradient of the trainable parameters while the call's backward is split).
     """
     direct: list[str] = []
     buckets: dict[tuple[str, float], list[str]] = {}
@@ -77,7 +80,10 @@ def next_batch(
     if mix:
         pending = [t for t in waiting if t not in rewards] if may_hold else []
         pending = pending if hold_room is None else pending[: max(0, hold_room)]
-        chosen = direct + [t for b in sorted(buckets.values(), key=len, reverse=True) for t in b] + pending
+        places = ([direct] if direct else []) + sorted(buckets.values(), key=len, reverse=True) + [[t] for t in pending]
+        if max_destinations is not None:
+            places = places[: max(1, max_destinations)]
+        chosen = [t for place in places for t in place]
         path: BatchPath = "direct" if direct else "bucket" if buckets else "held"
         return Batch(path, chosen[:max_batch]) if chosen else None
     if direct:

@@ -89,7 +89,8 @@ class StepRunner:
         split: a split backward (:mod:`~thundersync_lightning.core.split_backward`): a call takes
             work for every destination at once (``next_batch(mix=True)``) and, when it spans more
             than one, is scored inside this capture so that ONE backward serves them all; ``score``
-            then takes ``capture=``. Not with ``encode``.
+            then takes ``capture=``. Not with ``encode``. ``split_destinations``: the most
+            destinations of one such call (each holds a parameter-sized gradient until it is stored).
     """
 
     def __init__(
@@ -106,10 +107,12 @@ class StepRunner:
         defer: bool = False,
         encode: EncodeFn | None = None,
         split: RowCapture | None = None,
+        split_destinations: int | None = None,
     ) -> None:
         self.defer = defer
         self.encode = encode
         self.split = split if encode is None else None
+        self.split_destinations = split_destinations
         self._prefixes: dict[str, SharedPrefix] = {}
         self.max_batch = max(1, max_batch_trajectories)
         self._waiting: dict[str, None] = {}  # admitted groups' content not yet backpropagated (ordered)
@@ -183,6 +186,7 @@ class StepRunner:
             may_hold=inbox_empty and self._can_hold(),
             mix=self._splitting,
             hold_room=None if limit is None else limit - self.acc.held_trajectories,
+            max_destinations=self.split_destinations,
         )
         if batch is not None:
             self._backward(batch)

@@ -5,7 +5,16 @@ several destinations (the step's gradient, (group, reward) sums, held gradients)
 ONE backward. It applies to streaming (sync and async send every row to the step's gradient), needs
 a module whose ``score_tokens`` takes ``capture=`` and whose trainable parameters all sit in
 modules that can be split, and is not combined with the boundary cut or FSDP2's sharded weights.
-``"auto"`` uses it where it applies and otherwise says why at debug level; ``True`` requires it.
+``"auto"`` uses it where it applies and pays off, ``True`` requires it.
+
+When it pays off (measured on CPU, ``benchmarks/split_backward.py``): one split call replaces a
+call per destination, saving the per-call cost of a forward and a backward (kernel launches,
+Python) and paying for J parameter-sized gradients held at once. On CPU the toy policy (0.15M
+parameters) gained 1.5-1.7x; a 2.4M-parameter Qwen3 lost 7-16% (its J gradients no longer fit the
+cache). ``"auto"`` therefore splits on CPU up to :data:`AUTO_CPU_MAX_PARAMS` trainable parameters
+and on accelerators always, where small calls cost launches rather than bytes (not measured here:
+no GPU). Every split call holds at most :func:`max_destinations` gradients
+(:data:`CALL_GRADIENT_BYTES` in all).
 """
 
 from __future__ import annotations
@@ -19,9 +28,18 @@ from torch import Tensor
 from ..core.errors import ConfigError
 from ..core.split_backward import RowCapture, unsupported_modules
 
-__all__ = ["SplitBackward", "split_problems", "row_capture"]
+__all__ = ["SplitBackward", "split_problems", "row_capture", "max_destinations", "AUTO_CPU_MAX_PARAMS"]
 
 SplitBackward = bool | Literal["auto"]
+AUTO_CPU_MAX_PARAMS = 1_000_000
+CALL_GRADIENT_BYTES = 2 * 2**30
+
+
+def max_destinations(params: Sequence[Tensor]) -> int:
+    """Destinations one split call may span: its gradients (one per destination) within
+    :data:`CALL_GRADIENT_BYTES`, and never fewer than two."""
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    return max(2, CALL_GRADIENT_BYTES // max(1, nbytes))
 
 
 def split_problems(module: Any, params: Sequence[Tensor], mode: str, boundary_cut: bool, sharding: str) -> list[str]:
@@ -50,4 +68,7 @@ def row_capture(
         raise ConfigError("split_backward=True cannot be used: " + "; ".join(problems))
     if problems:
         return None
+    on_cpu = all(p.device.type == "cpu" for p in params)
+    if setting == "auto" and on_cpu and sum(p.numel() for p in params) > AUTO_CPU_MAX_PARAMS:
+        return None  # measured slower on CPU at this size (module docstring)
     return RowCapture(module, params, strict=setting is True)

@@ -53,7 +53,7 @@ from .plan import RolloutPlan
 from .runner import StepRunner
 from .setup_checks import check_memory, setup_problems
 from .sharding import SHARDINGS, Sharding, build_layout
-from .split_choice import SplitBackward, row_capture
+from .split_choice import SplitBackward, max_destinations, row_capture
 from .stats import Interval, RolloutProgress, StepStats
 
 __all__ = ["ThunderSyncStrategy", "Mode", "MemoryCheck"]
@@ -99,8 +99,9 @@ class ThunderSyncStrategy(DDPStrategy):
             parameter gradients split by row (:mod:`thundersync_lightning.core.split_backward`;
             same gradient; checked against per-destination backward passes on first use).
             ``"auto"``: in streaming mode where the module supports it (``GRPOPolicy`` does; not
-            with ``boundary_cut`` or ``sharding="fsdp2"``), falling back to one backward per
-            destination if the first-use check fails; ``True``: required (a ConfigError where it
+            with ``boundary_cut`` or ``sharding="fsdp2"``) and it pays off (on accelerators; on
+            CPU up to 1M trainable parameters, :mod:`~thundersync_lightning.strategy.split_choice`),
+            falling back to one backward per destination if the first-use check fails; ``True``: required (a ConfigError where it
             cannot run or the check fails); ``False``: one backward per destination.
         memory_check: at set-up, before the engine starts, the learner's memory plan
             (:mod:`thundersync_lightning.core.memory_plan`) is checked against the device (the host on
@@ -332,6 +333,7 @@ class ThunderSyncStrategy(DDPStrategy):
             defer=self.mode == "sync",
             encode=module.encode_prefix if self.boundary_cut else None,
             split=self._row_capture(module, acc),
+            split_destinations=max_destinations(acc.params),
         )
         with self.precision_plugin.train_step_context():
             outcome = runner.run(events)

@@ -1,0 +1,175 @@
+"""Learner cost of a call that spans many destinations: separate calls, one call with a backward
+per destination, and one split backward (``core/split_backward.py``).
+
+Workload: one streaming moment of B groups of G trajectories: group 0 fully rewarded (its rows
+go to the step's gradient), groups 1-2 partly rewarded (rows with a known reward go to their
+(group, reward) sum), the rest reward-pending (each row's gradient is held apart). That is
+1 + buckets + pending destinations. Three ways to add the batch to ``StreamingGRPO``:
+
+* ``separate``: what the runner did before the split: one call per destination (the direct rows
+  together, each bucket, each pending row alone);
+* ``per_job``: one call (one forward) and one ``autograd.grad`` per destination on its graph;
+* ``split``: one call, one backward, the parameter gradients split by row.
+
+All three give the same gradient (relative difference printed). Two models: the toy policy of
+the time-to-target benchmark (per-call overheads dominate) and the short overlap workload's
+Qwen3 (hidden 256). Reported: median seconds per way (wall and process CPU, interleaved
+repeats) and the ratios separate / split and per_job / split.
+
+    python benchmarks/split_backward.py [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import add_common_args, median, timed_cpu, write_bar_chart, write_result  # noqa: E402
+from _harness import load_average, qwen3_config  # noqa: E402
+from thundersync_lightning.core import StreamingGRPO, engine_logprobs  # noqa: E402
+from thundersync_lightning.core.split_backward import RowCapture  # noqa: E402
+from thundersync_lightning.core.types import Segment, Trajectory  # noqa: E402
+from thundersync_lightning.envs.toy import toy_model_spec  # noqa: E402
+from thundersync_lightning.modules import GRPOPolicy  # noqa: E402
+
+MODELS = {
+    "toy": (dict(toy_model_spec().config), 3, 9),  # (config, prompt tokens, mean action tokens)
+    "short": (qwen3_config(256, 1024, 2, 1024), 16, 71),
+}
+WAYS = ("separate", "per_job", "split")
+
+
+def make_batch(groups: int, size: int, prompt: int, action: int, vocab: int) -> list[Trajectory]:
+    rng = random.Random(0)
+    out = []
+    for g in range(groups):
+        for k in range(size):
+            n = max(2, action + rng.randint(-action // 2, action // 2))
+            tokens = tuple(rng.randrange(vocab) for _ in range(n))
+            out.append(
+                Trajectory(
+                    f"g{g}-t{k}", f"g{g}", k, tuple(rng.randrange(vocab) for _ in range(prompt)),
+                    (Segment(tokens, True),), 0, 1, "stop", 0.0, 0.0,
+                )  # fmt: skip
+            )
+    return out
+
+
+def early_rewards(batch: list[Trajectory], size: int) -> list[str]:
+    """Group 0 complete, groups 1 and 2 with half their rewards: direct rows, buckets, pending."""
+    ids = [t.trajectory_id for t in batch]
+    return ids[:size] + ids[size : size + size // 2] + ids[2 * size : 2 * size + size // 2]
+
+
+def calls(batch: list[Trajectory], early: list[str], size: int) -> list[list[Trajectory]]:
+    """The runner's calls without the split: direct rows, each (group, reward) bucket, each pending row."""
+    rewards = {t: float(int(t.rsplit("t", 1)[1]) % 2) for t in early}
+    direct = batch[:size]
+    buckets: dict[tuple[str, float], list[Trajectory]] = {}
+    lone = []
+    for t in batch[size:]:
+        if t.trajectory_id in rewards:
+            buckets.setdefault((t.group_id, rewards[t.trajectory_id]), []).append(t)
+        else:
+            lone.append([t])
+    return [direct, *buckets.values(), *lone]
+
+
+def run(policy: GRPOPolicy, batch, early, size, way: str, capture: RowCapture | None) -> tuple[torch.Tensor, int]:
+    params = [p for p in policy.parameters() if p.requires_grad]
+    acc = StreamingGRPO(params, objective=policy.objective)
+    for g in sorted({t.group_id for t in batch}):
+        acc.open_group(g, [t.trajectory_id for t in batch if t.group_id == g])
+    reward = {t.trajectory_id: float(t.sample % 2) for t in batch}
+    for tid in early:
+        acc.add_reward(tid, reward[tid])
+    for chunk in calls(batch, early, size) if way == "separate" else [batch]:
+        cap = capture if way == "split" else None
+        scores = policy.score_tokens(chunk, capture=cap)
+        engine = engine_logprobs(chunk, scores.mask, scores.logprobs.dtype)
+        acc.add_tokens([t.trajectory_id for t in chunk], scores, engine, capture=cap)
+    for t in batch:
+        if t.trajectory_id not in early:
+            acc.add_reward(t.trajectory_id, reward[t.trajectory_id])
+    report = acc.finish()
+    grad = torch.cat([p.grad.reshape(-1) for p in params])
+    for p in params:
+        p.grad = None
+    return grad, report.backward_passes
+
+
+def measure(name: str, groups: int, size: int, repeats: int) -> dict:
+    config, prompt, action = MODELS[name]
+    torch.manual_seed(0)
+    policy = GRPOPolicy(config=config)
+    batch = make_batch(groups, size, prompt, action, config["vocab_size"])
+    early = early_rewards(batch, size)
+    capture = RowCapture(policy, [p for p in policy.parameters() if p.requires_grad], strict=True)
+    grads, passes = {}, {}
+    for way in WAYS:  # warm-up; the split's first call is its check against per-destination passes
+        grads[way], passes[way] = run(policy, batch, early, size, way, capture)
+    samples: dict[str, dict[str, list[float]]] = {w: {"wall": [], "cpu": []} for w in WAYS}
+    for _ in range(repeats):
+        for way in WAYS:  # interleaved: the same machine conditions for each way
+            wall, cpu, _ = timed_cpu(lambda way=way: run(policy, batch, early, size, way, capture))
+            samples[way]["wall"].append(wall)
+            samples[way]["cpu"].append(cpu)
+    medians = {w: {"wall_s": median(v["wall"]), "cpu_s": median(v["cpu"])} for w, v in samples.items()}
+    rel = {w: float((grads[w] - grads["per_job"]).norm() / grads["per_job"].norm()) for w in ("separate", "split")}
+    return {
+        "parameters": sum(p.numel() for p in policy.parameters()),
+        "trajectories": len(batch),
+        "destinations": len(calls(batch, early, size)),
+        "backward_passes": passes,
+        "seconds": medians,
+        "samples": samples,
+        "separate_over_split_wall": medians["separate"]["wall_s"] / medians["split"]["wall_s"],
+        "separate_over_split_cpu": medians["separate"]["cpu_s"] / medians["split"]["cpu_s"],
+        "per_job_over_split_wall": medians["per_job"]["wall_s"] / medians["split"]["wall_s"],
+        "gradient_rel_diff_vs_per_job": rel,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = add_common_args(argparse.ArgumentParser(description=__doc__), default_threads=1)
+    parser.add_argument("--groups", type=int, default=4)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.groups, args.group_size, args.repeats = 3, 4, 2
+    torch.set_num_threads(args.threads)
+    load_start = load_average()
+    models = {name: measure(name, args.groups, args.group_size, args.repeats) for name in args.models}
+    payload = {
+        "workload": {"groups": args.groups, "group_size": args.group_size, "repeats": args.repeats},
+        "models": models,
+        "load_average_start": load_start,
+        "load_average_end": load_average(),
+    }
+    write_result(args.out, "split_backward", payload)
+    write_bar_chart(
+        Path(args.out) / "split_backward.png",
+        {f"{name} {way}": {"wall s": m["seconds"][way]["wall_s"]} for name, m in models.items() for way in WAYS},
+        ylabel="seconds to add one batch",
+        title="one call spanning every destination: separate calls, a backward per destination, split",
+    )
+    for name, m in models.items():
+        s = m["seconds"]
+        print(
+            f"{name}: {m['trajectories']} trajectories, {m['destinations']} destinations: separate "
+            f"{s['separate']['wall_s'] * 1e3:.1f} ms, per-destination backward {s['per_job']['wall_s'] * 1e3:.1f} ms, "
+            f"split {s['split']['wall_s'] * 1e3:.1f} ms -> separate/split {m['separate_over_split_wall']:.2f}x "
+            f"(cpu {m['separate_over_split_cpu']:.2f}x); gradient rel diff {m['gradient_rel_diff_vs_per_job']}"
+        )
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -139,3 +139,36 @@ def test_bf16_weights_split_within_bf16_rounding_of_the_per_destination_passes()
     split, passes = _step(policy, objective, capture)
     assert passes == 1 and capture.verified  # the first-use check passed at bf16's tolerance
     assert float((split.double() - reference.double()).norm() / reference.double().norm()) <= 3e-2
+
+
+def test_rows_dropped_after_their_group_closed_feed_nothing_in_a_split_call():
+    """failed="drop": a member whose failed verdict closed its group before its content was scored
+    is left out of the terms (a late row); the recorded forward still has it, at its batch row."""
+    objective = OBJECTIVES["trl-batch-drop-kl"]
+    policy = _policy(objective)
+    params = [p for p in policy.parameters() if p.requires_grad]
+
+    def step(capture: RowCapture | None) -> torch.Tensor:
+        acc = StreamingGRPO(params, objective=objective)
+        _before(acc)
+        acc.open_group("g9", ["t9-0", "t9-1"])
+        late, kept = _trajectory(9, 0), _trajectory(9, 1)
+        acc.add_reward("t9-0", 0.0, failed=True)
+        acc.add_reward("t9-1", 1.0)
+        s = policy.score_tokens([kept], reference=True)
+        acc.add_tokens(["t9-1"], s, engine_logprobs([kept], s.mask, s.logprobs.dtype))  # g9 closes
+        batch = [_trajectory(g, i) for g in range(G) for i in range(SIZE)]
+        batch.insert(5, late)
+        scores = policy.score_tokens(batch, entropy=objective.needs_entropy, reference=True, capture=capture)
+        engine = engine_logprobs(batch, scores.mask, scores.logprobs.dtype)
+        acc.add_tokens([t.trajectory_id for t in batch], scores, engine, capture=capture)
+        _after(acc)
+        for p in params:
+            p.grad = None
+        acc.finish()
+        return torch.cat([p.grad.reshape(-1) for p in params]).clone()
+
+    reference = step(None)
+    capture = RowCapture(policy, params)
+    assert float((step(capture) - reference).norm() / reference.norm()) <= 1e-5
+    assert capture.verified

@@ -55,6 +55,7 @@ class GroupSums:
     g2: torch.Tensor | None = None  # sum grad S_i, after collapse
     shift: float = 0.0
     direct: int = 0  # contributions already added to the step gradient (early fold or direct path)
+    final: tuple[Objective, tuple[float, float]] | None = None  # (a_g, b_g) once every verdict is in
 
     def kept(self) -> tuple[Hashable, ...]:
         return tuple(t for t in self.members if t not in self.dropped)
@@ -67,8 +68,14 @@ class GroupSums:
         return len(self.rewards) == len(self.members)
 
     def coefficients(self, objective: Objective) -> tuple[float, float]:
-        """(a_g, b_g) once every verdict is known (zero when every A_i is exactly 0)."""
-        return objective.coefficients(self.reward_tensor())
+        """(a_g, b_g) once every verdict is known (zero when every A_i is exactly 0); computed once:
+        with every verdict in, neither the rewards nor the dropped members can change."""
+        if self.final is not None and self.final[0] is objective:
+            return self.final[1]
+        value = objective.coefficients(self.reward_tensor())
+        if self.all_rewards_known():
+            self.final = (objective, value)
+        return value
 
     def zero_advantage(self, objective: Objective) -> bool:
         """Every A_i is exactly 0: known once all verdicts are in, or up front (lone member, reward_coef 0)."""

@@ -74,8 +74,9 @@ def test_the_fit_plan_reads_the_held_bound_and_sharding_when_the_strategy_has_th
 
 
 def test_a_fit_whose_plan_does_not_fit_is_refused_before_the_engine_starts_naming_the_fix(monkeypatch):
-    # 12 MiB free: the unbounded plan (20 MiB: 4 open groups x 2 sums + 16 held gradients of 0.6 MB) does not fit
-    monkeypatch.setattr(memory_check, "machine_capacity", lambda device: (12 * 2**20, 12 * 2**20))
+    # 24 MiB free: the unbounded plan (4 open groups x 2 sums + 16 held gradients of 0.6 MB, and a split
+    # backward call holding up to 17 gradients: 29.6 MiB) does not fit; without the split (20.2 MiB) it would
+    monkeypatch.setattr(memory_check, "machine_capacity", lambda device: (24 * 2**20, 24 * 2**20))
     data = RolloutDataModule(tasks=toy_data().tasks, engine=_EngineThatMustNotStart(), group_size=4, groups_per_step=4)
     trainer = L.Trainer(strategy=ThunderSyncStrategy(), accelerator="cpu", devices=1, max_steps=1, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
@@ -85,6 +86,8 @@ def test_a_fit_whose_plan_does_not_fit_is_refused_before_the_engine_starts_namin
     assert "memory plan does not fit this host" in message
     assert re.search(r"any of these would make it fit: .*trainer\.strategy\.init_args\.max_\w+=\d+", message)
     assert "group sums" in message and "memory_check=warn" in message
+    assert "17 x P_t e: the destinations of one split-backward call" in message
+    assert "trainer.strategy.init_args.split_backward=false" in message
 
 
 class _UnboundedTasks(type(toy_data().tasks)):

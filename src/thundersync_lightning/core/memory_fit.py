@@ -1,8 +1,8 @@
 """Whether a memory plan fits a machine, and which settings would make it fit.
 
 :func:`suggestions` re-plans variants of the inputs: first single changes (the largest
-``max_batch_trajectories`` / ``max_held_trajectories`` / ``max_open_groups`` that fits, offload,
-LoRA, ZeRO-1 or FSDP2 over the fewest GPUs), and only when none fits alone, the tightest bounds
+``max_batch_trajectories`` / ``max_held_trajectories`` / ``max_open_groups`` that fits, the split
+backward off, offload, LoRA, ZeRO-1 or FSDP2 over the fewest GPUs), and only when none fits alone, the tightest bounds
 with offload and LoRA together, then the longest trajectory that would fit with them. Every
 suggestion names the YAML key (``trainer.strategy.init_args.*``, ``model.lora.r``).
 """
@@ -62,6 +62,8 @@ def suggestions(i: PlanInputs, device: int, host: int) -> tuple[str, ...]:
         best = next((k for k in range(upper, lowest - 1, -1) if fits(replace(i, **{name: k}))), None)
         if best is not None:
             out.append(f"{strategy}.{name}={best}")
+    if i.split_destinations and fits(replace(i, split_destinations=0)):
+        out.append(f"{strategy}.split_backward=false (one backward per destination)")
     if i.offload == "none" and i.mode != "sync":
         for where in (("pinned", "cpu") if i.accelerator == "gpu" else ()):
             if fits(replace(i, offload=where)):

@@ -17,7 +17,8 @@ O the open groups and H the held (reward-pending) trajectories of a rank at once
                                                 with reward-independent terms)
     staging          2 P_t a                   (offload on a GPU: double-buffered device copies)
     landing          2 P_t a                   (pinned offload: the host buffers copies land in)
-    backward         P_t e                     (one autograd result before it is added)
+    backward         D P_t e                   (autograd results before they are added: D = 1, or
+                                               the destinations of one split-backward call)
     collective       P_t e                     (N > 1: the flat all-reduce / reduce-scatter buffer)
     activations      n T (L b_layer + b_logits) (the largest scored micro-batch, see below)
 
@@ -223,6 +224,9 @@ class PlanInputs:
             ``gpu_memory_utilization``); engine_device_bytes: bytes it reserves instead.
         accumulator_bytes: a (4, or 8 for float64 weights).
         device_overhead_bytes: the CUDA context and allocator slack (a fixed estimate).
+        split_destinations: 0 without the split backward; else the most destinations one split call
+            may span (its bytes cap): such a call holds one gradient per destination, at most
+            one per trajectory of a call plus the R terms'.
     """
 
     model: ModelShape
@@ -251,6 +255,7 @@ class PlanInputs:
     engine_device_bytes: int = 0
     accumulator_bytes: int = 4
     device_overhead_bytes: int = 0
+    split_destinations: int = 0
 
     def __post_init__(self) -> None:
         problems = []
@@ -452,7 +457,10 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
         rows.append(at("staging", 2 * pt * a, "2 x P_t a: double-buffered copies to and from the host"))
     if i.offload == "pinned" and streaming:
         rows.append(at("landing", 2 * pt * a, "2 x P_t a: pinned buffers the copies land in", "pinned_host"))
-    rows.append(at("backward", pt * e, "P_t e: one autograd result before it is added"))
+    call = min(i.max_batch_trajectories, i.groups_on_rank * i.group_size)  # trajectories of one call
+    d = min(call + 1, i.split_destinations) if streaming and i.split_destinations else 1
+    rows.append(at("backward", d * pt * e, "P_t e: one autograd result before it is added" if d == 1
+                   else f"{d} x P_t e: the destinations of one split-backward call"))
     if n > 1:
         rows.append(at("collective", pt * e, "P_t e: the flat reduce-scatter input at the barrier" if fsdp
                        else "P_t e: the flat all-reduce at the barrier"))

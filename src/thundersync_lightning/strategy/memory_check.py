@@ -24,6 +24,7 @@ import torch
 from ..core.memory_plan import Architecture, MemoryPlan, ModelShape, PlanInputs, format_bytes, plan_memory
 from ..core.objective import Objective
 from .objective_checks import module_objective
+from .split_choice import planned_destinations
 
 __all__ = ["plan_inputs", "fit_plan", "machine_capacity", "memory_problems", "param_bytes", "optimizer_kind"]
 
@@ -37,7 +38,7 @@ _HALF = {"bf16-true", "16-true", "bf16", "16", "half"}
 _DOUBLE = {"64-true", "64", "double"}
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8, "double": 8}
 STRATEGY_KEYS = ("mode", "offload", "max_open_groups", "max_held_trajectories", "max_batch_trajectories",
-                 "boundary_cut", "sharding")
+                 "boundary_cut", "sharding", "split_backward")
 
 
 def param_bytes(precision: Any, dtype: str | torch.dtype | None) -> int:
@@ -133,6 +134,15 @@ def plan_inputs(
         engine_device_bytes=engine_bytes,
         accumulator_bytes=8 if model.param_bytes == 8 else 4,
         device_overhead_bytes=GPU_RUNTIME_BYTES if gpu else 0,
+        split_destinations=planned_destinations(
+            strategy.get("split_backward", "auto"),
+            strategy.get("mode", "streaming"),
+            bool(strategy.get("boundary_cut", False)),
+            strategy.get("sharding", "none"),
+            not gpu,
+            model.trainable_params,
+            model.param_bytes,
+        ),
     )
 
 

@@ -28,7 +28,15 @@ from torch import Tensor
 from ..core.errors import ConfigError
 from ..core.split_backward import RowCapture, unsupported_modules
 
-__all__ = ["SplitBackward", "split_problems", "row_capture", "max_destinations", "AUTO_CPU_MAX_PARAMS"]
+__all__ = [
+    "SplitBackward",
+    "split_problems",
+    "row_capture",
+    "max_destinations",
+    "planned_destinations",
+    "auto_splits",
+    "AUTO_CPU_MAX_PARAMS",
+]
 
 SplitBackward = bool | Literal["auto"]
 AUTO_CPU_MAX_PARAMS = 1_000_000
@@ -38,8 +46,29 @@ CALL_GRADIENT_BYTES = 2 * 2**30
 def max_destinations(params: Sequence[Tensor]) -> int:
     """Destinations one split call may span: its gradients (one per destination) within
     :data:`CALL_GRADIENT_BYTES`, and never fewer than two."""
-    nbytes = sum(p.numel() * p.element_size() for p in params)
-    return max(2, CALL_GRADIENT_BYTES // max(1, nbytes))
+    return destinations_within(sum(p.numel() * p.element_size() for p in params))
+
+
+def destinations_within(gradient_bytes: int) -> int:
+    return max(2, CALL_GRADIENT_BYTES // max(1, gradient_bytes))
+
+
+def auto_splits(on_cpu: bool, trainable_params: int) -> bool:
+    """Where ``"auto"`` splits a module that supports it (module docstring)."""
+    return not on_cpu or trainable_params <= AUTO_CPU_MAX_PARAMS
+
+
+def planned_destinations(
+    setting: SplitBackward, mode: str, boundary_cut: bool, sharding: str, on_cpu: bool,
+    trainable_params: int, param_bytes: int,
+) -> int:
+    """For the memory plan: 0 where the fit will not split, else the most destinations one split
+    call may span (:func:`destinations_within`; the plan also caps it by the call's trajectories)."""
+    if setting is False or mode != "streaming" or boundary_cut or sharding == "fsdp2":
+        return 0
+    if setting == "auto" and not auto_splits(on_cpu, trainable_params):
+        return 0
+    return destinations_within(trainable_params * param_bytes)
 
 
 def split_problems(module: Any, params: Sequence[Tensor], mode: str, boundary_cut: bool, sharding: str) -> list[str]:
@@ -69,6 +98,6 @@ def row_capture(
     if problems:
         return None
     on_cpu = all(p.device.type == "cpu" for p in params)
-    if setting == "auto" and on_cpu and sum(p.numel() for p in params) > AUTO_CPU_MAX_PARAMS:
+    if setting == "auto" and not auto_splits(on_cpu, sum(p.numel() for p in params)):
         return None  # measured slower on CPU at this size (module docstring)
     return RowCapture(module, params, strict=setting is True)

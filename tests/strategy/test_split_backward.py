@@ -23,7 +23,7 @@ from thundersync_lightning.modules import GRPOPolicy
 from thundersync_lightning.strategy import ThunderSyncStrategy
 from thundersync_lightning.strategy.runner import StepRunner
 from thundersync_lightning.strategy.split_choice import (
-    AUTO_CPU_MAX_PARAMS,
+    AUTO_MAX_PARAMS,
     CALL_GRADIENT_BYTES,
     max_destinations,
     row_capture,
@@ -137,12 +137,12 @@ def test_the_option_is_checked_and_required_where_asked_for():
     assert row_capture(True, policy, params, "sync", False, "none") is None  # nothing to split in sync
 
 
-def test_auto_splits_small_models_on_cpu_only_and_each_call_holds_a_bounded_number_of_gradients():
+def test_auto_splits_small_models_only_and_each_call_holds_a_bounded_number_of_gradients():
     small = GRPOPolicy(config=TOY_MODEL)
     wide = GRPOPolicy(config={**TOY_MODEL, "hidden_size": 512, "intermediate_size": 2048, "head_dim": 64})
     for policy, splits in ((small, True), (wide, False)):
         params = list(policy.parameters())
-        assert (sum(p.numel() for p in params) > AUTO_CPU_MAX_PARAMS) is not splits
+        assert (sum(p.numel() for p in params) > AUTO_MAX_PARAMS) is not splits
         assert (row_capture("auto", policy, params, "streaming", False, "none") is not None) is splits
         assert row_capture(True, policy, params, "streaming", False, "none") is not None  # required: always
     assert max_destinations([torch.zeros(10)]) == CALL_GRADIENT_BYTES // 40

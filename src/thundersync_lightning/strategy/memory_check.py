@@ -139,7 +139,6 @@ def plan_inputs(
             strategy.get("mode", "streaming"),
             bool(strategy.get("boundary_cut", False)),
             strategy.get("sharding", "none"),
-            not gpu,
             model.trainable_params,
             model.param_bytes,
         ),

@@ -99,8 +99,8 @@ class ThunderSyncStrategy(DDPStrategy):
             parameter gradients split by row (:mod:`thundersync_lightning.core.split_backward`;
             same gradient; checked against per-destination backward passes on first use).
             ``"auto"``: in streaming mode where the module supports it (``GRPOPolicy`` does; not
-            with ``boundary_cut`` or ``sharding="fsdp2"``) and it pays off (on accelerators; on
-            CPU up to 1M trainable parameters, :mod:`~thundersync_lightning.strategy.split_choice`),
+            with ``boundary_cut`` or ``sharding="fsdp2"``) and it was measured to pay off (up to
+            1M trainable parameters, :mod:`~thundersync_lightning.strategy.split_choice`),
             falling back to one backward per destination if the first-use check fails; ``True``: required (a ConfigError where it
             cannot run or the check fails); ``False``: one backward per destination.
         memory_check: at set-up, before the engine starts, the learner's memory plan

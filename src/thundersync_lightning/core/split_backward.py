@@ -94,9 +94,12 @@ class RowCapture:
         if problems:
             raise ConfigError("this model's gradients cannot be split by row: " + "; ".join(problems))
         wanted = {id(p) for p in params}
-        self.model = model
         self._modules = [m for m in model.modules() if _owned(m, wanted)]
         self._owned = {id(m): _owned(m, wanted) for m in self._modules}
+        self._scale = {  # y = w * f(x) (RMSNorm-like): its gradient is sum(dy * f(x)), no VJP needed
+            id(m): not isinstance(m, (nn.Linear, nn.Embedding)) and _is_scale(m, self._owned[id(m)])
+            for m in self._modules
+        }
         self.records: list[_Record] = []
         self.strict = strict
         self.verified = False
@@ -152,6 +155,9 @@ class RowCapture:
     def owned(self, module: nn.Module) -> list[tuple[str, nn.Parameter]]:
         return self._owned[id(module)]
 
+    def is_scale(self, module: nn.Module) -> bool:
+        return self._scale[id(module)]
+
 
 def split_gradients(
     capture: RowCapture,
@@ -162,13 +168,12 @@ def split_gradients(
     kept: Sequence[int] | None = None,
 ) -> tuple[list[Grads], int]:
     """Every job's parameter gradients from the recorded forward (module docstring) and the
-    number of backward passes taken; frees the graph. ``kept``: the recorded batch row of each
+    number of backward passes taken; the caller clears the capture afterwards. ``kept``: the recorded batch row of each
     row of ``terms`` (rows left out of the terms feed nothing). Checked against
     :func:`~thundersync_lightning.core.jobs.run_jobs` on first use."""
     if capture.recording:
         raise RuntimeError("split_gradients: leave `with capture:` (the scoring) before splitting its backward")
     if capture.refused is not None:  # the forward showed a module it cannot split: one backward per job
-        capture.clear()
         if capture.strict:
             raise ConfigError(capture.refused)
         return run_jobs(label, jobs, params), len(jobs)
@@ -206,7 +211,6 @@ def split_gradients(
     if reference is not None:
         problem = _mismatch(out, reference, jobs)
         if problem is not None:
-            capture.clear()
             if capture.strict:
                 raise ConfigError(problem)
             capture.refused = problem
@@ -215,7 +219,6 @@ def split_gradients(
     for j, grads in enumerate(out):
         if all(g is None for g in grads):
             raise InvalidLogprobError(f"job {jobs[j].kind} {jobs[j].key!r} has no gradient in the recorded forward")
-    capture.clear()
     return out, passes
 
 
@@ -243,7 +246,6 @@ class _Layout:
     """One forward's rows in one pass: each job's positions, and every position's job slot."""
 
     by_job: dict[int, list[int]]
-    slot: dict[int, int]
     slots: Tensor  # (b,): slot of each position; len(by_job) for positions feeding no job
 
     @staticmethod
@@ -254,7 +256,7 @@ class _Layout:
                 by_job.setdefault(owner[row], []).append(pos)
         slot = {j: k for k, j in enumerate(by_job)}
         slots = torch.tensor([slot.get(owner[row], len(slot)) for row in rows], device=device)
-        return _Layout(by_job, slot, slots)
+        return _Layout(by_job, slots)
 
 
 def _module_grads(
@@ -264,7 +266,7 @@ def _module_grads(
     by_job = layout.by_job
     module, owned = record.module, capture.owned(record.module)
     x = record.inputs
-    scale = not isinstance(module, (nn.Linear, nn.Embedding)) and _is_scale(module, owned)
+    scale = capture.is_scale(module)
     if scale:  # y = w * f(x): f once for the whole record, then sum(dy * f) per job
         with torch.no_grad():
             x = torch.func.functional_call(module, {"weight": torch.ones_like(module.weight)}, (x,))
@@ -357,26 +359,20 @@ def _param_grads(
     return [(n, g) for n, g in zip(local, grads) if g is not None]
 
 
-_SCALE_FORM: dict[type, bool] = {}
-
-
 def _is_scale(module: nn.Module, owned: list[tuple[str, nn.Parameter]]) -> bool:
-    """Whether the module's output is its 1-D ``weight`` times a function of the input (checked once
-    per class on a random input: f(x; w) == w * f(x; 1))."""
+    """Whether the module's output is its 1-D ``weight`` times a function of the input (checked on
+    a random input: f(x; w) == w * f(x; 1))."""
     if [n for n, _ in owned] != ["weight"] or module.weight.dim() != 1:
         return False
-    kind = type(module)
-    if kind not in _SCALE_FORM:
-        with torch.no_grad():
-            x = torch.randn(2, 3, module.weight.shape[0], dtype=module.weight.dtype, device=module.weight.device)
-            w = torch.rand_like(module.weight) + 0.5
-            try:
-                y = torch.func.functional_call(module, {"weight": w}, (x,))
-                f = torch.func.functional_call(module, {"weight": torch.ones_like(w)}, (x,))
-                _SCALE_FORM[kind] = y.shape == f.shape and bool(torch.allclose(y, w * f, rtol=1e-5, atol=1e-6))
-            except Exception:  # noqa: BLE001 - any failure means: not this form
-                _SCALE_FORM[kind] = False
-    return _SCALE_FORM[kind]
+    with torch.no_grad():
+        x = torch.randn(2, 3, module.weight.shape[0], dtype=module.weight.dtype, device=module.weight.device)
+        w = torch.rand_like(module.weight) + 0.5
+        try:
+            y = torch.func.functional_call(module, {"weight": w}, (x,))
+            f = torch.func.functional_call(module, {"weight": torch.ones_like(w)}, (x,))
+        except Exception:  # noqa: BLE001 - any failure means: not this form
+            return False
+        return y.shape == f.shape and bool(torch.allclose(y, w * f, rtol=1e-5, atol=1e-6))
 
 
 def _mismatch(split: list[Grads], reference: list[Grads], jobs: Sequence[Job]) -> str | None:

@@ -42,18 +42,18 @@ from ..core.errors import ConfigError
 from ..core.objective import Objective
 from ..core.protocols import PreparesAhead
 from ..core.snapshot import PolicySnapshot
-from ..core.split_backward import RowCapture
 from ..core.storage import Offload
 from ..core.streaming import StreamingGRPO
 from ..core.types import RolloutEvent
 from .barrier import StepInFlight, global_totals
 from .evaluation import ValidationPlan, collect_validation
+from .fit_learner import FitLearner
 from .objective_checks import module_objective
 from .plan import RolloutPlan
 from .runner import StepRunner
 from .setup_checks import check_memory, setup_problems
 from .sharding import SHARDINGS, Sharding, build_layout
-from .split_choice import SplitBackward, max_destinations, row_capture
+from .split_choice import SplitBackward, max_destinations
 from .stats import Interval, RolloutProgress, StepStats
 
 __all__ = ["ThunderSyncStrategy", "Mode", "MemoryCheck"]
@@ -102,7 +102,8 @@ class ThunderSyncStrategy(DDPStrategy):
             with ``boundary_cut`` or ``sharding="fsdp2"``) and it was measured to pay off (up to
             1M trainable parameters, :mod:`~thundersync_lightning.strategy.split_choice`),
             falling back to one backward per destination if the first-use check fails; ``True``: required (a ConfigError where it
-            cannot run or the check fails); ``False``: one backward per destination.
+            cannot run or the check fails); ``False``: one backward per destination. In ``sync``
+            and ``async`` every trajectory goes to the step's gradient: nothing to split, no effect.
         memory_check: at set-up, before the engine starts, the learner's memory plan
             (:mod:`thundersync_lightning.core.memory_plan`) is checked against the device (the host on
             a CPU run): ``error`` refuses a plan that does not fit, naming settings that would make it
@@ -196,14 +197,13 @@ class ThunderSyncStrategy(DDPStrategy):
         self.max_batch_trajectories = max_batch_trajectories
         self.boundary_cut = boundary_cut
         self.split_backward: SplitBackward = split_backward
-        self._split: tuple[tuple[int, ...], RowCapture | None] | None = None  # (params' ids, capture)
         self.memory_check: MemoryCheck = memory_check
         self.sharding: Sharding = sharding
         self._layout = build_layout(sharding, distributed=False)  # rebuilt at set-up, once ranks exist
         self._snapshot: PolicySnapshot | None = None
         self._inflight: dict[int, tuple[Iterator[RolloutEvent], float]] = {}  # step -> (events, issued at)
         self._accumulator: StreamingGRPO | None = None
-        self._accumulator_cache: StreamingGRPO | None = None
+        self._learner = FitLearner()  # the accumulator and split capture kept across steps
         self._step: StepInFlight | None = None
         self._last_stats: StepStats | None = None
         self._issued_at = 0.0
@@ -312,7 +312,10 @@ class ThunderSyncStrategy(DDPStrategy):
         self._frozen_policy(module, step)
         events = self._events_for(plan, step, busy)
         objective = module_objective(module)
-        acc = self._fresh_accumulator(module, objective)
+        params = [p for p in module.parameters() if p.requires_grad]
+        acc = self._learner.accumulator(
+            params, objective, self.offload, self.max_open_groups, self.max_held_trajectories
+        )
         request = plan.request(step, self.global_rank, self.world_size)
 
         def score(trajectories: Any, prefix: Any = None, capture: Any = None) -> Any:
@@ -332,14 +335,13 @@ class ThunderSyncStrategy(DDPStrategy):
             max_batch_trajectories=self.max_batch_trajectories,
             defer=self.mode == "sync",
             encode=module.encode_prefix if self.boundary_cut else None,
-            split=self._row_capture(module, acc),
+            split=self._learner.capture(self.split_backward, module, acc.params, self.mode, self.boundary_cut,
+                                        self.sharding),
             split_destinations=max_destinations(acc.params),
         )
         with self.precision_plugin.train_step_context():
             outcome = runner.run(events)
-        if runner.split is not None and runner.split.refused is not None and self._split is not None:
-            log.warning("split_backward='auto' turned off for this fit: %s", runner.split.refused)
-            self._split = (self._split[0], None)
+        self._learner.after_step()
         self._step = StepInFlight(start, plan, request, outcome, busy, self._issued_at)
         self._accumulator = acc
         return torch.zeros((), device=self.root_device)
@@ -367,36 +369,6 @@ class ThunderSyncStrategy(DDPStrategy):
             self._snapshot = PolicySnapshot(module, version=step, weights_fn=self._layout.weights_fn(module))
         elif self._snapshot.version != step:
             self._snapshot.restore(step)  # a checkpoint was loaded or fit restarted
-
-    def _row_capture(self, module: Any, acc: StreamingGRPO) -> RowCapture | None:
-        """The fit's split-backward capture (built once per set of trainable parameters)."""
-        key = tuple(id(p) for p in acc.params)
-        if self._split is None or self._split[0] != key:
-            capture = row_capture(self.split_backward, module, acc.params, self.mode, self.boundary_cut, self.sharding)
-            self._split = (key, capture)
-        return self._split[1]
-
-    def _fresh_accumulator(self, module: Any, objective: Objective) -> StreamingGRPO:
-        """One accumulator for the whole fit, reset per step: its gradient buffers are reused."""
-        params = [p for p in module.parameters() if p.requires_grad]
-        acc = self._accumulator_cache
-        if (
-            acc is None
-            or acc.objective != objective
-            or len(acc.params) != len(params)
-            or any(a is not b for a, b in zip(acc.params, params))
-        ):
-            acc = StreamingGRPO(
-                params,
-                objective=objective,
-                offload=self.offload,
-                max_open_groups=self.max_open_groups,
-                max_held_trajectories=self.max_held_trajectories,
-            )
-            self._accumulator_cache = acc
-        else:
-            acc.reset()
-        return acc
 
     def _events_for(self, plan: RolloutPlan, step: int, busy: list[Interval]) -> Iterator[RolloutEvent]:
         """This step's event stream; publishes first so the engine holds the right weights."""
@@ -514,7 +486,7 @@ class ThunderSyncStrategy(DDPStrategy):
     def teardown(self) -> None:
         self._inflight.clear()
         self._accumulator = None
-        self._accumulator_cache = None
+        self._learner.clear()
         super().teardown()
 
 

@@ -57,6 +57,24 @@ def add_common_args(
     return parser
 
 
+def add_split_backward_arg(parser: argparse.ArgumentParser, what: str = "") -> None:
+    """``--split-backward [auto|true|false]`` (bare: auto) and ``--no-split-backward`` (false): the
+    value of ``ThunderSyncStrategy(split_backward=...)``, in ``args.split_backward``."""
+
+    def value(text: str) -> bool | str:
+        table = {"auto": "auto", "true": True, "false": False}
+        if text.lower() not in table:
+            raise argparse.ArgumentTypeError(f"--split-backward takes auto, true or false, not {text!r}")
+        return table[text.lower()]
+
+    parser.add_argument(
+        "--split-backward", nargs="?", type=value, const="auto", default="auto",
+        help=f"ThunderSyncStrategy(split_backward=auto|true|false){what}: a streaming learner call spans "
+        "destinations with one backward (bare flag: auto)",
+    )  # fmt: skip
+    parser.add_argument("--no-split-backward", dest="split_backward", action="store_const", const=False)
+
+
 def command_line() -> str:
     """The command as typed (interpreter included), relative to the repository root when possible."""
     argv = list(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))

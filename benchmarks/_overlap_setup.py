@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from _common import add_common_args
+from _common import add_common_args, add_split_backward_arg
 from _harness import qwen3_config
 from _workloads import WORKLOADS
 from thundersync_lightning.core.streaming import StreamingGRPO
@@ -176,13 +176,7 @@ def parse_args(argv: list[str] | None, description: str, name: str = "overlap") 
         default=True,
         help="ThunderSyncStrategy(prepare_ahead=...): set-up of step k+1 during step k",
     )
-    parser.add_argument(
-        "--split-backward",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="ThunderSyncStrategy(split_backward='auto' or False): a streaming learner call spans "
-        "destinations with one backward",
-    )
+    add_split_backward_arg(parser)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--rollout-slots",

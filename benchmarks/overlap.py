@@ -131,7 +131,7 @@ def run_block(
         max_open_groups=args.max_open_groups,
         offload=args.offload,
         prepare_ahead=args.prepare_ahead,
-        split_backward="auto" if args.split_backward else False,
+        split_backward=args.split_backward,
     )
     out = {
         "mode": mode,

@@ -33,7 +33,12 @@ Workloads:
                 context tokens at 8 x 8 (sync at 1.5 s a step, reward 0.58 after 300 steps).
 
 Per workload and mode: ``median_seconds`` and ``median_steps`` over seeds (a run not reached counts
-as +inf; a median that falls on one is ``None``), min / max, runs reached. ``time_to_target.json``
+as +inf; a median that falls on one is ``None``), min / max, runs reached, seconds per step, and
+where a step's time goes: ``last_verdict_s_median`` (step start to the step's last verdict) and
+``after_last_verdict_s_median`` (from it to the step's end: the learner's leftover work, the
+barrier and the optimizer). A zero-staleness step cannot end before its own last verdict, so
+streaming's ``last_verdict_over_sync_step`` is the floor of its per-step ratio to sync
+(``step_over_sync_step``) however fast its learner. ``time_to_target.json``
 is rewritten after every run and a later invocation skips runs already in it with the same
 settings (``--no-resume`` to redo them), so a long run can be stopped and continued.
 
@@ -57,7 +62,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from _common import add_common_args, write_result  # noqa: E402
+from _common import add_common_args, add_split_backward_arg, write_result  # noqa: E402
 from _harness import MODE_COLORS, fit, load_average  # noqa: E402
 from thundersync_lightning.core import Objective  # noqa: E402
 from thundersync_lightning.envs.toy import GuessingGameTasks, toy_model_spec  # noqa: E402
@@ -110,6 +115,8 @@ class _Until:
         self.rewards: list[float] = []
         self.elapsed: list[float] = []  # seconds from the first step's start to each step's end
         self.idle: list[float] = []
+        self.last_verdict: list[float] = []  # seconds from each step's start to its last verdict
+        self.after_verdict: list[float] = []  # seconds from the last verdict to the step's end
         self.first_start: float | None = None
         self.reached: int | None = None
         self.seconds: float | None = None
@@ -124,6 +131,10 @@ class _Until:
             busy = sum(i.seconds for i in stats.busy)
             self.idle.append(max(0.0, 1.0 - busy / (stats.step_end - self.last_end)))
         self.last_end = stats.step_end
+        verdicts = [t.reward_ready_at for t in stats.trajectories if t.reward_ready_at is not None]
+        if verdicts:
+            self.last_verdict.append(max(verdicts) - stats.step_start)
+            self.after_verdict.append(stats.step_end - max(verdicts))
         window = self.rewards[-WINDOW:]
         if self.reached is None and len(window) == WINDOW and statistics.fmean(window) >= TARGET:
             self.reached = len(self.rewards)
@@ -152,7 +163,7 @@ def run_one(args: argparse.Namespace, name: str, mode: str, seed: int) -> dict:
         args.max_steps,
         on_step=until,
         trainer_kwargs={"gradient_clip_val": 1.0},
-        split_backward="auto" if args.split_backward else False,
+        split_backward=args.split_backward,
     )
     assert until.first_start is not None and until.last_end is not None
     return {
@@ -170,6 +181,8 @@ def run_one(args: argparse.Namespace, name: str, mode: str, seed: int) -> dict:
         "elapsed_s": until.elapsed,
         "sync_idle_fraction": statistics.median(until.idle) if mode == "sync" and until.idle else None,
         "learner_idle_fraction": statistics.median(until.idle) if until.idle else None,
+        "last_verdict_s_median": statistics.median(until.last_verdict) if until.last_verdict else None,
+        "after_last_verdict_s_median": statistics.median(until.after_verdict) if until.after_verdict else None,
         "settings": settings(args, name, mode),
     }
 
@@ -189,7 +202,7 @@ def settings(args: argparse.Namespace, name: str, mode: str) -> dict:
     if tasks.context_tokens:
         out["context_tokens"] = tasks.context_tokens
     if mode == "streaming":  # the split only changes streaming's learner calls
-        out["split_backward"] = bool(args.split_backward)
+        out["split_backward"] = args.split_backward
     return out
 
 
@@ -220,7 +233,20 @@ def summarise(runs: list[dict]) -> dict:
             "seeds": [r["seed"] for r in mine],
             "learner_idle_fraction_median": statistics.median(idle) if idle else None,
             "seconds_per_step_median": statistics.median(r["seconds_run"] / r["steps_run"] for r in mine),
+            "last_verdict_s_median": _median([r["last_verdict_s_median"] for r in mine if r.get("last_verdict_s_median") is not None]),
+            "after_last_verdict_s_median": _median(
+                [r["after_last_verdict_s_median"] for r in mine if r.get("after_last_verdict_s_median") is not None]
+            ),
         }
+    if "sync" in out and "streaming" in out and out["streaming"]["last_verdict_s_median"] is not None:
+        # a zero-staleness step cannot end before its own last verdict: the floor of streaming's
+        # per-step ratio to sync, whatever its learner does
+        out["streaming"]["last_verdict_over_sync_step"] = (
+            out["streaming"]["last_verdict_s_median"] / out["sync"]["seconds_per_step_median"]
+        )
+        out["streaming"]["step_over_sync_step"] = (
+            out["streaming"]["seconds_per_step_median"] / out["sync"]["seconds_per_step_median"]
+        )
     return out
 
 
@@ -293,12 +319,7 @@ def main(argv: list[str] | None = None) -> dict:
         help="verdict latency median of the balanced workload (sync idles ~50%%)",
     )
     parser.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True)
-    parser.add_argument(
-        "--split-backward",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="ThunderSyncStrategy(split_backward='auto' or False) (streaming)",
-    )
+    add_split_backward_arg(parser, " (streaming)")
     args = parser.parse_args(argv)
     args.seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
     args.max_steps = args.max_steps or (20 if args.quick else 300)

@@ -186,6 +186,7 @@ def test_time_to_target_smoke_writes_medians_per_mode_and_skips_finished_runs(tm
     for run in data["runs"]:
         assert run["budget_steps"] == 2 and run["steps_run"] == 2 and len(run["rewards"]) == 2
         assert run["reached"] is False and run["seconds"] is None  # 10-step window: not reachable in 2
+        assert 0 < run["last_verdict_s_median"] and 0 <= run["after_last_verdict_s_median"]
     assert data["workloads"]["toy"]["modes"]["async_is"]["reached"] == "0/1"
     assert data["workloads"]["toy"]["modes"]["async_is"]["median_seconds"] is None  # not reached
     capsys.readouterr()
@@ -248,3 +249,34 @@ def test_gpu_scale_runs_tiny_on_cpu_and_records_why_pinned_and_fsdp2_were_skippe
         assert r["planned_tokens_per_trajectory"] >= r["longest_trajectory_tokens"]
         assert r["planned_rows"]["activations"] > 0 and r["planned_rows"]["group sums"] > 0
     assert set(data["ratios"]) == {"bf16/fp32", "bf16_zero1/bf16"}
+
+
+def test_split_backward_flag_takes_auto_true_false_and_rejects_anything_else() -> None:
+    common = _load("_common")
+    parser = argparse.ArgumentParser()
+    common.add_split_backward_arg(parser)
+    assert parser.parse_args([]).split_backward == "auto"
+    assert parser.parse_args(["--split-backward"]).split_backward == "auto"  # bare flag
+    assert parser.parse_args(["--split-backward", "TRUE"]).split_backward is True
+    assert parser.parse_args(["--split-backward", "false"]).split_backward is False
+    assert parser.parse_args(["--no-split-backward"]).split_backward is False
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--split-backward", "yes"])
+
+
+def test_time_to_target_summary_gives_streaming_its_last_verdict_floor_against_sync() -> None:
+    module = _load("time_to_target")
+
+    def run(mode: str, seconds_run: float, last_verdict: float | None) -> dict:
+        return {
+            "mode": mode, "reached": True, "seconds": seconds_run, "steps": 10, "budget_steps": 10,
+            "seed": 0, "learner_idle_fraction": 0.5, "seconds_run": seconds_run, "steps_run": 10,
+            "last_verdict_s_median": last_verdict, "after_last_verdict_s_median": 0.01,
+        }  # fmt: skip
+
+    out = module.summarise([run("sync", 2.0, 0.11), run("streaming", 1.5, 0.12)])
+    # sync: 0.2 s a step; streaming: 0.15 s a step, its last verdict 0.12 s after the step's start
+    assert out["streaming"]["step_over_sync_step"] == pytest.approx(0.75)
+    assert out["streaming"]["last_verdict_over_sync_step"] == pytest.approx(0.6)
+    assert "last_verdict_over_sync_step" not in out["sync"]
+    assert "last_verdict_over_sync_step" not in module.summarise([run("streaming", 1.5, 0.12)])["streaming"]

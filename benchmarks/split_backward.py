@@ -103,10 +103,10 @@ def run(policy: GRPOPolicy, batch, early, size, way: str, capture: RowCapture | 
     return grad, report.backward_passes
 
 
-def measure(name: str, groups: int, size: int, repeats: int) -> dict:
+def measure(name: str, groups: int, size: int, repeats: int, forward_tokens: int) -> dict:
     config, prompt, action = MODELS[name]
     torch.manual_seed(0)
-    policy = GRPOPolicy(config=config)
+    policy = GRPOPolicy(config=config, score_forward_tokens=forward_tokens)
     batch = make_batch(groups, size, prompt, action, config["vocab_size"])
     early = early_rewards(batch, size)
     capture = RowCapture(policy, [p for p in policy.parameters() if p.requires_grad], strict=True)
@@ -141,14 +141,22 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument(
+        "--score-forward-tokens", type=int, default=64, help="GRPOPolicy(score_forward_tokens=...) (0: padding share alone)"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.groups, args.group_size, args.repeats = 3, 4, 2
     torch.set_num_threads(args.threads)
     load_start = load_average()
-    models = {name: measure(name, args.groups, args.group_size, args.repeats) for name in args.models}
+    models = {
+        name: measure(name, args.groups, args.group_size, args.repeats, args.score_forward_tokens) for name in args.models
+    }
     payload = {
-        "workload": {"groups": args.groups, "group_size": args.group_size, "repeats": args.repeats},
+        "workload": {
+            "groups": args.groups, "group_size": args.group_size, "repeats": args.repeats,
+            "score_forward_tokens": args.score_forward_tokens,
+        },  # fmt: skip
         "models": models,
         "load_average_start": load_start,
         "load_average_end": load_average(),

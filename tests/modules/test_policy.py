@@ -129,7 +129,7 @@ def test_micro_batches_bound_padding_and_budget_and_keep_every_row_once(max_padd
 def test_score_max_padding_changes_forwards_not_scores():
     torch.manual_seed(0)
     loose = GRPOPolicy(config=TOY_MODEL, score_max_padding=float("inf"))
-    tight = GRPOPolicy(config=TOY_MODEL, score_max_padding=0.0)
+    tight = GRPOPolicy(config=TOY_MODEL, score_max_padding=0.0, score_forward_tokens=0)
     tight.load_state_dict(loose.state_dict())
     trajectories = [
         _trajectory([14] * 2, [Segment(tuple(1 + j % 9 for j in range(1 + 3 * k)), True)], f"t{k}")
@@ -141,3 +141,41 @@ def test_score_max_padding_changes_forwards_not_scores():
     assert len(calls) == 6  # six distinct lengths: six forwards
     with pytest.raises(ConfigError, match="score_max_padding"):
         GRPOPolicy(config=TOY_MODEL, score_max_padding=-1.0)
+
+
+def test_a_forwards_fixed_cost_lets_short_rows_share_a_forward_that_padding_alone_would_cut():
+    lengths = [3, 5, 7, 9, 9, 300, 330]
+    # padding alone (0.25): 3 5 (10 <= 1.25 x 8) | 7 9 9 (7 with 3 5 would be 21 > 1.25 x 15) | 300 330
+    assert micro_batches(lengths, budget_tokens=8192, max_padding=0.25) == [[0, 1], [2, 3, 4], [5, 6]]
+    # 3, 5, 7, 9, 9 padded to 9 is 45 tokens for 33 real: 12 padded, under one forward's 16
+    assert micro_batches(lengths, 8192, 0.25, overhead_tokens=16) == [[0, 1, 2, 3, 4], [5, 6]]
+    # no padding share, 6 tokens a forward: 3 5 7 padded to 7 wastes 6; a 9 would waste 12: cut;
+    # 300 330 would waste 30: two forwards
+    assert micro_batches(lengths, 8192, 0.0, overhead_tokens=6) == [[0, 1, 2], [3, 4], [5], [6]]
+    for overhead in (0, 6, 16, 64, 10_000):
+        for max_padding in (0.0, 0.25):
+            chunks = micro_batches(lengths, 600, max_padding, overhead_tokens=overhead)
+            assert sorted(i for c in chunks for i in c) == list(range(len(lengths)))
+            for chunk in chunks:
+                ls = [lengths[i] for i in chunk]
+                padded = len(ls) * max(ls)
+                assert len(ls) == 1 or padded <= min(600, max((1 + max_padding) * sum(ls), sum(ls) + overhead))
+
+
+@pytest.mark.parametrize("forward_tokens", [0, 64, 10_000])
+def test_score_forward_tokens_changes_forwards_not_scores(forward_tokens):
+    torch.manual_seed(0)
+    reference = GRPOPolicy(config=TOY_MODEL, score_max_padding=0.0, score_forward_tokens=0)
+    policy = GRPOPolicy(config=TOY_MODEL, score_max_padding=0.0, score_forward_tokens=forward_tokens)
+    policy.load_state_dict(reference.state_dict())
+    trajectories = [
+        _trajectory([14] * 2, [Segment(tuple(1 + j % 9 for j in range(1 + 3 * k)), True)], f"t{k}")
+        for k in (4, 0, 2, 5, 1, 3)
+    ]  # 3, 6, ..., 18 tokens
+    calls = []
+    policy.model.register_forward_hook(lambda *_: calls.append(1))
+    assert torch.allclose(policy.trajectory_logprobs(trajectories), reference.trajectory_logprobs(trajectories), atol=1e-5)
+    # 0: one forward per length; 64: 3..18 padded to 18 is 108 for 63 real (45 padded <= 64); 10k: one
+    assert len(calls) == {0: 6, 64: 1, 10_000: 1}[forward_tokens]
+    with pytest.raises(ConfigError, match="score_forward_tokens"):
+        GRPOPolicy(config=TOY_MODEL, score_forward_tokens=-1)

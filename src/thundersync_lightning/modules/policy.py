@@ -89,6 +89,11 @@ class GRPOPolicy(LightningModule):
             (:mod:`~thundersync_lightning.modules.micro_batches`): a batch that mixes lengths (the
             streaming learner's, across groups) runs as several forwards rather than paying for
             padding; the backward stays one. ``float("inf")``: cut by ``score_batch_tokens`` only.
+        score_forward_tokens: one forward's fixed cost (launches, the model's Python) in padded
+            tokens: a micro-batch may also carry this many padded tokens beyond its real ones
+            whatever ``score_max_padding`` says, since cutting it would cost another forward. It
+            matters for short trajectories (a few to a few hundred tokens); longer ones are cut by
+            ``score_max_padding`` as before. 0: ``score_max_padding`` alone.
     """
 
     def __init__(
@@ -105,6 +110,7 @@ class GRPOPolicy(LightningModule):
         lora: LoraSettings | None = None,
         score_batch_tokens: int = 8192,
         score_max_padding: float = 0.25,
+        score_forward_tokens: int = 64,
         **unknown: Any,
     ) -> None:
         super().__init__()
@@ -116,6 +122,8 @@ class GRPOPolicy(LightningModule):
             problems.append(f"score_batch_tokens must be >= 1, got {score_batch_tokens}")
         if not score_max_padding >= 0:
             problems.append(f"score_max_padding must be >= 0, got {score_max_padding}")
+        if score_forward_tokens < 0:
+            problems.append(f"score_forward_tokens must be >= 0, got {score_forward_tokens}")
         if temperature <= 0:
             problems.append(f"temperature must be > 0, got {temperature}")
         if problems:
@@ -228,7 +236,9 @@ class GRPOPolicy(LightningModule):
                     "share their prompt); turn boundary_cut off for tasks whose members share no prefix"
                 )
         lengths = [len(t.tokens) for t in trajectories]
-        chunks = micro_batches(lengths, self.hparams.score_batch_tokens, self.hparams.score_max_padding)
+        chunks = micro_batches(
+            lengths, self.hparams.score_batch_tokens, self.hparams.score_max_padding, self.hparams.score_forward_tokens
+        )
         order = [i for chunk in chunks for i in chunk]
         if capture is None:
             parts = [self._score_padded([trajectories[i] for i in c], entropy, reference, prefix) for c in chunks]

@@ -61,9 +61,12 @@ class Scored(StreamingGRPO):
             self.changed.notify_all()
 
 
-def events(acc: Scored, queued: threading.Event) -> Iterator:
-    """Every content and the early rewards; once the learner scored every content, the rest."""
-    for tid in IDS:
+def events(acc: Scored, scoring: threading.Event, queued: threading.Event) -> Iterator:
+    """The first content alone; once the learner scores it, every other content and the early
+    rewards; once the learner scored every content, the rest."""
+    yield ContentReady(trajectory(IDS[0]), 0.0)
+    assert scoring.wait(60)  # runs when the pump asks for the next event: the learner took the first alone
+    for tid in IDS[1:]:
         yield ContentReady(trajectory(tid), 0.0)
     for tid in EARLY:
         yield RewardReady(tid, OWNER[tid], REWARDS[tid], 0.0)
@@ -82,15 +85,16 @@ def run(split: bool):
     policy = GRPOPolicy(config=TOY_MODEL)
     params = [p for p in policy.parameters() if p.requires_grad]
     acc = Scored(params)
-    queued = threading.Event()
+    scoring, queued = threading.Event(), threading.Event()
 
     def score(trajectories, prefix=None, capture=None):
+        scoring.set()
         assert queued.wait(60)
         return policy.score_tokens(trajectories, capture=capture)
 
     capture = row_capture(True, policy, params, "streaming", False, "none") if split else None
     runner = StepRunner(REQUEST, PolicySnapshot(policy), 0, acc, score, split=capture)
-    outcome = runner.run(events(acc, queued))
+    outcome = runner.run(events(acc, scoring, queued))
     report = acc.finish()
     grad = torch.cat([p.grad.reshape(-1) for p in params]).clone()
     calls = [(iv.path, iv.trajectories) for iv in outcome.busy if iv.kind == "backward"]

@@ -2,12 +2,13 @@
 
 A call of n trajectories is scored in length-sorted micro-batches (``modules/micro_batches.py``).
 With ``score_forward_tokens=0`` a micro-batch's padding stays within ``score_max_padding`` (0.25)
-of its real tokens; with the default 64 it may also carry up to 64 padded tokens, the fixed cost
-of one more forward. Workload: the guessing game's trajectory lengths (a 1-token prompt and two
+of its real tokens; with f > 0 (the default 64) it may also carry up to f padded tokens, the fixed
+cost of one more forward. Workload: the guessing game's trajectory lengths (a 1-token prompt and two
 tokens per turn, 1-4 turns: 3-9 tokens) on the toy policy, a direct call (every reward known:
 one destination, like the synchronous learner's and streaming's direct calls) of n trajectories
 through ``score_tokens`` and ``StreamingGRPO.add_tokens``. Interleaved repeats, medians of wall
-and process CPU seconds per call, the forwards each setting ran, and the ratio 0 / 64.
+and process CPU seconds per call, the forwards each setting ran, and the ratios to 0
+(``wall_0_over[f]``, ``cpu_0_over[f]``: above 1, the setting is faster).
 
     python benchmarks/micro_batches.py [--quick] [--out DIR]
 """
@@ -29,7 +30,7 @@ from thundersync_lightning.core.types import Segment, Trajectory  # noqa: E402
 from thundersync_lightning.envs.toy import toy_model_spec  # noqa: E402
 from thundersync_lightning.modules import GRPOPolicy  # noqa: E402
 
-SETTINGS = (0, 64)  # score_forward_tokens
+SETTINGS = (0, 16, 32, 64)  # score_forward_tokens
 
 
 def game_batch(n: int, seed: int) -> list[Trajectory]:
@@ -85,8 +86,8 @@ def measure(sizes: list[int], repeats: int) -> dict:
             "seconds": seconds,
             "forwards_median": {str(f): median(k) for f, k in forwards.items()},
             "samples": {str(f): s for f, s in samples.items()},
-            "wall_0_over_64": seconds["0"]["wall_s"] / seconds["64"]["wall_s"],
-            "cpu_0_over_64": seconds["0"]["cpu_s"] / seconds["64"]["cpu_s"],
+            "wall_0_over": {str(f): seconds["0"]["wall_s"] / seconds[str(f)]["wall_s"] for f in SETTINGS[1:]},
+            "cpu_0_over": {str(f): seconds["0"]["cpu_s"] / seconds[str(f)]["cpu_s"] for f in SETTINGS[1:]},
         }
     return out
 
@@ -113,15 +114,13 @@ def main(argv: list[str] | None = None) -> dict:
         {f"{n} rows": {f"score_forward_tokens={f}": c["seconds"][str(f)]["wall_s"] * 1e3 for f in SETTINGS}
          for n, c in calls.items()},
         ylabel="ms per direct call (score + add_tokens)",
-        title="the toy game's trajectories: cut by padding alone (0) or with a forward's fixed cost (64)",
+        title="the toy game's trajectories: cut by padding alone (0) or with a forward's fixed cost (f tokens)",
     )  # fmt: skip
     for n, c in calls.items():
         s, k = c["seconds"], c["forwards_median"]
-        print(
-            f"{n:>3} rows: 0 -> {s['0']['wall_s'] * 1e3:.2f} ms ({k['0']:g} forwards), 64 -> "
-            f"{s['64']['wall_s'] * 1e3:.2f} ms ({k['64']:g} forwards): {c['wall_0_over_64']:.2f}x "
-            f"(cpu {c['cpu_0_over_64']:.2f}x)"
-        )
+        cells = [f"{f} -> {s[str(f)]['wall_s'] * 1e3:.2f} ms ({k[str(f)]:g} fwd)" for f in SETTINGS]
+        ratios = ", ".join(f"{f}: {c['wall_0_over'][str(f)]:.2f}x" for f in SETTINGS[1:])
+        print(f"{n:>3} rows: {'; '.join(cells)}; 0 over {ratios}")
     return payload
 
 

@@ -26,7 +26,10 @@ __all__ = ["parse_args", "make_policy", "model_config", "engine_config", "make_d
 
 def make_policy(args: argparse.Namespace) -> GRPOPolicy:
     torch.manual_seed(0)
-    return GRPOPolicy(config=model_config(args), lr=1e-5, score_max_padding=args.score_max_padding)
+    return GRPOPolicy(
+        config=model_config(args), lr=1e-5, score_max_padding=args.score_max_padding,
+        score_forward_tokens=args.score_forward_tokens,
+    )  # fmt: skip
 
 
 def model_config(args: argparse.Namespace) -> dict:
@@ -204,6 +207,9 @@ def parse_args(argv: list[str] | None, description: str, name: str = "overlap") 
     parser.add_argument("--max-batch-trajectories", type=int, default=32, help="ThunderSyncStrategy option")
     parser.add_argument(
         "--score-max-padding", type=float, default=0.25, help="GRPOPolicy option (inf: the budget alone cuts)"
+    )
+    parser.add_argument(
+        "--score-forward-tokens", type=int, default=64, help="GRPOPolicy option (0: the padding share alone cuts)"
     )
     parser.add_argument(
         "--max-open-groups", type=int, default=None, help="ThunderSyncStrategy option (GPU memory)"

@@ -435,6 +435,7 @@ def main(argv: list[str] | None = None) -> dict:
             "order": order_log,
             "max_batch_trajectories": args.max_batch_trajectories,
             "score_max_padding": args.score_max_padding,
+            "score_forward_tokens": args.score_forward_tokens,
             "max_open_groups": args.max_open_groups,
             "offload": args.offload,
             "device": args.device,

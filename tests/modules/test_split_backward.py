@@ -78,7 +78,7 @@ def _step(policy: GRPOPolicy, objective: Objective, capture: RowCapture | None) 
 
 def _policy(objective: Objective, **kwargs) -> GRPOPolicy:
     torch.manual_seed(0)
-    policy = GRPOPolicy(config=TOY_MODEL, objective=objective, score_batch_tokens=40, **kwargs)
+    policy = GRPOPolicy(config=TOY_MODEL, objective=objective, **{"score_batch_tokens": 40, **kwargs})
     with torch.no_grad():  # a trained-looking model: LoRA's B starts at zero, so no gradient would pass it
         for name, p in policy.named_parameters():
             if "lora_B" in name:
@@ -102,6 +102,21 @@ def test_one_split_backward_gives_every_destinations_gradient(name):
     assert jobs >= 8 > passes
     again, _ = _step(policy, objective, capture)  # verified: no per-job check any more
     assert float((again - reference).norm() / reference.norm()) <= 1e-5
+
+
+@pytest.mark.parametrize("forward_tokens", [0, 64, 10_000])
+def test_the_micro_batch_cut_changes_the_split_calls_forwards_never_its_gradient(forward_tokens):
+    objective = Objective()
+    reference, _ = _step(_policy(objective, score_forward_tokens=0), objective, None)
+    policy = _policy(objective, score_forward_tokens=forward_tokens, score_batch_tokens=8192)
+    capture = RowCapture(policy, [p for p in policy.parameters() if p.requires_grad], strict=True)
+    forwards = []
+    policy.model.register_forward_hook(lambda *_: forwards.append(1))
+    split, passes = _step(policy, objective, capture)
+    assert capture.verified and passes == 1
+    # 16 rows of 5-10 tokens: cut by the padding share alone into 5-8 | 9-10, else padded into one
+    assert len(forwards) == (2 if forward_tokens == 0 else 1)
+    assert float((split - reference).norm() / reference.norm()) <= 1e-5
 
 
 def test_lora_adapters_split_exactly_with_the_base_frozen():

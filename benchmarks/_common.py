@@ -28,6 +28,8 @@ from typing import Any
 __all__ = [
     "RESULTS_DIR",
     "add_common_args",
+    "add_split_backward_arg",
+    "add_score_forward_tokens_arg",
     "machine_info",
     "command_line",
     "write_result",
@@ -73,6 +75,20 @@ def add_split_backward_arg(parser: argparse.ArgumentParser, what: str = "") -> N
         "destinations with one backward (bare flag: auto)",
     )  # fmt: skip
     parser.add_argument("--no-split-backward", dest="split_backward", action="store_const", const=False)
+
+
+def add_score_forward_tokens_arg(parser: argparse.ArgumentParser) -> None:
+    """``--score-forward-tokens N``: ``GRPOPolicy(score_forward_tokens=N)``, defaulting to the
+    policy's own default (read from its signature, so the two cannot drift)."""
+    import inspect
+
+    from thundersync_lightning.modules import GRPOPolicy
+
+    default = inspect.signature(GRPOPolicy).parameters["score_forward_tokens"].default
+    parser.add_argument(
+        "--score-forward-tokens", type=int, default=default,
+        help=f"GRPOPolicy(score_forward_tokens=...) (default {default}; 0: the padding share alone cuts)",
+    )  # fmt: skip
 
 
 def command_line() -> str:

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from _common import add_common_args, add_split_backward_arg
+from _common import add_common_args, add_score_forward_tokens_arg, add_split_backward_arg
 from _harness import qwen3_config
 from _workloads import WORKLOADS
 from thundersync_lightning.core.streaming import StreamingGRPO
@@ -208,9 +208,7 @@ def parse_args(argv: list[str] | None, description: str, name: str = "overlap") 
     parser.add_argument(
         "--score-max-padding", type=float, default=0.25, help="GRPOPolicy option (inf: the budget alone cuts)"
     )
-    parser.add_argument(
-        "--score-forward-tokens", type=int, default=64, help="GRPOPolicy option (0: the padding share alone cuts)"
-    )
+    add_score_forward_tokens_arg(parser)
     parser.add_argument(
         "--max-open-groups", type=int, default=None, help="ThunderSyncStrategy option (GPU memory)"
     )

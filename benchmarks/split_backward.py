@@ -29,7 +29,14 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import add_common_args, median, timed_cpu, write_bar_chart, write_result  # noqa: E402
+from _common import (  # noqa: E402
+    add_common_args,
+    add_score_forward_tokens_arg,
+    median,
+    timed_cpu,
+    write_bar_chart,
+    write_result,
+)
 from _harness import load_average, qwen3_config  # noqa: E402
 from thundersync_lightning.core import StreamingGRPO, engine_logprobs  # noqa: E402
 from thundersync_lightning.core.split_backward import RowCapture  # noqa: E402
@@ -141,9 +148,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
-    parser.add_argument(
-        "--score-forward-tokens", type=int, default=64, help="GRPOPolicy(score_forward_tokens=...) (0: padding share alone)"
-    )
+    add_score_forward_tokens_arg(parser)
     args = parser.parse_args(argv)
     if args.quick:
         args.groups, args.group_size, args.repeats = 3, 4, 2

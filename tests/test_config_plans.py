@@ -67,6 +67,25 @@ def test_plan_reads_the_same_overrides_as_fit(capsys, monkeypatch):
     assert "3 open groups (max_open_groups=3), 6 held trajectories" in out
 
 
+def test_plan_reads_the_token_cap_and_the_policys_padding_options(parser, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    base = ["--config", "configs/gpu_1x.yaml"]
+    rows = config_plan(parser.parse_args(base).as_dict()).inputs
+    capped = config_plan(parser.parse_args(
+        base + ["--trainer.strategy.init_args.max_batch_tokens=1024", "--model.score_max_padding=0.5",
+                "--model.score_forward_tokens=8"]).as_dict())  # fmt: skip
+    i = capped.inputs
+    assert (i.max_batch_tokens, i.score_max_padding, i.score_forward_tokens) == (1024, 0.5, 8)
+    assert (rows.max_batch_tokens, rows.score_max_padding, rows.score_forward_tokens) == (None, 0.25, 64)
+    t = i.max_tokens_per_trajectory
+    per_token = config_plan(parser.parse_args(base).as_dict()).row("activations").device // (
+        rows.max_batch_trajectories * t
+    )
+    assert capped.row("activations").device == min(
+        rows.max_batch_trajectories * t, int(1.5 * max(1024, t)) + 8 * i.max_batch_trajectories
+    ) * per_token
+
+
 @pytest.mark.slow  # builds eight Qwen3 architectures on the meta device (~15 s of CPU)
 def test_the_memory_table_in_docs_scaling_is_the_planners_output():
     import importlib.util

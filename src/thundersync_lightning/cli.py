@@ -51,7 +51,7 @@ from .core.types import ModelSpec
 from .modules import GRPOPolicy, RolloutDataModule
 from .modules.policy import TINY_QWEN3
 from .modules.shape import model_shape
-from .strategy.memory_check import param_bytes, plan_inputs
+from .strategy.memory_check import SCORING_KEYS, param_bytes, plan_inputs
 
 __all__ = ["ThunderSyncCLI", "main", "build_parser", "config_plan", "plan_main"]
 
@@ -247,6 +247,7 @@ def config_plan(config: dict[str, Any]) -> MemoryPlan:
             data=data,
             engine=_init_args(data.get("engine")),
             optimizer="adamw",  # GRPOPolicy.configure_optimizers
+            scoring={k: model[k] for k in SCORING_KEYS if k in model},
         )
     )
 

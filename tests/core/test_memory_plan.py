@@ -182,3 +182,45 @@ def test_a_split_backward_call_holds_one_gradient_per_destination_up_to_its_cap(
     split = inputs(split_destinations=100, max_open_groups=1, max_held_trajectories=0)
     need = plan_memory(split).device_bytes
     assert any("split_backward=false" in s for s in suggestions(split, need - 1, 10**12))
+
+
+def test_a_token_cap_bounds_a_calls_padded_tokens_by_the_scorers_padding_rule():
+    per_token = plan_memory(inputs(max_batch_trajectories=1)).row("activations").device // 64
+    plain = plan_memory(inputs(max_batch_trajectories=8))  # 8 rows x 64 tokens
+    assert plain.row("activations").device == 8 * 64 * per_token
+    # (1 + 0.25) x 128 real tokens + 2 x 8 forwards' fixed padding = 176 < 512
+    capped = plan_memory(inputs(max_batch_trajectories=8, max_batch_tokens=128, score_max_padding=0.25,
+                                score_forward_tokens=2))
+    assert capped.row("activations").device == 176 * per_token
+    assert "max_batch_tokens=128" in capped.row("activations").note
+    # a cap under one trajectory still lets that trajectory through: max(B, T) = 64 real tokens
+    alone = plan_memory(inputs(max_batch_trajectories=8, max_batch_tokens=10, score_max_padding=0.0))
+    assert alone.row("activations").device == 64 * per_token
+    # a loose cap never plans more than the rows allow, and an unknown padding rule bounds nothing
+    loose = inputs(max_batch_trajectories=8, max_batch_tokens=10_000, score_max_padding=0.25)
+    assert plan_memory(loose).row("activations").device == 8 * 64 * per_token
+    unknown = plan_memory(inputs(max_batch_trajectories=8, max_batch_tokens=128))
+    assert unknown.row("activations").device == 8 * 64 * per_token
+    assert "padding is unknown" in unknown.row("activations").note
+
+
+def test_a_plan_whose_activations_do_not_fit_suggests_the_largest_token_cap_that_fits():
+    i = inputs(max_batch_trajectories=16, max_open_groups=1, max_held_trajectories=0, score_max_padding=0.25,
+               score_forward_tokens=0)
+    plan = plan_memory(i)
+    per_token = plan.row("activations").device // (16 * 64)
+    room = plan.device_bytes - plan.row("activations").device + 700 * per_token  # 700 padded tokens
+    verdict = plan.fits(room, 0)
+    assert not verdict.fits
+    # (1 + 0.25) B <= 700: B = 560, rounded down to 512
+    assert "trainer.strategy.init_args.max_batch_tokens=512" in verdict.suggestions
+    assert plan_memory(replace(i, max_batch_tokens=512)).fits(room, 0).fits
+    assert not plan_memory(replace(i, max_batch_tokens=600)).fits(room, 0).fits
+    blind = replace(i, score_max_padding=None)  # the cap bounds nothing the plan can see
+    assert not any("max_batch_tokens" in s for s in plan_memory(blind).fits(room, 0).suggestions)
+
+
+def test_token_cap_and_padding_inputs_are_validated():
+    with pytest.raises(ConfigError, match=r"max_batch_tokens must be >= 1 or None.*score_max_padding must.*"
+                                          r"score_forward_tokens must"):
+        inputs(max_batch_tokens=0, score_max_padding=-1.0, score_forward_tokens=-1)

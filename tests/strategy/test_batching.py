@@ -69,3 +69,42 @@ def test_a_split_backward_call_names_its_first_rule_and_holds_nothing_without_ro
     assert mixed(["c1", "a0"], {}, hold_room=0) is None
     assert mixed(["c1"], {}, may_hold=False) is None
     assert destinations(["a0", "a1"], {"a0": 1.0, "a1": 1.0, "a2": 0.0}, OWNER, MEMBERS) == 1
+
+
+LENGTHS = {"a0": 5, "a1": 7, "a2": 3, "b0": 20, "b1": 2, "b2": 2, "c0": 4, "c1": 4, "c2": 4}
+
+
+def capped(waiting, rewards, max_tokens, mix=False, max_batch=32):
+    return next_batch(
+        waiting, rewards, OWNER, MEMBERS, max_batch,
+        may_hold=True, mix=mix, lengths=LENGTHS, max_tokens=max_tokens,
+    )  # fmt: skip
+
+
+def test_a_token_cap_takes_the_longest_prefix_within_it_on_every_path():
+    every = {t: 1.0 for ts in MEMBERS.values() for t in ts}
+    waiting = ["a0", "a1", "a2", "c0", "c1"]
+    assert capped(waiting, every, 12) == Batch("direct", ["a0", "a1"])  # 5 + 7 = 12: at the cap
+    assert capped(waiting, every, 11) == Batch("direct", ["a0"])
+    assert capped(waiting, every, 10_000) == Batch("direct", waiting)
+    assert capped(waiting, every, 10_000, max_batch=2) == Batch("direct", ["a0", "a1"])  # both caps hold
+    bucket = {"c0": 1.0, "c1": 1.0, "c2": 1.0, "a0": 0.0}
+    partial = {"c0": 1.0, "c1": 1.0}
+    assert capped(["c0", "c1", "a0"], partial, 8) == Batch("bucket", ["c0", "c1"])
+    assert capped(["c0", "c1", "a0"], partial, 7) == Batch("bucket", ["c0"])
+    assert capped(["c0", "c1", "a0"], bucket, 9, mix=True) == Batch("direct", ["c0", "c1"])  # then a0 (5)
+    assert capped(["b1", "b2", "a0"], {}, 9, mix=True) == Batch("held", ["b1", "b2", "a0"])
+
+
+def test_a_trajectory_longer_than_the_token_cap_goes_alone_and_does_not_block():
+    every = {t: 1.0 for ts in MEMBERS.values() for t in ts}
+    assert capped(["b0", "b1"], every, 8) == Batch("direct", ["b0"])  # 20 tokens > 8: alone
+    assert capped(["b1", "b0"], every, 8) == Batch("direct", ["b1"])  # the long one waits for its own call
+    assert capped(["b0"], {}, 8) == Batch("held", ["b0"])
+
+
+def test_without_a_token_cap_lengths_are_not_needed():
+    every = {t: 1.0 for ts in MEMBERS.values() for t in ts}
+    assert next_batch(["a0", "b0"], every, OWNER, MEMBERS, 32, may_hold=True, max_tokens=None) == Batch(
+        "direct", ["a0", "b0"]
+    )

@@ -50,6 +50,14 @@ def test_the_old_objective_options_of_the_strategy_say_where_they_moved():
         ThunderSyncStrategy(eps=0.1)
 
 
+@pytest.mark.parametrize("value", [0, -5, True])
+def test_a_token_cap_below_one_token_is_rejected_with_its_value(value):
+    with pytest.raises(ConfigError, match=rf"max_batch_tokens must be >= 1 or None, got {value!r}"):
+        ThunderSyncStrategy(max_batch_tokens=value)
+    assert ThunderSyncStrategy(max_batch_tokens=1).max_batch_tokens == 1
+    assert ThunderSyncStrategy().max_batch_tokens is None
+
+
 @pytest.mark.parametrize("option", ["boundary_cutt", "find_unused_parameters", "ddp_comm_hook", "static_graph"])
 def test_an_unknown_or_ddp_wrapper_option_is_rejected_by_name(option):
     with pytest.raises(ConfigError, match=f"{option}=True is not an option of ThunderSyncStrategy"):

@@ -65,6 +65,17 @@ def test_the_fit_plan_reads_the_live_module_data_and_strategy():
     assert plan.row("group sums").pageable_host == 2 * 2 * trainable * 4
 
 
+def test_the_fit_plan_reads_the_token_cap_and_the_policys_padding_rule():
+    policy = GRPOPolicy(config=TOY_MODEL, score_max_padding=0.5, score_forward_tokens=3)
+    trainer = SimpleNamespace(lightning_module=policy, datamodule=toy_data(), precision="32-true")
+    i = memory_check.fit_plan(trainer, _strategy(max_batch_tokens=20)).inputs
+    assert (i.max_batch_tokens, i.score_max_padding, i.score_forward_tokens) == (20, 0.5, 3)
+    # a module without the padding options: unknown, so the cap cannot shrink the plan
+    plain = SimpleNamespace(lightning_module=policy, datamodule=toy_data(), precision="32-true")
+    policy.hparams.pop("score_max_padding")
+    assert memory_check.fit_plan(plain, _strategy(max_batch_tokens=20)).inputs.score_max_padding is None
+
+
 def test_the_fit_plan_reads_the_held_bound_and_sharding_when_the_strategy_has_them():
     strategy = _strategy()
     strategy.max_held_trajectories, strategy.sharding = 3, "zero1"

@@ -1,7 +1,7 @@
 """Whether a memory plan fits a machine, and which settings would make it fit.
 
 :func:`suggestions` re-plans variants of the inputs: first single changes (the largest
-``max_batch_trajectories`` / ``max_held_trajectories`` / ``max_open_groups`` that fits, the split
+``max_batch_trajectories`` / ``max_held_trajectories`` / ``max_open_groups`` / ``max_batch_tokens`` that fits, the split
 backward off, offload, LoRA, ZeRO-1 or FSDP2 over the fewest GPUs), and only when none fits alone, the tightest bounds
 with offload and LoRA together, then the longest trajectory that would fit with them. Every
 suggestion names the YAML key (``trainer.strategy.init_args.*``, ``model.lora.r``).
@@ -9,6 +9,7 @@ suggestion names the YAML key (``trainer.strategy.init_args.*``, ``model.lora.r`
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from .memory_plan import PlanInputs, format_bytes, plan_memory
@@ -62,6 +63,9 @@ def suggestions(i: PlanInputs, device: int, host: int) -> tuple[str, ...]:
         best = next((k for k in range(upper, lowest - 1, -1) if fits(replace(i, **{name: k}))), None)
         if best is not None:
             out.append(f"{strategy}.{name}={best}")
+    tokens = _largest_token_cap(i, fits)
+    if tokens is not None:
+        out.append(f"{strategy}.max_batch_tokens={tokens}")
     if i.split_destinations and fits(replace(i, split_destinations=0)):
         out.append(f"{strategy}.split_backward=false (one backward per destination)")
     if i.offload == "none" and i.mode != "sync":
@@ -104,6 +108,22 @@ def suggestions(i: PlanInputs, device: int, host: int) -> tuple[str, ...]:
                 "(the engine's context limit, e.g. data.engine.init_args.max_model_len)",
             )
     return ()
+
+
+def _largest_token_cap(i: PlanInputs, fits: Callable[[PlanInputs], bool]) -> int | None:
+    """The largest ``max_batch_tokens`` below the current one (or below the row cap's tokens) that
+    fits, rounded down to a multiple of 256 above 512; None when even one trajectory per call does
+    not fit or the scorer's padding is unknown (the cap then bounds nothing)."""
+    if i.score_max_padding is None:
+        return None
+    upper = (i.max_batch_tokens or i.max_batch_trajectories * i.max_tokens_per_trajectory) - 1
+    low, high = 1, upper
+    if high < low or not fits(replace(i, max_batch_tokens=low)):
+        return None
+    while low < high:  # the plan grows with the cap: the largest that fits
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(replace(i, max_batch_tokens=mid)) else (low, mid - 1)
+    return low // 256 * 256 if low >= 512 else low
 
 
 def _natural_bound(i: PlanInputs, name: str) -> int:

@@ -41,8 +41,9 @@ token:
 
 An estimate in the spirit of Korthikanti et al. 2022 ("Reducing Activation Recomputation in
 Large Transformer Models", Sec. 4.1), adapted to SwiGLU, grouped-query attention and fp32 norms.
-The micro-batch is ``max_batch_trajectories`` trajectories of ``max_tokens_per_trajectory``
-tokens (the policy keeps the graph of every chunk of a scored batch until its backward).
+A call is ``max_batch_trajectories`` trajectories of ``max_tokens_per_trajectory`` tokens, fewer
+padded tokens under ``max_batch_tokens`` (:mod:`~thundersync_lightning.core.call_tokens`: the
+policy keeps the graph of every micro-batch of a call until its backward).
 
 The rows are added: a bound on the peak, not a simulation (gradients and activations are not
 alive at the same moment, but the accumulator's buffers stay allocated between steps).
@@ -55,6 +56,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from .call_tokens import call_padded_tokens
 from .errors import ConfigError
 from .storage import Offload
 
@@ -211,7 +213,10 @@ class PlanInputs:
         max_tokens_per_trajectory: T, the longest trajectory (context limit).
         tokens_bounded: False when nothing but the model's context window bounds T (no engine
             context limit, no task bound): the activation rows are then a worst case, not a plan.
-        max_batch_trajectories: n, trajectories scored in one forward.
+        max_batch_trajectories: n, trajectories scored in one call.
+        max_batch_tokens: the most tokens of one call (None: no token bound).
+        score_max_padding, score_forward_tokens: the scorer's padding rule (``GRPOPolicy``'s
+            options of these names; None: unknown, so ``max_batch_tokens`` cannot bound padding).
         max_prompt_tokens: the longest shared prompt (boundary cut; None: T).
         boundary_cut: a group's prompt graph and leaf sums stay alive while the group is open.
         reference: a frozen full copy of the weights for the KL term (kl_coef != 0 without LoRA).
@@ -243,6 +248,9 @@ class PlanInputs:
     max_tokens_per_trajectory: int = 4096
     tokens_bounded: bool = True
     max_batch_trajectories: int = 32
+    max_batch_tokens: int | None = None
+    score_max_padding: float | None = None
+    score_forward_tokens: int = 0
     max_prompt_tokens: int | None = None
     boundary_cut: bool = False
     reference: bool = False
@@ -275,10 +283,14 @@ class PlanInputs:
                      "max_batch_trajectories", "accumulator_bytes"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_open_groups", "max_prompt_tokens"):
+        for name in ("max_open_groups", "max_prompt_tokens", "max_batch_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 problems.append(f"{name} must be >= 1 or None, got {value}")
+        if self.score_max_padding is not None and not self.score_max_padding >= 0:
+            problems.append(f"score_max_padding must be >= 0 or None, got {self.score_max_padding}")
+        if self.score_forward_tokens < 0:
+            problems.append(f"score_forward_tokens must be >= 0, got {self.score_forward_tokens}")
         if self.max_held_trajectories is not None and self.max_held_trajectories < 0:
             problems.append(f"max_held_trajectories must be >= 0 or None, got {self.max_held_trajectories}")
         if not 0.0 <= self.engine_device_fraction < 1.0:
@@ -475,14 +487,15 @@ def _activation_rows(i: PlanInputs) -> list[PlanRow]:
     if arch is None:
         return [PlanRow("activations", note="unknown: the model has no Hugging Face style config")]
     trajectories = min(i.max_batch_trajectories, i.groups_on_rank * i.group_size)
-    tokens = trajectories * i.max_tokens_per_trajectory
+    tokens, how = call_padded_tokens(
+        trajectories, i.max_tokens_per_trajectory, i.max_batch_tokens, i.score_max_padding, i.score_forward_tokens
+    )
     per_token = arch.token_activation_bytes(e, i.entropy)
     rows = [
         PlanRow(
             "activations",
             device=tokens * per_token,
-            note=f"{trajectories} trajectories x {i.max_tokens_per_trajectory} tokens x "
-            f"{format_bytes(per_token)} per token"
+            note=f"{how} x {format_bytes(per_token)} per token"
             + ("" if i.tokens_bounded else " (T unbounded: the model's context window)"),
         )
     ]

@@ -21,7 +21,10 @@ bucket (largest first), then, when holding is allowed, the reward-pending rows o
 
 One choice per call: the runner drains the queue between calls, so rewards that landed during a
 backward turn partial-group buckets into direct work before they are spent in small passes.
-Batches are cut at ``max_batch`` trajectories (activation memory). A batch may mix lengths freely:
+Batches are cut at ``max_batch`` trajectories and, given ``max_tokens``, at the longest prefix of
+the chosen order whose tokens sum to at most ``max_tokens`` (always one trajectory, however long:
+a trajectory cannot be cut): activation memory grows with tokens, not rows (verl's
+``ppo_max_token_len_per_gpu`` under ``use_dynamic_bsz``). A batch may mix lengths freely:
 the policy scores it in length-sorted micro-batches whose padding it bounds
 (``GRPOPolicy(score_max_padding=...)``), so mixing groups costs forward launches, not padded compute.
 """
@@ -53,6 +56,8 @@ def next_batch(
     mix: bool = False,
     hold_room: int | None = None,
     max_destinations: int | None = None,
+    lengths: Mapping[str, int] | None = None,
+    max_tokens: int | None = None,
 ) -> Batch | None:
     """The next trajectories to backpropagate together, and the rule that chose them (None: nothing to do now).
 
@@ -66,7 +71,22 @@ def next_batch(
         hold_room: with ``mix``, the most reward-pending trajectories to take (None: no bound).
         max_destinations: with ``mix``, the most destinations in one call (each holds one
             gradient of the trainable parameters while the call's backward is split).
+        lengths, max_tokens: the tokens each trajectory runs forward, and the most of them in one
+            call (None: no token bound; ``lengths`` is then not needed).
     """
+
+    def cut(chosen: list[str]) -> list[str]:
+        chosen = chosen[:max_batch]
+        if max_tokens is None:
+            return chosen
+        assert lengths is not None, "max_tokens needs lengths"
+        total = 0
+        for k, tid in enumerate(chosen):
+            total += lengths[tid]
+            if total > max_tokens and k > 0:
+                return chosen[:k]
+        return chosen
+
     direct: list[str] = []
     buckets: dict[tuple[str, float], list[str]] = {}
     for tid in waiting:
@@ -85,11 +105,11 @@ def next_batch(
             places = places[: max(1, max_destinations)]
         chosen = [t for place in places for t in place]
         path: BatchPath = "direct" if direct else "bucket" if buckets else "held"
-        return Batch(path, chosen[:max_batch]) if chosen else None
+        return Batch(path, cut(chosen)) if chosen else None
     if direct:
-        return Batch("direct", direct[:max_batch])
+        return Batch("direct", cut(direct))
     if buckets:
-        return Batch("bucket", max(buckets.values(), key=len)[:max_batch])
+        return Batch("bucket", cut(max(buckets.values(), key=len)))
     if may_hold and waiting:
         return Batch("held", [waiting[0]])
     return None

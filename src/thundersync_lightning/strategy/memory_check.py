@@ -26,7 +26,8 @@ from ..core.objective import Objective
 from .objective_checks import module_objective
 from .split_choice import planned_destinations
 
-__all__ = ["plan_inputs", "fit_plan", "machine_capacity", "memory_problems", "param_bytes", "optimizer_kind"]
+__all__ = ["STRATEGY_KEYS", "SCORING_KEYS", "plan_inputs", "fit_plan", "machine_capacity", "memory_problems",
+           "param_bytes", "optimizer_kind"]
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,9 @@ _HALF = {"bf16-true", "16-true", "bf16", "16", "half"}
 _DOUBLE = {"64-true", "64", "double"}
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8, "double": 8}
 STRATEGY_KEYS = ("mode", "offload", "max_open_groups", "max_held_trajectories", "max_batch_trajectories",
-                 "boundary_cut", "sharding", "split_backward")
+                 "max_batch_tokens", "boundary_cut", "sharding", "split_backward")
+#: The module's options that bound a call's padding (GRPOPolicy's; a module without them: unknown).
+SCORING_KEYS = ("score_max_padding", "score_forward_tokens")
 
 
 def param_bytes(precision: Any, dtype: str | torch.dtype | None) -> int:
@@ -85,11 +88,14 @@ def plan_inputs(
     engine: Mapping[str, Any],
     optimizer: str = "adamw",
     reference: bool | None = None,
+    scoring: Mapping[str, Any] | None = None,
 ) -> PlanInputs:
     """PlanInputs from plain settings (``strategy``/``data``/``engine``: option name -> value).
 
-    ``reference``: whether a frozen copy exists (None: kl_coef != 0 without LoRA).
+    ``reference``: whether a frozen copy exists (None: kl_coef != 0 without LoRA). ``scoring``:
+    the module's ``score_max_padding`` / ``score_forward_tokens`` (absent: padding unknown).
     """
+    scoring = scoring or {}
     gpu = accelerator == "gpu"
     arch = model.architecture
     limits = [engine.get("max_model_len"), engine.get("max_context_tokens"), data.get("max_episode_tokens")]
@@ -123,6 +129,9 @@ def plan_inputs(
         max_tokens_per_trajectory=min(known) if known else DEFAULT_MAX_TOKENS,
         tokens_bounded=bounded,
         max_batch_trajectories=int(strategy.get("max_batch_trajectories", 32)),
+        max_batch_tokens=strategy.get("max_batch_tokens"),
+        score_max_padding=None if scoring.get("score_max_padding") is None else float(scoring["score_max_padding"]),
+        score_forward_tokens=int(scoring.get("score_forward_tokens") or 0),
         boundary_cut=bool(strategy.get("boundary_cut", False)),
         reference=(objective.needs_reference and not model.lora) if reference is None else reference,
         entropy=objective.needs_entropy,
@@ -182,6 +191,7 @@ def fit_plan(trainer: Any, strategy: Any) -> MemoryPlan:
             engine=_settings(getattr(data, "engine_factory", None)),
             optimizer=_module_optimizer(module),
             reference=getattr(module, "reference", None) is not None,
+            scoring={k: hparams[k] for k in SCORING_KEYS if k in hparams},
         )
     )
 

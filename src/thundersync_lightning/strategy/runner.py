@@ -91,6 +91,9 @@ class StepRunner:
             than one, is scored inside this capture so that ONE backward serves them all; ``score``
             then takes ``capture=``. Not with ``encode``. ``split_destinations``: the most
             destinations of one such call (each holds a parameter-sized gradient until it is stored).
+        max_batch_trajectories, max_batch_tokens: the most trajectories, and the most tokens
+            (``len(trajectory.tokens)``, prompt included), of one call; a trajectory longer than
+            ``max_batch_tokens`` is a call of its own (None: no token bound).
     """
 
     def __init__(
@@ -103,6 +106,7 @@ class StepRunner:
         progress: Callable[[RolloutProgress], None] | None = None,
         progress_interval_s: float = 0.2,
         max_batch_trajectories: int = 32,
+        max_batch_tokens: int | None = None,
         clock: Callable[[], float] = time.monotonic,
         defer: bool = False,
         encode: EncodeFn | None = None,
@@ -115,6 +119,8 @@ class StepRunner:
         self.split_destinations = split_destinations
         self._prefixes: dict[str, SharedPrefix] = {}
         self.max_batch = max(1, max_batch_trajectories)
+        self.max_tokens = max_batch_tokens
+        self._lengths: dict[str, int] = {}  # each landed trajectory's tokens
         self._waiting: dict[str, None] = {}  # admitted groups' content not yet backpropagated (ordered)
         self.request = request
         self.snapshot = snapshot
@@ -187,6 +193,8 @@ class StepRunner:
             mix=self._splitting,
             hold_room=None if limit is None else limit - self.acc.held_trajectories,
             max_destinations=self.split_destinations,
+            lengths=self._lengths,
+            max_tokens=self.max_tokens,
         )
         if batch is not None:
             self._backward(batch)
@@ -214,7 +222,8 @@ class StepRunner:
             self._prefixes = {g: p for g, p in self._prefixes.items() if g in self.acc.open_groups}
         for t in tids:
             del self._waiting[t]
-        self.outcome.busy.append(Interval(start, self.clock(), "backward", len(tids), batch.path))
+        tokens = sum(self._lengths[t] for t in tids)
+        self.outcome.busy.append(Interval(start, self.clock(), "backward", len(tids), batch.path, tokens))
         self._after_change()
 
     def _score_and_add(self, tids: list[str], prefix: SharedPrefix | None) -> None:
@@ -267,6 +276,7 @@ class StepRunner:
         if t.trajectory_id in self.outcome.trajectories:
             raise EngineError(f"the engine delivered the content of {t.trajectory_id!r} twice")
         self.outcome.trajectories[t.trajectory_id] = t
+        self._lengths[t.trajectory_id] = len(t.tokens)
 
     def _on_reward(self, event: RewardReady) -> None:
         if event.trajectory_id in self.outcome.rewards:

@@ -44,8 +44,9 @@ class Interval:
     """A span of learner work: ``kind`` is "backward", "fold", "barrier", "optimizer" or "publish".
 
     A "backward" (one scoring call and its backward passes) also says how many ``trajectories`` it
-    took and which rule of :func:`~thundersync_lightning.strategy.batching.next_batch` chose them
-    (``path``: "direct", "bucket" or "held"); other kinds leave them 0 and "".
+    took, their ``tokens`` (prompts included: what ``max_batch_tokens`` bounds) and which rule of
+    :func:`~thundersync_lightning.strategy.batching.next_batch` chose them (``path``: "direct",
+    "bucket" or "held"); other kinds leave them 0 and "".
     """
 
     start: float
@@ -53,6 +54,7 @@ class Interval:
     kind: str
     trajectories: int = 0
     path: BatchPath | Literal[""] = ""
+    tokens: int = 0
 
     @property
     def seconds(self) -> float:

@@ -89,7 +89,13 @@ class ThunderSyncStrategy(DDPStrategy):
             :class:`~thundersync_lightning.core.protocols.PreparesAhead`, so its environments,
             workspaces and prompts are ready when its weights are published (no weights enter
             that work: staleness unchanged). Engines without ``prepare`` are left alone.
-        max_batch_trajectories: most trajectories scored in one forward (bounds activation memory).
+        max_batch_trajectories: most trajectories scored in one learner call (one backward).
+        max_batch_tokens: most tokens (prompts included) of one learner call (None: no token
+            bound), in every mode: a call takes the longest prefix of its chosen trajectories
+            whose lengths sum to at most this (a longer trajectory goes alone). A call keeps every
+            forward's graph until its backward, so this, not the row count, bounds activation
+            memory where lengths vary (verl's ``ppo_max_token_len_per_gpu`` with
+            ``use_dynamic_bsz``); the memory plan uses it. Same gradient whatever the value.
         progress_interval_s: throttle of ``on_rollout_progress`` callbacks.
         boundary_cut: run each group's shared prompt forward and backward once instead of once per
             trajectory (``thundersync_lightning.core.prefix``; same gradient; the module needs
@@ -132,6 +138,7 @@ class ThunderSyncStrategy(DDPStrategy):
         launch_ahead: bool = True,
         prepare_ahead: bool = True,
         max_batch_trajectories: int = 32,
+        max_batch_tokens: int | None = None,
         progress_interval_s: float = 0.2,
         boundary_cut: bool = False,
         split_backward: SplitBackward = "auto",
@@ -169,6 +176,8 @@ class ThunderSyncStrategy(DDPStrategy):
             problems.append(f"sharding={sharding!r} is not one of {tuple(SHARDINGS)}")
         if max_batch_trajectories < 1:
             problems.append(f"max_batch_trajectories must be >= 1, got {max_batch_trajectories}")
+        if max_batch_tokens is not None and (isinstance(max_batch_tokens, bool) or max_batch_tokens < 1):
+            problems.append(f"max_batch_tokens must be >= 1 or None, got {max_batch_tokens!r}")
         if split_backward not in (True, False, "auto"):
             problems.append(f"split_backward={split_backward!r} is not one of (True, False, 'auto')")
         elif split_backward is True and boundary_cut:
@@ -195,6 +204,7 @@ class ThunderSyncStrategy(DDPStrategy):
         self.prepare_ahead = prepare_ahead
         self.progress_interval_s = progress_interval_s
         self.max_batch_trajectories = max_batch_trajectories
+        self.max_batch_tokens = max_batch_tokens
         self.boundary_cut = boundary_cut
         self.split_backward: SplitBackward = split_backward
         self.memory_check: MemoryCheck = memory_check
@@ -333,6 +343,7 @@ class ThunderSyncStrategy(DDPStrategy):
             progress=self._progress_fn(),
             progress_interval_s=self.progress_interval_s,
             max_batch_trajectories=self.max_batch_trajectories,
+            max_batch_tokens=self.max_batch_tokens,
             defer=self.mode == "sync",
             encode=module.encode_prefix if self.boundary_cut else None,
             split=self._learner.capture(self.split_backward, module, acc.params, self.mode, self.boundary_cut,

@@ -30,6 +30,7 @@ __all__ = [
     "add_common_args",
     "add_split_backward_arg",
     "add_score_forward_tokens_arg",
+    "add_call_cap_args",
     "machine_info",
     "command_line",
     "write_result",
@@ -88,6 +89,26 @@ def add_score_forward_tokens_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--score-forward-tokens", type=int, default=default,
         help=f"GRPOPolicy(score_forward_tokens=...) (default {default}; 0: the padding share alone cuts)",
+    )  # fmt: skip
+
+
+def add_call_cap_args(parser: argparse.ArgumentParser) -> None:
+    """``--max-batch-trajectories N`` and ``--max-batch-tokens N``: a learner call's caps
+    (``ThunderSyncStrategy`` options), defaulting to the strategy's own defaults (read from its
+    signature, so the two cannot drift)."""
+    import inspect
+
+    from thundersync_lightning.strategy import ThunderSyncStrategy
+
+    defaults = inspect.signature(ThunderSyncStrategy).parameters
+    rows, tokens = defaults["max_batch_trajectories"].default, defaults["max_batch_tokens"].default
+    parser.add_argument(
+        "--max-batch-trajectories", type=int, default=rows,
+        help=f"ThunderSyncStrategy(max_batch_trajectories=...): rows of one learner call (default {rows})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-batch-tokens", type=int, default=tokens,
+        help=f"ThunderSyncStrategy(max_batch_tokens=...): tokens of one learner call (default {tokens})",
     )  # fmt: skip
 
 

@@ -162,6 +162,21 @@ def schedule_index(trajectory_id: str, group_size: int) -> int:
     return g * group_size + k
 
 
+def direct_accumulator(policy: GRPOPolicy, batch: Sequence[Any]) -> Any:
+    """A StreamingGRPO over the policy's trainable parameters with every group of ``batch`` open
+    and every reward known (0, 1, 0, ... per group): its calls take the direct path, one
+    destination, as the synchronous learner's do."""
+    from thundersync_lightning.core import StreamingGRPO
+
+    acc = StreamingGRPO([p for p in policy.parameters() if p.requires_grad], objective=policy.objective)
+    for g in sorted({t.group_id for t in batch}):
+        members = [t.trajectory_id for t in batch if t.group_id == g]
+        acc.open_group(g, members)
+        for k, tid in enumerate(members):
+            acc.add_reward(tid, float(k % 2))
+    return acc
+
+
 def flat_params(module: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).to("cpu", torch.float64) for p in module.parameters()])
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from _common import add_common_args, add_score_forward_tokens_arg, add_split_backward_arg
+from _common import add_call_cap_args, add_common_args, add_score_forward_tokens_arg, add_split_backward_arg
 from _harness import qwen3_config
 from _workloads import WORKLOADS
 from thundersync_lightning.core.streaming import StreamingGRPO
@@ -20,6 +20,7 @@ from thundersync_lightning.envs.toy import GuessingGameTasks
 from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
 from thundersync_lightning.rollout import TraceReplayEngineConfig
 from thundersync_lightning.rollout.replay import TraceReplayEngine
+from thundersync_lightning.strategy.batching import call_size
 
 __all__ = ["parse_args", "make_policy", "model_config", "engine_config", "make_data", "calibrate", "sync_device"]
 
@@ -80,17 +81,22 @@ def calibrate(
         rewards = {e.trajectory_id: e.reward for e in events if isinstance(e, RewardReady)}
         batches.append((trajectories, [rewards[t.trajectory_id] for t in trajectories]))
 
-    def calls_of(items: list) -> list[list]:
-        """The fit's calls of at most ``max_batch_trajectories`` (one call of a 16 x 8 long batch
-        would hold every activation at once: 20+ GB)."""
-        cut = args.max_batch_trajectories
-        return [items[k : k + cut] for k in range(0, len(items), cut)]
+    def calls_of(trajectories: list, rewards: list) -> list[tuple[list, list]]:
+        """The fit's calls, cut by ``max_batch_trajectories`` and ``max_batch_tokens`` as its
+        learner cuts them (one call of a 16 x 8 long batch would hold every activation at once: 20+ GB)."""
+        out, k = [], 0
+        while k < len(trajectories):
+            lengths = [len(t.tokens) for t in trajectories[k:]]
+            n = call_size(lengths, args.max_batch_trajectories, args.max_batch_tokens)
+            out.append((trajectories[k : k + n], rewards[k : k + n]))
+            k += n
+        return out
 
     def sync_once(trajectories: list, rewards: list) -> float:
         for p in params:
             p.grad = None
         start = time.perf_counter()
-        for call, call_rewards in zip(calls_of(trajectories), calls_of(rewards)):
+        for call, call_rewards in calls_of(trajectories, rewards):
             policy.grpo_loss(call, call_rewards).backward()
         sync_device(device)
         return time.perf_counter() - start
@@ -122,7 +128,7 @@ def calibrate(
         p.grad = None
     n = sum(len(b[0]) for b in batches)
     lengths = [len(t.tokens) for b in batches for t in b[0]]
-    calls = [c for b in batches for c in calls_of(b[0])]
+    calls = [c for b in batches for c, _ in calls_of(b[0], b[1])]
     padded = sum(len(c) * max(len(t.tokens) for t in c) for c in calls)  # before score_max_padding
     return {
         "workloads": [list(w) for w in workloads],
@@ -204,7 +210,7 @@ def parse_args(argv: list[str] | None, description: str, name: str = "overlap") 
         "--calibration-batches", type=int, default=4, help="measured batches timed the sync way"
     )
     parser.add_argument("--calibration-reps", type=int, default=None, help="(default 3, quick 2; long quick 1)")
-    parser.add_argument("--max-batch-trajectories", type=int, default=32, help="ThunderSyncStrategy option")
+    add_call_cap_args(parser)
     parser.add_argument(
         "--score-max-padding", type=float, default=0.25, help="GRPOPolicy option (inf: the budget alone cuts)"
     )

@@ -24,8 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import add_common_args, median, timed_cpu, write_bar_chart, write_result  # noqa: E402
-from _harness import load_average  # noqa: E402
-from thundersync_lightning.core import StreamingGRPO, engine_logprobs  # noqa: E402
+from _harness import direct_accumulator, load_average  # noqa: E402
+from thundersync_lightning.core import engine_logprobs  # noqa: E402
 from thundersync_lightning.core.types import Segment, Trajectory  # noqa: E402
 from thundersync_lightning.envs.toy import toy_model_spec  # noqa: E402
 from thundersync_lightning.modules import GRPOPolicy  # noqa: E402
@@ -47,13 +47,7 @@ def game_batch(n: int, seed: int) -> list[Trajectory]:
 
 def one_call(policy: GRPOPolicy, batch: list[Trajectory]) -> int:
     """Score and add one direct call; returns the forwards it ran."""
-    params = [p for p in policy.parameters() if p.requires_grad]
-    acc = StreamingGRPO(params, objective=policy.objective)
-    for g in sorted({t.group_id for t in batch}):
-        members = [t.trajectory_id for t in batch if t.group_id == g]
-        acc.open_group(g, members)
-        for k, tid in enumerate(members):
-            acc.add_reward(tid, float(k % 2))
+    acc = direct_accumulator(policy, batch)
     forwards = []
     hook = policy.model.register_forward_hook(lambda *_: forwards.append(1))
     try:

@@ -48,6 +48,7 @@ Usage: python benchmarks/time_to_target.py [--quick] [--out DIR] [--seeds 0 1 2]
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import os
@@ -62,12 +63,13 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-from _common import add_common_args, add_split_backward_arg, write_result  # noqa: E402
+from _common import add_call_cap_args, add_common_args, add_split_backward_arg, write_result  # noqa: E402
 from _harness import MODE_COLORS, fit, load_average  # noqa: E402
 from thundersync_lightning.core import Objective  # noqa: E402
 from thundersync_lightning.envs.toy import GuessingGameTasks, toy_model_spec  # noqa: E402
 from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule  # noqa: E402
 from thundersync_lightning.rollout import EmbeddedEngineConfig  # noqa: E402
+from thundersync_lightning.strategy import ThunderSyncStrategy  # noqa: E402
 
 NAME = "time_to_target"
 TARGET, WINDOW = 0.9, 10
@@ -164,6 +166,8 @@ def run_one(args: argparse.Namespace, name: str, mode: str, seed: int) -> dict:
         on_step=until,
         trainer_kwargs={"gradient_clip_val": 1.0},
         split_backward=args.split_backward,
+        max_batch_trajectories=args.max_batch_trajectories,
+        max_batch_tokens=args.max_batch_tokens,
     )
     assert until.first_start is not None and until.last_end is not None
     return {
@@ -201,6 +205,10 @@ def settings(args: argparse.Namespace, name: str, mode: str) -> dict:
     }
     if tasks.context_tokens:
         out["context_tokens"] = tasks.context_tokens
+    defaults = inspect.signature(ThunderSyncStrategy).parameters
+    for key in ("max_batch_trajectories", "max_batch_tokens"):  # stored only when not the default,
+        if getattr(args, key) != defaults[key].default:  # so earlier runs still match
+            out[key] = getattr(args, key)
     if mode == "streaming":  # the split only changes streaming's learner calls
         out["split_backward"] = args.split_backward
     return out
@@ -320,6 +328,7 @@ def main(argv: list[str] | None = None) -> dict:
     )
     parser.add_argument("--resume", action=argparse.BooleanOptionalAction, default=True)
     add_split_backward_arg(parser, " (streaming)")
+    add_call_cap_args(parser)
     args = parser.parse_args(argv)
     args.seeds = args.seeds if args.seeds is not None else ([0] if args.quick else [0, 1, 2])
     args.max_steps = args.max_steps or (20 if args.quick else 300)

@@ -82,7 +82,7 @@ def test_plan_reads_the_token_cap_and_the_policys_padding_options(parser, monkey
         rows.max_batch_trajectories * t
     )
     assert capped.row("activations").device == min(
-        rows.max_batch_trajectories * t, int(1.5 * max(1024, t)) + 8 * i.max_batch_trajectories
+        rows.max_batch_trajectories * t, int(1.5 * max(1024, t)) + 8 * (i.max_batch_trajectories // 2)
     ) * per_token
 
 

@@ -200,6 +200,7 @@ def test_time_to_target_balanced_workload_takes_its_own_groups_and_context() -> 
     args = argparse.Namespace(
         groups=16, group_size=8, lr=3e-3, threads=1, max_steps=300, balanced_hidden=64,
         balanced_context_tokens=70, balanced_groups=3, balanced_latency_median_s=0.002, split_backward=True,
+        max_batch_trajectories=32, max_batch_tokens=None,
     )  # fmt: skip
     model, tasks = module.workload(args, "balanced")
     assert tasks.context_tokens == 70 and tasks.latency_median_s == 0.002
@@ -211,6 +212,11 @@ def test_time_to_target_balanced_workload_takes_its_own_groups_and_context() -> 
     # the split backward changes streaming's learner calls only: a stored streaming run without it is redone
     assert module.settings(args, "toy", "streaming")["split_backward"] is True
     assert "split_backward" not in module.settings(args, "toy", "async")
+    # a learner call's caps change every mode's calls; the defaults are not stored (earlier runs still match)
+    assert "max_batch_tokens" not in module.settings(args, "toy", "sync")
+    args.max_batch_tokens = 256
+    assert module.settings(args, "toy", "sync")["max_batch_tokens"] == 256
+    args.max_batch_tokens = None
     toy_model, _ = module.workload(args, "toy")
     args.balanced_context_tokens = 0
     balanced_model, _ = module.workload(args, "balanced")
@@ -288,3 +294,31 @@ def test_time_to_target_summary_gives_streaming_its_last_verdict_floor_against_s
     assert out["streaming"]["last_verdict_over_sync_step"] == pytest.approx(0.6)
     assert "last_verdict_over_sync_step" not in out["sync"]
     assert "last_verdict_over_sync_step" not in module.summarise([run("streaming", 1.5, 0.12)])["streaming"]
+
+
+def test_token_cap_smoke_the_plan_bounds_every_setting_s_largest_call(tmp_path: Path) -> None:
+    _load("token_cap").main(["--out", str(tmp_path), "--groups", "2", "--repeats", "1"])
+    data = _read(tmp_path, "token_cap")
+    settings = data["settings"]
+    assert set(settings) == {"rows 32 (default)", "rows 8", "tokens 4096", "tokens 8192"}
+    for label, row in settings.items():
+        assert 0 < row["measured_over_planned"] <= 1.0, (label, row)  # the saved-for-backward bytes
+        cap = row["max_batch_tokens"]
+        assert cap is None or row["largest_call_tokens"] <= cap
+    assert settings["rows 8"]["calls"] == 2 and settings["rows 32 (default)"]["calls"] == 1  # 16 trajectories
+    assert data["padding_mask"]["bytes_with_over_without"] > 1.0  # the mask the policy no longer passes is saved too
+    assert (tmp_path / "token_cap.png").exists()
+
+
+def test_call_cap_flags_default_to_the_strategys_own_defaults() -> None:
+    import inspect
+
+    from thundersync_lightning.strategy import ThunderSyncStrategy
+
+    parser = argparse.ArgumentParser()
+    _load("_common").add_call_cap_args(parser)
+    defaults = inspect.signature(ThunderSyncStrategy).parameters
+    args = parser.parse_args([])
+    assert args.max_batch_trajectories == defaults["max_batch_trajectories"].default
+    assert args.max_batch_tokens == defaults["max_batch_tokens"].default
+    assert parser.parse_args(["--max-batch-tokens", "4096"]).max_batch_tokens == 4096

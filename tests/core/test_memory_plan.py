@@ -188,10 +188,10 @@ def test_a_token_cap_bounds_a_calls_padded_tokens_by_the_scorers_padding_rule():
     per_token = plan_memory(inputs(max_batch_trajectories=1)).row("activations").device // 64
     plain = plan_memory(inputs(max_batch_trajectories=8))  # 8 rows x 64 tokens
     assert plain.row("activations").device == 8 * 64 * per_token
-    # (1 + 0.25) x 128 real tokens + 2 x 8 forwards' fixed padding = 176 < 512
+    # (1 + 0.25) x 128 real tokens + 2 x (8 // 2) shared forwards' fixed padding = 168 < 512
     capped = plan_memory(inputs(max_batch_trajectories=8, max_batch_tokens=128, score_max_padding=0.25,
                                 score_forward_tokens=2))
-    assert capped.row("activations").device == 176 * per_token
+    assert capped.row("activations").device == 168 * per_token
     assert "max_batch_tokens=128" in capped.row("activations").note
     # a cap under one trajectory still lets that trajectory through: max(B, T) = 64 real tokens
     alone = plan_memory(inputs(max_batch_trajectories=8, max_batch_tokens=10, score_max_padding=0.0))

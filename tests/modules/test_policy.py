@@ -50,6 +50,24 @@ def test_padding_in_a_batch_does_not_change_any_score():
     assert torch.allclose(batched, alone, atol=1e-5)
 
 
+def test_a_right_padded_forward_gives_every_real_token_the_scores_of_its_row_alone():
+    # one forward for all rows (no micro-batch cut), no padding mask: per-token logprobs, entropies
+    # and the reference's logprobs of each row equal its own unpadded forward's
+    torch.manual_seed(0)
+    policy = GRPOPolicy(config=TOY_MODEL, score_max_padding=float("inf"), objective={"kl_coef": 0.1, "entropy_coef": 0.01})
+    rows = [_trajectory([14], [Segment((3,), True)], "a"), _trajectory([14, 2, 2, 7], [Segment((3, 4, 5, 6, 1, 2), True)], "b"),
+            _trajectory([14, 2], [Segment((9, 9), True), Segment((10,), False), Segment((4,), True)], "c")]  # fmt: skip
+    batched = policy.score_tokens(rows, entropy=True, reference=True)
+    for i, t in enumerate(rows):
+        alone = policy.score_tokens([t], entropy=True, reference=True)
+        width = alone.mask.shape[1]
+        assert torch.equal(batched.mask[i, :width], alone.mask[0]) and not batched.mask[i, width:].any()
+        real = alone.mask[0]
+        for got, want in ((batched.logprobs, alone.logprobs), (batched.entropy, alone.entropy),
+                          (batched.ref_logprobs, alone.ref_logprobs)):  # fmt: skip
+            assert torch.allclose(got[i, :width][real], want[0][real], atol=1e-5)
+
+
 def test_the_old_token_weighting_option_says_where_it_moved():
     import pytest
 

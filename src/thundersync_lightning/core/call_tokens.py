@@ -6,10 +6,11 @@ Rows padded to at most ``T`` give the plain bound ``r T``. A token cap ``B``
 (``max_batch_tokens``) bounds the call's real tokens by ``max(B, T)`` (a trajectory longer than
 ``B`` goes alone); the policy's micro-batches (``GRPOPolicy(score_max_padding=p,
 score_forward_tokens=F)``, :mod:`~thundersync_lightning.modules.micro_batches`) pad each
-micro-batch c to at most ``max((1 + p) real_c, real_c + F) <= (1 + p) real_c + F``, so summed over
-at most ``r`` micro-batches:
+micro-batch c to at most ``max((1 + p) real_c, real_c + F) <= (1 + p) real_c + F``, and a
+micro-batch of one row is not padded at all, so only micro-batches of two rows or more (at most
+``floor(r / 2)`` of them) add F:
 
-    padded  <=  min(r T,  (1 + p) max(B, T) + F r)
+    padded  <=  min(r T,  (1 + p) max(B, T) + F floor(r / 2))
 
 Without the scorer's padding rule (``p`` unknown) only ``r T`` holds, whatever ``B``.
 """
@@ -36,10 +37,11 @@ def call_padded_tokens(
     if max_padding is None or math.isinf(max_padding):
         return plain, plain_note + f" (max_batch_tokens={max_batch_tokens} bounds real tokens; the scorer's padding is unknown)"
     real = max(max_batch_tokens, max_tokens_per_trajectory)
-    capped = math.ceil((1.0 + max_padding) * real) + forward_tokens * rows
+    shared = rows // 2  # micro-batches of >= 2 rows: the only ones padded
+    capped = math.ceil((1.0 + max_padding) * real) + forward_tokens * shared
     if capped >= plain:
         return plain, plain_note
     return capped, (
         f"max_batch_tokens={max_batch_tokens}: {real} tokens x (1 + {max_padding:g} padding) "
-        f"+ {forward_tokens} x {rows} forwards"
+        f"+ {forward_tokens} x {shared} shared forwards"
     )

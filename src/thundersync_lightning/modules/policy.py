@@ -265,29 +265,32 @@ class GRPOPolicy(LightningModule):
     def _score_padded(
         self, trajectories: Sequence[Trajectory], entropy: bool, reference: bool, prefix: SharedPrefix | None = None
     ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-        """One right-padded forward over ``trajectories``: (n, L-1) logprobs, mask, entropy, reference."""
+        """One right-padded forward over ``trajectories``: (n, L-1) logprobs, mask, entropy, reference.
+
+        No padding mask: pads only follow a row's real tokens, so under the causal mask no real
+        position sees one and its logits are exactly those of the row alone (positions count from
+        0 either way). SDPA then takes its causal path and saves no (n, L, L) mask for backward.
+        """
         if prefix is not None:
             return self._score_continuations(trajectories, entropy, reference, prefix)
         n = len(trajectories)
         length = max(len(t.tokens) for t in trajectories)
         ids = torch.zeros((n, length), dtype=torch.long)
-        attention = torch.zeros((n, length), dtype=torch.long)
         scored = torch.zeros((n, length), dtype=torch.bool)
         for row, t in enumerate(trajectories):
             tokens = t.tokens
             ids[row, : len(tokens)] = torch.tensor(tokens)
-            attention[row, : len(tokens)] = 1
             scored[row, : len(tokens)] = torch.tensor(t.scored_mask, dtype=torch.bool)
-        ids, attention, scored = ids.to(self.device), attention.to(self.device), scored.to(self.device)
+        ids, scored = ids.to(self.device), scored.to(self.device)
         target = ids[:, 1:]
-        logits = self.model(input_ids=ids, attention_mask=attention).logits  # (n, L, V)
+        logits = self.model(input_ids=ids).logits  # (n, L, V)
         lp, z = self._token_logprobs(logits, target)  # (n, L-1), (n, L-1, V)
         ent = None
         if entropy:
             ent = torch.logsumexp(z, -1) - (torch.softmax(z, -1) * z).sum(-1)  # (n, L-1)
         ref = None
         if reference:
-            ref = self._reference_logprobs(ids, attention, target)
+            ref = self._reference_logprobs(ids, None, target)
         return lp, scored[:, 1:], ent, ref
 
     def _score_continuations(
@@ -327,7 +330,7 @@ class GRPOPolicy(LightningModule):
         return lp, z
 
     @torch.no_grad()
-    def _reference_logprobs(self, ids: Tensor, attention: Tensor, target: Tensor) -> Tensor:
+    def _reference_logprobs(self, ids: Tensor, attention: Tensor | None, target: Tensor) -> Tensor:
         if self.reference is not None:
             logits = self.reference(input_ids=ids, attention_mask=attention).logits
         elif self.hparams.lora is not None:

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple
 
-__all__ = ["Batch", "BatchPath", "next_batch", "destinations"]
+__all__ = ["Batch", "BatchPath", "next_batch", "destinations", "call_size"]
 
 #: Which rule above chose a batch: 1 ``direct``, 2 ``bucket``, 3 ``held``.
 BatchPath = Literal["direct", "bucket", "held"]
@@ -76,16 +76,10 @@ def next_batch(
     """
 
     def cut(chosen: list[str]) -> list[str]:
-        chosen = chosen[:max_batch]
         if max_tokens is None:
-            return chosen
+            return chosen[:max_batch]
         assert lengths is not None, "max_tokens needs lengths"
-        total = 0
-        for k, tid in enumerate(chosen):
-            total += lengths[tid]
-            if total > max_tokens and k > 0:
-                return chosen[:k]
-        return chosen
+        return chosen[: call_size([lengths[t] for t in chosen[:max_batch]], max_batch, max_tokens)]
 
     direct: list[str] = []
     buckets: dict[tuple[str, float], list[str]] = {}
@@ -130,3 +124,18 @@ def destinations(
         else:
             places.add((gid, rewards[tid]))
     return len(places)
+
+
+def call_size(lengths: Sequence[int], max_batch: int, max_tokens: int | None = None) -> int:
+    """How many of the first trajectories (their token ``lengths``, in order) one call takes: at
+    most ``max_batch``, and the longest prefix whose tokens sum to at most ``max_tokens``, but
+    never none (a trajectory longer than ``max_tokens`` goes alone)."""
+    n = min(len(lengths), max_batch)
+    if max_tokens is None:
+        return n
+    total = 0
+    for k in range(n):
+        total += lengths[k]
+        if total > max_tokens and k > 0:
+            return k
+    return n

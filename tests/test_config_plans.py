@@ -69,21 +69,30 @@ def test_plan_reads_the_same_overrides_as_fit(capsys, monkeypatch):
 
 def test_plan_reads_the_token_cap_and_the_policys_padding_options(parser, monkeypatch):
     monkeypatch.chdir(ROOT)
-    base = ["--config", "configs/gpu_1x.yaml"]
-    rows = config_plan(parser.parse_args(base).as_dict()).inputs
+    base = ["--config", "configs/gpu_1x.yaml", "--trainer.strategy.init_args.max_batch_trajectories=4"]
+    plain = config_plan(parser.parse_args(base + ["--trainer.strategy.init_args.max_batch_tokens=null"]).as_dict())
     capped = config_plan(parser.parse_args(
-        base + ["--trainer.strategy.init_args.max_batch_tokens=1024", "--model.score_max_padding=0.5",
+        base + ["--trainer.strategy.init_args.max_batch_tokens=2500", "--model.score_max_padding=0.5",
                 "--model.score_forward_tokens=8"]).as_dict())  # fmt: skip
-    i = capped.inputs
-    assert (i.max_batch_tokens, i.score_max_padding, i.score_forward_tokens) == (1024, 0.5, 8)
+    i, rows = capped.inputs, plain.inputs
+    assert (i.max_batch_tokens, i.score_max_padding, i.score_forward_tokens) == (2500, 0.5, 8)
     assert (rows.max_batch_tokens, rows.score_max_padding, rows.score_forward_tokens) == (None, 0.25, 64)
-    t = i.max_tokens_per_trajectory
-    per_token = config_plan(parser.parse_args(base).as_dict()).row("activations").device // (
-        rows.max_batch_trajectories * t
-    )
-    assert capped.row("activations").device == min(
-        rows.max_batch_trajectories * t, int(1.5 * max(1024, t)) + 8 * (i.max_batch_trajectories // 2)
-    ) * per_token
+    t = i.max_tokens_per_trajectory  # 2048: 4 rows plain, 1.5 x 2500 + 8 x 2 under the cap
+    per_token = plain.row("activations").device // (4 * t)
+    assert capped.row("activations").device == (int(1.5 * 2500) + 8 * 2) * per_token < 4 * t * per_token
+
+
+def test_the_gpu_configs_token_caps_plan_the_activations_their_row_caps_did(parser, monkeypatch):
+    # each shipped GPU config bounds a call by tokens at no more planned memory than its old row cap
+    monkeypatch.chdir(ROOT)
+    for name, old_rows in (("gpu_1x", 2), ("gpu_vllm_example", 2), ("swebench", 1)):
+        args = ["--config", f"configs/{name}.yaml"]
+        capped = config_plan(parser.parse_args(args).as_dict())
+        rows = config_plan(parser.parse_args(args + [
+            "--trainer.strategy.init_args.max_batch_tokens=null",
+            f"--trainer.strategy.init_args.max_batch_trajectories={old_rows}"]).as_dict())  # fmt: skip
+        assert capped.inputs.max_batch_tokens is not None and capped.inputs.max_batch_trajectories == 8, name
+        assert capped.row("activations").device <= rows.row("activations").device, name
 
 
 @pytest.mark.slow  # builds eight Qwen3 architectures on the meta device (~15 s of CPU)

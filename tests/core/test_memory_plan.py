@@ -193,9 +193,13 @@ def test_a_token_cap_bounds_a_calls_padded_tokens_by_the_scorers_padding_rule():
                                 score_forward_tokens=2))
     assert capped.row("activations").device == 168 * per_token
     assert "max_batch_tokens=128" in capped.row("activations").note
-    # a cap under one trajectory still lets that trajectory through: max(B, T) = 64 real tokens
+    # a cap under one trajectory still lets that trajectory through alone, unpadded: T = 64 tokens
     alone = plan_memory(inputs(max_batch_trajectories=8, max_batch_tokens=10, score_max_padding=0.0))
     assert alone.row("activations").device == 64 * per_token
+    assert "at most one 64-token trajectory" in alone.row("activations").note
+    # several rows under a cap just below T pad past T: (1 + 0.25) x 60 = 75 > 64
+    several = plan_memory(inputs(max_batch_trajectories=8, max_batch_tokens=60, score_max_padding=0.25))
+    assert several.row("activations").device == 75 * per_token
     # a loose cap never plans more than the rows allow, and an unknown padding rule bounds nothing
     loose = inputs(max_batch_trajectories=8, max_batch_tokens=10_000, score_max_padding=0.25)
     assert plan_memory(loose).row("activations").device == 8 * 64 * per_token

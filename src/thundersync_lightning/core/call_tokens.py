@@ -2,15 +2,15 @@
 
 A call scores ``r`` trajectories of at most ``T`` tokens each and keeps every forward's graph
 until its one backward, so its activations are its *padded* tokens times the bytes per token.
-Rows padded to at most ``T`` give the plain bound ``r T``. A token cap ``B``
-(``max_batch_tokens``) bounds the call's real tokens by ``max(B, T)`` (a trajectory longer than
-``B`` goes alone); the policy's micro-batches (``GRPOPolicy(score_max_padding=p,
-score_forward_tokens=F)``, :mod:`~thundersync_lightning.modules.micro_batches`) pad each
-micro-batch c to at most ``max((1 + p) real_c, real_c + F) <= (1 + p) real_c + F``, and a
-micro-batch of one row is not padded at all, so only micro-batches of two rows or more (at most
-``floor(r / 2)`` of them) add F:
+Rows padded to at most ``T`` give the plain bound ``r T``. Under a token cap ``B``
+(``max_batch_tokens``) a call is either one trajectory (one longer than ``B`` goes alone), with no
+padding at all, or several whose real tokens sum to at most ``B``. The policy's micro-batches
+(``GRPOPolicy(score_max_padding=p, score_forward_tokens=F)``,
+:mod:`~thundersync_lightning.modules.micro_batches`) pad each micro-batch c to at most
+``max((1 + p) real_c, real_c + F) <= (1 + p) real_c + F``, and a micro-batch of one row is not
+padded, so only those of two rows or more (at most ``floor(r / 2)``) add F:
 
-    padded  <=  min(r T,  (1 + p) max(B, T) + F floor(r / 2))
+    padded  <=  min(r T,  max(T,  (1 + p) B + F floor(r / 2)))
 
 Without the scorer's padding rule (``p`` unknown) only ``r T`` holds, whatever ``B``.
 """
@@ -36,12 +36,14 @@ def call_padded_tokens(
         return plain, plain_note
     if max_padding is None or math.isinf(max_padding):
         return plain, plain_note + f" (max_batch_tokens={max_batch_tokens} bounds real tokens; the scorer's padding is unknown)"
-    real = max(max_batch_tokens, max_tokens_per_trajectory)
     shared = rows // 2  # micro-batches of >= 2 rows: the only ones padded
-    capped = math.ceil((1.0 + max_padding) * real) + forward_tokens * shared
+    several = math.ceil((1.0 + max_padding) * max_batch_tokens) + forward_tokens * shared
+    capped = max(max_tokens_per_trajectory, several)  # one trajectory alone: T, unpadded
     if capped >= plain:
         return plain, plain_note
+    if several <= max_tokens_per_trajectory:
+        return capped, f"max_batch_tokens={max_batch_tokens}: at most one {max_tokens_per_trajectory}-token trajectory"
     return capped, (
-        f"max_batch_tokens={max_batch_tokens}: {real} tokens x (1 + {max_padding:g} padding) "
+        f"max_batch_tokens={max_batch_tokens}: {max_batch_tokens} tokens x (1 + {max_padding:g} padding) "
         f"+ {forward_tokens} x {shared} shared forwards"
     )

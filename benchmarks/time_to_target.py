@@ -18,19 +18,20 @@ Workloads:
 
     toy         configs/toy.yaml as configured (16 x 8, lr 3e-3, verdict latency log-normal
                 median 30 ms, sigma 1)
-    balanced    the paper's balance: the same game and model with the verdict latency cut
-                (``--balanced-latency-median-s``, default 0.002 s) until the synchronous learner
-                idles ~50% of the step instead of the toy's ~79%, so the learner's share of the
-                step is the paper's; every sync run reports its measured idle fraction
-                (``sync_idle_fraction``) so the balance is checked, not assumed. On this model a
-                lone trajectory's backward costs ~13x its share of a batch of 32 (9-token
-                trajectories: per-call overheads), which is what streaming's small passes pay.
-                ``--balanced-hidden`` widens the model, ``--balanced-context-tokens`` lengthens every
-                prompt by a shared context (``GuessingGameTasks(context_tokens=...)``: the
-                learner's work set by tokens rather than per-call overheads) and
-                ``--balanced-groups`` sets the groups per step; measured here and not the default:
-                a 256-wide model (unstable at lr 3e-3: no mode reached 0.9 in 300 steps), and 120
-                context tokens at 8 x 8 (sync at 1.5 s a step, reward 0.58 after 300 steps).
+    balanced    the paper's balance: the same game on a model twice as wide (hidden 128,
+                ``--balanced-hidden``) with the verdict latency cut (``--balanced-latency-median-s``,
+                default 0.002 s), so that the synchronous learner idles ~50% of the step instead
+                of the toy's ~90%: the learner's share of the step is the paper's. Every sync
+                run reports its measured idle fraction (``sync_idle_fraction``), so the balance
+                is checked, not assumed. Until commit a9a5f28 the model was the toy's (hidden
+                64); as the learner got cheaper (micro-batch cut, no padding mask) its sync idle
+                drifted from ~50% to 63-66%, and hidden 128 measured 54% (40-step runs).
+                ``--balanced-context-tokens`` lengthens every prompt by a shared context
+                (``GuessingGameTasks(context_tokens=...)``: the learner's work set by tokens
+                rather than per-call overheads) and ``--balanced-groups`` sets the groups per
+                step; measured here and not the default: a 256-wide model (unstable at lr 3e-3:
+                no mode reached 0.9 in 300 steps), and 120 context tokens at 8 x 8 (sync at 1.5 s
+                a step, reward 0.58 after 300 steps).
 
 Per workload and mode: ``median_seconds`` and ``median_steps`` over seeds (a run not reached counts
 as +inf; a median that falls on one is ``None``), min / max, runs reached, seconds per step, and
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--balanced-hidden", type=int, default=64, help="Qwen3 width of the balanced workload")
+    parser.add_argument("--balanced-hidden", type=int, default=128, help="Qwen3 width of the balanced workload")
     parser.add_argument(
         "--balanced-context-tokens", type=int, default=0, help="shared context tokens per prompt (balanced)"
     )

@@ -7,7 +7,8 @@ def _step():
     # a 4 s step: first content at +0.5 s, the last reward at +3.5 s; busy 1 s backward,
     # 0.25 s barrier, 0.25 s optimizer, 0.5 s publish -> 2 s busy, 2 s idle
     busy = (
-        Interval(100.5, 101.5, "backward"),
+        Interval(100.5, 101.0, "backward", 1, "held", 10),
+        Interval(101.0, 101.5, "backward", 2, "direct", 30),
         Interval(103.5, 103.75, "barrier"),
         Interval(103.75, 104.0, "optimizer"),
         Interval(103.0, 103.5, "publish"),
@@ -34,6 +35,9 @@ def test_idle_fraction_first_event_and_tail_are_logged_per_step(tmp_path):
         "perf/learner_barrier_seconds": 0.25,
         "perf/learner_optimizer_seconds": 0.25,
         "perf/learner_publish_seconds": 0.5,
+        "perf/learner_calls": 2.0,
+        "perf/learner_call_tokens": 20.0,
+        "perf/learner_call_tokens_max": 30.0,
     }
 
 
@@ -48,7 +52,9 @@ def test_the_timeline_is_written_as_jsonl_relative_to_each_step_and_can_be_drawn
     assert monitor.timeline_path == tmp_path / "timeline" / "rank0.jsonl"
     first, second = read_timeline(monitor.timeline_path)
     assert (first["step"], second["step"]) == (0, 1)
-    assert first["busy"][0] == {"start": 0.5, "end": 1.5, "kind": "backward"}
+    assert first["busy"][0] == {"start": 0.5, "end": 1.0, "kind": "backward", "trajectories": 1, "tokens": 10,
+                                "path": "held"}  # fmt: skip
+    assert first["busy"][2] == {"start": 3.5, "end": 3.75, "kind": "barrier"}
     assert first["trajectories"][1] == {
         "id": "s0-g0-t1", "group": "s0-g0", "content_ready": 1.0, "reward_ready": 3.5, "num_tokens": 10,
     }  # fmt: skip
@@ -70,3 +76,11 @@ def test_a_resumed_run_appends_to_the_timeline(tmp_path):
     resumed.setup(trainer, module, "fit")
     end_step(resumed, trainer, module, stats([record(0, step=1)], step=1, start=200.0, end=201.0))
     assert [r["step"] for r in read_timeline(tmp_path / "timeline" / "rank0.jsonl")] == [0, 1]
+
+
+def test_a_step_without_learner_calls_logs_zero_calls_and_no_mean_tokens_per_call():
+    monitor, trainer, module = IdleTimeMonitor(write_timeline=False), stub_trainer(), StubModule()
+    monitor.setup(trainer, module, "fit")
+    end_step(monitor, trainer, module, stats([record(0)], start=0.0, end=1.0))
+    assert module.logged["perf/learner_calls"] == 0.0 and module.logged["perf/learner_call_tokens_max"] == 0.0
+    assert "perf/learner_call_tokens" not in module.logged  # an empty mean is not a 0

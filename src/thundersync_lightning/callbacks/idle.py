@@ -13,11 +13,15 @@ publish) and idle otherwise. Logged, over ranks:
 ``perf/time_to_first_event_seconds``       rollout request -> first trajectory content (the    mean
                                            request precedes step start with launch_ahead)
 ``perf/tail_after_last_event_seconds``     last content or reward -> step end                  mean
+``perf/learner_calls``                     learner calls (one scoring call and its backward)   mean
+``perf/learner_call_tokens``               tokens per call (what ``max_batch_tokens`` caps)    mean
+``perf/learner_call_tokens_max``           the largest call's tokens                           max
 =========================================  ==================================================  =========
 
 Each rank also writes one JSON line per step to ``<dirpath>/timeline/rank<r>.jsonl`` (``dirpath``
 defaults to ``trainer.log_dir``; a fit starting at step 0 replaces the file, a resumed one appends): times in seconds relative to the step start, busy intervals,
-content and reward arrivals per trajectory and open groups over time. :func:`read_timeline` loads
+content and reward arrivals per trajectory and open groups over time (a backward interval also
+carries its call's ``trajectories``, ``tokens`` and ``path``). :func:`read_timeline` loads
 it and :func:`draw_timeline` draws it with matplotlib.
 """
 
@@ -57,7 +61,7 @@ def timeline_record(stats: StepStats) -> dict[str, Any]:
         "step_start": t0,
         "wall_seconds": stats.wall_seconds,
         "idle_fraction": stats.idle_fraction,
-        "busy": [{"start": rel(i.start), "end": rel(i.end), "kind": i.kind} for i in stats.busy],
+        "busy": [_interval(i, rel) for i in stats.busy],
         "trajectories": [
             {
                 "id": t.trajectory_id,
@@ -70,6 +74,13 @@ def timeline_record(stats: StepStats) -> dict[str, Any]:
         ],
         "open_groups": [[rel(t), n] for t, n in stats.open_groups],
     }
+
+
+def _interval(i: Any, rel: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"start": rel(i.start), "end": rel(i.end), "kind": i.kind}
+    if i.kind == "backward":
+        out.update(trajectories=i.trajectories, tokens=i.tokens, path=i.path)
+    return out
 
 
 def read_timeline(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
@@ -122,6 +133,9 @@ class IdleTimeMonitor(StepStatsCallback):
             "wall_sum": "sum",
             "perf/time_to_first_event_seconds": "mean",
             "perf/tail_after_last_event_seconds": "mean",
+            "perf/learner_calls": "mean",
+            "perf/learner_call_tokens": "mean",
+            "perf/learner_call_tokens_max": "max",
         }
         kinds.update({f"perf/learner_{k}_seconds": "mean" for k in BUSY_KINDS})
         self._reducer = StepReducer(kinds)
@@ -166,6 +180,13 @@ class IdleTimeMonitor(StepStatsCallback):
         r.update("perf/tail_after_last_event_seconds", stats.tail_seconds)
         for kind in BUSY_KINDS:
             r.update(f"perf/learner_{kind}_seconds", sum(i.seconds for i in stats.busy if i.kind == kind))
+        calls = [i.tokens for i in stats.busy if i.kind == "backward"]
+        r.update("perf/learner_calls", len(calls))
+        if calls:  # weighted by calls over ranks
+            r.update("perf/learner_call_tokens", calls)
+        else:
+            r.update("perf/learner_call_tokens", 0.0, weight=0.0)
+        r.update("perf/learner_call_tokens_max", calls)
         total = r.compute()
         idle_sum, wall_sum = total.pop("idle_sum"), total.pop("wall_sum")
         total["perf/learner_idle_fraction"] = idle_sum / wall_sum if wall_sum > 0 else 0.0

@@ -322,3 +322,15 @@ def test_call_cap_flags_default_to_the_strategys_own_defaults() -> None:
     assert args.max_batch_trajectories == defaults["max_batch_trajectories"].default
     assert args.max_batch_tokens == defaults["max_batch_tokens"].default
     assert parser.parse_args(["--max-batch-tokens", "4096"]).max_batch_tokens == 4096
+
+
+def test_learner_calls_smoke_counts_every_trajectory_of_every_kept_step_once(tmp_path: Path) -> None:
+    _load("learner_calls").main(["--out", str(tmp_path), "--steps", "3", "--warmup", "1", "--groups", "2"])
+    data = _read(tmp_path, "learner_calls")
+    for mode in ("sync", "streaming"):
+        cells = [v for cell in data["modes"][mode]["by_call_size"].values() for v in cell.values()]
+        assert sum(v["trajectories"] for v in cells) == 2 * 2 * 8  # 2 kept steps of 2 groups of 8
+        assert all(v["ms_per_trajectory"] > 0 for v in cells)
+    # sync's learner starts after the last event: every call ends after the last verdict
+    assert all(set(cell) == {"after_last_verdict"} for cell in data["modes"]["sync"]["by_call_size"].values())
+    assert (tmp_path / "learner_calls.png").exists()

@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=None, help="steps per mode (default 40; quick 8)")
     parser.add_argument("--warmup", type=int, default=None, help="first steps dropped (default 5; quick 2)")
     parser.add_argument("--groups", type=int, default=16)
-X
+    parser.add_argument("--hidden", type=int, default=128, help="Qwen3 width (time_to_target's balanced)")
     parser.add_argument("--latency-median-s", type=float, default=0.002)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

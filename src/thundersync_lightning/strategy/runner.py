@@ -20,7 +20,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..core.errors import EngineError, GroupError, UnknownTrajectoryError
@@ -120,7 +120,6 @@ class StepRunner:
         self._prefixes: dict[str, SharedPrefix] = {}
         self.max_batch = max(1, max_batch_trajectories)
         self.max_tokens = max_batch_tokens
-        self._lengths: dict[str, int] = {}  # each landed trajectory's tokens
         self._waiting: dict[str, None] = {}  # admitted groups' content not yet backpropagated (ordered)
         self.request = request
         self.snapshot = snapshot
@@ -193,13 +192,17 @@ class StepRunner:
             mix=self._splitting,
             hold_room=None if limit is None else limit - self.acc.held_trajectories,
             max_destinations=self.split_destinations,
-            lengths=self._lengths,
+            lengths=self._lengths_of(self._waiting) if self.max_tokens is not None else None,
             max_tokens=self.max_tokens,
         )
         if batch is not None:
             self._backward(batch)
             return True
         return bool(dropped)
+
+    def _lengths_of(self, tids: Iterable[str]) -> dict[str, int]:
+        """Each trajectory's tokens, prompt included (what ``max_batch_tokens`` counts)."""
+        return {t: len(self.outcome.trajectories[t].tokens) for t in tids}
 
     @property
     def _splitting(self) -> bool:
@@ -222,7 +225,7 @@ class StepRunner:
             self._prefixes = {g: p for g, p in self._prefixes.items() if g in self.acc.open_groups}
         for t in tids:
             del self._waiting[t]
-        tokens = sum(self._lengths[t] for t in tids)
+        tokens = sum(self._lengths_of(tids).values())
         self.outcome.busy.append(Interval(start, self.clock(), "backward", len(tids), batch.path, tokens))
         self._after_change()
 
@@ -276,7 +279,6 @@ class StepRunner:
         if t.trajectory_id in self.outcome.trajectories:
             raise EngineError(f"the engine delivered the content of {t.trajectory_id!r} twice")
         self.outcome.trajectories[t.trajectory_id] = t
-        self._lengths[t.trajectory_id] = len(t.tokens)
 
     def _on_reward(self, event: RewardReady) -> None:
         if event.trajectory_id in self.outcome.rewards:

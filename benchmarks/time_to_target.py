@@ -23,7 +23,7 @@ Workloads:
                 default 0.002 s), so that the synchronous learner idles ~50% of the step instead
                 of the toy's ~90%: the learner's share of the step is the paper's. Every sync
                 run reports its measured idle fraction (``sync_idle_fraction``), so the balance
-                is checked, not assumed. Until commit a9a5f28 the model was the toy's (hidden
+                is checked, not assumed. Before commit df5bc55 the model was the toy's (hidden
                 64); as the learner got cheaper (micro-batch cut, no padding mask) its sync idle
                 drifted from ~50% to 63-66%, and hidden 128 measured 54% (40-step runs).
                 ``--balanced-context-tokens`` lengthens every prompt by a shared context

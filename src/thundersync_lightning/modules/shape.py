@@ -1,4 +1,4 @@
-"""A policy's :class:`~thundersync_lightning.core.memory_plan.ModelShape` without building its weights.
+"""A policy's :class:`~thundersync_lightning.core.model_shape.ModelShape` without building its weights.
 
 The architecture is instantiated on PyTorch's ``meta`` device (shapes, no storage), so planning a
 32B model costs nothing: parameter counts are exact for any ``transformers`` causal LM, and the
@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..core.errors import ConfigError
-from ..core.memory_plan import Architecture, ModelShape
+from ..core.model_shape import Architecture, ModelShape
 from ..core.types import ModelSpec
 from .lora import LoraSettings
 

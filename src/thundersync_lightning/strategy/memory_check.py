@@ -21,7 +21,8 @@ from typing import Any
 import psutil
 import torch
 
-from ..core.memory_plan import Architecture, MemoryPlan, ModelShape, PlanInputs, format_bytes, plan_memory
+from ..core.memory_plan import MemoryPlan, PlanInputs, format_bytes, plan_memory
+from ..core.model_shape import Architecture, ModelShape
 from ..core.objective import Objective
 from .objective_checks import module_objective
 from .split_choice import planned_destinations

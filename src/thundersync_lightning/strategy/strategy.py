@@ -37,9 +37,7 @@ from torch import Tensor
 from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
-from ..core.bounds import bound_problems
 from ..core.errors import ConfigError
-from ..core.objective import Objective
 from ..core.protocols import PreparesAhead
 from ..core.snapshot import PolicySnapshot
 from ..core.storage import Offload
@@ -49,10 +47,11 @@ from .barrier import StepInFlight, global_totals
 from .evaluation import ValidationPlan, collect_validation
 from .fit_learner import FitLearner
 from .objective_checks import module_objective
+from .options import option_problems
 from .plan import RolloutPlan
 from .runner import StepRunner
 from .setup_checks import check_memory, setup_problems
-from .sharding import SHARDINGS, Sharding, build_layout
+from .sharding import Sharding, build_layout
 from .split_choice import SplitBackward, max_destinations
 from .stats import Interval, RolloutProgress, StepStats
 
@@ -62,8 +61,6 @@ log = logging.getLogger(__name__)
 
 Mode = Literal["streaming", "sync", "async"]
 MemoryCheck = Literal["error", "warn", "off"]
-_MODES = ("streaming", "sync", "async")
-_OBJECTIVE_FIELDS = frozenset(Objective.__dataclass_fields__) | {"objective"}
 
 
 
@@ -154,36 +151,12 @@ class ThunderSyncStrategy(DDPStrategy):
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
         **unknown: Any,
     ) -> None:
-        problems = []
-        for name in sorted(unknown):
-            if name in _OBJECTIVE_FIELDS:
-                problems.append(
-                    f"{name}={unknown[name]!r}: the objective moved to the LightningModule; use "
-                    f"GRPOPolicy(objective=Objective({name}=...)) or --model.objective.{name}=... (YAML: "
-                    f"model.objective.{name})"
-                )
-            else:
-                problems.append(
-                    f"{name}={unknown[name]!r} is not an option of ThunderSyncStrategy (it has no DDP wrapper to "
-                    f"pass it to); valid options: {', '.join(_own_options())}"
-                )
-        if mode not in _MODES:
-            problems.append(f"mode={mode!r} is not one of {_MODES}")
-        if offload not in ("none", "cpu", "pinned"):
-            problems.append(f"offload={offload!r} is not one of ('none', 'cpu', 'pinned')")
-        problems += bound_problems(max_open_groups, max_held_trajectories)
-        if sharding not in SHARDINGS:
-            problems.append(f"sharding={sharding!r} is not one of {tuple(SHARDINGS)}")
-        if max_batch_trajectories < 1:
-            problems.append(f"max_batch_trajectories must be >= 1, got {max_batch_trajectories}")
-        if max_batch_tokens is not None and (isinstance(max_batch_tokens, bool) or max_batch_tokens < 1):
-            problems.append(f"max_batch_tokens must be >= 1 or None, got {max_batch_tokens!r}")
-        if split_backward not in (True, False, "auto"):
-            problems.append(f"split_backward={split_backward!r} is not one of (True, False, 'auto')")
-        elif split_backward is True and boundary_cut:
-            problems.append("split_backward=True and boundary_cut=True cannot be combined (choose one)")
-        if memory_check not in ("error", "warn", "off"):
-            problems.append(f"memory_check={memory_check!r} is not one of ('error', 'warn', 'off')")
+        options = dict(
+            mode=mode, offload=offload, max_open_groups=max_open_groups, max_held_trajectories=max_held_trajectories,
+            max_batch_trajectories=max_batch_trajectories, max_batch_tokens=max_batch_tokens,
+            boundary_cut=boundary_cut, split_backward=split_backward, memory_check=memory_check, sharding=sharding,
+        )  # fmt: skip
+        problems = option_problems(options, unknown, _own_options())
         if problems:
             raise ConfigError("ThunderSyncStrategy: " + "; ".join(problems))
         super().__init__(

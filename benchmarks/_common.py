@@ -93,7 +93,7 @@ def add_score_forward_tokens_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def add_call_cap_args(parser: argparse.ArgumentParser) -> None:
-    """``--max-batch-trajectories N`` and ``--max-batch-tokens N``: a learner call's caps
+    """``--max-batch-trajectories N``, ``--max-batch-tokens N`` and ``--min-batch-trajectories N|auto``: a learner call's caps
     (``ThunderSyncStrategy`` options), defaulting to the strategy's own defaults (read from its
     signature, so the two cannot drift)."""
     import inspect
@@ -102,6 +102,7 @@ def add_call_cap_args(parser: argparse.ArgumentParser) -> None:
 
     defaults = inspect.signature(ThunderSyncStrategy).parameters
     rows, tokens = defaults["max_batch_trajectories"].default, defaults["max_batch_tokens"].default
+    least = defaults["min_batch_trajectories"].default
     parser.add_argument(
         "--max-batch-trajectories", type=int, default=rows,
         help=f"ThunderSyncStrategy(max_batch_trajectories=...): rows of one learner call (default {rows})",
@@ -109,6 +110,11 @@ def add_call_cap_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-batch-tokens", type=int, default=tokens,
         help=f"ThunderSyncStrategy(max_batch_tokens=...): tokens of one learner call (default {tokens})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--min-batch-trajectories", type=lambda v: v if v == "auto" else int(v), default=least,
+        help=f"ThunderSyncStrategy(min_batch_trajectories=...): rows a call waits for while content is "
+        f"still to land, an integer or auto (default {least})",
     )  # fmt: skip
 
 

@@ -12,7 +12,14 @@ A streaming learner that computes while the engine generates shares the cores wi
 that end after the last verdict run alone, as all of sync's do. ``ms_per_trajectory`` before
 against after, at the same size, is what that sharing costs here.
 
-    python benchmarks/learner_calls.py [--quick] [--out DIR] [--steps 40] [--hidden 128]
+``--min-batch-trajectories K ...`` adds a streaming fit per K other than 1 (mode
+``streaming_min{K}``: ``ThunderSyncStrategy(min_batch_trajectories=K)``, K an integer or ``auto``;
+the learner waits for K rows while content is still to land): fewer, larger calls.
+``step_over_sync`` compares every mode's median step with sync's, ``cpu_over_sync`` the learner
+thread's CPU seconds per step (the learner's work, whatever else runs on the machine).
+``--lr 0`` keeps the policy fixed: every fit then replays the same trajectories, step for step.
+
+    python benchmarks/learner_calls.py [--quick] [--out DIR] [--steps 40] [--hidden 128] [--min-batch-trajectories 1 16]
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import argparse
 import os
 import statistics
 import sys
+import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -42,13 +50,13 @@ def size_label(n: int) -> str:
     return str(lo) if lo == hi else (f"{lo}+" if hi >= 10**9 else f"{lo}-{hi}")
 
 
-def run_mode(args: argparse.Namespace, mode: str) -> dict:
+def run_mode(args: argparse.Namespace, mode: str, least: int | str = 1) -> dict:
     workload = argparse.Namespace(
         balanced_hidden=args.hidden, balanced_latency_median_s=args.latency_median_s, balanced_context_tokens=0
     )
     model, tasks = time_to_target.workload(workload, "balanced")
     torch.manual_seed(args.seed)
-    policy = GRPOPolicy(config=model, lr=3e-3)
+    policy = GRPOPolicy(config=model, lr=args.lr)
     data = RolloutDataModule(
         tasks=tasks,
         engine=EmbeddedEngineConfig(temperature=1.0, num_threads=1, env_workers=32, startup_timeout_s=900),
@@ -56,10 +64,15 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict:
         groups_per_step=args.groups,
         seed=args.seed,
     )
-    record = fit(mode, policy, data, args.steps, trainer_kwargs={"gradient_clip_val": 1.0})
+    cpu: list[float] = []  # the learner thread's CPU seconds at each step's end (on_step runs on it)
+    record = fit(
+        mode, policy, data, args.steps, trainer_kwargs={"gradient_clip_val": 1.0},
+        on_step=lambda *_: cpu.append(time.thread_time()), min_batch_trajectories=least,
+    )  # fmt: skip
     cells: dict[tuple[str, str], list[tuple[int, float]]] = {}
-    per_step: dict[str, list[float]] = {"step_s": [], "last_verdict_s": [], "backward_s": [], "calls": []}
-    for stats in record.steps[args.warmup :]:
+    per_step: dict[str, list[float]] = {"step_s": [], "last_verdict_s": [], "backward_s": [], "calls": [],
+                                        "learner_cpu_s": [], "waited_for_rows": []}  # fmt: skip
+    for k, stats in enumerate(record.steps[args.warmup :], start=args.warmup):
         last = max(t.reward_ready_at for t in stats.trajectories if t.reward_ready_at is not None)
         calls = [i for i in stats.busy if i.kind == "backward"]
         for i in calls:
@@ -69,6 +82,8 @@ def run_mode(args: argparse.Namespace, mode: str) -> dict:
         per_step["last_verdict_s"].append(last - stats.step_start)
         per_step["backward_s"].append(sum(i.seconds for i in calls))
         per_step["calls"].append(len(calls))
+        per_step["learner_cpu_s"].append(cpu[k] - cpu[k - 1])
+        per_step["waited_for_rows"].append(stats.min_batch_trajectories)
     table = {}
     for (label, when), rows in sorted(cells.items()):
         trajectories = sum(n for n, _ in rows)
@@ -89,17 +104,35 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--hidden", type=int, default=128, help="Qwen3 width (time_to_target's balanced)")
     parser.add_argument("--latency-median-s", type=float, default=0.002)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--lr", type=float, default=3e-3,
+        help="0: the policy never changes, so every mode replays the same trajectories (a paired comparison)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--min-batch-trajectories", type=lambda v: v if v == "auto" else int(v), nargs="+", default=[1],
+        help="streaming fits with ThunderSyncStrategy(min_batch_trajectories=K), one per K (default 1)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     args.steps = args.steps or (8 if args.quick else 40)
     args.warmup = args.warmup if args.warmup is not None else (2 if args.quick else 5)
     torch.set_num_threads(args.threads)
     load_start = load_average()
     modes = {mode: run_mode(args, mode) for mode in ("sync", "streaming")}
+    for k in dict.fromkeys(args.min_batch_trajectories):
+        if k != 1:
+            modes[f"streaming_min{k}"] = run_mode(args, "streaming", k)
+    for result in modes.values():
+        result["step_over_sync"] = result["step_s_median"] / modes["sync"]["step_s_median"]
+        result["backward_over_sync"] = result["backward_s_median"] / modes["sync"]["backward_s_median"]
+        result["cpu_over_sync"] = result["learner_cpu_s_median"] / modes["sync"]["learner_cpu_s_median"]
     payload = {
         "description": "learner cost per trajectory by call size, before and after the step's last verdict",
         "modes": modes,
         "streaming_over_sync_backward_s": modes["streaming"]["backward_s_median"] / modes["sync"]["backward_s_median"],
-        "settings": {k: getattr(args, k) for k in ("steps", "warmup", "groups", "hidden", "latency_median_s", "seed")},
+        "settings": {
+            k: getattr(args, k)
+            for k in ("steps", "warmup", "groups", "hidden", "latency_median_s", "seed", "lr", "min_batch_trajectories")
+        },
         "threads": args.threads,
         "quick": args.quick,
         "load_average_start": load_start,
@@ -121,7 +154,9 @@ def main(argv: list[str] | None = None) -> dict:
     for mode, result in modes.items():
         print(
             f"{mode}: step {result['step_s_median']:.3f} s, last verdict {result['last_verdict_s_median']:.3f} s, "
-            f"backward {result['backward_s_median']:.3f} s in {result['calls_median']:.0f} calls (medians per step)"
+            f"backward {result['backward_s_median']:.3f} s in {result['calls_median']:.0f} calls (medians per step); "
+            f"step {result['step_over_sync']:.2f}x sync's, backward {result['backward_over_sync']:.2f}x, "
+            f"learner CPU {result['cpu_over_sync']:.2f}x; waited for {result['waited_for_rows_median']:.0f} rows"
         )
         for label, cell in result["by_call_size"].items():
             text = ", ".join(f"{w}: {v['ms_per_trajectory']:.2f} ms x {v['trajectories']}" for w, v in cell.items())

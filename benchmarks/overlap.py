@@ -129,6 +129,7 @@ def run_block(
         device=device.type,
         max_batch_trajectories=args.max_batch_trajectories,
         max_batch_tokens=args.max_batch_tokens,
+        min_batch_trajectories=args.min_batch_trajectories,
         max_open_groups=args.max_open_groups,
         offload=args.offload,
         prepare_ahead=args.prepare_ahead,
@@ -186,6 +187,7 @@ def step_rows(
                 "mfu": 6 * n_matmul * s.learner_tokens / (period * peak),
                 "staleness_max": s.staleness_max,
                 "backward_calls": backward_calls,
+                "waited_for_rows": s.min_batch_trajectories,
                 "backward_by_path": by_path,
                 "accumulator_peak_bytes": s.accumulator.total,
                 "rollout_head_start_s": prev.step_end - gen_start,
@@ -220,6 +222,7 @@ def summarise(rows: list[dict], blocks: list[dict], args: argparse.Namespace) ->
             k: statistics.median(r["busy_by_kind_s"].get(k, 0.0) for r in rows) for k in kinds
         },
         "backward_calls_median": med(rows, "backward_calls"),
+        "waited_for_rows_median": med(rows, "waited_for_rows"),
         "trajectories_per_backward_call": trajectories / max(1.0, med(rows, "backward_calls")),
         "backward_by_path_median": {  # per step: calls, trajectories and seconds by next_batch's rule
             path: {
@@ -436,6 +439,7 @@ def main(argv: list[str] | None = None) -> dict:
             "order": order_log,
             "max_batch_trajectories": args.max_batch_trajectories,
             "max_batch_tokens": args.max_batch_tokens,
+            "min_batch_trajectories": args.min_batch_trajectories,
             "score_max_padding": args.score_max_padding,
             "score_forward_tokens": args.score_forward_tokens,
             "max_open_groups": args.max_open_groups,

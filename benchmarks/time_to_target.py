@@ -169,6 +169,7 @@ def run_one(args: argparse.Namespace, name: str, mode: str, seed: int) -> dict:
         split_backward=args.split_backward,
         max_batch_trajectories=args.max_batch_trajectories,
         max_batch_tokens=args.max_batch_tokens,
+        min_batch_trajectories=args.min_batch_trajectories,
     )
     assert until.first_start is not None and until.last_end is not None
     return {
@@ -210,6 +211,8 @@ def settings(args: argparse.Namespace, name: str, mode: str) -> dict:
     for key in ("max_batch_trajectories", "max_batch_tokens"):  # stored only when not the default,
         if getattr(args, key) != defaults[key].default:  # so earlier runs still match
             out[key] = getattr(args, key)
+    if mode != "sync":  # always stored (no effect in sync): runs before the option waited for nothing
+        out["min_batch_trajectories"] = args.min_batch_trajectories
     if mode == "streaming":  # the split only changes streaming's learner calls
         out["split_backward"] = args.split_backward
     return out

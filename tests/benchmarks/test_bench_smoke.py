@@ -200,7 +200,7 @@ def test_time_to_target_balanced_workload_takes_its_own_groups_and_context() -> 
     args = argparse.Namespace(
         groups=16, group_size=8, lr=3e-3, threads=1, max_steps=300, balanced_hidden=64,
         balanced_context_tokens=70, balanced_groups=3, balanced_latency_median_s=0.002, split_backward=True,
-        max_batch_trajectories=32, max_batch_tokens=None,
+        max_batch_trajectories=32, max_batch_tokens=None, min_batch_trajectories="auto",
     )  # fmt: skip
     model, tasks = module.workload(args, "balanced")
     assert tasks.context_tokens == 70 and tasks.latency_median_s == 0.002
@@ -211,6 +211,10 @@ def test_time_to_target_balanced_workload_takes_its_own_groups_and_context() -> 
     assert "context_tokens" not in module.settings(args, "toy", "sync")  # stored toy runs stay comparable
     # the split backward changes streaming's learner calls only: a stored streaming run without it is redone
     assert module.settings(args, "toy", "streaming")["split_backward"] is True
+    # the row wait changes streaming's and async's calls: stored with them (runs before it waited for nothing)
+    assert module.settings(args, "toy", "streaming")["min_batch_trajectories"] == "auto"
+    assert module.settings(args, "toy", "async")["min_batch_trajectories"] == "auto"
+    assert "min_batch_trajectories" not in module.settings(args, "toy", "sync")
     assert "split_backward" not in module.settings(args, "toy", "async")
     # a learner call's caps change every mode's calls; the defaults are not stored (earlier runs still match)
     assert "max_batch_tokens" not in module.settings(args, "toy", "sync")
@@ -322,12 +326,19 @@ def test_call_cap_flags_default_to_the_strategys_own_defaults() -> None:
     assert args.max_batch_trajectories == defaults["max_batch_trajectories"].default
     assert args.max_batch_tokens == defaults["max_batch_tokens"].default
     assert parser.parse_args(["--max-batch-tokens", "4096"]).max_batch_tokens == 4096
+    assert args.min_batch_trajectories == defaults["min_batch_trajectories"].default
+    assert parser.parse_args(["--min-batch-trajectories", "auto"]).min_batch_trajectories == "auto"
+    assert parser.parse_args(["--min-batch-trajectories", "8"]).min_batch_trajectories == 8
 
 
 def test_learner_calls_smoke_counts_every_trajectory_of_every_kept_step_once(tmp_path: Path) -> None:
-    _load("learner_calls").main(["--out", str(tmp_path), "--steps", "3", "--warmup", "1", "--groups", "2"])
+    _load("learner_calls").main(["--out", str(tmp_path), "--steps", "3", "--warmup", "1", "--groups", "2",
+                                 "--min-batch-trajectories", "1", "4"])  # fmt: skip
     data = _read(tmp_path, "learner_calls")
-    for mode in ("sync", "streaming"):
+    assert set(data["modes"]) == {"sync", "streaming", "streaming_min4"}
+    assert data["modes"]["streaming_min4"]["waited_for_rows_median"] == 4
+    assert data["modes"]["sync"]["step_over_sync"] == data["modes"]["sync"]["cpu_over_sync"] == 1.0
+    for mode in ("sync", "streaming", "streaming_min4"):
         cells = [v for cell in data["modes"][mode]["by_call_size"].values() for v in cell.values()]
         assert sum(v["trajectories"] for v in cells) == 2 * 2 * 8  # 2 kept steps of 2 groups of 8
         assert all(v["ms_per_trajectory"] > 0 for v in cells)

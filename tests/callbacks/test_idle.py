@@ -38,6 +38,7 @@ def test_idle_fraction_first_event_and_tail_are_logged_per_step(tmp_path):
         "perf/learner_calls": 2.0,
         "perf/learner_call_tokens": 20.0,
         "perf/learner_call_tokens_max": 30.0,
+        "perf/learner_call_wait_rows": 1.0,
     }
 
 

@@ -58,6 +58,20 @@ def test_a_token_cap_below_one_token_is_rejected_with_its_value(value):
     assert ThunderSyncStrategy().max_batch_tokens is None
 
 
+@pytest.mark.parametrize("value", [0, -1, True, 2.0, None, "Auto"])
+def test_a_row_wait_below_one_or_not_an_integer_or_auto_is_rejected_with_its_value(value):
+    with pytest.raises(ConfigError, match=rf"min_batch_trajectories must be an integer >= 1 or 'auto', got {value!r}"):
+        ThunderSyncStrategy(min_batch_trajectories=value)
+    assert ThunderSyncStrategy().min_batch_trajectories == "auto"
+    assert ThunderSyncStrategy(min_batch_trajectories=1).min_batch_trajectories == 1
+
+
+def test_a_row_wait_above_the_row_cap_is_rejected_naming_both():
+    with pytest.raises(ConfigError, match="min_batch_trajectories=9 exceeds max_batch_trajectories=8"):
+        ThunderSyncStrategy(min_batch_trajectories=9, max_batch_trajectories=8)
+    assert ThunderSyncStrategy(min_batch_trajectories=8, max_batch_trajectories=8).min_batch_trajectories == 8
+
+
 @pytest.mark.parametrize("option", ["boundary_cutt", "find_unused_parameters", "ddp_comm_hook", "static_graph"])
 def test_an_unknown_or_ddp_wrapper_option_is_rejected_by_name(option):
     with pytest.raises(ConfigError, match=f"{option}=True is not an option of ThunderSyncStrategy"):

@@ -106,3 +106,39 @@ def test_a_token_cap_with_held_gradients_the_split_backward_or_the_boundary_cut_
     assert all(i.tokens <= 12 or i.trajectories == 1 for i in calls)
     assert sum(i.trajectories for i in calls) == 3 * 16  # the cut counts whole trajectories, prompts too:
     assert sum(i.tokens for i in calls) == sum(t.num_tokens for s in steps for t in s.trajectories)
+
+
+@pytest.mark.parametrize("mode", ["streaming", "sync", "async"])
+def test_waiting_for_rows_before_a_call_keeps_the_update(runs, mode):
+    # verdict latency: without the wait, the streaming learner takes lone held rows as content lands
+    params, steps, _ = fit(mode, steps=3, data=toy_data(latency=True), strategy_kwargs={"min_batch_trajectories": 4})
+    assert relative(params, runs[mode][0]) <= 1e-5
+    for stats in steps:
+        calls = [i for i in stats.busy if i.kind == "backward"]
+        assert sum(i.trajectories for i in calls) == 16
+        if mode == "streaming":  # the split backward takes every waiting row: >= 4 until the last content
+            last_content = max(t.content_ready_at for t in stats.trajectories)
+            early = [i.trajectories for i in calls if i.start < last_content]
+            assert all(n >= 4 for n in early), early
+
+
+@pytest.mark.parametrize("option", [{"split_backward": False}, {"boundary_cut": True}, {"max_batch_tokens": 12},
+                                    {"max_open_groups": 1}, {"max_held_trajectories": 1}])  # fmt: skip
+def test_waiting_for_rows_with_every_other_call_option_keeps_the_update(runs, option):
+    params, steps, _ = fit("streaming", steps=3, data=toy_data(latency=True),
+                           strategy_kwargs={"min_batch_trajectories": 4, **option})  # fmt: skip
+    assert relative(params, runs["sync"][0]) <= 1e-5
+    assert [sum(i.trajectories for i in s.busy if i.kind == "backward") for s in steps] == [16] * 3
+
+
+@pytest.mark.parametrize("mode", ["streaming", "async"])
+def test_an_automatic_row_wait_follows_the_recent_calls_cost_line_and_keeps_the_update(runs, mode):
+    from thundersync_lightning.strategy.call_cost import CallCost
+
+    params, steps, _ = fit(mode, steps=3, data=toy_data(latency=True), strategy_kwargs={"min_batch_trajectories": "auto"})
+    assert relative(params, runs[mode][0]) <= 1e-5
+    replay = CallCost()  # each step's wait from the calls of the steps before it, as the strategy fitted it
+    for stats in steps:
+        assert stats.min_batch_trajectories == replay.min_rows(32)
+        replay.observe((i.trajectories, i.seconds) for i in stats.busy if i.kind == "backward")
+    assert steps[0].min_batch_trajectories == 1

@@ -16,6 +16,8 @@ publish) and idle otherwise. Logged, over ranks:
 ``perf/learner_calls``                     learner calls (one scoring call and its backward)   mean
 ``perf/learner_call_tokens``               tokens per call (what ``max_batch_tokens`` caps)    mean
 ``perf/learner_call_tokens_max``           the largest call's tokens                           max
+``perf/learner_call_wait_rows``            rows a call waited for while content was to land    mean
+                                           (``min_batch_trajectories``; resolved under auto)
 =========================================  ==================================================  =========
 
 Each rank also writes one JSON line per step to ``<dirpath>/timeline/rank<r>.jsonl`` (``dirpath``
@@ -136,6 +138,7 @@ class IdleTimeMonitor(StepStatsCallback):
             "perf/learner_calls": "mean",
             "perf/learner_call_tokens": "mean",
             "perf/learner_call_tokens_max": "max",
+            "perf/learner_call_wait_rows": "mean",
         }
         kinds.update({f"perf/learner_{k}_seconds": "mean" for k in BUSY_KINDS})
         self._reducer = StepReducer(kinds)
@@ -187,6 +190,7 @@ class IdleTimeMonitor(StepStatsCallback):
         else:
             r.update("perf/learner_call_tokens", 0.0, weight=0.0)
         r.update("perf/learner_call_tokens_max", calls)
+        r.update("perf/learner_call_wait_rows", stats.min_batch_trajectories)
         total = r.compute()
         idle_sum, wall_sum = total.pop("idle_sum"), total.pop("wall_sum")
         total["perf/learner_idle_fraction"] = idle_sum / wall_sum if wall_sum > 0 else 0.0

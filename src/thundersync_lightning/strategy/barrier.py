@@ -68,6 +68,7 @@ class StepInFlight:
             logprob_diff_max=on_policy.abs_diff_max if on_policy.tokens else None,
             engine_learner_kl=on_policy.kl if on_policy.tokens else None,
             rollout_issued_at=self.issued_at,
+            min_batch_trajectories=outcome.min_batch_trajectories,
         )
 
 

@@ -44,6 +44,16 @@ def option_problems(options: Mapping[str, Any], unknown: Mapping[str, Any], vali
         problems.append(f"sharding={o['sharding']!r} is not one of {tuple(SHARDINGS)}")
     if o["max_batch_trajectories"] < 1:
         problems.append(f"max_batch_trajectories must be >= 1, got {o['max_batch_trajectories']}")
+    least = o["min_batch_trajectories"]
+    if least == "auto":
+        pass
+    elif isinstance(least, bool) or not isinstance(least, int) or least < 1:
+        problems.append(f"min_batch_trajectories must be an integer >= 1 or 'auto', got {least!r}")
+    elif least > o["max_batch_trajectories"] >= 1:
+        problems.append(
+            f"min_batch_trajectories={least} exceeds max_batch_trajectories={o['max_batch_trajectories']}: "
+            "a call could never hold the rows it waits for"
+        )
     tokens = o["max_batch_tokens"]
     if tokens is not None and (isinstance(tokens, bool) or tokens < 1):
         problems.append(f"max_batch_tokens must be >= 1 or None, got {tokens!r}")

@@ -48,6 +48,7 @@ class StepOutcome:
     busy: list[Interval] = field(default_factory=list)
     open_groups: list[tuple[float, int]] = field(default_factory=list)
     learner_tokens: int = 0
+    min_batch_trajectories: int = 1  # the rows a call waited for while content was to land
 
     def records(self, version: int) -> tuple[TrajectoryRecord, ...]:
         out = []
@@ -94,6 +95,10 @@ class StepRunner:
         max_batch_trajectories, max_batch_tokens: the most trajectories, and the most tokens
             (``len(trajectory.tokens)``, prompt included), of one call; a trajectory longer than
             ``max_batch_tokens`` is a call of its own (None: no token bound).
+        min_batch_trajectories: while the engine still has content to deliver, the learner starts
+            a call only once this many trajectories (or ``max_batch_tokens`` tokens) are waiting;
+            1: at once (where a call's fixed cost is large against a row's, waiting for rows
+            trades a little idle learner time for less learner work; the gradient is unchanged).
     """
 
     def __init__(
@@ -107,6 +112,7 @@ class StepRunner:
         progress_interval_s: float = 0.2,
         max_batch_trajectories: int = 32,
         max_batch_tokens: int | None = None,
+        min_batch_trajectories: int = 1,
         clock: Callable[[], float] = time.monotonic,
         defer: bool = False,
         encode: EncodeFn | None = None,
@@ -120,6 +126,7 @@ class StepRunner:
         self._prefixes: dict[str, SharedPrefix] = {}
         self.max_batch = max(1, max_batch_trajectories)
         self.max_tokens = max_batch_tokens
+        self.min_batch = max(1, min(min_batch_trajectories, self.max_batch))
         self._waiting: dict[str, None] = {}  # admitted groups' content not yet backpropagated (ordered)
         self.request = request
         self.snapshot = snapshot
@@ -133,7 +140,7 @@ class StepRunner:
         self._owner = {t: g for g, ts in self._members.items() for t in ts}
         self._admitted: set[str] = set()
         self._deferred: dict[str, list[RolloutEvent]] = {}
-        self.outcome = StepOutcome()
+        self.outcome = StepOutcome(min_batch_trajectories=self.min_batch)
         self._start = clock()
         self._last_progress = float("-inf")
 
@@ -167,9 +174,20 @@ class StepRunner:
         return False
 
     def _has_work(self, ended: bool) -> bool:
-        if not self._waiting or not (ended or not self.defer):
+        if not self._waiting or not (ended or not self.defer) or self._gathering():
             return False
         return self._can_hold() or any(t in self.outcome.rewards for t in self._waiting)
+
+    def _gathering(self) -> bool:
+        """Wait for more content before the next call: fewer than ``min_batch_trajectories`` (and,
+        with a token cap, fewer than ``max_batch_tokens`` tokens) are waiting while the engine has
+        content still to deliver and no group is deferred (a deferred group is admitted only
+        after the learner's work closes an open one, so waiting then could only stall)."""
+        if self.min_batch <= 1 or len(self._waiting) >= self.min_batch or self._deferred:
+            return False
+        if len(self.outcome.trajectories) >= len(self._owner):
+            return False
+        return self.max_tokens is None or sum(self._lengths_of(self._waiting).values()) < self.max_tokens
 
     def _can_hold(self) -> bool:
         """Room to backpropagate one more reward-pending trajectory (its gradient is held)."""
@@ -181,6 +199,8 @@ class StepRunner:
         dropped = [t for t in self._waiting if self._is_dropped(t)]
         for t in dropped:  # a failed verdict under failed="drop": never scored
             del self._waiting[t]
+        if self._gathering():
+            return bool(dropped)
         limit = self.acc.max_held_trajectories
         batch = next_batch(
             list(self._waiting),

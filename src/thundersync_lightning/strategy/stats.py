@@ -93,6 +93,7 @@ class StepStats:
     backward_passes: int = 0  # the accumulator's backward passes (one per destination of a call, or one per split call)
     loss: float = 0.0  # the global surrogate loss -(1/N) sum A_i S_i
     rollout_issued_at: float | None = None  # when the step's rollout was requested (may precede step_start)
+    min_batch_trajectories: int = 1  # rows a learner call waited for while content was to land (1: none)
     # on-policy check over every rank's scored tokens (None: the engine reported no logprobs)
     logprob_diff_mean: float | None = None  # mean |logp_engine - logp_learner|
     logprob_diff_max: float | None = None  # max |logp_engine - logp_learner|

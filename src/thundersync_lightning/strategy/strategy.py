@@ -44,6 +44,7 @@ from ..core.storage import Offload
 from ..core.streaming import StreamingGRPO
 from ..core.types import RolloutEvent
 from .barrier import StepInFlight, global_totals
+from .call_cost import CallCost
 from .evaluation import ValidationPlan, collect_validation
 from .fit_learner import FitLearner
 from .objective_checks import module_objective
@@ -93,6 +94,14 @@ class ThunderSyncStrategy(DDPStrategy):
             forward's graph until its backward, so this, not the row count, bounds activation
             memory where lengths vary (verl's ``ppo_max_token_len_per_gpu`` with
             ``use_dynamic_bsz``); the memory plan uses it. Same gradient whatever the value.
+        min_batch_trajectories: in streaming and async, while the engine still has content to
+            deliver, the learner starts a call only once this many trajectories (or
+            ``max_batch_tokens`` tokens) are waiting (1: at once). ``"auto"`` (the default) sets it
+            before each step from the recent calls' seconds, ``ceil(a / b)`` for a call costing ``a + b n``
+            (:mod:`~thundersync_lightning.strategy.call_cost`): 1 where calls are compute-bound,
+            more where their fixed cost dominates (small models, CPU), the wait adding at most
+            one call's fixed cost to the step. Same gradient whatever the value; no effect in sync.
+            ``StepStats.min_batch_trajectories`` records the value each step used.
         progress_interval_s: throttle of ``on_rollout_progress`` callbacks.
         boundary_cut: run each group's shared prompt forward and backward once instead of once per
             trajectory (``thundersync_lightning.core.prefix``; same gradient; the module needs
@@ -136,6 +145,7 @@ class ThunderSyncStrategy(DDPStrategy):
         prepare_ahead: bool = True,
         max_batch_trajectories: int = 32,
         max_batch_tokens: int | None = None,
+        min_batch_trajectories: int | Literal["auto"] = "auto",
         progress_interval_s: float = 0.2,
         boundary_cut: bool = False,
         split_backward: SplitBackward = "auto",
@@ -154,7 +164,8 @@ class ThunderSyncStrategy(DDPStrategy):
         options = dict(
             mode=mode, offload=offload, max_open_groups=max_open_groups, max_held_trajectories=max_held_trajectories,
             max_batch_trajectories=max_batch_trajectories, max_batch_tokens=max_batch_tokens,
-            boundary_cut=boundary_cut, split_backward=split_backward, memory_check=memory_check, sharding=sharding,
+            min_batch_trajectories=min_batch_trajectories, boundary_cut=boundary_cut, split_backward=split_backward,
+            memory_check=memory_check, sharding=sharding,
         )  # fmt: skip
         problems = option_problems(options, unknown, _own_options())
         if problems:
@@ -178,6 +189,8 @@ class ThunderSyncStrategy(DDPStrategy):
         self.progress_interval_s = progress_interval_s
         self.max_batch_trajectories = max_batch_trajectories
         self.max_batch_tokens = max_batch_tokens
+        self.min_batch_trajectories = min_batch_trajectories
+        self._call_cost = CallCost()
         self.boundary_cut = boundary_cut
         self.split_backward: SplitBackward = split_backward
         self.memory_check: MemoryCheck = memory_check
@@ -317,6 +330,7 @@ class ThunderSyncStrategy(DDPStrategy):
             progress_interval_s=self.progress_interval_s,
             max_batch_trajectories=self.max_batch_trajectories,
             max_batch_tokens=self.max_batch_tokens,
+            min_batch_trajectories=self._min_batch(),
             defer=self.mode == "sync",
             encode=module.encode_prefix if self.boundary_cut else None,
             split=self._learner.capture(self.split_backward, module, acc.params, self.mode, self.boundary_cut,
@@ -326,6 +340,7 @@ class ThunderSyncStrategy(DDPStrategy):
         with self.precision_plugin.train_step_context():
             outcome = runner.run(events)
         self._learner.after_step()
+        self._call_cost.observe((i.trajectories, i.seconds) for i in outcome.busy if i.kind == "backward")
         self._step = StepInFlight(start, plan, request, outcome, busy, self._issued_at)
         self._accumulator = acc
         return torch.zeros((), device=self.root_device)
@@ -433,6 +448,14 @@ class ThunderSyncStrategy(DDPStrategy):
         self._step = None
         return out
 
+
+    def _min_batch(self) -> int:
+        """The rows a call of this step waits for (``min_batch_trajectories``, resolved when ``"auto"``)."""
+        if self.mode == "sync":  # the learner starts after the last event anyway
+            return 1
+        if self.min_batch_trajectories == "auto":
+            return self._call_cost.min_rows(self.max_batch_trajectories)
+        return int(self.min_batch_trajectories)
 
     def _progress_fn(self) -> Callable[[RolloutProgress], None] | None:
         trainer = self.lightning_module.trainer

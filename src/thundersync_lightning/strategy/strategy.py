@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from functools import partial
 from typing import Any, Literal
@@ -38,15 +38,13 @@ from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
 from ..core.errors import ConfigError
-from ..core.protocols import PreparesAhead
 from ..core.snapshot import PolicySnapshot
 from ..core.storage import Offload
 from ..core.streaming import StreamingGRPO
-from ..core.types import RolloutEvent
 from .barrier import StepInFlight, global_totals
-from .call_cost import CallCost
 from .evaluation import ValidationPlan, collect_validation
 from .fit_learner import FitLearner
+from .issuing import RolloutIssuer, publish
 from .objective_checks import module_objective
 from .options import option_problems
 from .plan import RolloutPlan
@@ -180,24 +178,20 @@ class ThunderSyncStrategy(DDPStrategy):
             timeout=timeout,
             start_method=start_method,
         )
-        self.mode: Mode = mode
+        self._issuer = RolloutIssuer(mode, launch_ahead, prepare_ahead)  # holds mode, launch_ahead, prepare_ahead
         self.offload: Offload = offload
         self.max_open_groups = max_open_groups
         self.max_held_trajectories = max_held_trajectories
-        self.launch_ahead = launch_ahead
-        self.prepare_ahead = prepare_ahead
         self.progress_interval_s = progress_interval_s
         self.max_batch_trajectories = max_batch_trajectories
         self.max_batch_tokens = max_batch_tokens
         self.min_batch_trajectories = min_batch_trajectories
-        self._call_cost = CallCost()
         self.boundary_cut = boundary_cut
         self.split_backward: SplitBackward = split_backward
         self.memory_check: MemoryCheck = memory_check
         self.sharding: Sharding = sharding
         self._layout = build_layout(sharding, distributed=False)  # rebuilt at set-up, once ranks exist
         self._snapshot: PolicySnapshot | None = None
-        self._inflight: dict[int, tuple[Iterator[RolloutEvent], float]] = {}  # step -> (events, issued at)
         self._accumulator: StreamingGRPO | None = None
         self._learner = FitLearner()  # the accumulator and split capture kept across steps
         self._step: StepInFlight | None = None
@@ -213,6 +207,18 @@ class ThunderSyncStrategy(DDPStrategy):
             )
 
     # ------------------------------------------------------------------ public state
+    @property
+    def mode(self) -> Mode:
+        return self._issuer.mode  # type: ignore[return-value]
+
+    @property
+    def launch_ahead(self) -> bool:
+        return self._issuer.launch_ahead
+
+    @property
+    def prepare_ahead(self) -> bool:
+        return self._issuer.prepare_ahead
+
     @property
     def last_step_stats(self) -> StepStats | None:
         """Statistics of the last finished step on this rank (set before ``on_train_batch_end``)."""
@@ -306,7 +312,10 @@ class ThunderSyncStrategy(DDPStrategy):
         start = time.monotonic()
         busy: list[Interval] = []
         self._frozen_policy(module, step)
-        events = self._events_for(plan, step, busy)
+        assert self._snapshot is not None
+        events, self._issued_at = self._issuer.events(
+            plan, step, self._snapshot, self.global_rank, self.world_size, busy, self._within_max_steps
+        )
         objective = module_objective(module)
         params = [p for p in module.parameters() if p.requires_grad]
         acc = self._learner.accumulator(
@@ -330,7 +339,8 @@ class ThunderSyncStrategy(DDPStrategy):
             progress_interval_s=self.progress_interval_s,
             max_batch_trajectories=self.max_batch_trajectories,
             max_batch_tokens=self.max_batch_tokens,
-            min_batch_trajectories=self._min_batch(),
+            min_batch_trajectories=self._learner.min_batch(self.min_batch_trajectories, self.mode,
+                                                           self.max_batch_trajectories),
             defer=self.mode == "sync",
             encode=module.encode_prefix if self.boundary_cut else None,
             split=self._learner.capture(self.split_backward, module, acc.params, self.mode, self.boundary_cut,
@@ -339,8 +349,7 @@ class ThunderSyncStrategy(DDPStrategy):
         )
         with self.precision_plugin.train_step_context():
             outcome = runner.run(events)
-        self._learner.after_step()
-        self._call_cost.observe((i.trajectories, i.seconds) for i in outcome.busy if i.kind == "backward")
+        self._learner.after_step(outcome.busy)
         self._step = StepInFlight(start, plan, request, outcome, busy, self._issued_at)
         self._accumulator = acc
         return torch.zeros((), device=self.root_device)
@@ -354,7 +363,8 @@ class ThunderSyncStrategy(DDPStrategy):
             return super().validation_step(*args, **kwargs)
         module = self.lightning_module
         self._frozen_policy(module, module.trainer.global_step)
-        self._publish(plan.engine, None)
+        assert self._snapshot is not None
+        publish(plan.engine, self._snapshot, None)
         request = plan.request(self.global_rank, self.world_size)
         outcome = collect_validation(plan, request, plan.engine.rollout(request), self._snapshot.version)
         args, kwargs = ((outcome, *args[1:]), kwargs) if args else ((), {**kwargs, "batch": outcome})
@@ -368,37 +378,6 @@ class ThunderSyncStrategy(DDPStrategy):
             self._snapshot = PolicySnapshot(module, version=step, weights_fn=self._layout.weights_fn(module))
         elif self._snapshot.version != step:
             self._snapshot.restore(step)  # a checkpoint was loaded or fit restarted
-
-    def _events_for(self, plan: RolloutPlan, step: int, busy: list[Interval]) -> Iterator[RolloutEvent]:
-        """This step's event stream; publishes first so the engine holds the right weights."""
-        engine = plan.engine
-        rank, world = self.global_rank, self.world_size
-        launched = self._inflight.pop(step, None)
-        if launched is None:
-            self._publish(engine, busy)
-            launched = (engine.rollout(plan.request(step, rank, world)), time.monotonic())
-        if self.mode == "async":
-            self._publish(engine, busy)
-            if self._within_max_steps(step + 1):
-                self._inflight[step + 1] = (engine.rollout(plan.request(step + 1, rank, world)), time.monotonic())
-        events, self._issued_at = launched
-        self._prepare_next(plan, step + (2 if self.mode == "async" else 1))
-        return events
-
-    def _prepare_next(self, plan: RolloutPlan, step: int) -> None:
-        """Start ``step``'s weight-independent rollout work now (``prepare_ahead``)."""
-        engine = plan.engine
-        if self.prepare_ahead and isinstance(engine, PreparesAhead) and self._within_max_steps(step):
-            engine.prepare(plan.request(step, self.global_rank, self.world_size))
-
-    def _publish(self, engine: Any, busy: list[Interval] | None) -> None:
-        assert self._snapshot is not None
-        if engine.version == self._snapshot.version:
-            return
-        start = time.monotonic()
-        engine.publish(self._snapshot.weights(), self._snapshot.version)
-        if busy is not None:
-            busy.append(Interval(start, time.monotonic(), "publish"))
 
     def _within_max_steps(self, step: int) -> bool:
         max_steps = self.lightning_module.trainer.max_steps
@@ -424,7 +403,6 @@ class ThunderSyncStrategy(DDPStrategy):
         step.busy.append(Interval(start, time.monotonic(), "barrier"))
         return closure_loss
 
-
     @override
     def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
         out = super().optimizer_step(optimizer, closure, model, **kwargs)
@@ -437,25 +415,13 @@ class ThunderSyncStrategy(DDPStrategy):
         trained_version = self._snapshot.version
         self._snapshot.advance()
         step.busy.append(Interval(start, time.monotonic(), "optimizer"))
-        if self.mode != "async":
-            engine = step.plan.engine
-            self._publish(engine, step.busy)
-            next_step = self._snapshot.version
-            if self.launch_ahead and self._within_max_steps(next_step) and next_step not in self._inflight:
-                request = step.plan.request(next_step, self.global_rank, self.world_size)
-                self._inflight[next_step] = (engine.rollout(request), time.monotonic())
+        self._issuer.after_update(
+            step.plan, self._snapshot, self.global_rank, self.world_size, step.busy,
+            self._within_max_steps(self._snapshot.version),
+        )  # fmt: skip
         self._last_stats = step.stats(self.mode, trained_version, self.global_rank, self.world_size)
         self._step = None
         return out
-
-
-    def _min_batch(self) -> int:
-        """The rows a call of this step waits for (``min_batch_trajectories``, resolved when ``"auto"``)."""
-        if self.mode == "sync":  # the learner starts after the last event anyway
-            return 1
-        if self.min_batch_trajectories == "auto":
-            return self._call_cost.min_rows(self.max_batch_trajectories)
-        return int(self.min_batch_trajectories)
 
     def _progress_fn(self) -> Callable[[RolloutProgress], None] | None:
         trainer = self.lightning_module.trainer
@@ -491,7 +457,7 @@ class ThunderSyncStrategy(DDPStrategy):
 
     @override
     def teardown(self) -> None:
-        self._inflight.clear()
+        self._issuer.clear()
         self._accumulator = None
         self._learner.clear()
         super().teardown()

@@ -12,6 +12,9 @@ the fit). Compute-bound calls (``a`` small against ``b``: long trajectories, lar
 k = 1, the learner starting at once; overhead-bound ones (tiny models, CPU) give k > 1.
 
 Until two calls of different sizes have been seen, k = 1. The gradient does not depend on k.
+The seconds are the host's clock around each call. On CUDA they include the device's work
+because ``StreamingGRPO.add_tokens`` reads per-row values back to the host after the backward,
+which waits for the stream; measured on CPU only so far.
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from thundersync_lightning.strategy.call_cost import CallCost
+
 from ._fit import fit, relative, toy_data
 
 
@@ -133,8 +135,6 @@ def test_waiting_for_rows_with_every_other_call_option_keeps_the_update(runs, op
 
 @pytest.mark.parametrize("mode", ["streaming", "async"])
 def test_an_automatic_row_wait_follows_the_recent_calls_cost_line_and_keeps_the_update(runs, mode):
-    from thundersync_lightning.strategy.call_cost import CallCost
-
     params, steps, _ = fit(mode, steps=3, data=toy_data(latency=True), strategy_kwargs={"min_batch_trajectories": "auto"})
     assert relative(params, runs[mode][0]) <= 1e-5
     replay = CallCost()  # each step's wait from the calls of the steps before it, as the strategy fitted it

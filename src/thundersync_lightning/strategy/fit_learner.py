@@ -83,3 +83,4 @@ class FitLearner:
     def clear(self) -> None:
         self._accumulator = None
         self._split = None
+        self._cost = CallCost()  # a later fit may train another model: its calls start a new line

@@ -61,17 +61,23 @@ class RolloutIssuer:
         return launched
 
     def after_update(
-        self, plan: RolloutPlan, snapshot: PolicySnapshot, rank: int, world: int, busy: list[Interval], within: bool
+        self,
+        plan: RolloutPlan,
+        snapshot: PolicySnapshot,
+        rank: int,
+        world: int,
+        busy: list[Interval],
+        within: Callable[[int], bool],
     ) -> None:
         """After the optimizer step (the snapshot advanced): in streaming and sync, publish the new
-        weights and, with ``launch_ahead``, request the next step now (``within``: it is before
-        ``max_steps``)."""
+        weights and, with ``launch_ahead``, request the next step now (``within(step)``: it is
+        before ``max_steps``)."""
         if self.mode == "async":
             return
         engine = plan.engine
         publish(engine, snapshot, busy)
         step = snapshot.version
-        if self.launch_ahead and within and step not in self._inflight:
+        if self.launch_ahead and within(step) and step not in self._inflight:
             self._inflight[step] = (engine.rollout(plan.request(step, rank, world)), time.monotonic())
 
     def clear(self) -> None:

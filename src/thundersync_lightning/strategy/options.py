@@ -45,11 +45,9 @@ def option_problems(options: Mapping[str, Any], unknown: Mapping[str, Any], vali
     if o["max_batch_trajectories"] < 1:
         problems.append(f"max_batch_trajectories must be >= 1, got {o['max_batch_trajectories']}")
     least = o["min_batch_trajectories"]
-    if least == "auto":
-        pass
-    elif isinstance(least, bool) or not isinstance(least, int) or least < 1:
+    if least != "auto" and (isinstance(least, bool) or not isinstance(least, int) or least < 1):
         problems.append(f"min_batch_trajectories must be an integer >= 1 or 'auto', got {least!r}")
-    elif least > o["max_batch_trajectories"] >= 1:
+    elif least != "auto" and least > o["max_batch_trajectories"] >= 1:
         problems.append(
             f"min_batch_trajectories={least} exceeds max_batch_trajectories={o['max_batch_trajectories']}: "
             "a call could never hold the rows it waits for"

@@ -417,7 +417,7 @@ class ThunderSyncStrategy(DDPStrategy):
         step.busy.append(Interval(start, time.monotonic(), "optimizer"))
         self._issuer.after_update(
             step.plan, self._snapshot, self.global_rank, self.world_size, step.busy,
-            self._within_max_steps(self._snapshot.version),
+            self._within_max_steps,
         )  # fmt: skip
         self._last_stats = step.stats(self.mode, trained_version, self.global_rank, self.world_size)
         self._step = None

@@ -39,7 +39,14 @@ where a step's time goes: ``last_verdict_s_median`` (step start to the step's la
 ``after_last_verdict_s_median`` (from it to the step's end: the learner's leftover work, the
 barrier and the optimizer). A zero-staleness step cannot end before its own last verdict, so
 streaming's ``last_verdict_over_sync_step`` is the floor of its per-step ratio to sync
-(``step_over_sync_step``) however fast its learner. ``time_to_target.json``
+(``step_over_sync_step``) however fast its learner. Nor can it work on a trajectory before its
+content lands: ``release_floor_s_median`` is, per step, the larger of the last verdict and
+``overlap.py``'s release-date bound (:func:`_overlap_bound.release_bound`): every trajectory's
+learner work at sync's rate, started no earlier than its content landed (the rate: a sync run's own
+``learner_s_per_token_median``, for the other modes the median over the workload's sync runs before
+them; the barrier and the optimizer left out). No zero-staleness learner at sync's rate ends a step
+sooner. ``release_floor_over_sync_step`` divides streaming's by sync's ``step_s_median`` (median
+step; ``step_median_over_sync_step`` likewise). ``time_to_target.json``
 is rewritten after every run and a later invocation skips runs already in it with the same
 settings (``--no-resume`` to redo them), so a long run can be stopped and continued.
 
@@ -66,6 +73,7 @@ import torch  # noqa: E402
 
 from _common import add_call_cap_args, add_common_args, add_split_backward_arg, write_result  # noqa: E402
 from _harness import MODE_COLORS, fit, load_average  # noqa: E402
+from _overlap_bound import release_bound  # noqa: E402
 from thundersync_lightning.core import Objective  # noqa: E402
 from thundersync_lightning.envs.toy import GuessingGameTasks, toy_model_spec  # noqa: E402
 from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule  # noqa: E402
@@ -124,8 +132,24 @@ class _Until:
         self.reached: int | None = None
         self.seconds: float | None = None
         self.last_end: float | None = None
+        self.step_s: list[float] = []
+        self.arrivals: list[list[tuple[float, int]]] = []  # per step: (content landed after its start, tokens)
+        self.rates: list[float] = []  # per step: the learner's backward and fold seconds per token
+        self.verdict_floor: list[float] = []  # per step: its last verdict after its start (0: none)
+
+    def floors(self, rate: float) -> list[float]:
+        """Per step: the release-date floor at ``rate`` seconds of learner work per token (module docstring)."""
+        return [
+            max(verdict, release_bound(arrivals, 1.0, rate * sum(n for _, n in arrivals)))
+            for verdict, arrivals in zip(self.verdict_floor, self.arrivals)
+        ]
 
     def __call__(self, trainer: Any, module: Any, stats: Any) -> None:
+        self.step_s.append(stats.step_end - stats.step_start)
+        arrivals = [(t.content_ready_at - stats.step_start, t.num_tokens) for t in stats.trajectories]
+        self.arrivals.append(arrivals)
+        work = sum(i.seconds for i in stats.busy if i.kind in ("backward", "fold"))
+        self.rates.append(work / max(1, sum(n for _, n in arrivals)))
         self.rewards.append(statistics.fmean(float(t.reward or 0.0) for t in stats.trajectories))
         if self.first_start is None:
             self.first_start = stats.step_start
@@ -135,6 +159,7 @@ class _Until:
             self.idle.append(max(0.0, 1.0 - busy / (stats.step_end - self.last_end)))
         self.last_end = stats.step_end
         verdicts = [t.reward_ready_at for t in stats.trajectories if t.reward_ready_at is not None]
+        self.verdict_floor.append(max(verdicts) - stats.step_start if verdicts else 0.0)
         if verdicts:
             self.last_verdict.append(max(verdicts) - stats.step_start)
             self.after_verdict.append(stats.step_end - max(verdicts))
@@ -145,7 +170,9 @@ class _Until:
             trainer.should_stop = True
 
 
-def run_one(args: argparse.Namespace, name: str, mode: str, seed: int) -> dict:
+def run_one(args: argparse.Namespace, name: str, mode: str, seed: int, floor_rate: float | None = None) -> dict:
+    """One fit; ``floor_rate``: sync's learner seconds per token for the release-date floor (None: a
+    sync run uses its own, any other run records no floor)."""
     model, tasks = workload(args, name)
     strategy_mode, objective = MODES[mode]
     torch.manual_seed(seed)
@@ -172,6 +199,7 @@ def run_one(args: argparse.Namespace, name: str, mode: str, seed: int) -> dict:
         min_batch_trajectories=args.min_batch_trajectories,
     )
     assert until.first_start is not None and until.last_end is not None
+    rate = floor_rate if floor_rate is not None else (statistics.median(until.rates) if mode == "sync" else None)
     return {
         "workload": name,
         "mode": mode,
@@ -189,6 +217,10 @@ def run_one(args: argparse.Namespace, name: str, mode: str, seed: int) -> dict:
         "learner_idle_fraction": statistics.median(until.idle) if until.idle else None,
         "last_verdict_s_median": statistics.median(until.last_verdict) if until.last_verdict else None,
         "after_last_verdict_s_median": statistics.median(until.after_verdict) if until.after_verdict else None,
+        "step_s_median": statistics.median(until.step_s),
+        "learner_s_per_token_median": statistics.median(until.rates),
+        "release_floor_rate_s_per_token": rate,
+        "release_floor_s_median": statistics.median(until.floors(rate)) if rate is not None else None,
         "settings": settings(args, name, mode),
     }
 
@@ -249,6 +281,10 @@ def summarise(runs: list[dict]) -> dict:
             "after_last_verdict_s_median": _median(
                 [r["after_last_verdict_s_median"] for r in mine if r.get("after_last_verdict_s_median") is not None]
             ),
+            "step_s_median": _median([r["step_s_median"] for r in mine if r.get("step_s_median") is not None]),
+            "release_floor_s_median": _median(
+                [r["release_floor_s_median"] for r in mine if r.get("release_floor_s_median") is not None]
+            ),
         }
     if "sync" in out and "streaming" in out and out["streaming"]["last_verdict_s_median"] is not None:
         # a zero-staleness step cannot end before its own last verdict: the floor of streaming's
@@ -259,7 +295,21 @@ def summarise(runs: list[dict]) -> dict:
         out["streaming"]["step_over_sync_step"] = (
             out["streaming"]["seconds_per_step_median"] / out["sync"]["seconds_per_step_median"]
         )
+    sync_step = out.get("sync", {}).get("step_s_median")
+    if "streaming" in out and sync_step:  # medians of per-step values, mode against mode
+        stream = out["streaming"]
+        if stream["step_s_median"] is not None:
+            stream["step_median_over_sync_step"] = stream["step_s_median"] / sync_step
+        if stream["release_floor_s_median"] is not None:
+            stream["release_floor_over_sync_step"] = stream["release_floor_s_median"] / sync_step
     return out
+
+
+def sync_rate(runs: list[dict], name: str) -> float | None:
+    """The workload's sync learner seconds per token (median over its sync runs so far), or None."""
+    rates = [r["learner_s_per_token_median"] for r in runs
+             if r["workload"] == name and r["mode"] == "sync" and r.get("learner_s_per_token_median")]
+    return statistics.median(rates) if rates else None
 
 
 def targets_met(summary: dict, name: str) -> dict[str, bool | None]:
@@ -379,7 +429,7 @@ def main(argv: list[str] | None = None) -> dict:
                 )
                 if done is None:
                     print(f"{name} {mode} seed {seed}: running (budget {args.max_steps} steps)", flush=True)
-                    done = run_one(args, name, mode, seed)
+                    done = run_one(args, name, mode, seed, None if mode == "sync" else sync_rate(runs, name))
                 else:
                     print(f"{name} {mode} seed {seed}: already in {path}, skipped", flush=True)
                 runs.append(done)

@@ -187,6 +187,8 @@ def test_time_to_target_smoke_writes_medians_per_mode_and_skips_finished_runs(tm
         assert run["budget_steps"] == 2 and run["steps_run"] == 2 and len(run["rewards"]) == 2
         assert run["reached"] is False and run["seconds"] is None  # 10-step window: not reachable in 2
         assert 0 < run["last_verdict_s_median"] and 0 <= run["after_last_verdict_s_median"]
+        assert run["step_s_median"] > 0 and run["learner_s_per_token_median"] > 0
+        assert run["release_floor_s_median"] is None  # no sync run to take the learner's rate from
     assert data["workloads"]["toy"]["modes"]["async_is"]["reached"] == "0/1"
     assert data["workloads"]["toy"]["modes"]["async_is"]["median_seconds"] is None  # not reached
     capsys.readouterr()
@@ -292,12 +294,36 @@ def test_time_to_target_summary_gives_streaming_its_last_verdict_floor_against_s
             "last_verdict_s_median": last_verdict, "after_last_verdict_s_median": 0.01,
         }  # fmt: skip
 
-    out = module.summarise([run("sync", 2.0, 0.11), run("streaming", 1.5, 0.12)])
+    sync, stream = run("sync", 2.0, 0.11), run("streaming", 1.5, 0.12)
+    sync.update(step_s_median=0.25, release_floor_s_median=0.2)
+    stream.update(step_s_median=0.2, release_floor_s_median=0.15)
+    out = module.summarise([sync, stream])
     # sync: 0.2 s a step; streaming: 0.15 s a step, its last verdict 0.12 s after the step's start
     assert out["streaming"]["step_over_sync_step"] == pytest.approx(0.75)
     assert out["streaming"]["last_verdict_over_sync_step"] == pytest.approx(0.6)
-    assert "last_verdict_over_sync_step" not in out["sync"]
-    assert "last_verdict_over_sync_step" not in module.summarise([run("streaming", 1.5, 0.12)])["streaming"]
+    # medians of per-step values: streaming's median step and its release-date floor against sync's median step
+    assert out["streaming"]["step_median_over_sync_step"] == pytest.approx(0.8)
+    assert out["streaming"]["release_floor_over_sync_step"] == pytest.approx(0.6)
+    assert "last_verdict_over_sync_step" not in out["sync"] and "release_floor_over_sync_step" not in out["sync"]
+    alone = module.summarise([run("streaming", 1.5, 0.12)])["streaming"]
+    assert "last_verdict_over_sync_step" not in alone and "release_floor_over_sync_step" not in alone
+    # runs stored before the floor existed: no figure rather than a wrong one
+    assert "release_floor_over_sync_step" not in module.summarise([run("sync", 2.0, 0.11), stream])["streaming"]
+
+
+def test_time_to_target_release_floor_is_the_last_verdict_or_the_work_after_late_content() -> None:
+    module = _load("time_to_target")
+    until = module._Until()
+    # step 0: content of 10 tokens at 0 s and 30 tokens at 1 s, last verdict 1.2 s; 1 s of work per 10 tokens
+    # step 1: all 40 tokens at 0 s (4 s of work), last verdict 5 s: the verdict is the floor
+    until.verdict_floor = [1.2, 5.0]
+    until.arrivals = [[(0.0, 10), (1.0, 30)], [(0.0, 40)]]
+    assert until.floors(0.1) == pytest.approx([1.0 + 3.0, 5.0])  # the late 30 tokens' 3 s after they land
+    assert until.floors(0.01) == pytest.approx([1.3, 5.0])
+    runs = [{"workload": "toy", "mode": "sync", "learner_s_per_token_median": r} for r in (0.1, 0.3, 0.2)]
+    runs.append({"workload": "toy", "mode": "streaming", "learner_s_per_token_median": 9.0})
+    runs.append({"workload": "toy", "mode": "sync"})  # stored before the rate was recorded
+    assert module.sync_rate(runs, "toy") == pytest.approx(0.2) and module.sync_rate(runs, "balanced") is None
 
 
 def test_token_cap_smoke_the_plan_bounds_every_setting_s_largest_call(tmp_path: Path) -> None:

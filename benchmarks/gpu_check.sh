@@ -8,6 +8,9 @@
 # $OUT/gpu_scale.json (+ PNG): a Qwen3-0.6B-shaped policy (MODEL) with fp32 vs bf16-true, offload
 # none vs pinned and sharding zero1, each variant's max_memory_allocated against the memory plan
 # of that fit (fsdp2 needs >= 2 processes: recorded as not applicable on one GPU);
+# $OUT/split_backward.json (+ PNG): one learner call spanning ~21 destinations as separate calls,
+# a backward per destination, or one split backward, for the toy, the 2.4M and a ~0.18B Qwen3
+# (split_backward="auto" splits only up to 1M parameters, measured on CPU; this measures a GPU);
 # $OUT/vllm.json: a 3-step fit of configs/gpu_vllm_example.yaml with the vLLM engine (its
 # summary.json), or why it was skipped. A summary of every result is printed at the end.
 #
@@ -98,6 +101,9 @@ run offload "$PY" benchmarks/offload.py --device cuda --hidden "$HIDDEN" --layer
 echo "== gpu_scale: Qwen3-$MODEL shape, fp32 vs bf16-true, offload none vs pinned, zero1; peak vs plan"
 run gpu_scale "$PY" benchmarks/gpu_scale.py --device cuda --model "$MODEL" "${SCALE_STEPS[@]}" --out "$OUT"
 
+echo "== split_backward: one call over ~21 destinations, separate / per-destination / split, on cuda"
+run split_backward "$PY" benchmarks/split_backward.py --device cuda --models toy short large "${QUICK_FLAG[@]}" --out "$OUT"
+
 echo "== vllm: a 3-step fit of configs/gpu_vllm_example.yaml with the vLLM engine ($VLLM_PY, $VLLM_MODEL)"
 VLLM_SKIP=""
 if [[ ! -x "$VLLM_PY" ]]; then
@@ -171,6 +177,10 @@ if (g := load("gpu_scale")) is not None:
         print(f"  {key}: " + ", ".join(f"{k} {v:.3f}" for k, v in r.items() if v is not None))
     for name, why in g["not_applicable"].items():
         print(f"  {name}: not applicable: {why}")
+if (b := load("split_backward")) is not None:
+    for name, r in b["models"].items():
+        print(f"split_backward {name} ({r['parameters'] / 1e6:.1f}M parameters, {r['destinations']} destinations): "
+              f"separate/split {r['separate_over_split_wall']:.2f}x, per-destination/split {r['per_job_over_split_wall']:.2f}x")
 if (v := load("vllm")) is not None:
     if v["status"] == "ran":
         s = v["summary"]

@@ -13,10 +13,14 @@ go to the step's gradient), groups 1-2 partly rewarded (rows with a known reward
 
 All three give the same gradient (relative difference printed). Two models: the toy policy of
 the time-to-target benchmark (per-call overheads dominate) and the short overlap workload's
-Qwen3 (hidden 256). Reported: median seconds per way (wall and process CPU, interleaved
-repeats) and the ratios separate / split and per_job / split.
+Qwen3 (hidden 256); ``--models large`` adds a ~0.18B Qwen3 (hidden 1024, 8 layers, vocab 32000,
+256-token actions) for an accelerator: ``split_backward="auto"`` splits only up to 1M trainable
+parameters because the 2.4M model lost on CPU, and whether larger models gain where small calls
+cost kernel launches is what ``--device cuda`` measures (``benchmarks/gpu_check.sh`` runs it).
+Reported: median seconds per way (wall and process CPU, interleaved repeats; on CUDA each way
+ends with a device synchronise) and the ratios separate / split and per_job / split.
 
-    python benchmarks/split_backward.py [--quick] [--out DIR]
+    python benchmarks/split_backward.py [--quick] [--out DIR] [--device cpu|cuda] [--models toy short large]
 """
 
 from __future__ import annotations
@@ -47,7 +51,9 @@ from thundersync_lightning.modules import GRPOPolicy  # noqa: E402
 MODELS = {
     "toy": (dict(toy_model_spec().config), 3, 9),  # (config, prompt tokens, mean action tokens)
     "short": (qwen3_config(256, 1024, 2, 1024), 16, 71),
+    "large": (qwen3_config(1024, 4096, 8, 32000, max_positions=1024), 64, 256),
 }
+DEFAULT_MODELS = ("toy", "short")  # "large" is for an accelerator (module docstring)
 WAYS = ("separate", "per_job", "split")
 
 
@@ -107,13 +113,15 @@ def run(policy: GRPOPolicy, batch, early, size, way: str, capture: RowCapture | 
     grad = torch.cat([p.grad.reshape(-1) for p in params])
     for p in params:
         p.grad = None
+    if grad.is_cuda:  # the timer reads the host clock: every kernel of this way has to be done
+        torch.cuda.synchronize(grad.device)
     return grad, report.backward_passes
 
 
-def measure(name: str, groups: int, size: int, repeats: int, forward_tokens: int) -> dict:
+def measure(name: str, groups: int, size: int, repeats: int, forward_tokens: int, device: str = "cpu") -> dict:
     config, prompt, action = MODELS[name]
     torch.manual_seed(0)
-    policy = GRPOPolicy(config=config, score_forward_tokens=forward_tokens)
+    policy = GRPOPolicy(config=config, score_forward_tokens=forward_tokens).to(device)
     batch = make_batch(groups, size, prompt, action, config["vocab_size"])
     early = early_rewards(batch, size)
     capture = RowCapture(policy, [p for p in policy.parameters() if p.requires_grad], strict=True)
@@ -147,17 +155,23 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), choices=list(MODELS))
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     add_score_forward_tokens_arg(parser)
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: this torch build or machine has no usable CUDA device")
     if args.quick:
         args.groups, args.group_size, args.repeats = 3, 4, 2
     torch.set_num_threads(args.threads)
     load_start = load_average()
     models = {
-        name: measure(name, args.groups, args.group_size, args.repeats, args.score_forward_tokens) for name in args.models
+        name: measure(name, args.groups, args.group_size, args.repeats, args.score_forward_tokens, args.device)
+        for name in args.models
     }
     payload = {
+        "device": args.device,
+        "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
         "workload": {
             "groups": args.groups, "group_size": args.group_size, "repeats": args.repeats,
             "score_forward_tokens": args.score_forward_tokens,

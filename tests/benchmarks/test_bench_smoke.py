@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 
@@ -145,6 +146,7 @@ def test_split_backward_smoke(tmp_path: Path) -> None:
          "--models", "toy"]
     )  # fmt: skip
     toy = _read(tmp_path, "split_backward")["models"]["toy"]
+    assert data["device"] == "cpu" and data["device_name"] is None
     assert toy["seconds"] == data["models"]["toy"]["seconds"]
     assert toy["trajectories"] == 6 and toy["destinations"] == 1 + 2 + 2  # direct, two buckets, two pending
     assert toy["backward_passes"]["split"] == 1 < toy["backward_passes"]["per_job"]
@@ -269,6 +271,13 @@ def test_micro_batches_smoke_times_both_cuts_of_the_same_calls(tmp_path: Path) -
     assert set(call["seconds"]) == {"0", "16", "32", "64"} and set(call["wall_0_over"]) == {"16", "32", "64"}
     # 8 game trajectories (3-9 tokens): the padding share alone cuts more forwards than with 64 tokens
     assert call["forwards_median"]["0"] > call["forwards_median"]["64"] >= 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_split_backward_bench_refuses_cuda_without_a_device_before_building_a_model(capsys) -> None:
+    with pytest.raises(SystemExit):
+        _load("split_backward").main(["--device", "cuda", "--models", "large"])
+    assert "no usable CUDA device" in capsys.readouterr().err
 
 
 def test_split_backward_flag_takes_auto_true_false_and_rejects_anything_else() -> None:

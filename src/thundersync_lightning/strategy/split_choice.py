@@ -13,7 +13,8 @@ Python) and paying for J parameter-sized gradients held at once. On CPU the toy 
 parameters) gained 1.5-1.7x; a 2.4M-parameter Qwen3 lost 7-16% (its J gradients no longer fit the
 cache). ``"auto"`` therefore splits only up to :data:`AUTO_MAX_PARAMS` trainable parameters, on
 any device. On a GPU small calls cost kernel launches rather than bytes, so larger models may
-gain there too, but that is not measured here (no GPU was lent): pass ``True`` to split them. Its
+gain there too, but that is not measured yet (no GPU was lent; ``benchmarks/gpu_check.sh`` runs
+``split_backward.py --device cuda`` on 0.15M-0.18B models): pass ``True`` to split them. Its
 memory, one gradient per destination of a call, is in the memory plan. Every split call holds
 at most :func:`max_destinations` gradients
 (:data:`CALL_GRADIENT_BYTES` in all).

@@ -5,6 +5,8 @@
 - events, process -> learner: a one-way pipe whose write end only the process holds. When the
   process dies, reading returns end-of-file at once (also in the middle of a message cut short by
   the kill), so a dead process is noticed without polling and never leaves the reader blocked.
+  Messages the process queued together arrive as one batch (:class:`EventReader` hands them out
+  one at a time): fewer wake-ups of the learner's event thread, which holds the GIL while it reads.
 
 :meth:`GenerationProcess.stop` leaves nothing behind: the process is asked to exit, then
 terminated, then killed, and reaped; the pipe, the queue (its feeder thread and its named
@@ -21,6 +23,7 @@ import os
 import pickle
 import threading
 import time
+from collections import deque
 from multiprocessing import resource_sharer
 from multiprocessing.reduction import ForkingPickler
 from typing import Any
@@ -33,7 +36,7 @@ from ..core.types import ModelSpec
 from .embedded_worker import worker_main
 from .lifeline import start_process
 
-__all__ = ["GenerationProcess", "ProcessGone"]
+__all__ = ["EventReader", "GenerationProcess", "ProcessGone"]
 
 _PICKLE_LOCK = threading.Lock()
 
@@ -48,6 +51,39 @@ class ProcessGone(Exception):
     """The generation process has exited (its event pipe reached end-of-file)."""
 
 
+class EventReader:
+    """The learner's end of the event pipe. The process sends messages queued together as one
+    ``("batch", [...])`` (:func:`~thundersync_lightning.rollout.embedded_worker.take_batch`); they are
+    handed out one at a time, in order, each before anything read later."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+        self._pending: deque[tuple[Any, ...]] = deque()  # the rest of a batch
+
+    def receive(self, timeout_s: float) -> tuple[Any, ...] | None:
+        """The next message, or None after ``timeout_s``; :class:`ProcessGone` at end-of-file (once
+        the messages already read are handed out)."""
+        if self._pending:
+            return self._pending.popleft()
+        try:
+            if not self._conn.poll(timeout_s):
+                return None
+            msg = self._conn.recv()
+        except (EOFError, OSError):  # OSError: closed by stop() meanwhile
+            raise ProcessGone from None
+        if msg[0] != "batch":
+            return msg
+        self._pending.extend(msg[1][1:])
+        return msg[1][0]
+
+    def close(self) -> None:
+        """Close the pipe; never raises."""
+        try:
+            self._conn.close()
+        except OSError:
+            pass
+
+
 class GenerationProcess:
     """A started generation process; see the module docstring.
 
@@ -58,7 +94,8 @@ class GenerationProcess:
         ctx = mp.get_context("spawn")
         self._unfetched: dict[int, set[Any]] = {}  # version -> fd-sharer keys not yet fetched
         self.commands: Any = ctx.Queue()
-        self._reader, writer = ctx.Pipe(duplex=False)
+        reader, writer = ctx.Pipe(duplex=False)
+        self._reader: EventReader | None = EventReader(reader)
         self.process: Any = ctx.Process(
             target=worker_main,
             args=(model_spec, tasks, config, self.commands, writer, os.getpid()),
@@ -106,12 +143,7 @@ class GenerationProcess:
         reader = self._reader
         if reader is None:  # stopped (by another thread)
             raise ProcessGone
-        try:
-            if not reader.poll(timeout_s):
-                return None
-            return reader.recv()
-        except (EOFError, OSError):  # OSError: closed by stop() meanwhile
-            raise ProcessGone from None
+        return reader.receive(timeout_s)
 
     @property
     def exitcode(self) -> int | None:
@@ -169,10 +201,7 @@ class GenerationProcess:
         except (ValueError, AssertionError):  # never started, or still running after kill
             pass
         _close_unread(commands)
-        try:
-            reader.close()
-        except OSError:
-            pass
+        reader.close()
         for keys in self._unfetched.values():
             _discard_shared(keys)
         self._unfetched.clear()

@@ -21,7 +21,10 @@ verdicts run in a thread pool; verdicts of r1 keep running (and emitting) while 
 
 Messages sent back over the event pipe (by one sender thread, so neither generation nor a
 verdict ever blocks on a full pipe): ``("ready", pid)``, ``("event", request_id, event)``,
-``("applied", version)``, ``("fatal", text)`` (then the process exits). The process dies with the
+``("applied", version)``, ``("fatal", text)`` (then the process exits). Messages queued while the
+previous one was being sent go as one ``("batch", [message, ...])``, in order, so that a burst of
+events (a decoding step that finishes many trajectories) wakes the learner's event thread once,
+not once per event: that thread takes the learner's GIL for every message it reads. The process dies with the
 learner (:func:`~thundersync_lightning.rollout.lifeline.die_with_parent`). Event times are this process's
 ``time.monotonic()``; the learner runs on the same host, so it is the learner's clock too
 (CLOCK_MONOTONIC is system-wide on Linux).
@@ -48,7 +51,7 @@ from .models import build_model
 from .teacher import TeacherScorer
 from .weights import SharedWeights
 
-__all__ = ["worker_main", "load_snapshot"]
+__all__ = ["worker_main", "load_snapshot", "take_batch"]
 
 _PARENT_POLL_S = 1.0
 _FLUSH_S = 2.0
@@ -69,18 +72,33 @@ class _Sender:
 
     def _run(self) -> None:
         while True:
-            msg = self._queue.get()
-            if msg is None:
-                return
+            batch, stop = take_batch(self._queue)
             try:
-                self._conn.send(msg)
+                if batch:
+                    self._conn.send(batch[0] if len(batch) == 1 else ("batch", batch))
             except (OSError, ValueError):  # the learner is gone or closed its end
+                return
+            if stop:
                 return
 
     def flush(self) -> None:
         """Send everything queued so far (bounded wait), then stop."""
         self._queue.put(None)
         self._thread.join(timeout=_FLUSH_S)
+
+
+def take_batch(messages: queue.SimpleQueue[Any]) -> tuple[list[Any], bool]:
+    """The next message (waiting for it) and every one queued behind it, in order, up to the stop
+    sentinel ``None``; and whether the sentinel came (the messages before it are still sent)."""
+    batch: list[Any] = []
+    msg = messages.get()
+    while msg is not None:
+        batch.append(msg)
+        try:
+            msg = messages.get_nowait()
+        except queue.Empty:
+            return batch, False
+    return batch, True
 
 
 def load_snapshot(model: Any, weights: dict[str, torch.Tensor]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 
@@ -113,7 +114,7 @@ def test_one_split_call_takes_every_destination_and_applies_the_same_gradient():
     assert float((split - per_job).norm() / per_job.norm()) <= 1e-5
 
 
-def test_the_option_is_checked_and_required_where_asked_for():
+def test_the_option_is_checked_and_required_where_asked_for(caplog):
     with pytest.raises(ConfigError, match="split_backward='yes' is not one of"):
         ThunderSyncStrategy(split_backward="yes")
     with pytest.raises(ConfigError, match="split_backward=True and boundary_cut=True"):
@@ -135,19 +136,29 @@ def test_the_option_is_checked_and_required_where_asked_for():
     plain = NoCapture()
     problems = split_problems(plain, list(plain.parameters()), "streaming", False, "fsdp2")
     assert any("takes no capture=" in p for p in problems) and any("fsdp2" in p for p in problems)
-    assert row_capture("auto", plain, list(plain.parameters()), "streaming", False, "none") is None
+    with caplog.at_level(logging.INFO, logger="thundersync_lightning.strategy.split_choice"):
+        assert row_capture("auto", plain, list(plain.parameters()), "streaming", False, "none") is None
+        assert row_capture("auto", plain, list(plain.parameters()), "sync", False, "none") is None
+    # a streaming fit that will not split says why, once; sync never splits and says nothing
+    assert [r.getMessage() for r in caplog.records] == [
+        "split_backward='auto' leaves the split off: NoCapture.score_tokens takes no capture= "
+        "(see GRPOPolicy.score_tokens)"
+    ]
     with pytest.raises(ConfigError, match="split_backward=True cannot be used: NoCapture.score_tokens"):
         row_capture(True, plain, list(plain.parameters()), "streaming", False, "none")
     assert row_capture(True, policy, params, "sync", False, "none") is None  # nothing to split in sync
 
 
-def test_auto_splits_small_models_only_and_each_call_holds_a_bounded_number_of_gradients():
+def test_auto_splits_small_models_only_and_each_call_holds_a_bounded_number_of_gradients(caplog):
     small = GRPOPolicy(config=TOY_MODEL)
     wide = GRPOPolicy(config={**TOY_MODEL, "hidden_size": 512, "intermediate_size": 2048, "head_dim": 64})
     for policy, splits in ((small, True), (wide, False)):
         params = list(policy.parameters())
         assert (sum(p.numel() for p in params) > AUTO_MAX_PARAMS) is not splits
-        assert (row_capture("auto", policy, params, "streaming", False, "none") is not None) is splits
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="thundersync_lightning.strategy.split_choice"):
+            assert (row_capture("auto", policy, params, "streaming", False, "none") is not None) is splits
+        assert any("trainable parameters > 1000000" in r.getMessage() for r in caplog.records) is not splits
         assert row_capture(True, policy, params, "streaming", False, "none") is not None  # required: always
     assert max_destinations([torch.zeros(10)]) == CALL_GRADIENT_BYTES // 40
     assert max_destinations([torch.zeros(2**30)]) == 2  # 4 GiB of gradients: never fewer than two

@@ -23,6 +23,7 @@ at most :func:`max_destinations` gradients
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -40,6 +41,8 @@ __all__ = [
     "auto_splits",
     "AUTO_MAX_PARAMS",
 ]
+
+log = logging.getLogger(__name__)
 
 SplitBackward = bool | Literal["auto"]
 AUTO_MAX_PARAMS = 1_000_000
@@ -98,7 +101,15 @@ def row_capture(
     if problems and setting is True and mode == "streaming":
         raise ConfigError("split_backward=True cannot be used: " + "; ".join(problems))
     if problems:
+        if mode == "streaming":  # the only mode that would split: say why it does not
+            log.info("split_backward='auto' leaves the split off: %s", "; ".join(problems))
         return None
-    if setting == "auto" and not auto_splits(sum(p.numel() for p in params)):
-        return None  # measured slower on CPU at this size, not measured on a GPU (module docstring)
+    size = sum(p.numel() for p in params)
+    if setting == "auto" and not auto_splits(size):
+        # measured slower on CPU at this size, not measured on a GPU (module docstring)
+        log.info(
+            "split_backward='auto' leaves the split off: %d trainable parameters > %d (slower on CPU; "
+            "pass split_backward=True to split, e.g. on a GPU)", size, AUTO_MAX_PARAMS,
+        )
+        return None
     return RowCapture(module, params, strict=setting is True)

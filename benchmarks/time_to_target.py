@@ -46,9 +46,9 @@ learner work at sync's rate, started no earlier than its content landed (the rat
 ``learner_s_per_token_median``, for the other modes the median over the workload's sync runs before
 them; the barrier and the optimizer left out). No learner at sync's rate ends a step sooner once
 its content lands when it does; at zero staleness (sync, streaming) the content cannot land sooner
-either (async's began a step early, so its floor only bounds its own learner). ``release_floor_over_sync_step`` divides streaming's by sync's ``step_s_median`` (median
-step; ``step_median_over_sync_step`` likewise). ``time_to_target.json``
-is rewritten after every run and a later invocation skips runs already in it with the same
+either (async's began a step early, so its floor only bounds its own learner).
+``release_floor_over_sync_step`` divides streaming's by sync's ``step_s_median`` (median step;
+``step_median_over_sync_step`` likewise). ``time_to_target.json`` is rewritten after every run and a later invocation skips runs already in it with the same
 settings (``--no-resume`` to redo them), so a long run can be stopped and continued.
 
 Usage: python benchmarks/time_to_target.py [--quick] [--out DIR] [--seeds 0 1 2] [--workloads toy balanced]

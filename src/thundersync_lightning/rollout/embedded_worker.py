@@ -22,10 +22,11 @@ verdicts run in a thread pool; verdicts of r1 keep running (and emitting) while 
 Messages sent back over the event pipe (by one sender thread, so neither generation nor a
 verdict ever blocks on a full pipe): ``("ready", pid)``, ``("event", request_id, event)``,
 ``("applied", version)``, ``("fatal", text)`` (then the process exits). Messages queued while the
-previous one was being sent go as one ``("batch", [message, ...])``, in order, so that a burst of
-events (a decoding step that finishes many trajectories) wakes the learner's event thread once,
-not once per event: that thread takes the learner's GIL for every message it reads. The process dies with the
-learner (:func:`~thundersync_lightning.rollout.lifeline.die_with_parent`). Event times are this process's
+previous one was being sent go as one ``("batch", [message, ...])``, in order (:func:`take_batch`),
+so that a burst of events (a decoding step that finishes many trajectories) wakes the learner's
+event thread once, not once per event: that thread takes the learner's GIL for every message it
+reads. The process dies with the learner
+(:func:`~thundersync_lightning.rollout.lifeline.die_with_parent`). Event times are this process's
 ``time.monotonic()``; the learner runs on the same host, so it is the learner's clock too
 (CLOCK_MONOTONIC is system-wide on Linux).
 """

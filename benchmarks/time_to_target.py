@@ -127,7 +127,7 @@ class _Until:
         self.rewards: list[float] = []
         self.elapsed: list[float] = []  # seconds from the first step's start to each step's end
         self.idle: list[float] = []
-        self.last_verdict: list[float] = []  # seconds from each step's start to its last verdict
+        self.last_verdict: list[float | None] = []  # per step: seconds from its start to its last verdict
         self.after_verdict: list[float] = []  # seconds from the last verdict to the step's end
         self.first_start: float | None = None
         self.reached: int | None = None
@@ -136,13 +136,12 @@ class _Until:
         self.step_s: list[float] = []
         self.arrivals: list[list[tuple[float, int]]] = []  # per step: (content landed after its start, tokens)
         self.rates: list[float] = []  # per step: the learner's backward and fold seconds per token
-        self.verdict_floor: list[float] = []  # per step: its last verdict after its start (0: none)
 
     def floors(self, rate: float) -> list[float]:
         """Per step: the release-date floor at ``rate`` seconds of learner work per token (module docstring)."""
         return [
-            max(verdict, release_bound(arrivals, 1.0, rate * sum(n for _, n in arrivals)))
-            for verdict, arrivals in zip(self.verdict_floor, self.arrivals)
+            max(verdict or 0.0, release_bound(arrivals, 1.0, rate * sum(n for _, n in arrivals)))
+            for verdict, arrivals in zip(self.last_verdict, self.arrivals)
         ]
 
     def __call__(self, trainer: Any, module: Any, stats: Any) -> None:
@@ -160,9 +159,8 @@ class _Until:
             self.idle.append(max(0.0, 1.0 - busy / (stats.step_end - self.last_end)))
         self.last_end = stats.step_end
         verdicts = [t.reward_ready_at for t in stats.trajectories if t.reward_ready_at is not None]
-        self.verdict_floor.append(max(verdicts) - stats.step_start if verdicts else 0.0)
+        self.last_verdict.append(max(verdicts) - stats.step_start if verdicts else None)
         if verdicts:
-            self.last_verdict.append(max(verdicts) - stats.step_start)
             self.after_verdict.append(stats.step_end - max(verdicts))
         window = self.rewards[-WINDOW:]
         if self.reached is None and len(window) == WINDOW and statistics.fmean(window) >= TARGET:
@@ -216,7 +214,7 @@ def run_one(args: argparse.Namespace, name: str, mode: str, seed: int, floor_rat
         "elapsed_s": until.elapsed,
         "sync_idle_fraction": statistics.median(until.idle) if mode == "sync" and until.idle else None,
         "learner_idle_fraction": statistics.median(until.idle) if until.idle else None,
-        "last_verdict_s_median": statistics.median(until.last_verdict) if until.last_verdict else None,
+        "last_verdict_s_median": _median([v for v in until.last_verdict if v is not None]),
         "after_last_verdict_s_median": statistics.median(until.after_verdict) if until.after_verdict else None,
         "step_s_median": statistics.median(until.step_s),
         "learner_s_per_token_median": statistics.median(until.rates),

@@ -325,7 +325,7 @@ def test_time_to_target_release_floor_is_the_last_verdict_or_the_work_after_late
     until = module._Until()
     # step 0: content of 10 tokens at 0 s and 30 tokens at 1 s, last verdict 1.2 s; 1 s of work per 10 tokens
     # step 1: all 40 tokens at 0 s (4 s of work), last verdict 5 s: the verdict is the floor
-    until.verdict_floor = [1.2, 5.0]
+    until.last_verdict = [1.2, 5.0]
     until.arrivals = [[(0.0, 10), (1.0, 30)], [(0.0, 40)]]
     assert until.floors(0.1) == pytest.approx([1.0 + 3.0, 5.0])  # the late 30 tokens' 3 s after they land
     assert until.floors(0.01) == pytest.approx([1.3, 5.0])

@@ -178,9 +178,9 @@ def test_a_forward_outside_rows_and_a_split_while_recording_are_errors():
 
 
 def test_layers_too_large_to_segment_at_once_take_one_matmul_per_job(monkeypatch):
-    import thundersync_lightning.core.split_backward as split_backward
+    import thundersync_lightning.core.row_grads as row_grads
 
-    monkeypatch.setattr(split_backward, "SEGMENT_BYTES", 0)
+    monkeypatch.setattr(row_grads, "SEGMENT_BYTES", 0)
     model = RowModel()
     reference, _ = step(model, None)
     split, passes = step(model, RowCapture(model, list(model.parameters())))

@@ -8,6 +8,11 @@ gradients take at most
 
     (2 K + 2 H) P b  bytes,  K <= max_open_groups,  H <= max_held_trajectories.
 
+A split backward may keep a sum or a held gradient as factor chunks
+(:mod:`~thundersync_lightning.core.factors`); a group's chunks never take more bytes than the
+dense buffers they stand for, so the bound holds for them too (``peak_held_bytes`` counts a
+held chunk's own bytes).
+
 Both checks run before any state changes: a refused call leaves the accumulator as it was.
 
 - ``max_open_groups``: ``open_group`` raises :class:`OpenGroupLimitError` when that many groups
@@ -28,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Iterable
 
 from .errors import HeldGradientLimitError, OpenGroupLimitError
-from .group import GroupSums
+from .group import GroupUsage
 
 __all__ = ["Bounds", "bound_problems"]
 
@@ -55,7 +60,7 @@ class Bounds:
         self.reset()
 
     def reset(self) -> None:
-        self.held = self.peak_held = self.held_buffers = self.peak_held_buffers = 0
+        self.held = self.peak_held = self.held_bytes = self.peak_held_bytes = 0
 
     def check_open(self, group_id: Hashable, open_groups: int) -> None:
         limit = self.max_open_groups
@@ -77,10 +82,10 @@ class Bounds:
             "reward lands); deliver their rewards (add_reward) first, or raise the limit"
         )
 
-    def count_held(self, groups: Iterable[GroupSums]) -> None:
-        """Recount held gradients from the open groups (the groups are the one source of truth)."""
-        groups = list(groups)
-        self.held = sum(len(g.held.keys() | g.held_independent.keys()) for g in groups)
-        self.held_buffers = sum(len(g.held) + len(g.held_independent) for g in groups)
+    def count_held(self, usages: Iterable[GroupUsage]) -> None:
+        """Held gradients and their bytes: the sum over the open groups' usage."""
+        usages = list(usages)
+        self.held = sum(u.held for u in usages)
+        self.held_bytes = sum(u.held_bytes for u in usages)
         self.peak_held = max(self.peak_held, self.held)
-        self.peak_held_buffers = max(self.peak_held_buffers, self.held_buffers)
+        self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)

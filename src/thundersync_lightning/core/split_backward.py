@@ -18,8 +18,14 @@ module m computes y = f_m(x; W) row by row, so its gradient splits over rows:
 any other module: the vector-Jacobian product of its own forward re-run on job j's rows).
 :class:`RowCapture` records each parameterised module's input and output during the forward
 (forward hooks); :func:`split_gradients` runs ``autograd.grad`` of T to the recorded outputs
-(the engine then skips every weight gradient) and forms each job's gradient. Rows feeding
-several jobs (S_i and R_i to different places) take one such backward per job they feed.
+(the engine then skips every weight gradient) and forms each job's gradient
+(:mod:`~thundersync_lightning.core.row_grads`). Rows feeding several jobs (S_i and R_i to
+different places) take one such backward per job they feed.
+
+A job whose coefficient is not known yet (a (group, reward) sum, a held row) may instead keep
+its Linear and Embedding weight gradients as the factors (X_j, dY_j)
+(:mod:`~thundersync_lightning.core.factors`), formed in one matmul when its group folds: per
+call that costs N_j (in + out) values instead of an out x in gradient per destination.
 
 Exact up to summation order. What it cannot see (a parameter used outside its module's
 forward, an in-place change of a recorded output, gradient checkpointing, rows that interact)
@@ -31,24 +37,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from .errors import ConfigError, InvalidLogprobError
+from .factors import Chunk, chunk_of
 from .jobs import Grads, Job, run_jobs
+from .row_grads import Layouts, Record, module_grads
 from .terms import TrajectoryTerms
 
 __all__ = ["RowCapture", "split_gradients", "unsupported_modules"]
-
-
-@dataclass(frozen=True, slots=True)
-class _Record:
-    module: nn.Module
-    inputs: Tensor
-    output: Tensor
-    rows: tuple[int, ...]  # the batch rows of dim 0, in order
 
 
 def _owned(module: nn.Module, params: set[int]) -> list[tuple[str, nn.Parameter]]:
@@ -94,13 +93,13 @@ class RowCapture:
         if problems:
             raise ConfigError("this model's gradients cannot be split by row: " + "; ".join(problems))
         wanted = {id(p) for p in params}
-        self._modules = [m for m in model.modules() if _owned(m, wanted)]
-        self._owned = {id(m): _owned(m, wanted) for m in self._modules}
+        self.modules = [m for m in model.modules() if _owned(m, wanted)]
+        self._owned = {id(m): _owned(m, wanted) for m in self.modules}
         self._scale = {  # y = w * f(x) (RMSNorm-like): its gradient is sum(dy * f(x)), no VJP needed
             id(m): not isinstance(m, (nn.Linear, nn.Embedding)) and _is_scale(m, self._owned[id(m)])
-            for m in self._modules
+            for m in self.modules
         }
-        self.records: list[_Record] = []
+        self.records: list[Record] = []
         self.strict = strict
         self.verified = False
         self.refused: str | None = None
@@ -111,7 +110,7 @@ class RowCapture:
         if self._handles:
             raise RuntimeError("RowCapture is already recording")
         self.records = []
-        self._handles = [m.register_forward_hook(self._hook, with_kwargs=True) for m in self._modules]
+        self._handles = [m.register_forward_hook(self._hook, with_kwargs=True) for m in self.modules]
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -138,7 +137,7 @@ class RowCapture:
         elif x.shape[0] != len(self._rows):
             self._refuse(f"a forward of {x.shape[0]} rows ran inside rows() of {len(self._rows)}")
         else:
-            self.records.append(_Record(module, x.detach(), output, self._rows))
+            self.records.append(Record(module, x.detach(), output, self._rows))
 
     def _refuse(self, reason: str) -> None:
         if self.refused is None:
@@ -166,11 +165,14 @@ def split_gradients(
     terms: TrajectoryTerms,
     params: Sequence[Tensor],
     kept: Sequence[int] | None = None,
-) -> tuple[list[Grads], int]:
+    factor: Sequence[bool] | None = None,
+) -> tuple[list[Grads | Chunk], int]:
     """Every job's parameter gradients from the recorded forward (module docstring) and the
-    number of backward passes taken; the caller clears the capture afterwards. ``kept``: the recorded batch row of each
-    row of ``terms`` (rows left out of the terms feed nothing). Checked against
-    :func:`~thundersync_lightning.core.jobs.run_jobs` on first use."""
+    number of backward passes taken; the caller clears the capture afterwards. ``kept``: the
+    recorded batch row of each row of ``terms`` (rows left out of the terms feed nothing).
+    ``factor``: per job, return a :class:`~thundersync_lightning.core.factors.Chunk` (Linear and
+    Embedding weights kept as factors, formed when the coefficient is known) instead of dense
+    gradients. Checked against :func:`~thundersync_lightning.core.jobs.run_jobs` on first use."""
     if capture.recording:
         raise RuntimeError("split_gradients: leave `with capture:` (the scoring) before splitting its backward")
     if capture.refused is not None:  # the forward showed a module it cannot split: one backward per job
@@ -188,6 +190,8 @@ def split_gradients(
     passes = max((len(f) for f in feeds), default=0)
     reference = run_jobs(label, jobs, params, retain=True) if not capture.verified else None
     out: list[Grads] = [[None] * len(params) for _ in jobs]
+    keep_factors = [False] * len(jobs) if factor is None else list(factor)
+    pieces: list[dict[int, list[tuple[Tensor, Tensor]]]] = [{} for _ in jobs]
     index = {id(p): k for k, p in enumerate(params)}
     outputs = [r.output for r in capture.records]
     width = 1 + max(max(r.rows) for r in capture.records)
@@ -201,25 +205,26 @@ def split_gradients(
         coef = weights[pick.clamp(min=0), :, arange] * pick.ge(0)[:, None]  # (n, parts)
         total = sum((coef[:, m] * p).sum() for m, p in enumerate(parts))
         dys = torch.autograd.grad(total, outputs, retain_graph=k < passes - 1, allow_unused=True)
-        layouts: dict[int, _Layout] = {}  # one per forward (records of a forward share their rows)
+        layouts = Layouts(by_row, keep_factors, weights.device)
         for record, dy in zip(capture.records, dys):
             if dy is not None:
-                layout = layouts.get(id(record.rows))
-                if layout is None:
-                    layout = layouts[id(record.rows)] = _Layout.of(record.rows, by_row, dy.device)
-                _module_grads(capture, index, record, dy, layout, out)
+                module_grads(capture, index, record, dy, layouts, out, pieces)
+    embedding = {index[id(m.weight)] for m in capture.modules if isinstance(m, nn.Embedding) and id(m.weight) in index}
+    result: list[Grads | Chunk] = [
+        chunk_of(g, pieces[j], params, embedding) if keep_factors[j] else g for j, g in enumerate(out)
+    ]
     if reference is not None:
-        problem = _mismatch(out, reference, jobs)
+        problem = _mismatch([g.dense() if isinstance(g, Chunk) else g for g in result], reference, jobs)
         if problem is not None:
             if capture.strict:
                 raise ConfigError(problem)
             capture.refused = problem
             return reference, len(jobs)
         capture.verified = True
-    for j, grads in enumerate(out):
-        if all(g is None for g in grads):
+    for j, g in enumerate(result):
+        if all(p is None for p in (g.parts if isinstance(g, Chunk) else g)):
             raise InvalidLogprobError(f"job {jobs[j].kind} {jobs[j].key!r} has no gradient in the recorded forward")
-    return out, passes
+    return result, passes
 
 
 def _job_weights(jobs: Sequence[Job], parts: list[Tensor]) -> Tensor:
@@ -239,124 +244,6 @@ def _job_weights(jobs: Sequence[Job], parts: list[Tensor]) -> Tensor:
         [torch.zeros(len(jobs), *p.shape, dtype=p.dtype, device=p.device) if g is None else g.detach()
          for g, p in zip(w, parts)], dim=1,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class _Layout:
-    """One forward's rows in one pass: each job's positions, and every position's job slot."""
-
-    by_job: dict[int, list[int]]
-    slots: Tensor  # (b,): slot of each position; len(by_job) for positions feeding no job
-
-    @staticmethod
-    def of(rows: tuple[int, ...], owner: list[int], device: torch.device) -> _Layout:
-        by_job: dict[int, list[int]] = {}
-        for pos, row in enumerate(rows):
-            if owner[row] >= 0:
-                by_job.setdefault(owner[row], []).append(pos)
-        slot = {j: k for k, j in enumerate(by_job)}
-        slots = torch.tensor([slot.get(owner[row], len(slot)) for row in rows], device=device)
-        return _Layout(by_job, slots)
-
-
-def _module_grads(
-    capture: RowCapture, index: dict[int, int], record: _Record, dy: Tensor, layout: _Layout, out: list[Grads]
-) -> None:
-    """Add the module's per-job parameter gradients of this pass to ``out``."""
-    by_job = layout.by_job
-    module, owned = record.module, capture.owned(record.module)
-    x = record.inputs
-    scale = capture.is_scale(module)
-    if scale:  # y = w * f(x): f once for the whole record, then sum(dy * f) per job
-        with torch.no_grad():
-            x = torch.func.functional_call(module, {"weight": torch.ones_like(module.weight)}, (x,))
-    if len(by_job) > 1 and (isinstance(module, (nn.Linear, nn.Embedding)) or scale):
-        segmented = _segment_grads(module, owned, x, dy, layout.slots, len(by_job) + 1, scale)
-        if segmented is not None:  # every job of the record in a few batched ops
-            for name, per_job in segmented:
-                k = index[id(getattr(module, name))]
-                for j, grad in zip(by_job, per_job.unbind(0)):  # slots follow by_job's order
-                    out[j][k] = grad if out[j][k] is None else out[j][k] + grad  # type: ignore[operator]
-            return
-    for j, pos in by_job.items():
-        if len(pos) == x.shape[0]:
-            xs, ds = x, dy
-        else:
-            at = torch.tensor(pos, device=x.device)
-            xs, ds = x.index_select(0, at), dy.index_select(0, at)
-        if scale:
-            grads = [("weight", (ds * xs).reshape(-1, xs.shape[-1]).sum(0).to(module.weight.dtype))]
-        else:
-            grads = _param_grads(module, owned, xs, ds)
-        for name, grad in grads:
-            k = index[id(getattr(module, name))]
-            out[j][k] = grad if out[j][k] is None else out[j][k] + grad  # type: ignore[operator]
-
-
-#: Bytes of per-row weight gradients a record may take to split its jobs in one batched matmul;
-#: above it (large layers, where a matmul per job costs little extra) each job takes its own.
-SEGMENT_BYTES = 4 * 2**20
-
-
-def _segment_grads(
-    module: nn.Module, owned: list[tuple[str, nn.Parameter]], x: Tensor, dy: Tensor, slots: Tensor, m: int,
-    scale: bool,
-) -> list[tuple[str, Tensor]] | None:
-    """Each slot's parameter gradients, (m, *shape), for rows assigned to ``slots`` (b,)."""
-    names = {n for n, _ in owned}
-    b = x.shape[0]
-    if scale:
-        wide = torch.promote_types(dy.dtype, torch.float32)
-        per_row = (dy.to(wide) * x.to(wide)).reshape(b, -1, x.shape[-1]).sum(1)  # (b, d)
-        return [("weight", per_row.new_zeros(m, x.shape[-1]).index_add_(0, slots, per_row).to(module.weight.dtype))]
-    if isinstance(module, nn.Embedding):
-        ids = x.reshape(b, -1)
-        wide = torch.promote_types(dy.dtype, torch.float32)
-        rows = dy.reshape(b, ids.shape[1], -1).to(wide)
-        keep = ids.ne(module.padding_idx) if module.padding_idx is not None else torch.ones_like(ids, dtype=torch.bool)
-        flat = (slots[:, None] * module.num_embeddings + ids)[keep]
-        table = rows.new_zeros(m * module.num_embeddings, module.embedding_dim).index_add_(0, flat, rows[keep])
-        return [("weight", table.view(m, module.num_embeddings, module.embedding_dim).to(module.weight.dtype))]
-    assert isinstance(module, nn.Linear)
-    wide = torch.promote_types(dy.dtype, torch.float32)  # per-row sums of low-precision rows add up in fp32
-    d3 = dy.reshape(b, -1, dy.shape[-1]).to(wide)
-    result = []
-    if "weight" in names:
-        if b * module.weight.numel() * d3.element_size() > SEGMENT_BYTES:
-            return None
-        per_row = torch.bmm(d3.transpose(1, 2), x.reshape(b, -1, x.shape[-1]).to(wide))  # (b, out, in)
-        summed = per_row.new_zeros(m, *per_row.shape[1:]).index_add_(0, slots, per_row)
-        result.append(("weight", summed.to(module.weight.dtype)))
-    if "bias" in names:
-        result.append(("bias", d3.new_zeros(m, d3.shape[-1]).index_add_(0, slots, d3.sum(1)).to(module.bias.dtype)))
-    return result
-
-
-def _param_grads(
-    module: nn.Module, owned: list[tuple[str, nn.Parameter]], x: Tensor, dy: Tensor
-) -> list[tuple[str, Tensor]]:
-    names = {n for n, _ in owned}
-    if isinstance(module, nn.Linear):
-        d2 = dy.reshape(-1, dy.shape[-1])
-        result = []
-        if "weight" in names:
-            result.append(("weight", (d2.t() @ x.reshape(-1, x.shape[-1]).to(d2.dtype)).to(module.weight.dtype)))
-        if "bias" in names:
-            result.append(("bias", d2.sum(0).to(module.bias.dtype)))
-        return result
-    if isinstance(module, nn.Embedding):
-        ids = x.reshape(-1)
-        rows = dy.reshape(-1, dy.shape[-1]).to(module.weight.dtype)
-        if module.padding_idx is not None:
-            keep = ids.ne(module.padding_idx)
-            ids, rows = ids[keep], rows[keep]
-        return [("weight", torch.zeros_like(module.weight).index_add_(0, ids, rows))]
-    # any other module: the VJP of its own forward on these rows, for its parameters only
-    local = {n: p.detach().requires_grad_(True) for n, p in owned}
-    with torch.enable_grad():
-        y = torch.func.functional_call(module, local, (x,))
-        grads = torch.autograd.grad(y, list(local.values()), dy, allow_unused=True)
-    return [(n, g) for n, g in zip(local, grads) if g is not None]
 
 
 def _is_scale(module: nn.Module, owned: list[tuple[str, nn.Parameter]]) -> bool:

@@ -106,12 +106,13 @@ class GradientStore:
         self.ready()
         self._current = {"device": 0, "pinned_host": 0, "pageable_host": 0}
         self._peak = dict(self._current)
-        self._leaf_bytes = 0
+        self._side_bytes = 0
 
-    def set_leaf_bytes(self, nbytes: int) -> None:
-        """Device bytes held by boundary-cut leaf sums (counted with the buffers, current and peak)."""
-        self._count("device", nbytes - self._leaf_bytes)
-        self._leaf_bytes = nbytes
+    def set_side_bytes(self, nbytes: int) -> None:
+        """Device bytes held outside the flat buffers (boundary-cut leaf sums, factor chunks),
+        counted with the buffers, current and peak."""
+        self._count("device", nbytes - self._side_bytes)
+        self._side_bytes = nbytes
 
     @property
     def buffer_bytes(self) -> int:

@@ -47,7 +47,8 @@ from .errors import (
     OpenGroupsError,
     UnknownTrajectoryError,
 )
-from .group import GroupSums
+from .factors import Chunk
+from .group import GroupSums, GroupUsage, release
 from .jobs import jobs_of, prefix_backward, run_jobs, select_terms
 from .objective import BatchTotals, Objective
 from .prefix import LeafSums, SharedPrefix
@@ -113,6 +114,7 @@ class StreamingGRPO:
     def reset(self) -> None:
         """Start a new step: forget everything and record the parameters' version counters."""
         self._groups: dict[Hashable, GroupSums] = {}
+        self._usage: dict[Hashable, GroupUsage] = {}  # per open group, refreshed by _count
         self._owner: dict[Hashable, Hashable] = {}
         self._folded: list[GroupStat] = []
         self._aborted = 0
@@ -166,7 +168,7 @@ class StreamingGRPO:
     @property
     def peak_held_bytes(self) -> int:
         """Most bytes held gradients took at once in this step (wherever ``offload`` put them)."""
-        return self._bounds.peak_held_buffers * self._store.buffer_bytes
+        return self._bounds.peak_held_bytes
 
     def totals(self) -> BatchTotals:
         """This process's counts so far (sum them over ranks for :meth:`finish`)."""
@@ -248,17 +250,20 @@ class StreamingGRPO:
                 group.scored_dropped.add(trajectory_id)
             group.scores.pop(trajectory_id, None)
             group.independent.pop(trajectory_id, None)
-            self._store.release(held, held_r)
+            release(self._store, held, held_r)
         else:
             if held is not None:
-                group.accumulate(self._store, value, flat=held)
-            if held_r is not None:
+                group.add_known(self._store, value, held)
+            if isinstance(held_r, Chunk):
+                self._step.add_grads(self._step_buffer("direct_r"), held_r.dense())
+                group.direct += 1
+            elif held_r is not None:
                 self._step.add_flat(self._step_buffer("direct_r"), held_r)
                 group.direct += 1
         if group.all_rewards_known():
             self._fold_buffers(group)  # a_g, b_g are known now: free the sums early
         self._maybe_close(gid, group)
-        self._count()
+        self._count(gid)
 
     def add_logprob(self, trajectory_id: Hashable, logprob: torch.Tensor) -> None:
         """One trajectory's S_i (see :meth:`add_logprobs`)."""
@@ -350,9 +355,11 @@ class StreamingGRPO:
         inputs = list(self._params) + (list(prefix.leaves) if prefix is not None else [])
         jobs = jobs_of(plan, rows, terms)
         label = rows[0] if len(rows) == 1 else f"{len(rows)} trajectories"
+        # on the device, a destination whose coefficient is still unknown keeps factors (module factors)
+        factor = [self._store.on_device and kind in ("sum", "held", "held_r") for kind, _, _ in jobs]
         try:
-            if capture is not None and len(jobs) > 1:
-                grads, passes = split_gradients(capture, label, jobs, terms, inputs, keep)
+            if capture is not None and (len(jobs) > 1 or any(factor)):
+                grads, passes = split_gradients(capture, label, jobs, terms, inputs, keep, factor)
                 self._backward += passes
             else:
                 grads = run_jobs(label, jobs, inputs)
@@ -382,15 +389,23 @@ class StreamingGRPO:
             independent = plan.independent[i] if plan.independent is not None else None
             group.record_score(tid, plan.scores[i], float(terms.tokens[i]), independent)
         self._on_policy = self._on_policy + terms.on_policy
-        for gid, group in {id(g): (gid, g) for gid, g in owners}.values():
+        touched = list({id(g): (gid, g) for gid, g in owners}.values())
+        for gid, group in touched:
             if gid in self._groups:
                 self._maybe_close(gid, group)
-        self._count()
+        self._count(*(gid for gid, _ in touched))
 
-    def _count(self) -> None:
-        """Held gradients and leaf bytes, recounted from the open groups (the one source of truth)."""
-        self._bounds.count_held(self._groups.values())
-        self._store.set_leaf_bytes(sum(g.leaves.nbytes for g in self._groups.values() if g.leaves is not None))
+    def _count(self, *group_ids: Hashable) -> None:
+        """Held gradients, chunk and leaf bytes: the groups an event touched are recounted from
+        themselves (the one source of truth), the totals summed over every open group's count."""
+        for gid in group_ids:
+            group = self._groups.get(gid)
+            if group is None:
+                self._usage.pop(gid, None)
+            else:
+                self._usage[gid] = group.usage(self._store.buffer_bytes)
+        self._bounds.count_held(self._usage.values())
+        self._store.set_side_bytes(sum(u.side_bytes for u in self._usage.values()))
 
     def abort_group(self, group_id: Hashable) -> None:
         """Drop a group that cannot finish: its buffers are freed and it counts nowhere."""
@@ -409,7 +424,7 @@ class StreamingGRPO:
         for t in group.members:
             del self._owner[t]
         self._aborted += 1
-        self._count()
+        self._count(group_id)
 
     # ------------------------------------------------------------------ barrier
     def finish(self, num_groups: int | None = None, *, totals: BatchTotals | None = None) -> StreamingReport:

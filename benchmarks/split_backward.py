@@ -9,18 +9,23 @@ go to the step's gradient), groups 1-2 partly rewarded (rows with a known reward
 * ``separate``: what the runner did before the split: one call per destination (the direct rows
   together, each bucket, each pending row alone);
 * ``per_job``: one call (one forward) and one ``autograd.grad`` per destination on its graph;
-* ``split``: one call, one backward, the parameter gradients split by row.
+* ``split``: one call, one backward, the parameter gradients split by row; the sums and held
+  gradients keep Linear/Embedding weight gradients as factors where smaller (``core/factors.py``);
+* ``split_dense``: the same with ``StreamingGRPO(factor_sums=False)``: every destination's
+  gradient formed at once (the split before the factors).
 
-All three give the same gradient (relative difference printed). Two models: the toy policy of
-the time-to-target benchmark (per-call overheads dominate) and the short overlap workload's
-Qwen3 (hidden 256); ``--models large`` adds a ~0.18B Qwen3 (hidden 1024, 8 layers, vocab 32000,
+All four give the same gradient (relative difference printed). Three models: the toy policy of
+the time-to-target benchmark (per-call overheads dominate), the balanced time-to-target
+workload's Qwen3 (hidden 128, 0.53M parameters, short rows: where factors are smaller than the
+gradients) and the short overlap workload's Qwen3 (hidden 256); ``--models large`` adds a ~0.18B Qwen3 (hidden 1024, 8 layers, vocab 32000,
 256-token actions) for an accelerator: ``split_backward="auto"`` splits only up to 1M trainable
 parameters because the 2.4M model lost on CPU, and whether larger models gain where small calls
 cost kernel launches is what ``--device cuda`` measures (``benchmarks/gpu_check.sh`` runs it).
 Reported: median seconds per way (wall and process CPU, interleaved repeats; on CUDA each way
-ends with a device synchronise) and the ratios separate / split and per_job / split.
+ends with a device synchronise) and the ratios separate / split, per_job / split and
+split_dense / split.
 
-    python benchmarks/split_backward.py [--quick] [--out DIR] [--device cpu|cuda] [--models toy short large]
+    python benchmarks/split_backward.py [--quick] [--out DIR] [--device cpu|cuda] [--models toy balanced short large]
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from _common import (  # noqa: E402
     write_bar_chart,
     write_result,
 )
+import time_to_target  # noqa: E402
 from _harness import load_average, qwen3_config  # noqa: E402
 from thundersync_lightning.core import StreamingGRPO, engine_logprobs  # noqa: E402
 from thundersync_lightning.core.split_backward import RowCapture  # noqa: E402
@@ -50,11 +56,12 @@ from thundersync_lightning.modules import GRPOPolicy  # noqa: E402
 
 MODELS = {
     "toy": (dict(toy_model_spec().config), 3, 9),  # (config, prompt tokens, mean action tokens)
+    "balanced": (time_to_target.balanced_model(128), 2, 3),
     "short": (qwen3_config(256, 1024, 2, 1024), 16, 71),
     "large": (qwen3_config(1024, 4096, 8, 32000, max_positions=1024), 64, 256),
 }
-DEFAULT_MODELS = ("toy", "short")  # "large" is for an accelerator (module docstring)
-WAYS = ("separate", "per_job", "split")
+DEFAULT_MODELS = ("toy", "balanced", "short")  # "large" is for an accelerator (module docstring)
+WAYS = ("separate", "per_job", "split", "split_dense")
 
 
 def make_batch(groups: int, size: int, prompt: int, action: int, vocab: int) -> list[Trajectory]:
@@ -95,14 +102,14 @@ def calls(batch: list[Trajectory], early: list[str], size: int) -> list[list[Tra
 
 def run(policy: GRPOPolicy, batch, early, size, way: str, capture: RowCapture | None) -> tuple[torch.Tensor, int]:
     params = [p for p in policy.parameters() if p.requires_grad]
-    acc = StreamingGRPO(params, objective=policy.objective)
+    acc = StreamingGRPO(params, objective=policy.objective, factor_sums=way != "split_dense")
     for g in sorted({t.group_id for t in batch}):
         acc.open_group(g, [t.trajectory_id for t in batch if t.group_id == g])
     reward = {t.trajectory_id: float(t.sample % 2) for t in batch}
     for tid in early:
         acc.add_reward(tid, reward[tid])
     for chunk in calls(batch, early, size) if way == "separate" else [batch]:
-        cap = capture if way == "split" else None
+        cap = capture if way.startswith("split") else None
         scores = policy.score_tokens(chunk, capture=cap)
         engine = engine_logprobs(chunk, scores.mask, scores.logprobs.dtype)
         acc.add_tokens([t.trajectory_id for t in chunk], scores, engine, capture=cap)
@@ -135,7 +142,7 @@ def measure(name: str, groups: int, size: int, repeats: int, forward_tokens: int
             samples[way]["wall"].append(wall)
             samples[way]["cpu"].append(cpu)
     medians = {w: {"wall_s": median(v["wall"]), "cpu_s": median(v["cpu"])} for w, v in samples.items()}
-    rel = {w: float((grads[w] - grads["per_job"]).norm() / grads["per_job"].norm()) for w in ("separate", "split")}
+    rel = {w: float((grads[w] - grads["per_job"]).norm() / grads["per_job"].norm()) for w in WAYS if w != "per_job"}
     return {
         "parameters": sum(p.numel() for p in policy.parameters()),
         "trajectories": len(batch),
@@ -146,6 +153,8 @@ def measure(name: str, groups: int, size: int, repeats: int, forward_tokens: int
         "separate_over_split_wall": medians["separate"]["wall_s"] / medians["split"]["wall_s"],
         "separate_over_split_cpu": medians["separate"]["cpu_s"] / medians["split"]["cpu_s"],
         "per_job_over_split_wall": medians["per_job"]["wall_s"] / medians["split"]["wall_s"],
+        "split_dense_over_split_wall": medians["split_dense"]["wall_s"] / medians["split"]["wall_s"],
+        "split_dense_over_split_cpu": medians["split_dense"]["cpu_s"] / medians["split"]["cpu_s"],
         "gradient_rel_diff_vs_per_job": rel,
     }
 
@@ -192,7 +201,8 @@ def main(argv: list[str] | None = None) -> dict:
         print(
             f"{name}: {m['trajectories']} trajectories, {m['destinations']} destinations: separate "
             f"{s['separate']['wall_s'] * 1e3:.1f} ms, per-destination backward {s['per_job']['wall_s'] * 1e3:.1f} ms, "
-            f"split {s['split']['wall_s'] * 1e3:.1f} ms -> separate/split {m['separate_over_split_wall']:.2f}x "
+            f"split {s['split']['wall_s'] * 1e3:.1f} ms (dense sums {s['split_dense']['wall_s'] * 1e3:.1f} ms, "
+            f"{m['split_dense_over_split_wall']:.2f}x) -> separate/split {m['separate_over_split_wall']:.2f}x "
             f"(cpu {m['separate_over_split_cpu']:.2f}x); gradient rel diff {m['gradient_rel_diff_vs_per_job']}"
         )
     return payload

@@ -106,14 +106,18 @@ def workload(args: argparse.Namespace, name: str) -> tuple[dict, GuessingGameTas
         latency_sigma=1.0,
         context_tokens=args.balanced_context_tokens,
     )
-    model = {
+    return balanced_model(hidden, tasks.model_spec().config["max_position_embeddings"]), tasks
+
+
+def balanced_model(hidden: int, max_positions: int = 64) -> dict:
+    """The balanced workload's Qwen3: the toy's, ``hidden`` wide (head_dim stays 64, as the toy's 4 heads)."""
+    return {
         **TOY_MODEL,
         "hidden_size": hidden,
         "intermediate_size": 2 * hidden,
-        "num_attention_heads": max(1, hidden // 16),  # head_dim stays 64 (TOY_MODEL), as the toy's 4 heads
-        "max_position_embeddings": tasks.model_spec().config["max_position_embeddings"],
+        "num_attention_heads": max(1, hidden // 16),
+        "max_position_embeddings": max_positions,
     }
-    return model, tasks
 
 
 def groups(args: argparse.Namespace, name: str) -> int:

@@ -149,9 +149,11 @@ def test_split_backward_smoke(tmp_path: Path) -> None:
     assert data["device"] == "cpu" and data["device_name"] is None
     assert toy["seconds"] == data["models"]["toy"]["seconds"]
     assert toy["trajectories"] == 6 and toy["destinations"] == 1 + 2 + 2  # direct, two buckets, two pending
-    assert toy["backward_passes"]["split"] == 1 < toy["backward_passes"]["per_job"]
+    assert toy["backward_passes"]["split"] == toy["backward_passes"]["split_dense"] == 1
+    assert toy["backward_passes"]["split"] < toy["backward_passes"]["per_job"]
+    assert set(toy["gradient_rel_diff_vs_per_job"]) == {"separate", "split", "split_dense"}
     assert max(toy["gradient_rel_diff_vs_per_job"].values()) <= 1e-5
-    assert toy["separate_over_split_wall"] > 0
+    assert toy["separate_over_split_wall"] > 0 and toy["split_dense_over_split_cpu"] > 0
 
 
 @pytest.mark.slow  # two fits with their engine start-ups: ~40 s on an idle 2-core box, minutes when loaded

@@ -75,6 +75,10 @@ class StreamingGRPO:
         max_open_groups: bound on groups declared and not yet folded/aborted (None: unbounded).
         max_held_trajectories: bound on reward-pending trajectories holding a gradient (None:
             unbounded; 0: never hold, wait for the reward before the backward).
+        factor_sums: with a split backward (``add_tokens(capture=...)``) and ``offload="none"``,
+            sums and held gradients keep Linear/Embedding weight gradients as factors where they
+            are smaller (:mod:`~thundersync_lightning.core.factors`); False keeps them dense
+            (same gradient up to summation order).
     """
 
     def __init__(
@@ -87,16 +91,20 @@ class StreamingGRPO:
         offload: Offload = "none",
         max_open_groups: int | None = None,
         max_held_trajectories: int | None = None,
+        factor_sums: bool = True,
     ) -> None:
         self._params = [p for p in params]
         problems = argument_problems(self._params, objective is not None, estimator, eps)
         problems += bound_problems(max_open_groups, max_held_trajectories)
+        if not isinstance(factor_sums, bool):
+            problems.append(f"factor_sums must be True or False, got {factor_sums!r}")
         if problems:
             raise ConfigError("invalid StreamingGRPO arguments: " + "; ".join(problems))
         if objective is None:
             shorthand = {k: v for k, v in (("estimator", estimator), ("eps", eps)) if v is not None}
             objective = Objective(**shorthand)
         self.objective = objective
+        self.factor_sums = factor_sums
         self._bounds = Bounds(max_open_groups, max_held_trajectories)
         self._store = GradientStore(self._params, offload)
         self._step = StepGradient(self._store)
@@ -356,7 +364,8 @@ class StreamingGRPO:
         jobs = jobs_of(plan, rows, terms)
         label = rows[0] if len(rows) == 1 else f"{len(rows)} trajectories"
         # on the device, a destination whose coefficient is still unknown keeps factors (module factors)
-        factor = [self._store.on_device and kind in ("sum", "held", "held_r") for kind, _, _ in jobs]
+        factors = self.factor_sums and self._store.on_device
+        factor = [factors and kind in ("sum", "held", "held_r") for kind, _, _ in jobs]
         try:
             if capture is not None and (len(jobs) > 1 or any(factor)):
                 grads, passes = split_gradients(capture, label, jobs, terms, inputs, keep, factor)

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import time_to_target  # noqa: E402
 from _common import (  # noqa: E402
     add_common_args,
     add_score_forward_tokens_arg,
@@ -46,7 +47,6 @@ from _common import (  # noqa: E402
     write_bar_chart,
     write_result,
 )
-import time_to_target  # noqa: E402
 from _harness import load_average, qwen3_config  # noqa: E402
 from thundersync_lightning.core import StreamingGRPO, engine_logprobs  # noqa: E402
 from thundersync_lightning.core.split_backward import RowCapture  # noqa: E402

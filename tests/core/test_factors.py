@@ -140,11 +140,22 @@ def test_the_split_keeps_chunks_and_equals_the_dense_gradient_in_every_reward_or
     assert split.bytes_in_use.total == 0
 
 
-def test_held_reward_independent_chunks_join_the_step_or_vanish_with_a_dropped_member():
+def test_held_reward_independent_chunks_join_the_step_or_vanish_with_a_dropped_member(monkeypatch):
+    from thundersync_lightning.core import group as group_module
+
+    taken = []
+    original = group_module.GroupSums.take
+
+    def spy(self, kind, key, grads, store):
+        taken.append((kind, isinstance(grads, Chunk)))
+        original(self, kind, key, grads, store)
+
+    monkeypatch.setattr(group_module.GroupSums, "take", spy)
     objective = Objective(kl_coef=0.1, failed="drop")
     reference, _, _ = run("held", split=False, objective=objective, failed=["t0-1", "t1-2"])
     got, _, chunked = run("held", split=True, objective=objective, failed=["t0-1", "t1-2"])
     assert close(got, reference) and max(chunked) > 0
+    assert ("held_r", True) in taken and ("held", True) in taken  # both kinds were kept as chunks
 
 
 def test_chunks_spill_into_dense_sums_when_they_would_outweigh_them(monkeypatch):

@@ -47,7 +47,7 @@ from .errors import (
     OpenGroupsError,
     UnknownTrajectoryError,
 )
-from .factors import Chunk
+from .factors import Chunk, fold_chunks
 from .group import GroupSums, GroupUsage, release
 from .jobs import jobs_of, prefix_backward, run_jobs, select_terms
 from .objective import BatchTotals, Objective
@@ -263,7 +263,7 @@ class StreamingGRPO:
             if held is not None:
                 group.add_known(self._store, value, held)
             if isinstance(held_r, Chunk):
-                self._step.add_grads(self._step_buffer("direct_r"), held_r.dense())
+                fold_chunks(self._store.split(self._step_buffer("direct_r")), [held_r], [1.0])
                 group.direct += 1
             elif held_r is not None:
                 self._step.add_flat(self._step_buffer("direct_r"), held_r)

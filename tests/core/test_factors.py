@@ -227,39 +227,29 @@ def test_offloaded_sums_stay_dense():
     assert all(isinstance(h, torch.Tensor) for h in acc._groups["g"].held.values())
 
 
-@pytest.mark.parametrize("factor_sums", [True, False])
-def test_factor_sums_false_keeps_every_destination_dense_with_the_same_gradient(factor_sums):
-    model = Model()
+def pair_step(model: Model, capture: RowCapture | None = None, factor_sums: bool = True) -> tuple[torch.Tensor, list]:
+    """A two-member group scored before its rewards: the step's gradient and what was held."""
     params = list(model.parameters())
-    capture = RowCapture(model, params)
     acc = StreamingGRPO(params, factor_sums=factor_sums)
     acc.open_group("g", ["a", "b"])
     acc.add_tokens(["a", "b"], scores(model, ["a", "b"], capture), capture=capture)
     held = list(acc._groups["g"].held.values())
-    assert all(isinstance(h, Chunk) == factor_sums for h in held) and len(held) == 2
-    acc.add_reward("a", 1.0)
-    acc.add_reward("b", 0.0)
-    acc.finish()
-    got = torch.cat([p.grad.reshape(-1) for p in params])
-    for p in params:
-        p.grad = None
-    reference = dense_pair(model)
-    assert close(got, reference)
-
-
-def dense_pair(model: Model) -> torch.Tensor:
-    """The same two-member step without a split: the reference gradient."""
-    params = list(model.parameters())
-    acc = StreamingGRPO(params)
-    acc.open_group("g", ["a", "b"])
-    acc.add_tokens(["a", "b"], scores(model, ["a", "b"], None))
     acc.add_reward("a", 1.0)
     acc.add_reward("b", 0.0)
     acc.finish()
     grad = torch.cat([p.grad.reshape(-1) for p in params])
     for p in params:
         p.grad = None
-    return grad
+    return grad, held
+
+
+@pytest.mark.parametrize("factor_sums", [True, False])
+def test_factor_sums_false_keeps_every_destination_dense_with_the_same_gradient(factor_sums):
+    model = Model()
+    got, held = pair_step(model, RowCapture(model, list(model.parameters())), factor_sums)
+    assert len(held) == 2 and all(isinstance(h, Chunk) == factor_sums for h in held)
+    reference, _ = pair_step(model)
+    assert close(got, reference)
 
 
 def test_factor_sums_must_be_a_bool():

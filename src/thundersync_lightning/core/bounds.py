@@ -30,10 +30,10 @@ The gradient is the same for every bound (only the summation order changes).
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Mapping
 
 from .errors import HeldGradientLimitError, OpenGroupLimitError
-from .group import GroupUsage
+from .group import GroupSums, GroupUsage
 
 __all__ = ["Bounds", "bound_problems"]
 
@@ -61,6 +61,7 @@ class Bounds:
 
     def reset(self) -> None:
         self.held = self.peak_held = self.held_bytes = self.peak_held_bytes = 0
+        self._usage: dict[Hashable, GroupUsage] = {}  # per open group, refreshed by recount
 
     def check_open(self, group_id: Hashable, open_groups: int) -> None:
         limit = self.max_open_groups
@@ -82,10 +83,19 @@ class Bounds:
             "reward lands); deliver their rewards (add_reward) first, or raise the limit"
         )
 
-    def count_held(self, usages: Iterable[GroupUsage]) -> None:
-        """Held gradients and their bytes: the sum over the open groups' usage."""
-        usages = list(usages)
+    def recount(self, groups: Mapping[Hashable, GroupSums], touched: Iterable[Hashable], buffer_bytes: int) -> int:
+        """Recount the ``touched`` groups from themselves (the one source of truth; a group no
+        longer in ``groups`` is forgotten), update the held counts and peaks over every open group,
+        and return the device bytes the groups hold outside flat buffers (chunks, leaf sums)."""
+        for gid in touched:
+            group = groups.get(gid)
+            if group is None:
+                self._usage.pop(gid, None)
+            else:
+                self._usage[gid] = group.usage(buffer_bytes)
+        usages = self._usage.values()
         self.held = sum(u.held for u in usages)
         self.held_bytes = sum(u.held_bytes for u in usages)
         self.peak_held = max(self.peak_held, self.held)
         self.peak_held_bytes = max(self.peak_held_bytes, self.held_bytes)
+        return sum(u.side_bytes for u in usages)

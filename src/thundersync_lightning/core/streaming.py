@@ -47,8 +47,7 @@ from .errors import (
     OpenGroupsError,
     UnknownTrajectoryError,
 )
-from .factors import Chunk, fold_chunks
-from .group import GroupSums, GroupUsage, release
+from .group import GroupSums, release
 from .jobs import jobs_of, prefix_backward, run_jobs, select_terms
 from .objective import BatchTotals, Objective
 from .prefix import LeafSums, SharedPrefix
@@ -122,7 +121,6 @@ class StreamingGRPO:
     def reset(self) -> None:
         """Start a new step: forget everything and record the parameters' version counters."""
         self._groups: dict[Hashable, GroupSums] = {}
-        self._usage: dict[Hashable, GroupUsage] = {}  # per open group, refreshed by _count
         self._owner: dict[Hashable, Hashable] = {}
         self._folded: list[GroupStat] = []
         self._aborted = 0
@@ -262,10 +260,7 @@ class StreamingGRPO:
         else:
             if held is not None:
                 group.add_known(self._store, value, held)
-            if isinstance(held_r, Chunk):
-                fold_chunks(self._store.split(self._step_buffer("direct_r")), [held_r], [1.0])
-                group.direct += 1
-            elif held_r is not None:
+            if held_r is not None:
                 self._step.add_flat(self._step_buffer("direct_r"), held_r)
                 group.direct += 1
         if group.all_rewards_known():
@@ -405,16 +400,8 @@ class StreamingGRPO:
         self._count(*(gid for gid, _ in touched))
 
     def _count(self, *group_ids: Hashable) -> None:
-        """Held gradients, chunk and leaf bytes: the groups an event touched are recounted from
-        themselves (the one source of truth), the totals summed over every open group's count."""
-        for gid in group_ids:
-            group = self._groups.get(gid)
-            if group is None:
-                self._usage.pop(gid, None)
-            else:
-                self._usage[gid] = group.usage(self._store.buffer_bytes)
-        self._bounds.count_held(self._usage.values())
-        self._store.set_side_bytes(sum(u.side_bytes for u in self._usage.values()))
+        """Held gradients, chunk and leaf bytes, recounted for the groups an event touched."""
+        self._store.set_side_bytes(self._bounds.recount(self._groups, group_ids, self._store.buffer_bytes))
 
     def abort_group(self, group_id: Hashable) -> None:
         """Drop a group that cannot finish: its buffers are freed and it counts nowhere."""

@@ -101,12 +101,12 @@ def chunk_of(
     whose factors would take more bytes than its dense gradient is formed now."""
     parts: list[Part | None] = list(dense)
     for k, found in pieces.items():
-        a, b = torch.cat([p[0] for p in found]), torch.cat([p[1] for p in found])
+        factor_bytes = sum(_bytes(a) + _bytes(b) for a, b in found)
+        a, b = (found[0] if len(found) == 1 else (torch.cat([p[0] for p in found]), torch.cat([p[1] for p in found])))
         part: Part = EmbeddingFactors(a, b) if k in embedding else LinearFactors(a, b)
-        wide = torch.empty((), dtype=_wide(b)).element_size()
-        if part.nbytes >= params[k].numel() * wide:
-            part = _form(part, params[k].shape)
-        parts[k] = part if parts[k] is None else _form(part, params[k].shape) + parts[k]
+        if factor_bytes >= params[k].numel() * _wide(b).itemsize or parts[k] is not None:
+            part = _form(part, params[k].shape) + (0 if parts[k] is None else parts[k])
+        parts[k] = part
     return Chunk.of(parts, [p.shape for p in params])
 
 

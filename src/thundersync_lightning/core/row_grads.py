@@ -47,6 +47,7 @@ class Layout:
 
     by_job: dict[int, list[int]]
     slots: Tensor  # (b,): slot of each position; len(by_job) for positions feeding no job
+    at: dict[int, Tensor]  # each job's positions as an index tensor (shared by the forward's records)
 
     @staticmethod
     def of(rows: tuple[int, ...], owner: list[int], device: torch.device, jobs: Callable[[int], bool]) -> Layout:
@@ -56,7 +57,7 @@ class Layout:
                 by_job.setdefault(owner[row], []).append(pos)
         slot = {j: k for k, j in enumerate(by_job)}
         slots = torch.tensor([slot.get(owner[row], len(slot)) for row in rows], device=device)
-        return Layout(by_job, slots)
+        return Layout(by_job, slots, {j: torch.tensor(p, device=device) for j, p in by_job.items()})
 
 
 class Layouts:
@@ -104,17 +105,12 @@ def _factor_pieces(
     module: nn.Module, x: Tensor, dy: Tensor, layout: Layout, k: int, pieces: list[dict[int, list[tuple[Tensor, Tensor]]]]
 ) -> None:
     """Each job's (x, dy) token rows for the Linear weight ``k`` ((ids, dy) for an Embedding;
-    padding ids left out), in one gather per tensor."""
-    jobs = list(layout.by_job)
-    positions = [p for j in jobs for p in layout.by_job[j]]
-    if positions != list(range(x.shape[0])):  # by job, in one gather
-        at = torch.tensor(positions, device=x.device)
-        x, dy = x.index_select(0, at), dy.index_select(0, at)
-    start = 0
-    for j in jobs:
-        count = len(layout.by_job[j])
-        xs, ds = x[start:start + count], dy[start:start + count]
-        start += count
+    padding ids left out), one gather per job and tensor (each piece owns its storage)."""
+    for j, positions in layout.by_job.items():
+        if len(positions) == x.shape[0]:
+            xs, ds = x.clone(), dy.clone()
+        else:
+            xs, ds = x.index_select(0, layout.at[j]), dy.index_select(0, layout.at[j])
         if isinstance(module, nn.Embedding):
             ids, rows = xs.reshape(-1), ds.reshape(-1, ds.shape[-1])
             if module.padding_idx is not None:
@@ -156,8 +152,7 @@ def _dense_grads(
         if len(pos) == x.shape[0]:
             xs, ds = x, dy
         else:
-            at = torch.tensor(pos, device=x.device)
-            xs, ds = x.index_select(0, at), dy.index_select(0, at)
+            xs, ds = x.index_select(0, layout.at[j]), dy.index_select(0, layout.at[j])
         if scale:
             grads = [("weight", (ds * xs).reshape(-1, xs.shape[-1]).sum(0).to(module.weight.dtype))]
         else:

@@ -79,7 +79,7 @@ class Bounds:
             return
         raise HeldGradientLimitError(
             f"cannot backpropagate {new} before their rewards: {self.held} trajectories already hold a "
-            f"gradient and max_held_trajectories={limit} (each holds a parameter-sized buffer until its "
+            f"gradient and max_held_trajectories={limit} (each holds up to a parameter-sized buffer until its "
             "reward lands); deliver their rewards (add_reward) first, or raise the limit"
         )
 

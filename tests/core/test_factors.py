@@ -25,7 +25,11 @@ def test_fold_equals_the_coefficient_weighted_sum_of_the_formed_chunks():
         x, dy = torch.randn(n, 8, generator=g, dtype=torch.float64), torch.randn(n, 9, generator=g, dtype=torch.float64)
         ids, rows = torch.randint(0, 50, (n,), generator=g), torch.randn(n, 4, generator=g, dtype=torch.float64)
         bias = torch.randn(9, generator=g, dtype=torch.float64)
-        chunks.append(chunk_of([None, None, bias], {0: [(x[:1], dy[:1]), (x[1:], dy[1:])], 1: [(ids, rows)]}, params, {1}))
+        chunks.append(chunk_of(
+            [None, None, bias],
+            {0: [LinearFactors(x[:1], dy[:1]), LinearFactors(x[1:], dy[1:])], 1: [EmbeddingFactors(ids, rows)]},
+            params,
+        ))
     assert isinstance(chunks[0].parts[0], LinearFactors) and isinstance(chunks[0].parts[1], EmbeddingFactors)
     coefs = [0.7, 0.0, -2.5]
     views = [torch.zeros_like(p) for p in params]
@@ -38,17 +42,17 @@ def test_fold_equals_the_coefficient_weighted_sum_of_the_formed_chunks():
 def test_a_part_whose_factors_outweigh_its_gradient_is_formed_at_once():
     params = [torch.zeros(4, 3)]
     x, dy = torch.randn(5, 3), torch.randn(5, 4)  # 5 * (3 + 4) values > 4 * 3
-    chunk = chunk_of([None], {0: [(x, dy)]}, params, set())
+    chunk = chunk_of([None], {0: [LinearFactors(x, dy)]}, params)
     assert isinstance(chunk.parts[0], torch.Tensor) and torch.allclose(chunk.parts[0], dy.t() @ x)
     assert chunk.nbytes == 4 * 3 * 4
-    small = chunk_of([None], {0: [(x[:1], dy[:1])]}, params, set())
+    small = chunk_of([None], {0: [LinearFactors(x[:1], dy[:1])]}, params)
     assert isinstance(small.parts[0], LinearFactors) and small.nbytes == (3 + 4) * 4 < 4 * 3 * 4
 
 
 class Model(nn.Module):
     """Token ids (n, T) -> logits; Embedding, a scale, Linear with bias, LayerNorm, Linear head."""
 
-    def __init__(self) -> None:
+    def __init__(self, tied: bool = False) -> None:
         super().__init__()
         torch.manual_seed(0)
         self.embed = nn.Embedding(VOCAB, WIDTH, padding_idx=0, dtype=torch.float64)
@@ -56,6 +60,8 @@ class Model(nn.Module):
         self.mix = nn.Linear(WIDTH, WIDTH, dtype=torch.float64)
         self.norm = nn.LayerNorm(WIDTH, dtype=torch.float64)
         self.head = nn.Linear(WIDTH, VOCAB, bias=False, dtype=torch.float64)
+        if tied:  # one (VOCAB, WIDTH) matrix as input embedding and output head, as in many HF models
+            self.head.weight = self.embed.weight
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.head(self.norm(torch.tanh(self.mix(self.scale(self.embed(ids))))))
@@ -97,11 +103,11 @@ ORDERS = {  # which rewards land before the first scored batch, and the batches
 
 
 def run(
-    order: str, split: bool, objective: Objective | None = None, failed: Sequence[str] = ()
+    order: str, split: bool, objective: Objective | None = None, failed: Sequence[str] = (), tied: bool = False
 ) -> tuple[torch.Tensor, StreamingGRPO, list[int]]:
     """The step's gradient, the accumulator, and after each batch the chunks holding Linear factors."""
     objective = objective or Objective()
-    model = Model()
+    model = Model(tied)
     params = list(model.parameters())
     capture = RowCapture(model, params) if split else None
     acc = StreamingGRPO(params, objective=objective)
@@ -138,6 +144,25 @@ def test_the_split_keeps_chunks_and_equals_the_dense_gradient_in_every_reward_or
     assert split.peak_bytes.device <= dense.peak_bytes.device
     assert split.peak_held_bytes < dense.peak_held_bytes or dense.peak_held_bytes == 0
     assert split.bytes_in_use.total == 0
+
+
+@pytest.mark.parametrize("order", list(ORDERS))
+def test_a_weight_tied_between_the_embedding_and_the_head_is_formed_from_both_kinds_of_factors(order):
+    reference, _, _ = run(order, split=False, tied=True)
+    got, _, chunked = run(order, split=True, tied=True)
+    assert len(got) == len(run(order, split=False)[0]) - VOCAB * WIDTH  # one tied matrix, not two
+    assert close(got, reference) and max(chunked) > 0
+
+
+def test_a_parameter_with_both_kinds_of_factors_and_a_dense_part_sums_all_three():
+    g = torch.Generator().manual_seed(1)
+    params = [torch.zeros(VOCAB, 4, dtype=torch.float64)]
+    x, dy = torch.randn(2, 4, generator=g, dtype=torch.float64), torch.randn(2, VOCAB, generator=g, dtype=torch.float64)
+    ids, rows = torch.tensor([3, 3, 7]), torch.randn(3, 4, generator=g, dtype=torch.float64)
+    dense = torch.randn(VOCAB, 4, generator=g, dtype=torch.float64)
+    chunk = chunk_of([dense], {0: [LinearFactors(x, dy), EmbeddingFactors(ids, rows)]}, params)
+    expected = dy.t() @ x + torch.zeros(VOCAB, 4, dtype=torch.float64).index_add_(0, ids, rows) + dense
+    assert isinstance(chunk.parts[0], torch.Tensor) and torch.allclose(chunk.parts[0], expected, rtol=0, atol=1e-12)
 
 
 def test_held_reward_independent_chunks_join_the_step_or_vanish_with_a_dropped_member(monkeypatch):

@@ -92,22 +92,34 @@ def _form(part: Part, shape: torch.Size) -> Tensor:
 
 def chunk_of(
     dense: Sequence[Tensor | None],
-    pieces: dict[int, list[tuple[Tensor, Tensor]]],
+    pieces: dict[int, list[LinearFactors | EmbeddingFactors]],
     params: Sequence[Tensor],
-    embedding: set[int],
 ) -> Chunk:
     """A chunk from one destination's dense gradients and its factor pieces per parameter index
-    ((x, dy) for a Linear weight, (ids, rows) for an Embedding one, both 2-D/1-D by token); a part
-    whose factors would take more bytes than its dense gradient is formed now."""
+    (a token slice each); a part whose factors would take more bytes than its dense gradient is
+    formed now, and so is a parameter reached both as a Linear and as an Embedding weight (tied
+    input/output embeddings), whose two kinds of factors cannot be concatenated."""
     parts: list[Part | None] = list(dense)
     for k, found in pieces.items():
-        factor_bytes = sum(_bytes(a) + _bytes(b) for a, b in found)
-        a, b = (found[0] if len(found) == 1 else (torch.cat([p[0] for p in found]), torch.cat([p[1] for p in found])))
-        part: Part = EmbeddingFactors(a, b) if k in embedding else LinearFactors(a, b)
-        if factor_bytes >= params[k].numel() * _wide(b).itemsize or parts[k] is not None:
-            part = _form(part, params[k].shape) + (0 if parts[k] is None else parts[k])
-        parts[k] = part
+        merged = [_merge([p for p in found if type(p) is kind]) for kind in (LinearFactors, EmbeddingFactors)]
+        kept = [m for m in merged if m is not None]
+        factor_bytes = sum(m.nbytes for m in kept)
+        wide = _wide(kept[0].dy if isinstance(kept[0], LinearFactors) else kept[0].rows)
+        if len(kept) == 1 and parts[k] is None and factor_bytes < params[k].numel() * wide.itemsize:
+            parts[k] = kept[0]
+            continue
+        formed = [_form(m, params[k].shape) for m in kept] + ([] if parts[k] is None else [parts[k]])
+        parts[k] = sum(formed[1:], formed[0])
     return Chunk.of(parts, [p.shape for p in params])
+
+
+def _merge(found: list[LinearFactors | EmbeddingFactors]) -> LinearFactors | EmbeddingFactors | None:
+    """One factor pair of a single kind from its token slices (None for no slice)."""
+    if len(found) <= 1:
+        return found[0] if found else None
+    if isinstance(found[0], LinearFactors):
+        return LinearFactors(torch.cat([p.x for p in found]), torch.cat([p.dy for p in found]))
+    return EmbeddingFactors(torch.cat([p.ids for p in found]), torch.cat([p.rows for p in found]))
 
 
 def fold_chunks(views: Sequence[Tensor], chunks: Sequence[Chunk], coefs: Sequence[float]) -> None:

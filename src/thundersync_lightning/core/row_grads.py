@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from .factors import EmbeddingFactors, LinearFactors
 from .jobs import Grads
 
 __all__ = ["Record", "Owners", "Layout", "Layouts", "module_grads", "SEGMENT_BYTES"]
@@ -84,7 +85,7 @@ def module_grads(
     dy: Tensor,
     layouts: Layouts,
     out: list[Grads],
-    pieces: list[dict[int, list[tuple[Tensor, Tensor]]]],
+    pieces: list[dict[int, list[LinearFactors | EmbeddingFactors]]],
 ) -> None:
     """Add the module's per-job parameter gradients of this pass to ``out``; a Linear or
     Embedding weight of a job kept as factors goes to ``pieces`` instead."""
@@ -102,7 +103,7 @@ def module_grads(
 
 
 def _factor_pieces(
-    module: nn.Module, x: Tensor, dy: Tensor, layout: Layout, k: int, pieces: list[dict[int, list[tuple[Tensor, Tensor]]]]
+    module: nn.Module, x: Tensor, dy: Tensor, layout: Layout, k: int, pieces: list[dict[int, list[LinearFactors | EmbeddingFactors]]]
 ) -> None:
     """Each job's (x, dy) token rows for the Linear weight ``k`` ((ids, dy) for an Embedding;
     padding ids left out), one gather per job and tensor (each piece owns its storage)."""
@@ -116,9 +117,9 @@ def _factor_pieces(
             if module.padding_idx is not None:
                 keep = ids.ne(module.padding_idx)
                 ids, rows = ids[keep], rows[keep]
-            pieces[j].setdefault(k, []).append((ids, rows))
+            pieces[j].setdefault(k, []).append(EmbeddingFactors(ids, rows))
         else:
-            pieces[j].setdefault(k, []).append((xs.reshape(-1, xs.shape[-1]), ds.reshape(-1, ds.shape[-1])))
+            pieces[j].setdefault(k, []).append(LinearFactors(xs.reshape(-1, xs.shape[-1]), ds.reshape(-1, ds.shape[-1])))
 
 
 def _dense_grads(

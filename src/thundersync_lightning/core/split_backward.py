@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from .errors import ConfigError, InvalidLogprobError
-from .factors import Chunk, chunk_of
+from .factors import Chunk, EmbeddingFactors, LinearFactors, chunk_of
 from .jobs import Grads, Job, run_jobs
 from .row_grads import Layouts, Record, module_grads
 from .terms import TrajectoryTerms
@@ -191,7 +191,7 @@ def split_gradients(
     reference = run_jobs(label, jobs, params, retain=True) if not capture.verified else None
     out: list[Grads] = [[None] * len(params) for _ in jobs]
     keep_factors = [False] * len(jobs) if factor is None else list(factor)
-    pieces: list[dict[int, list[tuple[Tensor, Tensor]]]] = [{} for _ in jobs]
+    pieces: list[dict[int, list[LinearFactors | EmbeddingFactors]]] = [{} for _ in jobs]
     index = {id(p): k for k, p in enumerate(params)}
     outputs = [r.output for r in capture.records]
     width = 1 + max(max(r.rows) for r in capture.records)
@@ -209,9 +209,8 @@ def split_gradients(
         for record, dy in zip(capture.records, dys):
             if dy is not None:
                 module_grads(capture, index, record, dy, layouts, out, pieces)
-    embedding = {index[id(m.weight)] for m in capture.modules if isinstance(m, nn.Embedding) and id(m.weight) in index}
     result: list[Grads | Chunk] = [
-        chunk_of(g, pieces[j], params, embedding) if keep_factors[j] else g for j, g in enumerate(out)
+        chunk_of(g, pieces[j], params) if keep_factors[j] else g for j, g in enumerate(out)
     ]
     if reference is not None:
         problem = _mismatch([g.dense() if isinstance(g, Chunk) else g for g in result], reference, jobs)

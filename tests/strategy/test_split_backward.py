@@ -20,7 +20,7 @@ from thundersync_lightning.core import (
     StreamingGRPO,
     Trajectory,
 )
-from thundersync_lightning.modules import GRPOPolicy
+from thundersync_lightning.modules import TINY_QWEN3, GRPOPolicy
 from thundersync_lightning.strategy import ThunderSyncStrategy
 from thundersync_lightning.strategy.runner import StepRunner
 from thundersync_lightning.strategy.split_choice import (
@@ -41,9 +41,13 @@ REWARDS = {t: float(k % 2) for k, t in enumerate(IDS)}
 EARLY = [t for t in IDS if OWNER[t] == "g0"] + [IDS[3]]  # group g0 complete, one reward of g1
 
 
-def trajectory(tid: str) -> Trajectory:
+#: the toy policy (untied) and the default tiny Qwen3, whose output head is its input embedding
+MODELS = {"toy": TOY_MODEL, "tied": TINY_QWEN3}
+
+
+def trajectory(tid: str, vocab: int = TOY_MODEL["vocab_size"]) -> Trajectory:
     g = torch.Generator().manual_seed(sum(map(ord, tid)))
-    tokens = tuple(int(x) for x in torch.randint(0, TOY_MODEL["vocab_size"], (2 + len(tid) % 3,), generator=g))
+    tokens = tuple(int(x) for x in torch.randint(0, vocab, (2 + len(tid) % 3,), generator=g))
     return Trajectory(tid, OWNER[tid], 0, (1, 2), (Segment(tokens, True),), 0, 1, "stop", 0.0, 0.0)
 
 
@@ -62,13 +66,13 @@ class Scored(StreamingGRPO):
             self.changed.notify_all()
 
 
-def events(acc: Scored, scoring: threading.Event, queued: threading.Event) -> Iterator:
+def events(acc: Scored, scoring: threading.Event, queued: threading.Event, vocab: int) -> Iterator:
     """The first content alone; once the learner scores it, every other content and the early
     rewards; once the learner scored every content, the rest."""
-    yield ContentReady(trajectory(IDS[0]), 0.0)
+    yield ContentReady(trajectory(IDS[0], vocab), 0.0)
     assert scoring.wait(60)  # runs when the pump asks for the next event: the learner took the first alone
     for tid in IDS[1:]:
-        yield ContentReady(trajectory(tid), 0.0)
+        yield ContentReady(trajectory(tid, vocab), 0.0)
     for tid in EARLY:
         yield RewardReady(tid, OWNER[tid], REWARDS[tid], 0.0)
     queued.set()  # runs when the pump asks for the next event: the ones above are queued
@@ -79,11 +83,11 @@ def events(acc: Scored, scoring: threading.Event, queued: threading.Event) -> It
             yield RewardReady(tid, OWNER[tid], REWARDS[tid], 0.0)
 
 
-def run(split: bool):
+def run(split: bool, config: dict = TOY_MODEL):
     """One step: the first call scores one trajectory while the rest of the first events queue up,
     so the second call finds direct rows, a bucket and reward-pending rows together."""
     torch.manual_seed(0)
-    policy = GRPOPolicy(config=TOY_MODEL)
+    policy = GRPOPolicy(config=config)
     params = [p for p in policy.parameters() if p.requires_grad]
     acc = Scored(params)
     scoring, queued = threading.Event(), threading.Event()
@@ -95,16 +99,17 @@ def run(split: bool):
 
     capture = row_capture(True, policy, params, "streaming", False, "none") if split else None
     runner = StepRunner(REQUEST, PolicySnapshot(policy), 0, acc, score, split=capture)
-    outcome = runner.run(events(acc, scoring, queued))
+    outcome = runner.run(events(acc, scoring, queued, config["vocab_size"]))
     report = acc.finish()
     grad = torch.cat([p.grad.reshape(-1) for p in params]).clone()
     calls = [(iv.path, iv.trajectories) for iv in outcome.busy if iv.kind == "backward"]
     return grad, report.backward_passes, calls, capture
 
 
-def test_one_split_call_takes_every_destination_and_applies_the_same_gradient():
-    per_job, jobs, calls, _ = run(split=False)
-    split, passes, split_calls, capture = run(split=True)
+@pytest.mark.parametrize("model", list(MODELS))
+def test_one_split_call_takes_every_destination_and_applies_the_same_gradient(model):
+    per_job, jobs, calls, _ = run(split=False, config=MODELS[model])
+    split, passes, split_calls, capture = run(split=True, config=MODELS[model])
     assert calls[0] == split_calls[0] == ("held", 1)
     # without the split each destination's work is its own call; with it, one call for the rest
     assert split_calls[1:] == [("direct", 8)]

@@ -11,7 +11,14 @@ import torch
 from torch import nn
 
 from thundersync_lightning.core import Objective, StreamingGRPO, TokenScores
-from thundersync_lightning.core.factors import Chunk, EmbeddingFactors, LinearFactors, chunk_of, fold_chunks
+from thundersync_lightning.core.factors import (
+    Chunk,
+    EmbeddingFactors,
+    LinearFactors,
+    TiedFactors,
+    chunk_of,
+    fold_chunks,
+)
 from thundersync_lightning.core.split_backward import RowCapture
 
 VOCAB, WIDTH = 40, 32  # wide enough that a short row's factors take fewer bytes than a weight
@@ -105,7 +112,8 @@ ORDERS = {  # which rewards land before the first scored batch, and the batches
 def run(
     order: str, split: bool, objective: Objective | None = None, failed: Sequence[str] = (), tied: bool = False
 ) -> tuple[torch.Tensor, StreamingGRPO, list[int]]:
-    """The step's gradient, the accumulator, and after each batch the chunks holding Linear factors."""
+    """The step's gradient, the accumulator, and after each batch the chunks holding Linear factors
+    (of the tied weight, both kinds, when ``tied``)."""
     objective = objective or Objective()
     model = Model(tied)
     params = list(model.parameters())
@@ -124,7 +132,8 @@ def run(
             acc.add_tokens(batch, scores(model, batch, capture, objective.needs_reference), capture=capture)
         kept = [h for grp in acc._groups.values() for h in (*grp.held.values(), *grp.held_independent.values())]
         kept += [c for grp in acc._groups.values() for _, c in grp.chunks]
-        chunked.append(sum(isinstance(c, Chunk) and any(isinstance(p, LinearFactors) for p in c.parts) for c in kept))
+        kinds = (TiedFactors,) if tied else (LinearFactors,)
+        chunked.append(sum(isinstance(c, Chunk) and any(isinstance(p, kinds) for p in c.parts) for c in kept))
     for t in rewards:
         if t not in early:
             acc.add_reward(t, rewards[t], failed=t in failed)
@@ -147,14 +156,14 @@ def test_the_split_keeps_chunks_and_equals_the_dense_gradient_in_every_reward_or
 
 
 @pytest.mark.parametrize("order", list(ORDERS))
-def test_a_weight_tied_between_the_embedding_and_the_head_is_formed_from_both_kinds_of_factors(order):
+def test_a_weight_tied_between_the_embedding_and_the_head_keeps_both_kinds_of_factors(order):
     reference, _, _ = run(order, split=False, tied=True)
     got, _, chunked = run(order, split=True, tied=True)
     assert len(got) == len(run(order, split=False)[0]) - VOCAB * WIDTH  # one tied matrix, not two
     assert close(got, reference) and max(chunked) > 0
 
 
-def test_a_parameter_with_both_kinds_of_factors_and_a_dense_part_sums_all_three():
+def test_a_parameter_with_both_kinds_of_factors_keeps_both_or_with_a_dense_part_sums_all_three():
     g = torch.Generator().manual_seed(1)
     params = [torch.zeros(VOCAB, 4, dtype=torch.float64)]
     x, dy = torch.randn(2, 4, generator=g, dtype=torch.float64), torch.randn(2, VOCAB, generator=g, dtype=torch.float64)
@@ -163,6 +172,12 @@ def test_a_parameter_with_both_kinds_of_factors_and_a_dense_part_sums_all_three(
     chunk = chunk_of([dense], {0: [LinearFactors(x, dy), EmbeddingFactors(ids, rows)]}, params)
     expected = dy.t() @ x + torch.zeros(VOCAB, 4, dtype=torch.float64).index_add_(0, ids, rows) + dense
     assert isinstance(chunk.parts[0], torch.Tensor) and torch.allclose(chunk.parts[0], expected, rtol=0, atol=1e-12)
+    tied = chunk_of([None], {0: [LinearFactors(x, dy), EmbeddingFactors(ids, rows)]}, params)
+    assert isinstance(tied.parts[0], TiedFactors) and tied.nbytes < VOCAB * 4 * 8
+    view = torch.zeros(VOCAB, 4, dtype=torch.float64)
+    fold_chunks([view], [tied, chunk], [2.0, -1.0])
+    assert torch.allclose(view, 2 * tied.dense()[0] - expected, rtol=0, atol=1e-12)
+    assert torch.allclose(tied.dense()[0], expected - dense, rtol=0, atol=1e-12)
 
 
 def test_held_reward_independent_chunks_join_the_step_or_vanish_with_a_dropped_member(monkeypatch):

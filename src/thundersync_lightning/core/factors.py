@@ -19,11 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import Tensor
 
-__all__ = ["LinearFactors", "EmbeddingFactors", "Chunk", "chunk_of", "fold_chunks"]
+__all__ = ["LinearFactors", "EmbeddingFactors", "TiedFactors", "Chunk", "chunk_of", "fold_chunks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +51,21 @@ class EmbeddingFactors:
         return _bytes(self.ids) + _bytes(self.rows)
 
 
-Part = Tensor | LinearFactors | EmbeddingFactors
+@dataclass(frozen=True, slots=True)
+class TiedFactors:
+    """One weight reached both as an Embedding and as a Linear (a tied input embedding and output
+    head): its gradient is the sum of both kinds' gradients."""
+
+    linear: LinearFactors
+    embedding: EmbeddingFactors
+
+    @property
+    def nbytes(self) -> int:
+        return self.linear.nbytes + self.embedding.nbytes
+
+
+Factors = LinearFactors | EmbeddingFactors
+Part = Tensor | LinearFactors | EmbeddingFactors | TiedFactors
 
 
 def _bytes(t: Tensor) -> int:
@@ -83,6 +98,8 @@ def _wide(t: Tensor) -> torch.dtype:
 def _form(part: Part, shape: torch.Size) -> Tensor:
     if isinstance(part, Tensor):
         return part
+    if isinstance(part, TiedFactors):
+        return _form(part.linear, shape) + _form(part.embedding, shape)
     if isinstance(part, LinearFactors):
         wide = _wide(part.dy)
         return part.dy.to(wide).t() @ part.x.to(wide)
@@ -92,28 +109,36 @@ def _form(part: Part, shape: torch.Size) -> Tensor:
 
 def chunk_of(
     dense: Sequence[Tensor | None],
-    pieces: dict[int, list[LinearFactors | EmbeddingFactors]],
+    pieces: dict[int, list[Factors]],
     params: Sequence[Tensor],
 ) -> Chunk:
     """A chunk from one destination's dense gradients and its factor pieces per parameter index
     (a token slice each); a part whose factors would take more bytes than its dense gradient is
-    formed now, and so is a parameter reached both as a Linear and as an Embedding weight (tied
-    input/output embeddings), whose two kinds of factors cannot be concatenated."""
+    formed now. A weight reached both as a Linear and as an Embedding one keeps both kinds
+    (:class:`TiedFactors`)."""
     parts: list[Part | None] = list(dense)
     for k, found in pieces.items():
-        merged = [_merge([p for p in found if type(p) is kind]) for kind in (LinearFactors, EmbeddingFactors)]
-        kept = [m for m in merged if m is not None]
-        factor_bytes = sum(m.nbytes for m in kept)
-        wide = _wide(kept[0].dy if isinstance(kept[0], LinearFactors) else kept[0].rows)
-        if len(kept) == 1 and parts[k] is None and factor_bytes < params[k].numel() * wide.itemsize:
-            parts[k] = kept[0]
+        linear = _merge([p for p in found if isinstance(p, LinearFactors)])
+        embedding = _merge([p for p in found if isinstance(p, EmbeddingFactors)])
+        part: Part
+        if linear is not None and embedding is not None:
+            part, grad_like = TiedFactors(linear, embedding), linear.dy
+        elif linear is not None:
+            part, grad_like = linear, linear.dy
+        elif embedding is not None:
+            part, grad_like = embedding, embedding.rows
+        else:
             continue
-        formed = [_form(m, params[k].shape) for m in kept] + ([] if parts[k] is None else [parts[k]])
-        parts[k] = sum(formed[1:], formed[0])
+        if part.nbytes >= params[k].numel() * _wide(grad_like).itemsize or parts[k] is not None:
+            part = _form(part, params[k].shape) + (0 if parts[k] is None else parts[k])
+        parts[k] = part
     return Chunk.of(parts, [p.shape for p in params])
 
 
-def _merge(found: list[LinearFactors | EmbeddingFactors]) -> LinearFactors | EmbeddingFactors | None:
+F = TypeVar("F", LinearFactors, EmbeddingFactors)
+
+
+def _merge(found: list[F]) -> F | None:
     """One factor pair of a single kind from its token slices (None for no slice)."""
     if len(found) <= 1:
         return found[0] if found else None
@@ -131,12 +156,13 @@ def fold_chunks(views: Sequence[Tensor], chunks: Sequence[Chunk], coefs: Sequenc
         embedding: list[tuple[EmbeddingFactors, float]] = []
         for chunk, w in live:
             part = chunk.parts[k]
-            if isinstance(part, LinearFactors):
-                linear.append((part, w))
-            elif isinstance(part, EmbeddingFactors):
-                embedding.append((part, w))
-            elif part is not None:
-                view.add_(part.to(view.dtype), alpha=w)
+            for piece in (part.linear, part.embedding) if isinstance(part, TiedFactors) else (part,):
+                if isinstance(piece, LinearFactors):
+                    linear.append((piece, w))
+                elif isinstance(piece, EmbeddingFactors):
+                    embedding.append((piece, w))
+                elif piece is not None:
+                    view.add_(piece.to(view.dtype), alpha=w)
         if linear:
             dy = torch.cat([p.dy.to(view.dtype) * w for p, w in linear])
             x = torch.cat([p.x for p, _ in linear]).to(view.dtype)

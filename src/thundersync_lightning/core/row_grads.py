@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from .factors import EmbeddingFactors, LinearFactors
+from .factors import EmbeddingFactors, Factors, LinearFactors
 from .jobs import Grads
 
 __all__ = ["Record", "Owners", "Layout", "Layouts", "module_grads", "SEGMENT_BYTES"]
@@ -85,7 +85,7 @@ def module_grads(
     dy: Tensor,
     layouts: Layouts,
     out: list[Grads],
-    pieces: list[dict[int, list[LinearFactors | EmbeddingFactors]]],
+    pieces: list[dict[int, list[Factors]]],
 ) -> None:
     """Add the module's per-job parameter gradients of this pass to ``out``; a Linear or
     Embedding weight of a job kept as factors goes to ``pieces`` instead."""
@@ -103,7 +103,7 @@ def module_grads(
 
 
 def _factor_pieces(
-    module: nn.Module, x: Tensor, dy: Tensor, layout: Layout, k: int, pieces: list[dict[int, list[LinearFactors | EmbeddingFactors]]]
+    module: nn.Module, x: Tensor, dy: Tensor, layout: Layout, k: int, pieces: list[dict[int, list[Factors]]]
 ) -> None:
     """Each job's (x, dy) token rows for the Linear weight ``k`` ((ids, dy) for an Embedding;
     padding ids left out), one gather per job and tensor (each piece owns its storage)."""

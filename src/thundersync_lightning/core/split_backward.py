@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from .errors import ConfigError, InvalidLogprobError
-from .factors import Chunk, EmbeddingFactors, LinearFactors, chunk_of
+from .factors import Chunk, Factors, chunk_of
 from .jobs import Grads, Job, run_jobs
 from .row_grads import Layouts, Record, module_grads
 from .terms import TrajectoryTerms
@@ -191,7 +191,7 @@ def split_gradients(
     reference = run_jobs(label, jobs, params, retain=True) if not capture.verified else None
     out: list[Grads] = [[None] * len(params) for _ in jobs]
     keep_factors = [False] * len(jobs) if factor is None else list(factor)
-    pieces: list[dict[int, list[LinearFactors | EmbeddingFactors]]] = [{} for _ in jobs]
+    pieces: list[dict[int, list[Factors]]] = [{} for _ in jobs]
     index = {id(p): k for k, p in enumerate(params)}
     outputs = [r.output for r in capture.records]
     width = 1 + max(max(r.rows) for r in capture.records)

@@ -65,7 +65,7 @@ class TiedFactors:
 
 
 Factors = LinearFactors | EmbeddingFactors
-Part = Tensor | LinearFactors | EmbeddingFactors | TiedFactors
+Part = Tensor | Factors | TiedFactors
 
 
 def _bytes(t: Tensor) -> int:
@@ -125,10 +125,9 @@ def chunk_of(
             part, grad_like = TiedFactors(linear, embedding), linear.dy
         elif linear is not None:
             part, grad_like = linear, linear.dy
-        elif embedding is not None:
+        else:  # a piece list is never empty: only Embedding pieces
+            assert embedding is not None
             part, grad_like = embedding, embedding.rows
-        else:
-            continue
         if part.nbytes >= params[k].numel() * _wide(grad_like).itemsize or parts[k] is not None:
             part = _form(part, params[k].shape) + (0 if parts[k] is None else parts[k])
         parts[k] = part

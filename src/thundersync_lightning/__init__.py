@@ -10,7 +10,8 @@ __version__ = "0.1.0"
 
 # Processes started by multiprocessing's spawn (rollout engines, their workers) import this
 # package only to reach their own module; importing Lightning there would add seconds to every
-# engine start for a registration they never use.
+# engine start for a registration they never use. (The embedded engine's fork server imports it
+# once and forks every engine from there, so the cost is not repeated per start.)
 _SPAWNED_CHILD = "--multiprocessing-fork" in sys.argv
 
 try:

@@ -1,5 +1,6 @@
 """A learner process for test_parent_death: builds an embedded engine, keeps it busy, waits.
 
+``python -m tests.rollout.orphan_learner METHOD``: the engine's start method (forkserver or spawn).
 Prints ``<learner pid> <engine pid>`` once the engine is generating, then blocks on stdin. The
 engine's main thread is stuck in an environment step (a 10-minute step timeout), so only the
 parent-death mechanisms (not the idle command loop) can end it when this process is killed.
@@ -18,7 +19,7 @@ from thundersync_lightning.rollout.models import build_model
 if __name__ == "__main__":
     spec = toy_model_spec()
     tasks = ScriptedTasks(modes=("step_hangs",))
-    engine = EmbeddedEngineConfig(step_timeout_s=600).build(spec, tasks)
+    engine = EmbeddedEngineConfig(step_timeout_s=600, start_method=sys.argv[1]).build(spec, tasks)
     engine.publish(build_model(spec).state_dict(), version=0)
     events = engine.rollout(make_request(tasks, step=0, num_groups=1, group_size=2, seed=0))
     while engine.applied_version is None:  # the process took the snapshot and is generating

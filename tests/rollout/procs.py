@@ -8,13 +8,20 @@ from collections.abc import Callable
 
 import psutil
 
+_SHARED_HELPERS = ("resource_tracker", "multiprocessing.forkserver")
+
 
 def children() -> set[int]:
-    """Live child processes of this process, minus multiprocessing's shared resource tracker."""
+    """Live child processes of this process (grandchildren included), minus multiprocessing's
+    shared helpers: the resource tracker and the fork server, each a direct child started once and
+    kept for the interpreter's lifetime (processes forked by the server share its command line but
+    are its children, and count)."""
+    me = os.getpid()
     pids = set()
     for p in psutil.Process().children(recursive=True):
         try:
-            if p.status() != psutil.STATUS_ZOMBIE and "resource_tracker" not in " ".join(p.cmdline()):
+            helper = p.ppid() == me and any(h in " ".join(p.cmdline()) for h in _SHARED_HELPERS)
+            if p.status() != psutil.STATUS_ZOMBIE and not helper:
                 pids.add(p.pid)
         except psutil.NoSuchProcess:
             pass

@@ -33,6 +33,8 @@ GARBAGE = {
     "verdict_complex": 1j,
 }
 SLOW_VERDICT_S = 0.5
+# "verdict_env": reward 1.0 where the engine process's environment has ENV_MARK=1, else 0.0
+ENV_MARK = "THUNDERSYNC_TEST_ENV_MARK"
 # "verdict_stuck" waits for RELEASE: in-process tests set it when done, so no thread outlives them.
 RELEASE = threading.Event()
 
@@ -78,6 +80,8 @@ class ScriptedEnv(GuessingGameEnv):
             return GARBAGE[self.mode]  # type: ignore[return-value]
         if self.mode == "verdict_slow":
             time.sleep(SLOW_VERDICT_S)
+        if self.mode == "verdict_env":
+            return 1.0 if os.environ.get(ENV_MARK) == "1" else 0.0
         if self.mode in ("verdict_gated", "nondeterministic"):  # the test decides when these verdicts may finish
             deadline = time.monotonic() + 60.0
             while self.gate and not os.path.exists(self.gate) and time.monotonic() < deadline:

@@ -12,10 +12,18 @@ from thundersync_lightning.rollout import EmbeddedEngineConfig, TraceReplayEngin
 
 def test_an_invalid_embedded_config_lists_every_problem_at_once():
     with pytest.raises(ConfigError) as err:
-        EmbeddedEngineConfig(temperature=0.0, top_p=1.5, env_workers=0, verdict_timeout_s=-1)
+        EmbeddedEngineConfig(temperature=0.0, top_p=1.5, env_workers=0, verdict_timeout_s=-1, start_method="fork")
     message = str(err.value)
-    for name in ("temperature", "top_p", "env_workers", "verdict_timeout_s"):
+    for name in ("temperature", "top_p", "env_workers", "verdict_timeout_s", "start_method='fork'"):
         assert name in message
+
+
+def test_the_engine_forks_from_the_fork_server_by_default_and_takes_spawn_from_yaml():
+    assert EmbeddedEngineConfig().start_method == "forkserver"
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--engine", type=EmbeddedEngineConfig)
+    init = parser.instantiate_classes(parser.parse_string("engine: {start_method: spawn}\n"))
+    assert init.engine == EmbeddedEngineConfig(start_method="spawn")
 
 
 def test_an_invalid_replay_config_lists_every_problem_at_once():

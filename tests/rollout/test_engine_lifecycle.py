@@ -13,21 +13,10 @@ from thundersync_lightning.rollout import ContentReady, EmbeddedEngineConfig, Mo
 
 from .conftest import random_model
 from .helpers import collect
+from .procs import children
 from .scripted import ScriptedTasks
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _engine_children() -> set[int]:
-    """Child processes of this test process, minus multiprocessing's shared resource tracker."""
-    pids = set()
-    for p in psutil.Process().children(recursive=True):
-        try:
-            if "resource_tracker" not in " ".join(p.cmdline()):
-                pids.add(p.pid)
-        except psutil.NoSuchProcess:
-            pass
-    return pids
 
 
 @pytest.fixture(scope="module")
@@ -55,17 +44,17 @@ def test_hung_verdicts_of_one_request_do_not_block_the_next_request(patient_engi
 
 
 def test_shutdown_is_idempotent_and_leaves_no_process_behind_even_with_hung_verdicts(spec):
-    before = _engine_children()
+    before = children()
     tasks = ScriptedTasks(modes=("verdict_hangs",))
     engine = EmbeddedEngineConfig(verdict_timeout_s=600).build(spec, tasks)
     pid = engine.pid
-    assert pid in _engine_children() - before
+    assert pid in children() - before
     engine.publish(random_model(spec, 0).state_dict(), version=0)
     events = engine.rollout(make_request(tasks, step=0, num_groups=1, group_size=2, seed=0))
     next(events)
     engine.shutdown()
     engine.shutdown()
-    assert _engine_children() - before == set()
+    assert children() - before == set()
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     with pytest.raises(EngineError, match="shut down"):
         engine.publish(random_model(spec, 0).state_dict(), version=1)

@@ -18,12 +18,14 @@ from .procs import gone, wait_until
 pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).resolve().parents[2]
+METHODS = ["forkserver", "spawn"]  # the engine's start methods (EmbeddedEngineConfig.start_method)
 
 
-def test_an_engine_process_dies_within_seconds_when_its_learner_is_sigkilled():
+@pytest.mark.parametrize("method", METHODS)
+def test_an_engine_process_dies_within_seconds_when_its_learner_is_sigkilled(method):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), HF_HUB_OFFLINE="1")
     learner = subprocess.Popen(
-        [sys.executable, "-m", "tests.rollout.orphan_learner"],
+        [sys.executable, "-m", "tests.rollout.orphan_learner", method],
         cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )
     engine_pid = None
@@ -42,9 +44,10 @@ def test_an_engine_process_dies_within_seconds_when_its_learner_is_sigkilled():
             os.kill(engine_pid, signal.SIGKILL)
 
 
-def test_a_child_whose_parent_is_already_gone_exits_at_once():
-    # The child is told another pid is its parent: as if the parent had died while it started.
-    child = multiprocessing.get_context("spawn").Process(target=die_with_parent, args=(os.getpid() + 10**6,))
+@pytest.mark.parametrize("method", METHODS)
+def test_a_child_whose_learner_is_already_gone_exits_at_once(method):
+    # The child is told another pid is its learner: as if the learner had died while it started.
+    child = multiprocessing.get_context(method).Process(target=die_with_parent, args=(os.getpid() + 10**6,))
     child.start()
     child.join(timeout=60)
     assert child.exitcode == 1
@@ -56,8 +59,9 @@ def _armed_child(parent_pid: int) -> None:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux only")
-def test_a_child_that_calls_die_with_parent_has_the_kernel_parent_death_signal_armed():
-    child = multiprocessing.get_context("spawn").Process(target=_armed_child, args=(os.getpid(),))
+@pytest.mark.parametrize("method", METHODS)
+def test_a_child_that_calls_die_with_parent_has_the_kernel_parent_death_signal_armed(method):
+    child = multiprocessing.get_context(method).Process(target=_armed_child, args=(os.getpid(),))
     child.start()
     child.join(timeout=60)
     assert child.exitcode == 0

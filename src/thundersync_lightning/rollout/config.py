@@ -13,6 +13,7 @@ the engine. Example (LightningCLI)::
 from __future__ import annotations
 
 import math
+import multiprocessing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
@@ -27,6 +28,10 @@ if TYPE_CHECKING:
     from .replay import TraceReplayEngine
 
 __all__ = ["EmbeddedEngineConfig", "TraceReplayEngineConfig"]
+
+
+# forkserver where the platform has it (Linux, macOS), spawn elsewhere (Windows)
+_DEFAULT_START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
 def _raise_if(problems: list[str], owner: str) -> None:
@@ -63,6 +68,10 @@ class EmbeddedEngineConfig:
         teacher: on-policy distillation: a second model loaded in the generation process that
             scores every finished trajectory's sampled tokens at ``temperature`` before its
             ContentReady (``Segment.teacher_logprobs``); see :mod:`.teacher`.
+        start_method: how the generation process starts: ``"forkserver"`` forks it from
+            multiprocessing's fork server, which imports torch, transformers and the model's code
+            once per learner process (a start or restart then takes milliseconds); ``"spawn"``
+            starts a fresh interpreter each time. See :mod:`.embedded_process`.
     """
 
     temperature: float = 1.0
@@ -79,9 +88,13 @@ class EmbeddedEngineConfig:
     idle_timeout_s: float | None = None
     max_engine_restarts: int = 1
     teacher: TeacherConfig | None = None
+    start_method: Literal["forkserver", "spawn"] = _DEFAULT_START_METHOD
 
     def __post_init__(self) -> None:
         p: list[str] = []
+        methods = [m for m in ("forkserver", "spawn") if m in multiprocessing.get_all_start_methods()]
+        if self.start_method not in methods:
+            p.append(f"start_method={self.start_method!r}: use one of {methods} on this platform")
         if self.teacher is not None and not isinstance(self.teacher, TeacherConfig):
             p.append(f"teacher must be a TeacherConfig or None, got {type(self.teacher).__name__}")
         if not self.temperature > 0:

@@ -1,8 +1,8 @@
 """The embedded engine: a frozen policy snapshot generating in its own process.
 
-Learner side of the engine. The generation process (spawned, see :mod:`.embedded_worker`)
-builds its own model from the :class:`ModelSpec`, with its own thread budget, and receives
-weights by :meth:`EmbeddedEngine.publish` through shared memory. Usage::
+Learner side of the engine. The generation process (forked from a fork server or spawned, see
+:mod:`.embedded_process`) builds its own model from the :class:`ModelSpec`, with its own thread
+budget, and receives weights by :meth:`EmbeddedEngine.publish` through shared memory. Usage::
 
     engine = EmbeddedEngineConfig(temperature=1.0).build(model_spec, tasks)
     engine.publish(model.state_dict(), version=0)

@@ -42,8 +42,8 @@ _PICKLE_LOCK = threading.Lock()
 
 _START_HINT = (
     "check that the ModelSpec and the task source can be built and pickled, and that the launching "
-    'script runs its training under `if __name__ == "__main__":` (the process is started with spawn, '
-    "which re-imports the main module)."
+    'script runs its training under `if __name__ == "__main__":` (the fork server or the spawned '
+    "process that starts it imports the main module)."
 )
 
 
@@ -91,14 +91,14 @@ class GenerationProcess:
     """
 
     def __init__(self, model_spec: ModelSpec, tasks: TaskSource, config: Any) -> None:
-        ctx = mp.get_context("spawn")
+        ctx = _context(config.start_method, model_spec)
         self._unfetched: dict[int, set[Any]] = {}  # version -> fd-sharer keys not yet fetched
         self.commands: Any = ctx.Queue()
         reader, writer = ctx.Pipe(duplex=False)
         self._reader: EventReader | None = EventReader(reader)
         self.process: Any = ctx.Process(
             target=worker_main,
-            args=(model_spec, tasks, config, self.commands, writer, os.getpid()),
+            args=(model_spec, tasks, config, self.commands, writer, os.getpid(), dict(os.environ)),
             name="thundersync-embedded-engine",
             daemon=True,
         )
@@ -230,6 +230,19 @@ def _close_unread(commands: Any) -> None:
             break  # handle was closed under this read by the exiting feeder): it is exiting
     if thread is not None:
         thread.join(timeout=5.0)
+
+
+def _context(method: str, model_spec: ModelSpec) -> Any:
+    """The multiprocessing context of ``method``; for ``forkserver``, with the modules its server
+    imports once before forking (a server already running keeps the list it started with; a
+    module that does not import is skipped by the server)."""
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        kind = model_spec.model_type
+        ctx.set_forkserver_preload(
+            ["__main__", "thundersync_lightning.rollout.embedded_worker", f"transformers.models.{kind}.modeling_{kind}"]
+        )
+    return ctx
 
 
 def _sharer_keys() -> set[Any]:

@@ -148,10 +148,19 @@ def _read_commands(commands: Any, inbox: queue.SimpleQueue[Any], loop: AgentLoop
 
 
 def worker_main(
-    spec: ModelSpec, tasks: TaskSource, cfg: Any, commands: Any, events_conn: Any, parent_pid: int
+    spec: ModelSpec,
+    tasks: TaskSource,
+    cfg: Any,
+    commands: Any,
+    events_conn: Any,
+    parent_pid: int,
+    environ: dict[str, str],
 ) -> None:
-    """Entry point of the spawned process. ``cfg`` is an ``EmbeddedEngineConfig``."""
-    die_with_parent(parent_pid)
+    """Entry point of the generation process. ``cfg`` is an ``EmbeddedEngineConfig``; ``environ``
+    the learner's ``os.environ`` when it started the process."""
+    learner_alive = die_with_parent(parent_pid)
+    os.environ.clear()  # the learner's environment now, whatever the fork server started with
+    os.environ.update(environ)
     events = _Sender(events_conn)
     pool: EnvPool | None = None
     loop: AgentLoop | None = None
@@ -188,7 +197,7 @@ def worker_main(
             try:
                 cmd = inbox.get(timeout=_PARENT_POLL_S)
             except queue.Empty:
-                if os.getppid() != parent_pid:  # the learner died without shutting us down
+                if not learner_alive():  # the learner died without shutting us down
                     break
                 continue
             if cmd[0] == "unreadable":

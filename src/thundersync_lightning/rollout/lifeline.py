@@ -8,12 +8,18 @@ mechanisms, both on the child's side:
   goes. The kernel's "parent" is the *thread* that started the child, so :func:`start_process`
   starts children from one long-lived daemon thread (never from a short-lived pump or worker
   thread, whose exit would kill the child).
-- a watchdog thread polling ``os.getppid()`` (every ``poll_s``; reparenting changes it), for
-  platforms without ``prctl`` and as a second line of defence.
+- a watchdog thread (every ``poll_s``) that exits once the learner is gone: the parent changed
+  (reparenting) or the learner's pid no longer exists, for platforms without ``prctl`` and as a
+  second line of defence.
 
-:func:`die_with_parent` must be the first thing a child's entry function does; it checks
-``os.getppid()`` right after arming the signal, which closes the race of a parent that died
-while the child was still starting (the signal only fires for deaths after ``prctl``).
+The learner is the child's parent under the ``spawn`` start method. Under ``forkserver`` the
+parent is multiprocessing's fork server, which exits when the learner does (its end of the
+server's "alive" pipe closes, SIGKILL included), so the signal still fires and the learner's pid
+is checked directly as well.
+
+:func:`die_with_parent` must be the first thing a child's entry function does; it checks the
+learner right after arming the signal, which closes the race of a learner that died while the
+child was still starting (the signal only fires for deaths after ``prctl``).
 """
 
 from __future__ import annotations
@@ -71,23 +77,40 @@ def parent_death_signal_armed() -> bool:
     return value.value == signal.SIGKILL
 
 
-def die_with_parent(parent_pid: int, poll_s: float = 0.5) -> None:
-    """Make this process exit as soon as ``parent_pid`` (its parent) is gone.
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
 
-    Call first in a child's entry function with the pid the parent passed in. Exits at once
-    (``os._exit``) if the parent is already gone.
+
+def die_with_parent(learner_pid: int, poll_s: float = 0.5) -> Callable[[], bool]:
+    """Make this process exit as soon as the learner ``learner_pid`` is gone.
+
+    Call first in a child's entry function with the pid the learner passed in. Exits at once
+    (``os._exit``) if the learner is already gone. Returns the check the watchdog makes (True
+    while the learner lives), for a child's own loop to poll too.
     """
     arm_parent_death_signal()
-    if os.getppid() != parent_pid:  # the parent died before the signal was armed
+    parent = os.getppid()  # the learner (spawn) or the fork server (forkserver)
+
+    def learner_alive() -> bool:
+        return os.getppid() == parent and (parent == learner_pid or _exists(learner_pid))
+
+    if not learner_alive():  # the learner died before the signal was armed
         os._exit(1)
 
     def watch() -> None:
         stop = threading.Event()
         while not stop.wait(poll_s):
-            if os.getppid() != parent_pid:
+            if not learner_alive():
                 os._exit(1)
 
     threading.Thread(target=watch, name="thundersync-parent-watchdog", daemon=True).start()
+    return learner_alive
 
 
 class _Launcher:

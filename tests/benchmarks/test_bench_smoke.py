@@ -382,3 +382,14 @@ def test_learner_calls_smoke_counts_every_trajectory_of_every_kept_step_once(tmp
     # sync's learner starts after the last event: every call ends after the last verdict
     assert all(set(cell) == {"after_last_verdict"} for cell in data["modes"]["sync"]["by_call_size"].values())
     assert (tmp_path / "learner_calls.png").exists()
+
+
+@pytest.mark.slow  # two fresh learner processes, one spawning three engines: ~40 s on an idle 2-core box
+def test_engine_start_smoke_times_both_start_methods_in_fresh_processes(tmp_path: Path) -> None:
+    _load("engine_start").main(["--out", str(tmp_path), "--starts", "1"])
+    data = _read(tmp_path, "engine_start")
+    assert set(data["methods"]) == {"forkserver", "spawn"}
+    for figures in data["methods"].values():
+        assert figures["first_start_s"] > 0 and len(figures["later_start_s"]) == 1
+        assert figures["rollout_after_kill_s"] > 0 and figures["rollout_s"] > 0
+    assert set(data["spawn_over_forkserver"]) == {"first_start", "later_start", "restart"}

@@ -6,10 +6,12 @@ of 16 x 8 and no simulated verdict latency, so 500 steps take minutes on 2 cores
 objects have settled) and again after the last step, while the engine still runs, it samples the
 learner process and its children:
 
-- ``rss_mb``: resident memory of the learner, and of the engine process(es) (``engine_rss_mb``);
+- ``rss_mb``: resident memory of the learner, and of the engine process(es) and the fork
+  server they are forked from (``engine_rss_mb``);
 - ``threads``: threads of the learner plus those of its children;
 - ``fds``: open file descriptors of the learner plus its children;
-- ``children``: live child processes (the engine, multiprocessing's resource tracker);
+- ``children``: live descendant processes (the engine, multiprocessing's fork server and resource
+  tracker);
 - ``shm_segments``: distinct ``/dev/shm`` files (named or already unlinked) mapped by the learner
   and its children: queue semaphores and shared-memory weight snapshots.
 

@@ -156,9 +156,16 @@ def test_sizes_read_decimal_and_binary_units(text, expected):
     assert parse_bytes(text) == expected
 
 
-def test_an_unreadable_size_is_a_config_error():
+@pytest.mark.parametrize("text", ["eighty gigs", "GB", "1.5.2GB", "80 GBs", True, 2.5, None])
+def test_an_unreadable_size_is_a_config_error(text):
     with pytest.raises(ConfigError, match="80GB, 80GiB"):
-        parse_bytes("eighty gigs")
+        parse_bytes(text)
+
+
+@pytest.mark.parametrize("text", ["-5GB", -1, "1e400GB", "1e400"])
+def test_a_negative_or_infinite_size_is_a_config_error(text):
+    with pytest.raises(ConfigError, match="finite number of bytes >= 0"):
+        parse_bytes(text)
 
 
 def test_the_architecture_is_read_from_a_hugging_face_config_mapping():

@@ -58,6 +58,7 @@ from typing import TYPE_CHECKING, Literal
 from .call_tokens import call_padded_tokens
 from .errors import ConfigError
 from .model_shape import Architecture, ModelShape
+from .sizes import format_bytes, parse_bytes
 from .storage import Offload
 
 if TYPE_CHECKING:
@@ -84,30 +85,6 @@ OPTIMIZER_STATES: dict[str, int] = {"adamw": 2, "adam": 2, "sgd_momentum": 1, "s
 _SHARDINGS = ("none", "zero1", "fsdp2")
 _OFFLOADS = ("none", "cpu", "pinned")
 _MODES = ("streaming", "sync", "async")
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_bytes(text: str | int) -> int:
-    """``"80GB"`` (10^9), ``"80GiB"`` (2^30), ``"512MiB"``, ``"1.5TB"`` or a plain byte count."""
-    if isinstance(text, int):
-        return text
-    s = text.strip().lower().replace(" ", "")
-    number = s.rstrip("abcdefghijklmnopqrstuvwxyz")
-    unit = s[len(number):]
-    if unit not in _UNITS or not number:
-        raise ConfigError(f"cannot read {text!r} as a size: write e.g. 80GB, 80GiB, 512MiB or a byte count")
-    return int(float(number) * _UNITS[unit])
-
-
-def format_bytes(n: float) -> str:
-    """Bytes in GiB/MiB/KiB with three significant digits (``0`` for nothing)."""
-    if n == 0:
-        return "0"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.3g} {unit}"
-    return f"{int(n)} B"
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,9 +2,11 @@
 
 One Lightning fit of the toy task (``configs/toy.yaml``'s setup: the guessing game, the tiny
 Qwen3, the embedded engine, streaming mode, the rollout monitors; by default 8 groups x 4 instead
-of 16 x 8 and no simulated verdict latency, so 500 steps take minutes on 2 cores). After ``--warmup`` steps (allocator pools, thread pools and lazily built
-objects have settled) and again after the last step, while the engine still runs, it samples the
-learner process and its children:
+of 16 x 8 and no simulated verdict latency, so 500 steps take minutes on 2 cores). After ``--warmup``
+steps (allocator pools, thread pools and lazily built objects have settled) and again at the last
+step, while the engine still runs, it samples the learner process and its children, each time at
+the ends of ``--window`` consecutive steps, and keeps every metric's minimum over them (a weight
+snapshot in flight moves the counts by 1-3 from one step's end to the next; see ``Sampler``):
 
 - ``rss_mb``: resident memory of the learner, and of the engine process(es) and the fork
   server they are forked from (``engine_rss_mb``);
@@ -16,8 +18,8 @@ learner process and its children:
   and its children: queue semaphores and shared-memory weight snapshots.
 
 Flat means: threads, fds, children and shm segments exactly equal; RSS growth (learner and
-engine) below ``--rss-bound-mb``. The JSON records both samples, the per-step series of every
-metric (every ``--every`` steps), the deltas and the verdict.
+engine) below ``--rss-bound-mb``. The JSON records both samples (with the steps of their windows),
+the per-step series of every metric (every ``--every`` steps), the deltas and the verdict.
 """
 
 from __future__ import annotations
@@ -90,30 +92,65 @@ def sample() -> dict[str, float]:
 
 
 class Sampler(Callback):
-    """Samples at the end of step ``warmup``, every ``every`` steps, and at the last step."""
+    """Samples every ``every`` steps (the series) and at the ends of the first and last ``window``
+    steps; ``before`` and ``after`` are each window's per-metric minimum.
 
-    def __init__(self, warmup: int, last: int, every: int) -> None:
-        self.warmup, self.last, self.every = warmup, last, every
+    Why a minimum: at a step's end a weight snapshot may be in flight (the new one's shared-memory
+    fd open in the learner and the engine, the previous one not yet released, the fd sharer's
+    socket open), which moves the counts by 1-3 from one step to the next. A leak stays; such a
+    transient does not, so a window's minimum is the count without it.
+    """
+
+    def __init__(self, warmup: int, last: int, every: int, window: int = 5) -> None:
+        self.warmup, self.last, self.every, self.window = warmup, last, every, window
         self.series: list[dict[str, float]] = []
-        self.before: dict[str, float] | None = None
-        self.after: dict[str, float] | None = None
+        self.first: list[dict[str, float]] = []
+        self.final: list[dict[str, float]] = []
 
     def on_train_batch_end(self, trainer: Any, *args: Any, **kwargs: Any) -> None:
         step = trainer.global_step  # optimizer steps done
-        if step == self.warmup or step == self.last or step % self.every == 0:
-            s = {"step": step, **sample()}
+        in_first = self.warmup <= step < self.warmup + self.window
+        in_final = self.last - self.window < step <= self.last
+        if not (in_first or in_final or step % self.every == 0):
+            return
+        s = {"step": step, **sample()}
+        if step % self.every == 0 or step in (self.warmup, self.last):
             self.series.append(s)
-            if step == self.warmup:
-                self.before = s
-            if step == self.last:
-                self.after = s
+        if in_first:
+            self.first.append(s)
+        elif in_final:
+            self.final.append(s)
+
+    @staticmethod
+    def _floor(window: list[dict[str, float]], step: int) -> dict[str, float] | None:
+        if not window:
+            return None
+        keys = [k for k in window[0] if k != "step"]
+        return {"step": step, "window_steps": [w["step"] for w in window], **{k: min(w[k] for w in window) for k in keys}}
+
+    @property
+    def before(self) -> dict[str, float] | None:
+        return self._floor(self.first, self.warmup)
+
+    @property
+    def after(self) -> dict[str, float] | None:
+        return self._floor(self.final, self.last)
 
 
 def run(
-    steps: int, warmup: int, groups: int, group_size: int, every: int, latency_median_s: float, rss_bound_mb: float
+    steps: int,
+    warmup: int,
+    groups: int,
+    group_size: int,
+    every: int,
+    latency_median_s: float,
+    rss_bound_mb: float,
+    window: int = 5,
 ) -> dict[str, Any]:
     if not 0 < warmup < steps:
         raise SystemExit(f"--warmup must be in (0, --steps), got {warmup} for {steps} steps")
+    if not 1 <= window <= steps - warmup - window + 1:
+        raise SystemExit(f"--window must be in [1, (steps - warmup + 1) / 2], got {window}")
     tasks = GuessingGameTasks(
         latency="lognormal" if latency_median_s > 0 else "none",
         latency_median_s=latency_median_s if latency_median_s > 0 else 0.03,
@@ -126,7 +163,7 @@ def run(
         seed=0,
     )
     policy = GRPOPolicy(config=dict(toy_model_spec().config), lr=3e-3)
-    sampler = Sampler(warmup, steps, every)
+    sampler = Sampler(warmup, steps, every, window)
     # A bare Trainer (no recorder keeping every step's StepStats, unlike _harness.fit): whatever
     # grows here grows in a real run too.
     os.environ["OMP_NUM_THREADS"] = str(torch.get_num_threads())
@@ -148,8 +185,9 @@ def run(
         )
         trainer.fit(policy, data)
     wall = time.monotonic() - start
-    assert sampler.before is not None and sampler.after is not None
-    delta = {k: sampler.after[k] - sampler.before[k] for k in sampler.before if k != "step"}
+    before, after = sampler.before, sampler.after
+    assert before is not None and after is not None
+    delta = {k: after[k] - before[k] for k in before if k not in ("step", "window_steps")}
     flat_exact = {k: delta[k] == 0 for k in EXACT}
     flat_rss = {k: delta[k] < rss_bound_mb for k in ("rss_mb", "engine_rss_mb")}
     return {
@@ -159,8 +197,9 @@ def run(
         "group_size": group_size,
         "verdict_latency_median_s": latency_median_s,
         "wall_seconds": round(wall, 1),
-        "before": sampler.before,
-        "after": sampler.after,
+        "window_steps": window,
+        "before": before,
+        "after": after,
         "delta": delta,
         "bounds": {"exact": list(EXACT), "rss_growth_mb_below": rss_bound_mb},
         "flat": {**flat_exact, **flat_rss},
@@ -174,6 +213,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     add_common_args(parser, default_threads=1)
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--window", type=int, default=5,
+                        help="before/after: per-metric minimum over this many consecutive step ends")
     parser.add_argument("--groups", type=int, default=8, help="(toy.yaml: 16; 8 x 4 keeps 500 steps short)")
     parser.add_argument("--group-size", type=int, default=4, help="(toy.yaml: 8)")
     parser.add_argument("--every", type=int, default=25, help="sample every N steps for the series")
@@ -185,7 +226,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     load_start = load_average()
     result = run(
-        args.steps, args.warmup, args.groups, args.group_size, args.every, args.latency_median, args.rss_bound_mb
+        args.steps, args.warmup, args.groups, args.group_size, args.every, args.latency_median, args.rss_bound_mb,
+        args.window,
     )
     payload = {"threads": args.threads, "load_average_start": load_start, "load_average_end": load_average(),
                **result}

@@ -1,8 +1,9 @@
 """A shorter soak (benchmarks/soak.py): after warm-up, resource use stays flat over 100 real steps.
 
 Bounds: threads, open fds, child processes and /dev/shm segments of the learner and its children
-exactly equal between steps 20-24 and steps 96-100 (each window's minimum, see ``soak.Sampler``); resident memory of the learner and of the engine grows
-by less than 50 MB (allocator noise of this setup is a few MB).
+exactly equal between steps 20-24 and steps 96-100 (each window's minimum, see ``soak.Sampler``);
+resident memory of the learner and of the engine grows by less than 50 MB (allocator noise of this
+setup is a few MB).
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 __all__ = ["EmbeddedEngineConfig", "TraceReplayEngineConfig"]
 
 
-# forkserver where the platform has it (Linux, macOS), spawn elsewhere (Windows)
-_DEFAULT_START_METHOD = "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+# the start methods this platform has, preferred first: forkserver (Linux, macOS), then spawn
+_START_METHODS = tuple(m for m in ("forkserver", "spawn") if m in multiprocessing.get_all_start_methods())
 
 
 def _raise_if(problems: list[str], owner: str) -> None:
@@ -88,13 +88,12 @@ class EmbeddedEngineConfig:
     idle_timeout_s: float | None = None
     max_engine_restarts: int = 1
     teacher: TeacherConfig | None = None
-    start_method: Literal["forkserver", "spawn"] = _DEFAULT_START_METHOD
+    start_method: Literal["forkserver", "spawn"] = _START_METHODS[0]
 
     def __post_init__(self) -> None:
         p: list[str] = []
-        methods = [m for m in ("forkserver", "spawn") if m in multiprocessing.get_all_start_methods()]
-        if self.start_method not in methods:
-            p.append(f"start_method={self.start_method!r}: use one of {methods} on this platform")
+        if self.start_method not in _START_METHODS:
+            p.append(f"start_method={self.start_method!r}: use one of {list(_START_METHODS)} on this platform")
         if self.teacher is not None and not isinstance(self.teacher, TeacherConfig):
             p.append(f"teacher must be a TeacherConfig or None, got {type(self.teacher).__name__}")
         if not self.temperature > 0:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import lightning.pytorch as pl
 import torch
@@ -23,7 +23,7 @@ from typing_extensions import override
 
 from thundersync_lightning.strategy.stats import StepStats
 
-__all__ = ["StepStatsCallback", "StepStatsReader", "StepReducer", "log_step_metrics"]
+__all__ = ["StepStatsCallback", "StepStatsReader", "StepReducer", "Mean", "Sum", "Max", "log_step_metrics"]
 
 log = logging.getLogger(__name__)
 _warned: set[str] = set()
@@ -60,16 +60,77 @@ class StepStatsReader:
         return stats
 
 
-class StepStatsCallback(Callback):
-    """A monitor fed each step's :class:`StepStats` exactly once, through :meth:`on_step_stats`.
+class Mean(NamedTuple):
+    """A per-rank contribution to a mean: ``values`` (one or many), each weighted by ``weight``
+    (default 1); reduced over ranks as the weighted mean of every rank's values."""
 
-    The Lightning hook (``on_train_batch_end``) lives here; subclasses implement only what they do
-    with a step's statistics. Subclasses that define ``__init__`` call ``super().__init__()``.
+    values: float | Iterable[float]
+    weight: float | None = None
+
+
+class Sum(NamedTuple):
+    """A per-rank contribution to a sum over ranks (an empty list counts 0)."""
+
+    values: float | Iterable[float]
+
+
+class Max(NamedTuple):
+    """A per-rank contribution to a maximum over ranks (an empty list counts 0)."""
+
+    values: float | Iterable[float]
+
+
+Reduction = Mean | Sum | Max
+_KIND = {Mean: "mean", Sum: "sum", Max: "max"}
+
+
+class StepStatsCallback(Callback):
+    """A monitor: what it measures in each step's :class:`StepStats`, and how that reduces over ranks.
+
+    A metric is one method. :meth:`measure` returns this rank's contributions, each wrapped in
+    how it reduces over ranks (:class:`Mean`, :class:`Sum`, :class:`Max`)::
+
+        class RewardMax(StepStatsCallback):
+            def measure(self, stats):
+                return {"rollout/reward_max": Max([t.reward for t in stats.trajectories if t.reward is not None])}
+
+    Everything else is here: the Lightning hook, one torchmetrics reducer per monitor (built at the
+    first step, on the module's device), the collective reduction on every rank, logging through
+    ``pl_module.log`` and :attr:`last_metrics`. Names without a ``/`` are intermediates: they are
+    reduced but not logged, and :meth:`derive` turns them into logged values (e.g. a ratio of two
+    sums over ranks). :meth:`after_metrics` is for what a monitor does with the reduced values
+    (raise, warn, write a file). :meth:`measure` must return the same names at every step on every
+    rank (the reduction is a collective). Subclasses that define ``__init__`` call
+    ``super().__init__()``.
     """
+
+    log_metrics: bool = True
+    """False: the reduced values are only kept (:attr:`last_metrics`), not logged."""
 
     def __init__(self) -> None:
         super().__init__()
         self._read_stats = StepStatsReader(type(self).__name__)
+        self._reducer: StepReducer | None = None
+        self._last: dict[str, float] = {}
+
+    def measure(self, stats: StepStats) -> Mapping[str, Reduction]:
+        """This rank's contributions to the step's metrics, by name."""
+        raise NotImplementedError
+
+    def derive(self, reduced: dict[str, float], stats: StepStats) -> dict[str, float]:
+        """The logged values from the reduced ones (identical on every rank); by default every
+        namespaced name as it was reduced."""
+        return {k: v for k, v in reduced.items() if "/" in k}
+
+    def after_metrics(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats, metrics: dict[str, float]
+    ) -> None:
+        """Called on every rank after the step's metrics were reduced and logged."""
+
+    @property
+    def last_metrics(self) -> dict[str, float]:
+        """The values logged at the last step."""
+        return dict(self._last)
 
     @override
     def on_train_batch_end(
@@ -80,8 +141,27 @@ class StepStatsCallback(Callback):
             self.on_step_stats(trainer, pl_module, stats)
 
     def on_step_stats(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats) -> None:
-        """Called once per step that produced statistics, on every rank."""
-        raise NotImplementedError
+        """Measure, reduce over ranks, derive, log; called once per step with statistics, on every rank."""
+        measured = self.measure(stats)
+        reducer = self._reducer_for(measured, pl_module.device)
+        for name, value in measured.items():
+            reducer.update(name, value.values, value.weight if isinstance(value, Mean) else None)
+        self._last = self.derive(reducer.compute(), stats)
+        if self.log_metrics:
+            log_step_metrics(pl_module, self._last)
+        self.after_metrics(trainer, pl_module, stats, self._last)
+
+    def _reducer_for(self, measured: Mapping[str, Reduction], device: torch.device) -> StepReducer:
+        kinds = {name: _KIND[type(value)] for name, value in measured.items()}
+        if self._reducer is None:
+            self._reducer = StepReducer(kinds).to(device)
+        elif self._reducer.kinds != kinds:
+            raise ValueError(
+                f"{type(self).__name__}.measure returned {sorted(kinds)}, not the names and reductions of "
+                f"the first step {sorted(self._reducer.kinds)}: every step on every rank must return the same "
+                "ones (the reduction over ranks is a collective)"
+            )
+        return self._reducer
 
 
 class StepReducer(torch.nn.Module):
@@ -107,6 +187,7 @@ class StepReducer(torch.nn.Module):
             }
         )
         self._names = {_safe(name): name for name in kinds}
+        self.kinds = dict(kinds)
 
     @property
     def names(self) -> list[str]:

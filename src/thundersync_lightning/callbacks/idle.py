@@ -38,7 +38,7 @@ from typing import Any
 import lightning.pytorch as pl
 from typing_extensions import override
 
-from thundersync_lightning.callbacks._common import StepReducer, StepStatsCallback, log_step_metrics
+from thundersync_lightning.callbacks._common import Max, Mean, Reduction, StepStatsCallback, Sum
 from thundersync_lightning.strategy.stats import StepStats
 
 __all__ = ["IdleTimeMonitor", "timeline_record", "read_timeline", "draw_timeline"]
@@ -127,24 +127,8 @@ class IdleTimeMonitor(StepStatsCallback):
     def __init__(self, dirpath: str | None = None, write_timeline: bool = True) -> None:
         self.dirpath = dirpath
         self.write_timeline = write_timeline
-        kinds = {
-            "perf/step_seconds": "max",
-            "perf/learner_busy_seconds": "mean",
-            "perf/learner_idle_seconds": "mean",
-            "idle_sum": "sum",
-            "wall_sum": "sum",
-            "perf/time_to_first_event_seconds": "mean",
-            "perf/tail_after_last_event_seconds": "mean",
-            "perf/learner_calls": "mean",
-            "perf/learner_call_tokens": "mean",
-            "perf/learner_call_tokens_max": "max",
-            "perf/learner_call_wait_rows": "mean",
-        }
-        kinds.update({f"perf/learner_{k}_seconds": "mean" for k in BUSY_KINDS})
-        self._reducer = StepReducer(kinds)
         self._path: Path | None = None
         self._first_write = True
-        self._last: dict[str, float] = {}
         super().__init__()
 
     @property
@@ -155,15 +139,22 @@ class IdleTimeMonitor(StepStatsCallback):
     @property
     def metric_keys(self) -> list[str]:
         """Every key this monitor logs."""
-        return [*(n for n in self._reducer.names if n.startswith("perf/")), "perf/learner_idle_fraction"]
-
-    @property
-    def last_metrics(self) -> dict[str, float]:
-        return dict(self._last)
+        return [
+            "perf/step_seconds",
+            "perf/learner_busy_seconds",
+            "perf/learner_idle_seconds",
+            "perf/time_to_first_event_seconds",
+            "perf/tail_after_last_event_seconds",
+            "perf/learner_calls",
+            "perf/learner_call_tokens",
+            "perf/learner_call_tokens_max",
+            "perf/learner_call_wait_rows",
+            *(f"perf/learner_{k}_seconds" for k in BUSY_KINDS),
+            "perf/learner_idle_fraction",
+        ]
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._reducer.to(pl_module.device)
         if stage == "fit" and self.write_timeline:
             root = self.dirpath if self.dirpath is not None else trainer.log_dir  # all ranks call it
             root = root if root is not None else trainer.default_root_dir
@@ -172,30 +163,38 @@ class IdleTimeMonitor(StepStatsCallback):
             self._first_write = True
 
     @override
-    def on_step_stats(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats) -> None:
-        r = self._reducer
-        r.update("perf/step_seconds", stats.wall_seconds)
-        r.update("perf/learner_busy_seconds", stats.busy_seconds)
-        r.update("perf/learner_idle_seconds", stats.idle_seconds)
-        r.update("idle_sum", stats.idle_seconds)
-        r.update("wall_sum", stats.wall_seconds)
-        r.update("perf/time_to_first_event_seconds", stats.first_event_delay)
-        r.update("perf/tail_after_last_event_seconds", stats.tail_seconds)
-        for kind in BUSY_KINDS:
-            r.update(f"perf/learner_{kind}_seconds", sum(i.seconds for i in stats.busy if i.kind == kind))
-        calls = [i.tokens for i in stats.busy if i.kind == "backward"]
-        r.update("perf/learner_calls", len(calls))
-        if calls:  # weighted by calls over ranks
-            r.update("perf/learner_call_tokens", calls)
-        else:
-            r.update("perf/learner_call_tokens", 0.0, weight=0.0)
-        r.update("perf/learner_call_tokens_max", calls)
-        r.update("perf/learner_call_wait_rows", stats.min_batch_trajectories)
-        total = r.compute()
-        idle_sum, wall_sum = total.pop("idle_sum"), total.pop("wall_sum")
-        total["perf/learner_idle_fraction"] = idle_sum / wall_sum if wall_sum > 0 else 0.0
-        self._last = total
-        log_step_metrics(pl_module, total)
+    def measure(self, stats: StepStats) -> dict[str, Reduction]:
+        calls = [float(i.tokens) for i in stats.busy if i.kind == "backward"]
+        return {
+            "perf/step_seconds": Max(stats.wall_seconds),
+            "perf/learner_busy_seconds": Mean(stats.busy_seconds),
+            "perf/learner_idle_seconds": Mean(stats.idle_seconds),
+            "idle_sum": Sum(stats.idle_seconds),
+            "wall_sum": Sum(stats.wall_seconds),
+            "perf/time_to_first_event_seconds": Mean(stats.first_event_delay),
+            "perf/tail_after_last_event_seconds": Mean(stats.tail_seconds),
+            **{
+                f"perf/learner_{kind}_seconds": Mean(sum(i.seconds for i in stats.busy if i.kind == kind))
+                for kind in BUSY_KINDS
+            },
+            "perf/learner_calls": Mean(len(calls)),
+            # weighted by calls over ranks; a rank without calls adds nothing
+            "perf/learner_call_tokens": Mean(calls) if calls else Mean(0.0, weight=0.0),
+            "perf/learner_call_tokens_max": Max(calls),
+            "perf/learner_call_wait_rows": Mean(stats.min_batch_trajectories),
+        }
+
+    @override
+    def derive(self, reduced: dict[str, float], stats: StepStats) -> dict[str, float]:
+        out = super().derive(reduced, stats)
+        idle_sum, wall_sum = reduced["idle_sum"], reduced["wall_sum"]
+        out["perf/learner_idle_fraction"] = idle_sum / wall_sum if wall_sum > 0 else 0.0
+        return out
+
+    @override
+    def after_metrics(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats, metrics: dict[str, float]
+    ) -> None:
         if self._path is not None:
             # a run that starts at step 0 replaces an old file; a resumed one appends to it
             mode = "w" if self._first_write and stats.step == 0 else "a"

@@ -28,7 +28,7 @@ import psutil
 import torch
 from typing_extensions import override
 
-from thundersync_lightning.callbacks._common import StepReducer, StepStatsCallback, log_step_metrics
+from thundersync_lightning.callbacks._common import Max, Reduction, StepStatsCallback
 from thundersync_lightning.strategy.stats import StepStats
 
 __all__ = ["MemoryMonitor", "device_memory", "pinned_host_memory", "process_rss_bytes", "accumulator_memory"]
@@ -91,8 +91,7 @@ class MemoryMonitor(StepStatsCallback):
     """Log the memory keys of the module docstring at every step (max over ranks)."""
 
     def __init__(self) -> None:
-        self._reducer: StepReducer | None = None
-        self._last: dict[str, float] = {}
+        self._device = torch.device("cpu")
         super().__init__()
 
     @property
@@ -100,16 +99,9 @@ class MemoryMonitor(StepStatsCallback):
         """Every key this monitor may log (device and pinned-host keys on CUDA only)."""
         return [*DEVICE_KEYS, *ACCUMULATOR_KEYS, *PINNED_KEYS, RSS_KEY]
 
-    @property
-    def last_metrics(self) -> dict[str, float]:
-        return dict(self._last)
-
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        keys = [*ACCUMULATOR_KEYS, RSS_KEY]
-        if pl_module.device.type == "cuda":
-            keys += [*DEVICE_KEYS, *PINNED_KEYS]
-        self._reducer = StepReducer(dict.fromkeys(keys, "max")).to(pl_module.device)
+        self._device = pl_module.device
 
     @override
     def on_train_batch_start(
@@ -119,16 +111,11 @@ class MemoryMonitor(StepStatsCallback):
             torch.cuda.reset_peak_memory_stats(pl_module.device)
 
     @override
-    def on_step_stats(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats) -> None:
-        if self._reducer is None:
-            return
-        values = {
-            **accumulator_memory(stats.accumulator),
-            RSS_KEY: process_rss_bytes(),
-            **device_memory(pl_module.device),
-            **(pinned_host_memory() if pl_module.device.type == "cuda" else {}),
-        }
-        for key in self._reducer.names:
-            self._reducer.update(key, values.get(key, 0.0))
-        self._last = self._reducer.compute()
-        log_step_metrics(pl_module, self._last)
+    def measure(self, stats: StepStats) -> dict[str, Reduction]:
+        values = {**accumulator_memory(stats.accumulator), RSS_KEY: process_rss_bytes()}
+        if self._device.type == "cuda":
+            values.update({**device_memory(self._device), **pinned_host_memory()})
+            keys = [*ACCUMULATOR_KEYS, RSS_KEY, *DEVICE_KEYS, *PINNED_KEYS]
+        else:
+            keys = [*ACCUMULATOR_KEYS, RSS_KEY]
+        return {key: Max(values.get(key, 0.0)) for key in keys}

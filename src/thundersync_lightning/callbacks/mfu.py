@@ -21,7 +21,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
-from thundersync_lightning.callbacks._common import StepReducer, StepStatsCallback, log_step_metrics
+from thundersync_lightning.callbacks._common import Max, Reduction, StepStatsCallback, Sum
 from thundersync_lightning.callbacks.flops import (
     MeasuredFlops,
     PeakFlops,
@@ -75,8 +75,6 @@ class MFUMonitor(StepStatsCallback):
         self._peak: PeakFlops | None = None
         self._shape: TransformerShape | None = None
         self._measured: MeasuredFlops | None = None
-        self._reducer = StepReducer({"flops": "sum", "tokens": "sum", "wall": "max", "busy": "sum"})
-        self._last: dict[str, float] = {}
         super().__init__()
 
     @property
@@ -89,15 +87,10 @@ class MFUMonitor(StepStatsCallback):
         """Every key this monitor logs (the MFU keys only when a peak is known)."""
         return [*METRIC_KEYS]
 
-    @property
-    def last_metrics(self) -> dict[str, float]:
-        return dict(self._last)
-
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage != "fit":
             return
-        self._reducer.to(pl_module.device)
         dtype = precision_to_dtype(str(trainer.precision))
         peak = resolve_peak_flops(
             pl_module.device, dtype, self._explicit_peak, self.calibrate_cpu, self._clock
@@ -140,15 +133,17 @@ class MFUMonitor(StepStatsCallback):
         return analytic_step_flops(self._shape, stats.learner_tokens, lengths)
 
     @override
-    def on_step_stats(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats) -> None:
-        r = self._reducer
-        r.update("flops", float(self.step_flops(stats)))
-        r.update("tokens", float(stats.learner_tokens))
-        r.update("wall", stats.wall_seconds)
-        r.update("busy", stats.busy_seconds)
-        total = r.compute()
-        self._last = self.metrics(total, trainer.world_size)
-        log_step_metrics(pl_module, self._last)
+    def measure(self, stats: StepStats) -> dict[str, Reduction]:
+        return {
+            "flops": Sum(float(self.step_flops(stats))),
+            "tokens": Sum(float(stats.learner_tokens)),
+            "wall": Max(stats.wall_seconds),
+            "busy": Sum(stats.busy_seconds),
+        }
+
+    @override
+    def derive(self, reduced: dict[str, float], stats: StepStats) -> dict[str, float]:
+        return self.metrics(reduced, stats.world_size)
 
     def metrics(self, total: dict[str, float], world_size: int) -> dict[str, float]:
         """The logged values from the rank-reduced sums (see the module docstring)."""

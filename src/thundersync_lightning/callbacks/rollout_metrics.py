@@ -37,7 +37,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from thundersync_lightning.callbacks._common import StepReducer, StepStatsCallback, log_step_metrics
+from thundersync_lightning.callbacks._common import Mean, Reduction, StepStatsCallback, Sum
 from thundersync_lightning.strategy.stats import StepStats
 
 __all__ = ["RolloutMetrics", "FINISH_REASONS"]
@@ -60,84 +60,68 @@ class RolloutMetrics(StepStatsCallback):
         self.pass_threshold = pass_threshold
         self.zero_advantage_warn_steps = zero_advantage_warn_steps
         self._zero_streak = 0
-        kinds = {
-            "rollout/reward_mean": "mean",
-            "reward_sq_mean": "mean",
-            "rollout/pass_rate": "mean",
-            "rollout/trajectory_tokens_mean": "mean",
-            "rollout/scored_tokens_mean": "mean",
-            "rollout/turns_mean": "mean",
-            "rollout/trajectories_count": "sum",
-            "rollout/failures_count": "sum",
-            "rollout/groups_folded_count": "sum",
-            "rollout/groups_aborted_count": "sum",
-            "zero_advantage_groups": "sum",
-            "rewarded_groups": "sum",
-        }
-        kinds.update({f"rollout/finish_{r}_count": "sum" for r in FINISH_REASONS})
-        self._reducer = StepReducer(kinds)
-        self._last: dict[str, float] = {}
         super().__init__()
 
     @property
     def metric_keys(self) -> list[str]:
         """Every key this monitor logs."""
-        names = [n for n in self._reducer.names if n.startswith("rollout/")]
+        counts = ["trajectories", "failures", "groups_folded", "groups_aborted"]
         return [
-            *names,
+            "rollout/reward_mean",
+            "rollout/pass_rate",
+            "rollout/trajectory_tokens_mean",
+            "rollout/scored_tokens_mean",
+            "rollout/turns_mean",
+            *(f"rollout/{c}_count" for c in counts),
+            *(f"rollout/finish_{r}_count" for r in FINISH_REASONS),
             "rollout/reward_std",
             "rollout/failure_rate",
             "train/loss",
             "train/zero_advantage_group_fraction",
         ]
 
-    @property
-    def last_metrics(self) -> dict[str, float]:
-        return dict(self._last)
-
     @override
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._reducer.to(pl_module.device)
-
-    def update(self, stats: StepStats) -> None:
-        """Add this rank's trajectories of one step (then :meth:`compute` on every rank)."""
+    def measure(self, stats: StepStats) -> dict[str, Reduction]:
         trajs = stats.trajectories
         rewards = [float(t.reward) for t in trajs if t.reward is not None]
-        r = self._reducer
-        r.update("rollout/reward_mean", rewards)
-        r.update("reward_sq_mean", [x * x for x in rewards])
-        r.update("rollout/pass_rate", [float(x >= self.pass_threshold) for x in rewards])
-        r.update("rollout/trajectory_tokens_mean", [float(t.num_tokens) for t in trajs])
-        r.update("rollout/scored_tokens_mean", [float(t.num_scored_tokens) for t in trajs])
-        r.update("rollout/turns_mean", [float(t.num_turns) for t in trajs])
-        r.update("rollout/trajectories_count", float(len(trajs)))
-        r.update("rollout/failures_count", float(sum(t.failure is not None for t in trajs)))
-        r.update("rollout/groups_folded_count", float(stats.groups_folded))
-        r.update("rollout/groups_aborted_count", float(stats.groups_aborted))
-        r.update("zero_advantage_groups", float(stats.zero_advantage_groups))
-        r.update("rewarded_groups", float(len(stats.group_rewards)))
-        for reason in FINISH_REASONS:
-            r.update(f"rollout/finish_{reason}_count", float(sum(t.finish_reason == reason for t in trajs)))
+        return {
+            "rollout/reward_mean": Mean(rewards),
+            "reward_sq_mean": Mean([x * x for x in rewards]),
+            "rollout/pass_rate": Mean([float(x >= self.pass_threshold) for x in rewards]),
+            "rollout/trajectory_tokens_mean": Mean([float(t.num_tokens) for t in trajs]),
+            "rollout/scored_tokens_mean": Mean([float(t.num_scored_tokens) for t in trajs]),
+            "rollout/turns_mean": Mean([float(t.num_turns) for t in trajs]),
+            "rollout/trajectories_count": Sum(float(len(trajs))),
+            "rollout/failures_count": Sum(float(sum(t.failure is not None for t in trajs))),
+            "rollout/groups_folded_count": Sum(float(stats.groups_folded)),
+            "rollout/groups_aborted_count": Sum(float(stats.groups_aborted)),
+            "zero_advantage_groups": Sum(float(stats.zero_advantage_groups)),
+            "rewarded_groups": Sum(float(len(stats.group_rewards))),
+            **{
+                f"rollout/finish_{r}_count": Sum(float(sum(t.finish_reason == r for t in trajs)))
+                for r in FINISH_REASONS
+            },
+        }
 
-    def compute(self) -> dict[str, float]:
-        """Reduce over ranks (a collective) and reset; NaN where no trajectory had a reward."""
-        out = self._reducer.compute()
-        mean, sq = out["rollout/reward_mean"], out.pop("reward_sq_mean")
-        out["rollout/reward_std"] = (
-            math.sqrt(max(sq - mean * mean, 0.0)) if not math.isnan(mean) else math.nan
-        )
-        n = out["rollout/trajectories_count"]
-        out["rollout/failure_rate"] = out["rollout/failures_count"] / n if n > 0 else 0.0
-        zero, groups = out.pop("zero_advantage_groups"), out.pop("rewarded_groups")
+    @override
+    def derive(self, reduced: dict[str, float], stats: StepStats) -> dict[str, float]:
+        """NaN where no trajectory had a reward; ``train/loss`` is already global."""
+        out = super().derive(reduced, stats)
+        mean, sq = reduced["rollout/reward_mean"], reduced["reward_sq_mean"]
+        out["rollout/reward_std"] = math.sqrt(max(sq - mean * mean, 0.0)) if not math.isnan(mean) else math.nan
+        n = reduced["rollout/trajectories_count"]
+        out["rollout/failure_rate"] = reduced["rollout/failures_count"] / n if n > 0 else 0.0
+        groups = reduced["rewarded_groups"]
+        zero = reduced["zero_advantage_groups"]
         out["train/zero_advantage_group_fraction"] = zero / groups if groups > 0 else math.nan
+        out["train/loss"] = stats.loss
         return out
 
     @override
-    def on_step_stats(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats) -> None:
-        self.update(stats)
-        self._last = {**self.compute(), "train/loss": stats.loss}
-        log_step_metrics(pl_module, self._last)
-        self._check_zero_advantage(self._last["train/zero_advantage_group_fraction"])
+    def after_metrics(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats, metrics: dict[str, float]
+    ) -> None:
+        self._check_zero_advantage(metrics["train/zero_advantage_group_fraction"])
 
     def _check_zero_advantage(self, fraction: float) -> None:
         self._zero_streak = self._zero_streak + 1 if fraction == 1.0 else 0

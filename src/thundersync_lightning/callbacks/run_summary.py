@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +23,22 @@ from typing_extensions import override
 
 from ..strategy.stats import StepStats
 from ..summary import StepAggregate, aggregate, draw_reward_curve, format_summary, summarize
-from ._common import StepReducer, StepStatsCallback
+from ._common import Max, Reduction, StepStatsCallback, Sum
 
 __all__ = ["RunSummary"]
 
 log = logging.getLogger(__name__)
 
-_REDUCTIONS = {
-    "reward_sum": "sum",
-    "reward_count": "sum",
-    "trajectories": "sum",
-    "staleness_max": "max",
-    "wall_seconds": "max",
-    "wall_sum": "sum",
-    "busy_sum": "sum",
-    "groups": "sum",
-    "zero_advantage_groups": "sum",
+_REDUCTIONS: dict[str, type[Sum] | type[Max]] = {
+    "reward_sum": Sum,
+    "reward_count": Sum,
+    "trajectories": Sum,
+    "staleness_max": Max,
+    "wall_seconds": Max,
+    "wall_sum": Sum,
+    "busy_sum": Sum,
+    "groups": Sum,
+    "zero_advantage_groups": Sum,
 }
 
 
@@ -53,6 +53,8 @@ class RunSummary(StepStatsCallback):
         reward_curve: draw the PNG.
         print_summary: print the summary (and the curve's path) on rank 0 when fit ends.
     """
+
+    log_metrics = False  # the per-step sums feed summary.json; the monitors log their own keys
 
     def __init__(
         self,
@@ -69,13 +71,11 @@ class RunSummary(StepStatsCallback):
         self._wall_before = 0.0  # seconds of the fits before a resume
         self._start = time.monotonic()
         self._steps_before = 0
-        self._reducer = StepReducer(_REDUCTIONS)
         super().__init__()
         self.val_pass_at_1: list[float] = []  # val/pass_at_1 of every validation run during fit
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._reducer.to(pl_module.device)
         if stage == "fit":  # a checkpoint, if any, is loaded after this (load_state_dict)
             self.steps, self._wall_before, self._steps_before = [], 0.0, 0
             self.val_pass_at_1 = []
@@ -91,16 +91,24 @@ class RunSummary(StepStatsCallback):
         self._start = time.monotonic()
 
     @override
-    def on_step_stats(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats) -> None:
-        local = asdict(aggregate(stats))
-        for name in _REDUCTIONS:
-            self._reducer.update(name, float(local[name]))
-        reduced = self._reducer.compute()  # a collective: every rank calls it every step
+    def measure(self, stats: StepStats) -> dict[str, Reduction]:
+        local = aggregate(stats)
+        return {name: reduction(float(getattr(local, name))) for name, reduction in _REDUCTIONS.items()}
+
+    @override
+    def derive(self, reduced: dict[str, float], stats: StepStats) -> dict[str, float]:
+        return reduced  # not logged (log_metrics is False): after_metrics keeps them per step
+
+    @override
+    def after_metrics(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats, metrics: dict[str, float]
+    ) -> None:
+        counts = {f.name for f in fields(StepAggregate) if f.type == "int"}
         self.steps.append(
             StepAggregate(
                 step=stats.step,
-                engine_learner_kl=local["engine_learner_kl"],  # the strategy already reduced it
-                **{k: (int(v) if isinstance(local[k], int) else v) for k, v in reduced.items()},
+                engine_learner_kl=stats.engine_learner_kl,  # the strategy already reduced it
+                **{k: (int(v) if k in counts else v) for k, v in metrics.items()},
             )
         )
 

@@ -26,7 +26,7 @@ import logging
 import lightning.pytorch as pl
 from typing_extensions import override
 
-from thundersync_lightning.callbacks._common import StepReducer, StepStatsCallback, log_step_metrics
+from thundersync_lightning.callbacks._common import Max, Mean, Reduction, StepStatsCallback, Sum
 from thundersync_lightning.core.errors import StalenessError
 from thundersync_lightning.strategy.stats import StepStats, TrajectoryRecord
 
@@ -67,14 +67,6 @@ class StalenessMonitor(StepStatsCallback):
         self.kl_tolerance = kl_tolerance
         self.require_zero = require_zero
         self.max_bucket = max_bucket
-        kinds = {
-            "train/staleness_mean_versions": "mean",
-            "train/staleness_max_versions": "max",
-            "train/stale_trajectories_count": "sum",
-        }
-        kinds.update({key: "sum" for key in self.histogram_keys})
-        self._reducer = StepReducer(kinds)
-        self._last: dict[str, float] = {}
         super().__init__()
 
     @property
@@ -85,11 +77,13 @@ class StalenessMonitor(StepStatsCallback):
     @property
     def metric_keys(self) -> list[str]:
         """Every key this monitor logs."""
-        return [*self._reducer.names, *ON_POLICY_KEYS]
-
-    @property
-    def last_metrics(self) -> dict[str, float]:
-        return dict(self._last)
+        return [
+            "train/staleness_mean_versions",
+            "train/staleness_max_versions",
+            "train/stale_trajectories_count",
+            *self.histogram_keys,
+            *ON_POLICY_KEYS,
+        ]
 
     def requires_zero(self, mode: str) -> bool:
         if self.require_zero is not None:
@@ -97,30 +91,31 @@ class StalenessMonitor(StepStatsCallback):
         return mode in _ZERO_STALENESS_MODES
 
     @override
-    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._reducer.to(pl_module.device)
-
-    @override
-    def on_step_stats(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats) -> None:
+    def measure(self, stats: StepStats) -> dict[str, Reduction]:
         values = [float(t.staleness) for t in stats.trajectories]
-        r = self._reducer
-        r.update("train/staleness_mean_versions", values)
-        r.update("train/staleness_max_versions", values)
-        r.update("train/stale_trajectories_count", float(sum(v != 0 for v in values)))
         counts = [0.0] * (self.max_bucket + 1)
         for v in values:
             counts[min(max(int(v), 0), self.max_bucket)] += 1
-        for key, count in zip(self.histogram_keys, counts):
-            r.update(key, count)
-        # reduce on every rank before raising, so that all ranks raise together (no rank is left
-        # waiting in a collective for one that stopped)
-        self._last = r.compute()
-        for key, attr in ON_POLICY_KEYS.items():
-            value = getattr(stats, attr)
-            if value is not None:
-                self._last[key] = float(value)
-        log_step_metrics(pl_module, self._last)
-        if self.requires_zero(stats.mode) and self._last["train/stale_trajectories_count"] > 0:
+        return {
+            "train/staleness_mean_versions": Mean(values),
+            "train/staleness_max_versions": Max(values),
+            "train/stale_trajectories_count": Sum(float(sum(v != 0 for v in values))),
+            **{key: Sum(count) for key, count in zip(self.histogram_keys, counts)},
+        }
+
+    @override
+    def derive(self, reduced: dict[str, float], stats: StepStats) -> dict[str, float]:
+        # the on-policy distances are already reduced over ranks by the strategy
+        on_policy = {key: getattr(stats, attr) for key, attr in ON_POLICY_KEYS.items()}
+        return {**reduced, **{k: float(v) for k, v in on_policy.items() if v is not None}}
+
+    @override
+    def after_metrics(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats, metrics: dict[str, float]
+    ) -> None:
+        # every rank reduced the counts before any raises, so all ranks raise together (no rank is
+        # left waiting in a collective for one that stopped)
+        if self.requires_zero(stats.mode) and metrics["train/stale_trajectories_count"] > 0:
             raise StalenessError(self._message(stats))
         kl = stats.engine_learner_kl
         if self.requires_zero(stats.mode) and kl is not None and kl > self.kl_tolerance:

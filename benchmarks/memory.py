@@ -19,7 +19,7 @@ the ratio is reported.
 
 Offload ``pinned`` is measured only where CUDA is available (a CPU build cannot pin memory).
 
-The planner (``thundersync_lightning.core.memory_plan``) is compared with both parts: in part 1 its
+The planner (``thundersync_lightning.planning.memory_plan``) is compared with both parts: in part 1 its
 ``group sums`` row for the open groups against the RSS growth; in part 2 its accumulator rows (group
 sums + held gradients + step gradient, an upper bound) against the measured peak, with the
 held-gradient bound ``max_held_trajectories`` (``--held-bound``).
@@ -43,11 +43,11 @@ import torch  # noqa: E402
 
 from _common import add_common_args, write_result  # noqa: E402
 from _harness import fit, load_average, qwen3_config  # noqa: E402
-from thundersync_lightning.core.memory_plan import ModelShape, PlanInputs, plan_memory  # noqa: E402
 from thundersync_lightning.core.streaming import StreamingGRPO  # noqa: E402
 from thundersync_lightning.core.types import Segment, Trajectory  # noqa: E402
 from thundersync_lightning.envs.toy import GuessingGameTasks  # noqa: E402
 from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule  # noqa: E402
+from thundersync_lightning.planning.memory_plan import ModelShape, PlanInputs, plan_memory  # noqa: E402
 from thundersync_lightning.rollout import TraceReplayEngineConfig  # noqa: E402
 
 NAME = "memory"

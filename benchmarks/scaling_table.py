@@ -1,4 +1,4 @@
-"""The memory table of docs/scaling.md, computed by the planner (thundersync_lightning.core.memory_plan).
+"""The memory table of docs/scaling.md, computed by the planner (thundersync_lightning.planning.memory_plan).
 
 Qwen3 0.6B / 1.7B / 8B / 32B (published architectures, counted exactly on PyTorch's meta device),
 full fine-tune or LoRA (r=16 on q/k/v/o_proj), offload none or pinned, on one 80 GB GPU (80 GiB)
@@ -25,10 +25,10 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from thundersync_lightning.core.memory_plan import PlanInputs, plan_memory  # noqa: E402
 from thundersync_lightning.core.types import ModelSpec  # noqa: E402
 from thundersync_lightning.modules.lora import LoraSettings  # noqa: E402
 from thundersync_lightning.modules.shape import QWEN3_ARCHITECTURES, model_shape  # noqa: E402
+from thundersync_lightning.planning.memory_plan import PlanInputs, plan_memory  # noqa: E402
 from thundersync_lightning.strategy.memory_check import GPU_RUNTIME_BYTES  # noqa: E402
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "scaling.md"

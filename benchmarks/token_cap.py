@@ -39,9 +39,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import add_common_args, median, timed_cpu, write_bar_chart, write_result  # noqa: E402
 from _harness import direct_accumulator, load_average, qwen3_config  # noqa: E402
 from thundersync_lightning.core import engine_logprobs  # noqa: E402
-from thundersync_lightning.core.memory_plan import Architecture, ModelShape, PlanInputs, plan_memory  # noqa: E402
 from thundersync_lightning.core.types import Segment, Trajectory  # noqa: E402
 from thundersync_lightning.modules import GRPOPolicy  # noqa: E402
+from thundersync_lightning.planning.memory_plan import Architecture, ModelShape, PlanInputs, plan_memory  # noqa: E402
 from thundersync_lightning.strategy.batching import call_size  # noqa: E402
 
 NAME = "token_cap"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from thundersync_lightning.cli import build_parser, config_plan, main
-from thundersync_lightning.core.memory_plan import parse_bytes
+from thundersync_lightning.planning.memory_plan import parse_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))

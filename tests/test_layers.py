@@ -12,14 +12,15 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "thundersync_lightning"
 # layer of each top-level part of the package (see docs/design.md)
 LAYERS = {
     "core": 0,
-    "strategy": 1,
-    "rollout": 2,
-    "envs": 2,
-    "modules": 3,
-    "callbacks": 4,
-    "summary": 4,
-    "show": 5,
-    "cli": 5,
+    "planning": 1,
+    "strategy": 2,
+    "rollout": 3,
+    "envs": 3,
+    "modules": 4,
+    "callbacks": 5,
+    "summary": 5,
+    "show": 6,
+    "cli": 6,
 }
 
 
@@ -28,21 +29,101 @@ def _part(module_path: Path) -> str:
     return rel.parts[0].removesuffix(".py")
 
 
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` blocks (annotations only:
+    they never run, so they are no import at run time). Function-local imports are included."""
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return [n for n in ast.walk(tree) if id(n) not in skip]
+
+
 def _imports(path: Path) -> set[str]:
-    """Absolute names of the package's own modules and of third-party packages that ``path`` imports."""
+    """Absolute names of the package's own modules and of third-party packages that ``path`` imports
+    when it runs (at import time or inside a function); ``from pkg import name`` also counts the
+    module ``pkg.name`` when there is one."""
     tree = ast.parse(path.read_text())
     package_parts = path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1]
     found: set[str] = set()
-    for node in ast.walk(tree):
+    for node in _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package_parts[: len(package_parts) - node.level + 1]
-                found.add(".".join([*base, *(node.module.split(".") if node.module else [])]))
+                module = ".".join([*base, *(node.module.split(".") if node.module else [])])
             elif node.module:
-                found.add(node.module)
+                module = node.module
+            else:
+                continue
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names if _is_module(f"{module}.{alias.name}"))
     return found
+
+
+def _module_path(name: str) -> Path | None:
+    """The file of one of the package's own modules, or None."""
+    parts = name.split(".")
+    if parts[0] != PACKAGE.name:
+        return None
+    base = PACKAGE.parent.joinpath(*parts)
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _is_module(name: str) -> bool:
+    return _module_path(name) is not None
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package's own modules it imports at run time (function-local imports included)."""
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        graph[_module_name(path)] = {n for n in _imports(path) if _is_module(n) and n != _module_name(path)}
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
 
 
 def test_no_module_imports_a_higher_layer():
@@ -58,15 +139,6 @@ def test_no_module_imports_a_higher_layer():
             if LAYERS[parts[1]] > own:
                 violations.append(f"{path.relative_to(PACKAGE)} imports {name}")
     assert violations == []
-
-
-def test_the_core_imports_no_lightning():
-    offenders = [
-        str(path.relative_to(PACKAGE))
-        for path in (PACKAGE / "core").rglob("*.py")
-        if any(name.split(".")[0] in ("lightning", "pytorch_lightning") for name in _imports(path))
-    ]
-    assert offenders == []
 
 
 def test_the_core_works_where_lightning_is_not_installed():
@@ -87,3 +159,38 @@ def test_the_core_works_where_lightning_is_not_installed():
     advantage = 0.5 / (0.5 + 1e-6)
     expected = -(advantage * 2.0 - advantage * 1.0)
     assert [round(v, 6) for v in eval(out.stdout)] == [round(expected, 6)] * 2
+
+
+def test_no_two_modules_import_each_other_even_inside_a_function():
+    graph = import_graph()
+    # packages re-export their modules: an edge into a package's __init__ stands for its re-exports,
+    # which is a cycle only when the package imports the importer back; keep __init__s out of it
+    inits = {name for name in graph if _module_path(name) is not None and _module_path(name).name == "__init__.py"}
+    graph = {v: {w for w in ws if w not in inits} for v, ws in graph.items() if v not in inits}
+    assert import_cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_function_local_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_cycles(graph) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_data_module_and_the_policy_import_nothing_from_the_strategy():
+    offenders = [
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for path in (PACKAGE / "modules").rglob("*.py")
+        for name in _imports(path)
+        if name.startswith(f"{PACKAGE.name}.strategy")
+    ]
+    assert offenders == []
+
+
+def test_the_core_and_the_planner_import_no_lightning():
+    offenders = [
+        str(path.relative_to(PACKAGE))
+        for part in ("core", "planning")
+        for path in (PACKAGE / part).rglob("*.py")
+        if any(name.split(".")[0] in ("lightning", "pytorch_lightning") for name in _imports(path))
+    ]
+    assert offenders == []

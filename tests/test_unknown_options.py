@@ -20,7 +20,7 @@ from thundersync_lightning.rollout import (
     TeacherConfig,
     TraceReplayEngineConfig,
 )
-from thundersync_lightning.rollout.vllm_engine import VLLMEngineConfig
+from thundersync_lightning.rollout.vllm_config import VLLMEngineConfig
 
 
 def _strategy(**kw: Any) -> Any:

@@ -45,12 +45,12 @@ from lightning.pytorch.cli import LightningCLI
 from typing_extensions import override
 
 from .callbacks import RunChecks, RunSummary, wandb_run_id_from_checkpoint
-from .core.memory_plan import MemoryPlan, format_bytes, parse_bytes, plan_memory
 from .core.objective import Objective
 from .core.types import ModelSpec
 from .modules import GRPOPolicy, RolloutDataModule
 from .modules.policy import TINY_QWEN3
 from .modules.shape import model_shape
+from .planning.memory_plan import MemoryPlan, format_bytes, parse_bytes, plan_memory
 from .strategy.memory_check import SCORING_KEYS, param_bytes, plan_inputs
 
 __all__ = ["ThunderSyncCLI", "main", "build_parser", "config_plan", "plan_main"]

@@ -187,13 +187,5 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def __getattr__(name: str) -> Any:
-    if name == "RunSummary":  # the callback lives with the other callbacks
-        from .callbacks.run_summary import RunSummary
-
-        return RunSummary
-    raise AttributeError(name)
-
-
 if __name__ == "__main__":
     raise SystemExit(main())

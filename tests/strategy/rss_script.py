@@ -16,9 +16,9 @@ import json
 import psutil
 import torch
 
-from thundersync_lightning.core.memory_plan import Architecture, ModelShape, PlanInputs, plan_memory
 from thundersync_lightning.core.streaming import StreamingGRPO
 from thundersync_lightning.core.types import ModelSpec
+from thundersync_lightning.planning.memory_plan import Architecture, ModelShape, PlanInputs, plan_memory
 from thundersync_lightning.rollout.models import build_model
 
 CONFIG = {"vocab_size": 4096, "hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 4,

@@ -1,5 +1,5 @@
 """The plan's bound on a learner call's padded tokens holds for every call the strategy cuts and
-every micro-batch cut the policy makes (``core.call_tokens`` against ``strategy.batching.call_size``
+every micro-batch cut the policy makes (``planning.call_tokens`` against ``strategy.batching.call_size``
 and ``modules.micro_batches``)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thundersync_lightning.core.call_tokens import call_padded_tokens
 from thundersync_lightning.modules.micro_batches import micro_batches
+from thundersync_lightning.planning.call_tokens import call_padded_tokens
 from thundersync_lightning.strategy.batching import call_size
 
 

@@ -8,15 +8,15 @@ import pytest
 import torch
 from lightning.pytorch import LightningModule
 
-from thundersync_lightning.core.errors import ConfigError
-from thundersync_lightning.core.types import StepResult
-from thundersync_lightning.envs.toy import GuessingGameTasks
-from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
-from thundersync_lightning.strategy.contract import (
+from thundersync_lightning.core.contract import (
     MODULE_CONTRACT,
     check_module,
     check_tasks,
 )
+from thundersync_lightning.core.errors import ConfigError
+from thundersync_lightning.core.types import StepResult
+from thundersync_lightning.envs.toy import GuessingGameTasks
+from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
 
 from ._fit import TOY_MODEL
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from thundersync_lightning.strategy.evaluation import VALIDATION_METRICS
+from thundersync_lightning.core.evaluation import VALIDATION_METRICS
 
 from ._fit import fit, relative
 

@@ -18,11 +18,11 @@ import thundersync_lightning  # noqa: F401  registers strategy="thundersync"
 from thundersync_lightning.callbacks import RunSummary, ValidateAtStart
 from thundersync_lightning.cli import ThunderSyncCLI, _cli_kwargs
 from thundersync_lightning.core.errors import ConfigError
+from thundersync_lightning.core.evaluation import ValidationOutcome, pass_at_k
 from thundersync_lightning.envs.toy import GuessingGameTasks
 from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
 from thundersync_lightning.rollout import EmbeddedEngineConfig
 from thundersync_lightning.strategy import ThunderSyncStrategy
-from thundersync_lightning.strategy.evaluation import ValidationOutcome, pass_at_k
 
 # Two secrets, two guesses: "guess 0, and 1 after HIGHER" always wins.
 TASKS = GuessingGameTasks(num_digits=2, max_turns=2, latency="none")

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from thundersync_lightning.core.errors import ConfigError
-from thundersync_lightning.rollout.vllm_engine import VLLMEngineConfig
+from thundersync_lightning.rollout.vllm_config import VLLMEngineConfig
 
 pytestmark = pytest.mark.vllm
 
@@ -31,6 +31,6 @@ def test_an_unknown_weight_sync_is_refused_with_the_valid_choices():
 def test_the_shipped_configs_build_a_valid_engine_config(name):
     config = yaml.safe_load((CONFIGS / name).read_text())
     engine = config["data"]["engine"]
-    assert engine["class_path"] == "thundersync_lightning.rollout.vllm_engine.VLLMEngineConfig"
+    assert engine["class_path"] == "thundersync_lightning.rollout.VLLMEngineConfig"
     built = VLLMEngineConfig(**engine["init_args"])
     assert built.temperature == config["model"]["temperature"]

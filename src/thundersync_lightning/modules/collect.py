@@ -6,15 +6,15 @@ from collections.abc import Mapping
 
 from torch import Tensor
 
+from ..core.batches import RolloutBatch
 from ..core.errors import GroupError
 from ..core.types import ContentReady, Trajectory
-from ..strategy.plan import RolloutPlan
 
 __all__ = ["collect_batch"]
 
 
 def collect_batch(
-    plan: RolloutPlan, step: int, weights: Mapping[str, Tensor], rank: int = 0, world_size: int = 1
+    plan: RolloutBatch, step: int, weights: Mapping[str, Tensor], rank: int = 0, world_size: int = 1
 ) -> tuple[list[Trajectory], list[float]]:
     """Publish ``weights`` as version ``step``, then wait for every trajectory and reward.
 

@@ -1,6 +1,6 @@
 """``RolloutDataModule``: tasks, a rollout engine, group size G and groups per step B.
 
-Its dataloader yields :class:`~thundersync_lightning.strategy.RolloutPlan` tickets, one per step;
+Its dataloader yields :class:`~thundersync_lightning.strategy.RolloutBatch` tickets, one per step;
 rollouts are generated inside the step by the strategy (or by ``GRPOPolicy.training_step`` under a
 stock strategy), after that step's weights are published. The engine is built in ``setup`` from
 the policy's :class:`ModelSpec` and shut down in ``teardown``; each learner process has its own.
@@ -15,12 +15,12 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from ..core.batches import BatchLoader, RolloutBatch
+from ..core.contract import check_module, check_tasks, raise_contract_problems
 from ..core.errors import ConfigError
+from ..core.evaluation import ValidationLoader
 from ..core.options import strict_options
 from ..core.protocols import EngineFactory, RolloutEngine, TaskSource
-from ..strategy.contract import check_module, check_tasks, raise_contract_problems
-from ..strategy.evaluation import ValidationLoader
-from ..strategy.plan import PlanLoader, RolloutPlan
 
 __all__ = ["RolloutDataModule", "EngineFactory", "TaskSourceConfig"]
 
@@ -146,8 +146,8 @@ class RolloutDataModule(LightningDataModule):
     def train_dataloader(self) -> Any:
         if self._engine is None:
             raise ConfigError("RolloutDataModule.setup('fit') must run before train_dataloader()")
-        plan = RolloutPlan(self.tasks, self._engine, self.group_size, self.groups_per_step, self.seed)
-        return PlanLoader(plan, self.steps_per_epoch)
+        plan = RolloutBatch(self.tasks, self._engine, self.group_size, self.groups_per_step, self.seed)
+        return BatchLoader(plan, self.steps_per_epoch)
 
     @override
     def val_dataloader(self) -> Any:

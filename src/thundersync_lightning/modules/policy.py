@@ -30,7 +30,9 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from typing_extensions import override
 
+from ..core.batches import RolloutBatch
 from ..core.errors import ConfigError
+from ..core.evaluation import VALIDATION_METRICS, ValidationBatch, ValidationOutcome, collect_validation
 from ..core.objective import BatchTotals, Objective
 from ..core.prefix import SharedPrefix
 from ..core.split_backward import RowCapture
@@ -38,8 +40,6 @@ from ..core.terms import TokenScores, engine_logprobs, reference_loss, teacher_l
 from ..core.types import ModelSpec, Trajectory
 from ..envs.chat import ChatRenderer
 from ..rollout.models import build_model, cache_kwarg
-from ..strategy.evaluation import VALIDATION_METRICS, ValidationOutcome, ValidationPlan, collect_validation
-from ..strategy.plan import RolloutPlan
 from .collect import collect_batch
 from .lora import LoraSettings, apply_lora, merged_state_dict
 from .micro_batches import micro_batches
@@ -367,7 +367,7 @@ class GRPOPolicy(LightningModule):
         return reference_loss(obj, terms, [t.group_id for t in trajectories], rewards, failed, totals)
 
     @override
-    def training_step(self, batch: RolloutPlan, batch_idx: int) -> Tensor:
+    def training_step(self, batch: RolloutBatch, batch_idx: int) -> Tensor:
         """Synchronous GRPO under any stock strategy: publish, wait for the whole batch, one loss."""
         trajectories, rewards = collect_batch(
             batch, self.global_step, self.weights_for_engine(), self.global_rank, self.trainer.world_size
@@ -375,10 +375,10 @@ class GRPOPolicy(LightningModule):
         return self.grpo_loss(trajectories, rewards)
 
     @override
-    def validation_step(self, batch: ValidationPlan | ValidationOutcome, batch_idx: int) -> None:
+    def validation_step(self, batch: ValidationBatch | ValidationOutcome, batch_idx: int) -> None:
         """Log a held-out batch's metrics (``val/...``). Under strategy='thundersync' the strategy has
         already run the rollouts; under a stock strategy this publishes the weights and runs them."""
-        if isinstance(batch, ValidationPlan):
+        if isinstance(batch, ValidationBatch):
             engine, step = batch.engine, self.global_step
             if engine.version != step:
                 engine.publish(self.weights_for_engine(), step)

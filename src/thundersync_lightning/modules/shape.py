@@ -1,4 +1,4 @@
-"""A policy's :class:`~thundersync_lightning.core.model_shape.ModelShape` without building its weights.
+"""A policy's :class:`~thundersync_lightning.planning.model_shape.ModelShape` without building its weights.
 
 The architecture is instantiated on PyTorch's ``meta`` device (shapes, no storage), so planning a
 32B model costs nothing: parameter counts are exact for any ``transformers`` causal LM, and the
@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from ..core.errors import ConfigError
-from ..core.model_shape import Architecture, ModelShape
 from ..core.types import ModelSpec
+from ..planning.model_shape import Architecture, ModelShape
 from .lora import LoraSettings
 
 __all__ = ["QWEN3_ARCHITECTURES", "model_shape", "hf_config"]

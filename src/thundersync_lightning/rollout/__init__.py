@@ -30,6 +30,7 @@ from .replay import TraceReplayEngine, load_trace, sync_idle_fraction
 from .requests import make_request
 from .sampling import sample_from_logprobs, temperature_logprobs, turn_seed
 from .teacher import TeacherConfig, TeacherScorer, load_teacher
+from .vllm_config import VLLMEngineConfig
 
 __all__ = [
     # core types
@@ -50,6 +51,7 @@ __all__ = [
     "TaskSource",
     # engines
     "EmbeddedEngineConfig",
+    "VLLMEngineConfig",
     "EmbeddedEngine",
     "TeacherConfig",
     "TeacherScorer",

@@ -55,16 +55,19 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
 from ..core.errors import EngineError
 from ..core.protocols import TaskSource
 from ..core.types import ContentReady, ModelSpec, RolloutEvent, RolloutRequest
-from .config import EmbeddedEngineConfig
 from .embedded_process import GenerationProcess, ProcessGone
 from .teacher import check_teacher
 from .weights import SharedWeights
+
+if TYPE_CHECKING:  # annotations only: the config builds this engine
+    from .config import EmbeddedEngineConfig
 
 __all__ = ["EmbeddedEngine"]
 
@@ -91,9 +94,9 @@ class EmbeddedEngine:
     """
 
     def __init__(
-        self, model_spec: ModelSpec, tasks: TaskSource, config: EmbeddedEngineConfig | None = None
+        self, model_spec: ModelSpec, tasks: TaskSource, config: EmbeddedEngineConfig
     ) -> None:
-        self.config = config or EmbeddedEngineConfig()
+        self.config = config
         if self.config.teacher is not None:  # a wrong teacher fails here, before the process starts
             check_teacher(self.config.teacher, model_spec)
         self._model_spec = model_spec

@@ -50,6 +50,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
@@ -65,7 +66,9 @@ from ..core.types import (
     derive_seed,
     trajectory_id,
 )
-from .config import TraceReplayEngineConfig
+
+if TYPE_CHECKING:  # annotations only: the config builds this engine
+    from .config import TraceReplayEngineConfig
 
 __all__ = ["TraceRow", "TraceReplayEngine", "load_trace", "sync_idle_fraction"]
 
@@ -165,11 +168,11 @@ class TraceReplayEngine:
     def __init__(
         self,
         model_spec: ModelSpec,
-        config: TraceReplayEngineConfig | None = None,
+        config: TraceReplayEngineConfig,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.config = config or TraceReplayEngineConfig()
+        self.config = config
         self._clock = clock
         self._drawer = _Drawer(self.config)
         self.vocab_size = _vocab_size(model_spec)

@@ -1,8 +1,7 @@
 """How to run vLLM: :class:`VLLMEngineConfig`, LightningCLI/YAML-constructible and validated on
 construction (every problem at once); ``build`` starts the :class:`~.vllm_engine.VLLMEngine`.
 
-YAML keeps the class path ``thundersync_lightning.rollout.vllm_engine.VLLMEngineConfig``: the
-engine's module re-exports it.
+YAML class path: ``thundersync_lightning.rollout.VLLMEngineConfig``. Importing it does not import vLLM.
 """
 
 from __future__ import annotations
@@ -118,6 +117,6 @@ class VLLMEngineConfig:
 
     def build(self, model_spec: ModelSpec, tasks: TaskSource) -> VLLMEngine:
         """Start vLLM with ``model_spec``'s architecture (blocks until it is ready)."""
-        from .vllm_engine import VLLMEngine  # the engine imports this module
+        from .vllm_engine import VLLMEngine  # lazily: vLLM is imported only to start an engine
 
         return VLLMEngine(self, model_spec, tasks)

@@ -61,7 +61,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
@@ -71,14 +71,16 @@ from ..core.types import ModelSpec, RolloutEvent, RolloutRequest
 from .agent_loop import AgentLoop, GenerationRequest
 from .env_pool import EnvPool
 from .teacher import TeacherConfig, check_teacher
-from .vllm_config import VLLMEngineConfig
 from .vllm_loop import IN_PROCESS_LOCK, StepLoop, close_llm, open_llm, read_generation
 from .vllm_model import ModelLayout, check_weights, materialize_model
 from .vllm_placement import colocated_device_ids, learner_cuda_device, vllm_accepts_device_ids
 from .vllm_teacher import VLLMTeacher
 from .vllm_worker import WORKER_EXTENSION, save_weights_file
 
-__all__ = ["VLLMEngineConfig", "VLLMEngine", "colocated_device_ids"]  # placement: .vllm_placement
+if TYPE_CHECKING:  # annotations only: the config builds this engine
+    from .vllm_config import VLLMEngineConfig
+
+__all__ = ["VLLMEngine", "colocated_device_ids"]  # placement: .vllm_placement
 
 log = logging.getLogger(__name__)
 

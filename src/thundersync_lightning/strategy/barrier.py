@@ -14,12 +14,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..core.batches import RolloutBatch
 from ..core.objective import BatchTotals
 from ..core.storage import ByteUsage
 from ..core.streaming import StreamingGRPO, StreamingReport
 from ..core.terms import OnPolicyStats
 from ..core.types import RolloutRequest
-from .plan import RolloutPlan
 from .runner import StepOutcome
 from .stats import Interval, StepStats
 
@@ -31,7 +31,7 @@ class StepInFlight:
     """What one step accumulates between its rollout and its optimizer step."""
 
     start: float
-    plan: RolloutPlan
+    plan: RolloutBatch
     request: RolloutRequest
     outcome: StepOutcome
     busy: list[Interval]

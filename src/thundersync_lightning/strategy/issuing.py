@@ -16,10 +16,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..core.batches import RolloutBatch
 from ..core.protocols import PreparesAhead
 from ..core.snapshot import PolicySnapshot
 from ..core.types import RolloutEvent
-from .plan import RolloutPlan
 from .stats import Interval
 
 __all__ = ["RolloutIssuer"]
@@ -36,7 +36,7 @@ class RolloutIssuer:
 
     def events(
         self,
-        plan: RolloutPlan,
+        plan: RolloutBatch,
         step: int,
         snapshot: PolicySnapshot,
         rank: int,
@@ -62,7 +62,7 @@ class RolloutIssuer:
 
     def after_update(
         self,
-        plan: RolloutPlan,
+        plan: RolloutBatch,
         snapshot: PolicySnapshot,
         rank: int,
         world: int,

@@ -1,7 +1,7 @@
 """The memory plan of a fit, from its settings, and the set-up check that refuses one that cannot fit.
 
 :func:`plan_inputs` turns plain settings (the strategy's, the data module's, the engine
-configuration's, the objective) into :class:`~thundersync_lightning.core.memory_plan.PlanInputs`;
+configuration's, the objective) into :class:`~thundersync_lightning.planning.memory_plan.PlanInputs`;
 ``fit`` reads them from the live objects (:func:`fit_plan`), ``thundersync-lightning plan`` from
 the parsed YAML, so both plan the same thing. Options other helpers add to the strategy
 (``max_held_trajectories``, ``sharding``) are read with their defaults when absent.
@@ -21,9 +21,9 @@ from typing import Any
 import psutil
 import torch
 
-from ..core.memory_plan import MemoryPlan, PlanInputs, format_bytes, plan_memory
-from ..core.model_shape import Architecture, ModelShape
 from ..core.objective import Objective
+from ..planning.memory_plan import MemoryPlan, PlanInputs, format_bytes, plan_memory
+from ..planning.model_shape import Architecture, ModelShape
 from .objective_checks import module_objective
 from .split_choice import planned_destinations
 

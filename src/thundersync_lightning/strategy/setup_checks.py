@@ -12,8 +12,8 @@ from typing import Any
 
 from lightning.pytorch.plugins.precision import MixedPrecision
 
+from ..core.contract import check_contract
 from ..core.errors import ConfigError
-from .contract import check_contract
 from .memory_check import memory_problems
 from .objective_checks import check_objective
 from .sharding import SHARDINGS

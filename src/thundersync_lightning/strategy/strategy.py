@@ -37,17 +37,17 @@ from torch import Tensor
 from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
+from ..core.batches import RolloutBatch
 from ..core.errors import ConfigError
+from ..core.evaluation import ValidationBatch, collect_validation
 from ..core.snapshot import PolicySnapshot
 from ..core.storage import Offload
 from ..core.streaming import StreamingGRPO
 from .barrier import StepInFlight, global_totals
-from .evaluation import ValidationPlan, collect_validation
 from .fit_learner import FitLearner
 from .issuing import RolloutIssuer, publish
 from .objective_checks import module_objective
 from .options import option_problems
-from .plan import RolloutPlan
 from .runner import StepRunner
 from .setup_checks import check_memory, setup_problems
 from .sharding import Sharding, build_layout
@@ -115,7 +115,7 @@ class ThunderSyncStrategy(DDPStrategy):
             cannot run or the check fails); ``False``: one backward per destination. In ``sync``
             and ``async`` every trajectory goes to the step's gradient: nothing to split, no effect.
         memory_check: at set-up, before the engine starts, the learner's memory plan
-            (:mod:`thundersync_lightning.core.memory_plan`) is checked against the device (the host on
+            (:mod:`thundersync_lightning.planning.memory_plan`) is checked against the device (the host on
             a CPU run): ``error`` refuses a plan that does not fit, naming settings that would make it
             fit; ``warn`` logs that and runs; ``off`` skips the check.
         sharding: the data-parallel layout (:mod:`~thundersync_lightning.strategy.sharding`): ``none``
@@ -293,7 +293,7 @@ class ThunderSyncStrategy(DDPStrategy):
 
     @override
     def batch_to_device(self, batch: Any, device: torch.device | None = None, dataloader_idx: int = 0) -> Any:
-        if isinstance(batch, (RolloutPlan, ValidationPlan)):
+        if isinstance(batch, (RolloutBatch, ValidationBatch)):
             return batch  # a plan holds no tensors; its rollouts are generated inside the step
         return super().batch_to_device(batch, device, dataloader_idx)
 
@@ -301,7 +301,7 @@ class ThunderSyncStrategy(DDPStrategy):
     @override
     def training_step(self, *args: Any, **kwargs: Any) -> Tensor:
         plan = args[0] if args else kwargs.get("batch")
-        if not isinstance(plan, RolloutPlan):
+        if not isinstance(plan, RolloutBatch):
             raise ConfigError(
                 f"strategy='thundersync' trains on rollout plans, got a batch of type {type(plan).__name__}; "
                 "use thundersync_lightning.modules.RolloutDataModule as the data"
@@ -359,7 +359,7 @@ class ThunderSyncStrategy(DDPStrategy):
         """Held-out rollouts of the current weights (published first: staleness 0), no gradient; the
         module's ``validation_step`` receives the :class:`ValidationOutcome` in place of the plan."""
         plan = args[0] if args else kwargs.get("batch")
-        if not isinstance(plan, ValidationPlan):
+        if not isinstance(plan, ValidationBatch):
             return super().validation_step(*args, **kwargs)
         module = self.lightning_module
         self._frozen_policy(module, module.trainer.global_step)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from .errors import ConfigError
+from ..core.errors import ConfigError
 
 __all__ = ["parse_bytes", "format_bytes"]
 

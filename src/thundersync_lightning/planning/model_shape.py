@@ -1,7 +1,7 @@
 """What the memory plan needs of a model: its parameter counts, weight size and dimensions.
 
 :class:`Architecture` is read from a Hugging Face style config and gives the per-token
-activation bytes of the plan's formula (:mod:`~thundersync_lightning.core.memory_plan`'s
+activation bytes of the plan's formula (:mod:`~thundersync_lightning.planning.memory_plan`'s
 docstring); :class:`ModelShape` adds the parameter counts and what LoRA would train.
 """
 

@@ -11,8 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from .memory_plan import PlanInputs, format_bytes, plan_memory
+from .sizes import format_bytes
+
+if TYPE_CHECKING:  # annotations only: the planner calls this module, not the other way round
+    from .memory_plan import MemoryPlan, PlanInputs
 
 __all__ = ["Verdict", "suggestions"]
 
@@ -48,11 +52,15 @@ class Verdict:
 
 
 
-def suggestions(i: PlanInputs, device: int, host: int) -> tuple[str, ...]:
-    """Settings that make the plan fit: single changes first, else the first combination that does."""
+def suggestions(
+    i: PlanInputs, device: int, host: int, plan: Callable[[PlanInputs], MemoryPlan]
+) -> tuple[str, ...]:
+    """Settings that make the plan fit: single changes first, else the first combination that does.
+
+    ``plan`` is the planner (:func:`~.memory_plan.plan_memory`) that re-plans each variant."""
 
     def fits(x: PlanInputs) -> bool:
-        return plan_memory(x).fits_bytes(device, host)
+        return plan(x).fits_bytes(device, host)
 
     out: list[str] = []
     strategy = "trainer.strategy.init_args"

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from thundersync_lightning.core.errors import ConfigError
-from thundersync_lightning.core.memory_plan import (
+from thundersync_lightning.planning.memory_plan import (
     Architecture,
     ModelShape,
     PlanInputs,
@@ -184,11 +184,11 @@ def test_a_split_backward_call_holds_one_gradient_per_destination_up_to_its_cap(
     assert backward(split_destinations=3) == 3 * 4 * P  # the bytes cap
     assert backward(split_destinations=100, mode="sync") == 4 * P  # sync never splits
     assert backward(split_destinations=100, groups_per_step=1, max_batch_trajectories=32) == (4 + 1) * 4 * P
-    from thundersync_lightning.core.memory_fit import suggestions
+    from thundersync_lightning.planning.memory_fit import suggestions
 
     split = inputs(split_destinations=100, max_open_groups=1, max_held_trajectories=0)
     need = plan_memory(split).device_bytes
-    assert any("split_backward=false" in s for s in suggestions(split, need - 1, 10**12))
+    assert any("split_backward=false" in s for s in suggestions(split, need - 1, 10**12, plan_memory))
 
 
 def test_a_token_cap_bounds_a_calls_padded_tokens_by_the_scorers_padding_rule():

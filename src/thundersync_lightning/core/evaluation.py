@@ -1,7 +1,7 @@
 """Evaluation on held-out tasks: plans for Lightning's validation loop, pass@k, typed outcomes.
 
-The validation dataloader yields :class:`ValidationPlan` tickets (like training's
-:class:`~thundersync_lightning.strategy.RolloutPlan`: no data, so prefetching is harmless). The
+The validation dataloader yields :class:`ValidationBatch` tickets (like training's
+:class:`~thundersync_lightning.strategy.RolloutBatch`: no data, so prefetching is harmless). The
 strategy's ``validation_step`` publishes the current weights, runs the plan's request through the
 same engine and environments as training, waits for every verdict (no accumulator, no backward:
 nothing is scored by the learner) and hands a :class:`ValidationOutcome` to the module, which
@@ -29,13 +29,13 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.errors import ConfigError, GroupError, StalenessError
-from ..core.protocols import RolloutEngine
-from ..core.types import ContentReady, GroupRequest, RolloutEvent, RolloutRequest, group_id
+from .errors import ConfigError, GroupError, StalenessError
+from .protocols import RolloutEngine
+from .types import ContentReady, GroupRequest, RolloutEvent, RolloutRequest, group_id
 
 __all__ = [
     "VALIDATION_METRICS",
-    "ValidationPlan",
+    "ValidationBatch",
     "ValidationLoader",
     "ValidationOutcome",
     "pass_at_k",
@@ -61,7 +61,7 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
 
 
-class ValidationPlan:
+class ValidationBatch:
     """One validation batch: ``tasks`` (held-out payloads), ``samples`` trajectories each.
 
     A plain class (not a dataclass): Lightning's batch transfer would try to copy a dataclass.
@@ -122,14 +122,14 @@ class ValidationLoader:
             )
         tasks = list(tasks)
         self.plans = [
-            ValidationPlan(tasks[i : i + groups], engine, samples, seed, b, pass_k, pass_threshold)
+            ValidationBatch(tasks[i : i + groups], engine, samples, seed, b, pass_k, pass_threshold)
             for b, i in enumerate(range(0, len(tasks), groups))
         ]
 
     def __len__(self) -> int:
         return len(self.plans)
 
-    def __iter__(self) -> Iterator[ValidationPlan]:
+    def __iter__(self) -> Iterator[ValidationBatch]:
         return iter(self.plans)
 
 
@@ -175,7 +175,7 @@ class ValidationOutcome:
         return {name: (means.get(name, 0.0), sizes[over]) for name, over in VALIDATION_METRICS.items()}
 
 
-def collect_validation(plan: ValidationPlan, request: RolloutRequest, events: Iterator[RolloutEvent],
+def collect_validation(plan: ValidationBatch, request: RolloutRequest, events: Iterator[RolloutEvent],
                        version: int) -> ValidationOutcome:
     """Wait for every event of ``request`` (issued from ``plan`` to an engine holding ``version``)."""
     content: dict[str, Any] = {}

@@ -2,7 +2,7 @@
 
 A Lightning dataloader is read one batch ahead of the step that uses it (the prefetch trap in the
 field notes). If batches held rollouts, step k+1's rollouts would be generated before step k's
-weights exist. So the dataloader yields a :class:`RolloutPlan` and the *strategy* asks it for the
+weights exist. So the dataloader yields a :class:`RolloutBatch` and the *strategy* asks it for the
 request of the step it is running, after publishing that step's weights: prefetching a plan is
 harmless by construction.
 """
@@ -12,13 +12,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from ..core.protocols import RolloutEngine, TaskSource
-from ..core.types import GroupRequest, RolloutRequest, group_id
+from .protocols import RolloutEngine, TaskSource
+from .types import GroupRequest, RolloutRequest, group_id
 
-__all__ = ["RolloutPlan", "PlanLoader"]
+__all__ = ["RolloutBatch", "BatchLoader"]
 
 
-class RolloutPlan:
+class RolloutBatch:
     """Which tasks every step trains on, split across data-parallel ranks.
 
     Step k uses ``tasks.tasks(k, groups_per_step, seed)``; group i goes to rank ``i % world_size``.
@@ -54,13 +54,13 @@ class RolloutPlan:
         return RolloutRequest(step=step, groups=groups, seed=self.seed)
 
 
-class PlanLoader:
+class BatchLoader:
     """An iterable of ``len(self)`` copies of one plan: one item per optimizer step.
 
     It has a length so Lightning does not treat it as an endless stream.
     """
 
-    def __init__(self, plan: RolloutPlan, steps_per_epoch: int) -> None:
+    def __init__(self, plan: RolloutBatch, steps_per_epoch: int) -> None:
         self.plan = plan
         self.steps_per_epoch = steps_per_epoch
 

@@ -42,7 +42,7 @@ token:
 An estimate in the spirit of Korthikanti et al. 2022 ("Reducing Activation Recomputation in
 Large Transformer Models", Sec. 4.1), adapted to SwiGLU, grouped-query attention and fp32 norms.
 A call is ``max_batch_trajectories`` trajectories of ``max_tokens_per_trajectory`` tokens, fewer
-padded tokens under ``max_batch_tokens`` (:mod:`~thundersync_lightning.core.call_tokens`: the
+padded tokens under ``max_batch_tokens`` (:mod:`~thundersync_lightning.planning.call_tokens`: the
 policy keeps the graph of every micro-batch of a call until its backward).
 
 The rows are added: a bound on the peak, not a simulation (gradients and activations are not
@@ -53,16 +53,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+from ..core.errors import ConfigError
+from ..core.storage import Offload
 from .call_tokens import call_padded_tokens
-from .errors import ConfigError
+from .memory_fit import Verdict, suggestions
 from .model_shape import Architecture, ModelShape
 from .sizes import format_bytes, parse_bytes
-from .storage import Offload
-
-if TYPE_CHECKING:
-    from .memory_fit import Verdict
 
 __all__ = [
     "Architecture",
@@ -266,9 +264,8 @@ class MemoryPlan:
         """
         needed = self._needs(device_bytes, host_bytes)
         ok = needed[0] <= needed[1] and needed[2] <= needed[3]
-        from .memory_fit import Verdict, suggestions  # it re-plans variants of these inputs
-
-        return Verdict(ok, *needed, suggestions=() if ok else suggestions(self.inputs, device_bytes, host_bytes))
+        found = () if ok else suggestions(self.inputs, device_bytes, host_bytes, plan_memory)
+        return Verdict(ok, *needed, suggestions=found)
 
     def _needs(self, device_bytes: int, host_bytes: int) -> tuple[int, int, int, int]:
         if self.inputs.accelerator == "cpu":  # the device is the host

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..core.errors import ConfigError
-from ..core.types import ModelSpec
+from .errors import ConfigError
+from .types import ModelSpec
 
 __all__ = [
     "Member",

@@ -22,7 +22,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 FILES = (ROOT / "README.md", ROOT / "benchmarks" / "README.md")
-MARKED = re.compile(r"<!-- table: (?P<name>[a-z_]+) -->\n(?P<body>.*?)<!-- /table -->", re.S)
+MARKED = re.compile(r"<!-- table: (?P<name>[a-z0-9_]+) -->\n(?P<body>.*?)<!-- /table -->", re.S)
 
 Renderer = Callable[[Callable[[str], dict[str, Any]], str], str]
 TABLES: dict[str, Renderer] = {}
@@ -173,9 +173,9 @@ def demo(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
     m = d["summary"]
     rows = [(link("demo", prefix), str(m["steps"]), f"{m['reward_mean_first']:.2f} -> {m['reward_mean_last']:.2f}",
              str(m["staleness_max"]), pct(m["learner_idle_fraction"]), f"{m['step_seconds_median']:.2f} s",
-             f"{m['wall_seconds'] / 60:.1f} min", " / ".join(f"{v:.1f}" for v in d["load_average_start"]))]  # fmt: skip
+             f"{m['wall_seconds'] / 60:.1f} min", f"{d['load_average_start'][0]:.1f} -> {d['load_average_end'][0]:.1f}")]  # fmt: skip
     return grid(("file", "steps", "mean reward", "staleness", "learner idle", "median step", "fit",
-                 "load at start (1/5/15 min)"), rows)  # fmt: skip
+                 "load average (1 min), start -> end"), rows)  # fmt: skip
 
 
 @table("bf16")

@@ -41,6 +41,7 @@ def linked_results(text: str) -> set[str]:
 def test_every_marked_table_equals_its_rendering_from_the_results_json(path: Path) -> None:
     text = path.read_text()
     assert list(tables.marked(text)), f"{path.name} has no marked table"
+    assert len(list(tables.marked(text))) == text.count("<!-- table: ") == text.count("<!-- /table -->")
     for name, body in tables.marked(text):
         assert body == tables.render(name, path), f"{path.name}: table {name!r} is stale; run benchmarks/readme_tables.py"
 

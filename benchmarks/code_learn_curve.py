@@ -4,7 +4,7 @@
 
 Reads the CSV logger's ``metrics.csv`` (``val/pass_at_1``, ``val/pass_at_k``, ``rollout/reward_mean``
 per step) and ``summary.json``; writes ``code_learn.png`` and ``code_learn.json`` (the curve and the
-summary) under ``--out``.
+summary, with the command, commit and machine) under ``--out``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,11 @@ import csv
 import glob
 import json
 import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from _common import write_result  # noqa: E402
 
 
 def read_curve(run: str) -> dict[str, list[tuple[int, float]]]:
@@ -37,9 +42,7 @@ def main() -> None:
     curves = read_curve(args.run)
     summary_path = os.path.join(args.run, "summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "code_learn.json"), "w") as f:
-        json.dump({"summary": summary, "curves": curves}, f, indent=1)
+    write_result(args.out, "code_learn", {"summary": summary, "curves": curves})  # + command, commit, machine
     import matplotlib
 
     matplotlib.use("Agg")

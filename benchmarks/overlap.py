@@ -50,7 +50,7 @@ seconds on that very step: steps differ in tokens), c_j: trajectory j's content_
 T_{>=j} / T: the share of the step's tokens in trajectories whose content lands at c_j or later.
 The second term is the single-machine bound with release dates: no learner, however it batches,
 works on a trajectory before its content lands, and the barrier follows the last of that work.
-``without_release_dates`` reports the bound of earlier runs (``max(M_k s + c_single +
+``without_release_dates`` reports a looser bound (``max(M_k s + c_single +
 end_of_step, W)`` with W the median work over all steps and c_single one trajectory's streaming
 backward, which overstated rollout-bound steps: their last reward needs no backward).
 ``bound_speedup`` = sync step / bound, ``efficiency`` = streaming's speedup / bound_speedup.

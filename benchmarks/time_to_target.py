@@ -21,17 +21,12 @@ Workloads:
     balanced    the paper's balance: the same game on a model twice as wide (hidden 128,
                 ``--balanced-hidden``) with the verdict latency cut (``--balanced-latency-median-s``,
                 default 0.002 s), so that the synchronous learner idles ~50% of the step instead
-                of the toy's ~90%: the learner's share of the step is the paper's. Every sync
-                run reports its measured idle fraction (``sync_idle_fraction``), so the balance
-                is checked, not assumed. Before commit df5bc55 the model was the toy's (hidden
-                64); as the learner got cheaper (micro-batch cut, no padding mask) its sync idle
-                drifted from ~50% to 63-66%, and hidden 128 measured 54% (40-step runs).
-                ``--balanced-context-tokens`` lengthens every prompt by a shared context
-                (``GuessingGameTasks(context_tokens=...)``: the learner's work set by tokens
-                rather than per-call overheads) and ``--balanced-groups`` sets the groups per
-                step; measured here and not the default: a 256-wide model (unstable at lr 3e-3:
-                no mode reached 0.9 in 300 steps), and 120 context tokens at 8 x 8 (sync at 1.5 s
-                a step, reward 0.58 after 300 steps).
+                of the toy's: the learner's share of the step is the paper's. Every sync run
+                reports its measured idle fraction (``sync_idle_fraction``), so the balance is
+                checked, not assumed. ``--balanced-context-tokens`` lengthens every prompt by a
+                shared context (``GuessingGameTasks(context_tokens=...)``: the learner's work set
+                by tokens rather than per-call overheads) and ``--balanced-groups`` sets the
+                groups per step; neither is the default (a wider model was unstable at lr 3e-3).
 
 Per workload and mode: ``median_seconds`` and ``median_steps`` over seeds (a run not reached counts
 as +inf; a median that falls on one is ``None``), min / max, runs reached, seconds per step, and

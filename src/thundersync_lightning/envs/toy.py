@@ -31,11 +31,10 @@ run of a coding task:
     (both have median ``latency_median_s``), capped at ``latency_max_s``.
 
 Default calibration (median 0.03 s, sigma 1.0): at 16 groups x 8 samples on the embedded
-engine's 32 verdict threads the verdict makespan per step is 0.48 s on average (median 0.42 s,
-p90 0.77 s; computed from the seeded draws of 200 steps), while generation takes ~0.03 s. A
-per-trajectory backward of the toy model costs ~2-4 ms on one idle core, i.e. ~0.45 s of learner
-work per step, so a synchronous learner (wait for every reward, then backward) idles about half
-of each step. Tune ``latency_median_s`` (scale) and ``latency_sigma`` (tail weight) to move it.
+engine's 32 verdict threads, the verdicts' makespan per step is chosen to be about the toy model's
+learner work for the step's 128 trajectories, so that a synchronous learner (wait for every reward,
+then backward) idles about half of each step. Tune ``latency_median_s`` (scale) and
+``latency_sigma`` (tail weight) to move that balance.
 """
 
 from __future__ import annotations
@@ -58,9 +57,8 @@ def toy_model_spec(vocab_size: int = 16) -> ModelSpec:
     """The tiny Qwen3 (~150k parameters) that learns the guessing game on 2 CPU cores.
 
     Hidden size 64, 2 layers, 4 query / 2 key-value heads of ``head_dim`` 64 (vLLM rejects
-    smaller head dims), untied output head. Measured on the default game (8 digits, 4 turns;
-    plain synchronous GRPO, 16 groups x 8, AdamW lr 3e-3, grad clip 1.0, seeds 0-2): mean
-    reward 0.16-0.27 at step 0, 20-step average >= 0.7 by step 160, >= 0.98 by step 240-320.
+    smaller head dims), untied output head. What it learns on the default game in ``make demo``'s
+    300 steps: ``benchmarks/results/demo.json`` (written by ``benchmarks/demo_run.py``).
     """
     return ModelSpec(
         model_type="qwen3",

@@ -16,8 +16,7 @@ random policy solves a task by luck about a fifth of the time (K=4); the strateg
 scaffolds often do): the same runs, one decision fewer per attempt, and much faster learning.
 
 Every TEST and every verdict is a real run in a bubblewrap sandbox (``python3 -I`` on a plain test
-script that prints pytest-style ``PASSED``/``FAILED`` lines, ~40 ms instead of ~150 ms for
-pytest); its output is read by swebench's pytest log parser, and the verdict is graded by
+script that prints pytest-style ``PASSED``/``FAILED`` lines, without pytest's start-up cost); its output is read by swebench's pytest log parser, and the verdict is graded by
 swebench's FAIL_TO_PASS / PASS_TO_PASS report (:func:`~thundersync_lightning.envs.code.grading.grade_log`)
 on the hidden tests, which are written into the workspace only when the verdict runs.
 """

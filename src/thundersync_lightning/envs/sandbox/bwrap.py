@@ -1,7 +1,7 @@
 """bubblewrap backend: untrusted shell commands with no network and one writable directory.
 
-Measured on these machines (see the field notes): bubblewrap contains code only when started
-under an unprivileged host uid. The chain is therefore
+bubblewrap contains code only when started under an unprivileged host uid (started as root it
+keeps root's reach over the host's files). The chain is therefore
 
     sh (joins a fresh per-command cgroup: memory incl. tmpfs, pids, cpu; see :mod:`.cgroups`)
       -> prlimit (nproc/as/fsize/nofile/core) -> setpriv (uid U, no groups, no capabilities)

@@ -39,7 +39,7 @@ _RUNC = "/usr/sbin/runc"
 @dataclass(frozen=True, slots=True)
 class ContainerConfig:
     """``engine``: "podman", "docker" or "auto" (podman first). ``runtime``: podman OCI runtime
-    ("" = podman's default; "auto" = runc when installed: crun fails on these machines' cgroups)."""
+    ("" = podman's default; "auto" = runc when installed: crun fails where it cannot manage the host's cgroups)."""
 
     engine: str = "auto"
     runtime: str = "auto"

@@ -14,6 +14,7 @@ mean of the 4, not the mean of two rank means.
 ``rollout/trajectories_count``           trajectories in the step
 ``rollout/failures_count``               trajectories with a failure (engine, environment, verdict)
 ``rollout/failure_rate``                 failures / trajectories
+``rollout/invalid_tool_call_fraction``   malformed tool calls / tool calls (0 when none was made)
 ``rollout/finish_{reason}_count``        trajectories by finish reason (submit, turn_limit, length,
                                          failure)
 ``rollout/groups_folded_count``          groups folded into the gradient
@@ -73,6 +74,8 @@ class RolloutMetrics(StepStatsCallback):
             "rollout/groups_aborted_count": "sum",
             "zero_advantage_groups": "sum",
             "rewarded_groups": "sum",
+            "tool_calls": "sum",
+            "invalid_tool_calls": "sum",
         }
         kinds.update({f"rollout/finish_{r}_count": "sum" for r in FINISH_REASONS})
         self._reducer = StepReducer(kinds)
@@ -87,6 +90,7 @@ class RolloutMetrics(StepStatsCallback):
             *names,
             "rollout/reward_std",
             "rollout/failure_rate",
+            "rollout/invalid_tool_call_fraction",
             "train/loss",
             "train/zero_advantage_group_fraction",
         ]
@@ -116,6 +120,8 @@ class RolloutMetrics(StepStatsCallback):
         r.update("rollout/groups_aborted_count", float(stats.groups_aborted))
         r.update("zero_advantage_groups", float(stats.zero_advantage_groups))
         r.update("rewarded_groups", float(len(stats.group_rewards)))
+        r.update("tool_calls", float(sum(t.tool_calls for t in trajs)))
+        r.update("invalid_tool_calls", float(sum(t.invalid_tool_calls for t in trajs)))
         for reason in FINISH_REASONS:
             r.update(f"rollout/finish_{reason}_count", float(sum(t.finish_reason == reason for t in trajs)))
 
@@ -130,6 +136,8 @@ class RolloutMetrics(StepStatsCallback):
         out["rollout/failure_rate"] = out["rollout/failures_count"] / n if n > 0 else 0.0
         zero, groups = out.pop("zero_advantage_groups"), out.pop("rewarded_groups")
         out["train/zero_advantage_group_fraction"] = zero / groups if groups > 0 else math.nan
+        calls, invalid = out.pop("tool_calls"), out.pop("invalid_tool_calls")
+        out["rollout/invalid_tool_call_fraction"] = invalid / calls if calls > 0 else 0.0
         return out
 
     @override

@@ -138,6 +138,8 @@ class _Episode:
     segments: list[Segment] = field(default_factory=list)
     context: list[int] = field(default_factory=list)
     turns: int = 0
+    tool_calls: int = 0
+    invalid_tool_calls: int = 0
 
 
 class AgentLoop:
@@ -300,6 +302,8 @@ class AgentLoop:
                 submitted_at=submitted,
                 content_ready_at=clock(),
                 failure=failure,
+                tool_calls=ep.tool_calls,
+                invalid_tool_calls=ep.invalid_tool_calls,
             )
             if self.annotate is not None:  # its time counts: content is ready once annotated
                 traj = replace(self.annotate(traj), content_ready_at=clock())
@@ -318,6 +322,8 @@ class AgentLoop:
                     finish(ep, "failure", outcome.failure)
                 elif isinstance(outcome.value, StepResult):
                     obs, is_done = outcome.value.observation, outcome.value.done
+                    ep.tool_calls += outcome.value.tool_calls
+                    ep.invalid_tool_calls += outcome.value.invalid_tool_calls
                     if obs:
                         ep.segments.append(Segment(obs, scored=False))
                         ep.context.extend(obs)

@@ -41,7 +41,7 @@ def _word_level(directory: str) -> None:
 BUILDERS = {"qwen_style": save_tokenizer, "chat_bpe": chat_tokenizer, "word_level": _word_level}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tokenizer(name: str):  # noqa: ANN201
     from transformers import AutoTokenizer
 

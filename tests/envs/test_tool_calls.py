@@ -13,7 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from thundersync_lightning.core.errors import ConfigError
-from thundersync_lightning.core.types import ContentReady, GroupRequest, RewardReady, RolloutRequest, StepResult
+from thundersync_lightning.core.types import (
+    ContentReady,
+    GroupRequest,
+    RewardReady,
+    RolloutRequest,
+    StepResult,
+)
 from thundersync_lightning.envs.chat import ChatRenderer
 from thundersync_lightning.envs.tokens import added_token_ids
 from thundersync_lightning.envs.tools import (
@@ -32,14 +38,14 @@ from thundersync_lightning.rollout.env_pool import EnvPool
 from .qwen_style import ADDED, HERMES_TEMPLATE, QWEN3_TEMPLATE, SPECIAL, save_tokenizer
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def tokenizer_dir(template: str = QWEN3_TEMPLATE) -> str:
     directory = tempfile.mkdtemp(prefix="qwen-style-")
     save_tokenizer(directory, template)
     return directory
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def renderer(template: str = QWEN3_TEMPLATE, thinking: bool = True) -> ChatRenderer:
     return ChatRenderer(tokenizer_dir(template), template_kwargs={"enable_thinking": thinking})
 

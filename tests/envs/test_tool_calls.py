@@ -4,6 +4,7 @@ token-exact episodes through the agent loop (a Qwen3-style template written for 
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import tempfile
 from collections import Counter
@@ -139,21 +140,25 @@ def test_a_turn_cut_at_the_token_budget_is_closed_by_the_environment():
 
 # ---------------------------------------------------------------- token-exact episodes
 
-class _Tasks:
+class ScriptedToolTasks:
     """Episodes of a scripted tool conversation: the engine's turns and the tools' outputs are given."""
 
     max_turns = 8
     max_action_tokens = 4096
 
-    def __init__(self, r: ChatRenderer, results: list[str]) -> None:
+    def __init__(self, r: ChatRenderer, results: list[str], max_turns: int = 8, max_action_tokens: int = 4096) -> None:
         self.r, self.results = r, results
+        self.max_turns, self.max_action_tokens = max_turns, max_action_tokens
 
     @property
     def stop_token(self) -> int:
         return self.r.end_of_turn
 
+    def tasks(self, step: int, num_groups: int, seed: int) -> list[None]:
+        return [None] * num_groups
+
     def make_env(self, task, seed):  # noqa: ANN001, ANN201
-        outputs = iter(self.results)
+        outputs = itertools.cycle(self.results)
         tool = Tool("run", "Run.", {"type": "object"}, lambda sandbox, args: ToolResult(next(outputs)))
         return _Env(ToolConversation(self.r, [tool, SUBMIT]))
 
@@ -185,7 +190,7 @@ def run_episode(r: ChatRenderer, turns: list[str], results: list[str]):  # noqa:
     events: list = []
     pool = EnvPool(1, name="test-tools")
     try:
-        tasks = _Tasks(r, results)
+        tasks = ScriptedToolTasks(r, results)
         AgentLoop(tasks, generate, pool, coalesce_s=0).run(
             RolloutRequest(0, (GroupRequest("g", 0, None, 1),), 0), 0, events.append).wait(30)
     finally:

@@ -114,14 +114,20 @@ def save_tokenizer(directory: str, template: str = QWEN3_TEMPLATE, vocab_size: i
     fast.save_pretrained(directory)
 
 
-def save_model(directory: str, template: str = QWEN3_TEMPLATE) -> None:
-    """The tokenizer and a tiny random Qwen3 over its vocabulary (head_dim 64: vLLM's CPU kernels need it)."""
+def model_config(vocab_size: int) -> dict:
+    """A tiny Qwen3 over the tokenizer's vocabulary (head_dim 64: vLLM's CPU kernels need it)."""
+    return {"vocab_size": vocab_size, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
+            "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 64, "max_position_embeddings": 4096,
+            "tie_word_embeddings": False}
+
+
+def save_model(directory: str, template: str = QWEN3_TEMPLATE) -> dict:
+    """The tokenizer and a tiny random Qwen3 over its vocabulary; returns the model's config."""
     import torch
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
     save_tokenizer(directory, template)
-    vocab = len(AutoTokenizer.from_pretrained(directory))
+    config = model_config(len(AutoTokenizer.from_pretrained(directory)))
     torch.manual_seed(0)
-    Qwen3ForCausalLM(Qwen3Config(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
-                                 num_attention_heads=1, num_key_value_heads=1, head_dim=64,
-                                 max_position_embeddings=4096)).save_pretrained(directory)
+    Qwen3ForCausalLM(Qwen3Config(**config)).save_pretrained(directory)
+    return config

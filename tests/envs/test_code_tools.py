@@ -125,3 +125,19 @@ def test_the_editor_views_creates_replaces_inserts_and_undoes_in_the_sandbox():
         assert "outside the repository" in do("view", path="../../etc/passwd")
     finally:
         env.close()
+
+
+def test_the_swebench_env_offers_the_same_tools_through_the_template():
+    from thundersync_lightning.envs.swebench_env import SWEbenchTasks
+
+    tasks = SWEbenchTasks(instances="unused.jsonl", tokenizer_path=model_dir(), action_format="tools",
+                          template_kwargs={"enable_thinking": False})
+    row = {"instance_id": "x__y-1", "image": "local/none", "problem_statement": "fix it", "test_patch": ""}
+    env = tasks.make_env(row, seed=0)
+    assert tasks.stop_token == tasks.renderer.end_of_turn
+    names = [t["function"]["name"] for t in env.conversation.schemas]
+    assert names == ["bash", "str_replace_editor", "submit"]
+    prompt = tasks.renderer.tokenizer.decode(env.conversation.start([{"role": "user", "content": env.prompt}]))
+    assert '"name": "str_replace_editor"' in prompt and prompt.endswith("<think>\n\n</think>\n\n")
+    with pytest.raises(ConfigError, match="needs tokenizer_path"):
+        SWEbenchTasks(instances="unused.jsonl", action_format="tools")

@@ -141,3 +141,34 @@ def test_the_swebench_env_offers_the_same_tools_through_the_template():
     assert '"name": "str_replace_editor"' in prompt and prompt.endswith("<think>\n\n</think>\n\n")
     with pytest.raises(ConfigError, match="needs tokenizer_path"):
         SWEbenchTasks(instances="unused.jsonl", action_format="tools")
+
+
+@needs_bwrap
+def test_a_mutation_task_is_solved_through_tool_calls_and_graded_on_the_file_the_agent_left():
+    from thundersync_lightning.envs.mutations import MutationTasks
+
+    src = MutationTasks(action_format="tools", tokenizer_path=model_dir(), uid_base=3_980_000, uid_count=16,
+                        sandbox_root="/tmp/thundersync-test-mutations")
+    assert (src.stop_token, src.max_action_tokens) == (src.renderer.end_of_turn, 512)
+    task = src.validation_tasks()[0]
+    tok = src.renderer.tokenizer
+
+    def episode(*commands: str) -> tuple[list[str], float, str]:
+        env = src.make_env(task, 0)
+        try:
+            assert "solution.py" in tok.decode(env.reset())
+            seen = []
+            for command in commands:
+                seen.append(tok.decode(env.step(sampled(src, call("bash", command=command))).observation))
+            assert env.step(sampled(src, call("submit"))).done
+            return seen, env.verdict(), env.outcome().reason
+        finally:
+            env.close()
+
+    fix = task.candidates[task.answer]
+    seen, reward, _ = episode("python3 -I test_visible.py", f"cat > solution.py <<'EOF'\n{fix}\nEOF",
+                              "python3 -I test_visible.py")
+    assert "FAILED" in seen[0] and "FAILED" not in seen[2] and "PASSED" in seen[2]
+    assert reward == 1.0
+    _, reward, reason = episode("ln -sf /etc/hostname solution.py")  # a link is not read on the host
+    assert reward == 0.0 and "empty patch" not in reason

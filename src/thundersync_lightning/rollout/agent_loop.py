@@ -3,7 +3,9 @@
 An episode is: ``prompt = env.reset()``; then per turn the policy acts (generates up to
 ``max_action_tokens`` tokens, stopping after ``stop_token``), the environment answers
 ``env.step(action) -> StepResult(observation, done)`` and the observation is appended as an
-unscored segment; until ``done`` ("submit") or ``max_turns`` ("turn_limit"). Then the episode's
+unscored segment; until ``done`` ("submit") or ``max_turns`` ("turn_limit"). A step's tool-call
+counts (``StepResult.tool_calls`` / ``invalid_tool_calls``: native tool calls, parsed and run by
+the environment, see ``envs/tools``) add up into the trajectory's. Then the episode's
 tokens are final (:class:`ContentReady`) and its verdict runs in the pool; the verdict yields
 :class:`RewardReady` later, from a pool thread.
 

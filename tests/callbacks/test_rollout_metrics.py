@@ -28,6 +28,7 @@ def test_rollout_metrics_of_one_step_against_a_hand_count():
         "rollout/trajectories_count": 4.0,
         "rollout/failures_count": 1.0,
         "rollout/failure_rate": 0.25,
+        "rollout/invalid_tool_call_fraction": 0.0,  # no tool calls
         "rollout/groups_folded_count": 2.0,
         "rollout/groups_aborted_count": 0.0,
         "rollout/finish_submit_count": 1.0,
@@ -79,3 +80,14 @@ def test_a_run_with_only_equal_reward_groups_for_many_steps_warns_once():
     with pytest.warns(UserWarning, match="3 consecutive steps every group had equal rewards"):
         step(4)
     assert module.logged["train/zero_advantage_group_fraction"] == 1.0
+
+
+def test_the_invalid_tool_call_fraction_is_malformed_calls_over_all_calls_of_the_step():
+    from dataclasses import replace
+
+    monitor, trainer, module = RolloutMetrics(), stub_trainer(), StubModule()
+    monitor.setup(trainer, module, "fit")
+    trajs = [replace(record(0), tool_calls=3, invalid_tool_calls=1), replace(record(1), tool_calls=1),
+             record(2)]
+    end_step(monitor, trainer, module, stats(trajs))
+    assert module.logged["rollout/invalid_tool_call_fraction"] == 0.25  # 1 malformed of 4 calls

@@ -14,6 +14,7 @@ mean of the 4, not the mean of two rank means.
 ``rollout/trajectories_count``           trajectories in the step
 ``rollout/failures_count``               trajectories with a failure (engine, environment, verdict)
 ``rollout/failure_rate``                 failures / trajectories
+``rollout/invalid_tool_call_fraction``   malformed tool calls / tool calls (0 when none was made)
 ``rollout/finish_{reason}_count``        trajectories by finish reason (submit, turn_limit, length,
                                          failure)
 ``rollout/groups_folded_count``          groups folded into the gradient
@@ -76,6 +77,7 @@ class RolloutMetrics(StepStatsCallback):
             *(f"rollout/finish_{r}_count" for r in FINISH_REASONS),
             "rollout/reward_std",
             "rollout/failure_rate",
+            "rollout/invalid_tool_call_fraction",
             "train/loss",
             "train/zero_advantage_group_fraction",
         ]
@@ -97,6 +99,8 @@ class RolloutMetrics(StepStatsCallback):
             "rollout/groups_aborted_count": Sum(float(stats.groups_aborted)),
             "zero_advantage_groups": Sum(float(stats.zero_advantage_groups)),
             "rewarded_groups": Sum(float(len(stats.group_rewards))),
+            "tool_calls": Sum(float(sum(t.tool_calls for t in trajs))),
+            "invalid_tool_calls": Sum(float(sum(t.invalid_tool_calls for t in trajs))),
             **{
                 f"rollout/finish_{r}_count": Sum(float(sum(t.finish_reason == r for t in trajs)))
                 for r in FINISH_REASONS
@@ -114,6 +118,8 @@ class RolloutMetrics(StepStatsCallback):
         groups = reduced["rewarded_groups"]
         zero = reduced["zero_advantage_groups"]
         out["train/zero_advantage_group_fraction"] = zero / groups if groups > 0 else math.nan
+        calls, invalid = reduced["tool_calls"], reduced["invalid_tool_calls"]
+        out["rollout/invalid_tool_call_fraction"] = invalid / calls if calls > 0 else 0.0
         out["train/loss"] = stats.loss
         return out
 

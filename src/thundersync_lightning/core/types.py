@@ -90,6 +90,8 @@ class Trajectory:
     submitted_at: float
     content_ready_at: float
     failure: str | None = None
+    tool_calls: int = 0  # tool calls the policy made (native tool-call episodes)
+    invalid_tool_calls: int = 0  # of which malformed: not JSON, unknown tool, arguments failing the schema
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -184,10 +186,13 @@ class RolloutRequest:
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
-    """What an environment answers to one action."""
+    """What an environment answers to one action (and, for tool calls, how many it made and how
+    many of those were malformed)."""
 
     observation: tuple[int, ...]
     done: bool
+    tool_calls: int = 0
+    invalid_tool_calls: int = 0
 
     @staticmethod
     def of(observation: Sequence[int], done: bool) -> StepResult:

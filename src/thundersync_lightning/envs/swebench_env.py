@@ -31,11 +31,12 @@ from typing import Any
 from ..core.errors import ConfigError
 from ..core.options import strict_options
 from .code.codec import ByteCodec, HFTokenizerCodec, TextCodec
-from .code.env import CodeEnv, render_prompt
+from .code.env import ActionFormat, CodeEnv, render_prompt
 from .code.grading import EvalOutcome
 from .code.patches import BASE_GIT_DIR, capture_command, filter_patch, patch_paths
 from .code.source import pick, uid_pool
 from .code.task import is_protected_path
+from .code.tools import tool_conversation, tool_renderer
 from .sandbox.base import RunGuard, SandboxError, SandboxLimits, SandboxResult
 from .sandbox.bwrap import chown_tree
 from .sandbox.container import ContainerConfig, ContainerSandbox, copy_from_image
@@ -229,6 +230,8 @@ class SWEbenchTasks:
         engine: "podman", "docker" or "auto". runtime: podman OCI runtime ("auto": runc if present).
         image_override: one local image for every instance (instead of each row's ``image``).
         tokenizer_path: a local HF tokenizer directory; None = the byte-level codec.
+        action_format / chat_template / template_kwargs / tool_parser: ``text`` actions or native
+            ``tools`` calls, as in :class:`~.code.LocalCodeTasks`.
         memory: container memory limit (e.g. "4g"; swap is not allowed on top); nproc: pids limit;
             cpus: CPU share of one container.
         disk_bytes / disk_inodes: the workspace's tmpfs (RAM: the /testbed copies live there).
@@ -261,6 +264,10 @@ class SWEbenchTasks:
         uid_count: int = 512,
         val_instance_ids: list[str] | None = None,
         val_fraction: float = 0.0,
+        action_format: ActionFormat = "text",
+        chat_template: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+        tool_parser: str = "hermes",
     ) -> None:
         if max_turns < 1 or max_action_tokens < 1:
             raise ConfigError("SWEbenchTasks: max_turns and max_action_tokens must be >= 1")
@@ -279,12 +286,15 @@ class SWEbenchTasks:
             disk_bytes=disk_bytes, disk_inodes=disk_inodes,
         )
         self.codec: TextCodec = HFTokenizerCodec(tokenizer_path) if tokenizer_path else ByteCodec()
+        self.action_format, self.tool_parser = action_format, tool_parser
+        self.renderer = tool_renderer("SWEbenchTasks", action_format, tokenizer_path, chat_template,
+                                      template_kwargs, tool_parser)
         self._rows: list[dict[str, Any]] | None = None
 
     @property
     def stop_token(self) -> int | None:
-        """The codec's end-of-action id (a tokenizer is loaded on first use)."""
-        return self.codec.end_of_action
+        """The end of an action: the chat template's end of turn (tools) or the codec's end-of-action id."""
+        return self.renderer.end_of_turn if self.renderer is not None else self.codec.end_of_action
 
     @property
     def rows(self) -> list[dict[str, Any]]:
@@ -318,8 +328,10 @@ class SWEbenchTasks:
         if not isinstance(task, dict) or "instance_id" not in task:
             raise ConfigError("SWEbenchTasks.make_env: expected a SWE-bench instance row (dict)")
         workspace = SWEbenchWorkspace(task, self.settings, uid_pool(self.uid_base, self.uid_count))
-        return CodeEnv(workspace, render_prompt(str(task["problem_statement"])), self.codec,
-                       self.max_observation_bytes)
+        conversation = (None if self.renderer is None else tool_conversation(
+            self.renderer, self.tool_parser, max_output_bytes=self.max_observation_bytes))
+        return CodeEnv(workspace, render_prompt(str(task["problem_statement"]), (), self.action_format), self.codec,
+                       self.max_observation_bytes, conversation=conversation)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

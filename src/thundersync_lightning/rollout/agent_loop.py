@@ -3,7 +3,9 @@
 An episode is: ``prompt = env.reset()``; then per turn the policy acts (generates up to
 ``max_action_tokens`` tokens, stopping after ``stop_token``), the environment answers
 ``env.step(action) -> StepResult(observation, done)`` and the observation is appended as an
-unscored segment; until ``done`` ("submit") or ``max_turns`` ("turn_limit"). Then the episode's
+unscored segment; until ``done`` ("submit") or ``max_turns`` ("turn_limit"). A step's tool-call
+counts (``StepResult.tool_calls`` / ``invalid_tool_calls``: native tool calls, parsed and run by
+the environment, see ``envs/tools``) add up into the trajectory's. Then the episode's
 tokens are final (:class:`ContentReady`) and its verdict runs in the pool; the verdict yields
 :class:`RewardReady` later, from a pool thread.
 
@@ -138,6 +140,8 @@ class _Episode:
     segments: list[Segment] = field(default_factory=list)
     context: list[int] = field(default_factory=list)
     turns: int = 0
+    tool_calls: int = 0
+    invalid_tool_calls: int = 0
 
 
 class AgentLoop:
@@ -300,6 +304,8 @@ class AgentLoop:
                 submitted_at=submitted,
                 content_ready_at=clock(),
                 failure=failure,
+                tool_calls=ep.tool_calls,
+                invalid_tool_calls=ep.invalid_tool_calls,
             )
             if self.annotate is not None:  # its time counts: content is ready once annotated
                 traj = replace(self.annotate(traj), content_ready_at=clock())
@@ -318,6 +324,8 @@ class AgentLoop:
                     finish(ep, "failure", outcome.failure)
                 elif isinstance(outcome.value, StepResult):
                     obs, is_done = outcome.value.observation, outcome.value.done
+                    ep.tool_calls += outcome.value.tool_calls
+                    ep.invalid_tool_calls += outcome.value.invalid_tool_calls
                     if obs:
                         ep.segments.append(Segment(obs, scored=False))
                         ep.context.extend(obs)

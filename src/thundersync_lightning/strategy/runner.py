@@ -69,6 +69,8 @@ class StepOutcome:
                     reward_ready_at=self.reward_times.get(tid),
                     prompt=t.prompt,
                     segments=t.segments,
+                    tool_calls=t.tool_calls,
+                    invalid_tool_calls=t.invalid_tool_calls,
                 )
             )
         return tuple(out)

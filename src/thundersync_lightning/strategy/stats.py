@@ -37,6 +37,8 @@ class TrajectoryRecord:
     reward_ready_at: float | None
     prompt: tuple[int, ...] = ()
     segments: tuple[Segment, ...] = ()
+    tool_calls: int = 0
+    invalid_tool_calls: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from ..tokens import encode_plain
+
 __all__ = ["TextCodec", "ByteCodec", "HFTokenizerCodec"]
 
 
@@ -69,34 +71,10 @@ class HFTokenizerCodec:
     def end_of_action(self) -> int:
         return self._eoa if self._eoa is not None else int(self._tokenizer().eos_token_id)
 
-    def _special_ids(self) -> frozenset[int]:
-        tok = self._tokenizer()
-        ids = set(tok.all_special_ids)
-        ids.update(i for i, t in getattr(tok, "added_tokens_decoder", {}).items() if getattr(t, "special", False))
-        return frozenset(int(i) for i in ids)
-
     def encode(self, text: str) -> tuple[int, ...]:
-        """Environment text as ordinary tokens: special-token strings in it never become special ids."""
-        tok = self._tokenizer()
-        ids = tuple(tok.encode(text, add_special_tokens=False, split_special_tokens=True))
-        special = self._special_ids()
-        if not special.intersection(ids):
-            return ids
-        # A tokenizer that ignores split_special_tokens: encode the special strings char by char.
-        out: list[int] = []
-        contents = sorted({tok.convert_ids_to_tokens(i) for i in special}, key=len, reverse=True)
-        pos = 0
-        while pos < len(text):
-            hit = next((c for c in contents if c and text.startswith(c, pos)), None)
-            if hit is None:
-                nxt = min((j for j in (text.find(c, pos) for c in contents if c) if j >= 0), default=len(text))
-                out.extend(tok.encode(text[pos:nxt], add_special_tokens=False))
-                pos = nxt
-            else:
-                for ch in hit:
-                    out.extend(tok.encode(ch, add_special_tokens=False))
-                pos += len(hit)
-        return tuple(i for i in out if i not in special)
+        """Environment text as ordinary tokens: no added token of the tokenizer (special or not) can be
+        forged by it (:func:`~thundersync_lightning.envs.tokens.encode_plain`)."""
+        return encode_plain(self._tokenizer(), text)
 
     def decode(self, ids: Sequence[int]) -> str:
         return str(self._tokenizer().decode(list(ids), skip_special_tokens=True))

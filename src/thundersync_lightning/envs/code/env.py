@@ -1,7 +1,9 @@
 """The token-level code environment: prompt, bash/edit/submit actions, bounded observations, tests.
 
-Works over any :class:`Workspace` (a local task in bubblewrap, a SWE-bench instance in a
-container). ``verdict`` extracts the agent's diff, drops changes to protected (test) files, and
+Actions come in one of two formats: ``text`` (the action language of :mod:`.actions`, any codec)
+or ``tools`` (native tool calls through the model's chat template: a
+:class:`~..tools.ToolConversation` over the tools of :mod:`.tools`). Works over any
+:class:`Workspace` (a local task in bubblewrap, a SWE-bench instance in a container). ``verdict`` extracts the agent's diff, drops changes to protected (test) files, and
 grades the rest on a fresh copy of the original repository; an empty patch is reward 0.
 """
 
@@ -9,15 +11,21 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 from ...core.types import StepResult
 from ..sandbox.base import SandboxResult
+from ..tools import ToolConversation
 from .actions import ACTION_HELP, Bash, Invalid, Submit, edit_command, parse_action
 from .codec import ByteCodec, TextCodec
 from .grading import EvalOutcome
 
-__all__ = ["Workspace", "CodeEnv", "format_observation", "render_prompt"]
+__all__ = ["Workspace", "CodeEnv", "format_observation", "render_prompt", "ActionFormat", "TOOLS_HELP"]
+
+ActionFormat = Literal["text", "tools"]
+
+TOOLS_HELP = ("Use the tools to inspect and edit the repository; call one tool per step and read its result. "
+              "Call submit when you are done: the hidden tests then decide your reward.")
 
 
 class Workspace(Protocol):
@@ -32,15 +40,19 @@ class Workspace(Protocol):
     def close(self) -> None: ...
 
 
-def render_prompt(problem_statement: str, files: Sequence[str] = ()) -> str:
+def render_prompt(problem_statement: str, files: Sequence[str] = (), action_format: ActionFormat = "text") -> str:
+    if action_format == "tools":
+        return f"{_problem(problem_statement, files)}{TOOLS_HELP}\n"
+    return (f"{_problem(problem_statement, files)}{ACTION_HELP}\n"
+            "Each action ends with the end-of-action token; you then see the result.\n\n")
+
+
+def _problem(problem_statement: str, files: Sequence[str]) -> str:
     listing = "".join(f"  {f}\n" for f in files[:200])
     more = f"  ... and {len(files) - 200} more\n" if len(files) > 200 else ""
     repo = f"Repository files:\n{listing}{more}\n" if files else ""
-    return (
-        "You are fixing a bug in the Python repository in your working directory.\n\n"
-        f"Problem:\n{problem_statement.strip()}\n\n{repo}{ACTION_HELP}\n"
-        "Each action ends with the end-of-action token; you then see the result.\n\n"
-    )
+    return ("You are fixing a bug in the Python repository in your working directory.\n\n"
+            f"Problem:\n{problem_statement.strip()}\n\n{repo}")
 
 
 def format_observation(result: SandboxResult, max_bytes: int) -> str:
@@ -56,7 +68,10 @@ def format_observation(result: SandboxResult, max_bytes: int) -> str:
 
 
 class CodeEnv:
-    """One episode on one task. ``reset`` opens the workspace; ``close`` frees it (idempotent)."""
+    """One episode on one task. ``reset`` opens the workspace; ``close`` frees it (idempotent).
+
+    With ``conversation`` (native tool calls) the prompt is rendered by its chat template and each
+    action's tool calls run in the workspace; ``codec`` is then unused."""
 
     def __init__(
         self,
@@ -65,8 +80,10 @@ class CodeEnv:
         codec: TextCodec | None = None,
         max_observation_bytes: int = 2048,
         python: str = "python3",
+        conversation: ToolConversation | None = None,
     ) -> None:
         self.workspace = workspace
+        self.conversation = conversation
         self.prompt = prompt
         self.codec = codec if codec is not None else ByteCodec()
         self.max_observation_bytes = max_observation_bytes
@@ -85,6 +102,8 @@ class CodeEnv:
             self._opened = True
         self.done = False
         self.turns = 0
+        if self.conversation is not None:
+            return self.conversation.start([{"role": "user", "content": self.prompt}])
         return self.codec.encode(self.prompt)
 
     def _observe(self, text: str) -> tuple[int, ...]:
@@ -109,6 +128,11 @@ class CodeEnv:
             raise RuntimeError("CodeEnv.step before reset() or after close()")
         if self.done:
             return StepResult((), True)
+        if self.conversation is not None:
+            self.turns += 1
+            turn = self.conversation.respond(action, self.workspace)
+            self.done = turn.done
+            return StepResult(turn.observation, turn.done, turn.calls, turn.invalid)
         ids = list(action)
         eoa = self.codec.end_of_action
         if eoa in ids:

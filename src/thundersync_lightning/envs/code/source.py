@@ -17,8 +17,9 @@ from ..sandbox.base import SandboxLimits
 from ..sandbox.bwrap import BwrapConfig
 from ..sandbox.uids import UidPool
 from .codec import ByteCodec, HFTokenizerCodec, TextCodec
-from .env import CodeEnv, render_prompt
+from .env import ActionFormat, CodeEnv, render_prompt
 from .task import LocalTask, load_tasks
+from .tools import tool_conversation, tool_renderer
 from .workspace import LocalWorkspace, WorkspaceSettings
 
 __all__ = ["LocalCodeTasks", "uid_pool"]
@@ -64,6 +65,12 @@ class LocalCodeTasks:
         sandbox_root: host folder for the workspaces. uid_base / uid_count: the sandbox uids.
         python: interpreter with pytest inside the sandbox. ro_binds: extra read-only host paths.
         tokenizer_path: a local HF tokenizer directory instead of the byte-level codec.
+        action_format: ``text`` (the action language of ``envs/code/actions.py``) or ``tools``
+            (native tool calls through the tokenizer's chat template: ``bash``,
+            ``str_replace_editor``, ``submit``; needs ``tokenizer_path``).
+        chat_template / template_kwargs / tool_parser: ``tools`` format only: a Jinja template
+            replacing the tokenizer's, template variables (``{enable_thinking: false}``), the
+            tool-call parser's name (``hermes``).
     """
 
     def __init__(
@@ -87,6 +94,10 @@ class LocalCodeTasks:
         python: str = "python3",
         ro_binds: list[str] | None = None,
         tokenizer_path: str | None = None,
+        action_format: ActionFormat = "text",
+        chat_template: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+        tool_parser: str = "hermes",
     ) -> None:
         problems = [f"{k} must be >= 1" for k, v in (("max_turns", max_turns),
                     ("max_action_tokens", max_action_tokens), ("uid_count", uid_count)) if v < 1]
@@ -104,11 +115,14 @@ class LocalCodeTasks:
         )
         self._tasks: list[LocalTask] | None = None
         self.codec: TextCodec = HFTokenizerCodec(tokenizer_path) if tokenizer_path else ByteCodec()
+        self.action_format, self.tool_parser = action_format, tool_parser
+        self.renderer = tool_renderer("LocalCodeTasks", action_format, tokenizer_path, chat_template,
+                                      template_kwargs, tool_parser)
 
     @property
     def stop_token(self) -> int | None:
-        """The codec's end-of-action id."""
-        return self.codec.end_of_action
+        """The end of an action: the chat template's end of turn (tools) or the codec's end-of-action id."""
+        return self.renderer.end_of_turn if self.renderer is not None else self.codec.end_of_action
 
     @property
     def all_tasks(self) -> list[LocalTask]:
@@ -124,8 +138,10 @@ class LocalCodeTasks:
             raise ConfigError(f"LocalCodeTasks.make_env: expected a LocalTask, got {type(task).__name__}")
         del seed  # the environment is deterministic
         workspace = LocalWorkspace(task, self.settings, uid_pool(self.uid_base, self.uid_count))
-        prompt = render_prompt(task.problem_statement, [path for path, _ in task.files])
-        return CodeEnv(workspace, prompt, self.codec, self.max_observation_bytes, self.settings.python)
+        prompt = render_prompt(task.problem_statement, [path for path, _ in task.files], self.action_format)
+        conversation = (None if self.renderer is None else tool_conversation(
+            self.renderer, self.tool_parser, self.settings.python, self.max_observation_bytes))
+        return CodeEnv(workspace, prompt, self.codec, self.max_observation_bytes, self.settings.python, conversation)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -19,6 +19,11 @@ Every TEST and every verdict is a real run in a bubblewrap sandbox (``python3 -I
 script that prints pytest-style ``PASSED``/``FAILED`` lines, without pytest's start-up cost); its output is read by swebench's pytest log parser, and the verdict is graded by
 swebench's FAIL_TO_PASS / PASS_TO_PASS report (:func:`~thundersync_lightning.envs.code.grading.grade_log`)
 on the hidden tests, which are written into the workspace only when the verdict runs.
+
+Native tool calls (``conversation``): the same task as a small repository. The prompt names the
+buggy function in ``solution.py`` and the visible tests (``python3 -I test_visible.py``); the
+model reads, edits and tests with ``bash`` / ``str_replace_editor`` and calls ``submit``. The
+verdict grades ``solution.py`` as the agent left it, with the same hidden tests.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from __future__ import annotations
 import difflib
 import os
 import shutil
+import stat
 import tempfile
 import threading
 from collections.abc import Sequence
@@ -35,9 +41,17 @@ from ..code.grading import EvalOutcome, framed_log, grade_log
 from ..sandbox.base import SandboxError, SandboxResult
 from ..sandbox.bwrap import BwrapConfig, BwrapSandbox, bwrap_available, chown_tree
 from ..sandbox.uids import UidLease, UidPool
+from ..tools import ToolConversation
 from .generate import MutationTask
 
-__all__ = ["ActionVocab", "MutationEnv", "test_script", "parse_results"]
+__all__ = ["ActionVocab", "MutationEnv", "test_script", "parse_results", "tools_prompt"]
+
+
+def tools_prompt(task: MutationTask) -> str:
+    """The task in words, for a model that acts through tools."""
+    return (f"The function `{task.function}` in solution.py has a bug: some of its visible tests fail. "
+            "Fix solution.py. Run the visible tests with `python3 -I test_visible.py` (they print PASSED or "
+            "FAILED per test). Call submit when they pass: hidden tests then decide your reward.")
 
 
 class ActionVocab:
@@ -94,8 +108,10 @@ class MutationEnv:
         bwrap: BwrapConfig,
         python: str = "python3",
         test_on_edit: bool = False,
+        conversation: ToolConversation | None = None,
     ) -> None:
         self.test_on_edit = test_on_edit
+        self.conversation = conversation
         self.task, self.vocab, self.pool, self.root = task, vocab, pool, root
         self.bwrap, self.python = bwrap, python
         self._lease: UidLease | None = None
@@ -135,10 +151,18 @@ class MutationEnv:
                 raise
         self._current = self.task.buggy
         self._write("solution.py", self._current)
+        if self.conversation is not None:
+            return self.conversation.start([{"role": "user", "content": tools_prompt(self.task)}])
         return (self.vocab.start,)
 
     # ------------------------------------------------------------------ actions
     def step(self, action: Sequence[int]) -> StepResult:
+        if self.conversation is not None:
+            if self._box is None:
+                raise RuntimeError("MutationEnv.step before reset() or after close()")
+            turn = self.conversation.respond(action, self._box)
+            self._current = self._read_solution()
+            return StepResult(turn.observation, turn.done, turn.calls, turn.invalid)
         v = self.vocab
         token = action[-1] if action else -1
         if 0 <= token < v.k or token == v.revert:
@@ -157,6 +181,20 @@ class MutationEnv:
         statuses = parse_results(self._run("test_visible.py").text)
         ok = len(statuses) == len(self.task.visible) and all(s == "PASSED" for s in statuses.values())
         return self.vocab.passed if ok else self.vocab.failed
+
+    def _read_solution(self) -> str:
+        """``solution.py`` as the agent's commands left it (missing, not a regular file, or a link: empty).
+
+        Read on the host without following links or blocking on a FIFO: the sandbox's user made it."""
+        assert self._dir is not None
+        try:
+            fd = os.open(os.path.join(self._dir, "solution.py"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            return ""
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return ""
+            return f.read(1 << 20).decode("utf-8", errors="replace")
 
     # ------------------------------------------------------------------ verdict
     def patch(self) -> str:

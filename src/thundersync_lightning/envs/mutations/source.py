@@ -16,6 +16,8 @@ from typing import Any
 
 from ...core.errors import ConfigError
 from ...core.types import ModelSpec, derive_seed
+from ..code.env import ActionFormat
+from ..code.tools import tool_conversation, tool_renderer
 from ..sandbox.base import SandboxLimits
 from ..sandbox.bwrap import BwrapConfig
 from ..sandbox.uids import UidPool
@@ -52,10 +54,11 @@ class MutationTasks:
         timeout_s / memory_bytes / nproc: limits of one sandboxed test run.
         sandbox_root: host folder for the workspaces; uid_base / uid_count: the sandbox uids.
         python: interpreter inside the sandbox (Debian's ``python3``).
+        action_format: ``text`` (the one-token action language of :mod:`.env`) or ``tools``
+            (native tool calls through ``tokenizer_path``'s chat template: ``bash``,
+            ``str_replace_editor``, ``submit``). ``tools`` only: ``max_action_tokens`` per turn,
+            ``chat_template`` / ``template_kwargs`` / ``tool_parser`` as in ``LocalCodeTasks``.
     """
-
-    max_action_tokens = 1
-    stop_token = None
 
     def __init__(
         self,
@@ -71,6 +74,12 @@ class MutationTasks:
         uid_count: int = 1024,
         python: str = "python3",
         test_on_edit: bool = False,
+        action_format: ActionFormat = "text",
+        tokenizer_path: str | None = None,
+        max_action_tokens: int = 512,
+        chat_template: str | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+        tool_parser: str = "hermes",
     ) -> None:
         problems = []
         if num_candidates < 2:
@@ -90,6 +99,15 @@ class MutationTasks:
                                                       max_output_bytes=16 * 1024))
         self.vocab = ActionVocab(num_candidates)
         self.test_on_edit = test_on_edit
+        self.action_format, self.tool_parser = action_format, tool_parser
+        self.renderer = tool_renderer("MutationTasks", action_format, tokenizer_path, chat_template,
+                                      template_kwargs, tool_parser)
+        self.max_action_tokens = 1 if self.renderer is None else max_action_tokens
+
+    @property
+    def stop_token(self) -> int | None:
+        """None for one-token actions; the chat template's end of turn with tools."""
+        return None if self.renderer is None else self.renderer.end_of_turn
 
     # ------------------------------------------------------------------ the split
     @property
@@ -130,5 +148,7 @@ class MutationTasks:
         if not isinstance(task, MutationTask):
             raise ConfigError(f"MutationTasks.make_env: expected a MutationTask, got {type(task).__name__}")
         del seed  # deterministic environment
+        conversation = (None if self.renderer is None else
+                        tool_conversation(self.renderer, self.tool_parser, self.python, max_output_bytes=2048))
         return MutationEnv(task, self.vocab, _pool(self.uid_base, self.uid_count), self.sandbox_root,
-                           self.bwrap, self.python, self.test_on_edit)
+                           self.bwrap, self.python, self.test_on_edit, conversation)

@@ -6,7 +6,7 @@ TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: demo demo-code test test-slow test-vllm test-containers lint bench-quick clean
+.PHONY: demo demo-code test test-slow test-vllm test-containers lint bench-quick gpu-wheels clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -74,6 +74,20 @@ bench-quick: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VPY) benchmarks/sample_efficiency.py --quick --out runs/bench-quick
 	HF_HUB_OFFLINE=1 $(VPY) benchmarks/memory.py --quick --out runs/bench-quick
 	HF_HUB_OFFLINE=1 $(VPY) benchmarks/core_overhead.py --quick --out runs/bench-quick
+
+# The extra wheels benchmarks/gpu_check.sh installs offline on a bare GPU machine (torch, lightning,
+# transformers, torchmetrics, peft there): this package and psutil (CPython 3.12, x86_64), at most 64 MiB.
+GPU_WHEELS := dist/gpu-wheels
+GPU_WHEELS_MAX_BYTES := 67108864
+gpu-wheels: $(VPY)
+	rm -rf $(GPU_WHEELS) && mkdir -p $(GPU_WHEELS)
+	$(VPY) -m pip wheel -q --no-deps -w $(GPU_WHEELS) .
+	$(VPY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+	  --platform manylinux2014_x86_64 -d $(GPU_WHEELS) "psutil>=5.9"
+	@size=$$(du -cb $(GPU_WHEELS)/*.whl | tail -1 | cut -f1); \
+	  if [ $$size -gt $(GPU_WHEELS_MAX_BYTES) ]; then \
+	    echo "gpu-wheels: $$size bytes in $(GPU_WHEELS), over the 64 MiB a GPU slot can carry" >&2; exit 1; fi; \
+	  echo "gpu-wheels: $$(ls $(GPU_WHEELS) | wc -l) wheels, $$size bytes (limit 64 MiB) in $(GPU_WHEELS)"
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache

@@ -214,9 +214,15 @@ def write_bar_chart(
     ylabel: str,
     title: str,
     hline: tuple[float, str] | None = None,
-) -> Path:
-    """A grouped bar chart: ``groups[group][bar] = value`` (same bars in every group), Agg backend."""
-    import matplotlib
+) -> Path | None:
+    """A grouped bar chart: ``groups[group][bar] = value`` (same bars in every group), Agg backend.
+    None, with a line on stderr, where matplotlib is not installed (a bare GPU machine): the
+    benchmark's JSON carries every figure's numbers."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"no matplotlib here: {Path(path).name} not drawn (its numbers are in the JSON)", file=sys.stderr)
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

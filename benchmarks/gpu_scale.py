@@ -53,6 +53,7 @@ from _common import add_common_args, median, write_bar_chart, write_result  # no
 from _harness import fit, load_average, qwen3_config  # noqa: E402
 from thundersync_lightning.envs.toy import GuessingGameTasks  # noqa: E402
 from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule  # noqa: E402
+from thundersync_lightning.modules.lora import LoraSettings  # noqa: E402
 from thundersync_lightning.modules.shape import QWEN3_ARCHITECTURES  # noqa: E402
 from thundersync_lightning.rollout import TraceReplayEngineConfig  # noqa: E402
 from thundersync_lightning.rollout.replay import load_trace  # noqa: E402
@@ -66,9 +67,18 @@ VARIANTS: dict[str, tuple[str, dict[str, Any]]] = {
     "bf16": ("bf16-true", {}),
     "bf16_pinned": ("bf16-true", {"offload": "pinned"}),
     "bf16_zero1": ("bf16-true", {"sharding": "zero1"}),
+    # LoRA (r=16 on the attention projections): only the adapters train, sums and held gradients shrink
+    "bf16_lora": ("bf16-true", {"lora": True}),
+    "bf16_lora_pinned": ("bf16-true", {"lora": True, "offload": "pinned"}),
 }
+#: run when --variants is not given
+DEFAULT_VARIANTS = ("fp32", "bf16", "bf16_pinned", "bf16_zero1")
+LORA = LoraSettings(r=16, alpha=32)
 #: (numerator, denominator) variants of the reported ratios
-RATIOS = (("bf16", "fp32"), ("bf16_pinned", "bf16"), ("bf16_zero1", "bf16"))
+RATIOS = (
+    ("bf16", "fp32"), ("bf16_pinned", "bf16"), ("bf16_zero1", "bf16"), ("bf16_lora", "bf16"),
+    ("bf16_lora_pinned", "bf16_lora"),
+)
 
 
 def model_config(name: str, tiny: bool) -> dict[str, Any]:
@@ -127,8 +137,10 @@ def skip_reason(variant: str, device: torch.device) -> str | None:
 
 def run_variant(variant: str, args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
     precision, options = VARIANTS[variant]
+    options = dict(options)
+    lora = options.pop("lora", False)
     torch.manual_seed(0)
-    policy = GRPOPolicy(config=model_config(args.model, args.tiny), lr=1e-6)
+    policy = GRPOPolicy(config=model_config(args.model, args.tiny), lr=1e-6, lora=LORA if lora else None)
     engine = TraceReplayEngineConfig(time_scale_s=args.time_scale, token_scale=args.token_scale)
     data = RolloutDataModule(
         tasks=TraceBoundTasks(latency="none", episode_tokens=trace_episode_tokens(engine)),
@@ -155,7 +167,9 @@ def run_variant(variant: str, args: argparse.Namespace, device: torch.device) ->
     out: dict[str, Any] = {
         "precision": precision,
         "strategy_options": options,
+        "lora": lora,
         "parameters": sum(p.numel() for p in policy.parameters()),
+        "trainable_parameters": sum(p.numel() for p in policy.parameters() if p.requires_grad),
         "param_dtype": str(next(policy.parameters()).dtype),
         "steps": len(record.steps),
         "timed_steps": len(timed),
@@ -223,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--device", default="cuda", choices=["cpu", "cuda"])
     parser.add_argument("--model", default="0.6B", choices=["0.6B", "1.7B"], help="a published Qwen3 shape")
     parser.add_argument("--tiny", action="store_true", help="a tiny model and one step (CPU smoke test)")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--steps", type=int, default=None, help="steps per variant (default 4; --tiny 1)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed first steps (default 1; --tiny 0)")
     parser.add_argument("--groups", type=int, default=4)

@@ -21,6 +21,7 @@ LAYERS = {
     "summary": 5,
     "show": 6,
     "cli": 6,
+    "verify": 6,
 }
 
 

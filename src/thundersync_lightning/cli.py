@@ -24,6 +24,12 @@ anything: the same YAML and overrides as ``fit``, parsed by the same parser. Cap
 this machine's (the GPU's total memory, the available RAM; a CPU config's device is the host);
 sizes read ``80GB`` (10^9), ``80GiB`` (2^30), ``512MiB``. Exit status 1 when the plan does not fit,
 with the settings that would make it fit.
+
+``thundersync-lightning verify --config X [--tolerance T] [fit's overrides]`` runs one step of sync
+on the config's engine (its rollouts recorded) and one of streaming on their replay, from the
+config's weights, on one device, and prints the relative gradient difference (whole and worst
+parameter) and the engine-vs-learner KL (:mod:`thundersync_lightning.verify`, docs/verify.md).
+Exit status 0 within the precision's tolerance, 1 past it, 2 when it cannot conclude.
 """
 
 from __future__ import annotations
@@ -51,9 +57,11 @@ from .modules import GRPOPolicy, RolloutDataModule
 from .modules.policy import TINY_QWEN3
 from .modules.shape import model_shape
 from .planning.memory_plan import MemoryPlan, format_bytes, parse_bytes, plan_memory
+from .strategy import ThunderSyncStrategy
 from .strategy.memory_check import SCORING_KEYS, param_bytes, plan_inputs
+from .verify import BF16_TOLERANCE, FP32_TOLERANCE, VerifyError, verify_step
 
-__all__ = ["ThunderSyncCLI", "main", "build_parser", "config_plan", "plan_main"]
+__all__ = ["ThunderSyncCLI", "main", "build_parser", "config_plan", "plan_main", "verify_main"]
 
 log = logging.getLogger(__name__)
 
@@ -282,12 +290,67 @@ def plan_main(args: list[str]) -> int:
     return 0 if verdict.fits else 1
 
 
+def _strategy_factory(entry: Any) -> Any:
+    """``mode -> strategy``: the config's strategy class and options with ``mode`` replaced."""
+    if entry is None or entry in ("auto", ThunderSyncStrategy.strategy_name):
+        return lambda mode: ThunderSyncStrategy(mode=mode)
+    name = entry if isinstance(entry, str) else str(entry.class_path)
+    cls = _resolve_class(name) if "." in name else None
+    if not isinstance(cls, type) or not issubclass(cls, ThunderSyncStrategy):
+        raise SystemExit(f"verify: the strategy {name!r} is not a ThunderSyncStrategy (class path)")
+    options = {} if isinstance(entry, str) else dict(entry.get("init_args") or {})
+    return lambda mode: cls(**{**options, "mode": mode})
+
+
+def verify_main(args: list[str]) -> int:
+    """``thundersync-lightning verify``: print the report; 0 within tolerance, 1 past it, 2 inconclusive."""
+    parser = argparse.ArgumentParser(
+        prog="thundersync-lightning verify",
+        description="One step of streaming and of sync on the same trajectories: is streaming the sync update?",
+    )
+    parser.add_argument(
+        "--tolerance", type=float, help=f"pass bound (default: {FP32_TOLERANCE:g} in fp32, {BF16_TOLERANCE:g} in bf16)"
+    )
+    own, rest = parser.parse_known_args(args)
+    fit_parser = build_parser()
+    config = fit_parser.parse_args(rest)
+    trainer = config.trainer
+    strategy = _strategy_factory(trainer.strategy)
+    # only what the step computes: no logger, callbacks or checkpoints; one process
+    trainer.logger, trainer.callbacks, trainer.strategy = False, None, "auto"
+    instantiate = getattr(fit_parser, "instantiate", None) or fit_parser.instantiate_classes
+    built = instantiate(config)
+    seed = config.seed_everything
+    lightning_log = logging.getLogger("lightning.pytorch")
+    level = lightning_log.level
+    lightning_log.setLevel(logging.WARNING)  # the Trainer's banners, twice
+    try:
+        report = verify_step(
+            built.model,
+            built.data,
+            strategy,
+            accelerator=str(trainer.accelerator or "auto"),
+            precision=trainer.precision,
+            seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else 0,  # True/False: 0
+            tolerance=own.tolerance,
+        )
+    except VerifyError as exc:
+        print(f"verify: cannot conclude: {exc}")
+        return 2
+    finally:
+        lightning_log.setLevel(level)
+    print("\n".join(report.lines()))
+    return 0 if report.passed else 1
+
+
 def main(args: list[str] | None = None) -> None:
     import thundersync_lightning  # noqa: F401  registers strategy="thundersync"
 
     argv = sys.argv[1:] if args is None else list(args)
     if argv[:1] == ["plan"]:
         raise SystemExit(plan_main(argv[1:]))
+    if argv[:1] == ["verify"]:
+        raise SystemExit(verify_main(argv[1:]))
     ThunderSyncCLI(**_cli_kwargs(), args=args)
 
 

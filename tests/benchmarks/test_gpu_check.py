@@ -1,0 +1,79 @@
+"""benchmarks/gpu_check.sh can run on a bare GPU machine: no wandb, jsonargparse or vllm.
+
+The bare machine is imitated by a ``sitecustomize`` that makes those imports fail
+(``sys.modules[name] = None``), so a top-level import of any of them on the check's path fails here
+as it would there. (matplotlib cannot be hidden that way: torchmetrics imports it whenever its
+distribution is installed; the benchmarks draw figures only where it imports.)
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+ABSENT = ("wandb", "jsonargparse", "vllm")
+#: what the GPU check runs
+SCRIPTS = ("verify_check.py", "overlap.py", "gpu_scale.py", "offload.py", "_gpu_summary.py")
+
+
+def bare_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a machine without ABSENT's packages (a sitecustomize blocking them)."""
+    site = tmp_path / "bare-site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n" + "".join(f"sys.modules[{name!r}] = None\n" for name in ABSENT)
+    )
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline"}
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT / "src"), str(ROOT / "benchmarks")])
+    return env
+
+
+def test_the_package_and_the_gpu_checks_scripts_import_without_wandb_jsonargparse_or_vllm(tmp_path):
+    code = (
+        "import runpy, sys\n"
+        f"assert all(sys.modules.get(m, 0) is None for m in {ABSENT!r})  # the block is in place\n"
+        "import thundersync_lightning, thundersync_lightning.verify, thundersync_lightning.modules\n"
+        "import thundersync_lightning.strategy, thundersync_lightning.rollout, thundersync_lightning.callbacks\n"
+        f"for script in {SCRIPTS!r}:\n"
+        f"    runpy.run_path({str(ROOT / 'benchmarks')!r} + '/' + script, run_name='imported')\n"
+        "print('imported')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=bare_env(tmp_path), capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "imported" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_the_gpu_checks_dry_run_runs_every_section_on_the_cpu_and_writes_the_summary(tmp_path):
+    out = tmp_path / "gpu"
+    env = {**bare_env(tmp_path), "PY": sys.executable, "OUT": str(out), "WHEELS": str(tmp_path / "no-wheels")}
+    done = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"],
+        env=env, capture_output=True, text=True, timeout=1500,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    sections = [line.split("\t") for line in (out / "sections.tsv").read_text().splitlines()]
+    status = {name: state for name, state, *_ in sections}
+    assert list(status) == ["verify", "overlap", "memory_tiny", "offload", "weight_sync", "split_backward"]
+    assert all(state == "ok" for name, state in status.items() if name != "weight_sync"), status
+    assert status["weight_sync"] in ("ok", "not available")
+    summary = (out / "summary.md").read_text()
+    assert "PASS" in summary and "MFU" in summary
+    assert "bf16_lora_pinned: skipped" in summary  # pinned needs CUDA: said, not failed
+    assert "separate/split" in summary
+    for path in ("verify/verify.json", "overlap/overlap_long.json", "memory_tiny/gpu_scale.json", "offload/offload.json",
+                 "split_backward/split_backward.json"):
+        assert (out / path).is_file(), path
+
+
+def test_the_gpu_check_refuses_to_run_without_a_cuda_device_unless_it_is_a_dry_run(tmp_path):
+    env = {**bare_env(tmp_path), "PY": sys.executable, "OUT": str(tmp_path / "gpu"), "WHEELS": str(tmp_path)}
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh")], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 2 and "no usable CUDA device" in done.stderr
+    assert not (tmp_path / "gpu" / "sections.tsv").exists()  # nothing ran

@@ -90,7 +90,7 @@ section() {
     timeout --kill-after=10 "$limit" "$@" || status=$?
     local state=ok
     ((status == 124 || status == 137)) && state=timeout
-    ((status != 0 && state == "ok")) && state=failed
+    [[ $status != 0 && $state == ok ]] && state=failed
     [[ $state != ok ]] && FAILED=1
     printf '%s\t%s\t%s\texit status %s\n' "$name" "$state" "$((SECONDS - started))" "$status" >>"$SECTIONS"
   fi

@@ -112,7 +112,7 @@ else
   OVERLAP=(120 --device cuda --quick)
   # a 1.7B model takes longer to build
   MEMORY=("0.6B:90:--device cuda --model 0.6B --steps 3 --variants bf16 bf16_pinned bf16_lora bf16_lora_pinned"
-    "1.7B:110:--device cuda --model 1.7B --steps 3 --variants bf16 bf16_pinned bf16_lora bf16_lora_pinned")
+    "1.7B:200:--device cuda --model 1.7B --steps 3 --variants bf16 bf16_pinned bf16_lora bf16_lora_pinned")
   OFFLOAD=(45 --device cuda --hidden 1024 --layers 8 --vocab 32000)
   SPLIT=(90 --device cuda --quick --models toy short large)
 fi

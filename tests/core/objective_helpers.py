@@ -28,7 +28,8 @@ from .helpers import seed_of
 
 
 class TokenPolicy(nn.Module):
-    """Softmax over a small vocabulary at 1..5 scored positions per trajectory (derived from its id)."""
+    """Softmax over a small vocabulary at 1..5 scored positions per trajectory (derived from its id);
+    a trajectory whose id contains ``"empty"`` is an empty completion (no scored position)."""
 
     def __init__(self, dtype: torch.dtype = torch.float64, seed: int = 0, vocab: int = 6) -> None:
         super().__init__()
@@ -40,7 +41,7 @@ class TokenPolicy(nn.Module):
 
     def _inputs(self, tid: str) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(seed_of(tid))
-        steps = int(torch.randint(1, 6, (), generator=g))
+        steps = 0 if "empty" in tid else int(torch.randint(1, 6, (), generator=g))
         x = torch.randn(steps, 4, generator=g, dtype=self.dtype)  # (T, 4)
         y = torch.randint(0, self.vocab, (steps,), generator=g)  # (T,)
         return x, y

@@ -17,7 +17,7 @@ LOSS_AGGS = ["group-sum", "seq-mean-token-sum", "token-mean", "seq-mean-token-me
 IS_MODES = ["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
 objectives = st.builds(
-    lambda est, std, scale, agg, single, failed, kl, ent, is_mode, kl_est, opd, reward: Objective(
+    lambda est, std, scale, agg, single, failed, kl, ent, is_mode, kl_est, opd, reward, is_min: Objective(
         estimator=est,
         std=std,
         scale=scale,
@@ -29,6 +29,7 @@ objectives = st.builds(
         entropy_coef=ent,
         is_correction=is_mode,
         is_cap=2.0,
+        is_min=is_min,
         kl_estimator=kl_est,
         opd_coef=opd,
         reward_coef=reward,
@@ -42,9 +43,10 @@ objectives = st.builds(
     st.sampled_from([0.0, 0.3]),
     st.sampled_from([0.0, 0.05]),
     st.sampled_from(IS_MODES),
-    st.sampled_from(["k1", "k2", "k3"]),
+    st.sampled_from(["k1", "k2", "k3", "k3_corrected"]),
     st.sampled_from([0.0, 0.5]),
     st.sampled_from([1.0, 1.0, 0.7, 0.0]),
+    st.sampled_from([None, 0.7]),
 )
 
 
@@ -118,6 +120,7 @@ def test_every_setting_changes_the_gradient_somewhere():
         "kl_coef": Objective(kl_coef=0.2),
         "entropy_coef": Objective(entropy_coef=0.2),
         **{f"is={m}": Objective(is_correction=m, is_cap=1.5) for m in IS_MODES[1:]},
+        **{f"is_min/{m}": Objective(is_correction=m, is_cap=1.5, is_min=0.9) for m in IS_MODES[1:]},
         "failed": Objective(failed="drop"),
         "opd_coef": Objective(opd_coef=0.3),
         "reward_coef": Objective(reward_coef=0.5),
@@ -126,6 +129,8 @@ def test_every_setting_changes_the_gradient_somewhere():
         assert rel(barrier(policy, obj, batch), base) > 1e-6, name
     k_grads = [barrier(policy, Objective(kl_coef=0.2, kl_estimator=k), batch) for k in ("k1", "k2", "k3")]
     assert rel(k_grads[0], k_grads[1]) > 1e-6 and rel(k_grads[1], k_grads[2]) > 1e-6
+    corrected = barrier(policy, Objective(kl_coef=0.2, kl_estimator="k3_corrected"), batch)
+    assert rel(corrected, k_grads[1]) <= 1e-12  # k2's gradient (its value is k3's)
 
 
 def test_a_group_whose_kept_members_all_failed_counts_nowhere():

@@ -61,7 +61,7 @@ Std = Literal["population", "sample"]
 Scale = Literal["group", "batch", "none"]
 LossAgg = Literal["group-sum", "seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 Singleton = Literal["zero", "reward"]
-KLEstimator = Literal["k1", "k2", "k3"]
+KLEstimator = Literal["k1", "k2", "k3", "k3_corrected"]
 ISCorrection = Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 Failed = Literal["zero", "drop"]
 
@@ -70,7 +70,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "scale": ("group", "batch", "none"),
     "loss_agg": ("group-sum", "seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
     "singleton": ("zero", "reward"),
-    "kl_estimator": ("k1", "k2", "k3"),
+    "kl_estimator": ("k1", "k2", "k3", "k3_corrected"),
     "is_correction": ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
     "failed": ("zero", "drop"),
 }
@@ -117,11 +117,16 @@ class Objective:
             the maximum completion length).
         singleton: advantage of a group of one kept trajectory: ``zero`` or ``reward`` (verl).
         kl_coef, kl_estimator: KL to the reference policy (the initial weights); k1 = l - q,
-            k2 = (l - q)^2 / 2, k3 = exp(q - l) - (q - l) - 1 (verl ``low_var_kl``).
+            k2 = (l - q)^2 / 2, k3 = exp(q - l) - (q - l) - 1 (verl ``low_var_kl``; TRL ``beta`` with
+            ``use_bias_correction_kl=False``), ``k3_corrected`` = k3 exp(l - [l]): k3's value with
+            gradient (l - q) grad l, k2's (TRL ``beta`` with ``use_bias_correction_kl=True``).
         entropy_coef: entropy bonus.
         is_correction, is_cap: importance weights from exp(l - e) (TRL semantics): ``token_*``
             per token, ``sequence_*`` one weight exp(sum_t (l - e)) per sequence; ``truncate``
             clamps at ``is_cap``, ``mask`` zeroes weights above it. Applied to the reward term.
+        is_min: lower bound of the importance weight (None: none): ``truncate`` clamps below it,
+            ``mask`` zeroes a weight below it (TRL ``vllm_importance_sampling_clip_min``; with
+            ``token_mask`` it is verl's two-sided IcePop threshold ``"lower_upper"``).
         failed: ``zero`` (a failed rollout trains with its reward, 0) or ``drop`` (it leaves its
             group's baseline and every count; exact, since nothing of it is folded before its
             verdict).
@@ -144,6 +149,7 @@ class Objective:
     entropy_coef: float = 0.0
     is_correction: ISCorrection = "none"
     is_cap: float = 3.0
+    is_min: float | None = None
     failed: Failed = "zero"
     opd_coef: float = 0.0
     reward_coef: float = 1.0
@@ -165,6 +171,8 @@ class Objective:
                 problems.append(f"{name} must be a finite number >= 0, got {value!r}")
         if not (isinstance(self.is_cap, (int, float)) and self.is_cap > 0):
             problems.append(f"is_cap must be > 0, got {self.is_cap!r}")
+        elif self.is_min is not None and not (isinstance(self.is_min, (int, float)) and 0 <= self.is_min <= self.is_cap):
+            problems.append(f"is_min must be None or a number in [0, is_cap={self.is_cap}], got {self.is_min!r}")
         if self.loss_agg == "seq-mean-token-sum-norm":
             if self.norm_tokens is None or not self.norm_tokens > 0:
                 problems.append(
@@ -322,7 +330,8 @@ PRESETS: dict[str, Objective] = {
     # one gets mean 0 / std 1, KL loss and entropy off by default.
     "verl": Objective(estimator="grpo", std="sample", eps=1e-6, loss_agg="token-mean", singleton="reward"),
     # TRL 1.16 GRPOTrainer: scale_rewards="group" (std with G-1, eps 1e-4), loss_type="dapo" (token
-    # mean over the global batch), beta 0, vLLM IS correction "sequence_mask" with cap 3.
+    # mean over the global batch), beta 0, vLLM IS correction "sequence_mask" with cap 3; beta > 0
+    # takes TRL's bias-corrected k3 (use_bias_correction_kl=True).
     "trl": Objective(
         estimator="grpo",
         std="sample",
@@ -331,5 +340,6 @@ PRESETS: dict[str, Objective] = {
         loss_agg="token-mean",
         is_correction="sequence_mask",
         is_cap=3.0,
+        kl_estimator="k3_corrected",
     ),
 }

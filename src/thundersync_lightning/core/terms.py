@@ -109,9 +109,14 @@ class TrajectoryTerms:
 
 
 def engine_logprobs(trajectories: Sequence[Trajectory], mask: Tensor, dtype: torch.dtype) -> Tensor | None:
-    """The engines' sampling logprobs laid out like ``mask`` ((n, L)); None if any trajectory has none."""
+    """The engines' sampling logprobs laid out like ``mask`` ((n, L)); None if a trajectory with scored
+    tokens has none.
+
+    An empty completion (no scored token) has no logprobs and needs none: it is valid input in every
+    objective, next to trajectories that have them.
+    """
     rows = [t.sampling_logprobs for t in trajectories]
-    if any(len(r) == 0 for r in rows) and any(t.num_scored_tokens for t in trajectories):
+    if any(len(r) == 0 and t.num_scored_tokens for r, t in zip(rows, trajectories)):
         return None
     return _layout(trajectories, rows, mask, dtype, "engine logprobs")
 
@@ -153,25 +158,37 @@ def _layout(
 
 
 def _kl(objective: Objective, lp: Tensor, ref: Tensor) -> Tensor:
-    """Per-token KL(learner || reference) estimate; its gradient flows through ``lp``."""
+    """Per-token KL(learner || reference) estimate; its gradient flows through ``lp``.
+
+    ``k3_corrected`` is k3 times the ratio exp(l - [l]) (value 1): the value of k3 with the gradient
+    (l - q) grad l, which is k2's (TRL's ``use_bias_correction_kl=True`` at one update per batch).
+    """
     if objective.kl_estimator == "k1":
         return lp - ref
     if objective.kl_estimator == "k2":
         return 0.5 * (lp - ref) ** 2
     d = ref - lp
-    return torch.exp(d) - d - 1.0
+    k3 = torch.exp(d) - d - 1.0
+    if objective.kl_estimator == "k3_corrected":
+        return k3 * torch.exp(lp - lp.detach())
+    return k3
 
 
 def _is_weights(objective: Objective, log_ratio: Tensor, m: Tensor) -> Tensor:
-    """Detached weights from log(learner/engine) per token, TRL's four modes."""
-    cap = objective.is_cap
+    """Detached weights from log(learner/engine) per token, TRL's four modes.
+
+    ``truncate`` clamps the ratio to [is_min, is_cap]; ``mask`` zeroes a ratio outside it (no lower
+    bound when ``is_min`` is None).
+    """
+    cap, low = objective.is_cap, objective.is_min
     if objective.is_correction.startswith("sequence"):
         ratio = torch.exp((log_ratio * m).sum(-1, keepdim=True)).expand_as(log_ratio)
     else:
         ratio = torch.exp(log_ratio)
     if objective.is_correction.endswith("truncate"):
-        return ratio.clamp(max=cap)
-    return torch.where(ratio > cap, torch.zeros_like(ratio), ratio)
+        return ratio.clamp(min=low, max=cap)
+    outside = ratio > cap if low is None else (ratio > cap) | (ratio < low)
+    return torch.where(outside, torch.zeros_like(ratio), ratio)
 
 
 def trajectory_terms(

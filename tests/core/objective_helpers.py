@@ -29,7 +29,8 @@ from .helpers import seed_of
 
 class TokenPolicy(nn.Module):
     """Softmax over a small vocabulary at 1..5 scored positions per trajectory (derived from its id);
-    a trajectory whose id contains ``"empty"`` is an empty completion (no scored position)."""
+    a trajectory whose id contains ``"empty"`` is an empty completion (no scored position), one whose id
+    contains ``"long"`` hit the length limit."""
 
     def __init__(self, dtype: torch.dtype = torch.float64, seed: int = 0, vocab: int = 6) -> None:
         super().__init__()
@@ -63,7 +64,8 @@ class TokenPolicy(nn.Module):
             mask[i, : len(y)] = True
         lp = torch.stack(lps)
         ent = torch.stack(ents)
-        return TokenScores(lp, mask, ent if entropy else None, ref if reference else None)
+        truncated = torch.tensor(["long" in t for t in tids])  # ids containing "long" hit the length limit
+        return TokenScores(lp, mask, ent if entropy else None, ref if reference else None, truncated)
 
     def engine(self, tids: Sequence[str], scores: TokenScores) -> torch.Tensor:
         """Engine logprobs: the learner's plus a per-trajectory perturbation (some ratios exceed 3)."""

@@ -17,7 +17,7 @@ LOSS_AGGS = ["group-sum", "seq-mean-token-sum", "token-mean", "seq-mean-token-me
 IS_MODES = ["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
 objectives = st.builds(
-    lambda est, std, scale, agg, single, failed, kl, ent, is_mode, kl_est, opd, reward, is_min: Objective(
+    lambda est, std, scale, agg, single, failed, kl, ent, is_mode, kl_est, opd, reward, is_min, rs, long: Objective(
         estimator=est,
         std=std,
         scale=scale,
@@ -30,6 +30,9 @@ objectives = st.builds(
         is_correction=is_mode,
         is_cap=2.0,
         is_min=is_min,
+        rs=rs[0],
+        rs_threshold=rs[1],
+        overlong_filter=long,
         kl_estimator=kl_est,
         opd_coef=opd,
         reward_coef=reward,
@@ -47,6 +50,8 @@ objectives = st.builds(
     st.sampled_from([0.0, 0.5]),
     st.sampled_from([1.0, 1.0, 0.7, 0.0]),
     st.sampled_from([None, 0.7]),
+    st.sampled_from([(None, None), ("token_k1", "0.6_1.5"), ("seq_mean_k3,token_k2", "0.1,0.3")]),
+    st.booleans(),
 )
 
 
@@ -56,7 +61,10 @@ def batches(draw) -> Batch:
     groups, rewards, failed = {}, {}, {}
     for g in range(n_groups):
         size = draw(st.integers(1, 4))
-        tids = tuple(f"b{draw(st.integers(0, 10**6))}-g{g}-t{k}" for k in range(size))
+        tids = tuple(
+            f"b{draw(st.integers(0, 10**6))}-g{g}-t{k}" + draw(st.sampled_from(["", "", "", "-long", "-empty"]))
+            for k in range(size)
+        )
         equal = draw(st.booleans())
         base = draw(st.sampled_from([0.0, 1.0, 0.5]))
         for t in tids:
@@ -121,6 +129,7 @@ def test_every_setting_changes_the_gradient_somewhere():
         "entropy_coef": Objective(entropy_coef=0.2),
         **{f"is={m}": Objective(is_correction=m, is_cap=1.5) for m in IS_MODES[1:]},
         **{f"is_min/{m}": Objective(is_correction=m, is_cap=1.5, is_min=0.9) for m in IS_MODES[1:]},
+        "rs": Objective(rs="token_k2", rs_threshold=0.05),
         "failed": Objective(failed="drop"),
         "opd_coef": Objective(opd_coef=0.3),
         "reward_coef": Objective(reward_coef=0.5),

@@ -14,6 +14,8 @@ Written from the peers' documented formulas at ratio 1 (one update per batch):
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -183,3 +185,167 @@ def test_streamed_events_with_empty_completions_arriving_first():
         e for e in _random_events(TRL_BATCH, 3) if e.tid != "b-empty"
     ]
     assert rel(streamed(policy, obj, TRL_BATCH, events), barrier(policy, obj, TRL_BATCH)) <= 1e-12
+
+
+# ---------------------------------------------------------------- verl rollout rejection sampling
+
+VERL_BATCH = Batch(
+    {"g0": ("a0", "a1", "a2", "a3"), "g1": ("b0", "b1", "b-empty"), "g2": ("c0",), "g3": ("d0", "d1", "d2")},
+    {"a0": 1.0, "a1": 0.0, "a2": 1.0, "a3": 0.5, "b0": 1.0, "b1": 0.0, "b-empty": 1.0, "c0": 1.0, "d0": 0.0,
+     "d1": 2.0, "d2": 1.0},
+    {t: False for t in ("a0", "a1", "a2", "a3", "b0", "b1", "b-empty", "c0", "d0", "d1", "d2")},
+)
+
+
+def _verl_advantages(batch: Batch) -> dict[str, float]:
+    out = {}
+    for tids in batch.groups.values():
+        r = [batch.rewards[t] for t in tids]
+        if len(r) == 1:
+            mean, std = 0.0, 1.0
+        else:
+            mean = sum(r) / len(r)
+            std = (sum((v - mean) ** 2 for v in r) / (len(r) - 1)) ** 0.5
+        out.update({t: (v - mean) / (std + 1e-6) for t, v in zip(tids, r)})
+    return out
+
+
+def _verl_keep(option: str, lo: float, hi: float, d: list[float]) -> list[bool]:
+    """verl's rejection of one sequence, written per token with Python floats (d = learner - engine)."""
+    import math
+
+    k = {"k1": [-x for x in d], "k2": [x * x / 2 for x in d], "k3": [math.exp(x) - 1 - x for x in d]}[option[-2:]]
+    if option[-2:] == "k1":
+        inside = lambda v: math.log(lo) <= v <= math.log(hi)  # noqa: E731
+    else:
+        inside = lambda v: v <= hi  # noqa: E731
+    if option.startswith("token"):
+        return [inside(v) for v in k]
+    stat = {"seq_sum": sum(k), "seq_mean": sum(k) / max(len(k), 1), "seq_max": max(k, default=0.0)}[option[:-3]]
+    return [inside(stat)] * len(d)
+
+
+def _verl_gradient(policy: TokenPolicy, batch: Batch, option: str, lo: float, hi: float, kl: float) -> torch.Tensor:
+    """verl's token-mean actor loss with the rejected tokens removed from the response mask."""
+    params = params_of(policy)
+    tids = batch.order
+    s = policy.scores(tids, entropy=False, reference=True)
+    lp, m = s.logprobs, s.mask.to(s.logprobs.dtype)
+    e = policy.engine(tids, s)
+    keep = torch.zeros_like(m)
+    for i in range(len(tids)):
+        n = int(m[i].sum())
+        keep[i, :n] = torch.tensor(_verl_keep(option, lo, hi, (lp[i, :n].detach() - e[i, :n]).tolist()), dtype=m.dtype)
+    adv = _verl_advantages(batch)
+    a = torch.tensor([adv[t] for t in tids], dtype=lp.dtype)[:, None]
+    q = s.ref_logprobs
+    per_token = -a * torch.exp(lp - lp.detach()) + kl * (torch.exp(q - lp) - (q - lp) - 1)
+    ((per_token * keep).sum() / keep.sum()).backward()
+    out = torch.cat([p.grad.reshape(-1) for p in params])
+    for p in params:
+        p.grad = None
+    return out
+
+
+@pytest.mark.parametrize(
+    "option, threshold, lo, hi",
+    [
+        ("token_k1", "0.6_1.5", 0.6, 1.5),
+        ("token_k1", 1.5, 1 / 1.5, 1.5),
+        ("token_k2", 0.1, None, 0.1),
+        ("token_k3", 0.1, None, 0.1),
+        ("seq_sum_k1", "0.5_2.0", 0.5, 2.0),
+        ("seq_sum_k2", 0.3, None, 0.3),
+        ("seq_sum_k3", 0.3, None, 0.3),
+        ("seq_mean_k1", 1.3, 1 / 1.3, 1.3),
+        ("seq_mean_k2", 0.1, None, 0.1),
+        ("seq_mean_k3", 0.1, None, 0.1),
+        ("seq_max_k2", 0.2, None, 0.2),
+        ("seq_max_k3", 0.2, None, 0.2),
+    ],
+)
+def test_verl_rejection_sampling_options_remove_their_tokens_in_every_mode(option, threshold, lo, hi):
+    policy = TokenPolicy(torch.float64, seed=15)
+    expected = _verl_gradient(policy, VERL_BATCH, option, lo, hi, kl=0.1)
+    obj = Objective.preset("verl", rs=option, rs_threshold=threshold, kl_coef=0.1)
+    for got in _all_modes(policy, obj, VERL_BATCH):
+        assert rel(got, expected) <= 1e-12
+    unrejected = barrier(policy, Objective.preset("verl", kl_coef=0.1), VERL_BATCH)
+    assert rel(unrejected, expected) > 1e-6  # the option really rejects something here
+
+
+def test_several_rejection_options_must_all_pass():
+    policy = TokenPolicy(torch.float64, seed=16)
+    both = Objective.preset("verl", rs="token_k1,seq_max_k3", rs_threshold="0.6_1.5,0.2")
+    one = Objective.preset("verl", rs="token_k1", rs_threshold="0.6_1.5")
+    other = Objective.preset("verl", rs="seq_max_k3", rs_threshold=0.2)
+    tids = VERL_BATCH.order
+    s = policy.scores(tids)
+    from thundersync_lightning.core import trajectory_terms
+
+    e = policy.engine(tids, s)
+    tokens = {name: trajectory_terms(o, s, e).tokens for name, o in (("both", both), ("one", one), ("other", other))}
+    assert torch.equal(tokens["both"], torch.minimum(tokens["one"], tokens["other"]) * (tokens["other"] > 0))
+    assert rel(streamed(policy, both, VERL_BATCH, _random_events(VERL_BATCH, 2)), barrier(policy, both, VERL_BATCH)) <= 1e-12
+
+
+@pytest.mark.parametrize(
+    "fields, match",
+    [
+        ({"rs": "token_k4", "rs_threshold": 1.0}, "rs='token_k4': options must be comma-separated names"),
+        ({"rs": "token_k1"}, "needs rs_threshold"),
+        ({"rs": "token_k2", "rs_threshold": "0.1_0.2"}, "is not a number"),
+        ({"rs": "token_k1", "rs_threshold": "2.0_1.0"}, "lo must be <= hi"),
+        ({"rs": "token_k1,token_k2", "rs_threshold": "1,2,3"}, "one threshold or one per option"),
+        ({"rs_threshold": 1.0}, "only used with rs"),
+    ],
+)
+def test_bad_rejection_settings_are_rejected(fields, match):
+    from thundersync_lightning.core import ConfigError
+
+    with pytest.raises(ConfigError, match=match):
+        Objective(**fields)
+
+
+# ---------------------------------------------------------------- overlong filtering
+
+LONG_BATCH = Batch(
+    {"g0": ("a0", "a-long1", "a2", "a3"), "g1": ("b0", "b-long1", "b-empty")},
+    {"a0": 1.0, "a-long1": 0.0, "a2": 1.0, "a3": 0.5, "b0": 0.0, "b-long1": 1.0, "b-empty": 1.0},
+    {t: False for t in ("a0", "a-long1", "a2", "a3", "b0", "b-long1", "b-empty")},
+)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo"])
+def test_trl_mask_truncated_completions_is_overlong_filter(loss_type):
+    """TRL zeroes a truncated completion's mask after its advantages were computed from every reward."""
+    policy = TokenPolicy(torch.float64, seed=17)
+    params = params_of(policy)
+    tids = LONG_BATCH.order
+    s = policy.scores(tids, entropy=True, reference=False)
+    lp, m = s.logprobs, s.mask.to(s.logprobs.dtype) * (~s.truncated).to(s.logprobs.dtype)[:, None]
+    adv = _trl_advantages(LONG_BATCH)
+    a = torch.tensor([adv[t] for t in tids], dtype=lp.dtype)[:, None]
+    per_token = -a * torch.exp(lp - lp.detach()) * _trl_weights("sequence_mask", 3.0, None)(lp.detach(), policy.engine(tids, s), m)
+    if loss_type == "dapo":  # with TRL's entropy bonus, a token mean for dapo
+        loss = (per_token * m).sum() / m.sum() - 0.03 * (s.entropy * m).sum() / m.sum()
+        obj = Objective.preset("trl", overlong_filter=True, entropy_coef=0.03)
+    else:
+        loss = ((per_token * m).sum(-1) / m.sum(-1).clamp(min=1.0)).mean()
+        obj = Objective.preset("trl", overlong_filter=True, loss_agg="seq-mean-token-mean")
+    loss.backward()
+    expected = torch.cat([p.grad.reshape(-1) for p in params])
+    for p in params:
+        p.grad = None
+    for got in _all_modes(policy, obj, LONG_BATCH):
+        assert rel(got, expected) <= 1e-12
+    assert rel(barrier(policy, replace(obj, overlong_filter=False), LONG_BATCH), expected) > 1e-6
+
+
+def test_overlong_filter_without_truncation_flags_raises():
+    from thundersync_lightning.core import InvalidLogprobError, trajectory_terms
+
+    policy = TokenPolicy(torch.float64)
+    s = replace(policy.scores(["a0"]), truncated=None)
+    with pytest.raises(InvalidLogprobError, match="overlong_filter needs to know which trajectories hit the length"):
+        trajectory_terms(Objective(overlong_filter=True), s, None)

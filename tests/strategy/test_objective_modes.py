@@ -61,10 +61,17 @@ OBJECTIVES = {
         estimator="rloo", loss_agg="token-mean", kl_coef=0.1, entropy_coef=0.01, singleton="reward"
     ),
     "trl-batch-drop": Objective.preset("trl", scale="batch", failed="drop", kl_coef=0.05, kl_estimator="k2"),
+    "trl-kl-clip-min-overlong": Objective.preset("trl", kl_coef=0.05, is_min=0.5, overlong_filter=True),
+    "verl-rejection": Objective.preset("verl", rs="token_k1,seq_mean_k3", rs_threshold="0.999_1.001,0.01", kl_coef=0.05),
 }
 
 
-@pytest.mark.parametrize("name", sorted(OBJECTIVES))
+_SLOW = {"trl-kl-clip-min-overlong", "verl-rejection"}  # the corrections' plumbing; the math is in tests/core
+
+
+@pytest.mark.parametrize(
+    "name", [pytest.param(n, marks=pytest.mark.slow) if n in _SLOW else n for n in sorted(OBJECTIVES)]
+)
 def test_streaming_and_sync_apply_the_same_gradient_of_the_modules_objective(name):
     streaming, steps = _fit("streaming", OBJECTIVES[name])
     sync, _ = _fit("sync", OBJECTIVES[name])

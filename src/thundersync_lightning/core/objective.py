@@ -48,6 +48,7 @@ import torch
 
 from .errors import ConfigError
 from .estimators import available_estimators, get_estimator
+from .rejection import RejectionOption, parse_rejection
 
 __all__ = [
     "Objective",
@@ -127,6 +128,14 @@ class Objective:
         is_min: lower bound of the importance weight (None: none): ``truncate`` clamps below it,
             ``mask`` zeroes a weight below it (TRL ``vllm_importance_sampling_clip_min``; with
             ``token_mask`` it is verl's two-sided IcePop threshold ``"lower_upper"``).
+        rs, rs_threshold: rollout rejection sampling (verl ``rollout_rs`` / ``rollout_rs_threshold``,
+            same names and threshold syntax, :mod:`~thundersync_lightning.core.rejection`): tokens or
+            sequences whose engine-vs-learner divergence is out of bounds leave S_i, R_i and the
+            token count. Per trajectory, so it streams exactly.
+        overlong_filter: a trajectory that hit the length limit (``finish_reason="length"``) trains
+            nothing: its tokens leave S_i, R_i and the token count, its reward still counts in its
+            group's statistics and its sequence under ``seq-mean-*`` (DAPO's overlong filtering;
+            TRL ``mask_truncated_completions``).
         failed: ``zero`` (a failed rollout trains with its reward, 0) or ``drop`` (it leaves its
             group's baseline and every count; exact, since nothing of it is folded before its
             verdict).
@@ -150,6 +159,9 @@ class Objective:
     is_correction: ISCorrection = "none"
     is_cap: float = 3.0
     is_min: float | None = None
+    rs: str | None = None
+    rs_threshold: str | float | None = None
+    overlong_filter: bool = False
     failed: Failed = "zero"
     opd_coef: float = 0.0
     reward_coef: float = 1.0
@@ -173,6 +185,15 @@ class Objective:
             problems.append(f"is_cap must be > 0, got {self.is_cap!r}")
         elif self.is_min is not None and not (isinstance(self.is_min, (int, float)) and 0 <= self.is_min <= self.is_cap):
             problems.append(f"is_min must be None or a number in [0, is_cap={self.is_cap}], got {self.is_min!r}")
+        if self.rs is not None:
+            try:
+                parse_rejection(self.rs, self.rs_threshold)
+            except ConfigError as err:
+                problems.append(str(err))
+        elif self.rs_threshold is not None:
+            problems.append(f"rs_threshold={self.rs_threshold!r} is only used with rs (rejection sampling options)")
+        if not isinstance(self.overlong_filter, bool):
+            problems.append(f"overlong_filter must be True or False, got {self.overlong_filter!r}")
         if self.loss_agg == "seq-mean-token-sum-norm":
             if self.norm_tokens is None or not self.norm_tokens > 0:
                 problems.append(
@@ -219,7 +240,12 @@ class Objective:
     # ------------------------------------------------------------------ what it needs
     @property
     def needs_engine_logprobs(self) -> bool:
-        return self.is_correction != "none"
+        return self.is_correction != "none" or self.rs is not None
+
+    @property
+    def rejection(self) -> tuple[RejectionOption, ...]:
+        """The parsed ``rs`` options (empty without rejection sampling)."""
+        return parse_rejection(self.rs, self.rs_threshold) if self.rs is not None else ()
 
     @property
     def needs_reference(self) -> bool:
@@ -244,7 +270,8 @@ class Objective:
         """False when S_i = sum of scored-token logprobs and D needs no token count."""
         return (
             self.loss_agg not in ("group-sum", "seq-mean-token-sum")
-            or self.is_correction != "none"
+            or self.needs_engine_logprobs
+            or self.overlong_filter
             or self.has_independent_terms
         )
 

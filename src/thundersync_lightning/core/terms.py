@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
 from .errors import InvalidLogprobError
 from .objective import BatchTotals, Objective
+from .rejection import rejection_keep
 from .types import Trajectory
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "OnPolicyStats",
     "engine_logprobs",
     "teacher_logprobs",
+    "mark_truncated",
     "trajectory_terms",
     "reference_loss",
 ]
@@ -47,13 +49,16 @@ class TokenScores:
 
     Shapes: ``logprobs`` (n, L) with a graph to the trainable parameters; ``mask`` (n, L) bool,
     True at scored positions, whose count and order equal the trajectory's scored tokens;
-    ``entropy`` (n, L) with a graph, or None; ``ref_logprobs`` (n, L) detached, or None.
+    ``entropy`` (n, L) with a graph, or None; ``ref_logprobs`` (n, L) detached, or None;
+    ``truncated`` (n,) bool, the trajectory hit the length limit (see :func:`mark_truncated`), or
+    None (needed by ``Objective.overlong_filter``).
     """
 
     logprobs: Tensor
     mask: Tensor
     entropy: Tensor | None = None
     ref_logprobs: Tensor | None = None
+    truncated: Tensor | None = None
 
     def __post_init__(self) -> None:
         shape = tuple(self.logprobs.shape)
@@ -66,6 +71,8 @@ class TokenScores:
             t = getattr(self, name)
             if t is not None and tuple(t.shape) != shape:
                 raise InvalidLogprobError(f"TokenScores.{name} has shape {tuple(t.shape)}, logprobs {shape}")
+        if self.truncated is not None and tuple(self.truncated.shape) != shape[:1]:
+            raise InvalidLogprobError(f"TokenScores.truncated has shape {tuple(self.truncated.shape)}, want ({shape[0]},)")
 
     @property
     def n(self) -> int:
@@ -119,6 +126,12 @@ def engine_logprobs(trajectories: Sequence[Trajectory], mask: Tensor, dtype: tor
     if any(len(r) == 0 and t.num_scored_tokens for r, t in zip(rows, trajectories)):
         return None
     return _layout(trajectories, rows, mask, dtype, "engine logprobs")
+
+
+def mark_truncated(scores: TokenScores, trajectories: Sequence[Trajectory]) -> TokenScores:
+    """``scores`` with ``truncated`` set from each trajectory's ``finish_reason == "length"``."""
+    flags = torch.tensor([t.finish_reason == "length" for t in trajectories], dtype=torch.bool)
+    return replace(scores, truncated=flags.to(scores.mask.device))
 
 
 def teacher_logprobs(trajectories: Sequence[Trajectory], mask: Tensor, dtype: torch.dtype) -> Tensor:
@@ -191,6 +204,21 @@ def _is_weights(objective: Objective, log_ratio: Tensor, m: Tensor) -> Tensor:
     return torch.where(outside, torch.zeros_like(ratio), ratio)
 
 
+def _trained_mask(objective: Objective, scores: TokenScores, m: Tensor, log_ratio: Tensor | None) -> Tensor:
+    """The scored mask less rejected tokens (``rs``) and truncated trajectories (``overlong_filter``)."""
+    if objective.rs is not None:
+        assert log_ratio is not None
+        m = rejection_keep(objective.rejection, log_ratio.detach(), m)
+    if objective.overlong_filter:
+        if scores.truncated is None:
+            raise InvalidLogprobError(
+                "overlong_filter needs to know which trajectories hit the length limit: build the TokenScores "
+                "with truncated=... (core.terms.mark_truncated(scores, trajectories))"
+            )
+        m = m * (~scores.truncated.to(device=m.device, dtype=torch.bool)).to(m.dtype)[:, None]
+    return m
+
+
 def trajectory_terms(
     objective: Objective, scores: TokenScores, engine: Tensor | None, teacher: Tensor | None = None
 ) -> TrajectoryTerms:
@@ -202,8 +230,6 @@ def trajectory_terms(
     """
     lp = scores.logprobs
     m = scores.mask.to(lp.dtype)
-    tokens = m.sum(-1)  # (n,)
-    k = objective.sequence_factor(tokens.detach())
     stats = OnPolicyStats()
     log_ratio = None
     if engine is not None:
@@ -216,15 +242,18 @@ def trajectory_terms(
             stats = OnPolicyStats(
                 count, float(log_ratio.abs().sum()), float(log_ratio.abs().max()), float(k3.sum())
             )
-    if objective.needs_engine_logprobs:
-        if log_ratio is None:
-            raise InvalidLogprobError(
-                f"is_correction={objective.is_correction!r} needs the engine's sampling logprobs, and this "
-                "batch has trajectories without them; use an engine that reports them or is_correction='none'"
-            )
-        weighted = _is_weights(objective, log_ratio, m).detach() * lp
-    else:
-        weighted = lp
+    if objective.needs_engine_logprobs and log_ratio is None:
+        raise InvalidLogprobError(
+            f"is_correction={objective.is_correction!r} / rs={objective.rs!r} need the engine's sampling logprobs, "
+            "and this batch has trajectories without them; use an engine that reports them or turn both off"
+        )
+    weighted = lp
+    if objective.is_correction != "none":
+        assert log_ratio is not None
+        weighted = _is_weights(objective, log_ratio, m).detach() * lp  # weights from the unrejected mask (verl)
+    m = _trained_mask(objective, scores, m, log_ratio)
+    tokens = m.sum(-1)  # (n,)
+    k = objective.sequence_factor(tokens.detach())
     score = k * (weighted * m).sum(-1)
     independent = None
     if objective.has_independent_terms:

@@ -36,7 +36,14 @@ from ..core.evaluation import VALIDATION_METRICS, ValidationBatch, ValidationOut
 from ..core.objective import BatchTotals, Objective
 from ..core.prefix import SharedPrefix
 from ..core.split_backward import RowCapture
-from ..core.terms import TokenScores, engine_logprobs, reference_loss, teacher_logprobs, trajectory_terms
+from ..core.terms import (
+    TokenScores,
+    engine_logprobs,
+    mark_truncated,
+    reference_loss,
+    teacher_logprobs,
+    trajectory_terms,
+)
 from ..core.types import ModelSpec, Trajectory
 from ..envs.chat import ChatRenderer
 from ..rollout.models import build_model, cache_kwarg
@@ -361,6 +368,8 @@ class GRPOPolicy(LightningModule):
         """
         obj = self._objective
         scores = self.score_tokens(trajectories, entropy=obj.needs_entropy, reference=obj.needs_reference)
+        if obj.overlong_filter:
+            scores = mark_truncated(scores, trajectories)
         engine = engine_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
         teacher = teacher_logprobs(trajectories, scores.mask, scores.logprobs.dtype) if obj.needs_teacher else None
         terms = trajectory_terms(obj, scores, engine, teacher)

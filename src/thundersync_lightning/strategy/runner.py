@@ -28,7 +28,7 @@ from ..core.prefix import SharedPrefix
 from ..core.snapshot import PolicySnapshot
 from ..core.split_backward import RowCapture
 from ..core.streaming import StreamingGRPO
-from ..core.terms import TokenScores, engine_logprobs, teacher_logprobs
+from ..core.terms import TokenScores, engine_logprobs, mark_truncated, teacher_logprobs
 from ..core.types import ContentReady, RewardReady, RolloutEvent, RolloutRequest, Trajectory
 from .batching import Batch, destinations, next_batch
 from .stats import Interval, RolloutProgress, TrajectoryRecord
@@ -258,6 +258,8 @@ class StepRunner:
             capture = self.split
         extra = {"capture": capture} if capture is not None else {}
         scores = self.score(trajectories, prefix=prefix, **extra)
+        if self.acc.objective.overlong_filter:
+            scores = mark_truncated(scores, trajectories)
         engine = engine_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
         teacher = None
         if self.acc.objective.needs_teacher:  # shipped by the engine: no teacher forward here

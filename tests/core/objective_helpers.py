@@ -121,10 +121,17 @@ def _grad(params: list[torch.Tensor]) -> torch.Tensor:
     return out
 
 
-def streamed(policy: TokenPolicy, obj: Objective, batch: Batch, events: Sequence[Event], chunk: int = 1) -> torch.Tensor:
+def streamed(
+    policy: TokenPolicy,
+    obj: Objective,
+    batch: Batch,
+    events: Sequence[Event],
+    chunk: int = 1,
+    filter_groups: bool = False,
+) -> torch.Tensor:
     """Events in the given order; consecutive content events are scored ``chunk`` at a time."""
     params = params_of(policy)
-    acc = StreamingGRPO(params, objective=obj)
+    acc = StreamingGRPO(params, objective=obj, filter_groups=filter_groups)
     for gid, ts in batch.groups.items():
         acc.open_group(gid, ts)
     pending: list[str] = []
@@ -148,10 +155,10 @@ def streamed(policy: TokenPolicy, obj: Objective, batch: Batch, events: Sequence
     return _grad(params)
 
 
-def synchronous(policy: TokenPolicy, obj: Objective, batch: Batch) -> torch.Tensor:
+def synchronous(policy: TokenPolicy, obj: Objective, batch: Batch, filter_groups: bool = False) -> torch.Tensor:
     events = [Event("reward", t, batch.rewards[t], batch.failed[t]) for t in batch.order]
     events += [Event("content", t) for t in batch.order]
-    return streamed(policy, obj, batch, events, chunk=len(batch.order))
+    return streamed(policy, obj, batch, events, chunk=len(batch.order), filter_groups=filter_groups)
 
 
 def barrier(policy: TokenPolicy, obj: Objective, batch: Batch) -> torch.Tensor:

@@ -71,6 +71,8 @@ class GroupSums:
     shift: float = 0.0
     chunks: list[tuple[float, Chunk]] = field(default_factory=list)  # reward-known chunks (reward, chunk)
     direct: int = 0  # contributions already added to the step gradient (early fold or direct path)
+    r_sum: torch.Tensor | None = None  # dynamic sampling: sum of grad R_i until the group is known informative
+    filtered: bool = False  # dynamic sampling: every verdict in and no signal: the group counts nowhere
     final: tuple[Objective, tuple[float, float]] | None = None  # (a_g, b_g) once every verdict is in
 
     def kept(self) -> tuple[Hashable, ...]:
@@ -187,12 +189,31 @@ class GroupSums:
         self.g1, self.g2, self.shift = g1, g2, c
 
     def take(self, kind: str, key: object, grads: list | Chunk, store: GradientStore) -> None:
-        """One backward job's gradient: into the sum of its reward (``sum``), or held (``held``, ``held_r``)."""
+        """One backward job's gradient: into the sum of its reward (``sum``), the group's R sum
+        (``sum_r``), or held (``held``, ``held_r``)."""
         if kind == "sum":
             self.add_known(store, key[1], grads)  # type: ignore[index]
             return
+        if kind == "sum_r":
+            self.add_independent(store, grads)
+            return
         kept = grads if isinstance(grads, Chunk) else store.flatten(grads)
         (self.held if kind == "held" else self.held_independent)[key] = kept
+
+    def add_independent(self, store: GradientStore, grads: list | torch.Tensor | Chunk) -> None:
+        """grad R of members (per-parameter, a stored flat buffer or a chunk) into :attr:`r_sum`."""
+        if isinstance(grads, Chunk):
+            grads = grads.dense()
+        if isinstance(grads, torch.Tensor):
+            if self.r_sum is None:
+                self.r_sum = grads
+            else:
+                store.add_flat(self.r_sum, grads)
+                store.release(grads)
+        elif self.r_sum is None:
+            self.r_sum = store.flatten(grads)
+        else:
+            store.add_grads(self.r_sum, grads)
 
     def fold_into(self, final: torch.Tensor, store: GradientStore, a: float, b: float) -> None:
         """``final += sum_i (a r_i + b) grad S_i`` from the sums (the caller then drops them)."""
@@ -240,7 +261,16 @@ class GroupSums:
 
     def drop(self, store: GradientStore) -> None:
         """Free every buffer of the group (held gradients, sums and chunks)."""
-        release(store, *self.held.values(), *self.held_independent.values(), *self.by_reward.values(), self.g1, self.g2)
+        release(
+            store,
+            *self.held.values(),
+            *self.held_independent.values(),
+            *self.by_reward.values(),
+            self.g1,
+            self.g2,
+            self.r_sum,
+        )
+        self.r_sum = None
         self.held.clear()
         self.held_independent.clear()
         self.by_reward.clear()

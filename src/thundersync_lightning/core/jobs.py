@@ -9,6 +9,7 @@ kind            key                                 gradient goes to
 ``direct``      None                                the step's scaled gradient
 ``direct_r``    None                                the step's gradient of R terms
 ``sum``         (group id, reward)                  that group's sum for that reward value
+``sum_r``       group id                            that group's R sum (dynamic sampling)
 ``held``        trajectory id                       held apart until the reward lands
 ``held_r``      trajectory id                       held apart until the verdict (R_i)
 ==============  ==================================  =========================================
@@ -33,7 +34,7 @@ from .terms import TrajectoryTerms
 
 __all__ = ["Job", "JobKind", "jobs_of", "run_jobs", "grad_of", "prefix_backward", "select_terms"]
 
-JobKind = Literal["direct", "direct_r", "sum", "held", "held_r"]
+JobKind = Literal["direct", "direct_r", "sum", "sum_r", "held", "held_r"]
 Grads = list[Tensor | None]
 
 
@@ -51,6 +52,7 @@ def jobs_of(plan: BackwardPlan, rows: Sequence[Hashable], terms: TrajectoryTerms
     if plan.direct_independent:
         jobs.append(Job("direct_r", None, torch.stack(plan.direct_independent).sum()))
     jobs += [Job("sum", key, terms.score[r].sum()) for key, r in plan.buckets.items()]
+    jobs += [Job("sum_r", gid, terms.independent[r].sum()) for gid, r in plan.group_independent.items()]  # type: ignore[index]
     jobs += [Job("held", rows[i], terms.score[i]) for i in plan.held]
     jobs += [Job("held_r", rows[i], terms.independent[i]) for i in plan.held_independent]  # type: ignore[index]
     return jobs

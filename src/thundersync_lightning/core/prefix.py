@@ -79,7 +79,7 @@ class LeafSums:
         """Route one backward pass's leaf gradient like its parameter gradient (``kind`` of the job)."""
         if kind == "direct":
             self.direct = flat if self.direct is None else self.direct + flat
-        elif kind == "direct_r":
+        elif kind in ("direct_r", "sum_r"):  # the leaves fold at the group's close: kept or filtered then
             self._add_independent(flat, independent_apart)
         elif kind == "sum":
             reward = key[1]  # type: ignore[index]

@@ -52,6 +52,7 @@ class StreamingReport:
     dropped: int = 0
     peak_held_trajectories: int = 0
     peak_held_bytes: int = 0
+    groups_filtered: int = 0  # dynamic sampling: groups closed without signal, counted nowhere
 
     @property
     def loss(self) -> float:

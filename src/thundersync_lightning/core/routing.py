@@ -7,7 +7,10 @@ For trajectory i of open group g (notation of :mod:`~thundersync_lightning.core.
 - its reward pending: grad S_i is *held* apart until the reward arrives;
 - a dropped member (failed verdict, ``failed="drop"``): nothing;
 - R_i goes to the step's gradient at once (one backward with the direct terms; a separate one
-  when the batch scale s must not touch it), or is held until the verdict under ``failed="drop"``.
+  when the batch scale s must not touch it), or is held until the verdict under ``failed="drop"``;
+  with dynamic sampling (``filter_groups``) it goes to its group's R sum until every verdict of
+  the group is in (an uninformative group's R must never reach the step);
+- a member of a filtered group (every verdict in, no signal): nothing.
 
 Everything that ends in the same place shares one backward. Planning only reads state: it raises
 on a duplicate before anything changes.
@@ -41,6 +44,7 @@ class BackwardPlan:
     buckets: dict[tuple[Hashable, float], list[int]] = field(default_factory=dict)
     held: list[int] = field(default_factory=list)
     held_independent: list[int] = field(default_factory=list)
+    group_independent: dict[Hashable, list[int]] = field(default_factory=dict)  # rows -> their group's R sum
     touched: set[int] = field(default_factory=set)  # rows that reach the step gradient now
     skipped: int = 0  # rows that need no backward at all
 
@@ -50,6 +54,7 @@ def plan_backward(
     ids: Sequence[Hashable],
     owners: Sequence[tuple[Hashable, GroupSums]],
     terms: TrajectoryTerms,
+    filter_groups: bool = False,
 ) -> BackwardPlan:
     score, indep = terms.score, terms.independent
     for tid, (_, group) in zip(ids, owners):
@@ -62,7 +67,7 @@ def plan_backward(
     batch = objective.scale == "batch"
     drop = objective.failed == "drop"
     for i, (tid, (gid, group)) in enumerate(zip(ids, owners)):
-        if tid in group.dropped:
+        if tid in group.dropped or group.filtered:
             plan.skipped += 1
             continue
         r_term = indep[i] if indep is not None else None
@@ -83,6 +88,8 @@ def plan_backward(
         if r_term is not None:
             if drop and tid not in group.rewards:
                 plan.held_independent.append(i)
+            elif filter_groups and not group.all_rewards_known():
+                plan.group_independent.setdefault(gid, []).append(i)
             else:
                 (plan.direct_independent if batch else plan.direct).append(r_term)
                 plan.touched.add(i)

@@ -26,6 +26,13 @@ the step's gradient (no sums). Once anything of a group has reached the step's g
 longer be aborted (its contribution cannot be removed exactly): ``abort_group`` raises; deliver
 its remaining events instead.
 
+Dynamic sampling (``filter_groups=True``, :mod:`~thundersync_lightning.core.dynamic`): a group
+whose verdicts are all in and carry no signal is *filtered*: it counts nowhere (not in D, not in
+the batch moments) and nothing of it reaches the step's gradient. S_i of such a group has A_i = 0
+already; R_i is summed per group (one more buffer per open group) and folded into the step only
+once the group is known to be informative, so the step's gradient is the one over the kept
+groups alone, exactly.
+
 Memory is bounded by ``max_open_groups`` and ``max_held_trajectories``
 (:mod:`~thundersync_lightning.core.bounds`); a call that would pass a bound raises and changes nothing.
 """
@@ -38,6 +45,7 @@ from dataclasses import replace
 import torch
 
 from .bounds import Bounds, bound_problems
+from .dynamic import informative
 from .errors import (
     AccumulatorSpentError,
     ConfigError,
@@ -78,6 +86,7 @@ class StreamingGRPO:
             sums and held gradients keep Linear/Embedding weight gradients as factors where they
             are smaller (:mod:`~thundersync_lightning.core.factors`); False keeps them dense
             (same gradient up to summation order).
+        filter_groups: dynamic sampling: a group without signal counts nowhere (module docstring).
     """
 
     def __init__(
@@ -91,12 +100,15 @@ class StreamingGRPO:
         max_open_groups: int | None = None,
         max_held_trajectories: int | None = None,
         factor_sums: bool = True,
+        filter_groups: bool = False,
     ) -> None:
         self._params = [p for p in params]
         problems = argument_problems(self._params, objective is not None, estimator, eps)
         problems += bound_problems(max_open_groups, max_held_trajectories)
         if not isinstance(factor_sums, bool):
             problems.append(f"factor_sums must be True or False, got {factor_sums!r}")
+        if not isinstance(filter_groups, bool):
+            problems.append(f"filter_groups must be True or False, got {filter_groups!r}")
         if problems:
             raise ConfigError("invalid StreamingGRPO arguments: " + "; ".join(problems))
         if objective is None:
@@ -104,6 +116,7 @@ class StreamingGRPO:
             objective = Objective(**shorthand)
         self.objective = objective
         self.factor_sums = factor_sums
+        self.filter_groups = filter_groups
         self._bounds = Bounds(max_open_groups, max_held_trajectories)
         self._store = GradientStore(self._params, offload)
         self._step = StepGradient(self._store)
@@ -123,6 +136,7 @@ class StreamingGRPO:
         self._groups: dict[Hashable, GroupSums] = {}
         self._owner: dict[Hashable, Hashable] = {}
         self._folded: list[GroupStat] = []
+        self._filtered: list[GroupStat] = []
         self._aborted = 0
         self._objective = 0.0
         self._independent = 0.0
@@ -149,6 +163,11 @@ class StreamingGRPO:
     @property
     def groups_folded(self) -> int:
         return len(self._folded)
+
+    @property
+    def groups_filtered(self) -> int:
+        """Groups closed without signal under ``filter_groups`` (counted nowhere)."""
+        return len(self._filtered)
 
     @property
     def bytes_in_use(self) -> ByteUsage:
@@ -193,7 +212,7 @@ class StreamingGRPO:
         if trajectory_id in self._dropped_closed:
             return False
         gid, group = self._group_of(trajectory_id)
-        return trajectory_id not in group.dropped
+        return trajectory_id not in group.dropped and not group.filtered
 
     def _check_live(self) -> None:
         if self._spent:
@@ -260,10 +279,14 @@ class StreamingGRPO:
         else:
             if held is not None:
                 group.add_known(self._store, value, held)
-            if held_r is not None:
+            if held_r is not None and self.filter_groups:
+                group.add_independent(self._store, held_r)  # the step gets it once the group is known kept
+            elif held_r is not None:
                 self._step.add_flat(self._step_buffer("direct_r"), held_r)
                 group.direct += 1
         if group.all_rewards_known():
+            if self.filter_groups:
+                self._decide(group)
             self._fold_buffers(group)  # a_g, b_g are known now: free the sums early
         self._maybe_close(gid, group)
         self._count(gid)
@@ -351,7 +374,7 @@ class StreamingGRPO:
         if late:
             terms = select_terms(terms, keep)
         owners = [self._group_of(tid) for tid in rows]
-        plan = plan_backward(self.objective, rows, owners, terms)
+        plan = plan_backward(self.objective, rows, owners, terms, self.filter_groups)
         self._bounds.check_held(rows[i] for i in plan.held + plan.held_independent)
         if prefix is not None:
             check_prefix(owners, prefix)
@@ -386,7 +409,8 @@ class StreamingGRPO:
             if kind in ("direct", "direct_r"):
                 self._step.add_grads(self._step_buffer(kind), g)
             else:
-                self._groups[key[0] if kind == "sum" else self._owner[key]].take(kind, key, g, self._store)
+                gid = key[0] if kind == "sum" else key if kind == "sum_r" else self._owner[key]
+                self._groups[gid].take(kind, key, g, self._store)
         for i in plan.touched:
             owners[i][1].direct += 1
         for i, (tid, (_, group)) in enumerate(zip(rows, owners)):
@@ -443,6 +467,7 @@ class StreamingGRPO:
         report = StreamingReport(
             groups_folded=len(self._folded),
             groups_aborted=self._aborted,
+            groups_filtered=len(self._filtered),
             trajectories=sum(s_.size for s_ in self._folded),
             num_groups=int(glob.groups),
             objective=self._objective,
@@ -468,9 +493,22 @@ class StreamingGRPO:
         """The step buffer of a ``direct`` job or of R terms (``direct_r``: their own when s is deferred)."""
         return self._step.unscaled() if kind == "direct_r" and self._independent_apart else self._step.scaled()
 
+    def _decide(self, group: GroupSums) -> None:
+        """Dynamic sampling, every verdict in: filter a group without signal (its R sum is freed), or
+        move a kept group's R sum into the step's gradient."""
+        group.filtered = not informative(group.reward_tensor().tolist(), self.objective.singleton == "reward")
+        if group.r_sum is None:
+            return
+        if group.filtered:
+            release(self._store, group.r_sum)
+        else:
+            self._step.add_flat(self._step_buffer("direct_r"), group.r_sum)
+            group.direct += 1
+        group.r_sum = None
+
     def _fold_buffers(self, group: GroupSums) -> None:
         """All verdicts known: a_g, b_g are fixed, so move the group's sums into the step's gradient."""
-        if group.has_sums and not group.zero_advantage(self.objective):
+        if group.has_sums and not group.filtered and not group.zero_advantage(self.objective):
             a, b = group.coefficients(self.objective)
             group.fold_into(self._step.scaled(), self._store, a, b)
             group.direct += 1
@@ -480,6 +518,13 @@ class StreamingGRPO:
         if not group.complete():
             return
         a, b = group.coefficients(self.objective)
+        if group.filtered:  # counts nowhere: its prompt's leaf sums are dropped unused
+            group.leaves = None
+            del self._groups[gid]
+            for t in group.dropped:
+                self._dropped_closed[t] = t in group.scored_dropped
+            self._filtered.append(group.close(gid, a, b).stat)
+            return
         if group.leaves is not None:
             for kind, grads in prefix_backward(group.leaves, self._params, a, b):
                 self._backward += 1

@@ -15,7 +15,8 @@ def test_rollout_metrics_of_one_step_against_a_hand_count():
         record(2, reward=0.5, tokens=30, scored=6, turns=3, finish="length"),
         record(3, reward=0.0, tokens=12, scored=0, turns=1, finish="failure", failure="verdict timed out"),
     ]
-    end_step(monitor, trainer, module, stats(trajs, groups_folded=2, groups_aborted=0, loss=-0.25))
+    step = stats(trajs, groups_folded=2, groups_aborted=0, loss=-0.25, groups_generated=3, groups_filtered=1)
+    end_step(monitor, trainer, module, step)
     # rewards 1, 0, 0.5, 0: mean 0.375; E[r^2] = 1.25 / 4 = 0.3125; var = 0.3125 - 0.140625 = 0.171875
     std = module.logged.pop("rollout/reward_std")
     assert math.isclose(std, math.sqrt(0.171875), rel_tol=1e-12)
@@ -31,6 +32,9 @@ def test_rollout_metrics_of_one_step_against_a_hand_count():
         "rollout/invalid_tool_call_fraction": 0.0,  # no tool calls
         "rollout/groups_folded_count": 2.0,
         "rollout/groups_aborted_count": 0.0,
+        "rollout/groups_generated_count": 3.0,
+        "rollout/groups_kept_count": 2.0,
+        "rollout/groups_dropped_count": 1.0,
         "rollout/finish_submit_count": 1.0,
         "rollout/finish_turn_limit_count": 1.0,
         "rollout/finish_length_count": 1.0,

@@ -19,6 +19,10 @@ mean of the 4, not the mean of two rank means.
                                          failure)
 ``rollout/groups_folded_count``          groups folded into the gradient
 ``rollout/groups_aborted_count``         groups dropped
+``rollout/groups_generated_count``       groups requested, dynamic-sampling replacements included
+``rollout/groups_kept_count``            groups trained on (folded); with dynamic sampling the
+                                         informative ones
+``rollout/groups_dropped_count``         dynamic sampling: groups without signal, counted nowhere
 ``train/loss``                           the step's GRPO surrogate -(1/N) sum A_i S_i (global; equal
                                          on every rank)
 ``train/zero_advantage_group_fraction``  groups whose rewards are all equal (every advantage 0: no
@@ -66,7 +70,8 @@ class RolloutMetrics(StepStatsCallback):
     @property
     def metric_keys(self) -> list[str]:
         """Every key this monitor logs."""
-        counts = ["trajectories", "failures", "groups_folded", "groups_aborted"]
+        counts = ["trajectories", "failures", "groups_folded", "groups_aborted", "groups_generated", "groups_kept",
+                  "groups_dropped"]
         return [
             "rollout/reward_mean",
             "rollout/pass_rate",
@@ -97,6 +102,9 @@ class RolloutMetrics(StepStatsCallback):
             "rollout/failures_count": Sum(float(sum(t.failure is not None for t in trajs))),
             "rollout/groups_folded_count": Sum(float(stats.groups_folded)),
             "rollout/groups_aborted_count": Sum(float(stats.groups_aborted)),
+            "rollout/groups_generated_count": Sum(float(stats.groups_generated)),
+            "rollout/groups_kept_count": Sum(float(stats.groups_folded)),
+            "rollout/groups_dropped_count": Sum(float(stats.groups_filtered)),
             "zero_advantage_groups": Sum(float(stats.zero_advantage_groups)),
             "rewarded_groups": Sum(float(len(stats.group_rewards))),
             "tool_calls": Sum(float(sum(t.tool_calls for t in trajs))),

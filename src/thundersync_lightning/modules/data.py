@@ -53,6 +53,13 @@ class RolloutDataModule(LightningDataModule):
     val_pass_k: k of ``val/pass_at_k`` (default: ``val_samples``); needs k <= n.
     val_pass_threshold: a trajectory passes when its reward is at least this (and it did not fail).
     val_seed: the sampling seed of validation rollouts (the same at every evaluation).
+    dynamic_sampling: DAPO's dynamic sampling, streamed: when every verdict of a group is in and its
+        rewards carry no signal (all equal; a lone survivor unless ``singleton="reward"``), the group
+        counts nowhere and a replacement group is issued at once from the same weights, until the
+        step holds ``groups_per_step`` informative groups or ``max_extra_groups`` replacements were
+        issued. Needs ``strategy="thundersync"`` (any mode; every mode issues the same replacements).
+    max_extra_groups: the most replacement groups per step, over all ranks (default with
+        ``dynamic_sampling``: ``groups_per_step``; each rank replaces its own groups from its share).
 
     Validation runs in Lightning's validation loop (``val_check_interval``,
     ``check_val_every_n_epoch``, ``limit_val_batches``, ``trainer.validate``) and logs ``val/pass_at_1``,
@@ -75,6 +82,8 @@ class RolloutDataModule(LightningDataModule):
         val_pass_k: int | None = None,
         val_pass_threshold: float = 1.0,
         val_seed: int = 12345,
+        dynamic_sampling: bool = False,
+        max_extra_groups: int | None = None,
     ) -> None:
         super().__init__()
         problems = []
@@ -101,6 +110,12 @@ class RolloutDataModule(LightningDataModule):
                 f"val_samples={val_samples} but the task source ({type(tasks).__name__}) has no validation_tasks() "
                 "method returning its held-out tasks; add one or set val_samples=0"
             )
+        if not isinstance(dynamic_sampling, bool):
+            problems.append(f"dynamic_sampling must be True or False, got {dynamic_sampling!r}")
+        elif dynamic_sampling and max_extra_groups is not None and max_extra_groups < 1:
+            problems.append(f"max_extra_groups must be >= 1 with dynamic_sampling, got {max_extra_groups}")
+        elif not dynamic_sampling and max_extra_groups is not None:
+            problems.append("max_extra_groups is only used with dynamic_sampling=True")
         if not callable(getattr(engine, "build", None)):
             problems.append(f"engine must have build(model_spec, tasks), got {type(engine).__name__}")
         if problems:
@@ -120,6 +135,8 @@ class RolloutDataModule(LightningDataModule):
         self.val_samples, self.val_tasks, self.val_groups = val_samples, val_tasks, val_groups
         self.val_pass_k = val_pass_k if val_pass_k is not None else max(val_samples, 1)
         self.val_pass_threshold, self.val_seed = val_pass_threshold, val_seed
+        self.dynamic_sampling = dynamic_sampling
+        self.max_extra_groups = (max_extra_groups or groups_per_step) if dynamic_sampling else 0
         self._engine: RolloutEngine | None = None
 
     @property
@@ -146,7 +163,9 @@ class RolloutDataModule(LightningDataModule):
     def train_dataloader(self) -> Any:
         if self._engine is None:
             raise ConfigError("RolloutDataModule.setup('fit') must run before train_dataloader()")
-        plan = RolloutBatch(self.tasks, self._engine, self.group_size, self.groups_per_step, self.seed)
+        plan = RolloutBatch(
+            self.tasks, self._engine, self.group_size, self.groups_per_step, self.seed, self.max_extra_groups
+        )
         return BatchLoader(plan, self.steps_per_epoch)
 
     @override

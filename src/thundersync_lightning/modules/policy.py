@@ -378,6 +378,11 @@ class GRPOPolicy(LightningModule):
     @override
     def training_step(self, batch: RolloutBatch, batch_idx: int) -> Tensor:
         """Synchronous GRPO under any stock strategy: publish, wait for the whole batch, one loss."""
+        if batch.dynamic_sampling:
+            raise ConfigError(
+                "RolloutDataModule(dynamic_sampling=True) issues replacement groups inside the step, which "
+                "needs strategy='thundersync' (any mode); under a stock strategy set dynamic_sampling=False"
+            )
         trajectories, rewards = collect_batch(
             batch, self.global_step, self.weights_for_engine(), self.global_rank, self.trainer.world_size
         )

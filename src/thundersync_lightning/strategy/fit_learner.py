@@ -42,16 +42,20 @@ class FitLearner:
         offload: Offload,
         max_open_groups: int | None,
         max_held_trajectories: int | None,
+        filter_groups: bool = False,
     ) -> StreamingGRPO:
-        """The step's accumulator: the fit's one, reset, unless the parameters or objective changed."""
+        """The step's accumulator: the fit's one, reset, unless the parameters, objective or group
+        filter (dynamic sampling) changed."""
         acc = self._accumulator
-        if acc is None or acc.objective != objective or not _same(acc.params, params):
+        stale = acc is None or acc.objective != objective or acc.filter_groups != filter_groups
+        if stale or not _same(acc.params, params):
             acc = self._accumulator = StreamingGRPO(
                 params,
                 objective=objective,
                 offload=offload,
                 max_open_groups=max_open_groups,
                 max_held_trajectories=max_held_trajectories,
+                filter_groups=filter_groups,
             )
         else:
             acc.reset()

@@ -11,6 +11,13 @@ waits only when no work is left that fits the bounds. Sync (``defer=True``): the
 the last event, then the same accumulator processes the whole batch (every reward known: the
 direct path), so every mode trains the same objective through the same code.
 
+Dynamic sampling (``reserve`` and ``issue``): when every verdict of a group is in and the group
+carries no signal (:func:`~thundersync_lightning.core.dynamic.informative`, the accumulator's own
+test: it filters that group), the next reserve group is issued at once, from the weights the
+engine holds (this step's in streaming and sync: staleness 0), and its events join the stream;
+until the reserve is spent. Every mode issues the same replacements (sync waits for them before
+its learner work), so they train on the same kept groups.
+
 The runner measures what the learner did: busy intervals (scoring/backward, folds), waiting
 (everything else), the open-group count over time and each trajectory's staleness.
 """
@@ -23,13 +30,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from ..core.dynamic import informative
 from ..core.errors import EngineError, GroupError, UnknownTrajectoryError
 from ..core.prefix import SharedPrefix
 from ..core.snapshot import PolicySnapshot
 from ..core.split_backward import RowCapture
 from ..core.streaming import StreamingGRPO
 from ..core.terms import TokenScores, engine_logprobs, mark_truncated, teacher_logprobs
-from ..core.types import ContentReady, RewardReady, RolloutEvent, RolloutRequest, Trajectory
+from ..core.types import ContentReady, GroupRequest, RewardReady, RolloutEvent, RolloutRequest, Trajectory
 from .batching import Batch, destinations, next_batch
 from .stats import Interval, RolloutProgress, TrajectoryRecord
 
@@ -49,6 +57,8 @@ class StepOutcome:
     open_groups: list[tuple[float, int]] = field(default_factory=list)
     learner_tokens: int = 0
     min_batch_trajectories: int = 1  # the rows a call waited for while content was to land
+    groups_generated: int = 0  # groups requested this step, replacements included
+    groups_filtered: int = 0  # dynamic sampling: groups whose verdicts carried no signal
 
     def records(self, version: int) -> tuple[TrajectoryRecord, ...]:
         out = []
@@ -94,6 +104,9 @@ class StepRunner:
             than one, is scored inside this capture so that ONE backward serves them all; ``score``
             then takes ``capture=``. Not with ``encode``. ``split_destinations``: the most
             destinations of one such call (each holds a parameter-sized gradient until it is stored).
+        reserve, issue: dynamic sampling (module docstring): the replacement groups in the order
+            they are issued, and the engine call that issues one (``engine.rollout``); the
+            accumulator must filter groups (``StreamingGRPO(filter_groups=True)``).
         max_batch_trajectories, max_batch_tokens: the most trajectories, and the most tokens
             (``len(trajectory.tokens)``, prompt included), of one call; a trajectory longer than
             ``max_batch_tokens`` is a call of its own (None: no token bound).
@@ -120,7 +133,11 @@ class StepRunner:
         encode: EncodeFn | None = None,
         split: RowCapture | None = None,
         split_destinations: int | None = None,
+        reserve: Sequence[GroupRequest] = (),
+        issue: Callable[[RolloutRequest], Iterator[RolloutEvent]] | None = None,
     ) -> None:
+        if reserve and (issue is None or not accumulator.filter_groups):
+            raise GroupError("StepRunner: replacement groups need issue= and an accumulator with filter_groups=True")
         self.defer = defer
         self.encode = encode
         self.split = split if encode is None else None
@@ -142,15 +159,19 @@ class StepRunner:
         self._owner = {t: g for g, ts in self._members.items() for t in ts}
         self._admitted: set[str] = set()
         self._deferred: dict[str, list[RolloutEvent]] = {}
-        self.outcome = StepOutcome(min_batch_trajectories=self.min_batch)
+        self.outcome = StepOutcome(min_batch_trajectories=self.min_batch, groups_generated=len(request.groups))
+        self._reserve = list(reserve)
+        self._issue = issue
+        self._decided: set[str] = set()
+        self._inbox: queue.Queue = queue.Queue()
+        self._streams = 0
         self._start = clock()
         self._last_progress = float("-inf")
 
     # ------------------------------------------------------------------ public
     def run(self, events: Iterator[RolloutEvent]) -> StepOutcome:
-        inbox: queue.Queue = queue.Queue()
-        pump = threading.Thread(target=_pump, args=(events, inbox), name="thundersync-events", daemon=True)
-        pump.start()
+        inbox = self._inbox
+        self._start_stream(events)
         ended = False
         while True:
             if not ended:
@@ -168,7 +189,11 @@ class StepRunner:
         item = inbox.get() if block else _get_nowait(inbox)
         while item is not None:
             if item is _END:
-                return True
+                self._streams -= 1
+                if self._streams == 0:
+                    return True
+                item = _get_nowait(inbox)
+                continue
             if isinstance(item, BaseException):
                 raise item
             self._dispatch(item)
@@ -292,6 +317,7 @@ class StepRunner:
             self._on_content(event)
         else:
             self._on_reward(event)
+            self._replace_if_uninformative(gid)
         if gid not in self._admitted and not self._admit(gid):
             self._deferred.setdefault(gid, []).append(event)
             return
@@ -311,6 +337,34 @@ class StepRunner:
         self.outcome.reward_times[event.trajectory_id] = event.time
         if event.failure:
             self.outcome.failures[event.trajectory_id] = event.failure
+
+    def _start_stream(self, events: Iterator[RolloutEvent]) -> None:
+        self._streams += 1
+        pump = threading.Thread(target=_pump, args=(events, self._inbox), name="thundersync-events", daemon=True)
+        pump.start()
+
+    def _replace_if_uninformative(self, gid: str) -> None:
+        """Dynamic sampling: once every verdict of ``gid`` is in, issue a replacement if it has no signal."""
+        if self._issue is None or gid in self._decided:
+            return
+        members = self._members[gid]
+        if any(t not in self.outcome.rewards for t in members):
+            return
+        self._decided.add(gid)
+        obj = self.acc.objective
+        kept = [self.outcome.rewards[t] for t in members if not (obj.failed == "drop" and t in self.outcome.failures)]
+        if informative(kept, obj.singleton == "reward"):
+            return
+        self.outcome.groups_filtered += 1
+        if not self._reserve:
+            return
+        group = self._reserve.pop(0)
+        request = RolloutRequest(step=self.request.step, groups=(group,), seed=self.request.seed)
+        tids = request.trajectory_ids()[group.group_id]
+        self._members[group.group_id] = tids
+        self._owner.update({t: group.group_id for t in tids})
+        self.outcome.groups_generated += 1
+        self._start_stream(self._issue(request))
 
     def _admit(self, gid: str) -> bool:
         limit = self.acc.max_open_groups
@@ -373,7 +427,7 @@ class StepRunner:
         self.progress(
             RolloutProgress(
                 step=self.request.step,
-                trajectories_total=self.request.num_trajectories,
+                trajectories_total=len(self._owner),
                 content_ready=len(self.outcome.trajectories),
                 reward_ready=len(self.outcome.rewards),
                 open_groups=len(self.acc.open_groups),

@@ -96,6 +96,8 @@ class StepStats:
     loss: float = 0.0  # the global surrogate loss -(1/N) sum A_i S_i
     rollout_issued_at: float | None = None  # when the step's rollout was requested (may precede step_start)
     min_batch_trajectories: int = 1  # rows a learner call waited for while content was to land (1: none)
+    groups_generated: int = 0  # groups requested this step on this rank, dynamic-sampling replacements included
+    groups_filtered: int = 0  # dynamic sampling: groups without signal, counted nowhere (replaced while the reserve lasts)
     # on-policy check over every rank's scored tokens (None: the engine reported no logprobs)
     logprob_diff_mean: float | None = None  # mean |logp_engine - logp_learner|
     logprob_diff_max: float | None = None  # max |logp_engine - logp_learner|

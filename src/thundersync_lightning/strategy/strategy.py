@@ -319,7 +319,7 @@ class ThunderSyncStrategy(DDPStrategy):
         objective = module_objective(module)
         params = [p for p in module.parameters() if p.requires_grad]
         acc = self._learner.accumulator(
-            params, objective, self.offload, self.max_open_groups, self.max_held_trajectories
+            params, objective, self.offload, self.max_open_groups, self.max_held_trajectories, plan.dynamic_sampling
         )
         request = plan.request(step, self.global_rank, self.world_size)
 
@@ -346,6 +346,8 @@ class ThunderSyncStrategy(DDPStrategy):
             split=self._learner.capture(self.split_backward, module, acc.params, self.mode, self.boundary_cut,
                                         self.sharding),
             split_destinations=max_destinations(acc.params),
+            reserve=plan.reserve(step, self.global_rank, self.world_size),
+            issue=plan.engine.rollout if plan.dynamic_sampling else None,
         )
         with self.precision_plugin.train_step_context():
             outcome = runner.run(events)

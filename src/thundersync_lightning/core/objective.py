@@ -136,6 +136,14 @@ class Objective:
             nothing: its tokens leave S_i, R_i and the token count, its reward still counts in its
             group's statistics and its sequence under ``seq-mean-*`` (DAPO's overlong filtering;
             TRL ``mask_truncated_completions``).
+        overlong_buffer, overlong_max_tokens, overlong_penalty: DAPO's soft overlong punishment
+            (Yu et al., 2025, eq. 13; verl's ``reward_model.overlong_buffer``): with L = the
+            trajectory's scored tokens, L_max = ``overlong_max_tokens`` and a window of
+            B = ``overlong_buffer`` tokens, the reward gets
+            ``-overlong_penalty * clamp((L - (L_max - B)) / B, 0, 1)``: nothing up to L_max - B,
+            a linear penalty over the window, the full penalty beyond L_max (verl: the same up to
+            L_max, which its responses never exceed). Applied to the reward the group statistics
+            see (:meth:`shaped_reward`), before any advantage; both fields or neither.
         failed: ``zero`` (a failed rollout trains with its reward, 0) or ``drop`` (it leaves its
             group's baseline and every count; exact, since nothing of it is folded before its
             verdict).
@@ -162,6 +170,9 @@ class Objective:
     rs: str | None = None
     rs_threshold: str | float | None = None
     overlong_filter: bool = False
+    overlong_buffer: int | None = None
+    overlong_max_tokens: int | None = None
+    overlong_penalty: float = 1.0
     failed: Failed = "zero"
     opd_coef: float = 0.0
     reward_coef: float = 1.0
@@ -192,6 +203,16 @@ class Objective:
                 problems.append(str(err))
         elif self.rs_threshold is not None:
             problems.append(f"rs_threshold={self.rs_threshold!r} is only used with rs (rejection sampling options)")
+        if (self.overlong_buffer is None) != (self.overlong_max_tokens is None):
+            problems.append("overlong_buffer and overlong_max_tokens go together (DAPO's window and maximum length)")
+        elif self.overlong_buffer is not None and not (0 < self.overlong_buffer <= self.overlong_max_tokens):
+            problems.append(
+                f"overlong_buffer must be in 1..overlong_max_tokens, got {self.overlong_buffer} and "
+                f"{self.overlong_max_tokens}"
+            )
+        if not (isinstance(self.overlong_penalty, (int, float)) and math.isfinite(self.overlong_penalty)
+                and self.overlong_penalty >= 0):
+            problems.append(f"overlong_penalty must be a finite number >= 0, got {self.overlong_penalty!r}")
         if not isinstance(self.overlong_filter, bool):
             problems.append(f"overlong_filter must be True or False, got {self.overlong_filter!r}")
         if self.loss_agg == "seq-mean-token-sum-norm":
@@ -274,6 +295,19 @@ class Objective:
             or self.overlong_filter
             or self.has_independent_terms
         )
+
+    @property
+    def shapes_rewards(self) -> bool:
+        """The reward depends on the trajectory's length (DAPO's overlong punishment is on)."""
+        return self.overlong_buffer is not None
+
+    def shaped_reward(self, reward: float, scored_tokens: int) -> float:
+        """The reward the objective trains on: ``reward`` plus the overlong penalty (see ``overlong_*``)."""
+        if self.overlong_buffer is None or self.overlong_max_tokens is None:
+            return reward
+        start = self.overlong_max_tokens - self.overlong_buffer
+        excess = min(max((scored_tokens - start) / self.overlong_buffer, 0.0), 1.0)
+        return reward - self.overlong_penalty * excess
 
     # ------------------------------------------------------------------ advantages
     def coefficients(self, rewards: torch.Tensor) -> tuple[float, float]:

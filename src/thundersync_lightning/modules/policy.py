@@ -362,7 +362,8 @@ class GRPOPolicy(LightningModule):
         failed: Sequence[bool] | None = None,
         totals: BatchTotals | None = None,
     ) -> Tensor:
-        """The objective's L over a complete batch in one expression (one forward, one backward).
+        """The objective's L over a complete batch in one expression (one forward, one backward);
+        ``rewards`` are the verdicts (the objective shapes them, ``Objective.shaped_reward``).
 
         ``totals``: the global counts under data parallelism (default: this batch's own).
         """
@@ -373,6 +374,7 @@ class GRPOPolicy(LightningModule):
         engine = engine_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
         teacher = teacher_logprobs(trajectories, scores.mask, scores.logprobs.dtype) if obj.needs_teacher else None
         terms = trajectory_terms(obj, scores, engine, teacher)
+        rewards = [obj.shaped_reward(float(r), t.num_scored_tokens) for r, t in zip(rewards, trajectories)]
         return reference_loss(obj, terms, [t.group_id for t in trajectories], rewards, failed, totals)
 
     @override

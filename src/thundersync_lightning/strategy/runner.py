@@ -11,6 +11,10 @@ waits only when no work is left that fits the bounds. Sync (``defer=True``): the
 the last event, then the same accumulator processes the whole batch (every reward known: the
 direct path), so every mode trains the same objective through the same code.
 
+Reward shaping (``Objective.overlong_*``): a reward is shaped with its trajectory's length as it is
+dispatched; one that arrives before its content waits for it. ``StepOutcome.rewards`` holds the
+shaped rewards (what the group statistics see).
+
 Dynamic sampling (``reserve`` and ``issue``): when every verdict of a group is in and the group
 carries no signal (:func:`~thundersync_lightning.core.dynamic.informative`, the accumulator's own
 test: it filters that group), the next reserve group is issued at once, from the weights the
@@ -28,7 +32,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..core.dynamic import informative
 from ..core.errors import EngineError, GroupError, UnknownTrajectoryError
@@ -163,6 +167,7 @@ class StepRunner:
         self._reserve = list(reserve)
         self._issue = issue
         self._decided: set[str] = set()
+        self._early: dict[str, RewardReady] = {}  # rewards waiting for their content (reward shaping)
         self._inbox: queue.Queue = queue.Queue()
         self._streams = 0
         self._start = clock()
@@ -315,7 +320,17 @@ class StepRunner:
             )
         if isinstance(event, ContentReady):
             self._on_content(event)
+            early = self._early.pop(tid, None)
+            if early is not None:  # its reward came first and waited for the length
+                self._dispatch(early)
         else:
+            objective = self.acc.objective
+            if objective.shapes_rewards:  # the overlong penalty needs the trajectory's length
+                content = self.outcome.trajectories.get(tid)
+                if content is None:
+                    self._early[tid] = event
+                    return
+                event = replace(event, reward=objective.shaped_reward(event.reward, content.num_scored_tokens))
             self._on_reward(event)
             self._replace_if_uninformative(gid)
         if gid not in self._admitted and not self._admit(gid):

@@ -349,3 +349,47 @@ def test_overlong_filter_without_truncation_flags_raises():
     s = replace(policy.scores(["a0"]), truncated=None)
     with pytest.raises(InvalidLogprobError, match="overlong_filter needs to know which trajectories hit the length"):
         trajectory_terms(Objective(overlong_filter=True), s, None)
+
+
+# ---------------------------------------------------------------- verl rollout_is_batch_normalize
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("kl", [0.0, 0.1])
+def test_verl_batch_normalized_importance_weights_in_every_mode(level, kl):
+    """verl: w = min(exp(d), cap) (d summed over the sequence for ``sequence``), divided by the batch
+    mean of w (over scored tokens, or over non-empty sequences), multiplying the policy term only.
+    verl adds 1e-8 to a masked mean's count; written here without it."""
+    policy = TokenPolicy(torch.float64, seed=18)
+    params = params_of(policy)
+    tids = VERL_BATCH.order
+    s = policy.scores(tids, entropy=False, reference=True)
+    lp, m = s.logprobs, s.mask.to(s.logprobs.dtype)
+    d = (lp.detach() - policy.engine(tids, s)) * m
+    if level == "token":
+        w = torch.exp(d).clamp(max=2.0) * m
+        mean = w.sum() / m.sum()
+    else:
+        seq = torch.exp(d.sum(-1)).clamp(max=2.0)  # (n,)
+        nonempty = (m.sum(-1) > 0).to(lp.dtype)
+        mean = (seq * nonempty).sum() / nonempty.sum()
+        w = seq[:, None] * m
+    adv = _verl_advantages(VERL_BATCH)
+    a = torch.tensor([adv[t] for t in tids], dtype=lp.dtype)[:, None]
+    q = s.ref_logprobs
+    per_token = -a * torch.exp(lp - lp.detach()) * (w / mean) + kl * (torch.exp(q - lp) - (q - lp) - 1)
+    ((per_token * m).sum() / m.sum()).backward()
+    expected = torch.cat([p.grad.reshape(-1) for p in params])
+    for p in params:
+        p.grad = None
+    obj = Objective.preset("verl", is_correction=f"{level}_truncate", is_cap=2.0, is_batch_normalize=True, kl_coef=kl)
+    for got in _all_modes(policy, obj, VERL_BATCH):
+        assert rel(got, expected) <= 1e-12
+    assert rel(barrier(policy, replace(obj, is_batch_normalize=False), VERL_BATCH), expected) > 1e-6
+
+
+def test_is_batch_normalize_needs_importance_weights():
+    from thundersync_lightning.core import ConfigError
+
+    with pytest.raises(ConfigError, match="is_batch_normalize needs importance weights: set is_correction"):
+        Objective(is_batch_normalize=True)

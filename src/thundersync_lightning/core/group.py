@@ -62,6 +62,7 @@ class GroupSums:
     held_independent: dict[Hashable, torch.Tensor | Chunk] = field(default_factory=dict)  # grad R_i awaiting its verdict
     independent: dict[Hashable, float] = field(default_factory=dict)  # R_i values, for the objective
     tokens: dict[Hashable, float] = field(default_factory=dict)  # scored-token counts
+    is_weights: dict[Hashable, tuple[float, float]] = field(default_factory=dict)  # IS weight (sum, count)
     dropped: set[Hashable] = field(default_factory=set)  # failed members removed from the group
     scored_dropped: set[Hashable] = field(default_factory=set)  # dropped members whose content came
     leaves: LeafSums | None = None  # boundary cut: sums at the shared prompt's leaves
@@ -225,13 +226,22 @@ class GroupSums:
         if self.chunks:
             fold_chunks(store.split(final), [c for _, c in self.chunks], [a * r + b for r, _ in self.chunks])
 
-    def record_score(self, trajectory_id: Hashable, score: float, tokens: float, independent: float | None) -> None:
-        """A member's S_i (and R_i) value and scored-token count; a dropped member is only marked scored."""
+    def record_score(
+        self,
+        trajectory_id: Hashable,
+        score: float,
+        tokens: float,
+        independent: float | None,
+        is_weights: tuple[float, float] = (0.0, 0.0),
+    ) -> None:
+        """A member's S_i (and R_i) value, scored-token count and importance-weight (sum, count); a
+        dropped member is only marked scored."""
         if trajectory_id in self.dropped:
             self.scored_dropped.add(trajectory_id)
             return
         self.scores[trajectory_id] = score
         self.tokens[trajectory_id] = tokens
+        self.is_weights[trajectory_id] = is_weights
         if independent is not None:
             self.independent[trajectory_id] = independent
 
@@ -248,6 +258,8 @@ class GroupSums:
             reward_count=float(len(kept)),
             reward_sum=float(rewards.sum()),
             reward_sq_sum=float((rewards**2).sum()),
+            is_weight_sum=sum(self.is_weights.get(t, (0.0, 0.0))[0] for t in kept),
+            is_weight_count=sum(self.is_weights.get(t, (0.0, 0.0))[1] for t in kept),
         )
         mean = float(rewards.mean()) if kept else 0.0
         std = float(rewards.std(correction=0)) if kept else 0.0

@@ -108,4 +108,7 @@ def select_terms(terms: TrajectoryTerms, rows: list[int]) -> TrajectoryTerms:
     """The terms of a subset of a scored batch (the on-policy statistics stay whole)."""
     index = torch.tensor(rows, dtype=torch.long, device=terms.score.device)
     independent = terms.independent[index] if terms.independent is not None else None
-    return TrajectoryTerms(terms.score[index], independent, terms.tokens[index.to(terms.tokens.device)], terms.on_policy)
+    weights = terms.is_weights[index.to(terms.is_weights.device)] if terms.is_weights is not None else None
+    return TrajectoryTerms(
+        terms.score[index], independent, terms.tokens[index.to(terms.tokens.device)], terms.on_policy, weights
+    )

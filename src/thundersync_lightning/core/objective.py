@@ -81,7 +81,8 @@ _CHOICES: dict[str, tuple[str, ...]] = {
 class BatchTotals:
     """Counts of one step that set the normaliser D and the batch scale (sum over ranks).
 
-    ``reward_*`` are moments of the kept rewards (for ``scale="batch"``).
+    ``reward_*`` are moments of the kept rewards (for ``scale="batch"``), ``is_weight_*`` the sum and
+    count of their importance weights (for ``is_batch_normalize``).
     """
 
     groups: float = 0.0
@@ -90,6 +91,8 @@ class BatchTotals:
     reward_count: float = 0.0
     reward_sum: float = 0.0
     reward_sq_sum: float = 0.0
+    is_weight_sum: float = 0.0  # importance weights of kept trajectories (``is_batch_normalize``)
+    is_weight_count: float = 0.0
 
     def as_tensor(self) -> torch.Tensor:
         return torch.tensor([getattr(self, f.name) for f in fields(self)], dtype=torch.float64)
@@ -125,6 +128,14 @@ class Objective:
         is_correction, is_cap: importance weights from exp(l - e) (TRL semantics): ``token_*``
             per token, ``sequence_*`` one weight exp(sum_t (l - e)) per sequence; ``truncate``
             clamps at ``is_cap``, ``mask`` zeroes weights above it. Applied to the reward term.
+        is_batch_normalize: divide every importance weight by their mean over the step (verl
+            ``rollout_is_batch_normalize``): over every scored token for ``token_*``, over the
+            sequences with a scored token for ``sequence_*``, after truncation or masking, before
+            rejection (``rs``), no division when the mean is <= 1e-8. The weights multiply the
+            reward term only, so the mean is one more global scalar applied at the barrier like
+            the batch scale s: each trajectory adds its weights' sum and count to the step's
+            counts, and s becomes s / mean (R terms are kept apart from s, as under
+            ``scale="batch"``).
         is_min: lower bound of the importance weight (None: none): ``truncate`` clamps below it,
             ``mask`` zeroes a weight below it (TRL ``vllm_importance_sampling_clip_min``; with
             ``token_mask`` it is verl's two-sided IcePop threshold ``"lower_upper"``).
@@ -167,6 +178,7 @@ class Objective:
     is_correction: ISCorrection = "none"
     is_cap: float = 3.0
     is_min: float | None = None
+    is_batch_normalize: bool = False
     rs: str | None = None
     rs_threshold: str | float | None = None
     overlong_filter: bool = False
@@ -213,6 +225,10 @@ class Objective:
         if not (isinstance(self.overlong_penalty, (int, float)) and math.isfinite(self.overlong_penalty)
                 and self.overlong_penalty >= 0):
             problems.append(f"overlong_penalty must be a finite number >= 0, got {self.overlong_penalty!r}")
+        if not isinstance(self.is_batch_normalize, bool):
+            problems.append(f"is_batch_normalize must be True or False, got {self.is_batch_normalize!r}")
+        elif self.is_batch_normalize and self.is_correction == "none":
+            problems.append("is_batch_normalize needs importance weights: set is_correction")
         if not isinstance(self.overlong_filter, bool):
             problems.append(f"overlong_filter must be True or False, got {self.overlong_filter!r}")
         if self.loss_agg == "seq-mean-token-sum-norm":
@@ -355,8 +371,22 @@ class Objective:
     def _correction(self) -> int:
         return 1 if self.std == "sample" else 0
 
+    @property
+    def scales_at_barrier(self) -> bool:
+        """The reward term gets a global factor at the barrier (batch std or IS normaliser): R apart."""
+        return self.scale == "batch" or self.is_batch_normalize
+
     def batch_scale(self, totals: BatchTotals) -> float:
-        """s: 1/(std of every kept reward of the step + eps) for ``scale="batch"``, else 1."""
+        """s: 1/(std of every kept reward of the step + eps) for ``scale="batch"``, else 1; divided
+        by the mean importance weight under ``is_batch_normalize``."""
+        s = self._reward_scale(totals)
+        if self.is_batch_normalize and totals.is_weight_count > 0:
+            mean = totals.is_weight_sum / totals.is_weight_count
+            if mean > 1e-8:
+                s = s / mean
+        return s
+
+    def _reward_scale(self, totals: BatchTotals) -> float:
         if self.scale != "batch":
             return 1.0
         n = totals.reward_count

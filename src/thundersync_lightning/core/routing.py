@@ -64,7 +64,7 @@ def plan_backward(
         scores=[finite_score(tid, score[i]) for i, tid in enumerate(ids)],
         independent=[finite_score(tid, indep[i]) for i, tid in enumerate(ids)] if indep is not None else None,
     )
-    batch = objective.scale == "batch"
+    batch = objective.scales_at_barrier
     drop = objective.failed == "drop"
     for i, (tid, (gid, group)) in enumerate(zip(ids, owners)):
         if tid in group.dropped or group.filtered:

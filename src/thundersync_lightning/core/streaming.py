@@ -353,8 +353,9 @@ class StreamingGRPO:
 
     @property
     def _independent_apart(self) -> bool:
-        """grad R_i is kept out of the s-scaled sums (only under ``scale="batch"``)."""
-        return self.objective.scale == "batch"
+        """grad R_i is kept out of the s-scaled sums (only where s is global: ``scale="batch"``,
+        ``is_batch_normalize``)."""
+        return self.objective.scales_at_barrier
 
     def _add(
         self,
@@ -415,7 +416,8 @@ class StreamingGRPO:
             owners[i][1].direct += 1
         for i, (tid, (_, group)) in enumerate(zip(rows, owners)):
             independent = plan.independent[i] if plan.independent is not None else None
-            group.record_score(tid, plan.scores[i], float(terms.tokens[i]), independent)
+            weights = tuple(terms.is_weights[i].tolist()) if terms.is_weights is not None else (0.0, 0.0)
+            group.record_score(tid, plan.scores[i], float(terms.tokens[i]), independent, weights)
         self._on_policy = self._on_policy + terms.on_policy
         touched = list({id(g): (gid, g) for gid, g in owners}.values())
         for gid, group in touched:

@@ -107,12 +107,14 @@ class OnPolicyStats:
 
 @dataclass(frozen=True)
 class TrajectoryTerms:
-    """S (n,) and R (n,) or None with graphs; tokens (n,) scored counts; on-policy stats."""
+    """S (n,) and R (n,) or None with graphs; tokens (n,) scored counts; on-policy stats;
+    ``is_weights`` (n, 2): each trajectory's importance-weight sum and count (``is_batch_normalize``)."""
 
     score: Tensor
     independent: Tensor | None
     tokens: Tensor
     on_policy: OnPolicyStats
+    is_weights: Tensor | None = None
 
 
 def engine_logprobs(trajectories: Sequence[Trajectory], mask: Tensor, dtype: torch.dtype) -> Tensor | None:
@@ -204,6 +206,15 @@ def _is_weights(objective: Objective, log_ratio: Tensor, m: Tensor) -> Tensor:
     return torch.where(outside, torch.zeros_like(ratio), ratio)
 
 
+def _weight_sums(objective: Objective, w: Tensor, m: Tensor) -> Tensor:
+    """(n, 2): sum and count of each trajectory's weights, per token or one per non-empty sequence."""
+    count = m.sum(-1)
+    if objective.is_correction.startswith("sequence"):
+        seq = (count > 0).to(w.dtype)
+        return torch.stack([w[:, 0] * seq if w.shape[1] else seq * 0, seq], -1)
+    return torch.stack([(w * m).sum(-1), count], -1)
+
+
 def _trained_mask(objective: Objective, scores: TokenScores, m: Tensor, log_ratio: Tensor | None) -> Tensor:
     """The scored mask less rejected tokens (``rs``) and truncated trajectories (``overlong_filter``)."""
     if objective.rs is not None:
@@ -248,9 +259,13 @@ def trajectory_terms(
             "and this batch has trajectories without them; use an engine that reports them or turn both off"
         )
     weighted = lp
+    is_weights = None
     if objective.is_correction != "none":
         assert log_ratio is not None
-        weighted = _is_weights(objective, log_ratio, m).detach() * lp  # weights from the unrejected mask (verl)
+        w = _is_weights(objective, log_ratio, m).detach()  # from the unrejected mask (verl)
+        weighted = w * lp
+        if objective.is_batch_normalize:
+            is_weights = _weight_sums(objective, w, m)
     m = _trained_mask(objective, scores, m, log_ratio)
     tokens = m.sum(-1)  # (n,)
     k = objective.sequence_factor(tokens.detach())
@@ -276,7 +291,7 @@ def trajectory_terms(
             advantage = -(lp.detach() - p) * m  # (n, L): per-token OPD advantage, masked (p is 0 off the mask)
             per_token = per_token + objective.opd_coef * advantage * lp
         independent = k * (per_token * m).sum(-1)
-    return TrajectoryTerms(score, independent, tokens.detach(), stats)
+    return TrajectoryTerms(score, independent, tokens.detach(), stats, is_weights)
 
 
 def reference_loss(
@@ -298,6 +313,7 @@ def reference_loss(
     for i, g in enumerate(group_ids):
         if keep[i]:
             by_group.setdefault(g, []).append(i)
+    weights = terms.is_weights.tolist() if terms.is_weights is not None else [[0.0, 0.0]] * n
     local = BatchTotals(
         groups=float(len(by_group)),
         sequences=float(sum(keep)),
@@ -305,6 +321,8 @@ def reference_loss(
         reward_count=float(sum(keep)),
         reward_sum=sum(float(rewards[i]) for i in range(n) if keep[i]),
         reward_sq_sum=sum(float(rewards[i]) ** 2 for i in range(n) if keep[i]),
+        is_weight_sum=sum(weights[i][0] for i in range(n) if keep[i]),
+        is_weight_count=sum(weights[i][1] for i in range(n) if keep[i]),
     )
     totals = totals if totals is not None else local
     s = objective.batch_scale(totals)

@@ -393,3 +393,17 @@ def test_engine_start_smoke_times_both_start_methods_in_fresh_processes(tmp_path
         assert figures["first_start_s"] > 0 and len(figures["later_start_s"]) == 1
         assert figures["rollout_after_kill_s"] > 0 and figures["rollout_s"] > 0
     assert set(data["spawn_over_forkserver"]) == {"first_start", "later_start", "restart"}
+
+
+@pytest.mark.slow
+def test_dynamic_sampling_smoke_runs_both_arms_and_counts_generated_groups(tmp_path: Path) -> None:
+    bench = _load("dynamic_sampling")
+    bench.main(["--out", str(tmp_path), "--threads", "1", "--seeds", "1", "--max-steps", "2", "--groups", "2",
+                "--group-size", "2"])  # fmt: skip
+    data = json.loads((tmp_path / "dynamic_sampling.json").read_text())
+    assert data["command"] and "load_average_start" in data
+    assert [(r["arm"], len(r["steps"])) for r in data["runs"]] == [("off", 2), ("on", 2)]
+    for r in data["runs"]:
+        for s in r["steps"]:
+            assert s["groups_kept"] == s["groups_generated"] - s["groups_dropped"]
+            assert s["groups_generated"] == 2 if r["arm"] == "off" else 2 <= s["groups_generated"] <= 4

@@ -393,3 +393,50 @@ def test_is_batch_normalize_needs_importance_weights():
 
     with pytest.raises(ConfigError, match="is_batch_normalize needs importance weights: set is_correction"):
         Objective(is_batch_normalize=True)
+
+
+# ---------------------------------------------------------------- TRL top_entropy_quantile
+
+
+@pytest.mark.parametrize("quantile", [0.2, 0.5])
+def test_trl_top_entropy_quantile_with_kl_and_entropy_bonus(quantile):
+    """TRL: the policy term (and the entropy bonus) only on tokens whose entropy is at least the
+    (1 - q)-quantile of the batch's; KL and the dapo normaliser keep every token."""
+    from thundersync_lightning.core import StreamingGRPO, trajectory_terms
+    from thundersync_lightning.core.terms import entropy_threshold
+
+    policy = TokenPolicy(torch.float64, seed=19)
+    params = params_of(policy)
+    tids = TRL_BATCH.order
+    s = policy.scores(tids)
+    lp, m = s.logprobs, s.mask.to(s.logprobs.dtype)
+    thr = torch.quantile(s.entropy.detach()[s.mask], 1 - quantile)
+    em = ((s.entropy.detach() * m) >= thr).to(lp.dtype) * m
+    adv = _trl_advantages(TRL_BATCH)
+    a = torch.tensor([adv[t] for t in tids], dtype=lp.dtype)[:, None]
+    w = _trl_weights("sequence_mask", 3.0, None)(lp.detach(), policy.engine(tids, s), m)
+    q = s.ref_logprobs
+    ratio = torch.exp(lp - lp.detach())
+    per_token = -a * ratio * em * w + 0.04 * (torch.exp(q - lp) - (q - lp) - 1) * ratio
+    loss = (per_token * m).sum() / m.sum() - 0.03 * (s.entropy * em).sum() / m.sum()
+    loss.backward()
+    expected = torch.cat([p.grad.reshape(-1) for p in params])
+    for p in params:
+        p.grad = None
+    obj = Objective.preset("trl", kl_coef=0.04, entropy_coef=0.03, top_entropy_quantile=quantile)
+    assert entropy_threshold(quantile, [s.entropy[s.mask]]) == pytest.approx(float(thr), abs=0)
+    acc = StreamingGRPO(params, objective=obj)
+    for gid, ts in TRL_BATCH.groups.items():
+        acc.open_group(gid, ts)
+    for t in tids:  # every verdict first (sync), then the scored batch in two calls
+        acc.add_reward(t, TRL_BATCH.rewards[t])
+    for part in (tids[:4], tids[4:]):
+        scores = replace(policy.scores(part), entropy_threshold=float(thr))
+        acc.add_tokens(part, scores, policy.engine(part, scores))
+    acc.finish()
+    got = torch.cat([p.grad.reshape(-1) for p in params])
+    for p in params:
+        p.grad = None
+    assert rel(got, expected) <= 1e-12
+    with pytest.raises(Exception, match="top_entropy_quantile < 1 needs per-token entropies and the step's entropy"):
+        trajectory_terms(obj, s, policy.engine(tids, s))

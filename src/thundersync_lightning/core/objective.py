@@ -136,6 +136,12 @@ class Objective:
             the batch scale s: each trajectory adds its weights' sum and count to the step's
             counts, and s becomes s / mean (R terms are kept apart from s, as under
             ``scale="batch"``).
+        top_entropy_quantile: train the reward term on the highest-entropy tokens only (TRL
+            ``top_entropy_quantile``, "80/20" token selection): a scored token takes part in S_i
+            (and in the entropy bonus) when its entropy is at least the (1 - q)-quantile of the
+            entropies of every scored token of the step; D and KL keep every token. The threshold
+            depends on the whole step, so it cannot stream exactly: refused in streaming and async,
+            applied in sync (one no-grad forward of the step's trajectories first).
         is_min: lower bound of the importance weight (None: none): ``truncate`` clamps below it,
             ``mask`` zeroes a weight below it (TRL ``vllm_importance_sampling_clip_min``; with
             ``token_mask`` it is verl's two-sided IcePop threshold ``"lower_upper"``).
@@ -179,6 +185,7 @@ class Objective:
     is_cap: float = 3.0
     is_min: float | None = None
     is_batch_normalize: bool = False
+    top_entropy_quantile: float = 1.0
     rs: str | None = None
     rs_threshold: str | float | None = None
     overlong_filter: bool = False
@@ -225,6 +232,8 @@ class Objective:
         if not (isinstance(self.overlong_penalty, (int, float)) and math.isfinite(self.overlong_penalty)
                 and self.overlong_penalty >= 0):
             problems.append(f"overlong_penalty must be a finite number >= 0, got {self.overlong_penalty!r}")
+        if not (isinstance(self.top_entropy_quantile, (int, float)) and 0 < self.top_entropy_quantile <= 1):
+            problems.append(f"top_entropy_quantile must be in (0, 1], got {self.top_entropy_quantile!r}")
         if not isinstance(self.is_batch_normalize, bool):
             problems.append(f"is_batch_normalize must be True or False, got {self.is_batch_normalize!r}")
         elif self.is_batch_normalize and self.is_correction == "none":
@@ -290,7 +299,13 @@ class Objective:
 
     @property
     def needs_entropy(self) -> bool:
-        return self.entropy_coef != 0
+        """The policy must return per-token entropies (the bonus, or the entropy token selection)."""
+        return self.entropy_coef != 0 or self.selects_tokens_by_entropy
+
+    @property
+    def selects_tokens_by_entropy(self) -> bool:
+        """``top_entropy_quantile`` < 1: a step-wide threshold, known only once every trajectory landed."""
+        return self.top_entropy_quantile < 1
 
     @property
     def needs_teacher(self) -> bool:
@@ -300,7 +315,7 @@ class Objective:
     @property
     def has_independent_terms(self) -> bool:
         """Whether R_i (KL, entropy, OPD) exists: reward-independent gradient added on arrival."""
-        return self.needs_reference or self.needs_entropy or self.needs_teacher
+        return self.needs_reference or self.entropy_coef != 0 or self.needs_teacher
 
     @property
     def needs_token_detail(self) -> bool:
@@ -309,6 +324,7 @@ class Objective:
             self.loss_agg not in ("group-sum", "seq-mean-token-sum")
             or self.needs_engine_logprobs
             or self.overlong_filter
+            or self.selects_tokens_by_entropy
             or self.has_independent_terms
         )
 

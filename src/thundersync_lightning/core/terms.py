@@ -38,6 +38,7 @@ __all__ = [
     "engine_logprobs",
     "teacher_logprobs",
     "mark_truncated",
+    "entropy_threshold",
     "trajectory_terms",
     "reference_loss",
 ]
@@ -51,7 +52,8 @@ class TokenScores:
     True at scored positions, whose count and order equal the trajectory's scored tokens;
     ``entropy`` (n, L) with a graph, or None; ``ref_logprobs`` (n, L) detached, or None;
     ``truncated`` (n,) bool, the trajectory hit the length limit (see :func:`mark_truncated`), or
-    None (needed by ``Objective.overlong_filter``).
+    None (needed by ``Objective.overlong_filter``); ``entropy_threshold``: the step's entropy
+    quantile (see :func:`entropy_threshold`), needed by ``Objective.top_entropy_quantile`` < 1.
     """
 
     logprobs: Tensor
@@ -59,6 +61,7 @@ class TokenScores:
     entropy: Tensor | None = None
     ref_logprobs: Tensor | None = None
     truncated: Tensor | None = None
+    entropy_threshold: float | None = None
 
     def __post_init__(self) -> None:
         shape = tuple(self.logprobs.shape)
@@ -134,6 +137,16 @@ def mark_truncated(scores: TokenScores, trajectories: Sequence[Trajectory]) -> T
     """``scores`` with ``truncated`` set from each trajectory's ``finish_reason == "length"``."""
     flags = torch.tensor([t.finish_reason == "length" for t in trajectories], dtype=torch.bool)
     return replace(scores, truncated=flags.to(scores.mask.device))
+
+
+def entropy_threshold(quantile: float, entropies: Sequence[Tensor]) -> float:
+    """The (1 - quantile)-quantile of the scored tokens' entropies (``entropies``: 1-D tensors of
+    scored positions, e.g. ``scores.entropy[scores.mask]`` per call; every rank's for a global one).
+    With no scored token: +inf (no token is selected)."""
+    flat = torch.cat([e.detach().reshape(-1).double().cpu() for e in entropies]) if entropies else torch.zeros(0)
+    if flat.numel() == 0:
+        return math.inf
+    return float(torch.quantile(flat, 1.0 - quantile))
 
 
 def teacher_logprobs(trajectories: Sequence[Trajectory], mask: Tensor, dtype: torch.dtype) -> Tensor:
@@ -215,6 +228,18 @@ def _weight_sums(objective: Objective, w: Tensor, m: Tensor) -> Tensor:
     return torch.stack([(w * m).sum(-1), count], -1)
 
 
+def _entropy_selected(objective: Objective, scores: TokenScores, m: Tensor) -> Tensor:
+    """``m`` less the tokens below the step's entropy threshold (``top_entropy_quantile`` < 1)."""
+    if not objective.selects_tokens_by_entropy:
+        return m
+    if scores.entropy is None or scores.entropy_threshold is None:
+        raise InvalidLogprobError(
+            "top_entropy_quantile < 1 needs per-token entropies and the step's entropy threshold "
+            "(TokenScores.entropy_threshold, core.terms.entropy_threshold over every scored token of the step)"
+        )
+    return m * (scores.entropy.detach() >= scores.entropy_threshold).to(m.dtype)
+
+
 def _trained_mask(objective: Objective, scores: TokenScores, m: Tensor, log_ratio: Tensor | None) -> Tensor:
     """The scored mask less rejected tokens (``rs``) and truncated trajectories (``overlong_filter``)."""
     if objective.rs is not None:
@@ -269,14 +294,15 @@ def trajectory_terms(
     m = _trained_mask(objective, scores, m, log_ratio)
     tokens = m.sum(-1)  # (n,)
     k = objective.sequence_factor(tokens.detach())
-    score = k * (weighted * m).sum(-1)
+    selected = _entropy_selected(objective, scores, m)  # the tokens of S_i and of the entropy bonus
+    score = k * (weighted * selected).sum(-1)
     independent = None
     if objective.has_independent_terms:
         per_token = torch.zeros_like(lp)
-        if objective.needs_entropy:
+        if objective.entropy_coef != 0:
             if scores.entropy is None:
                 raise InvalidLogprobError("entropy_coef != 0 but the policy returned no per-token entropy")
-            per_token = per_token + objective.entropy_coef * scores.entropy
+            per_token = per_token + objective.entropy_coef * scores.entropy * selected  # 0/1 masks
         if objective.needs_reference:
             if scores.ref_logprobs is None:
                 raise InvalidLogprobError("kl_coef != 0 but the policy returned no reference logprobs")

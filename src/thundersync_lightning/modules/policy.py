@@ -22,6 +22,7 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ from ..core.split_backward import RowCapture
 from ..core.terms import (
     TokenScores,
     engine_logprobs,
+    entropy_threshold,
     mark_truncated,
     reference_loss,
     teacher_logprobs,
@@ -371,6 +373,9 @@ class GRPOPolicy(LightningModule):
         scores = self.score_tokens(trajectories, entropy=obj.needs_entropy, reference=obj.needs_reference)
         if obj.overlong_filter:
             scores = mark_truncated(scores, trajectories)
+        if obj.selects_tokens_by_entropy:  # this batch is the step: its own quantile (one process)
+            chosen = [scores.entropy[scores.mask]] if scores.entropy is not None else []
+            scores = replace(scores, entropy_threshold=entropy_threshold(obj.top_entropy_quantile, chosen))
         engine = engine_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
         teacher = teacher_logprobs(trajectories, scores.mask, scores.logprobs.dtype) if obj.needs_teacher else None
         terms = trajectory_terms(obj, scores, engine, teacher)

@@ -34,13 +34,16 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
+import torch
+import torch.distributed as dist
+
 from ..core.dynamic import informative
-from ..core.errors import EngineError, GroupError, UnknownTrajectoryError
+from ..core.errors import ConfigError, EngineError, GroupError, UnknownTrajectoryError
 from ..core.prefix import SharedPrefix
 from ..core.snapshot import PolicySnapshot
 from ..core.split_backward import RowCapture
 from ..core.streaming import StreamingGRPO
-from ..core.terms import TokenScores, engine_logprobs, mark_truncated, teacher_logprobs
+from ..core.terms import TokenScores, engine_logprobs, entropy_threshold, mark_truncated, teacher_logprobs
 from ..core.types import ContentReady, GroupRequest, RewardReady, RolloutEvent, RolloutRequest, Trajectory
 from .batching import Batch, destinations, next_batch
 from .stats import Interval, RolloutProgress, TrajectoryRecord
@@ -140,6 +143,13 @@ class StepRunner:
         reserve: Sequence[GroupRequest] = (),
         issue: Callable[[RolloutRequest], Iterator[RolloutEvent]] | None = None,
     ) -> None:
+        if accumulator.objective.selects_tokens_by_entropy and not defer:
+            raise ConfigError(
+                f"top_entropy_quantile={accumulator.objective.top_entropy_quantile} selects tokens by a threshold over "
+                "every scored token of the step, known only once the last trajectory landed; streaming and async "
+                "backpropagate trajectories before that, so they cannot apply it exactly. Use mode='sync' "
+                "(it runs one no-grad forward of the step first), or top_entropy_quantile=1"
+            )
         if reserve and (issue is None or not accumulator.filter_groups):
             raise GroupError("StepRunner: replacement groups need issue= and an accumulator with filter_groups=True")
         self.defer = defer
@@ -167,6 +177,7 @@ class StepRunner:
         self._reserve = list(reserve)
         self._issue = issue
         self._decided: set[str] = set()
+        self._entropy_threshold: float | None = None  # top_entropy_quantile: the step's (sync only)
         self._early: dict[str, RewardReady] = {}  # rewards waiting for their content (reward shaping)
         self._inbox: queue.Queue = queue.Queue()
         self._streams = 0
@@ -181,6 +192,8 @@ class StepRunner:
         while True:
             if not ended:
                 ended = self._drain(inbox, block=not self._has_work(ended))
+            if ended and self.acc.objective.selects_tokens_by_entropy and self._entropy_threshold is None:
+                self._entropy_threshold = self._step_entropy_threshold()
             worked = self._work(inbox_empty=inbox.empty()) if ended or not self.defer else False
             self._report(final=False)
             if ended and not worked:
@@ -288,6 +301,8 @@ class StepRunner:
             capture = self.split
         extra = {"capture": capture} if capture is not None else {}
         scores = self.score(trajectories, prefix=prefix, **extra)
+        if self.acc.objective.selects_tokens_by_entropy:
+            scores = replace(scores, entropy_threshold=self._entropy_threshold)
         if self.acc.objective.overlong_filter:
             scores = mark_truncated(scores, trajectories)
         engine = engine_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
@@ -297,6 +312,25 @@ class StepRunner:
         self.acc.add_tokens(tids, scores, engine, teacher_logprobs=teacher, prefix=prefix, capture=capture)
         cut = len(prefix.tokens) if prefix is not None else 0
         self.outcome.learner_tokens += sum(len(t.tokens) - cut for t in trajectories)
+
+    def _step_entropy_threshold(self) -> float:
+        """``top_entropy_quantile``: one no-grad forward of every kept trajectory of the step, then the
+        quantile of every scored token's entropy over all ranks (TRL gathers them too)."""
+        tids = [t for t in self.outcome.trajectories if not self._is_dropped(t)]
+        local = []
+        with torch.no_grad():
+            for k in range(0, len(tids), self.max_batch):
+                chunk = [self.outcome.trajectories[t] for t in tids[k : k + self.max_batch]]
+                scores = self.score(chunk)
+                if scores.entropy is None:
+                    raise ConfigError("top_entropy_quantile < 1 needs the policy's per-token entropies")
+                local.append(scores.entropy[scores.mask].detach().cpu())
+        gathered = local
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            every: list[list[torch.Tensor]] = [[] for _ in range(dist.get_world_size())]
+            dist.all_gather_object(every, local)
+            gathered = [t for part in every for t in part]
+        return entropy_threshold(self.acc.objective.top_entropy_quantile, gathered)
 
     def _prefix_of(self, gid: str, tid: str) -> SharedPrefix:
         """The group's shared prompt, run forward once when its first member is scored."""

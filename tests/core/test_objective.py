@@ -17,7 +17,7 @@ LOSS_AGGS = ["group-sum", "seq-mean-token-sum", "token-mean", "seq-mean-token-me
 IS_MODES = ["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
 objectives = st.builds(
-    lambda est, std, scale, agg, single, failed, kl, ent, is_mode, kl_est, opd, reward, is_min, rs, long, norm: Objective(
+    lambda est, std, scale, agg, single, failed, kl, ent, is_mode, kl_est, opd, reward, is_min, rs, long, norm, opm: Objective(
         estimator=est,
         std=std,
         scale=scale,
@@ -34,6 +34,7 @@ objectives = st.builds(
         rs_threshold=rs[1],
         overlong_filter=long,
         is_batch_normalize=norm and is_mode != "none",
+        off_policy_mask=opm,
         kl_estimator=kl_est,
         opd_coef=opd,
         reward_coef=reward,
@@ -54,6 +55,7 @@ objectives = st.builds(
     st.sampled_from([(None, None), ("token_k1", "0.6_1.5"), ("seq_mean_k3,token_k2", "0.1,0.3")]),
     st.booleans(),
     st.booleans(),
+    st.sampled_from([None, None, 0.05]),
 )
 
 
@@ -132,6 +134,7 @@ def test_every_setting_changes_the_gradient_somewhere():
         **{f"is={m}": Objective(is_correction=m, is_cap=1.5) for m in IS_MODES[1:]},
         **{f"is_min/{m}": Objective(is_correction=m, is_cap=1.5, is_min=0.9) for m in IS_MODES[1:]},
         "rs": Objective(rs="token_k2", rs_threshold=0.05),
+        "off_policy_mask": Objective(off_policy_mask=0.0),
         "is_batch_normalize": Objective(is_correction="token_truncate", is_cap=1.5, is_batch_normalize=True),
         "failed": Objective(failed="drop"),
         "opd_coef": Objective(opd_coef=0.3),

@@ -440,3 +440,36 @@ def test_trl_top_entropy_quantile_with_kl_and_entropy_bonus(quantile):
     assert rel(got, expected) <= 1e-12
     with pytest.raises(Exception, match="top_entropy_quantile < 1 needs per-token entropies and the step's entropy"):
         trajectory_terms(obj, s, policy.engine(tids, s))
+
+
+# ---------------------------------------------------------------- TRL off_policy_mask_threshold
+
+
+@pytest.mark.parametrize("delta", [0.0, 0.1])
+@pytest.mark.parametrize("chunk", [1, 3])
+def test_trl_off_policy_sequence_mask_in_every_mode_and_event_order(delta, chunk):
+    """TRL: keep a sequence's policy term if A >= 0 or mean_t (e - l) <= delta; KL is never masked."""
+    policy = TokenPolicy(torch.float64, seed=20)
+    params = params_of(policy)
+    tids = TRL_BATCH.order
+    s = policy.scores(tids, entropy=False, reference=True)
+    lp, m = s.logprobs, s.mask.to(s.logprobs.dtype)
+    e = policy.engine(tids, s)
+    adv = _trl_advantages(TRL_BATCH)
+    a = torch.tensor([adv[t] for t in tids], dtype=lp.dtype)[:, None]
+    kl_seq = ((e - lp.detach()) * m).sum(-1, keepdim=True) / m.sum(-1, keepdim=True).clamp(min=1.0)
+    keep = ((a >= 0) | (kl_seq <= delta)).to(lp.dtype)
+    assert bool((keep == 0).any())  # some flagged sequence with a negative advantage really is masked
+    q = s.ref_logprobs
+    ratio = torch.exp(lp - lp.detach())
+    w = _trl_weights("sequence_mask", 3.0, None)(lp.detach(), e, m)
+    per_token = -a * ratio * keep * w + 0.04 * (torch.exp(q - lp) - (q - lp) - 1) * ratio
+    ((per_token * m).sum() / m.sum()).backward()
+    expected = torch.cat([p.grad.reshape(-1) for p in params])
+    for p in params:
+        p.grad = None
+    obj = Objective.preset("trl", kl_coef=0.04, off_policy_mask=delta)
+    assert rel(barrier(policy, obj, TRL_BATCH), expected) <= 1e-12
+    assert rel(synchronous(policy, obj, TRL_BATCH), expected) <= 1e-12
+    for seed in range(4):
+        assert rel(streamed(policy, obj, TRL_BATCH, _random_events(TRL_BATCH, seed), chunk), expected) <= 1e-12

@@ -63,7 +63,7 @@ OBJECTIVES = {
     "trl-batch-drop": Objective.preset("trl", scale="batch", failed="drop", kl_coef=0.05, kl_estimator="k2"),
     "trl-kl-clip-min-overlong": Objective.preset(
         "trl", kl_coef=0.05, is_min=0.5, overlong_filter=True, is_batch_normalize=True,
-        overlong_buffer=2, overlong_max_tokens=4,
+        overlong_buffer=2, overlong_max_tokens=4, off_policy_mask=-1.0,  # -1: every trajectory flagged
     ),
     "verl-rejection": Objective.preset("verl", rs="token_k1,seq_mean_k3", rs_threshold="0.999_1.001,0.01", kl_coef=0.05),
 }

@@ -72,6 +72,8 @@ class GroupSums:
     shift: float = 0.0
     chunks: list[tuple[float, Chunk]] = field(default_factory=list)  # reward-known chunks (reward, chunk)
     direct: int = 0  # contributions already added to the step gradient (early fold or direct path)
+    flagged: set[Hashable] = field(default_factory=set)  # off_policy_mask: members whose A counts only if >= 0
+    flagged_sums: dict[float, torch.Tensor] = field(default_factory=dict)  # their gradients by reward
     r_sum: torch.Tensor | None = None  # dynamic sampling: sum of grad R_i until the group is known informative
     filtered: bool = False  # dynamic sampling: every verdict in and no signal: the group counts nowhere
     final: tuple[Objective, tuple[float, float]] | None = None  # (a_g, b_g) once every verdict is in
@@ -110,7 +112,7 @@ class GroupSums:
 
     @property
     def has_sums(self) -> bool:
-        return self.has_dense_sums or bool(self.chunks)
+        return self.has_dense_sums or bool(self.chunks) or bool(self.flagged_sums)
 
     @property
     def has_dense_sums(self) -> bool:
@@ -192,6 +194,9 @@ class GroupSums:
     def take(self, kind: str, key: object, grads: list | Chunk, store: GradientStore) -> None:
         """One backward job's gradient: into the sum of its reward (``sum``), the group's R sum
         (``sum_r``), or held (``held``, ``held_r``)."""
+        if kind == "sum" and len(key) == 3:  # type: ignore[arg-type]
+            self.add_flagged(store, key[1], grads)  # type: ignore[index]
+            return
         if kind == "sum":
             self.add_known(store, key[1], grads)  # type: ignore[index]
             return
@@ -200,6 +205,23 @@ class GroupSums:
             return
         kept = grads if isinstance(grads, Chunk) else store.flatten(grads)
         (self.held if kind == "held" else self.held_independent)[key] = kept
+
+    def add_flagged(self, store: GradientStore, reward: float, grads: list | torch.Tensor | Chunk) -> None:
+        """A flagged member's reward-known gradient into the flagged sum of its reward (never
+        collapsed: its coefficient max(a r + b, 0) is not affine in r)."""
+        if isinstance(grads, Chunk):
+            grads = grads.dense()
+        buf = self.flagged_sums.get(reward)
+        if isinstance(grads, torch.Tensor):
+            if buf is None:
+                self.flagged_sums[reward] = grads
+            else:
+                store.add_flat(buf, grads)
+                store.release(grads)
+        elif buf is None:
+            self.flagged_sums[reward] = store.flatten(grads)
+        else:
+            store.add_grads(buf, grads)
 
     def add_independent(self, store: GradientStore, grads: list | torch.Tensor | Chunk) -> None:
         """grad R of members (per-parameter, a stored flat buffer or a chunk) into :attr:`r_sum`."""
@@ -225,6 +247,9 @@ class GroupSums:
             final.add_(store.to_device(h), alpha=a * r + b)
         if self.chunks:
             fold_chunks(store.split(final), [c for _, c in self.chunks], [a * r + b for r, _ in self.chunks])
+        for r, h in self.flagged_sums.items():
+            if a * r + b > 0:  # a flagged member with A < 0 trains nothing
+                final.add_(store.to_device(h), alpha=a * r + b)
 
     def record_score(
         self,
@@ -249,7 +274,7 @@ class GroupSums:
         """The closed group's parts, given its coefficients (every verdict known, every kept member scored)."""
         kept = self.kept()
         rewards = self.reward_tensor()
-        objective = sum((a * self.rewards[t] + b) * self.scores[t] for t in kept)
+        objective = sum(self._masked(a * self.rewards[t] + b, t) * self.scores[t] for t in kept)
         independent = sum(self.independent.get(t, 0.0) for t in kept)
         totals = BatchTotals(
             groups=float(bool(kept)),
@@ -266,6 +291,9 @@ class GroupSums:
         stat = GroupStat(group_id, len(kept), mean, std, len(self.dropped))
         return ClosedGroup(objective, independent, totals, stat)
 
+    def _masked(self, advantage: float, trajectory_id: Hashable) -> float:
+        return 0.0 if trajectory_id in self.flagged and advantage < 0 else advantage
+
     def describe_missing(self, group_id: Hashable) -> str:
         no_reward = [t for t in self.members if t not in self.rewards]
         no_logprob = [t for t in self.kept() if t not in self.scores]
@@ -281,8 +309,10 @@ class GroupSums:
             self.g1,
             self.g2,
             self.r_sum,
+            *self.flagged_sums.values(),
         )
         self.r_sum = None
+        self.flagged_sums.clear()
         self.held.clear()
         self.held_independent.clear()
         self.by_reward.clear()

@@ -8,7 +8,8 @@ kind            key                                 gradient goes to
 ==============  ==================================  =========================================
 ``direct``      None                                the step's scaled gradient
 ``direct_r``    None                                the step's gradient of R terms
-``sum``         (group id, reward)                  that group's sum for that reward value
+``sum``         (group id, reward[, True])          that group's sum for that reward value (True:
+                                                    of its flagged members, ``off_policy_mask``)
 ``sum_r``       group id                            that group's R sum (dynamic sampling)
 ``held``        trajectory id                       held apart until the reward lands
 ``held_r``      trajectory id                       held apart until the verdict (R_i)
@@ -109,6 +110,8 @@ def select_terms(terms: TrajectoryTerms, rows: list[int]) -> TrajectoryTerms:
     index = torch.tensor(rows, dtype=torch.long, device=terms.score.device)
     independent = terms.independent[index] if terms.independent is not None else None
     weights = terms.is_weights[index.to(terms.is_weights.device)] if terms.is_weights is not None else None
+    flagged = terms.flagged[index.cpu()] if terms.flagged is not None else None
     return TrajectoryTerms(
-        terms.score[index], independent, terms.tokens[index.to(terms.tokens.device)], terms.on_policy, weights
+        terms.score[index], independent, terms.tokens[index.to(terms.tokens.device)], terms.on_policy, weights,
+        flagged,
     )

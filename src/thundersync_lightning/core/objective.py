@@ -136,6 +136,12 @@ class Objective:
             the batch scale s: each trajectory adds its weights' sum and count to the step's
             counts, and s becomes s / mean (R terms are kept apart from s, as under
             ``scale="batch"``).
+        off_policy_mask: TRL's ``off_policy_mask_threshold`` delta (DeepSeek-V3.2's off-policy
+            sequence mask): a trajectory whose mean over scored tokens of (e - l) exceeds delta
+            (*flagged*) keeps its reward term only where A_i >= 0. The sign of A_i is known when
+            its group closes, so a flagged trajectory's gradient is kept apart, one sum per
+            (group, reward), and folded with max(A, 0): exact in streaming (not with the boundary
+            cut). None: off.
         top_entropy_quantile: train the reward term on the highest-entropy tokens only (TRL
             ``top_entropy_quantile``, "80/20" token selection): a scored token takes part in S_i
             (and in the entropy bonus) when its entropy is at least the (1 - q)-quantile of the
@@ -186,6 +192,7 @@ class Objective:
     is_min: float | None = None
     is_batch_normalize: bool = False
     top_entropy_quantile: float = 1.0
+    off_policy_mask: float | None = None
     rs: str | None = None
     rs_threshold: str | float | None = None
     overlong_filter: bool = False
@@ -234,6 +241,10 @@ class Objective:
             problems.append(f"overlong_penalty must be a finite number >= 0, got {self.overlong_penalty!r}")
         if not (isinstance(self.top_entropy_quantile, (int, float)) and 0 < self.top_entropy_quantile <= 1):
             problems.append(f"top_entropy_quantile must be in (0, 1], got {self.top_entropy_quantile!r}")
+        if self.off_policy_mask is not None and not (
+            isinstance(self.off_policy_mask, (int, float)) and math.isfinite(self.off_policy_mask)
+        ):
+            problems.append(f"off_policy_mask must be None or a finite number, got {self.off_policy_mask!r}")
         if not isinstance(self.is_batch_normalize, bool):
             problems.append(f"is_batch_normalize must be True or False, got {self.is_batch_normalize!r}")
         elif self.is_batch_normalize and self.is_correction == "none":
@@ -286,7 +297,7 @@ class Objective:
     # ------------------------------------------------------------------ what it needs
     @property
     def needs_engine_logprobs(self) -> bool:
-        return self.is_correction != "none" or self.rs is not None
+        return self.is_correction != "none" or self.rs is not None or self.off_policy_mask is not None
 
     @property
     def rejection(self) -> tuple[RejectionOption, ...]:

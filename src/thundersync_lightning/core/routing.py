@@ -3,7 +3,8 @@
 For trajectory i of open group g (notation of :mod:`~thundersync_lightning.core.streaming`):
 
 - every verdict of g known: A_i is known, so A_i S_i goes to the step's gradient (*direct*);
-- its own reward known, others pending: S_i joins the sum of its (group, reward) *bucket*;
+- its own reward known, others pending: S_i joins the sum of its (group, reward) *bucket* (a
+  flagged trajectory, ``off_policy_mask``, a bucket of its own: folded with max(A, 0));
 - its reward pending: grad S_i is *held* apart until the reward arrives;
 - a dropped member (failed verdict, ``failed="drop"``): nothing;
 - R_i goes to the step's gradient at once (one backward with the direct terms; a separate one
@@ -71,9 +72,12 @@ def plan_backward(
             plan.skipped += 1
             continue
         r_term = indep[i] if indep is not None else None
+        flagged = terms.flagged is not None and bool(terms.flagged[i])
         if group.all_rewards_known():
             a, b = group.coefficients(objective)
             adv = a * group.rewards[tid] + b
+            if flagged and adv < 0:
+                adv = 0.0
             if adv != 0.0:
                 plan.direct.append(score[i] * adv)
                 plan.touched.add(i)
@@ -82,7 +86,8 @@ def plan_backward(
         elif group.zero_advantage(objective):
             plan.skipped += r_term is None
         elif tid in group.rewards:
-            plan.buckets.setdefault((gid, group.rewards[tid]), []).append(i)
+            key = (gid, group.rewards[tid], True) if flagged else (gid, group.rewards[tid])
+            plan.buckets.setdefault(key, []).append(i)
         else:
             plan.held.append(i)
         if r_term is not None:

@@ -277,7 +277,9 @@ class StreamingGRPO:
             group.independent.pop(trajectory_id, None)
             release(self._store, held, held_r)
         else:
-            if held is not None:
+            if held is not None and trajectory_id in group.flagged:
+                group.add_flagged(self._store, value, held)
+            elif held is not None:
                 group.add_known(self._store, value, held)
             if held_r is not None and self.filter_groups:
                 group.add_independent(self._store, held_r)  # the step gets it once the group is known kept
@@ -348,6 +350,11 @@ class StreamingGRPO:
             raise InvalidLogprobError(f"add_tokens got {scores.n} scored rows for {len(ids)} trajectory ids")
         if capture is not None and prefix is not None:
             raise ConfigError("add_tokens: a split backward (capture) and a shared prefix cannot be combined")
+        if prefix is not None and self.objective.off_policy_mask is not None:
+            raise ConfigError(
+                "off_policy_mask keeps flagged trajectories' gradients apart until their group's advantages "
+                "are known; the boundary cut sums a group's prompt gradient before that. Turn one of them off"
+            )
         terms = trajectory_terms(self.objective, scores, engine_logprobs, teacher_logprobs)
         self._add(ids, terms, prefix, capture)
 
@@ -405,6 +412,10 @@ class StreamingGRPO:
             grads = [g[:n] for g in grads]
         for i in late:
             self._dropped_closed[ids[i]] = True
+        if terms.flagged is not None:  # before the gradients land: a held one is routed by it
+            for i, (tid, (_, group)) in enumerate(zip(rows, owners)):
+                if bool(terms.flagged[i]):
+                    group.flagged.add(tid)
         self._skipped += len(late) + plan.skipped
         for (kind, key, _), g in zip(jobs, grads):
             if kind in ("direct", "direct_r"):

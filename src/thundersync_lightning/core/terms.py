@@ -111,13 +111,16 @@ class OnPolicyStats:
 @dataclass(frozen=True)
 class TrajectoryTerms:
     """S (n,) and R (n,) or None with graphs; tokens (n,) scored counts; on-policy stats;
-    ``is_weights`` (n, 2): each trajectory's importance-weight sum and count (``is_batch_normalize``)."""
+    ``is_weights`` (n, 2): each trajectory's importance-weight sum and count (``is_batch_normalize``);
+    ``flagged`` (n,) bool: off-policy trajectories whose reward term counts only where A >= 0
+    (``off_policy_mask``)."""
 
     score: Tensor
     independent: Tensor | None
     tokens: Tensor
     on_policy: OnPolicyStats
     is_weights: Tensor | None = None
+    flagged: Tensor | None = None
 
 
 def engine_logprobs(trajectories: Sequence[Trajectory], mask: Tensor, dtype: torch.dtype) -> Tensor | None:
@@ -317,7 +320,11 @@ def trajectory_terms(
             advantage = -(lp.detach() - p) * m  # (n, L): per-token OPD advantage, masked (p is 0 off the mask)
             per_token = per_token + objective.opd_coef * advantage * lp
         independent = k * (per_token * m).sum(-1)
-    return TrajectoryTerms(score, independent, tokens.detach(), stats, is_weights)
+    flagged = None
+    if objective.off_policy_mask is not None:
+        assert log_ratio is not None  # mean (e - l) over the trained tokens (TRL: its loss mask)
+        flagged = ((-log_ratio * m).sum(-1) / tokens.clamp_min(1.0) > objective.off_policy_mask).cpu()
+    return TrajectoryTerms(score, independent, tokens.detach(), stats, is_weights, flagged)
 
 
 def reference_loss(
@@ -355,6 +362,8 @@ def reference_loss(
     adv = torch.zeros(n, dtype=torch.float64)
     for members in by_group.values():
         adv[members] = objective.advantages(torch.tensor([float(rewards[i]) for i in members]), s)
+    if terms.flagged is not None:  # off_policy_mask: a flagged trajectory keeps A >= 0 only
+        adv = torch.where(terms.flagged.to(torch.bool) & (adv < 0), torch.zeros_like(adv), adv)
     weight = torch.tensor(keep, dtype=torch.float64)
     score = terms.score
     total = (adv.to(score.device, score.dtype) * score).sum()

@@ -235,3 +235,10 @@ def test_token_cap_and_padding_inputs_are_validated():
     with pytest.raises(ConfigError, match=r"max_batch_tokens must be >= 1 or None.*score_max_padding must.*"
                                           r"score_forward_tokens must"):
         inputs(max_batch_tokens=0, score_max_padding=-1.0, score_forward_tokens=-1)
+
+
+def test_extra_buffers_per_open_group_are_planned_in_streaming_only():
+    plan = plan_memory(inputs(max_open_groups=2, max_held_trajectories=3, group_extra_buffers=3))
+    assert plan.row("group sums").device == (2 + 3) * 2 * 4 * P  # dynamic sampling's R sum + flagged sums
+    assert "5 x 2 open groups" in plan.table()
+    assert plan_memory(inputs(mode="sync", group_extra_buffers=3)).row("group sums").total == 0

@@ -10,7 +10,9 @@ O the open groups and H the held (reward-pending) trajectories of a rank at once
     reference copy   P e                       (kl_coef != 0 without LoRA: a frozen full copy)
     gradients        P_t e                     (fsdp2: / N)
     optimizer state  S P_t e                   (torch keeps it in the weights' dtype; zero1, fsdp2: / N)
-    group sums       2 O P_t a                 (two running sums per open group; 0 in sync mode)
+    group sums       (2 + X) O P_t a           (two running sums per open group; 0 in sync mode; X
+                                               more per group: dynamic sampling's R sum, the flagged
+                                               sums of off_policy_mask, planned at G)
     held gradients   H P_t a                   (one per reward-pending trajectory; 0 in sync mode;
                                                2 H P_t a when failed="drop" keeps R_i apart too)
     step gradient    P_t a                     (the folded gradient; a second under scale="batch"
@@ -112,6 +114,8 @@ class PlanInputs:
         reference: a frozen full copy of the weights for the KL term (kl_coef != 0 without LoRA).
         entropy: the objective has an entropy term (more logits activations).
         independent_buffer: a second step gradient (scale="batch" with KL/entropy/OPD terms).
+        group_extra_buffers: X, parameter-sized buffers per open group beyond the two sums (dynamic
+            sampling with R terms: 1; ``off_policy_mask``: up to one per distinct reward, G).
         held_independent: a held trajectory also holds its reward-independent gradient
             (``failed="drop"`` with KL/entropy/OPD terms: it is dropped with a failed verdict).
         teacher_params, teacher_on_device: an OPD teacher held by a rollout engine (0: none).
@@ -147,6 +151,7 @@ class PlanInputs:
     entropy: bool = False
     independent_buffer: bool = False
     held_independent: bool = False
+    group_extra_buffers: int = 0
     teacher_params: int = 0
     teacher_on_device: bool = False
     engine_device_fraction: float = 0.0
@@ -343,12 +348,14 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
         at("optimizer state", states * pt * e / shard,
            f"{states} x P_t e ({i.optimizer})" + (f" / {n} ({i.sharding})" if shard > 1 else "")),
     ]
-    sums = 2 * i.open_groups * pt * a if streaming else 0
+    per_group = 2 + i.group_extra_buffers
+    sums = per_group * i.open_groups * pt * a if streaming else 0
     per_held = 2 if i.held_independent else 1
     held = per_held * i.held_trajectories * pt * a if streaming else 0
     sync_note = "sync mode: every reward is known when scored"
     rows += [
-        at("group sums", sums, f"2 x {i.open_groups} open groups x P_t a" if streaming else sync_note, offload_where),
+        at("group sums", sums, f"{per_group} x {i.open_groups} open groups x P_t a" if streaming else sync_note,
+           offload_where),
         at("held gradients", held,
            f"{i.held_trajectories} held x {per_held} x P_t a" if streaming else sync_note, offload_where),
         at("step gradient", (2 if i.independent_buffer else 1) * pt * a,

@@ -125,7 +125,8 @@ def plan_inputs(
         mode=strategy.get("mode", "streaming"),
         max_open_groups=strategy.get("max_open_groups"),
         max_held_trajectories=strategy.get("max_held_trajectories"),
-        groups_per_step=int(data.get("groups_per_step", 16)),
+        groups_per_step=int(data.get("groups_per_step", 16))  # with dynamic sampling's reserve: the most a step opens
+        + (int(data.get("max_extra_groups") or data.get("groups_per_step", 16)) if data.get("dynamic_sampling") else 0),
         group_size=int(data.get("group_size", 8)),
         max_tokens_per_trajectory=min(known) if known else DEFAULT_MAX_TOKENS,
         tokens_bounded=bounded,
@@ -138,6 +139,8 @@ def plan_inputs(
         entropy=objective.needs_entropy,
         independent_buffer=objective.scales_at_barrier and objective.has_independent_terms,
         held_independent=objective.failed == "drop" and objective.has_independent_terms,
+        group_extra_buffers=int(bool(data.get("dynamic_sampling")) and objective.has_independent_terms)
+        + (int(data.get("group_size", 8)) if objective.off_policy_mask is not None else 0),
         teacher_params=model.total_params if teacher else 0,  # planned at the policy's size
         teacher_on_device=on_device,
         engine_device_fraction=engine_fraction,
@@ -188,7 +191,10 @@ def fit_plan(trainer: Any, strategy: Any) -> MemoryPlan:
             accelerator="gpu" if strategy.root_device.type == "cuda" else "cpu",
             world_size=strategy.num_nodes * strategy.num_processes,
             strategy={"sharding": "none", **_settings(strategy, STRATEGY_KEYS)},
-            data={**_settings(data, ("groups_per_step", "group_size")), "max_episode_tokens": _episode_bound(data)},
+            data={
+                **_settings(data, ("groups_per_step", "group_size", "dynamic_sampling", "max_extra_groups")),
+                "max_episode_tokens": _episode_bound(data),
+            },
             engine=_settings(getattr(data, "engine_factory", None)),
             optimizer=_module_optimizer(module),
             reference=getattr(module, "reference", None) is not None,

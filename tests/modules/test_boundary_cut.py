@@ -56,10 +56,10 @@ def _group(gid: str, size: int, seed: int) -> tuple[list[Trajectory], dict[str, 
     return out, rewards
 
 
-def _gradient(policy: GRPOPolicy, groups, rewards, cut: bool, seed: int) -> torch.Tensor:
+def _gradient(policy: GRPOPolicy, groups, rewards, cut: bool, seed: int, filter_groups: bool = False) -> torch.Tensor:
     obj = policy.objective
     params = [p for p in policy.parameters() if p.requires_grad]
-    acc = StreamingGRPO(params, objective=obj)
+    acc = StreamingGRPO(params, objective=obj, filter_groups=filter_groups)
     events = []
     for gid, members in groups.items():
         acc.open_group(gid, [t.trajectory_id for t in members])
@@ -102,6 +102,20 @@ def test_the_cut_gradient_equals_the_uncut_one_in_fp64(objective):
     for seed in (2,):
         cut = _gradient(policy, groups, rewards, cut=True, seed=seed)
         assert float((cut - uncut).norm() / uncut.norm()) <= 1e-10
+
+
+def test_dynamic_sampling_drops_a_filtered_groups_prompt_leaves_with_the_cut():
+    policy = _policy("float64", OBJECTIVES[1])  # KL and entropy: R terms reach the prompt's leaves too
+    groups, rewards = {}, {}
+    for g in range(3):
+        members, r = _group(f"g{g}", 4, seed=g)
+        groups[f"g{g}"], rewards = members, {**rewards, **r}
+    rewards.update({t.trajectory_id: 1.0 for t in groups["g1"]})  # g1 carries no signal
+    kept = {g: m for g, m in groups.items() if g != "g1"}
+    expected = _gradient(policy, kept, rewards, cut=False, seed=1)
+    for cut in (False, True):
+        got = _gradient(policy, groups, rewards, cut=cut, seed=3, filter_groups=True)
+        assert float((got - expected).norm() / expected.norm()) <= 1e-10
 
 
 def test_the_cut_gradient_equals_the_uncut_one_in_fp32_with_lora():

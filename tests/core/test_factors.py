@@ -130,7 +130,7 @@ def run(
         batch = [t for t in batch if acc.needs_score(t)]
         if batch:
             acc.add_tokens(batch, scores(model, batch, capture, objective.needs_reference), capture=capture)
-        kept = [h for grp in acc._groups.values() for h in (*grp.held.values(), *grp.held_independent.values())]
+        kept = [h for grp in acc._groups.values() for h in (*grp.held.values(), *grp.held_regulariser.values())]
         kept += [c for grp in acc._groups.values() for _, c in grp.chunks]
         kinds = (TiedFactors,) if tied else (LinearFactors,)
         chunked.append(sum(isinstance(c, Chunk) and any(isinstance(p, kinds) for p in c.parts) for c in kept))
@@ -180,7 +180,7 @@ def test_a_parameter_with_both_kinds_of_factors_keeps_both_or_with_a_dense_part_
     assert torch.allclose(tied.dense()[0], expected - dense, rtol=0, atol=1e-12)
 
 
-def test_held_reward_independent_chunks_join_the_step_or_vanish_with_a_dropped_member(monkeypatch):
+def test_held_regulariser_chunks_join_the_step_or_vanish_with_a_dropped_member(monkeypatch):
     from thundersync_lightning.core import group as group_module
 
     taken = []
@@ -195,7 +195,7 @@ def test_held_reward_independent_chunks_join_the_step_or_vanish_with_a_dropped_m
     reference, _, _ = run("held", split=False, objective=objective, failed=["t0-1", "t1-2"])
     got, _, chunked = run("held", split=True, objective=objective, failed=["t0-1", "t1-2"])
     assert close(got, reference) and max(chunked) > 0
-    assert ("held_r", True) in taken and ("held", True) in taken  # both kinds were kept as chunks
+    assert ("regulariser_held", True) in taken and ("held", True) in taken  # both kinds were kept as chunks
 
 
 def test_chunks_spill_into_dense_sums_when_they_would_outweigh_them(monkeypatch):

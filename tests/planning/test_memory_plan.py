@@ -65,8 +65,8 @@ def test_offload_moves_sums_and_held_gradients_to_the_host_and_adds_device_stagi
     assert cpu.pageable_host_bytes == moved and cpu.pinned_host_bytes == 0
 
 
-def test_a_held_trajectory_holds_two_gradients_when_failed_ones_are_dropped_with_independent_terms():
-    one, two = plan_memory(inputs(max_held_trajectories=3)), plan_memory(inputs(max_held_trajectories=3, held_independent=True))
+def test_a_held_trajectory_holds_two_gradients_when_failed_ones_are_dropped_with_regulariser_terms():
+    one, two = plan_memory(inputs(max_held_trajectories=3)), plan_memory(inputs(max_held_trajectories=3, held_regulariser=True))
     assert one.row("held gradients").total == 3 * 4 * P
     assert two.row("held gradients").total == 2 * 3 * 4 * P
     assert plan_memory(inputs(max_held_trajectories=0)).row("held gradients").total == 0  # 0: never hold

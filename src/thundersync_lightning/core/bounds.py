@@ -2,7 +2,7 @@
 
 Per open group the accumulator keeps up to two parameter-sized sums; per trajectory
 backpropagated before its reward one more parameter-sized gradient is *held* (two under
-``failed="drop"`` with reward-independent terms: grad S_i and grad R_i) until the reward lands.
+``failed="drop"`` with regulariser terms: grad S_i and grad R_i) until the reward lands.
 With P parameters in a dtype of b bytes, K open groups and H held trajectories the sums and held
 gradients take at most
 

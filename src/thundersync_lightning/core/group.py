@@ -9,7 +9,7 @@ trajectory). A third distinct value collapses them into
 with c one of the group's rewards, so that the fold a_g G1 + (a_g c + b_g) G2 does not suffer the
 cancellation a_g sum r_i g + b_g sum g has when rewards share a large offset. A gradient whose
 reward is not yet known is held apart until it is (and, when failed rollouts are dropped, so is the
-gradient of its reward-independent term R_i). A *dropped* member (failed verdict, ``failed="drop"``)
+gradient of its regulariser term R_i). A *dropped* member (failed verdict, ``failed="drop"``)
 leaves the group: its held gradients are freed and it counts nowhere.
 
 A split backward may deliver a gradient as a :class:`~thundersync_lightning.core.factors.Chunk`
@@ -48,7 +48,7 @@ class ClosedGroup:
     """What a complete group adds to the step's objective parts, counts and report."""
 
     objective: float  # sum_i A'_i S_i over kept members (before the batch scale s)
-    independent: float  # sum_i R_i over kept members
+    regulariser: float  # sum_i R_i over kept members
     totals: BatchTotals
     stat: GroupStat
 
@@ -59,8 +59,8 @@ class GroupSums:
     rewards: dict[Hashable, float] = field(default_factory=dict)
     scores: dict[Hashable, float] = field(default_factory=dict)  # S_i values, for the objective
     held: dict[Hashable, torch.Tensor | Chunk] = field(default_factory=dict)  # grads awaiting their reward
-    held_independent: dict[Hashable, torch.Tensor | Chunk] = field(default_factory=dict)  # grad R_i awaiting its verdict
-    independent: dict[Hashable, float] = field(default_factory=dict)  # R_i values, for the objective
+    held_regulariser: dict[Hashable, torch.Tensor | Chunk] = field(default_factory=dict)  # grad R_i awaiting its verdict
+    regulariser: dict[Hashable, float] = field(default_factory=dict)  # R_i values, for the objective
     tokens: dict[Hashable, float] = field(default_factory=dict)  # scored-token counts
     dropped: set[Hashable] = field(default_factory=set)  # failed members removed from the group
     scored_dropped: set[Hashable] = field(default_factory=set)  # dropped members whose content came
@@ -115,11 +115,11 @@ class GroupSums:
 
     def usage(self, buffer_bytes: int) -> GroupUsage:
         """What the group holds now; a flat buffer takes ``buffer_bytes``, a chunk its own bytes."""
-        held = (*self.held.values(), *self.held_independent.values())
+        held = (*self.held.values(), *self.held_regulariser.values())
         held_bytes = sum(h.nbytes if isinstance(h, Chunk) else buffer_bytes for h in held)
         side = sum(h.nbytes for h in held if isinstance(h, Chunk)) + sum(c.nbytes for _, c in self.chunks)
         side += self.leaves.nbytes if self.leaves is not None else 0
-        return GroupUsage(len(self.held.keys() | self.held_independent.keys()), held_bytes, side)
+        return GroupUsage(len(self.held.keys() | self.held_regulariser.keys()), held_bytes, side)
 
     def add_known(self, store: GradientStore, reward: float, grads: list | torch.Tensor | Chunk) -> None:
         """A reward-known gradient (per-parameter ``grads``, a stored flat buffer or a chunk) into
@@ -187,12 +187,12 @@ class GroupSums:
         self.g1, self.g2, self.shift = g1, g2, c
 
     def take(self, kind: str, key: object, grads: list | Chunk, store: GradientStore) -> None:
-        """One backward job's gradient: into the sum of its reward (``sum``), or held (``held``, ``held_r``)."""
+        """One backward job's gradient: into the sum of its reward (``sum``), or held (``held``, ``regulariser_held``)."""
         if kind == "sum":
             self.add_known(store, key[1], grads)  # type: ignore[index]
             return
         kept = grads if isinstance(grads, Chunk) else store.flatten(grads)
-        (self.held if kind == "held" else self.held_independent)[key] = kept
+        (self.held if kind == "held" else self.held_regulariser)[key] = kept
 
     def fold_into(self, final: torch.Tensor, store: GradientStore, a: float, b: float) -> None:
         """``final += sum_i (a r_i + b) grad S_i`` from the sums (the caller then drops them)."""
@@ -204,22 +204,22 @@ class GroupSums:
         if self.chunks:
             fold_chunks(store.split(final), [c for _, c in self.chunks], [a * r + b for r, _ in self.chunks])
 
-    def record_score(self, trajectory_id: Hashable, score: float, tokens: float, independent: float | None) -> None:
+    def record_score(self, trajectory_id: Hashable, score: float, tokens: float, regulariser: float | None) -> None:
         """A member's S_i (and R_i) value and scored-token count; a dropped member is only marked scored."""
         if trajectory_id in self.dropped:
             self.scored_dropped.add(trajectory_id)
             return
         self.scores[trajectory_id] = score
         self.tokens[trajectory_id] = tokens
-        if independent is not None:
-            self.independent[trajectory_id] = independent
+        if regulariser is not None:
+            self.regulariser[trajectory_id] = regulariser
 
     def close(self, group_id: Hashable, a: float, b: float) -> ClosedGroup:
         """The closed group's parts, given its coefficients (every verdict known, every kept member scored)."""
         kept = self.kept()
         rewards = self.reward_tensor()
         objective = sum((a * self.rewards[t] + b) * self.scores[t] for t in kept)
-        independent = sum(self.independent.get(t, 0.0) for t in kept)
+        regulariser = sum(self.regulariser.get(t, 0.0) for t in kept)
         totals = BatchTotals(
             groups=float(bool(kept)),
             sequences=float(len(kept)),
@@ -231,7 +231,7 @@ class GroupSums:
         mean = float(rewards.mean()) if kept else 0.0
         std = float(rewards.std(correction=0)) if kept else 0.0
         stat = GroupStat(group_id, len(kept), mean, std, len(self.dropped))
-        return ClosedGroup(objective, independent, totals, stat)
+        return ClosedGroup(objective, regulariser, totals, stat)
 
     def describe_missing(self, group_id: Hashable) -> str:
         no_reward = [t for t in self.members if t not in self.rewards]
@@ -240,9 +240,9 @@ class GroupSums:
 
     def drop(self, store: GradientStore) -> None:
         """Free every buffer of the group (held gradients, sums and chunks)."""
-        release(store, *self.held.values(), *self.held_independent.values(), *self.by_reward.values(), self.g1, self.g2)
+        release(store, *self.held.values(), *self.held_regulariser.values(), *self.by_reward.values(), self.g1, self.g2)
         self.held.clear()
-        self.held_independent.clear()
+        self.held_regulariser.clear()
         self.by_reward.clear()
         self.chunks.clear()
         self.g1 = self.g2 = None

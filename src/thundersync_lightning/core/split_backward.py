@@ -181,7 +181,7 @@ def split_gradients(
         return run_jobs(label, jobs, params), len(jobs)
     if not capture.records:
         raise InvalidLogprobError("split_gradients: nothing was recorded; score the batch inside `with capture:`")
-    parts = [terms.score] + ([terms.independent] if terms.independent is not None else [])
+    parts = [terms.score] + ([terms.regulariser] if terms.regulariser is not None else [])
     n = terms.score.shape[0]
     weights = _job_weights(jobs, parts)  # (J, parts, n)
     feeds: list[list[int]] = [[] for _ in range(n)]  # the jobs each row feeds

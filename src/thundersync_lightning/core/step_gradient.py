@@ -4,7 +4,7 @@ Notation of :mod:`~thundersync_lightning.core.streaming`. Two flat buffers in th
 dtype, each allocated on first use:
 
 - ``scaled``: the batch scale s multiplies it at the barrier (advantage-weighted terms, folded
-  groups, and the reward-independent grad R_i unless ``scale="batch"``);
+  groups, and the regulariser gradient grad R_i unless ``scale="batch"``);
 - ``unscaled``: grad R_i under ``scale="batch"``, which s must not touch.
 
 At the barrier ``g = s * scaled + unscaled`` and ``.grad += -(1/D) g``, cast to each parameter's

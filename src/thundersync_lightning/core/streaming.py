@@ -1,7 +1,7 @@
 """Exact streaming GRPO gradients: backpropagate each trajectory the moment it lands.
 
 Notation (see :mod:`~thundersync_lightning.core.objective`): group g has trajectories i with
-reward-weighted score S_i and reward-independent term R_i (KL, entropy, OPD), scalars with an autograd
+reward-weighted score S_i and regulariser term R_i (KL, entropy, OPD; no reward in it), scalars with an autograd
 graph to the parameters theta; A_i = (a_g r_i + b_g) s; D the global normaliser.
 
     L = -(1/D) sum_i (A_i S_i + R_i)
@@ -52,7 +52,7 @@ from .jobs import jobs_of, prefix_backward, run_jobs, select_terms
 from .objective import BatchTotals, Objective
 from .prefix import LeafSums, SharedPrefix
 from .report import GroupStat, StreamingReport
-from .routing import check_prefix, plan_backward
+from .routing import check_prefix, route
 from .split_backward import RowCapture, split_gradients
 from .step_gradient import StepGradient
 from .storage import ByteUsage, GradientStore, Offload
@@ -125,7 +125,7 @@ class StreamingGRPO:
         self._folded: list[GroupStat] = []
         self._aborted = 0
         self._objective = 0.0
-        self._independent = 0.0
+        self._regulariser = 0.0
         self._totals = BatchTotals()
         self._on_policy = OnPolicyStats()
         self._backward = 0
@@ -186,7 +186,7 @@ class StreamingGRPO:
 
     def objective_parts(self) -> tuple[float, float]:
         """(sum_i A'_i S_i, sum_i R_i) over the groups closed so far (sum them over ranks)."""
-        return self._objective, self._independent
+        return self._objective, self._regulariser
 
     def needs_score(self, trajectory_id: Hashable) -> bool:
         """False for a trajectory already dropped (failed verdict, ``failed="drop"``): skip its forward."""
@@ -246,22 +246,22 @@ class StreamingGRPO:
             raise DuplicateEventError(f"trajectory {trajectory_id!r} already has a reward")
         group.rewards[trajectory_id] = value
         held = group.held.pop(trajectory_id, None)
-        held_r = group.held_independent.pop(trajectory_id, None)
+        held_reg = group.held_regulariser.pop(trajectory_id, None)
         dropping = failed and self.objective.failed == "drop"
         if group.leaves is not None:
-            group.leaves.on_reward(trajectory_id, value, dropping, self._independent_apart)
+            group.leaves.on_reward(trajectory_id, value, dropping, self._regulariser_apart)
         if dropping:
             group.dropped.add(trajectory_id)
             if trajectory_id in group.scores:
                 group.scored_dropped.add(trajectory_id)
             group.scores.pop(trajectory_id, None)
-            group.independent.pop(trajectory_id, None)
-            release(self._store, held, held_r)
+            group.regulariser.pop(trajectory_id, None)
+            release(self._store, held, held_reg)
         else:
             if held is not None:
                 group.add_known(self._store, value, held)
-            if held_r is not None:
-                self._step.add_flat(self._step_buffer("direct_r"), held_r)
+            if held_reg is not None:
+                self._step.add_flat(self._step_buffer("regulariser_now"), held_reg)
                 group.direct += 1
         if group.all_rewards_known():
             self._fold_buffers(group)  # a_g, b_g are known now: free the sums early
@@ -329,7 +329,7 @@ class StreamingGRPO:
         self._add(ids, terms, prefix, capture)
 
     @property
-    def _independent_apart(self) -> bool:
+    def _regulariser_apart(self) -> bool:
         """grad R_i is kept out of the s-scaled sums (only under ``scale="batch"``)."""
         return self.objective.scale == "batch"
 
@@ -351,16 +351,16 @@ class StreamingGRPO:
         if late:
             terms = select_terms(terms, keep)
         owners = [self._group_of(tid) for tid in rows]
-        plan = plan_backward(self.objective, rows, owners, terms)
-        self._bounds.check_held(rows[i] for i in plan.held + plan.held_independent)
+        routing = route(self.objective, rows, owners, terms)
+        self._bounds.check_held(rows[i] for i in routing.held + routing.held_regulariser)
         if prefix is not None:
             check_prefix(owners, prefix)
         inputs = list(self._params) + (list(prefix.leaves) if prefix is not None else [])
-        jobs = jobs_of(plan, rows, terms)
+        jobs = jobs_of(routing, rows, terms)
         label = rows[0] if len(rows) == 1 else f"{len(rows)} trajectories"
         # on the device, a destination whose coefficient is still unknown keeps factors (module factors)
         factors = self.factor_sums and self._store.on_device
-        factor = [factors and kind in ("sum", "held", "held_r") for kind, _, _ in jobs]
+        factor = [factors and kind in ("sum", "held", "regulariser_held") for kind, _, _ in jobs]
         try:
             if capture is not None and (len(jobs) > 1 or any(factor)):
                 grads, passes = split_gradients(capture, label, jobs, terms, inputs, keep, factor)
@@ -377,21 +377,21 @@ class StreamingGRPO:
             leaves = group.leaves = group.leaves or LeafSums(prefix)
             n = len(self._params)
             for (kind, key, _), g in zip(jobs, grads):
-                leaves.add(kind, key, prefix.flatten(g[n:]), self._independent_apart)
+                leaves.add(kind, key, prefix.flatten(g[n:]), self._regulariser_apart)
             grads = [g[:n] for g in grads]
         for i in late:
             self._dropped_closed[ids[i]] = True
-        self._skipped += len(late) + plan.skipped
+        self._skipped += len(late) + routing.skipped
         for (kind, key, _), g in zip(jobs, grads):
-            if kind in ("direct", "direct_r"):
+            if kind in ("direct", "regulariser_now"):
                 self._step.add_grads(self._step_buffer(kind), g)
             else:
                 self._groups[key[0] if kind == "sum" else self._owner[key]].take(kind, key, g, self._store)
-        for i in plan.touched:
+        for i in routing.touched:
             owners[i][1].direct += 1
         for i, (tid, (_, group)) in enumerate(zip(rows, owners)):
-            independent = plan.independent[i] if plan.independent is not None else None
-            group.record_score(tid, plan.scores[i], float(terms.tokens[i]), independent)
+            regulariser = routing.regulariser[i] if routing.regulariser is not None else None
+            group.record_score(tid, routing.scores[i], float(terms.tokens[i]), regulariser)
         self._on_policy = self._on_policy + terms.on_policy
         touched = list({id(g): (gid, g) for gid, g in owners}.values())
         for gid, group in touched:
@@ -450,7 +450,7 @@ class StreamingGRPO:
             peak_bytes=self._store.peak(),
             backward_passes=self._backward,
             skipped_backward_passes=self._skipped,
-            independent=self._independent,
+            regulariser=self._regulariser,
             denominator=d,
             batch_scale=s,
             totals=self._totals,
@@ -465,8 +465,8 @@ class StreamingGRPO:
 
     # ------------------------------------------------------------------ internals
     def _step_buffer(self, kind: str) -> torch.Tensor:
-        """The step buffer of a ``direct`` job or of R terms (``direct_r``: their own when s is deferred)."""
-        return self._step.unscaled() if kind == "direct_r" and self._independent_apart else self._step.scaled()
+        """The step buffer of a ``direct`` job or of R terms (``regulariser_now``: their own when s is deferred)."""
+        return self._step.unscaled() if kind == "regulariser_now" and self._regulariser_apart else self._step.scaled()
 
     def _fold_buffers(self, group: GroupSums) -> None:
         """All verdicts known: a_g, b_g are fixed, so move the group's sums into the step's gradient."""
@@ -487,7 +487,7 @@ class StreamingGRPO:
             group.leaves = None
         closed = group.close(gid, a, b)
         self._objective += closed.objective
-        self._independent += closed.independent
+        self._regulariser += closed.regulariser
         self._totals = self._totals + closed.totals
         del self._groups[gid]
         for t in group.dropped:

@@ -103,7 +103,7 @@ class TrajectoryTerms:
     """S (n,) and R (n,) or None with graphs; tokens (n,) scored counts; on-policy stats."""
 
     score: Tensor
-    independent: Tensor | None
+    regulariser: Tensor | None
     tokens: Tensor
     on_policy: OnPolicyStats
 
@@ -209,8 +209,8 @@ def trajectory_terms(
     else:
         weighted = lp
     score = k * (weighted * m).sum(-1)
-    independent = None
-    if objective.has_independent_terms:
+    regulariser = None
+    if objective.has_regulariser_terms:
         per_token = torch.zeros_like(lp)
         if objective.needs_entropy:
             if scores.entropy is None:
@@ -229,8 +229,8 @@ def trajectory_terms(
             p = teacher.to(device=lp.device, dtype=lp.dtype)
             advantage = -(lp.detach() - p) * m  # (n, L): per-token OPD advantage, masked (p is 0 off the mask)
             per_token = per_token + objective.opd_coef * advantage * lp
-        independent = k * (per_token * m).sum(-1)
-    return TrajectoryTerms(score, independent, tokens.detach(), stats)
+        regulariser = k * (per_token * m).sum(-1)
+    return TrajectoryTerms(score, regulariser, tokens.detach(), stats)
 
 
 def reference_loss(
@@ -268,7 +268,7 @@ def reference_loss(
     weight = torch.tensor(keep, dtype=torch.float64)
     score = terms.score
     total = (adv.to(score.device, score.dtype) * score).sum()
-    if terms.independent is not None:
-        total = total + (weight.to(score.device, score.dtype) * terms.independent).sum()
+    if terms.regulariser is not None:
+        total = total + (weight.to(score.device, score.dtype) * terms.regulariser).sum()
     d = objective.denominator(totals)
     return -total / d if d > 0 and math.isfinite(d) else total * 0.0

@@ -14,7 +14,7 @@ O the open groups and H the held (reward-pending) trajectories of a rank at once
     held gradients   H P_t a                   (one per reward-pending trajectory; 0 in sync mode;
                                                2 H P_t a when failed="drop" keeps R_i apart too)
     step gradient    P_t a                     (the folded gradient; a second under scale="batch"
-                                                with reward-independent terms)
+                                                with regulariser terms)
     staging          2 P_t a                   (offload on a GPU: double-buffered device copies)
     landing          2 P_t a                   (pinned offload: the host buffers copies land in)
     backward         D P_t e                   (autograd results before they are added: D = 1, or
@@ -111,8 +111,8 @@ class PlanInputs:
         boundary_cut: a group's prompt graph and leaf sums stay alive while the group is open.
         reference: a frozen full copy of the weights for the KL term (kl_coef != 0 without LoRA).
         entropy: the objective has an entropy term (more logits activations).
-        independent_buffer: a second step gradient (scale="batch" with KL/entropy/OPD terms).
-        held_independent: a held trajectory also holds its reward-independent gradient
+        regulariser_buffer: a second step gradient (scale="batch" with KL/entropy/OPD terms).
+        held_regulariser: a held trajectory also holds its regulariser gradient
             (``failed="drop"`` with KL/entropy/OPD terms: it is dropped with a failed verdict).
         teacher_params, teacher_on_device: an OPD teacher held by a rollout engine (0: none).
         engine_device_fraction: the share of the device a colocated engine reserves (vLLM's
@@ -145,8 +145,8 @@ class PlanInputs:
     boundary_cut: bool = False
     reference: bool = False
     entropy: bool = False
-    independent_buffer: bool = False
-    held_independent: bool = False
+    regulariser_buffer: bool = False
+    held_regulariser: bool = False
     teacher_params: int = 0
     teacher_on_device: bool = False
     engine_device_fraction: float = 0.0
@@ -344,15 +344,15 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
            f"{states} x P_t e ({i.optimizer})" + (f" / {n} ({i.sharding})" if shard > 1 else "")),
     ]
     sums = 2 * i.open_groups * pt * a if streaming else 0
-    per_held = 2 if i.held_independent else 1
+    per_held = 2 if i.held_regulariser else 1
     held = per_held * i.held_trajectories * pt * a if streaming else 0
     sync_note = "sync mode: every reward is known when scored"
     rows += [
         at("group sums", sums, f"2 x {i.open_groups} open groups x P_t a" if streaming else sync_note, offload_where),
         at("held gradients", held,
            f"{i.held_trajectories} held x {per_held} x P_t a" if streaming else sync_note, offload_where),
-        at("step gradient", (2 if i.independent_buffer else 1) * pt * a,
-           "2 x P_t a (scale=batch keeps R apart)" if i.independent_buffer else "P_t a"),
+        at("step gradient", (2 if i.regulariser_buffer else 1) * pt * a,
+           "2 x P_t a (scale=batch keeps R apart)" if i.regulariser_buffer else "P_t a"),
     ]
     if i.offload != "none" and i.accelerator == "gpu" and streaming:
         rows.append(at("staging", 2 * pt * a, "2 x P_t a: double-buffered copies to and from the host"))

@@ -136,8 +136,8 @@ def plan_inputs(
         boundary_cut=bool(strategy.get("boundary_cut", False)),
         reference=(objective.needs_reference and not model.lora) if reference is None else reference,
         entropy=objective.needs_entropy,
-        independent_buffer=objective.scale == "batch" and objective.has_independent_terms,
-        held_independent=objective.failed == "drop" and objective.has_independent_terms,
+        regulariser_buffer=objective.scale == "batch" and objective.has_regulariser_terms,
+        held_regulariser=objective.failed == "drop" and objective.has_regulariser_terms,
         teacher_params=model.total_params if teacher else 0,  # planned at the policy's size
         teacher_on_device=on_device,
         engine_device_fraction=engine_fraction,

@@ -12,12 +12,13 @@ reward is not yet known is held apart until it is (and, when failed rollouts are
 gradient of its regulariser term R_i). A *dropped* member (failed verdict, ``failed="drop"``)
 leaves the group: its held gradients are freed and it counts nowhere.
 
-A split backward may deliver a gradient as a :class:`~thundersync_lightning.core.factors.Chunk`
-(factors formed at the fold). Reward-known chunks are kept, one per delivery, while they take no
-more bytes than the dense sums they stand for (one buffer per distinct reward, at most two) and
-the group has no dense sum; otherwise they are formed into the dense sums (*spilled*). A held
-gradient may be a chunk too (never more bytes than a buffer). So a group never takes more bytes
-than it would with dense gradients alone.
+A backward backend may deliver a gradient as a
+:class:`~thundersync_lightning.core.deferred.DeferredGradient` (formed at the fold). Reward-known
+deferred gradients are kept, one per delivery, while they take no more bytes than the dense sums
+they stand for (one buffer per distinct reward, at most two) and the group has no dense sum;
+otherwise they are formed into the dense sums (*spilled*). A held gradient may be deferred too
+(never more bytes than a buffer). So a group never takes more bytes than it would with dense
+gradients alone.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-from .factors import Chunk, fold_chunks
+from .deferred import DeferredGradient, fold_deferred
 from .objective import BatchTotals, Objective
 from .prefix import LeafSums
 from .report import GroupStat
@@ -40,7 +41,7 @@ __all__ = ["GroupSums", "GroupUsage", "ClosedGroup"]
 class GroupUsage(NamedTuple):
     held: int  # trajectories holding a gradient until their reward (or verdict)
     held_bytes: int  # of those held gradients
-    side_bytes: int  # outside the store's flat buffers: chunks and boundary-cut leaf sums
+    side_bytes: int  # outside the store's flat buffers: deferred gradients and boundary-cut leaf sums
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +59,8 @@ class GroupSums:
     members: tuple[Hashable, ...]
     rewards: dict[Hashable, float] = field(default_factory=dict)
     scores: dict[Hashable, float] = field(default_factory=dict)  # S_i values, for the objective
-    held: dict[Hashable, torch.Tensor | Chunk] = field(default_factory=dict)  # grads awaiting their reward
-    held_regulariser: dict[Hashable, torch.Tensor | Chunk] = field(default_factory=dict)  # grad R_i awaiting its verdict
+    held: dict[Hashable, torch.Tensor | DeferredGradient] = field(default_factory=dict)  # grads awaiting their reward
+    held_regulariser: dict[Hashable, torch.Tensor | DeferredGradient] = field(default_factory=dict)  # grad R_i awaiting its verdict
     regulariser: dict[Hashable, float] = field(default_factory=dict)  # R_i values, for the objective
     tokens: dict[Hashable, float] = field(default_factory=dict)  # scored-token counts
     dropped: set[Hashable] = field(default_factory=set)  # failed members removed from the group
@@ -69,7 +70,7 @@ class GroupSums:
     g1: torch.Tensor | None = None  # sum (r_i - shift) grad S_i, after collapse
     g2: torch.Tensor | None = None  # sum grad S_i, after collapse
     shift: float = 0.0
-    chunks: list[tuple[float, Chunk]] = field(default_factory=list)  # reward-known chunks (reward, chunk)
+    deferred: list[tuple[float, DeferredGradient]] = field(default_factory=list)  # reward-known (reward, gradient)
     direct: int = 0  # contributions already added to the step gradient (early fold or direct path)
     final: tuple[Objective, tuple[float, float]] | None = None  # (a_g, b_g) once every verdict is in
 
@@ -107,26 +108,26 @@ class GroupSums:
 
     @property
     def has_sums(self) -> bool:
-        return self.has_dense_sums or bool(self.chunks)
+        return self.has_dense_sums or bool(self.deferred)
 
     @property
     def has_dense_sums(self) -> bool:
         return bool(self.by_reward) or self.g1 is not None
 
     def usage(self, buffer_bytes: int) -> GroupUsage:
-        """What the group holds now; a flat buffer takes ``buffer_bytes``, a chunk its own bytes."""
+        """What the group holds now; a flat buffer takes ``buffer_bytes``, a deferred gradient its own bytes."""
         held = (*self.held.values(), *self.held_regulariser.values())
-        held_bytes = sum(h.nbytes if isinstance(h, Chunk) else buffer_bytes for h in held)
-        side = sum(h.nbytes for h in held if isinstance(h, Chunk)) + sum(c.nbytes for _, c in self.chunks)
+        held_bytes = sum(h.nbytes if isinstance(h, DeferredGradient) else buffer_bytes for h in held)
+        side = sum(h.nbytes for h in held if isinstance(h, DeferredGradient)) + sum(c.nbytes for _, c in self.deferred)
         side += self.leaves.nbytes if self.leaves is not None else 0
         return GroupUsage(len(self.held.keys() | self.held_regulariser.keys()), held_bytes, side)
 
-    def add_known(self, store: GradientStore, reward: float, grads: list | torch.Tensor | Chunk) -> None:
-        """A reward-known gradient (per-parameter ``grads``, a stored flat buffer or a chunk) into
-        the sums of its reward; a chunk is kept while the chunks fit (module docstring)."""
-        if isinstance(grads, Chunk):
+    def add_known(self, store: GradientStore, reward: float, grads: list | torch.Tensor | DeferredGradient) -> None:
+        """A reward-known gradient (per-parameter ``grads``, a stored flat buffer or a deferred
+        gradient) into the sums of its reward; a deferred one is kept while they fit (module docstring)."""
+        if isinstance(grads, DeferredGradient):
             if not self.has_dense_sums and self._fits(grads, reward, store.buffer_bytes):
-                self.chunks.append((reward, grads))
+                self.deferred.append((reward, grads))
                 return
             grads = grads.dense()
         self._spill(store)
@@ -135,16 +136,16 @@ class GroupSums:
         else:
             self.accumulate(store, reward, grads=grads)
 
-    def _fits(self, chunk: Chunk, reward: float, buffer_bytes: int) -> bool:
-        rewards = {r for r, _ in self.chunks} | {reward}
-        used = sum(c.nbytes for _, c in self.chunks) + chunk.nbytes
+    def _fits(self, item: DeferredGradient, reward: float, buffer_bytes: int) -> bool:
+        rewards = {r for r, _ in self.deferred} | {reward}
+        used = sum(c.nbytes for _, c in self.deferred) + item.nbytes
         return used <= buffer_bytes * min(2, len(rewards))
 
     def _spill(self, store: GradientStore) -> None:
-        """Form the reward-known chunks into the dense sums."""
-        chunks, self.chunks = self.chunks, []
-        for reward, chunk in chunks:
-            self.accumulate(store, reward, grads=chunk.dense())
+        """Form the reward-known deferred gradients into the dense sums."""
+        kept, self.deferred = self.deferred, []
+        for reward, item in kept:
+            self.accumulate(store, reward, grads=item.dense())
 
     def accumulate(
         self,
@@ -186,12 +187,12 @@ class GroupSums:
         self.by_reward.clear()
         self.g1, self.g2, self.shift = g1, g2, c
 
-    def take(self, kind: str, key: object, grads: list | Chunk, store: GradientStore) -> None:
+    def take(self, kind: str, key: object, grads: list | DeferredGradient, store: GradientStore) -> None:
         """One backward job's gradient: into the sum of its reward (``sum``), or held (``held``, ``regulariser_held``)."""
         if kind == "sum":
             self.add_known(store, key[1], grads)  # type: ignore[index]
             return
-        kept = grads if isinstance(grads, Chunk) else store.flatten(grads)
+        kept = grads if isinstance(grads, DeferredGradient) else store.flatten(grads)
         (self.held if kind == "held" else self.held_regulariser)[key] = kept
 
     def fold_into(self, final: torch.Tensor, store: GradientStore, a: float, b: float) -> None:
@@ -201,8 +202,8 @@ class GroupSums:
             final.add_(store.to_device(self.g2), alpha=a * self.shift + b)
         for r, h in self.by_reward.items():
             final.add_(store.to_device(h), alpha=a * r + b)
-        if self.chunks:
-            fold_chunks(store.split(final), [c for _, c in self.chunks], [a * r + b for r, _ in self.chunks])
+        if self.deferred:
+            fold_deferred(store.split(final), [c for _, c in self.deferred], [a * r + b for r, _ in self.deferred])
 
     def record_score(self, trajectory_id: Hashable, score: float, tokens: float, regulariser: float | None) -> None:
         """A member's S_i (and R_i) value and scored-token count; a dropped member is only marked scored."""
@@ -239,15 +240,15 @@ class GroupSums:
         return f"group {group_id!r} misses rewards of {no_reward} and logprobs of {no_logprob}"
 
     def drop(self, store: GradientStore) -> None:
-        """Free every buffer of the group (held gradients, sums and chunks)."""
+        """Free every buffer of the group (held gradients, sums and deferred gradients)."""
         release(store, *self.held.values(), *self.held_regulariser.values(), *self.by_reward.values(), self.g1, self.g2)
         self.held.clear()
         self.held_regulariser.clear()
         self.by_reward.clear()
-        self.chunks.clear()
+        self.deferred.clear()
         self.g1 = self.g2 = None
 
 
-def release(store: GradientStore, *items: torch.Tensor | Chunk | None) -> None:
-    """Return the flat buffers among ``items`` to the store (chunks are simply forgotten)."""
-    store.release(*(t for t in items if not isinstance(t, Chunk)))
+def release(store: GradientStore, *items: torch.Tensor | DeferredGradient | None) -> None:
+    """Return the flat buffers among ``items`` to the store (deferred gradients are simply forgotten)."""
+    store.release(*(t for t in items if not isinstance(t, DeferredGradient)))

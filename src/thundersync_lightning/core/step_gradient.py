@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .factors import Chunk, fold_chunks
+from .deferred import DeferredGradient, fold_deferred
 from .storage import GradientStore
 
 __all__ = ["StepGradient"]
@@ -52,11 +52,11 @@ class StepGradient:
             if g is not None:
                 view.add_(g.to(view.dtype))
 
-    def add_flat(self, buf: Tensor, flat: Tensor | Chunk) -> None:
+    def add_flat(self, buf: Tensor, flat: Tensor | DeferredGradient) -> None:
         """``buf += flat`` for a stored flat buffer, which is released (the caller forgets it), or
-        for a factor chunk (formed into the buffer)."""
-        if isinstance(flat, Chunk):
-            fold_chunks(self._store.split(buf), [flat], [1.0])
+        for a deferred gradient (formed into the buffer)."""
+        if isinstance(flat, DeferredGradient):
+            fold_deferred(self._store.split(buf), [flat], [1.0])
             return
         buf.add_(self._store.to_device(flat))
         self._store.release(flat)

@@ -37,6 +37,7 @@ from dataclasses import replace
 
 import torch
 
+from .backward import BackwardBackend, ForwardWatch, LearnerCall, PlainBackward
 from .bounds import Bounds, bound_problems
 from .errors import (
     AccumulatorSpentError,
@@ -48,12 +49,11 @@ from .errors import (
     UnknownTrajectoryError,
 )
 from .group import GroupSums, release
-from .jobs import jobs_of, prefix_backward, run_jobs, select_terms
+from .jobs import jobs_of, prefix_backward, select_terms
 from .objective import BatchTotals, Objective
 from .prefix import LeafSums, SharedPrefix
 from .report import GroupStat, StreamingReport
 from .routing import check_prefix, route
-from .split_backward import RowCapture, split_gradients
 from .step_gradient import StepGradient
 from .storage import ByteUsage, GradientStore, Offload
 from .terms import OnPolicyStats, TokenScores, TrajectoryTerms, trajectory_terms
@@ -74,10 +74,9 @@ class StreamingGRPO:
         max_open_groups: bound on groups declared and not yet folded/aborted (None: unbounded).
         max_held_trajectories: bound on reward-pending trajectories holding a gradient (None:
             unbounded; 0: never hold, wait for the reward before the backward).
-        factor_sums: with a split backward (``add_tokens(capture=...)``) and ``offload="none"``,
-            sums and held gradients keep Linear/Embedding weight gradients as factors where they
-            are smaller (:mod:`~thundersync_lightning.core.factors`); False keeps them dense
-            (same gradient up to summation order).
+        backend: runs each ``add_tokens`` call's backward and delivers each destination's
+            gradient (:mod:`~thundersync_lightning.core.backward`; default
+            :class:`~thundersync_lightning.core.backward.PlainBackward`, one backward per destination).
     """
 
     def __init__(
@@ -90,20 +89,18 @@ class StreamingGRPO:
         offload: Offload = "none",
         max_open_groups: int | None = None,
         max_held_trajectories: int | None = None,
-        factor_sums: bool = True,
+        backend: BackwardBackend | None = None,
     ) -> None:
         self._params = [p for p in params]
         problems = argument_problems(self._params, objective is not None, estimator, eps)
         problems += bound_problems(max_open_groups, max_held_trajectories)
-        if not isinstance(factor_sums, bool):
-            problems.append(f"factor_sums must be True or False, got {factor_sums!r}")
         if problems:
             raise ConfigError("invalid StreamingGRPO arguments: " + "; ".join(problems))
         if objective is None:
             shorthand = {k: v for k, v in (("estimator", estimator), ("eps", eps)) if v is not None}
             objective = Objective(**shorthand)
         self.objective = objective
-        self.factor_sums = factor_sums
+        self.backend: BackwardBackend = backend if backend is not None else PlainBackward()
         self._bounds = Bounds(max_open_groups, max_held_trajectories)
         self._store = GradientStore(self._params, offload)
         self._step = StepGradient(self._store)
@@ -301,7 +298,7 @@ class StreamingGRPO:
         *,
         teacher_logprobs: torch.Tensor | None = None,
         prefix: SharedPrefix | None = None,
-        capture: RowCapture | None = None,
+        watch: ForwardWatch | None = None,
     ) -> None:
         """Backpropagate a scored batch now; exact same result as one call per trajectory.
 
@@ -316,17 +313,15 @@ class StreamingGRPO:
         ``prefix``: the boundary cut (:mod:`~thundersync_lightning.core.prefix`): every trajectory
         belongs to one group whose continuations were scored on these prefix leaves.
 
-        ``capture``: the batch was scored inside this :class:`~thundersync_lightning.core.split_backward.RowCapture`;
-        ONE backward then serves every destination (split by row), instead of one backward each.
+        ``watch``: what :meth:`backend.watch <thundersync_lightning.core.backward.BackwardBackend.watch>`
+        gave this batch's scoring, handed back to the backend with the call's jobs.
         """
         self._check_live()
         ids = list(trajectory_ids)
         if scores.n != len(ids):
             raise InvalidLogprobError(f"add_tokens got {scores.n} scored rows for {len(ids)} trajectory ids")
-        if capture is not None and prefix is not None:
-            raise ConfigError("add_tokens: a split backward (capture) and a shared prefix cannot be combined")
         terms = trajectory_terms(self.objective, scores, engine_logprobs, teacher_logprobs)
-        self._add(ids, terms, prefix, capture)
+        self._add(ids, terms, prefix, watch)
 
     @property
     def _regulariser_apart(self) -> bool:
@@ -338,7 +333,7 @@ class StreamingGRPO:
         ids: list[Hashable],
         terms: TrajectoryTerms,
         prefix: SharedPrefix | None = None,
-        capture: RowCapture | None = None,
+        watch: ForwardWatch | None = None,
     ) -> None:
         if len(set(ids)) != len(ids):
             raise DuplicateEventError(f"add_tokens got a trajectory id twice: {ids}")
@@ -358,19 +353,10 @@ class StreamingGRPO:
         inputs = list(self._params) + (list(prefix.leaves) if prefix is not None else [])
         jobs = jobs_of(routing, rows, terms)
         label = rows[0] if len(rows) == 1 else f"{len(rows)} trajectories"
-        # on the device, a destination whose coefficient is still unknown keeps factors (module factors)
-        factors = self.factor_sums and self._store.on_device
-        factor = [factors and kind in ("sum", "held", "regulariser_held") for kind, _, _ in jobs]
-        try:
-            if capture is not None and (len(jobs) > 1 or any(factor)):
-                grads, passes = split_gradients(capture, label, jobs, terms, inputs, keep, factor)
-                self._backward += passes
-            else:
-                grads = run_jobs(label, jobs, inputs)
-                self._backward += len(jobs)
-        finally:
-            if capture is not None:
-                capture.clear()
+        # a destination whose coefficient is still unknown may stay deferred (on the device only)
+        deferrable = [self._store.on_device and kind in ("sum", "held", "regulariser_held") for kind, _, _ in jobs]
+        grads, passes = self.backend.deliver(LearnerCall(label, jobs, terms, inputs, keep, deferrable, watch))
+        self._backward += passes
         # every check passed and every backward ran: now change state
         if prefix is not None and rows:
             group = owners[0][1]
@@ -400,7 +386,7 @@ class StreamingGRPO:
         self._count(*(gid for gid, _ in touched))
 
     def _count(self, *group_ids: Hashable) -> None:
-        """Held gradients, chunk and leaf bytes, recounted for the groups an event touched."""
+        """Held gradients, deferred and leaf bytes, recounted for the groups an event touched."""
         self._store.set_side_bytes(self._bounds.recount(self._groups, group_ids, self._store.buffer_bytes))
 
     def abort_group(self, group_id: Hashable) -> None:

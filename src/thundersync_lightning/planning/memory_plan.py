@@ -119,9 +119,10 @@ class PlanInputs:
             ``gpu_memory_utilization``); engine_device_bytes: bytes it reserves instead.
         accumulator_bytes: a (4, or 8 for float64 weights).
         device_overhead_bytes: the CUDA context and allocator slack (a fixed estimate).
-        split_destinations: 0 without the split backward; else the most destinations one split call
-            may span (its bytes cap): such a call holds one gradient per destination, at most
-            one per trajectory of a call plus the R terms'.
+        call_destinations: the most destinations one learner call's backward delivers at once
+            (0: one at a time, the plain backward; else its cap, e.g. the split backward's bytes
+            cap): such a call holds one gradient per destination, at most one per trajectory of a
+            call plus the R terms'.
     """
 
     model: ModelShape
@@ -153,7 +154,7 @@ class PlanInputs:
     engine_device_bytes: int = 0
     accumulator_bytes: int = 4
     device_overhead_bytes: int = 0
-    split_destinations: int = 0
+    call_destinations: int = 0
 
     def __post_init__(self) -> None:
         problems = []
@@ -359,7 +360,7 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
     if i.offload == "pinned" and streaming:
         rows.append(at("landing", 2 * pt * a, "2 x P_t a: pinned buffers the copies land in", "pinned_host"))
     call = min(i.max_batch_trajectories, i.groups_on_rank * i.group_size)  # trajectories of one call
-    d = min(call + 1, i.split_destinations) if streaming and i.split_destinations else 1
+    d = min(call + 1, i.call_destinations) if streaming and i.call_destinations else 1
     rows.append(at("backward", d * pt * e, "P_t e: one autograd result before it is added" if d == 1
                    else f"{d} x P_t e: the destinations of one split-backward call"))
     if n > 1:

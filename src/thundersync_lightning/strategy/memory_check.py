@@ -21,11 +21,11 @@ from typing import Any
 import psutil
 import torch
 
+from ..backends.split import planned_destinations
 from ..core.objective import Objective
 from ..planning.memory_plan import MemoryPlan, PlanInputs, format_bytes, plan_memory
 from ..planning.model_shape import Architecture, ModelShape
 from .objective_checks import module_objective
-from .split_choice import planned_destinations
 
 __all__ = ["STRATEGY_KEYS", "SCORING_KEYS", "plan_inputs", "fit_plan", "machine_capacity", "memory_problems",
            "param_bytes", "optimizer_kind"]
@@ -144,7 +144,7 @@ def plan_inputs(
         engine_device_bytes=engine_bytes,
         accumulator_bytes=8 if model.param_bytes == 8 else 4,
         device_overhead_bytes=GPU_RUNTIME_BYTES if gpu else 0,
-        split_destinations=planned_destinations(
+        call_destinations=planned_destinations(
             strategy.get("split_backward", "auto"),
             strategy.get("mode", "streaming"),
             bool(strategy.get("boundary_cut", False)),

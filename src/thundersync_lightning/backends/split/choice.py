@@ -10,8 +10,10 @@ split, ``"auto"`` uses it where it applies and up to :data:`AUTO_MAX_PARAMS` tra
 parameters: the range where ``benchmarks/results/split_backward.json`` (written by
 ``benchmarks/split_backward.py``) shows a gain on CPU. One split call replaces a call per
 destination (a forward and a backward each) and holds one parameter-sized gradient per
-destination, at most :func:`~.backend.max_destinations` of them; larger models and GPUs are not
-measured (pass ``True`` to split them). The memory plan counts those gradients
+destination, at most :func:`~.backend.max_destinations` of them. On a GPU the same benchmark
+(``benchmarks/results/gpu/split_backward/split_backward.json``, from ``benchmarks/gpu_check.sh``)
+gains up to its largest model (184M); the cap stays until a fit at a user's scale measures it:
+pass ``True`` to split larger models. The memory plan counts those gradients
 (:func:`planned_destinations`).
 """
 

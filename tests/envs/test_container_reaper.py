@@ -83,13 +83,14 @@ def removals(tmp_path) -> list[dict]:
     return [c for c in calls(tmp_path) if c["argv"][:2] == ["rm", "-f"]]
 
 
-def test_a_sigkilled_learners_running_container_is_removed_by_its_reaper(tmp_path, fake_podman):
+def test_a_sigkilled_learners_running_container_is_removed_by_its_reaper(tmp_path, fake_podman, sandbox_budget):
     learner = textwrap.dedent(f"""\
         import sys
         sys.path.insert(0, {SRC!r})
-        from thundersync_lightning.envs.sandbox import ContainerConfig, ContainerSandbox
-        box = ContainerSandbox({str(tmp_path)!r}, "localhost/fake:1", 4_000_000,
-                               ContainerConfig(engine={fake_podman!r}, runtime=""))
+        from thundersync_lightning.envs.sandbox import BoundedDir, ContainerConfig, ContainerSandbox
+        box = ContainerSandbox({sandbox_budget.path!r}, "localhost/fake:1", 4_000_000,
+                               ContainerConfig(engine={fake_podman!r}, runtime=""),
+                               budget=BoundedDir({sandbox_budget.path!r}, 1 << 20, 100))
         print(box.reaper.process.pid, flush=True)
         box.run("sleep 1000", timeout_s=300)
         """)
@@ -118,9 +119,9 @@ def test_a_sigkilled_learners_running_container_is_removed_by_its_reaper(tmp_pat
             os.kill(client, signal.SIGKILL)
 
 
-def test_a_learner_that_ends_normally_leaves_its_reaper_nothing_to_do(tmp_path, fake_podman):
-    box = ContainerSandbox(str(tmp_path), "localhost/fake:1", 4_000_000,
-                           ContainerConfig(engine=fake_podman, runtime=""))
+def test_a_learner_that_ends_normally_leaves_its_reaper_nothing_to_do(tmp_path, fake_podman, sandbox_budget):
+    box = ContainerSandbox(sandbox_budget.path, "localhost/fake:1", 4_000_000,
+                           ContainerConfig(engine=fake_podman, runtime=""), budget=sandbox_budget)
     reaper = box.reaper
     name = container_name()
     reaper.started(name)

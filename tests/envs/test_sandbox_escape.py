@@ -321,7 +321,8 @@ def socket_families():
                 budget = BoundedDir(work, 16 * 1024**2, 1000, 0o700)
                 try:
                     chown_tree(work, lease.uid)
-                    box = BwrapSandbox(work, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60.0), seccomp=seccomp))
+                    box = BwrapSandbox(work, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60.0), seccomp=seccomp),
+                                       budget=budget)
                     run = box.run(f"python3 -c {shlex.quote(_FAMILIES)}")
                 finally:
                     budget.remove()
@@ -493,7 +494,7 @@ def test_closing_a_workspace_with_a_1000_deep_tree_frees_the_directory_and_the_u
     again.release()
 
 
-def test_limits_the_host_cannot_enforce_are_named_in_a_warning_or_an_error(monkeypatch, tmp_path, caplog):
+def test_limits_the_host_cannot_enforce_are_named_in_a_warning_or_an_error(monkeypatch, sandbox_budget, caplog):
     import logging
 
     from thundersync_lightning.envs.sandbox import BwrapConfig, BwrapSandbox, SandboxError
@@ -504,11 +505,66 @@ def test_limits_the_host_cannot_enforce_are_named_in_a_warning_or_an_error(monke
     monkeypatch.setattr(bwrap_module, "probe", lambda: CgroupSupport(0, {}, {c: why for c in ("memory", "pids", "cpu")}))
     monkeypatch.setattr(bwrap_module, "_warned", set())
     with pytest.raises(SandboxError, match="not enforced for: memory, pids, cpu"):
-        BwrapSandbox(str(tmp_path), 4_000_000, BwrapConfig(require_kernel_limits=True))
+        BwrapSandbox(sandbox_budget.path, 4_000_000, BwrapConfig(require_kernel_limits=True), budget=sandbox_budget)
     with caplog.at_level(logging.WARNING, logger=bwrap_module.__name__):
-        box = BwrapSandbox(str(tmp_path), 4_000_000, BwrapConfig())
+        box = BwrapSandbox(sandbox_budget.path, 4_000_000, BwrapConfig(), budget=sandbox_budget)
     assert box.cgroup_support is None
     assert "not enforced for: memory, pids, cpu" in caplog.text and why in caplog.text
+
+
+def test_a_sandbox_without_a_disk_budget_holding_its_writable_paths_is_a_constructor_error(sandbox_budget,
+                                                                                           tmp_path, monkeypatch):
+    from thundersync_lightning.envs.sandbox import ContainerSandbox, SandboxError
+    from thundersync_lightning.envs.sandbox import container as container_module
+
+    inside = os.path.join(sandbox_budget.path, "w")
+    os.mkdir(inside)
+    with pytest.raises(TypeError, match="budget"):
+        BwrapSandbox(inside, 4_000_000, BwrapConfig())  # type: ignore[call-arg]
+    with pytest.raises(SandboxError, match="not a BoundedDir"):
+        BwrapSandbox(inside, 4_000_000, BwrapConfig(), budget=None)
+    with pytest.raises(SandboxError, match="outside the disk budget"):
+        BwrapSandbox(str(tmp_path), 4_000_000, BwrapConfig(), budget=sandbox_budget)
+    with pytest.raises(SandboxError, match="outside the disk budget"):
+        BwrapSandbox(inside, 4_000_000, BwrapConfig(), budget=sandbox_budget, binds={str(tmp_path): "/data"})
+    with pytest.raises(SandboxError, match="outside the disk budget"):  # a link out of the budget is followed
+        os.symlink(str(tmp_path), os.path.join(sandbox_budget.path, "out"))
+        BwrapSandbox(os.path.join(sandbox_budget.path, "out"), 4_000_000, BwrapConfig(), budget=sandbox_budget)
+    unenforced = BoundedDir.__new__(BoundedDir)
+    unenforced.path, unenforced.enforced, unenforced.why_not = sandbox_budget.path, False, "no CAP_SYS_ADMIN"
+    with pytest.raises(SandboxError, match="not enforced"):
+        BwrapSandbox(inside, 4_000_000, BwrapConfig(require_kernel_limits=True), budget=unenforced)
+    monkeypatch.setattr(container_module, "find_engine", lambda engine="auto": "/usr/bin/podman")
+    with pytest.raises(SandboxError, match="outside the disk budget"):
+        ContainerSandbox(str(tmp_path), "localhost/x:1", 4_000_000, budget=sandbox_budget)
+    with pytest.raises(TypeError, match="budget"):
+        ContainerSandbox(inside, "localhost/x:1", 4_000_000)
+    assert BwrapSandbox(inside, 4_000_000, BwrapConfig(), budget=sandbox_budget).budget is sandbox_budget
+
+
+def test_mutation_and_unit_test_reward_sandboxes_write_inside_their_disk_budget():
+    from thundersync_lightning.envs.datasets.rewards import unit_tests
+    from thundersync_lightning.envs.mutations import MutationTasks
+
+    source = MutationTasks(sandbox_root="/tmp/thundersync-test-sandboxes", uid_base=3_957_000, uid_count=2,
+                           disk_bytes=8 * 1024**2, disk_inodes=200)
+    env = source.make_env(source.tasks(0, 1, 0)[0], seed=0)
+    try:
+        env.reset()
+        assert os.path.ismount(env._dir)
+        # Before: the workspace was a plain host directory; 5 x 4 MB (each under the fsize limit) all landed.
+        filled = env._box.run("for i in 1 2 3 4 5; do head -c 4000000 /dev/zero > f$i || echo full; done; "
+                              "for i in $(seq 400); do : > n$i 2>/dev/null || { echo no-inode; break; }; done")
+        assert "No space left on device" in filled.text and "no-inode" in filled.text
+        directory = env._dir
+    finally:
+        env.close()
+    assert not os.path.exists(directory)
+    # The dataset reward's sandbox: 5 x 20 MB (under the 64 MiB fsize limit each) do not all fit.
+    writer = "import os\nfor i in range(5):\n    open(f'f{i}', 'wb').write(bytes(20_000_000))\n"
+    assert unit_tests("", writer, tests="assert sum(os.path.getsize(f'f{i}') for i in range(5)) == 10**8",
+                      uid_base=3_957_100, uid_count=1) == 0.0
+    assert unit_tests("", "x = 1", tests="assert x == 1", uid_base=3_957_100, uid_count=1) == 1.0
 
 
 def test_a_workspace_left_by_a_killed_learner_is_swept_when_its_uid_is_reused():

@@ -46,7 +46,7 @@ def write_jsonl(rows: list[dict], directory: str) -> str:
 @needs_bwrap
 @pytest.mark.parametrize("apply_gold", [True, False])
 def test_a_swebench_instance_is_graded_by_make_test_spec_and_get_eval_report_from_a_real_run(
-    tmp_path, sandbox_dir, apply_gold
+    tmp_path, sandbox_dir, sandbox_budget, apply_gold
 ):
     from swebench.harness.utils import make_test_spec
 
@@ -59,7 +59,7 @@ def test_a_swebench_instance_is_graded_by_make_test_spec_and_get_eval_report_fro
         (instance,) = load_instances(write_jsonl([row], str(tmp_path)))
         spec = make_test_spec(instance)
         chown_tree(repo, lease.uid)
-        box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60, max_output_bytes=1 << 20)))
+        box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60, max_output_bytes=1 << 20)), budget=sandbox_budget)
         if apply_gold:
             assert box.run("git apply -", stdin=TASK.gold_patch.encode()).exit_code == 0
         run = box.run(spec.eval_script)
@@ -107,7 +107,7 @@ _forge(%r)
 @needs_bwrap
 @pytest.mark.parametrize("variant", ["gold", "unfixed", "forged"])
 def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows_no_key(
-    tmp_path, sandbox_dir, variant
+    tmp_path, sandbox_dir, sandbox_budget, variant
 ):
     """The container path's eval run (read-only script directory, key on stdin only, reporter
     plugin) run by bubblewrap instead of podman: the same command, script and grading."""
@@ -135,7 +135,7 @@ def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows
         chown_tree(repo, lease.uid)
         scripts = os.path.join(sandbox_dir, "eval")
         write_eval_dir(scripts, spec.eval_script, spec.log_parser)
-        box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60, max_output_bytes=1 << 20)),
+        box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60, max_output_bytes=1 << 20)), budget=sandbox_budget,
                            ro_binds={scripts: EVAL_DIR})
         if variant == "gold":
             assert box.run("git apply -", stdin=TASK.gold_patch.encode()).exit_code == 0
@@ -343,13 +343,14 @@ def test_a_missing_image_is_an_error_not_a_zero_reward(tmp_path):
     env.close()
 
 
-def test_containers_never_pull_get_no_host_proxy_and_have_cpu_memory_and_swap_limits(tmp_path, monkeypatch):
+def test_containers_never_pull_get_no_host_proxy_and_have_cpu_memory_and_swap_limits(sandbox_budget, monkeypatch):
     from thundersync_lightning.envs.sandbox import ContainerConfig, ContainerSandbox, SandboxLimits
     from thundersync_lightning.envs.sandbox import container as container_module
 
     monkeypatch.setattr(container_module, "find_engine", lambda engine="auto": "/usr/bin/podman")
     config = ContainerConfig(engine="podman", runtime="", memory="1g", limits=SandboxLimits(cpus=1.5, nproc=64))
-    box = ContainerSandbox(str(tmp_path), "localhost/x:y", 4_000_000, config, ro_volumes={"/h/base.git": "/b.git"})
+    box = ContainerSandbox(sandbox_budget.path, "localhost/x:y", 4_000_000, config,
+                           ro_volumes={"/h/base.git": "/b.git"}, budget=sandbox_budget)
     argv = box.argv("true", "tsl-test", 10.0)
     flags = " ".join(argv)
     for expected in ("--pull=never", "--http-proxy=false", "--cpus 1.5", "--memory 1g", "--memory-swap 1g",
@@ -364,7 +365,7 @@ def test_containers_never_pull_get_no_host_proxy_and_have_cpu_memory_and_swap_li
 
 
 @needs_bwrap
-def test_the_container_paths_patch_capture_uses_a_host_copy_of_the_base_commit(tmp_path, sandbox_dir):
+def test_the_container_paths_patch_capture_uses_a_host_copy_of_the_base_commit(tmp_path, sandbox_dir, sandbox_budget):
     from thundersync_lightning.envs.code.patches import BASE_GIT_DIR, capture_command
     from thundersync_lightning.envs.swebench_env import SWEbenchSettings, SWEbenchWorkspace
 
@@ -378,7 +379,7 @@ def test_the_container_paths_patch_capture_uses_a_host_copy_of_the_base_commit(t
     lease = TEST_POOL.acquire()
     try:
         chown_tree(repo, lease.uid)
-        box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60)),
+        box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60)), budget=sandbox_budget,
                            ro_binds={os.path.join(sandbox_dir, "base.git"): BASE_GIT_DIR})
         # The agent's own repository config would run a filter; the capture never reads it.
         box.run("git config filter.x.clean 'touch /testbed/.ran; cat' && echo '*.py filter=x' > .gitattributes && "

@@ -114,14 +114,15 @@ class SWEbenchWorkspace:
 
     def _box(self, workdir: str, cap: int | None = None, base_git: bool = False,
              eval_dir: str | None = None) -> ContainerSandbox:
-        assert self._lease is not None and self._dir is not None
+        assert self._lease is not None and self._dir is not None and self._budget is not None
         config = self.settings.container
         if cap is not None:
             config = replace(config, limits=replace(config.limits, max_output_bytes=cap))
         ro = {os.path.join(self._dir, "base.git"): BASE_GIT_DIR} if base_git else {}
         if eval_dir is not None:
             ro[eval_dir] = EVAL_DIR
-        return ContainerSandbox(workdir, self.image, self._lease.uid, config, guard=self._guard, ro_volumes=ro)
+        return ContainerSandbox(workdir, self.image, self._lease.uid, config, guard=self._guard, ro_volumes=ro,
+                                budget=self._budget)
 
     def _base_git(self, agent: str) -> None:
         """A root-owned bare copy of the base commit, made before the agent acts (shallow when the

@@ -122,7 +122,7 @@ class LocalWorkspace:
             write_runner(os.path.join(self._dir, "runner"))
             chown_tree(agent, lease.uid)
             os.chmod(agent, 0o700)
-            self._sandbox = BwrapSandbox(agent, lease.uid, self.settings.bwrap, guard=self._guard)
+            self._sandbox = BwrapSandbox(agent, lease.uid, self.settings.bwrap, budget=self._budget, guard=self._guard)
         except BaseException:
             self.close()
             raise
@@ -143,11 +143,11 @@ class LocalWorkspace:
         return self._sandbox.run(command, stdin=stdin, timeout_s=timeout_s)
 
     def _big(self, workdir: str, cap: int) -> BwrapSandbox:
-        assert self._lease is not None and self._dir is not None
+        assert self._lease is not None and self._dir is not None and self._budget is not None
         limits = replace(self.settings.bwrap.limits, max_output_bytes=cap)
         ro = {os.path.join(self._dir, "base.git"): BASE_GIT_DIR, os.path.join(self._dir, "runner"): RUNNER_DIR}
-        return BwrapSandbox(workdir, self._lease.uid, replace(self.settings.bwrap, limits=limits), guard=self._guard,
-                            ro_binds=ro)
+        return BwrapSandbox(workdir, self._lease.uid, replace(self.settings.bwrap, limits=limits), budget=self._budget,
+                            guard=self._guard, ro_binds=ro)
 
     def diff(self) -> str | None:
         """The agent's changes against the original commit, git's stdout only, computed with the

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import shutil
 import stat
 import tempfile
 import threading
@@ -40,6 +39,7 @@ from ...core.types import StepResult
 from ..code.grading import EvalOutcome, framed_log, grade_log
 from ..sandbox.base import SandboxError, SandboxResult
 from ..sandbox.bwrap import BwrapConfig, BwrapSandbox, bwrap_available, chown_tree
+from ..sandbox.fs import BoundedDir, release_workdir, sweep_stale
 from ..sandbox.uids import UidLease, UidPool
 from ..tools import ToolConversation
 from .generate import MutationTask
@@ -116,6 +116,7 @@ class MutationEnv:
         self.bwrap, self.python = bwrap, python
         self._lease: UidLease | None = None
         self._dir: str | None = None
+        self._budget: BoundedDir | None = None
         self._box: BwrapSandbox | None = None
         self._current = task.buggy
         self._lock = threading.Lock()
@@ -124,11 +125,20 @@ class MutationEnv:
 
     # ------------------------------------------------------------------ workspace
     def _write(self, name: str, text: str) -> None:
+        """Write a fresh file ``name`` for the sandbox uid. Whatever the agent left under that name
+        (a symlink to a host file, a FIFO) is removed first and never followed."""
         assert self._dir is not None and self._lease is not None
         path = os.path.join(self._dir, name)
-        with open(path, "w", encoding="utf-8") as f:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            os.rename(path, f"{path}.{os.urandom(4).hex()}")  # a directory in its place: move it aside
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.chown(path, self._lease.uid, self._lease.uid)
+            os.fchown(fd, self._lease.uid, self._lease.uid)
 
     def _run(self, script: str) -> SandboxResult:
         assert self._box is not None
@@ -141,11 +151,16 @@ class MutationEnv:
             os.makedirs(self.root, mode=0o711, exist_ok=True)
             self._lease = self.pool.acquire()
             try:
-                self._dir = tempfile.mkdtemp(prefix=f"{self.task.task_id}-", dir=self.root)
+                marker = f"-u{self._lease.uid}-"
+                sweep_stale(self.root, marker)  # left by a holder of this uid that died
+                self._dir = tempfile.mkdtemp(prefix=f"{self.task.task_id}{marker}", dir=self.root)
+                lim = self.bwrap.limits
+                self._budget = BoundedDir(self._dir, lim.disk_bytes, lim.disk_inodes, 0o700,
+                                          require=self.bwrap.require_kernel_limits)
                 chown_tree(self._dir, self._lease.uid)
                 os.chmod(self._dir, 0o700)
                 self._write("test_visible.py", test_script(self.task.function, self.task.visible, "test_visible.py"))
-                self._box = BwrapSandbox(self._dir, self._lease.uid, self.bwrap)
+                self._box = BwrapSandbox(self._dir, self._lease.uid, self.bwrap, budget=self._budget)
             except BaseException:
                 self.close()
                 raise
@@ -223,12 +238,12 @@ class MutationEnv:
         return self.outcome().reward
 
     def close(self) -> None:
+        """Kill what still runs, free the workspace (its bounded mount) and release the uid. Never raises."""
         box, self._box = self._box, None
-        if box is not None:
-            box.close()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
-        if self._lease is not None:
-            self._lease.release()
-            self._lease = None
+        try:
+            if box is not None:
+                box.close()
+        finally:
+            budget, path, lease = self._budget, self._dir, self._lease
+            self._budget = self._dir = self._lease = None
+            release_workdir(budget, path, lease)

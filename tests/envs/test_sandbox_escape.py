@@ -345,6 +345,19 @@ def test_every_other_socket_family_is_refused_by_socket_and_socketpair(socket_fa
     assert set(results.values()) == {"EAFNOSUPPORT"}, results
 
 
+def test_an_abstract_unix_socket_of_the_host_or_another_sandbox_is_out_of_reach(make_box):
+    name = f"tsl-probe-{uuid.uuid4().hex}"
+    host = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    host.bind("\0" + name)  # abstract names live in the network namespace
+    host.listen(1)
+    try:
+        probe = (f"import socket; s = socket.socket(socket.AF_UNIX); s.connect('\\0{name}'); print('connected')")
+        result = make_box().run(f"python3 -c {shlex.quote(probe)}")
+    finally:
+        host.close()
+    assert "connected" not in result.text and "ConnectionRefusedError" in result.text, result.text
+
+
 def test_unix_inet_and_inet6_sockets_still_work_inside(socket_families, make_box):
     for family in (1, 2, 10):
         assert socket_families[True][family]["socket/1/0"] == "ok"  # SOCK_STREAM
@@ -565,6 +578,27 @@ def test_mutation_and_unit_test_reward_sandboxes_write_inside_their_disk_budget(
     assert unit_tests("", writer, tests="assert sum(os.path.getsize(f'f{i}') for i in range(5)) == 10**8",
                       uid_base=3_957_100, uid_count=1) == 0.0
     assert unit_tests("", "x = 1", tests="assert x == 1", uid_base=3_957_100, uid_count=1) == 1.0
+
+
+def test_the_mutation_verdict_never_writes_through_a_link_the_agent_left(tmp_path):
+    from thundersync_lightning.envs.mutations import MutationTasks
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    source = MutationTasks(sandbox_root="/tmp/thundersync-test-sandboxes", uid_base=3_957_000, uid_count=2)
+    task = source.tasks(0, 1, 0)[0]
+    env = source.make_env(task, seed=0)
+    try:
+        env.reset()
+        # Before: the host (root) opened test_hidden.py for writing and followed the agent's link.
+        env._box.run(f"ln -s {victim} test_hidden.py")
+        env._current = task.candidates[0]
+        env.outcome()
+        assert os.path.isfile(os.path.join(env._dir, "test_hidden.py"))
+        assert not os.path.islink(os.path.join(env._dir, "test_hidden.py"))
+    finally:
+        env.close()
+    assert victim.read_text() == "keep"
 
 
 def test_a_workspace_left_by_a_killed_learner_is_swept_when_its_uid_is_reused():

@@ -104,8 +104,29 @@ _forge(%r)
 """
 
 
+# Appended to the module under test: marks the hidden test as an expected failure that never runs.
+XFAIL_ITSELF = """
+import gc as _gc
+
+import pytest as _pytest
+
+
+class _Marker:
+    def pytest_collection_modifyitems(self, items):
+        for item in items:
+            if item.nodeid.endswith(%r):
+                item.add_marker(_pytest.mark.xfail(run=False, reason="hack"))
+
+
+for _o in _gc.get_objects():
+    if type(_o).__name__ == "Config" and hasattr(_o, "pluginmanager"):
+        _o.pluginmanager.register(_Marker(), "tsl-hack")
+        break
+"""
+
+
 @needs_bwrap
-@pytest.mark.parametrize("variant", ["gold", "unfixed", "forged"])
+@pytest.mark.parametrize("variant", ["gold", "unfixed", "forged", "xfail"])
 def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows_no_key(
     tmp_path, sandbox_dir, sandbox_budget, variant
 ):
@@ -132,6 +153,9 @@ def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows
         if variant == "forged":
             with open(os.path.join(repo, "intervals.py"), "a") as f:
                 f.write(FORGE % (list(TASK.fail_to_pass + TASK.pass_to_pass),))
+        if variant == "xfail":
+            with open(os.path.join(repo, "intervals.py"), "a") as f:
+                f.write(XFAIL_ITSELF % (TASK.fail_to_pass[0].split("::", 1)[1],))
         chown_tree(repo, lease.uid)
         scripts = os.path.join(sandbox_dir, "eval")
         write_eval_dir(scripts, spec.eval_script, spec.log_parser)
@@ -143,13 +167,16 @@ def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows
             assert grade_with_spec(spec, box.run(spec.eval_script).text, "x").resolved
         secrets = EvalSecrets.new()
         result = box.run(eval_command(), stdin=secrets.stdin())
-        outcome = grade_eval_run(spec, result, secrets, TASK.gold_patch)
+        outcome = grade_eval_run(spec, result, secrets, TASK.gold_patch, declared=dict(TASK.files))
     finally:
         lease.release()
     assert secrets.key not in result.text  # not in the script, the environment, any argv or the output
     assert outcome.resolved is (variant == "gold")
     if variant == "forged":
         assert "LEAKS" in result.text and "no trustworthy test results" in outcome.reason
+    elif variant == "xfail":  # before: swebench counted the signed XFAIL as a pass
+        assert outcome.report["tests_status"]["FAIL_TO_PASS"]["success"] == list(TASK.fail_to_pass)
+        assert f"{TASK.fail_to_pass[0]}: XFAIL at run time" in outcome.reason
     else:
         status = outcome.report["tests_status"]
         assert status["FAIL_TO_PASS"]["success" if variant == "gold" else "failure"] == list(TASK.fail_to_pass)
@@ -214,6 +241,31 @@ def test_the_container_eval_run_gets_a_read_only_script_and_its_key_on_stdin_onl
         assert st.st_uid == 0 and st.st_mode & 0o022 == 0 and key not in text, name
     assert f"__tsl_test_start {plugin[0][:-3]}" in files["eval.sh"][1]
     assert all(EVAL_DIR not in " ".join(a) for a, *_ in runs[:-1])  # only the eval run sees it
+
+
+def test_the_declared_markers_of_a_swebench_instance_come_from_the_image_with_its_test_patch(tmp_path):
+    import difflib
+
+    from thundersync_lightning.envs.swebench_env import SWEbenchSettings, SWEbenchWorkspace
+
+    testbed = str(tmp_path / "testbed")
+    git_repo(TASK, testbed)
+    rel = TASK.test_files[0]
+    name = TASK.fail_to_pass[0].split("::")[-1]
+    before = open(os.path.join(testbed, rel)).read()
+    after = before.replace(f"def {name}(", f"@pytest.mark.xfail(reason='upstream')\ndef {name}(")
+    assert after != before
+    test_patch = "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}"))
+    row = dict(swebench_row(TASK, image="unused", base_commit="HEAD"), test_patch=test_patch)
+    (instance,) = load_instances(write_jsonl([row], str(tmp_path)))
+    from swebench.harness.utils import make_test_spec
+
+    ws = SWEbenchWorkspace(instance, SWEbenchSettings(), TEST_POOL)
+    declared = ws._declared_sources(testbed, make_test_spec(instance))
+    assert declared[rel] == after and open(os.path.join(testbed, rel)).read() == before  # the copy is untouched
+    from thundersync_lightning.envs.code.outcomes import declared_markers
+
+    assert declared_markers(declared, TASK.fail_to_pass[0]) == {"xfail"}
 
 
 def test_rows_without_the_fields_swebench_5_needs_are_rejected(tmp_path):

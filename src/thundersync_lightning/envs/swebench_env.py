@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 _APPLY = "GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null git -c core.hooksPath=/dev/null apply --verbose " \
          "--whitespace=nowarn -"
+_MAX_SOURCE_BYTES = 4 * 1024 * 1024
 _GIT_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
 
 
@@ -192,6 +193,7 @@ class SWEbenchWorkspace:
         evaldir = os.path.join(evalroot, "testbed")
         try:
             self._fresh_testbed(evaldir, self._lease.uid)
+            declared = self._declared_sources(evaldir, spec)  # before anything runs in the copy
             box = self._box(evaldir, self.settings.max_log_bytes)
             applied = box.run(_APPLY, stdin=patch.encode(), timeout_s=120.0)
             if not applied.ok:
@@ -202,9 +204,37 @@ class SWEbenchWorkspace:
             secrets = EvalSecrets.new()
             result = self._box(evaldir, self.settings.max_log_bytes, eval_dir=scripts).run(
                 eval_command(), stdin=secrets.stdin(), timeout_s=self.settings.eval_timeout_s)
-            return grade_eval_run(spec, result, secrets, patch)
+            return grade_eval_run(spec, result, secrets, patch, declared)
         finally:
             remove_tree(evalroot)
+
+    def _declared_sources(self, testbed: str, spec: Any) -> dict[str, str]:
+        """The graded tests' original source (path -> text): the image's files, fresh from the image
+        and not yet touched by any container, with the instance's ``test_patch`` applied by the
+        host's git in a scratch directory. What may mark a graded test xfail or skip (see
+        :mod:`.code.outcomes`); files that cannot be read are left out (their tests must pass)."""
+        paths = set(self._test_paths)
+        paths |= {t.split("::", 1)[0] for t in [*spec.FAIL_TO_PASS, *spec.PASS_TO_PASS] if "::" in t}
+        with tempfile.TemporaryDirectory(prefix="tsl-declared-") as scratch:
+            for rel in sorted(paths):
+                src = os.path.join(testbed, rel)
+                if rel.startswith("/") or ".." in rel.split("/") or os.path.islink(src) or not os.path.isfile(src):
+                    continue
+                os.makedirs(os.path.dirname(os.path.join(scratch, rel)), exist_ok=True)
+                with open(src, "rb") as f, open(os.path.join(scratch, rel), "wb") as out:
+                    out.write(f.read(_MAX_SOURCE_BYTES))
+            test_patch = str(self.instance.get("test_patch") or "")
+            if test_patch.strip():
+                subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], cwd=scratch, input=test_patch.encode(),
+                               env=_GIT_ENV, capture_output=True, timeout=120)
+            out = {}
+            for rel in paths:
+                try:
+                    with open(os.path.join(scratch, rel), "rb") as f:
+                        out[rel] = f.read(_MAX_SOURCE_BYTES).decode("utf-8", "replace")
+                except OSError:
+                    continue
+            return out
 
     def close(self) -> None:
         """Kill whatever still runs (a verdict past its timeout included), then free dirs and uid.

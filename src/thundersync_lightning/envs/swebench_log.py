@@ -39,13 +39,14 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from secrets import token_hex
 from typing import Any
 
 from .code.grading import EvalOutcome, framed_log, grade_with_spec
 from .code.reporter import REPORT_FD_ENV, keyed_hash
-from .code.runner import new_key, parse_results, reporter_source, write_host_dir
+from .code.runner import check_exit, new_key, parse_results, reporter_source, write_host_dir
 from .sandbox.base import SandboxResult
 
 __all__ = ["EVAL_DIR", "EvalSecrets", "frame_eval_script", "eval_command", "write_eval_dir", "reframe_log",
@@ -184,18 +185,25 @@ def reframe_log(output: str, secrets: EvalSecrets) -> str:
     return "\n".join(out)
 
 
-def grade_eval_run(spec: Any, result: SandboxResult, secrets: EvalSecrets, patch: str) -> EvalOutcome:
-    """Grade one run of :func:`eval_command` (``spec``: swebench's TestSpec) with swebench's report."""
+def grade_eval_run(spec: Any, result: SandboxResult, secrets: EvalSecrets, patch: str,
+                   declared: Mapping[str, str] | None = None) -> EvalOutcome:
+    """Grade one run of :func:`eval_command` (``spec``: swebench's TestSpec) with swebench's report,
+    held to the rule of :mod:`.code.outcomes`: ``declared`` is the original source of the graded
+    test files (the image's, with the instance's test patch applied on the host; never the run's).
+    The reporter's statuses are cross-checked against its own exit status (the host cannot see
+    pytest's here: the container's exit status is the script's)."""
     from swebench.harness.constants import APPLY_PATCH_PASS, TESTS_ERROR, TESTS_TIMEOUT
 
     if uses_reporter(spec.log_parser):
         results = parse_results(result.text, secrets.key)
+        if results.problem is None and not (result.timed_out or result.truncated or result.cancelled):
+            results = check_exit(results, None)
         if results.problem is not None and not (result.timed_out or result.truncated):
             return EvalOutcome(False, f"no trustworthy test results: {results.problem}", log=result.text)
         log_text = f"{APPLY_PATCH_PASS}\n" + framed_log(result, results.log_body(skipped=False), results.exit_status)
-        return grade_with_spec(spec, log_text, patch)
+        return grade_with_spec(spec, log_text, patch, declared)
     note = f"\n{TESTS_TIMEOUT}\n" if result.timed_out else f"\n{TESTS_ERROR}\n" if result.truncated else ""
-    return grade_with_spec(spec, f"{APPLY_PATCH_PASS}\n{reframe_log(result.text, secrets)}{note}", patch)
+    return grade_with_spec(spec, f"{APPLY_PATCH_PASS}\n{reframe_log(result.text, secrets)}{note}", patch, declared)
 
 
 def warn_if_ptrace_open() -> None:

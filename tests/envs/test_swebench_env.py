@@ -104,6 +104,47 @@ _forge(%r)
 """
 
 
+# Appended to the module under test: reads the memory of every ancestor it can (the eval shell holds
+# the run's key and marker tags) and writes every 64-hex-digit string found onto every pipe it holds.
+PEEK = """
+import os as _os
+import re as _re
+
+
+def _peek():
+    found, pid = set(), _os.getppid()
+    while pid >= 1:  # in a container the eval shell is pid 1
+        try:
+            with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb") as mem:
+                for line in maps:
+                    span, perms = line.split()[:2]
+                    start, end = (int(x, 16) for x in span.split("-"))
+                    if "r" in perms and "w" in perms:
+                        try:
+                            mem.seek(start)
+                            found.update(_re.findall(rb"(?:tsl-)?[0-9a-f]{24,64}", mem.read(min(end - start, 1 << 24))))
+                        except OSError:
+                            pass
+        except OSError as e:
+            found.add(f"{pid}: {e}".encode())
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            break
+    text = b"PEEKED " + b" ".join(sorted(found)[:2000]) + b"\\n"
+    for fd in range(3, 256):
+        try:
+            if _os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):
+                _os.write(fd, text)
+        except OSError:
+            pass
+
+
+_peek()
+"""
+
+
 # Appended to the module under test: marks the hidden test as an expected failure that never runs.
 XFAIL_ITSELF = """
 import gc as _gc
@@ -126,7 +167,7 @@ for _o in _gc.get_objects():
 
 
 @needs_bwrap
-@pytest.mark.parametrize("variant", ["gold", "unfixed", "forged", "xfail"])
+@pytest.mark.parametrize("variant", ["gold", "unfixed", "forged", "xfail", "peek"])
 def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows_no_key(
     tmp_path, sandbox_dir, sandbox_budget, variant
 ):
@@ -153,12 +194,15 @@ def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows
         if variant == "forged":
             with open(os.path.join(repo, "intervals.py"), "a") as f:
                 f.write(FORGE % (list(TASK.fail_to_pass + TASK.pass_to_pass),))
+        if variant == "peek":
+            with open(os.path.join(repo, "intervals.py"), "a") as f:
+                f.write(PEEK)
         if variant == "xfail":
             with open(os.path.join(repo, "intervals.py"), "a") as f:
                 f.write(XFAIL_ITSELF % (TASK.fail_to_pass[0].split("::", 1)[1],))
         chown_tree(repo, lease.uid)
         scripts = os.path.join(sandbox_dir, "eval")
-        write_eval_dir(scripts, spec.eval_script, spec.log_parser)
+        write_eval_dir(scripts, spec.eval_script, spec.log_parser, "/bin/bash")
         box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60, max_output_bytes=1 << 20)), budget=sandbox_budget,
                            ro_binds={scripts: EVAL_DIR})
         if variant == "gold":
@@ -174,6 +218,10 @@ def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows
     assert outcome.resolved is (variant == "gold")
     if variant == "forged":
         assert "LEAKS" in result.text and "no trustworthy test results" in outcome.reason
+    elif variant == "peek":  # before: the eval shell's memory (the key, the tags) was read through /proc
+        peeked = "".join(line for line in result.text.splitlines() if line.startswith("PEEKED"))
+        assert "Permission denied" in peeked  # the ancestors' memory is closed, nothing of it was read
+        assert not any(t in peeked for t in secrets.stdin().decode().split())
     elif variant == "xfail":  # before: swebench counted the signed XFAIL as a pass
         assert outcome.report["tests_status"]["FAIL_TO_PASS"]["success"] == list(TASK.fail_to_pass)
         assert f"{TASK.fail_to_pass[0]}: XFAIL at run time" in outcome.reason
@@ -195,10 +243,11 @@ def test_the_container_eval_run_gets_a_read_only_script_and_its_key_on_stdin_onl
     from thundersync_lightning.envs.sandbox import SandboxResult
     from thundersync_lightning.envs.sandbox import container as container_module
     from thundersync_lightning.envs.swebench_env import SWEbenchSettings, SWEbenchWorkspace
-    from thundersync_lightning.envs.swebench_log import EVAL_DIR, eval_command
+    from thundersync_lightning.envs.swebench_log import EVAL_DIR, SHELL_NAME, eval_command
 
     monkeypatch.setattr(container_module, "find_engine", lambda engine="auto": "/usr/bin/podman")
-    monkeypatch.setattr(swebench_env, "copy_from_image", lambda image, src, dest, config=None: git_repo(TASK, dest))
+    monkeypatch.setattr(swebench_env, "copy_from_image", lambda image, src, dest, config=None: (
+        shutil.copyfile("/bin/bash", dest) if src == "/bin/bash" else git_repo(TASK, dest)))
     runs = []
     nodes = list(TASK.fail_to_pass + TASK.pass_to_pass)
 
@@ -209,9 +258,9 @@ def test_the_container_eval_run_gets_a_read_only_script_and_its_key_on_stdin_onl
         for spec in mounts:
             host, inside, _ = spec.split(":")
             if inside == EVAL_DIR:
-                files = {n: (os.stat(os.path.join(host, n)), open(os.path.join(host, n)).read())
+                files = {n: (os.stat(os.path.join(host, n)), open(os.path.join(host, n), "rb").read())
                          for n in os.listdir(host)}
-                files[""] = (os.stat(host), "")
+                files[""] = (os.stat(host), b"")
         runs.append((argv, mounts, stdin, files))
         if command != eval_command():
             return SandboxResult(0, b"applied\n")
@@ -236,10 +285,11 @@ def test_the_container_eval_run_gets_a_read_only_script_and_its_key_on_stdin_onl
     assert scripts.endswith(f":{EVAL_DIR}:ro") and argv[-1] == eval_command()
     assert not any(key in a for a in argv)
     plugin = [n for n in files if n.startswith("tsl_report_")]
-    assert sorted(files) == sorted(["", "eval.sh", *plugin]) and len(plugin) == 1
+    assert sorted(files) == sorted(["", "eval.sh", SHELL_NAME, *plugin]) and len(plugin) == 1
     for name, (st, text) in files.items():
-        assert st.st_uid == 0 and st.st_mode & 0o022 == 0 and key not in text, name
-    assert f"__tsl_test_start {plugin[0][:-3]}" in files["eval.sh"][1]
+        assert st.st_uid == 0 and st.st_mode & 0o022 == 0 and key.encode() not in text, name
+    assert files[SHELL_NAME][0].st_mode & 0o777 == 0o711  # execute only: its process is not dumpable
+    assert f"__tsl_test_start {plugin[0][:-3]}".encode() in files["eval.sh"][1]
     assert all(EVAL_DIR not in " ".join(a) for a, *_ in runs[:-1])  # only the eval run sees it
 
 
@@ -343,6 +393,35 @@ def test_in_a_container_no_change_and_test_edits_earn_zero(swebench_source):
     finally:
         untouched.close()
         gamed.close()
+
+
+@pytest.mark.container
+def test_in_a_container_code_under_test_cannot_read_the_eval_shells_memory(swebench_source, monkeypatch):
+    from thundersync_lightning.envs import swebench_env
+
+    seen = []
+
+    def spy(spec, result, secrets, patch, declared=None):
+        seen.append((result.text, secrets))
+        return grade_eval_run(spec, result, secrets, patch, declared)
+
+    grade_eval_run = swebench_env.grade_eval_run
+    monkeypatch.setattr(swebench_env, "grade_eval_run", spy)
+    (task,) = swebench_source.tasks(0, 1, 0)
+    env = swebench_source.make_env(task, 0)
+    try:
+        env.reset()
+        patch = TASK.gold_patch
+        act(env, f"bash\ncat > /tmp/p <<'EOF_P'\n{patch}EOF_P\ngit apply /tmp/p && cat >> intervals.py <<'EOF_Q'\n"
+                 f"{PEEK}EOF_Q")
+        env.step(CODEC.encode("submit"))
+        assert env.verdict() == 1.0  # the fix still counts; nothing was learnt from the shell
+    finally:
+        env.close()
+    ((text, secrets),) = seen
+    peeked = "".join(line for line in text.splitlines() if line.startswith("PEEKED"))
+    assert "Permission denied" in peeked
+    assert not any(t in peeked for t in secrets.stdin().decode().split())
 
 
 @pytest.mark.container

@@ -47,7 +47,7 @@ from .swebench_log import (
     EvalSecrets,
     eval_command,
     grade_eval_run,
-    warn_if_ptrace_open,
+    warn_if_dumpable,
     write_eval_dir,
 )
 
@@ -199,14 +199,33 @@ class SWEbenchWorkspace:
             if not applied.ok:
                 return EvalOutcome(False, "patch did not apply", log=f"{APPLY_PATCH_FAIL}\n{applied.text}")
             scripts = os.path.join(evalroot, "eval")  # root-owned, bound read-only: no secret inside
-            write_eval_dir(scripts, spec.eval_script, spec.log_parser)
-            warn_if_ptrace_open()
+            write_eval_dir(scripts, spec.eval_script, spec.log_parser, self._image_shell())
+            warn_if_dumpable()
             secrets = EvalSecrets.new()
             result = self._box(evaldir, self.settings.max_log_bytes, eval_dir=scripts).run(
                 eval_command(), stdin=secrets.stdin(), timeout_s=self.settings.eval_timeout_s)
             return grade_eval_run(spec, result, secrets, patch, declared)
         finally:
             remove_tree(evalroot)
+
+    def _image_shell(self) -> str:
+        """A host copy of the image's shell binary (``ContainerConfig.shell``), made once per
+        workspace: the eval run's execute-only shell (see :mod:`.swebench_log`)."""
+        assert self._dir is not None
+        dest = os.path.join(self._dir, "image-shell")
+        if not os.path.isfile(dest):
+            src = self.settings.container.shell
+            for _ in range(8):  # follow the image's links (e.g. /bin/sh -> dash) inside the image
+                copy_from_image(self.image, src, dest, self.settings.container)
+                if not os.path.islink(dest):
+                    break
+                target = os.readlink(dest)
+                os.unlink(dest)
+                src = os.path.normpath(os.path.join(os.path.dirname(src), target))
+            else:
+                raise SandboxError(f"{self.image}: {self.settings.container.shell} is a chain of links")
+            os.chmod(dest, 0o700)
+        return dest
 
     def _declared_sources(self, testbed: str, spec: Any) -> dict[str, str]:
         """The graded tests' original source (path -> text): the image's files, fresh from the image

@@ -15,10 +15,14 @@ random policy solves a task by luck about a fifth of the time (K=4); the strateg
 ``test_on_edit`` makes an edit a compound "edit and run the visible tests" action (as agent
 scaffolds often do): the same runs, one decision fewer per attempt, and much faster learning.
 
-Every TEST and every verdict is a real run in a bubblewrap sandbox (``python3 -I`` on a plain test
-script that prints pytest-style ``PASSED``/``FAILED`` lines, without pytest's start-up cost); its output is read by swebench's pytest log parser, and the verdict is graded by
-swebench's FAIL_TO_PASS / PASS_TO_PASS report (:func:`~thundersync_lightning.envs.code.grading.grade_log`)
-on the hidden tests, which are written into the workspace only when the verdict runs.
+Every TEST and every verdict is a real run in a bubblewrap sandbox (``python3 -I`` on a plain
+script, without pytest's start-up cost). A TEST prints pytest-style ``PASSED``/``FAILED`` lines,
+read by swebench's pytest log parser (what the agent sees). The verdict runs the hidden cases'
+arguments only and prints one ``RESULT <i> <repr>`` line per case; the host compares each value,
+parsed as a Python literal, with the expected one (which never enters the sandbox), so neither a
+printed ``PASSED`` line nor a returned object whose ``__eq__`` says yes can pass a case, and a case
+answered twice fails. The pytest-style log the host builds from that is graded by swebench's
+FAIL_TO_PASS / PASS_TO_PASS report (:func:`~thundersync_lightning.envs.code.grading.grade_log`).
 
 Native tool calls (``conversation``): the same task as a small repository. The prompt names the
 buggy function in ``solution.py`` and the visible tests (``python3 -I test_visible.py``); the
@@ -28,8 +32,10 @@ verdict grades ``solution.py`` as the agent left it, with the same hidden tests.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import os
+import re
 import stat
 import tempfile
 import threading
@@ -44,7 +50,8 @@ from ..sandbox.uids import UidLease, UidPool
 from ..tools import ToolConversation
 from .generate import MutationTask
 
-__all__ = ["ActionVocab", "MutationEnv", "test_script", "parse_results", "tools_prompt"]
+__all__ = ["ActionVocab", "MutationEnv", "test_script", "result_script", "graded_log", "parse_results",
+           "tools_prompt"]
 
 
 def tools_prompt(task: MutationTask) -> str:
@@ -87,6 +94,54 @@ def test_script(function: str, cases: Sequence[tuple[str, tuple, object]], file:
         "        ok = False\n"
         f"    print(('PASSED' if ok else 'FAILED') + ' {file}::' + name)\n"
     )
+
+
+def result_script(function: str, cases: Sequence[tuple[str, tuple, object]]) -> str:
+    """A plain script printing ``RESULT <i> <repr(fn(*args))>`` per case (arguments only: the
+    expected values stay on the host, see :func:`graded_log`)."""
+    args = [a for _, a, _ in cases]
+    return (
+        f"ARGS = {args!r}\n"
+        "ns = {}\n"
+        "try:\n"
+        "    with open('solution.py') as f:\n"
+        "        exec(compile(f.read(), 'solution.py', 'exec'), ns)\n"
+        f"    fn = ns[{function!r}]\n"
+        "except BaseException as exc:\n"
+        "    fn = None\n"
+        "    print('ERROR loading solution.py:', type(exc).__name__, exc)\n"
+        "for i, args in enumerate(ARGS):\n"
+        "    try:\n"
+        "        value = repr(fn(*args))\n"
+        "    except Exception:\n"
+        "        value = '<raised>'\n"
+        "    print('RESULT', i, value.replace('\\n', ' '), flush=True)\n"
+    )
+
+
+_RESULT = re.compile(r"^RESULT (\d+) (.*)$")
+
+
+def graded_log(output: str, cases: Sequence[tuple[str, tuple, object]], file: str) -> str:
+    """pytest-style status lines for ``cases`` from the ``RESULT`` lines of a :func:`result_script`
+    run: a case passes when exactly one line answers it and its value, parsed on the host as a
+    Python literal (never executed), equals the expected one."""
+    answers: dict[int, list[str]] = {}
+    for line in output.splitlines():
+        m = _RESULT.match(line)
+        if m is not None:
+            answers.setdefault(int(m.group(1)), []).append(m.group(2))
+    out = []
+    for i, (name, _, expected) in enumerate(cases):
+        given = answers.get(i, [])
+        ok = False
+        if len(given) == 1:
+            try:
+                ok = bool(ast.literal_eval(given[0]) == expected)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                ok = False
+        out.append(f"{'PASSED' if ok else 'FAILED'} {file}::{name}\n")
+    return "".join(out)
 
 
 def parse_results(log: str) -> dict[str, str]:
@@ -228,8 +283,9 @@ class MutationEnv:
                 elif not patch:
                     self._outcome = EvalOutcome(False, "empty patch: the buggy file was submitted")
                 else:
-                    self._write("test_hidden.py", test_script(self.task.function, self.task.hidden, "test_hidden.py"))
-                    log = framed_log(self._run("test_hidden.py"))
+                    self._write("test_hidden.py", result_script(self.task.function, self.task.hidden))
+                    run = self._run("test_hidden.py")
+                    log = framed_log(run, graded_log(run.text, self.task.hidden, "test_hidden.py"))
                     self._outcome = grade_log(self.task.task_id, log, self.task.fail_to_pass,
                                               self.task.pass_to_pass, patch)
             return self._outcome

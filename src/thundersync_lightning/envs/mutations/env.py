@@ -74,20 +74,25 @@ class ActionVocab:
         return self.k + 8
 
 
+def _load(function: str) -> str:
+    """Script lines that bind ``fn`` to ``function`` of the agent's ``solution.py`` (None when it fails)."""
+    return ("ns = {}\n"
+            "try:\n"
+            "    with open('solution.py') as f:\n"
+            "        exec(compile(f.read(), 'solution.py', 'exec'), ns)\n"
+            f"    fn = ns[{function!r}]\n"
+            "except BaseException as exc:\n"
+            "    fn = None\n"
+            "    print('ERROR loading solution.py:', type(exc).__name__, exc)\n")
+
+
 def test_script(function: str, cases: Sequence[tuple[str, tuple, object]], file: str) -> str:
     """A plain Python test script printing one pytest-style status line per case."""
     rows = ",\n    ".join(repr((name, args, expected)) for name, args, expected in cases)
     return (
         f"CASES = [\n    {rows},\n]\n"
-        "ns = {}\n"
-        "try:\n"
-        "    with open('solution.py') as f:\n"
-        "        exec(compile(f.read(), 'solution.py', 'exec'), ns)\n"
-        f"    fn = ns[{function!r}]\n"
-        "except BaseException as exc:\n"
-        "    fn = None\n"
-        "    print('ERROR loading solution.py:', type(exc).__name__, exc)\n"
-        "for name, args, expected in CASES:\n"
+        + _load(function)
+        + "for name, args, expected in CASES:\n"
         "    try:\n"
         "        ok = fn is not None and fn(*args) == expected\n"
         "    except Exception:\n"
@@ -102,15 +107,8 @@ def result_script(function: str, cases: Sequence[tuple[str, tuple, object]]) -> 
     args = [a for _, a, _ in cases]
     return (
         f"ARGS = {args!r}\n"
-        "ns = {}\n"
-        "try:\n"
-        "    with open('solution.py') as f:\n"
-        "        exec(compile(f.read(), 'solution.py', 'exec'), ns)\n"
-        f"    fn = ns[{function!r}]\n"
-        "except BaseException as exc:\n"
-        "    fn = None\n"
-        "    print('ERROR loading solution.py:', type(exc).__name__, exc)\n"
-        "for i, args in enumerate(ARGS):\n"
+        + _load(function)
+        + "for i, args in enumerate(ARGS):\n"
         "    try:\n"
         "        value = repr(fn(*args))\n"
         "    except Exception:\n"

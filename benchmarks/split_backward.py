@@ -1,5 +1,5 @@
 """Learner cost of a call that spans many destinations: separate calls, one call with a backward
-per destination, and one split backward (``core/split_backward.py``).
+per destination, and one split backward (the backward backend ``backends/split/``).
 
 Workload: one streaming moment of B groups of G trajectories: group 0 fully rewarded (its rows
 go to the step's gradient), groups 1-2 partly rewarded (rows with a known reward go to their
@@ -10,8 +10,8 @@ go to the step's gradient), groups 1-2 partly rewarded (rows with a known reward
   together, each bucket, each pending row alone);
 * ``per_job``: one call (one forward) and one ``autograd.grad`` per destination on its graph;
 * ``split``: one call, one backward, the parameter gradients split by row; the sums and held
-  gradients keep Linear/Embedding weight gradients as factors where smaller (``core/factors.py``);
-* ``split_dense``: the same with ``StreamingGRPO(factor_sums=False)``: every destination's
+  gradients keep Linear/Embedding weight gradients as factors where smaller (``backends/split/factors.py``);
+* ``split_dense``: the same with ``SplitBackend(factors=False)``: every destination's
   gradient formed at once (the split before the factors).
 
 All four give the same gradient (relative difference printed). Three models: the toy policy of
@@ -48,8 +48,8 @@ from _common import (  # noqa: E402
     write_result,
 )
 from _harness import load_average, qwen3_config  # noqa: E402
+from thundersync_lightning.backends.split import SplitBackend  # noqa: E402
 from thundersync_lightning.core import StreamingGRPO, engine_logprobs  # noqa: E402
-from thundersync_lightning.core.split_backward import RowCapture  # noqa: E402
 from thundersync_lightning.core.types import Segment, Trajectory  # noqa: E402
 from thundersync_lightning.envs.toy import toy_model_spec  # noqa: E402
 from thundersync_lightning.modules import GRPOPolicy  # noqa: E402
@@ -100,19 +100,21 @@ def calls(batch: list[Trajectory], early: list[str], size: int) -> list[list[Tra
     return [direct, *buckets.values(), *lone]
 
 
-def run(policy: GRPOPolicy, batch, early, size, way: str, capture: RowCapture | None) -> tuple[torch.Tensor, int]:
+def run(policy: GRPOPolicy, batch, early, size, way: str, backend: SplitBackend) -> tuple[torch.Tensor, int]:
     params = [p for p in policy.parameters() if p.requires_grad]
-    acc = StreamingGRPO(params, objective=policy.objective, factor_sums=way != "split_dense")
+    split = way.startswith("split")
+    backend.factors = way != "split_dense"
+    acc = StreamingGRPO(params, objective=policy.objective, backend=backend if split else None)
     for g in sorted({t.group_id for t in batch}):
         acc.open_group(g, [t.trajectory_id for t in batch if t.group_id == g])
     reward = {t.trajectory_id: float(t.sample % 2) for t in batch}
     for tid in early:
         acc.add_reward(tid, reward[tid])
     for chunk in calls(batch, early, size) if way == "separate" else [batch]:
-        cap = capture if way.startswith("split") else None
-        scores = policy.score_tokens(chunk, capture=cap)
+        watch = backend.capture if split else None
+        scores = policy.score_tokens(chunk, watch=watch)
         engine = engine_logprobs(chunk, scores.mask, scores.logprobs.dtype)
-        acc.add_tokens([t.trajectory_id for t in chunk], scores, engine, capture=cap)
+        acc.add_tokens([t.trajectory_id for t in chunk], scores, engine, watch=watch)
     for t in batch:
         if t.trajectory_id not in early:
             acc.add_reward(t.trajectory_id, reward[t.trajectory_id])
@@ -131,14 +133,14 @@ def measure(name: str, groups: int, size: int, repeats: int, forward_tokens: int
     policy = GRPOPolicy(config=config, score_forward_tokens=forward_tokens).to(device)
     batch = make_batch(groups, size, prompt, action, config["vocab_size"])
     early = early_rewards(batch, size)
-    capture = RowCapture(policy, [p for p in policy.parameters() if p.requires_grad], strict=True)
+    backend = SplitBackend(policy, [p for p in policy.parameters() if p.requires_grad], strict=True)
     grads, passes = {}, {}
     for way in WAYS:  # warm-up; the split's first call is its check against per-destination passes
-        grads[way], passes[way] = run(policy, batch, early, size, way, capture)
+        grads[way], passes[way] = run(policy, batch, early, size, way, backend)
     samples: dict[str, dict[str, list[float]]] = {w: {"wall": [], "cpu": []} for w in WAYS}
     for _ in range(repeats):
         for way in WAYS:  # interleaved: the same machine conditions for each way
-            wall, cpu, _ = timed_cpu(lambda way=way: run(policy, batch, early, size, way, capture))
+            wall, cpu, _ = timed_cpu(lambda way=way: run(policy, batch, early, size, way, backend))
             samples[way]["wall"].append(wall)
             samples[way]["cpu"].append(cpu)
     medians = {w: {"wall_s": median(v["wall"]), "cpu_s": median(v["cpu"])} for w, v in samples.items()}

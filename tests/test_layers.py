@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "thundersync_lightning"
 LAYERS = {
     "core": 0,
     "planning": 1,
+    "backends": 1,
     "strategy": 2,
     "rollout": 3,
     "envs": 3,
@@ -187,10 +189,31 @@ def test_the_data_module_and_the_policy_import_nothing_from_the_strategy():
     assert offenders == []
 
 
+def test_the_backward_backends_import_nothing_above_the_core():
+    offenders = [
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for path in (PACKAGE / "backends").rglob("*.py")
+        for name in _imports(path)
+        if name.startswith(f"{PACKAGE.name}.") and name.split(".")[1] not in ("core", "backends")
+    ]
+    assert offenders == []
+
+
+def test_the_accumulator_the_runner_and_the_policy_meet_no_split_concept():
+    # they talk to a backward backend (core/backward.py); the split backward lives in backends/split
+    words = r"\b(?:split\w*|capture|factors?|row_grads|hold_room|max_destinations|backends)\b|\bmix="
+    offenders = [
+        f"{name}: {word}"
+        for name in ("core/streaming.py", "strategy/runner.py", "strategy/batching.py", "modules/policy.py")
+        for word in sorted(set(re.findall(words, (PACKAGE / name).read_text())))
+    ]
+    assert offenders == []
+
+
 def test_the_core_and_the_planner_import_no_lightning():
     offenders = [
         str(path.relative_to(PACKAGE))
-        for part in ("core", "planning")
+        for part in ("core", "planning", "backends")
         for path in (PACKAGE / part).rglob("*.py")
         if any(name.split(".")[0] in ("lightning", "pytorch_lightning") for name in _imports(path))
     ]

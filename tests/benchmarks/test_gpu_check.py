@@ -77,3 +77,17 @@ def test_the_gpu_check_refuses_to_run_without_a_cuda_device_unless_it_is_a_dry_r
                           text=True, timeout=600)
     assert done.returncode == 2 and "no usable CUDA device" in done.stderr
     assert not (tmp_path / "gpu" / "sections.tsv").exists()  # nothing ran
+
+
+@pytest.mark.slow
+def test_only_runs_the_named_sections_and_records_the_others_as_not_selected(tmp_path):
+    out = tmp_path / "gpu"
+    env = {**bare_env(tmp_path), "PY": sys.executable, "OUT": str(out), "WHEELS": str(tmp_path / "no-wheels"),
+           "ONLY": "offload"}
+    done = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
+    status = {line.split("\t")[0]: line.split("\t")[1] for line in (out / "sections.tsv").read_text().splitlines()}
+    assert status.pop("offload") == "ok"
+    assert set(status.values()) <= {"not selected", "not available"} and "verify" in status, status
+    assert (out / "offload" / "offload.json").is_file() and not (out / "verify").exists()

@@ -87,7 +87,7 @@ def test_the_opd_expectation_over_the_students_samples_is_the_gradient_of_kl_stu
     for y in range(vocab):  # every possible sample y, weighted by the student's probability
         scores = TokenScores(logp[y].reshape(1, 1), torch.ones(1, 1, dtype=torch.bool))
         terms = trajectory_terms(obj, scores, None, teacher[y].reshape(1, 1))
-        (g,) = torch.autograd.grad(-terms.independent.sum(), logits, retain_graph=True)  # L = -R
+        (g,) = torch.autograd.grad(-terms.regulariser.sum(), logits, retain_graph=True)  # L = -R
         got += float(logp[y].exp()) * g
     assert float((got - expected).norm()) <= 1e-12 * float(expected.norm())
 
@@ -150,5 +150,5 @@ def test_opd_and_reward_weights_are_validated_and_opd_needs_a_teacher():
     with pytest.raises(ConfigError, match="opd_coef must be a finite number >= 0, got inf"):
         Objective(opd_coef=float("inf"))
     assert Objective(opd_coef=0.1).needs_teacher and not Objective().needs_teacher
-    assert Objective(opd_coef=0.1).has_independent_terms and Objective(opd_coef=0.1).needs_token_detail
+    assert Objective(opd_coef=0.1).has_regulariser_terms and Objective(opd_coef=0.1).needs_token_detail
     assert Objective(reward_coef=0.0).coefficients(torch.tensor([0.0, 1.0], dtype=torch.float64)) == (0.0, 0.0)

@@ -113,9 +113,9 @@ def test_k3_corrected_has_the_value_of_k3_and_the_gradient_of_k2():
     tids = ["x0", "x1", "x2"]
     s = policy.scores(tids)
     terms = {k: trajectory_terms(Objective(kl_coef=1.0, kl_estimator=k), s, None) for k in ("k2", "k3", "k3_corrected")}
-    assert torch.allclose(terms["k3_corrected"].independent, terms["k3"].independent, rtol=0, atol=1e-15)
+    assert torch.allclose(terms["k3_corrected"].regulariser, terms["k3"].regulariser, rtol=0, atol=1e-15)
     params = params_of(policy)
-    g = {k: torch.autograd.grad(t.independent.sum(), params, retain_graph=True) for k, t in terms.items()}
+    g = {k: torch.autograd.grad(t.regulariser.sum(), params, retain_graph=True) for k, t in terms.items()}
     assert all(torch.allclose(a, b, rtol=1e-12, atol=1e-15) for a, b in zip(g["k3_corrected"], g["k2"]))
     assert not all(torch.allclose(a, b, rtol=1e-6) for a, b in zip(g["k3"], g["k2"]))
 

@@ -9,37 +9,48 @@ from collections.abc import Iterator
 import pytest
 
 from thundersync_lightning.envs.sandbox import BwrapConfig, BwrapSandbox, SandboxLimits, chown_tree
-from thundersync_lightning.envs.sandbox.fs import remove_tree
+from thundersync_lightning.envs.sandbox.fs import BoundedDir
 
 from ._support import TEST_POOL
 
 
-@pytest.fixture
-def sandbox_dir() -> Iterator[str]:
+def bounded_dir(size_bytes: int = 2 * 1024**3, inodes: int = 200_000, mode: int = 0o711) -> BoundedDir:
+    """A fresh directory under /tmp/thundersync-test-sandboxes with a disk and inode budget of its own
+    (every sandbox needs one; the caller removes it with ``.remove()``)."""
     root = "/tmp/thundersync-test-sandboxes"
     os.makedirs(root, mode=0o711, exist_ok=True)
-    d = tempfile.mkdtemp(dir=root)
-    os.chmod(d, 0o711)
-    yield d
-    remove_tree(d)
+    return BoundedDir(tempfile.mkdtemp(dir=root), size_bytes, inodes, mode)
 
 
 @pytest.fixture
-def make_box(sandbox_dir: str) -> Iterator:
+def sandbox_budget() -> Iterator[BoundedDir]:
+    """A bounded directory (mode 0711) for the sandboxes of one test: their workdirs go inside."""
+    budget = bounded_dir()
+    yield budget
+    budget.remove()
+
+
+@pytest.fixture
+def sandbox_dir(sandbox_budget: BoundedDir) -> str:
+    return sandbox_budget.path
+
+
+@pytest.fixture
+def make_box(sandbox_budget: BoundedDir) -> Iterator:
     """Factory: a BwrapSandbox with small limits, its own uid and an empty workdir."""
     leases = []
 
     def factory(*, cgroups: bool = True, seccomp: bool = True, **limits: float) -> BwrapSandbox:
         lease = TEST_POOL.acquire()
         leases.append(lease)
-        work = os.path.join(sandbox_dir, f"w{lease.uid}")
+        work = os.path.join(sandbox_budget.path, f"w{lease.uid}")
         os.mkdir(work)
         chown_tree(work, lease.uid)
         defaults = dict(timeout_s=10.0, max_output_bytes=64 * 1024, nproc=64, memory_bytes=512 * 1024**2,
                         fsize_bytes=16 * 1024**2)
         defaults.update(limits)
         config = BwrapConfig(limits=SandboxLimits(**defaults), cgroups=cgroups, seccomp=seccomp)
-        return BwrapSandbox(work, lease.uid, config)
+        return BwrapSandbox(work, lease.uid, config, budget=sandbox_budget)
 
     yield factory
     for lease in leases:

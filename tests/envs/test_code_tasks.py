@@ -83,7 +83,7 @@ def test_a_patch_that_edits_the_tests_earns_reward_zero(source, name):
         env.step(CODEC.encode("submit"))
         assert env.verdict() == 0.0
         outcome = env.outcome()
-        assert outcome.reason == "tests failed"
+        assert outcome.reason.startswith("tests failed: ") and all(f"{t}: FAILED" in outcome.reason for t in task.fail_to_pass)
         assert sorted(outcome.report["tests_status"]["FAIL_TO_PASS"]["failure"]) == sorted(task.fail_to_pass)
     finally:
         env.close()

@@ -1,8 +1,9 @@
 """A SIGKILLed learner's containers are removed by its reaper; dead owners' leftovers are swept.
 
-No container engine runs here: a fake ``podman`` executable records every call (argv, pid, parent
-pid) and behaves as the client would (``run`` blocks like a long command, ``ps`` lists what the
-test says exists). ContainerSandbox and the reaper run their real code paths against it.
+A fake ``podman`` executable records every call (argv, pid, parent pid) and behaves as the client
+would (``run`` blocks like a long command, ``ps`` lists what the test says exists); ContainerSandbox
+and the reaper run their real code paths against it. The ``container`` tests at the end do the same
+with podman and a local image (``make test-containers``).
 """
 
 from __future__ import annotations
@@ -83,13 +84,16 @@ def removals(tmp_path) -> list[dict]:
     return [c for c in calls(tmp_path) if c["argv"][:2] == ["rm", "-f"]]
 
 
-def test_a_sigkilled_learners_running_container_is_removed_by_its_reaper(tmp_path, fake_podman):
+def test_a_sigkilled_learners_running_container_is_removed_by_its_reaper(tmp_path, fake_podman, sandbox_budget):
+    work = os.path.join(sandbox_budget.path, "w")
+    os.mkdir(work)
     learner = textwrap.dedent(f"""\
         import sys
         sys.path.insert(0, {SRC!r})
-        from thundersync_lightning.envs.sandbox import ContainerConfig, ContainerSandbox
-        box = ContainerSandbox({str(tmp_path)!r}, "localhost/fake:1", 4_000_000,
-                               ContainerConfig(engine={fake_podman!r}, runtime=""))
+        from thundersync_lightning.envs.sandbox import BoundedDir, ContainerConfig, ContainerSandbox
+        budget = BoundedDir({work!r}, 1 << 20, 100)  # inside the test's own: unmounted with it
+        box = ContainerSandbox(budget.path, "localhost/fake:1", 4_000_000,
+                               ContainerConfig(engine={fake_podman!r}, runtime=""), budget=budget)
         print(box.reaper.process.pid, flush=True)
         box.run("sleep 1000", timeout_s=300)
         """)
@@ -118,9 +122,9 @@ def test_a_sigkilled_learners_running_container_is_removed_by_its_reaper(tmp_pat
             os.kill(client, signal.SIGKILL)
 
 
-def test_a_learner_that_ends_normally_leaves_its_reaper_nothing_to_do(tmp_path, fake_podman):
-    box = ContainerSandbox(str(tmp_path), "localhost/fake:1", 4_000_000,
-                           ContainerConfig(engine=fake_podman, runtime=""))
+def test_a_learner_that_ends_normally_leaves_its_reaper_nothing_to_do(tmp_path, fake_podman, sandbox_budget):
+    box = ContainerSandbox(sandbox_budget.path, "localhost/fake:1", 4_000_000,
+                           ContainerConfig(engine=fake_podman, runtime=""), budget=sandbox_budget)
     reaper = box.reaper
     name = container_name()
     reaper.started(name)
@@ -145,3 +149,74 @@ def test_the_start_up_sweep_removes_only_containers_of_this_host_whose_owner_is_
     assert {c["argv"][-1] for c in removals(tmp_path)} == {dead, reused}
     listing = [c for c in calls(tmp_path) if c["argv"][:2] == ["ps", "-a"]][0]["argv"]
     assert f"label=tsl.host={host_key()}" in listing
+
+
+# ---------------------------------------------------------------- with podman (make test-containers)
+
+IMAGE = os.environ.get("THUNDERSYNC_TEST_IMAGE", "localhost/thundersync-pytest:latest")
+PODMAN_DEADLINE_S = 90.0
+
+
+def podman_names(engine: str, prefix: str) -> list[str]:
+    out = subprocess.run([engine, "--runtime", "/usr/sbin/runc", "ps", "-a", "--format", "{{.Names}}"],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    return [n for n in out.split() if n.startswith(prefix)]
+
+
+@pytest.mark.container
+@pytest.mark.parametrize("killed", ["learner", "client"])
+def test_with_podman_a_sigkilled_client_or_learner_leaves_no_container(sandbox_budget, killed):
+    from thundersync_lightning.envs.sandbox import find_engine, image_exists
+
+    engine = find_engine("podman")
+    if engine is None or not image_exists(IMAGE, engine):
+        pytest.skip(f"needs podman and the local image {IMAGE} (scripts/build_test_image.sh)")
+    work = os.path.join(sandbox_budget.path, "w")
+    os.mkdir(work)
+    learner = textwrap.dedent(f"""\
+        import sys
+        sys.path.insert(0, {SRC!r})
+        from thundersync_lightning.envs.sandbox import BoundedDir, ContainerConfig, ContainerSandbox
+        budget = BoundedDir({work!r}, 1 << 20, 100)  # inside the test's own: unmounted with it
+        box = ContainerSandbox(budget.path, {IMAGE!r}, 4_000_000, ContainerConfig(engine="podman"), budget=budget)
+        print("ready", flush=True)
+        result = box.run("sleep 1000", timeout_s=300)
+        print("returned", result.exit_code, result.timed_out, flush=True)
+        """)
+    proc = subprocess.Popen([sys.executable, "-c", learner, "--multiprocessing-fork"], stdout=subprocess.PIPE,
+                            text=True)
+    prefix = f"tsl-{proc.pid}-"
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + PODMAN_DEADLINE_S
+        while not podman_names(engine, prefix):  # the container exists (podman's own state, polled)
+            assert time.monotonic() < deadline and proc.poll() is None, "no container started"
+            time.sleep(0.2)
+        (name,) = podman_names(engine, prefix)
+        if killed == "learner":
+            proc.kill()  # SIGKILL: no finally, no atexit; the reaper removes the container
+        else:
+            clients = [int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(int(p), name, "run")]
+            assert clients
+            for pid in clients:
+                os.kill(pid, signal.SIGKILL)  # the learner lives on and removes it once the client returns
+        while podman_names(engine, prefix):
+            assert time.monotonic() < deadline, f"container {name} outlived the SIGKILLed {killed}"
+            time.sleep(0.2)
+        if killed == "client":
+            assert proc.stdout.readline().startswith("returned -9")  # the run saw its client killed
+    finally:
+        proc.kill()
+        proc.wait()
+        for leftover in podman_names(engine, prefix):
+            subprocess.run([engine, "--runtime", "/usr/sbin/runc", "rm", "-f", "-t", "0", leftover],
+                           capture_output=True)
+
+
+def _cmdline_has(pid: int, *words: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            args = f.read().split(b"\0")
+    except OSError:
+        return False
+    return all(w.encode() in args for w in words)

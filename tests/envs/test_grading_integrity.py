@@ -45,7 +45,7 @@ OLD_DIFF = (f"{OLD_GIT} add -A . >/dev/null && "
 
 
 @pytest.fixture
-def repo_box(sandbox_dir):
+def repo_box(sandbox_dir, sandbox_budget):
     """Factory: the task's original repository (hidden tests included, bug NOT fixed) plus
     ``extra`` files, in a sandbox that has the host's test runner bound read-only."""
     leases = []
@@ -64,7 +64,7 @@ def repo_box(sandbox_dir):
         runner = os.path.join(sandbox_dir, f"runner{lease.uid}")
         write_runner(runner)
         limits = SandboxLimits(timeout_s=60.0, max_output_bytes=1 << 20)
-        return BwrapSandbox(work, lease.uid, BwrapConfig(limits), ro_binds={runner: RUNNER_DIR})
+        return BwrapSandbox(work, lease.uid, BwrapConfig(limits), budget=sandbox_budget, ro_binds={runner: RUNNER_DIR})
 
     yield factory
     for lease in leases:
@@ -310,7 +310,7 @@ def test_the_container_eval_script_holds_no_secret_and_forged_markers_are_droppe
 
 
 @needs_bwrap
-def test_the_reporters_process_cannot_be_read_by_other_processes_of_its_uid(sandbox_dir):
+def test_the_reporters_process_cannot_be_read_by_other_processes_of_its_uid(sandbox_dir, sandbox_budget):
     lease = TEST_POOL.acquire()
     try:
         work = os.path.join(sandbox_dir, "w")
@@ -318,7 +318,7 @@ def test_the_reporters_process_cannot_be_read_by_other_processes_of_its_uid(sand
         chown_tree(work, lease.uid)
         runner = os.path.join(sandbox_dir, "runner")
         write_runner(runner)
-        box = BwrapSandbox(work, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60.0)), ro_binds={runner: RUNNER_DIR})
+        box = BwrapSandbox(work, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60.0)), budget=sandbox_budget, ro_binds={runner: RUNNER_DIR})
         probe = ("import os, subprocess, sys; sys.path.insert(0, '/tsl-runner'); import tsl_report; "
                  "peek = lambda: subprocess.run(['cat', f'/proc/{os.getpid()}/environ'], capture_output=True)"
                  ".returncode; before = peek(); tsl_report.make_undumpable(); print('peek', before, peek())")
@@ -388,7 +388,7 @@ REWRITER = ("def answer():\n    return 42\n\n\ndef answer_for(n):\n    return n\
 
 
 @needs_bwrap
-def test_code_under_test_cannot_rewrite_a_test_file_before_it_is_collected(sandbox_dir):
+def test_code_under_test_cannot_rewrite_a_test_file_before_it_is_collected(sandbox_dir, sandbox_budget):
     from thundersync_lightning.envs.code import LocalWorkspace, WorkspaceSettings
 
     # Before: in a tree the sandbox uid may write, the rewrite works against the runner itself.
@@ -402,7 +402,7 @@ def test_code_under_test_cannot_rewrite_a_test_file_before_it_is_collected(sandb
         chown_tree(work, lease.uid)
         runner = os.path.join(sandbox_dir, "runner")
         write_runner(runner)
-        box = BwrapSandbox(work, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60.0)), ro_binds={runner: RUNNER_DIR})
+        box = BwrapSandbox(work, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60.0)), budget=sandbox_budget, ro_binds={runner: RUNNER_DIR})
         key = new_key()
         result = box.run(runner_command(TWO_FILES.fail_to_pass), stdin=(key + "\n").encode())
         assert statuses(parse_results(result.text, key)) == {n: "PASSED" for n in TWO_FILES.fail_to_pass}

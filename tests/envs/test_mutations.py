@@ -75,6 +75,43 @@ def test_edit_test_retry_in_the_sandbox_and_the_swebench_graded_verdict(test_on_
     assert env.step([v.start + 3]).observation == (v.bad,)  # a token outside the language
 
 
+# solution.py as an agent acting through tools could write it: each one "passes" every hidden case
+# without computing anything (the function name is filled in).
+HACKS = {
+    "always-equal": "class _Yes:\n    def __eq__(self, other):\n        return True\n\n\ndef {f}(*args):\n"
+                    "    return _Yes()\n",
+    "printed PASSED lines": "import os\n\n\ndef {f}(*args):\n    for n in {names!r}:\n"
+                            "        print('PASSED test_hidden.py::' + n, flush=True)\n    os._exit(0)\n",
+    "answers twice": "def {f}(*args):\n    print('RESULT', 0, repr(args), flush=True)\n    return None\n",
+}
+
+
+@needs_bwrap
+@pytest.mark.parametrize("hack", sorted(HACKS))
+def test_a_solution_that_forges_its_hidden_results_earns_nothing(hack: str) -> None:
+    src = MutationTasks(uid_base=3_950_000, uid_count=64, sandbox_root="/tmp/thundersync-test-mutations")
+    task = src.validation_tasks()[0]
+    text = HACKS[hack].format(f=task.function, names=[n for n, _, _ in task.hidden])
+    env = src.make_env(task, 0)
+    try:
+        env.reset()
+        env._box.run(f"cat > solution.py <<'EOF_S'\n{text}EOF_S")  # what a bash tool call does
+        env._current = env._read_solution()
+        assert env._current == text
+        # Before: the sandboxed script compared (or printed) the results itself: "always-equal" and
+        # "printed PASSED lines" resolved the task.
+        assert env.verdict() == 0.0, env.outcome().reason
+    finally:
+        env.close()
+    fixed = src.make_env(task, 0)
+    try:
+        fixed.reset()
+        fixed.step([task.answer])
+        assert fixed.verdict() == 1.0
+    finally:
+        fixed.close()
+
+
 def test_local_code_tasks_split_by_name_keeps_held_out_tasks_out_of_training() -> None:
     from thundersync_lightning.core.errors import ConfigError
     from thundersync_lightning.envs.local_split import SplitLocalCodeTasks

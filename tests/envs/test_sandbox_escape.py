@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import json
 import os
+import platform
 import resource
 import select
 import shlex
@@ -12,14 +14,22 @@ import shutil
 import socket
 import struct
 import subprocess
+import tempfile
 import uuid
 
 import pytest
 
+from thundersync_lightning.envs.sandbox import (
+    BwrapConfig,
+    BwrapSandbox,
+    SandboxLimits,
+    bwrap_available,
+    chown_tree,
+)
 from thundersync_lightning.envs.sandbox.cgroups import probe
-from thundersync_lightning.envs.sandbox.fs import remove_tree
+from thundersync_lightning.envs.sandbox.fs import BoundedDir, remove_tree
 
-from ._support import needs_bwrap, processes_of, processes_of_tag
+from ._support import TEST_POOL, needs_bwrap, processes_of, processes_of_tag
 
 pytestmark = needs_bwrap
 
@@ -235,7 +245,10 @@ calls = {  # name: (x86_64 nr, aarch64 nr, args)
     "bpf": (321, 280, (0, None, 0)), "perf_event_open": (298, 241, (None, 0, -1, -1, 0)),
     "userfaultfd": (323, 282, (0,)), "unshare": (272, 97, (0x10000000,)), "setns": (308, 268, (0, 0)),
     "mount": (165, 40, (b"none", b"/tmp", b"tmpfs", 0, None)), "ptrace": (101, 117, (0, 0, 0, 0)),  # PTRACE_TRACEME
+    "pidfd_getfd": (438, 438, (0, 0, 0)),
 }
+if x86:
+    calls["modify_ldt"] = (154, None, (0, None, 0))  # read the LDT (x86 only)
 for name, (a, b, args) in calls.items():
     r = libc.syscall(a if x86 else b, *args)
     e = ctypes.get_errno()
@@ -249,7 +262,7 @@ def test_seccomp_denies_keyrings_io_uring_bpf_perf_userfaultfd_namespaces_mount_
     before = dict(line.split(" ", 1) for line in make_box(seccomp=False).run(script).text.splitlines())
     assert before["keyctl"] != "EPERM" and before["add_key"] != "EPERM" and before["io_uring_setup"] != "EPERM"
     after = dict(line.split(" ", 1) for line in make_box().run(script).text.splitlines())
-    assert after == {name: "EPERM" for name in after} and len(after) == 11
+    assert after == {name: "EPERM" for name in after} and len(after) == (13 if platform.machine() == "x86_64" else 12)
 
 
 def test_the_seccomp_program_checks_the_architecture_first():
@@ -260,7 +273,99 @@ def test_the_seccomp_program_checks_the_architecture_first():
         insns = [struct.unpack("=HBBI", prog[i:i + 8]) for i in range(0, len(prog), 8)]
         assert insns[0] == (0x20, 0, 0, 4)  # load seccomp_data.arch
         assert insns[1] == (0x15, 1, 0, audit) and insns[2] == (0x06, 0, 0, 0x80000000)  # else kill
-        assert insns[-1] == (0x06, 0, 0, 0x00050000 | errno.EPERM) and insns[-2] == (0x06, 0, 0, 0x7FFF0000)
+        assert insns[-1] == (0x06, 0, 0, 0x00050000 | errno.EPERM)
+        assert insns[-2] == (0x06, 0, 0, 0x7FFF0000)  # an allowed socket family
+        assert insns[-3] == (0x06, 0, 0, 0x00050000 | errno.EAFNOSUPPORT)  # a refused one
+
+
+# Every socket family, one at a time, through socket(2) and socketpair(2) with each type; the
+# family also with bits above 32 set (the kernel reads an int: the filter must compare the same).
+_FAMILIES = r"""
+import ctypes, errno, json, os, platform, socket
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+SOCKET, SOCKETPAIR = (41, 53) if platform.machine() == "x86_64" else (198, 199)
+types = (socket.SOCK_STREAM, socket.SOCK_DGRAM, socket.SOCK_RAW, socket.SOCK_SEQPACKET)
+out = {}
+def attempt(nr, family, kind):
+    pair = (ctypes.c_int * 2)()
+    r = libc.syscall(nr, ctypes.c_long(family), kind, 0, pair)
+    e = ctypes.get_errno()
+    if r < 0:
+        return errno.errorcode.get(e, str(e))
+    os.close(r if nr == SOCKET else pair[0])
+    if nr == SOCKETPAIR:
+        os.close(pair[1])
+    return "ok"
+for family in range(64):
+    out[family] = {f"{call}/{kind}/{high}": attempt(nr, family | (high << 32), kind)
+                   for call, nr in (("socket", SOCKET), ("socketpair", SOCKETPAIR))
+                   for kind in types for high in (0, 1)}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def socket_families():
+    """What socket(2)/socketpair(2) gave for every family inside the sandbox, with and without the filter."""
+    if not bwrap_available():
+        pytest.skip("needs root and bubblewrap")
+    results = {}
+    with tempfile.TemporaryDirectory(dir="/tmp") as root:
+        os.chmod(root, 0o711)
+        for seccomp in (False, True):
+            lease = TEST_POOL.acquire()
+            try:
+                work = os.path.join(root, f"w{lease.uid}")
+                os.mkdir(work)
+                budget = BoundedDir(work, 16 * 1024**2, 1000, 0o700)
+                try:
+                    chown_tree(work, lease.uid)
+                    box = BwrapSandbox(work, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60.0), seccomp=seccomp),
+                                       budget=budget)
+                    run = box.run(f"python3 -c {shlex.quote(_FAMILIES)}")
+                finally:
+                    budget.remove()
+            finally:
+                lease.release()
+            assert run.exit_code == 0, run.text
+            results[seccomp] = {int(k): v for k, v in json.loads(run.text).items()}
+    return results
+
+
+def test_without_the_filter_some_family_outside_the_network_namespace_opens(socket_families):
+    # Before: netlink (and AF_VSOCK on a VM, AF_ALG, ...) open inside an empty network namespace.
+    opened = {f for f, r in socket_families[False].items() if f not in (1, 2, 10) and "ok" in r.values()}
+    assert 16 in opened  # AF_NETLINK
+
+
+@pytest.mark.parametrize("family", [f for f in range(64) if f not in (1, 2, 10)])
+def test_every_other_socket_family_is_refused_by_socket_and_socketpair(socket_families, family):
+    results = socket_families[True][family]
+    assert set(results.values()) == {"EAFNOSUPPORT"}, results
+
+
+def test_an_abstract_unix_socket_of_the_host_or_another_sandbox_is_out_of_reach(make_box):
+    name = f"tsl-probe-{uuid.uuid4().hex}"
+    host = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    host.bind("\0" + name)  # abstract names live in the network namespace
+    host.listen(1)
+    try:
+        probe = (f"import socket; s = socket.socket(socket.AF_UNIX); s.connect('\\0{name}'); print('connected')")
+        result = make_box().run(f"python3 -c {shlex.quote(probe)}")
+    finally:
+        host.close()
+    assert "connected" not in result.text and "ConnectionRefusedError" in result.text, result.text
+
+
+def test_unix_inet_and_inet6_sockets_still_work_inside(socket_families, make_box):
+    for family in (1, 2, 10):
+        assert socket_families[True][family]["socket/1/0"] == "ok"  # SOCK_STREAM
+    assert socket_families[True][1]["socketpair/1/0"] == "ok"
+    # The namespace's own loopback serves; the family with high bits set is the same family.
+    served = make_box().run("python3 -c \"import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1); "
+                            "c = socket.create_connection(s.getsockname()); print('served', s.accept()[1][0])\"")
+    assert "served 127.0.0.1" in served.text, served.text
 
 
 def test_the_hosts_session_keyring_is_not_visible_inside(make_box):
@@ -402,7 +507,7 @@ def test_closing_a_workspace_with_a_1000_deep_tree_frees_the_directory_and_the_u
     again.release()
 
 
-def test_limits_the_host_cannot_enforce_are_named_in_a_warning_or_an_error(monkeypatch, tmp_path, caplog):
+def test_limits_the_host_cannot_enforce_are_named_in_a_warning_or_an_error(monkeypatch, sandbox_budget, caplog):
     import logging
 
     from thundersync_lightning.envs.sandbox import BwrapConfig, BwrapSandbox, SandboxError
@@ -413,11 +518,87 @@ def test_limits_the_host_cannot_enforce_are_named_in_a_warning_or_an_error(monke
     monkeypatch.setattr(bwrap_module, "probe", lambda: CgroupSupport(0, {}, {c: why for c in ("memory", "pids", "cpu")}))
     monkeypatch.setattr(bwrap_module, "_warned", set())
     with pytest.raises(SandboxError, match="not enforced for: memory, pids, cpu"):
-        BwrapSandbox(str(tmp_path), 4_000_000, BwrapConfig(require_kernel_limits=True))
+        BwrapSandbox(sandbox_budget.path, 4_000_000, BwrapConfig(require_kernel_limits=True), budget=sandbox_budget)
     with caplog.at_level(logging.WARNING, logger=bwrap_module.__name__):
-        box = BwrapSandbox(str(tmp_path), 4_000_000, BwrapConfig())
+        box = BwrapSandbox(sandbox_budget.path, 4_000_000, BwrapConfig(), budget=sandbox_budget)
     assert box.cgroup_support is None
     assert "not enforced for: memory, pids, cpu" in caplog.text and why in caplog.text
+
+
+def test_a_sandbox_without_a_disk_budget_holding_its_writable_paths_is_a_constructor_error(sandbox_budget,
+                                                                                           tmp_path, monkeypatch):
+    from thundersync_lightning.envs.sandbox import ContainerSandbox, SandboxError
+    from thundersync_lightning.envs.sandbox import container as container_module
+
+    inside = os.path.join(sandbox_budget.path, "w")
+    os.mkdir(inside)
+    with pytest.raises(TypeError, match="budget"):
+        BwrapSandbox(inside, 4_000_000, BwrapConfig())  # type: ignore[call-arg]
+    with pytest.raises(SandboxError, match="not a BoundedDir"):
+        BwrapSandbox(inside, 4_000_000, BwrapConfig(), budget=None)
+    with pytest.raises(SandboxError, match="outside the disk budget"):
+        BwrapSandbox(str(tmp_path), 4_000_000, BwrapConfig(), budget=sandbox_budget)
+    with pytest.raises(SandboxError, match="outside the disk budget"):
+        BwrapSandbox(inside, 4_000_000, BwrapConfig(), budget=sandbox_budget, binds={str(tmp_path): "/data"})
+    with pytest.raises(SandboxError, match="outside the disk budget"):  # a link out of the budget is followed
+        os.symlink(str(tmp_path), os.path.join(sandbox_budget.path, "out"))
+        BwrapSandbox(os.path.join(sandbox_budget.path, "out"), 4_000_000, BwrapConfig(), budget=sandbox_budget)
+    unenforced = BoundedDir.__new__(BoundedDir)
+    unenforced.path, unenforced.enforced, unenforced.why_not = sandbox_budget.path, False, "no CAP_SYS_ADMIN"
+    with pytest.raises(SandboxError, match="not enforced"):
+        BwrapSandbox(inside, 4_000_000, BwrapConfig(require_kernel_limits=True), budget=unenforced)
+    monkeypatch.setattr(container_module, "find_engine", lambda engine="auto": "/usr/bin/podman")
+    with pytest.raises(SandboxError, match="outside the disk budget"):
+        ContainerSandbox(str(tmp_path), "localhost/x:1", 4_000_000, budget=sandbox_budget)
+    with pytest.raises(TypeError, match="budget"):
+        ContainerSandbox(inside, "localhost/x:1", 4_000_000)
+    assert BwrapSandbox(inside, 4_000_000, BwrapConfig(), budget=sandbox_budget).budget is sandbox_budget
+
+
+def test_mutation_and_unit_test_reward_sandboxes_write_inside_their_disk_budget():
+    from thundersync_lightning.envs.datasets.rewards import unit_tests
+    from thundersync_lightning.envs.mutations import MutationTasks
+
+    source = MutationTasks(sandbox_root="/tmp/thundersync-test-sandboxes", uid_base=3_957_000, uid_count=2,
+                           disk_bytes=8 * 1024**2, disk_inodes=200)
+    env = source.make_env(source.tasks(0, 1, 0)[0], seed=0)
+    try:
+        env.reset()
+        assert os.path.ismount(env._dir)
+        # Before: the workspace was a plain host directory; 5 x 4 MB (each under the fsize limit) all landed.
+        filled = env._box.run("for i in 1 2 3 4 5; do head -c 4000000 /dev/zero > f$i || echo full; done; "
+                              "for i in $(seq 400); do : > n$i 2>/dev/null || { echo no-inode; break; }; done")
+        assert "No space left on device" in filled.text and "no-inode" in filled.text
+        directory = env._dir
+    finally:
+        env.close()
+    assert not os.path.exists(directory)
+    # The dataset reward's sandbox: 5 x 20 MB (under the 64 MiB fsize limit each) do not all fit.
+    writer = "import os\nfor i in range(5):\n    open(f'f{i}', 'wb').write(bytes(20_000_000))\n"
+    assert unit_tests("", writer, tests="assert sum(os.path.getsize(f'f{i}') for i in range(5)) == 10**8",
+                      uid_base=3_957_100, uid_count=1) == 0.0
+    assert unit_tests("", "x = 1", tests="assert x == 1", uid_base=3_957_100, uid_count=1) == 1.0
+
+
+def test_the_mutation_verdict_never_writes_through_a_link_the_agent_left(tmp_path):
+    from thundersync_lightning.envs.mutations import MutationTasks
+
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    source = MutationTasks(sandbox_root="/tmp/thundersync-test-sandboxes", uid_base=3_957_000, uid_count=2)
+    task = source.tasks(0, 1, 0)[0]
+    env = source.make_env(task, seed=0)
+    try:
+        env.reset()
+        # Before: the host (root) opened test_hidden.py for writing and followed the agent's link.
+        env._box.run(f"ln -s {victim} test_hidden.py")
+        env._current = task.candidates[0]
+        env.outcome()
+        assert os.path.isfile(os.path.join(env._dir, "test_hidden.py"))
+        assert not os.path.islink(os.path.join(env._dir, "test_hidden.py"))
+    finally:
+        env.close()
+    assert victim.read_text() == "keep"
 
 
 def test_a_workspace_left_by_a_killed_learner_is_swept_when_its_uid_is_reused():

@@ -46,7 +46,7 @@ def write_jsonl(rows: list[dict], directory: str) -> str:
 @needs_bwrap
 @pytest.mark.parametrize("apply_gold", [True, False])
 def test_a_swebench_instance_is_graded_by_make_test_spec_and_get_eval_report_from_a_real_run(
-    tmp_path, sandbox_dir, apply_gold
+    tmp_path, sandbox_dir, sandbox_budget, apply_gold
 ):
     from swebench.harness.utils import make_test_spec
 
@@ -59,7 +59,7 @@ def test_a_swebench_instance_is_graded_by_make_test_spec_and_get_eval_report_fro
         (instance,) = load_instances(write_jsonl([row], str(tmp_path)))
         spec = make_test_spec(instance)
         chown_tree(repo, lease.uid)
-        box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60, max_output_bytes=1 << 20)))
+        box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60, max_output_bytes=1 << 20)), budget=sandbox_budget)
         if apply_gold:
             assert box.run("git apply -", stdin=TASK.gold_patch.encode()).exit_code == 0
         run = box.run(spec.eval_script)
@@ -104,10 +104,72 @@ _forge(%r)
 """
 
 
+# Appended to the module under test: reads the memory of every ancestor it can (the eval shell holds
+# the run's key and marker tags) and writes every 64-hex-digit string found onto every pipe it holds.
+PEEK = """
+import os as _os
+import re as _re
+
+
+def _peek():
+    found, pid = set(), _os.getppid()
+    while pid >= 1:  # in a container the eval shell is pid 1
+        try:
+            with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/mem", "rb") as mem:
+                for line in maps:
+                    span, perms = line.split()[:2]
+                    start, end = (int(x, 16) for x in span.split("-"))
+                    if "r" in perms and "w" in perms:
+                        try:
+                            mem.seek(start)
+                            found.update(_re.findall(rb"(?:tsl-)?[0-9a-f]{24,64}", mem.read(min(end - start, 1 << 24))))
+                        except OSError:
+                            pass
+        except OSError as e:
+            found.add(f"{pid}: {e}".encode())
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            break
+    text = b"PEEKED " + b" ".join(sorted(found)[:2000]) + b"\\n"
+    for fd in range(3, 256):
+        try:
+            if _os.readlink(f"/proc/self/fd/{fd}").startswith("pipe:"):
+                _os.write(fd, text)
+        except OSError:
+            pass
+
+
+_peek()
+"""
+
+
+# Appended to the module under test: marks the hidden test as an expected failure that never runs.
+XFAIL_ITSELF = """
+import gc as _gc
+
+import pytest as _pytest
+
+
+class _Marker:
+    def pytest_collection_modifyitems(self, items):
+        for item in items:
+            if item.nodeid.endswith(%r):
+                item.add_marker(_pytest.mark.xfail(run=False, reason="hack"))
+
+
+for _o in _gc.get_objects():
+    if type(_o).__name__ == "Config" and hasattr(_o, "pluginmanager"):
+        _o.pluginmanager.register(_Marker(), "tsl-hack")
+        break
+"""
+
+
 @needs_bwrap
-@pytest.mark.parametrize("variant", ["gold", "unfixed", "forged"])
+@pytest.mark.parametrize("variant", ["gold", "unfixed", "forged", "xfail", "peek"])
 def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows_no_key(
-    tmp_path, sandbox_dir, variant
+    tmp_path, sandbox_dir, sandbox_budget, variant
 ):
     """The container path's eval run (read-only script directory, key on stdin only, reporter
     plugin) run by bubblewrap instead of podman: the same command, script and grading."""
@@ -132,10 +194,16 @@ def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows
         if variant == "forged":
             with open(os.path.join(repo, "intervals.py"), "a") as f:
                 f.write(FORGE % (list(TASK.fail_to_pass + TASK.pass_to_pass),))
+        if variant == "peek":
+            with open(os.path.join(repo, "intervals.py"), "a") as f:
+                f.write(PEEK)
+        if variant == "xfail":
+            with open(os.path.join(repo, "intervals.py"), "a") as f:
+                f.write(XFAIL_ITSELF % (TASK.fail_to_pass[0].split("::", 1)[1],))
         chown_tree(repo, lease.uid)
         scripts = os.path.join(sandbox_dir, "eval")
-        write_eval_dir(scripts, spec.eval_script, spec.log_parser)
-        box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60, max_output_bytes=1 << 20)),
+        write_eval_dir(scripts, spec.eval_script, spec.log_parser, "/bin/bash")
+        box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60, max_output_bytes=1 << 20)), budget=sandbox_budget,
                            ro_binds={scripts: EVAL_DIR})
         if variant == "gold":
             assert box.run("git apply -", stdin=TASK.gold_patch.encode()).exit_code == 0
@@ -143,13 +211,20 @@ def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows
             assert grade_with_spec(spec, box.run(spec.eval_script).text, "x").resolved
         secrets = EvalSecrets.new()
         result = box.run(eval_command(), stdin=secrets.stdin())
-        outcome = grade_eval_run(spec, result, secrets, TASK.gold_patch)
+        outcome = grade_eval_run(spec, result, secrets, TASK.gold_patch, declared=dict(TASK.files))
     finally:
         lease.release()
     assert secrets.key not in result.text  # not in the script, the environment, any argv or the output
     assert outcome.resolved is (variant == "gold")
     if variant == "forged":
         assert "LEAKS" in result.text and "no trustworthy test results" in outcome.reason
+    elif variant == "peek":  # before: the eval shell's memory (the key, the tags) was read through /proc
+        peeked = "".join(line for line in result.text.splitlines() if line.startswith("PEEKED"))
+        assert "Permission denied" in peeked  # the ancestors' memory is closed, nothing of it was read
+        assert not any(t in peeked for t in secrets.stdin().decode().split())
+    elif variant == "xfail":  # before: swebench counted the signed XFAIL as a pass
+        assert outcome.report["tests_status"]["FAIL_TO_PASS"]["success"] == list(TASK.fail_to_pass)
+        assert f"{TASK.fail_to_pass[0]}: XFAIL at run time" in outcome.reason
     else:
         status = outcome.report["tests_status"]
         assert status["FAIL_TO_PASS"]["success" if variant == "gold" else "failure"] == list(TASK.fail_to_pass)
@@ -168,10 +243,11 @@ def test_the_container_eval_run_gets_a_read_only_script_and_its_key_on_stdin_onl
     from thundersync_lightning.envs.sandbox import SandboxResult
     from thundersync_lightning.envs.sandbox import container as container_module
     from thundersync_lightning.envs.swebench_env import SWEbenchSettings, SWEbenchWorkspace
-    from thundersync_lightning.envs.swebench_log import EVAL_DIR, eval_command
+    from thundersync_lightning.envs.swebench_log import EVAL_DIR, SHELL_NAME, eval_command
 
     monkeypatch.setattr(container_module, "find_engine", lambda engine="auto": "/usr/bin/podman")
-    monkeypatch.setattr(swebench_env, "copy_from_image", lambda image, src, dest, config=None: git_repo(TASK, dest))
+    monkeypatch.setattr(swebench_env, "copy_from_image", lambda image, src, dest, config=None: (
+        shutil.copyfile("/bin/bash", dest) if src == "/bin/bash" else git_repo(TASK, dest)))
     runs = []
     nodes = list(TASK.fail_to_pass + TASK.pass_to_pass)
 
@@ -182,9 +258,9 @@ def test_the_container_eval_run_gets_a_read_only_script_and_its_key_on_stdin_onl
         for spec in mounts:
             host, inside, _ = spec.split(":")
             if inside == EVAL_DIR:
-                files = {n: (os.stat(os.path.join(host, n)), open(os.path.join(host, n)).read())
+                files = {n: (os.stat(os.path.join(host, n)), open(os.path.join(host, n), "rb").read())
                          for n in os.listdir(host)}
-                files[""] = (os.stat(host), "")
+                files[""] = (os.stat(host), b"")
         runs.append((argv, mounts, stdin, files))
         if command != eval_command():
             return SandboxResult(0, b"applied\n")
@@ -209,11 +285,37 @@ def test_the_container_eval_run_gets_a_read_only_script_and_its_key_on_stdin_onl
     assert scripts.endswith(f":{EVAL_DIR}:ro") and argv[-1] == eval_command()
     assert not any(key in a for a in argv)
     plugin = [n for n in files if n.startswith("tsl_report_")]
-    assert sorted(files) == sorted(["", "eval.sh", *plugin]) and len(plugin) == 1
+    assert sorted(files) == sorted(["", "eval.sh", SHELL_NAME, *plugin]) and len(plugin) == 1
     for name, (st, text) in files.items():
-        assert st.st_uid == 0 and st.st_mode & 0o022 == 0 and key not in text, name
-    assert f"__tsl_test_start {plugin[0][:-3]}" in files["eval.sh"][1]
+        assert st.st_uid == 0 and st.st_mode & 0o022 == 0 and key.encode() not in text, name
+    assert files[SHELL_NAME][0].st_mode & 0o777 == 0o711  # execute only: its process is not dumpable
+    assert f"__tsl_test_start {plugin[0][:-3]}".encode() in files["eval.sh"][1]
     assert all(EVAL_DIR not in " ".join(a) for a, *_ in runs[:-1])  # only the eval run sees it
+
+
+def test_the_declared_markers_of_a_swebench_instance_come_from_the_image_with_its_test_patch(tmp_path):
+    import difflib
+
+    from thundersync_lightning.envs.swebench_env import SWEbenchSettings, SWEbenchWorkspace
+
+    testbed = str(tmp_path / "testbed")
+    git_repo(TASK, testbed)
+    rel = TASK.test_files[0]
+    name = TASK.fail_to_pass[0].split("::")[-1]
+    before = open(os.path.join(testbed, rel)).read()
+    after = before.replace(f"def {name}(", f"@pytest.mark.xfail(reason='upstream')\ndef {name}(")
+    assert after != before
+    test_patch = "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}"))
+    row = dict(swebench_row(TASK, image="unused", base_commit="HEAD"), test_patch=test_patch)
+    (instance,) = load_instances(write_jsonl([row], str(tmp_path)))
+    from swebench.harness.utils import make_test_spec
+
+    ws = SWEbenchWorkspace(instance, SWEbenchSettings(), TEST_POOL)
+    declared = ws._declared_sources(testbed, make_test_spec(instance))
+    assert declared[rel] == after and open(os.path.join(testbed, rel)).read() == before  # the copy is untouched
+    from thundersync_lightning.envs.code.outcomes import declared_markers
+
+    assert declared_markers(declared, TASK.fail_to_pass[0]) == {"xfail"}
 
 
 def test_rows_without_the_fields_swebench_5_needs_are_rejected(tmp_path):
@@ -294,6 +396,35 @@ def test_in_a_container_no_change_and_test_edits_earn_zero(swebench_source):
 
 
 @pytest.mark.container
+def test_in_a_container_code_under_test_cannot_read_the_eval_shells_memory(swebench_source, monkeypatch):
+    from thundersync_lightning.envs import swebench_env
+
+    seen = []
+
+    def spy(spec, result, secrets, patch, declared=None):
+        seen.append((result.text, secrets))
+        return grade_eval_run(spec, result, secrets, patch, declared)
+
+    grade_eval_run = swebench_env.grade_eval_run
+    monkeypatch.setattr(swebench_env, "grade_eval_run", spy)
+    (task,) = swebench_source.tasks(0, 1, 0)
+    env = swebench_source.make_env(task, 0)
+    try:
+        env.reset()
+        patch = TASK.gold_patch
+        act(env, f"bash\ncat > /tmp/p <<'EOF_P'\n{patch}EOF_P\ngit apply /tmp/p && cat >> intervals.py <<'EOF_Q'\n"
+                 f"{PEEK}EOF_Q")
+        env.step(CODEC.encode("submit"))
+        assert env.verdict() == 1.0  # the fix still counts; nothing was learnt from the shell
+    finally:
+        env.close()
+    ((text, secrets),) = seen
+    peeked = "".join(line for line in text.splitlines() if line.startswith("PEEKED"))
+    assert "Permission denied" in peeked
+    assert not any(t in peeked for t in secrets.stdin().decode().split())
+
+
+@pytest.mark.container
 def test_a_container_command_is_contained_and_cleaned_up(swebench_source):
     (task,) = swebench_source.tasks(0, 1, 0)
     env = swebench_source.make_env(task, 0)
@@ -343,13 +474,14 @@ def test_a_missing_image_is_an_error_not_a_zero_reward(tmp_path):
     env.close()
 
 
-def test_containers_never_pull_get_no_host_proxy_and_have_cpu_memory_and_swap_limits(tmp_path, monkeypatch):
+def test_containers_never_pull_get_no_host_proxy_and_have_cpu_memory_and_swap_limits(sandbox_budget, monkeypatch):
     from thundersync_lightning.envs.sandbox import ContainerConfig, ContainerSandbox, SandboxLimits
     from thundersync_lightning.envs.sandbox import container as container_module
 
     monkeypatch.setattr(container_module, "find_engine", lambda engine="auto": "/usr/bin/podman")
     config = ContainerConfig(engine="podman", runtime="", memory="1g", limits=SandboxLimits(cpus=1.5, nproc=64))
-    box = ContainerSandbox(str(tmp_path), "localhost/x:y", 4_000_000, config, ro_volumes={"/h/base.git": "/b.git"})
+    box = ContainerSandbox(sandbox_budget.path, "localhost/x:y", 4_000_000, config,
+                           ro_volumes={"/h/base.git": "/b.git"}, budget=sandbox_budget)
     argv = box.argv("true", "tsl-test", 10.0)
     flags = " ".join(argv)
     for expected in ("--pull=never", "--http-proxy=false", "--cpus 1.5", "--memory 1g", "--memory-swap 1g",
@@ -364,7 +496,7 @@ def test_containers_never_pull_get_no_host_proxy_and_have_cpu_memory_and_swap_li
 
 
 @needs_bwrap
-def test_the_container_paths_patch_capture_uses_a_host_copy_of_the_base_commit(tmp_path, sandbox_dir):
+def test_the_container_paths_patch_capture_uses_a_host_copy_of_the_base_commit(tmp_path, sandbox_dir, sandbox_budget):
     from thundersync_lightning.envs.code.patches import BASE_GIT_DIR, capture_command
     from thundersync_lightning.envs.swebench_env import SWEbenchSettings, SWEbenchWorkspace
 
@@ -378,7 +510,7 @@ def test_the_container_paths_patch_capture_uses_a_host_copy_of_the_base_commit(t
     lease = TEST_POOL.acquire()
     try:
         chown_tree(repo, lease.uid)
-        box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60)),
+        box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60)), budget=sandbox_budget,
                            ro_binds={os.path.join(sandbox_dir, "base.git"): BASE_GIT_DIR})
         # The agent's own repository config would run a filter; the capture never reads it.
         box.run("git config filter.x.clean 'touch /testbed/.ran; cat' && echo '*.py filter=x' > .gitattributes && "

@@ -65,8 +65,8 @@ def test_offload_moves_sums_and_held_gradients_to_the_host_and_adds_device_stagi
     assert cpu.pageable_host_bytes == moved and cpu.pinned_host_bytes == 0
 
 
-def test_a_held_trajectory_holds_two_gradients_when_failed_ones_are_dropped_with_independent_terms():
-    one, two = plan_memory(inputs(max_held_trajectories=3)), plan_memory(inputs(max_held_trajectories=3, held_independent=True))
+def test_a_held_trajectory_holds_two_gradients_when_failed_ones_are_dropped_with_regulariser_terms():
+    one, two = plan_memory(inputs(max_held_trajectories=3)), plan_memory(inputs(max_held_trajectories=3, held_regulariser=True))
     assert one.row("held gradients").total == 3 * 4 * P
     assert two.row("held gradients").total == 2 * 3 * 4 * P
     assert plan_memory(inputs(max_held_trajectories=0)).row("held gradients").total == 0  # 0: never hold
@@ -179,14 +179,14 @@ def test_a_split_backward_call_holds_one_gradient_per_destination_up_to_its_cap(
     def backward(**kw) -> int:
         return next(r.device for r in plan_memory(inputs(**kw)).rows if r.name == "backward")
 
-    assert backward(split_destinations=0) == 4 * P  # no split: one autograd result
-    assert backward(split_destinations=100) == (4 + 1) * 4 * P  # max_batch_trajectories 4, plus the R terms'
-    assert backward(split_destinations=3) == 3 * 4 * P  # the bytes cap
-    assert backward(split_destinations=100, mode="sync") == 4 * P  # sync never splits
-    assert backward(split_destinations=100, groups_per_step=1, max_batch_trajectories=32) == (4 + 1) * 4 * P
+    assert backward(call_destinations=0) == 4 * P  # no split: one autograd result
+    assert backward(call_destinations=100) == (4 + 1) * 4 * P  # max_batch_trajectories 4, plus the R terms'
+    assert backward(call_destinations=3) == 3 * 4 * P  # the bytes cap
+    assert backward(call_destinations=100, mode="sync") == 4 * P  # sync never splits
+    assert backward(call_destinations=100, groups_per_step=1, max_batch_trajectories=32) == (4 + 1) * 4 * P
     from thundersync_lightning.planning.memory_fit import suggestions
 
-    split = inputs(split_destinations=100, max_open_groups=1, max_held_trajectories=0)
+    split = inputs(call_destinations=100, max_open_groups=1, max_held_trajectories=0)
     need = plan_memory(split).device_bytes
     assert any("split_backward=false" in s for s in suggestions(split, need - 1, 10**12, plan_memory))
 

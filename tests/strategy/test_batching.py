@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from thundersync_lightning.strategy.batching import Batch, destinations, next_batch
+from thundersync_lightning.strategy.batching import Batch, count_destinations, next_batch
 
 MEMBERS = {"a": ["a0", "a1", "a2"], "b": ["b0", "b1", "b2"], "c": ["c0", "c1", "c2"]}
 OWNER = {t: g for g, ts in MEMBERS.items() for t in ts}
 
 
-def choose(waiting, rewards, max_batch=32, may_hold=True):
-    return next_batch(waiting, rewards, OWNER, MEMBERS, max_batch, may_hold=may_hold)
+def choose(waiting, rewards, max_batch=32, hold=9):
+    """One destination per call (the plain backward backend); ``hold``: reward-pending rows allowed."""
+    return next_batch(waiting, rewards, OWNER, MEMBERS, max_batch, hold=hold)
 
 
 def test_fully_rewarded_groups_go_first_and_together_across_groups():
@@ -26,7 +27,8 @@ def test_without_complete_groups_the_largest_group_and_reward_bucket_goes_next()
 def test_a_reward_pending_trajectory_goes_alone_oldest_first_and_only_when_one_more_may_be_held():
     waiting = ["c1", "a0", "b2"]
     assert choose(waiting, {}) == Batch("held", ["c1"])
-    assert choose(waiting, {}, may_hold=False) is None  # an event is queued, or the held bound is reached
+    assert choose(waiting, {}, hold=0) is None  # an event is queued, or the held bound is reached
+    assert choose(waiting, {}, hold=1) == Batch("held", ["c1"])
 
 
 def test_known_reward_work_is_preferred_to_a_pending_trajectory_even_when_younger():
@@ -43,41 +45,38 @@ def test_nothing_waiting_means_nothing_to_do():
     assert choose([], {"a0": 1.0}) is None
 
 
-def mixed(waiting, rewards, max_batch=32, may_hold=True, hold_room=None, max_destinations=None):
-    return next_batch(
-        waiting, rewards, OWNER, MEMBERS, max_batch,
-        may_hold=may_hold, mix=True, hold_room=hold_room, max_destinations=max_destinations,
-    )  # fmt: skip
+def mixed(waiting, rewards, max_batch=32, hold=9, destinations=99):
+    """A backend that serves several destinations in one backward (e.g. the split backward)."""
+    return next_batch(waiting, rewards, OWNER, MEMBERS, max_batch, hold=hold, destinations=destinations)
 
 
-def test_a_split_backward_call_takes_direct_rows_then_buckets_largest_first_then_pending_oldest_first():
+def test_a_call_spanning_destinations_takes_direct_rows_then_buckets_largest_first_then_pending_oldest_first():
     rewards = {t: 1.0 for t in MEMBERS["a"]} | {"b0": 0.0, "c0": 1.0, "c1": 1.0}
     waiting = ["c1", "b0", "a0", "b1", "c0", "b2"]
     batch = mixed(waiting, rewards)
     assert batch == Batch("direct", ["a0", "c1", "c0", "b0", "b1", "b2"])
-    assert destinations(batch.trajectories, rewards, OWNER, MEMBERS) == 5  # step, (c, 1), (b, 0), b1, b2
-    assert mixed(waiting, rewards, may_hold=False) == Batch("direct", ["a0", "c1", "c0", "b0"])
-    assert mixed(waiting, rewards, hold_room=1) == Batch("direct", ["a0", "c1", "c0", "b0", "b1"])
+    assert count_destinations(batch.trajectories, rewards, OWNER, MEMBERS) == 5  # step, (c, 1), (b, 0), b1, b2
+    assert mixed(waiting, rewards, hold=0) == Batch("direct", ["a0", "c1", "c0", "b0"])
+    assert mixed(waiting, rewards, hold=1) == Batch("direct", ["a0", "c1", "c0", "b0", "b1"])
     assert mixed(waiting, rewards, max_batch=3) == Batch("direct", ["a0", "c1", "c0"])
-    assert mixed(waiting, rewards, max_destinations=2) == Batch("direct", ["a0", "c1", "c0"])  # step, (c, 1)
-    assert mixed(["c1", "a0"], {}, max_destinations=1) == Batch("held", ["c1"])
+    assert mixed(waiting, rewards, destinations=2) == Batch("direct", ["a0", "c1", "c0"])  # step, (c, 1)
+    assert mixed(["c1", "a0"], {}, destinations=1) == Batch("held", ["c1"])
 
 
-def test_a_split_backward_call_names_its_first_rule_and_holds_nothing_without_room():
+def test_a_call_spanning_destinations_names_its_first_rule_and_holds_nothing_without_room():
     assert mixed(["c1", "b0"], {"b0": 1.0}) == Batch("bucket", ["b0", "c1"])
     assert mixed(["c1", "a0"], {}) == Batch("held", ["c1", "a0"])
-    assert mixed(["c1", "a0"], {}, hold_room=0) is None
-    assert mixed(["c1"], {}, may_hold=False) is None
-    assert destinations(["a0", "a1"], {"a0": 1.0, "a1": 1.0, "a2": 0.0}, OWNER, MEMBERS) == 1
+    assert mixed(["c1", "a0"], {}, hold=0) is None
+    assert count_destinations(["a0", "a1"], {"a0": 1.0, "a1": 1.0, "a2": 0.0}, OWNER, MEMBERS) == 1
 
 
 LENGTHS = {"a0": 5, "a1": 7, "a2": 3, "b0": 20, "b1": 2, "b2": 2, "c0": 4, "c1": 4, "c2": 4}
 
 
-def capped(waiting, rewards, max_tokens, mix=False, max_batch=32):
+def capped(waiting, rewards, max_tokens, destinations=1, max_batch=32):
     return next_batch(
         waiting, rewards, OWNER, MEMBERS, max_batch,
-        may_hold=True, mix=mix, lengths=LENGTHS, max_tokens=max_tokens,
+        hold=9, destinations=destinations, lengths=LENGTHS, max_tokens=max_tokens,
     )  # fmt: skip
 
 
@@ -92,8 +91,8 @@ def test_a_token_cap_takes_the_longest_prefix_within_it_on_every_path():
     partial = {"c0": 1.0, "c1": 1.0}
     assert capped(["c0", "c1", "a0"], partial, 8) == Batch("bucket", ["c0", "c1"])
     assert capped(["c0", "c1", "a0"], partial, 7) == Batch("bucket", ["c0"])
-    assert capped(["c0", "c1", "a0"], bucket, 9, mix=True) == Batch("direct", ["c0", "c1"])  # then a0 (5)
-    assert capped(["b1", "b2", "a0"], {}, 9, mix=True) == Batch("held", ["b1", "b2", "a0"])
+    assert capped(["c0", "c1", "a0"], bucket, 9, destinations=99) == Batch("direct", ["c0", "c1"])  # then a0 (5)
+    assert capped(["b1", "b2", "a0"], {}, 9, destinations=99) == Batch("held", ["b1", "b2", "a0"])
 
 
 def test_a_trajectory_longer_than_the_token_cap_goes_alone_and_does_not_block():
@@ -105,6 +104,6 @@ def test_a_trajectory_longer_than_the_token_cap_goes_alone_and_does_not_block():
 
 def test_without_a_token_cap_lengths_are_not_needed():
     every = {t: 1.0 for ts in MEMBERS.values() for t in ts}
-    assert next_batch(["a0", "b0"], every, OWNER, MEMBERS, 32, may_hold=True, max_tokens=None) == Batch(
+    assert next_batch(["a0", "b0"], every, OWNER, MEMBERS, 32, hold=9, max_tokens=None) == Batch(
         "direct", ["a0", "b0"]
     )

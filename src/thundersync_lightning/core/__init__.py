@@ -3,6 +3,8 @@
 This package never imports Lightning.
 """
 
+from .backward import BackwardBackend, ForwardWatch, PlainBackward
+from .deferred import DeferredGradient
 from .errors import *  # noqa: F403
 from .errors import __all__ as _errors_all
 from .estimators import (
@@ -55,6 +57,10 @@ __all__ = [
     "reference_loss",
     "StreamingGRPO",
     "StreamingReport",
+    "BackwardBackend",
+    "PlainBackward",
+    "ForwardWatch",
+    "DeferredGradient",
     "GroupStat",
     "PolicySnapshot",
     "ByteUsage",

@@ -2,16 +2,16 @@
 
 Per open group the accumulator keeps up to two parameter-sized sums; per trajectory
 backpropagated before its reward one more parameter-sized gradient is *held* (two under
-``failed="drop"`` with reward-independent terms: grad S_i and grad R_i) until the reward lands.
+``failed="drop"`` with regulariser terms: grad S_i and grad R_i) until the reward lands.
 With P parameters in a dtype of b bytes, K open groups and H held trajectories the sums and held
 gradients take at most
 
     (2 K + 2 H) P b  bytes,  K <= max_open_groups,  H <= max_held_trajectories.
 
-A split backward may keep a sum or a held gradient as factor chunks
-(:mod:`~thundersync_lightning.core.factors`); a group's chunks never take more bytes than the
-dense buffers they stand for, so the bound holds for them too (``peak_held_bytes`` counts a
-held chunk's own bytes).
+A backward backend may keep a sum or a held gradient in a deferred form
+(:mod:`~thundersync_lightning.core.deferred`); a group's deferred gradients never take more bytes
+than the dense buffers they stand for, so the bound holds for them too (``peak_held_bytes``
+counts a held deferred gradient's own bytes).
 
 Both checks run before any state changes: a refused call leaves the accumulator as it was.
 
@@ -86,7 +86,7 @@ class Bounds:
     def recount(self, groups: Mapping[Hashable, GroupSums], touched: Iterable[Hashable], buffer_bytes: int) -> int:
         """Recount the ``touched`` groups from themselves (the one source of truth; a group no
         longer in ``groups`` is forgotten), update the held counts and peaks over every open group,
-        and return the device bytes the groups hold outside flat buffers (chunks, leaf sums)."""
+        and return the device bytes the groups hold outside flat buffers (deferred gradients, leaf sums)."""
         for gid in touched:
             group = groups.get(gid)
             if group is None:

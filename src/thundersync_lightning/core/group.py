@@ -9,15 +9,16 @@ trajectory). A third distinct value collapses them into
 with c one of the group's rewards, so that the fold a_g G1 + (a_g c + b_g) G2 does not suffer the
 cancellation a_g sum r_i g + b_g sum g has when rewards share a large offset. A gradient whose
 reward is not yet known is held apart until it is (and, when failed rollouts are dropped, so is the
-gradient of its reward-independent term R_i). A *dropped* member (failed verdict, ``failed="drop"``)
+gradient of its regulariser term R_i). A *dropped* member (failed verdict, ``failed="drop"``)
 leaves the group: its held gradients are freed and it counts nowhere.
 
-A split backward may deliver a gradient as a :class:`~thundersync_lightning.core.factors.Chunk`
-(factors formed at the fold). Reward-known chunks are kept, one per delivery, while they take no
-more bytes than the dense sums they stand for (one buffer per distinct reward, at most two) and
-the group has no dense sum; otherwise they are formed into the dense sums (*spilled*). A held
-gradient may be a chunk too (never more bytes than a buffer). So a group never takes more bytes
-than it would with dense gradients alone.
+A backward backend may deliver a gradient as a
+:class:`~thundersync_lightning.core.deferred.DeferredGradient` (formed at the fold). Reward-known
+deferred gradients are kept, one per delivery, while they take no more bytes than the dense sums
+they stand for (one buffer per distinct reward, at most two) and the group has no dense sum;
+otherwise they are formed into the dense sums (*spilled*). A held gradient may be deferred too
+(never more bytes than a buffer). So a group never takes more bytes than it would with dense
+gradients alone.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-from .factors import Chunk, fold_chunks
+from .deferred import DeferredGradient, fold_deferred
 from .objective import BatchTotals, Objective
 from .prefix import LeafSums
 from .report import GroupStat
@@ -40,7 +41,7 @@ __all__ = ["GroupSums", "GroupUsage", "ClosedGroup"]
 class GroupUsage(NamedTuple):
     held: int  # trajectories holding a gradient until their reward (or verdict)
     held_bytes: int  # of those held gradients
-    side_bytes: int  # outside the store's flat buffers: chunks and boundary-cut leaf sums
+    side_bytes: int  # outside the store's flat buffers: deferred gradients and boundary-cut leaf sums
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,7 @@ class ClosedGroup:
     """What a complete group adds to the step's objective parts, counts and report."""
 
     objective: float  # sum_i A'_i S_i over kept members (before the batch scale s)
-    independent: float  # sum_i R_i over kept members
+    regulariser: float  # sum_i R_i over kept members
     totals: BatchTotals
     stat: GroupStat
 
@@ -58,9 +59,9 @@ class GroupSums:
     members: tuple[Hashable, ...]
     rewards: dict[Hashable, float] = field(default_factory=dict)
     scores: dict[Hashable, float] = field(default_factory=dict)  # S_i values, for the objective
-    held: dict[Hashable, torch.Tensor | Chunk] = field(default_factory=dict)  # grads awaiting their reward
-    held_independent: dict[Hashable, torch.Tensor | Chunk] = field(default_factory=dict)  # grad R_i awaiting its verdict
-    independent: dict[Hashable, float] = field(default_factory=dict)  # R_i values, for the objective
+    held: dict[Hashable, torch.Tensor | DeferredGradient] = field(default_factory=dict)  # grads awaiting their reward
+    held_regulariser: dict[Hashable, torch.Tensor | DeferredGradient] = field(default_factory=dict)  # grad R_i awaiting its verdict
+    regulariser: dict[Hashable, float] = field(default_factory=dict)  # R_i values, for the objective
     tokens: dict[Hashable, float] = field(default_factory=dict)  # scored-token counts
     is_weights: dict[Hashable, tuple[float, float]] = field(default_factory=dict)  # IS weight (sum, count)
     dropped: set[Hashable] = field(default_factory=set)  # failed members removed from the group
@@ -70,11 +71,11 @@ class GroupSums:
     g1: torch.Tensor | None = None  # sum (r_i - shift) grad S_i, after collapse
     g2: torch.Tensor | None = None  # sum grad S_i, after collapse
     shift: float = 0.0
-    chunks: list[tuple[float, Chunk]] = field(default_factory=list)  # reward-known chunks (reward, chunk)
+    deferred: list[tuple[float, DeferredGradient]] = field(default_factory=list)  # reward-known (reward, gradient)
     direct: int = 0  # contributions already added to the step gradient (early fold or direct path)
     flagged: set[Hashable] = field(default_factory=set)  # off_policy_mask: members whose A counts only if >= 0
     flagged_sums: dict[float, torch.Tensor] = field(default_factory=dict)  # their gradients by reward
-    r_sum: torch.Tensor | None = None  # dynamic sampling: sum of grad R_i until the group is known informative
+    regulariser_sum: torch.Tensor | None = None  # dynamic sampling: sum of grad R_i until the group is known informative
     filtered: bool = False  # dynamic sampling: every verdict in and no signal: the group counts nowhere
     final: tuple[Objective, tuple[float, float]] | None = None  # (a_g, b_g) once every verdict is in
 
@@ -112,26 +113,26 @@ class GroupSums:
 
     @property
     def has_sums(self) -> bool:
-        return self.has_dense_sums or bool(self.chunks) or bool(self.flagged_sums)
+        return self.has_dense_sums or bool(self.deferred) or bool(self.flagged_sums)
 
     @property
     def has_dense_sums(self) -> bool:
         return bool(self.by_reward) or self.g1 is not None
 
     def usage(self, buffer_bytes: int) -> GroupUsage:
-        """What the group holds now; a flat buffer takes ``buffer_bytes``, a chunk its own bytes."""
-        held = (*self.held.values(), *self.held_independent.values())
-        held_bytes = sum(h.nbytes if isinstance(h, Chunk) else buffer_bytes for h in held)
-        side = sum(h.nbytes for h in held if isinstance(h, Chunk)) + sum(c.nbytes for _, c in self.chunks)
+        """What the group holds now; a flat buffer takes ``buffer_bytes``, a deferred gradient its own bytes."""
+        held = (*self.held.values(), *self.held_regulariser.values())
+        held_bytes = sum(h.nbytes if isinstance(h, DeferredGradient) else buffer_bytes for h in held)
+        side = sum(h.nbytes for h in held if isinstance(h, DeferredGradient)) + sum(c.nbytes for _, c in self.deferred)
         side += self.leaves.nbytes if self.leaves is not None else 0
-        return GroupUsage(len(self.held.keys() | self.held_independent.keys()), held_bytes, side)
+        return GroupUsage(len(self.held.keys() | self.held_regulariser.keys()), held_bytes, side)
 
-    def add_known(self, store: GradientStore, reward: float, grads: list | torch.Tensor | Chunk) -> None:
-        """A reward-known gradient (per-parameter ``grads``, a stored flat buffer or a chunk) into
-        the sums of its reward; a chunk is kept while the chunks fit (module docstring)."""
-        if isinstance(grads, Chunk):
+    def add_known(self, store: GradientStore, reward: float, grads: list | torch.Tensor | DeferredGradient) -> None:
+        """A reward-known gradient (per-parameter ``grads``, a stored flat buffer or a deferred
+        gradient) into the sums of its reward; a deferred one is kept while they fit (module docstring)."""
+        if isinstance(grads, DeferredGradient):
             if not self.has_dense_sums and self._fits(grads, reward, store.buffer_bytes):
-                self.chunks.append((reward, grads))
+                self.deferred.append((reward, grads))
                 return
             grads = grads.dense()
         self._spill(store)
@@ -140,16 +141,16 @@ class GroupSums:
         else:
             self.accumulate(store, reward, grads=grads)
 
-    def _fits(self, chunk: Chunk, reward: float, buffer_bytes: int) -> bool:
-        rewards = {r for r, _ in self.chunks} | {reward}
-        used = sum(c.nbytes for _, c in self.chunks) + chunk.nbytes
+    def _fits(self, item: DeferredGradient, reward: float, buffer_bytes: int) -> bool:
+        rewards = {r for r, _ in self.deferred} | {reward}
+        used = sum(c.nbytes for _, c in self.deferred) + item.nbytes
         return used <= buffer_bytes * min(2, len(rewards))
 
     def _spill(self, store: GradientStore) -> None:
-        """Form the reward-known chunks into the dense sums."""
-        chunks, self.chunks = self.chunks, []
-        for reward, chunk in chunks:
-            self.accumulate(store, reward, grads=chunk.dense())
+        """Form the reward-known deferred gradients into the dense sums."""
+        kept, self.deferred = self.deferred, []
+        for reward, item in kept:
+            self.accumulate(store, reward, grads=item.dense())
 
     def accumulate(
         self,
@@ -191,25 +192,25 @@ class GroupSums:
         self.by_reward.clear()
         self.g1, self.g2, self.shift = g1, g2, c
 
-    def take(self, kind: str, key: object, grads: list | Chunk, store: GradientStore) -> None:
+    def take(self, kind: str, key: object, grads: list | DeferredGradient, store: GradientStore) -> None:
         """One backward job's gradient: into the sum of its reward (``sum``), the group's R sum
-        (``sum_r``), or held (``held``, ``held_r``)."""
+        (``regulariser_sum``), or held (``held``, ``regulariser_held``)."""
         if kind == "sum" and len(key) == 3:  # type: ignore[arg-type]
             self.add_flagged(store, key[1], grads)  # type: ignore[index]
             return
         if kind == "sum":
             self.add_known(store, key[1], grads)  # type: ignore[index]
             return
-        if kind == "sum_r":
-            self.add_independent(store, grads)
+        if kind == "regulariser_sum":
+            self.add_regulariser(store, grads)
             return
-        kept = grads if isinstance(grads, Chunk) else store.flatten(grads)
-        (self.held if kind == "held" else self.held_independent)[key] = kept
+        kept = grads if isinstance(grads, DeferredGradient) else store.flatten(grads)
+        (self.held if kind == "held" else self.held_regulariser)[key] = kept
 
-    def add_flagged(self, store: GradientStore, reward: float, grads: list | torch.Tensor | Chunk) -> None:
+    def add_flagged(self, store: GradientStore, reward: float, grads: list | torch.Tensor | DeferredGradient) -> None:
         """A flagged member's reward-known gradient into the flagged sum of its reward (never
         collapsed: its coefficient max(a r + b, 0) is not affine in r)."""
-        if isinstance(grads, Chunk):
+        if isinstance(grads, DeferredGradient):
             grads = grads.dense()
         buf = self.flagged_sums.get(reward)
         if isinstance(grads, torch.Tensor):
@@ -223,20 +224,20 @@ class GroupSums:
         else:
             store.add_grads(buf, grads)
 
-    def add_independent(self, store: GradientStore, grads: list | torch.Tensor | Chunk) -> None:
-        """grad R of members (per-parameter, a stored flat buffer or a chunk) into :attr:`r_sum`."""
-        if isinstance(grads, Chunk):
+    def add_regulariser(self, store: GradientStore, grads: list | torch.Tensor | DeferredGradient) -> None:
+        """grad R of members (per-parameter, a stored flat buffer or a deferred gradient) into :attr:`regulariser_sum`."""
+        if isinstance(grads, DeferredGradient):
             grads = grads.dense()
         if isinstance(grads, torch.Tensor):
-            if self.r_sum is None:
-                self.r_sum = grads
+            if self.regulariser_sum is None:
+                self.regulariser_sum = grads
             else:
-                store.add_flat(self.r_sum, grads)
+                store.add_flat(self.regulariser_sum, grads)
                 store.release(grads)
-        elif self.r_sum is None:
-            self.r_sum = store.flatten(grads)
+        elif self.regulariser_sum is None:
+            self.regulariser_sum = store.flatten(grads)
         else:
-            store.add_grads(self.r_sum, grads)
+            store.add_grads(self.regulariser_sum, grads)
 
     def fold_into(self, final: torch.Tensor, store: GradientStore, a: float, b: float) -> None:
         """``final += sum_i (a r_i + b) grad S_i`` from the sums (the caller then drops them)."""
@@ -245,8 +246,8 @@ class GroupSums:
             final.add_(store.to_device(self.g2), alpha=a * self.shift + b)
         for r, h in self.by_reward.items():
             final.add_(store.to_device(h), alpha=a * r + b)
-        if self.chunks:
-            fold_chunks(store.split(final), [c for _, c in self.chunks], [a * r + b for r, _ in self.chunks])
+        if self.deferred:
+            fold_deferred(store.split(final), [c for _, c in self.deferred], [a * r + b for r, _ in self.deferred])
         for r, h in self.flagged_sums.items():
             if a * r + b > 0:  # a flagged member with A < 0 trains nothing
                 final.add_(store.to_device(h), alpha=a * r + b)
@@ -256,7 +257,7 @@ class GroupSums:
         trajectory_id: Hashable,
         score: float,
         tokens: float,
-        independent: float | None,
+        regulariser: float | None,
         is_weights: tuple[float, float] = (0.0, 0.0),
     ) -> None:
         """A member's S_i (and R_i) value, scored-token count and importance-weight (sum, count); a
@@ -267,15 +268,15 @@ class GroupSums:
         self.scores[trajectory_id] = score
         self.tokens[trajectory_id] = tokens
         self.is_weights[trajectory_id] = is_weights
-        if independent is not None:
-            self.independent[trajectory_id] = independent
+        if regulariser is not None:
+            self.regulariser[trajectory_id] = regulariser
 
     def close(self, group_id: Hashable, a: float, b: float) -> ClosedGroup:
         """The closed group's parts, given its coefficients (every verdict known, every kept member scored)."""
         kept = self.kept()
         rewards = self.reward_tensor()
         objective = sum(self._masked(a * self.rewards[t] + b, t) * self.scores[t] for t in kept)
-        independent = sum(self.independent.get(t, 0.0) for t in kept)
+        regulariser = sum(self.regulariser.get(t, 0.0) for t in kept)
         totals = BatchTotals(
             groups=float(bool(kept)),
             sequences=float(len(kept)),
@@ -289,7 +290,7 @@ class GroupSums:
         mean = float(rewards.mean()) if kept else 0.0
         std = float(rewards.std(correction=0)) if kept else 0.0
         stat = GroupStat(group_id, len(kept), mean, std, len(self.dropped))
-        return ClosedGroup(objective, independent, totals, stat)
+        return ClosedGroup(objective, regulariser, totals, stat)
 
     def _masked(self, advantage: float, trajectory_id: Hashable) -> float:
         return 0.0 if trajectory_id in self.flagged and advantage < 0 else advantage
@@ -300,26 +301,26 @@ class GroupSums:
         return f"group {group_id!r} misses rewards of {no_reward} and logprobs of {no_logprob}"
 
     def drop(self, store: GradientStore) -> None:
-        """Free every buffer of the group (held gradients, sums and chunks)."""
+        """Free every buffer of the group (held gradients, sums and deferred gradients)."""
         release(
             store,
             *self.held.values(),
-            *self.held_independent.values(),
+            *self.held_regulariser.values(),
             *self.by_reward.values(),
             self.g1,
             self.g2,
-            self.r_sum,
+            self.regulariser_sum,
             *self.flagged_sums.values(),
         )
-        self.r_sum = None
+        self.regulariser_sum = None
         self.flagged_sums.clear()
         self.held.clear()
-        self.held_independent.clear()
+        self.held_regulariser.clear()
         self.by_reward.clear()
-        self.chunks.clear()
+        self.deferred.clear()
         self.g1 = self.g2 = None
 
 
-def release(store: GradientStore, *items: torch.Tensor | Chunk | None) -> None:
-    """Return the flat buffers among ``items`` to the store (chunks are simply forgotten)."""
-    store.release(*(t for t in items if not isinstance(t, Chunk)))
+def release(store: GradientStore, *items: torch.Tensor | DeferredGradient | None) -> None:
+    """Return the flat buffers among ``items`` to the store (deferred gradients are simply forgotten)."""
+    store.release(*(t for t in items if not isinstance(t, DeferredGradient)))

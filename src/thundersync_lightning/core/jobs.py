@@ -1,19 +1,19 @@
 """The backward passes of the streaming accumulator: one job per destination of a gradient.
 
-A scored batch is routed by :func:`~thundersync_lightning.core.routing.plan_backward`; every
+A scored batch is routed by :func:`~thundersync_lightning.core.routing.route`; every
 destination becomes one :class:`Job`, a scalar whose gradient goes to one place:
 
-==============  ==================================  =========================================
-kind            key                                 gradient goes to
-==============  ==================================  =========================================
-``direct``      None                                the step's scaled gradient
-``direct_r``    None                                the step's gradient of R terms
-``sum``         (group id, reward[, True])          that group's sum for that reward value (True:
-                                                    of its flagged members, ``off_policy_mask``)
-``sum_r``       group id                            that group's R sum (dynamic sampling)
-``held``        trajectory id                       held apart until the reward lands
-``held_r``      trajectory id                       held apart until the verdict (R_i)
-==============  ==================================  =========================================
+====================  ==================================  =========================================
+kind                  key                                 gradient goes to
+====================  ==================================  =========================================
+``direct``            None                                the step's scaled gradient
+``regulariser_now``   None                                the step's gradient of regulariser terms R_i
+``sum``               (group id, reward[, True])          that group's sum for that reward value (True:
+                                                          of its flagged members, ``off_policy_mask``)
+``regulariser_sum``   group id                            that group's R sum (dynamic sampling)
+``held``              trajectory id                       held apart until the reward lands
+``regulariser_held``  trajectory id                       grad R_i held apart until the verdict
+====================  ==================================  =========================================
 
 :func:`run_jobs` takes one ``autograd.grad`` per job on the shared graph (retained until the
 last), so a failing job raises before the accumulator changes any state.
@@ -30,12 +30,12 @@ from torch import Tensor
 
 from .errors import InvalidLogprobError
 from .prefix import LeafSums
-from .routing import BackwardPlan
+from .routing import Routing
 from .terms import TrajectoryTerms
 
 __all__ = ["Job", "JobKind", "jobs_of", "run_jobs", "grad_of", "prefix_backward", "select_terms"]
 
-JobKind = Literal["direct", "direct_r", "sum", "sum_r", "held", "held_r"]
+JobKind = Literal["direct", "regulariser_now", "sum", "regulariser_sum", "held", "regulariser_held"]
 Grads = list[Tensor | None]
 
 
@@ -45,17 +45,17 @@ class Job(NamedTuple):
     term: Tensor  # the scalar whose gradient this job takes
 
 
-def jobs_of(plan: BackwardPlan, rows: Sequence[Hashable], terms: TrajectoryTerms) -> list[Job]:
-    """One job per destination of the plan; everything that ends in one place shares a backward."""
+def jobs_of(routing: Routing, rows: Sequence[Hashable], terms: TrajectoryTerms) -> list[Job]:
+    """One job per destination of the routing; everything that ends in one place shares a backward."""
     jobs: list[Job] = []
-    if plan.direct:
-        jobs.append(Job("direct", None, torch.stack(plan.direct).sum()))
-    if plan.direct_independent:
-        jobs.append(Job("direct_r", None, torch.stack(plan.direct_independent).sum()))
-    jobs += [Job("sum", key, terms.score[r].sum()) for key, r in plan.buckets.items()]
-    jobs += [Job("sum_r", gid, terms.independent[r].sum()) for gid, r in plan.group_independent.items()]  # type: ignore[index]
-    jobs += [Job("held", rows[i], terms.score[i]) for i in plan.held]
-    jobs += [Job("held_r", rows[i], terms.independent[i]) for i in plan.held_independent]  # type: ignore[index]
+    if routing.direct:
+        jobs.append(Job("direct", None, torch.stack(routing.direct).sum()))
+    if routing.direct_regulariser:
+        jobs.append(Job("regulariser_now", None, torch.stack(routing.direct_regulariser).sum()))
+    jobs += [Job("sum", key, terms.score[r].sum()) for key, r in routing.buckets.items()]
+    jobs += [Job("regulariser_sum", gid, terms.regulariser[r].sum()) for gid, r in routing.group_regulariser.items()]  # type: ignore[index]
+    jobs += [Job("held", rows[i], terms.score[i]) for i in routing.held]
+    jobs += [Job("regulariser_held", rows[i], terms.regulariser[i]) for i in routing.held_regulariser]  # type: ignore[index]
     return jobs
 
 
@@ -84,7 +84,7 @@ def grad_of(label: Hashable, output: Tensor, inputs: Sequence[Tensor], retain: b
 
 def prefix_backward(
     leaves: LeafSums, params: Sequence[Tensor], a: float, b: float
-) -> Iterator[tuple[Literal["direct", "direct_r"], Grads]]:
+) -> Iterator[tuple[Literal["direct", "regulariser_now"], Grads]]:
     """The closed group's prompt, backpropagated with its folded leaf gradient (:mod:`.prefix`).
 
     Yields (destination, parameter gradients) per backward pass: at most one into the scaled step
@@ -92,7 +92,7 @@ def prefix_backward(
     caller adds each before the next is taken. The leaf sums are dropped.
     """
     scaled, unscaled = leaves.fold(a, b)
-    targets = [("direct", scaled), ("direct_r", unscaled)]
+    targets = [("direct", scaled), ("regulariser_now", unscaled)]
     targets = [(kind, g) for kind, g in targets if g is not None and bool(g.ne(0).any())]
     for k, (kind, flat) in enumerate(targets):
         grads = torch.autograd.grad(
@@ -108,10 +108,10 @@ def prefix_backward(
 def select_terms(terms: TrajectoryTerms, rows: list[int]) -> TrajectoryTerms:
     """The terms of a subset of a scored batch (the on-policy statistics stay whole)."""
     index = torch.tensor(rows, dtype=torch.long, device=terms.score.device)
-    independent = terms.independent[index] if terms.independent is not None else None
+    regulariser = terms.regulariser[index] if terms.regulariser is not None else None
     weights = terms.is_weights[index.to(terms.is_weights.device)] if terms.is_weights is not None else None
     flagged = terms.flagged[index.cpu()] if terms.flagged is not None else None
     return TrajectoryTerms(
-        terms.score[index], independent, terms.tokens[index.to(terms.tokens.device)], terms.on_policy, weights,
+        terms.score[index], regulariser, terms.tokens[index.to(terms.tokens.device)], terms.on_policy, weights,
         flagged,
     )

@@ -11,7 +11,7 @@ either kept with reward 0 (``failed="zero"``) or removed from their group and fr
     k_i   = 1 | 1/T_i | 1/norm_tokens                 per-sequence factor of ``loss_agg``
     S_i   = k_i sum_t w_it l_it                       reward-weighted score
     R_i   = k_i sum_t (entropy_coef H_it - kl_coef KL_k(l_it, q_it)
-                       - opd_coef [l_it - p_it] l_it)  reward-independent
+                       - opd_coef [l_it - p_it] l_it)  regulariser (no reward)
     L     = -(1/D) sum_i (reward_coef A_i S_i + R_i)
 
 with D the global number of groups (``group-sum``), sequences (``seq-mean-*``) or scored tokens
@@ -174,7 +174,7 @@ class Objective:
             student's sampled tokens, p the teacher's log-probabilities shipped with each
             trajectory by the engine (reverse KL to the teacher). Needs an engine with a teacher.
         reward_coef: weight of the reward term (every A_i is multiplied by it); 0 trains the
-            reward-independent terms only (e.g. OPD alone) and skips every S_i backward pass.
+            regulariser terms only (e.g. OPD alone) and skips every S_i backward pass.
     """
 
     estimator: str = "grpo"
@@ -324,8 +324,8 @@ class Objective:
         return self.opd_coef != 0
 
     @property
-    def has_independent_terms(self) -> bool:
-        """Whether R_i (KL, entropy, OPD) exists: reward-independent gradient added on arrival."""
+    def has_regulariser_terms(self) -> bool:
+        """Whether R_i (KL, entropy, OPD) exists: the regulariser terms, whose gradient needs no reward."""
         return self.needs_reference or self.entropy_coef != 0 or self.needs_teacher
 
     @property
@@ -336,7 +336,7 @@ class Objective:
             or self.needs_engine_logprobs
             or self.overlong_filter
             or self.selects_tokens_by_entropy
-            or self.has_independent_terms
+            or self.has_regulariser_terms
         )
 
     @property

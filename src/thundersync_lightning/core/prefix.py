@@ -10,7 +10,7 @@ depends on h only through the continuations and the fold is linear,
 
 with H_r = sum over members with reward r of dS_i/dh~ (the two-sum rule at the leaves; held apart
 per trajectory while its reward is pending), D the leaf gradient of terms with a known advantage
-and D_R of the reward-independent terms R_i. At the group's close one backward of the prompt's
+and D_R of the regulariser terms R_i. At the group's close one backward of the prompt's
 outputs with that leaf gradient (two under ``scale="batch"`` with R terms, where s must not touch
 D_R) adds the prompt's contribution exactly once. Leaf sums are prompt-activation sized, not
 parameter sized; they and the retained prompt graph are the cost of the cut.
@@ -71,39 +71,39 @@ class LeafSums:
     prefix: SharedPrefix
     by_reward: dict[float, Tensor] = field(default_factory=dict)
     direct: Tensor | None = None  # s-scaled at the barrier (advantage-weighted, and R without batch scale)
-    direct_independent: Tensor | None = None  # never s-scaled (R under batch scale)
+    direct_regulariser: Tensor | None = None  # never s-scaled (R under batch scale)
     held: dict[Hashable, Tensor] = field(default_factory=dict)
-    held_independent: dict[Hashable, Tensor] = field(default_factory=dict)
+    held_regulariser: dict[Hashable, Tensor] = field(default_factory=dict)
 
-    def add(self, kind: str, key: object, flat: Tensor, independent_apart: bool) -> None:
+    def add(self, kind: str, key: object, flat: Tensor, regulariser_apart: bool) -> None:
         """Route one backward pass's leaf gradient like its parameter gradient (``kind`` of the job)."""
         if kind == "direct":
             self.direct = flat if self.direct is None else self.direct + flat
-        elif kind in ("direct_r", "sum_r"):  # the leaves fold at the group's close: kept or filtered then
-            self._add_independent(flat, independent_apart)
+        elif kind in ("regulariser_now", "regulariser_sum"):  # the leaves fold at the group's close: kept or filtered then
+            self._add_regulariser(flat, regulariser_apart)
         elif kind == "sum":
             reward = key[1]  # type: ignore[index]
             self.by_reward[reward] = flat if reward not in self.by_reward else self.by_reward[reward] + flat
         elif kind == "held":
             self.held[key] = flat  # type: ignore[index]
         else:
-            self.held_independent[key] = flat  # type: ignore[index]
+            self.held_regulariser[key] = flat  # type: ignore[index]
 
-    def _add_independent(self, flat: Tensor, apart: bool) -> None:
+    def _add_regulariser(self, flat: Tensor, apart: bool) -> None:
         if apart:
-            self.direct_independent = flat if self.direct_independent is None else self.direct_independent + flat
+            self.direct_regulariser = flat if self.direct_regulariser is None else self.direct_regulariser + flat
         else:
             self.direct = flat if self.direct is None else self.direct + flat
 
-    def on_reward(self, trajectory_id: Hashable, reward: float, dropped: bool, independent_apart: bool) -> None:
+    def on_reward(self, trajectory_id: Hashable, reward: float, dropped: bool, regulariser_apart: bool) -> None:
         held = self.held.pop(trajectory_id, None)
-        held_r = self.held_independent.pop(trajectory_id, None)
+        held_reg = self.held_regulariser.pop(trajectory_id, None)
         if dropped:
             return
         if held is not None:
             self.by_reward[reward] = held if reward not in self.by_reward else self.by_reward[reward] + held
-        if held_r is not None:
-            self._add_independent(held_r, independent_apart)
+        if held_reg is not None:
+            self._add_regulariser(held_reg, regulariser_apart)
 
     def fold(self, a: float, b: float) -> tuple[Tensor | None, Tensor | None]:
         """(s-scaled, unscaled) leaf gradients of the closed group; the sums are dropped."""
@@ -112,15 +112,15 @@ class LeafSums:
             coef = a * r + b
             if coef != 0.0:
                 total = h * coef if total is None else total + h * coef
-        out = (total, self.direct_independent)
+        out = (total, self.direct_regulariser)
         self.by_reward.clear()
         self.held.clear()
-        self.held_independent.clear()
-        self.direct = self.direct_independent = None
+        self.held_regulariser.clear()
+        self.direct = self.direct_regulariser = None
         return out
 
     @property
     def nbytes(self) -> int:
-        tensors = [*self.by_reward.values(), *self.held.values(), *self.held_independent.values()]
-        tensors += [t for t in (self.direct, self.direct_independent) if t is not None]
+        tensors = [*self.by_reward.values(), *self.held.values(), *self.held_regulariser.values()]
+        tensors += [t for t in (self.direct, self.direct_regulariser) if t is not None]
         return sum(t.numel() * t.element_size() for t in tensors)

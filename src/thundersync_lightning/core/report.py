@@ -30,7 +30,7 @@ class StreamingReport:
     ``peak_bytes``, by location).
 
     ``objective`` = sum_i A'_i S_i over kept trajectories, with A' the advantage before the batch
-    scale s, and ``independent`` = sum_i R_i; the loss is ``-(s * objective + independent) / D``
+    scale s, and ``regulariser`` = sum_i R_i; the loss is ``-(s * objective + regulariser) / D``
     with the global ``batch_scale`` s and ``denominator`` D (``loss`` holds it for one process;
     data-parallel callers sum the two parts over ranks first).
     """
@@ -44,7 +44,7 @@ class StreamingReport:
     peak_bytes: ByteUsage
     backward_passes: int
     skipped_backward_passes: int
-    independent: float = 0.0
+    regulariser: float = 0.0
     denominator: float = 0.0
     batch_scale: float = 1.0
     totals: BatchTotals = field(default_factory=BatchTotals)
@@ -58,4 +58,4 @@ class StreamingReport:
     def loss(self) -> float:
         if self.denominator <= 0:
             return 0.0
-        return -(self.batch_scale * self.objective + self.independent) / self.denominator
+        return -(self.batch_scale * self.objective + self.regulariser) / self.denominator

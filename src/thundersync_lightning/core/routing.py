@@ -13,7 +13,7 @@ For trajectory i of open group g (notation of :mod:`~thundersync_lightning.core.
   the group is in (an uninformative group's R must never reach the step);
 - a member of a filtered group (every verdict in, no signal): nothing.
 
-Everything that ends in the same place shares one backward. Planning only reads state: it raises
+Everything that ends in the same place shares one backward. Routing only reads state: it raises
 on a duplicate before anything changes.
 """
 
@@ -31,47 +31,47 @@ from .prefix import SharedPrefix
 from .terms import TrajectoryTerms
 from .validation import finite_score
 
-__all__ = ["BackwardPlan", "plan_backward", "check_prefix"]
+__all__ = ["Routing", "route", "check_prefix"]
 
 
 @dataclass
-class BackwardPlan:
+class Routing:
     """Row indices and scalar terms of one scored batch, by destination."""
 
     scores: list[float]  # S_i values (checked finite)
-    independent: list[float] | None  # R_i values
+    regulariser: list[float] | None  # R_i values
     direct: list[torch.Tensor] = field(default_factory=list)  # -> step gradient (s-scaled)
-    direct_independent: list[torch.Tensor] = field(default_factory=list)  # -> step gradient, unscaled
+    direct_regulariser: list[torch.Tensor] = field(default_factory=list)  # -> step gradient, unscaled
     buckets: dict[tuple[Hashable, float], list[int]] = field(default_factory=dict)
     held: list[int] = field(default_factory=list)
-    held_independent: list[int] = field(default_factory=list)
-    group_independent: dict[Hashable, list[int]] = field(default_factory=dict)  # rows -> their group's R sum
+    held_regulariser: list[int] = field(default_factory=list)
+    group_regulariser: dict[Hashable, list[int]] = field(default_factory=dict)  # rows -> their group's R sum
     touched: set[int] = field(default_factory=set)  # rows that reach the step gradient now
     skipped: int = 0  # rows that need no backward at all
 
 
-def plan_backward(
+def route(
     objective: Objective,
     ids: Sequence[Hashable],
     owners: Sequence[tuple[Hashable, GroupSums]],
     terms: TrajectoryTerms,
     filter_groups: bool = False,
-) -> BackwardPlan:
-    score, indep = terms.score, terms.independent
+) -> Routing:
+    score, reg = terms.score, terms.regulariser
     for tid, (_, group) in zip(ids, owners):
         if tid in group.scores or tid in group.scored_dropped:
             raise DuplicateEventError(f"trajectory {tid!r} already has a logprob")
-    plan = BackwardPlan(
+    routing = Routing(
         scores=[finite_score(tid, score[i]) for i, tid in enumerate(ids)],
-        independent=[finite_score(tid, indep[i]) for i, tid in enumerate(ids)] if indep is not None else None,
+        regulariser=[finite_score(tid, reg[i]) for i, tid in enumerate(ids)] if reg is not None else None,
     )
     batch = objective.scales_at_barrier
     drop = objective.failed == "drop"
     for i, (tid, (gid, group)) in enumerate(zip(ids, owners)):
         if tid in group.dropped or group.filtered:
-            plan.skipped += 1
+            routing.skipped += 1
             continue
-        r_term = indep[i] if indep is not None else None
+        r_term = reg[i] if reg is not None else None
         flagged = terms.flagged is not None and bool(terms.flagged[i])
         if group.all_rewards_known():
             a, b = group.coefficients(objective)
@@ -79,26 +79,26 @@ def plan_backward(
             if flagged and adv < 0:
                 adv = 0.0
             if adv != 0.0:
-                plan.direct.append(score[i] * adv)
-                plan.touched.add(i)
+                routing.direct.append(score[i] * adv)
+                routing.touched.add(i)
             elif r_term is None:
-                plan.skipped += 1
+                routing.skipped += 1
         elif group.zero_advantage(objective):
-            plan.skipped += r_term is None
+            routing.skipped += r_term is None
         elif tid in group.rewards:
             key = (gid, group.rewards[tid], True) if flagged else (gid, group.rewards[tid])
-            plan.buckets.setdefault(key, []).append(i)
+            routing.buckets.setdefault(key, []).append(i)
         else:
-            plan.held.append(i)
+            routing.held.append(i)
         if r_term is not None:
             if drop and tid not in group.rewards:
-                plan.held_independent.append(i)
+                routing.held_regulariser.append(i)
             elif filter_groups and not group.all_rewards_known():
-                plan.group_independent.setdefault(gid, []).append(i)
+                routing.group_regulariser.setdefault(gid, []).append(i)
             else:
-                (plan.direct_independent if batch else plan.direct).append(r_term)
-                plan.touched.add(i)
-    return plan
+                (routing.direct_regulariser if batch else routing.direct).append(r_term)
+                routing.touched.add(i)
+    return routing
 
 
 def check_prefix(owners: Sequence[tuple[Hashable, GroupSums]], prefix: SharedPrefix) -> None:

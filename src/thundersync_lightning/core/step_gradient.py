@@ -4,7 +4,7 @@ Notation of :mod:`~thundersync_lightning.core.streaming`. Two flat buffers in th
 dtype, each allocated on first use:
 
 - ``scaled``: the batch scale s multiplies it at the barrier (advantage-weighted terms, folded
-  groups, and the reward-independent grad R_i unless ``scale="batch"``);
+  groups, and the regulariser gradient grad R_i unless ``scale="batch"``);
 - ``unscaled``: grad R_i under ``scale="batch"``, which s must not touch.
 
 At the barrier ``g = s * scaled + unscaled`` and ``.grad += -(1/D) g``, cast to each parameter's
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .factors import Chunk, fold_chunks
+from .deferred import DeferredGradient, fold_deferred
 from .storage import GradientStore
 
 __all__ = ["StepGradient"]
@@ -52,11 +52,11 @@ class StepGradient:
             if g is not None:
                 view.add_(g.to(view.dtype))
 
-    def add_flat(self, buf: Tensor, flat: Tensor | Chunk) -> None:
+    def add_flat(self, buf: Tensor, flat: Tensor | DeferredGradient) -> None:
         """``buf += flat`` for a stored flat buffer, which is released (the caller forgets it), or
-        for a factor chunk (formed into the buffer)."""
-        if isinstance(flat, Chunk):
-            fold_chunks(self._store.split(buf), [flat], [1.0])
+        for a deferred gradient (formed into the buffer)."""
+        if isinstance(flat, DeferredGradient):
+            fold_deferred(self._store.split(buf), [flat], [1.0])
             return
         buf.add_(self._store.to_device(flat))
         self._store.release(flat)

@@ -109,7 +109,7 @@ class GradientStore:
         self._side_bytes = 0
 
     def set_side_bytes(self, nbytes: int) -> None:
-        """Device bytes held outside the flat buffers (boundary-cut leaf sums, factor chunks),
+        """Device bytes held outside the flat buffers (boundary-cut leaf sums, deferred gradients),
         counted with the buffers, current and peak."""
         self._count("device", nbytes - self._side_bytes)
         self._side_bytes = nbytes

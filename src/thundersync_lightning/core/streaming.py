@@ -1,7 +1,7 @@
 """Exact streaming GRPO gradients: backpropagate each trajectory the moment it lands.
 
 Notation (see :mod:`~thundersync_lightning.core.objective`): group g has trajectories i with
-reward-weighted score S_i and reward-independent term R_i (KL, entropy, OPD), scalars with an autograd
+reward-weighted score S_i and regulariser term R_i (KL, entropy, OPD; no reward in it), scalars with an autograd
 graph to the parameters theta; A_i = (a_g r_i + b_g) s; D the global normaliser.
 
     L = -(1/D) sum_i (A_i S_i + R_i)
@@ -44,6 +44,7 @@ from dataclasses import replace
 
 import torch
 
+from .backward import BackwardBackend, ForwardWatch, LearnerCall, PlainBackward
 from .bounds import Bounds, bound_problems
 from .dynamic import informative
 from .errors import (
@@ -56,12 +57,11 @@ from .errors import (
     UnknownTrajectoryError,
 )
 from .group import GroupSums, release
-from .jobs import jobs_of, prefix_backward, run_jobs, select_terms
+from .jobs import jobs_of, prefix_backward, select_terms
 from .objective import BatchTotals, Objective
 from .prefix import LeafSums, SharedPrefix
 from .report import GroupStat, StreamingReport
-from .routing import check_prefix, plan_backward
-from .split_backward import RowCapture, split_gradients
+from .routing import check_prefix, route
 from .step_gradient import StepGradient
 from .storage import ByteUsage, GradientStore, Offload
 from .terms import OnPolicyStats, TokenScores, TrajectoryTerms, trajectory_terms
@@ -82,10 +82,9 @@ class StreamingGRPO:
         max_open_groups: bound on groups declared and not yet folded/aborted (None: unbounded).
         max_held_trajectories: bound on reward-pending trajectories holding a gradient (None:
             unbounded; 0: never hold, wait for the reward before the backward).
-        factor_sums: with a split backward (``add_tokens(capture=...)``) and ``offload="none"``,
-            sums and held gradients keep Linear/Embedding weight gradients as factors where they
-            are smaller (:mod:`~thundersync_lightning.core.factors`); False keeps them dense
-            (same gradient up to summation order).
+        backend: runs each ``add_tokens`` call's backward and delivers each destination's
+            gradient (:mod:`~thundersync_lightning.core.backward`; default
+            :class:`~thundersync_lightning.core.backward.PlainBackward`, one backward per destination).
         filter_groups: dynamic sampling: a group without signal counts nowhere (module docstring).
     """
 
@@ -99,14 +98,12 @@ class StreamingGRPO:
         offload: Offload = "none",
         max_open_groups: int | None = None,
         max_held_trajectories: int | None = None,
-        factor_sums: bool = True,
+        backend: BackwardBackend | None = None,
         filter_groups: bool = False,
     ) -> None:
         self._params = [p for p in params]
         problems = argument_problems(self._params, objective is not None, estimator, eps)
         problems += bound_problems(max_open_groups, max_held_trajectories)
-        if not isinstance(factor_sums, bool):
-            problems.append(f"factor_sums must be True or False, got {factor_sums!r}")
         if not isinstance(filter_groups, bool):
             problems.append(f"filter_groups must be True or False, got {filter_groups!r}")
         if problems:
@@ -115,7 +112,7 @@ class StreamingGRPO:
             shorthand = {k: v for k, v in (("estimator", estimator), ("eps", eps)) if v is not None}
             objective = Objective(**shorthand)
         self.objective = objective
-        self.factor_sums = factor_sums
+        self.backend: BackwardBackend = backend if backend is not None else PlainBackward()
         self.filter_groups = filter_groups
         self._bounds = Bounds(max_open_groups, max_held_trajectories)
         self._store = GradientStore(self._params, offload)
@@ -139,7 +136,7 @@ class StreamingGRPO:
         self._filtered: list[GroupStat] = []
         self._aborted = 0
         self._objective = 0.0
-        self._independent = 0.0
+        self._regulariser = 0.0
         self._totals = BatchTotals()
         self._on_policy = OnPolicyStats()
         self._backward = 0
@@ -205,7 +202,7 @@ class StreamingGRPO:
 
     def objective_parts(self) -> tuple[float, float]:
         """(sum_i A'_i S_i, sum_i R_i) over the groups closed so far (sum them over ranks)."""
-        return self._objective, self._independent
+        return self._objective, self._regulariser
 
     def needs_score(self, trajectory_id: Hashable) -> bool:
         """False for a trajectory already dropped (failed verdict, ``failed="drop"``): skip its forward."""
@@ -265,26 +262,26 @@ class StreamingGRPO:
             raise DuplicateEventError(f"trajectory {trajectory_id!r} already has a reward")
         group.rewards[trajectory_id] = value
         held = group.held.pop(trajectory_id, None)
-        held_r = group.held_independent.pop(trajectory_id, None)
+        held_reg = group.held_regulariser.pop(trajectory_id, None)
         dropping = failed and self.objective.failed == "drop"
         if group.leaves is not None:
-            group.leaves.on_reward(trajectory_id, value, dropping, self._independent_apart)
+            group.leaves.on_reward(trajectory_id, value, dropping, self._regulariser_apart)
         if dropping:
             group.dropped.add(trajectory_id)
             if trajectory_id in group.scores:
                 group.scored_dropped.add(trajectory_id)
             group.scores.pop(trajectory_id, None)
-            group.independent.pop(trajectory_id, None)
-            release(self._store, held, held_r)
+            group.regulariser.pop(trajectory_id, None)
+            release(self._store, held, held_reg)
         else:
             if held is not None and trajectory_id in group.flagged:
                 group.add_flagged(self._store, value, held)
             elif held is not None:
                 group.add_known(self._store, value, held)
-            if held_r is not None and self.filter_groups:
-                group.add_independent(self._store, held_r)  # the step gets it once the group is known kept
-            elif held_r is not None:
-                self._step.add_flat(self._step_buffer("direct_r"), held_r)
+            if held_reg is not None and self.filter_groups:
+                group.add_regulariser(self._store, held_reg)  # the step gets it once the group is known kept
+            elif held_reg is not None:
+                self._step.add_flat(self._step_buffer("regulariser_now"), held_reg)
                 group.direct += 1
         if group.all_rewards_known():
             if self.filter_groups:
@@ -326,7 +323,7 @@ class StreamingGRPO:
         *,
         teacher_logprobs: torch.Tensor | None = None,
         prefix: SharedPrefix | None = None,
-        capture: RowCapture | None = None,
+        watch: ForwardWatch | None = None,
     ) -> None:
         """Backpropagate a scored batch now; exact same result as one call per trajectory.
 
@@ -341,25 +338,23 @@ class StreamingGRPO:
         ``prefix``: the boundary cut (:mod:`~thundersync_lightning.core.prefix`): every trajectory
         belongs to one group whose continuations were scored on these prefix leaves.
 
-        ``capture``: the batch was scored inside this :class:`~thundersync_lightning.core.split_backward.RowCapture`;
-        ONE backward then serves every destination (split by row), instead of one backward each.
+        ``watch``: what :meth:`backend.watch <thundersync_lightning.core.backward.BackwardBackend.watch>`
+        gave this batch's scoring, handed back to the backend with the call's jobs.
         """
         self._check_live()
         ids = list(trajectory_ids)
         if scores.n != len(ids):
             raise InvalidLogprobError(f"add_tokens got {scores.n} scored rows for {len(ids)} trajectory ids")
-        if capture is not None and prefix is not None:
-            raise ConfigError("add_tokens: a split backward (capture) and a shared prefix cannot be combined")
         if prefix is not None and self.objective.off_policy_mask is not None:
             raise ConfigError(
                 "off_policy_mask keeps flagged trajectories' gradients apart until their group's advantages "
                 "are known; the boundary cut sums a group's prompt gradient before that. Turn one of them off"
             )
         terms = trajectory_terms(self.objective, scores, engine_logprobs, teacher_logprobs)
-        self._add(ids, terms, prefix, capture)
+        self._add(ids, terms, prefix, watch)
 
     @property
-    def _independent_apart(self) -> bool:
+    def _regulariser_apart(self) -> bool:
         """grad R_i is kept out of the s-scaled sums (only where s is global: ``scale="batch"``,
         ``is_batch_normalize``)."""
         return self.objective.scales_at_barrier
@@ -369,7 +364,7 @@ class StreamingGRPO:
         ids: list[Hashable],
         terms: TrajectoryTerms,
         prefix: SharedPrefix | None = None,
-        capture: RowCapture | None = None,
+        watch: ForwardWatch | None = None,
     ) -> None:
         if len(set(ids)) != len(ids):
             raise DuplicateEventError(f"add_tokens got a trajectory id twice: {ids}")
@@ -382,33 +377,24 @@ class StreamingGRPO:
         if late:
             terms = select_terms(terms, keep)
         owners = [self._group_of(tid) for tid in rows]
-        plan = plan_backward(self.objective, rows, owners, terms, self.filter_groups)
-        self._bounds.check_held(rows[i] for i in plan.held + plan.held_independent)
+        routing = route(self.objective, rows, owners, terms, self.filter_groups)
+        self._bounds.check_held(rows[i] for i in routing.held + routing.held_regulariser)
         if prefix is not None:
             check_prefix(owners, prefix)
         inputs = list(self._params) + (list(prefix.leaves) if prefix is not None else [])
-        jobs = jobs_of(plan, rows, terms)
+        jobs = jobs_of(routing, rows, terms)
         label = rows[0] if len(rows) == 1 else f"{len(rows)} trajectories"
-        # on the device, a destination whose coefficient is still unknown keeps factors (module factors)
-        factors = self.factor_sums and self._store.on_device
-        factor = [factors and kind in ("sum", "held", "held_r") for kind, _, _ in jobs]
-        try:
-            if capture is not None and (len(jobs) > 1 or any(factor)):
-                grads, passes = split_gradients(capture, label, jobs, terms, inputs, keep, factor)
-                self._backward += passes
-            else:
-                grads = run_jobs(label, jobs, inputs)
-                self._backward += len(jobs)
-        finally:
-            if capture is not None:
-                capture.clear()
+        # a destination whose coefficient is still unknown may stay deferred (on the device only)
+        deferrable = [self._store.on_device and kind in ("sum", "held", "regulariser_held") for kind, _, _ in jobs]
+        grads, passes = self.backend.deliver(LearnerCall(label, jobs, terms, inputs, keep, deferrable, watch))
+        self._backward += passes
         # every check passed and every backward ran: now change state
         if prefix is not None and rows:
             group = owners[0][1]
             leaves = group.leaves = group.leaves or LeafSums(prefix)
             n = len(self._params)
             for (kind, key, _), g in zip(jobs, grads):
-                leaves.add(kind, key, prefix.flatten(g[n:]), self._independent_apart)
+                leaves.add(kind, key, prefix.flatten(g[n:]), self._regulariser_apart)
             grads = [g[:n] for g in grads]
         for i in late:
             self._dropped_closed[ids[i]] = True
@@ -416,19 +402,19 @@ class StreamingGRPO:
             for i, (tid, (_, group)) in enumerate(zip(rows, owners)):
                 if bool(terms.flagged[i]):
                     group.flagged.add(tid)
-        self._skipped += len(late) + plan.skipped
+        self._skipped += len(late) + routing.skipped
         for (kind, key, _), g in zip(jobs, grads):
-            if kind in ("direct", "direct_r"):
+            if kind in ("direct", "regulariser_now"):
                 self._step.add_grads(self._step_buffer(kind), g)
             else:
-                gid = key[0] if kind == "sum" else key if kind == "sum_r" else self._owner[key]
+                gid = key[0] if kind == "sum" else key if kind == "regulariser_sum" else self._owner[key]
                 self._groups[gid].take(kind, key, g, self._store)
-        for i in plan.touched:
+        for i in routing.touched:
             owners[i][1].direct += 1
         for i, (tid, (_, group)) in enumerate(zip(rows, owners)):
-            independent = plan.independent[i] if plan.independent is not None else None
+            regulariser = routing.regulariser[i] if routing.regulariser is not None else None
             weights = tuple(terms.is_weights[i].tolist()) if terms.is_weights is not None else (0.0, 0.0)
-            group.record_score(tid, plan.scores[i], float(terms.tokens[i]), independent, weights)
+            group.record_score(tid, routing.scores[i], float(terms.tokens[i]), regulariser, weights)
         self._on_policy = self._on_policy + terms.on_policy
         touched = list({id(g): (gid, g) for gid, g in owners}.values())
         for gid, group in touched:
@@ -437,7 +423,7 @@ class StreamingGRPO:
         self._count(*(gid for gid, _ in touched))
 
     def _count(self, *group_ids: Hashable) -> None:
-        """Held gradients, chunk and leaf bytes, recounted for the groups an event touched."""
+        """Held gradients, deferred and leaf bytes, recounted for the groups an event touched."""
         self._store.set_side_bytes(self._bounds.recount(self._groups, group_ids, self._store.buffer_bytes))
 
     def abort_group(self, group_id: Hashable) -> None:
@@ -488,7 +474,7 @@ class StreamingGRPO:
             peak_bytes=self._store.peak(),
             backward_passes=self._backward,
             skipped_backward_passes=self._skipped,
-            independent=self._independent,
+            regulariser=self._regulariser,
             denominator=d,
             batch_scale=s,
             totals=self._totals,
@@ -503,21 +489,21 @@ class StreamingGRPO:
 
     # ------------------------------------------------------------------ internals
     def _step_buffer(self, kind: str) -> torch.Tensor:
-        """The step buffer of a ``direct`` job or of R terms (``direct_r``: their own when s is deferred)."""
-        return self._step.unscaled() if kind == "direct_r" and self._independent_apart else self._step.scaled()
+        """The step buffer of a ``direct`` job or of R terms (``regulariser_now``: their own when s is deferred)."""
+        return self._step.unscaled() if kind == "regulariser_now" and self._regulariser_apart else self._step.scaled()
 
     def _decide(self, group: GroupSums) -> None:
         """Dynamic sampling, every verdict in: filter a group without signal (its R sum is freed), or
         move a kept group's R sum into the step's gradient."""
         group.filtered = not informative(group.reward_tensor().tolist(), self.objective.singleton == "reward")
-        if group.r_sum is None:
+        if group.regulariser_sum is None:
             return
         if group.filtered:
-            release(self._store, group.r_sum)
+            release(self._store, group.regulariser_sum)
         else:
-            self._step.add_flat(self._step_buffer("direct_r"), group.r_sum)
+            self._step.add_flat(self._step_buffer("regulariser_now"), group.regulariser_sum)
             group.direct += 1
-        group.r_sum = None
+        group.regulariser_sum = None
 
     def _fold_buffers(self, group: GroupSums) -> None:
         """All verdicts known: a_g, b_g are fixed, so move the group's sums into the step's gradient."""
@@ -545,7 +531,7 @@ class StreamingGRPO:
             group.leaves = None
         closed = group.close(gid, a, b)
         self._objective += closed.objective
-        self._independent += closed.independent
+        self._regulariser += closed.regulariser
         self._totals = self._totals + closed.totals
         del self._groups[gid]
         for t in group.dropped:

@@ -116,7 +116,7 @@ class TrajectoryTerms:
     (``off_policy_mask``)."""
 
     score: Tensor
-    independent: Tensor | None
+    regulariser: Tensor | None
     tokens: Tensor
     on_policy: OnPolicyStats
     is_weights: Tensor | None = None
@@ -299,8 +299,8 @@ def trajectory_terms(
     k = objective.sequence_factor(tokens.detach())
     selected = _entropy_selected(objective, scores, m)  # the tokens of S_i and of the entropy bonus
     score = k * (weighted * selected).sum(-1)
-    independent = None
-    if objective.has_independent_terms:
+    regulariser = None
+    if objective.has_regulariser_terms:
         per_token = torch.zeros_like(lp)
         if objective.entropy_coef != 0:
             if scores.entropy is None:
@@ -319,12 +319,12 @@ def trajectory_terms(
             p = teacher.to(device=lp.device, dtype=lp.dtype)
             advantage = -(lp.detach() - p) * m  # (n, L): per-token OPD advantage, masked (p is 0 off the mask)
             per_token = per_token + objective.opd_coef * advantage * lp
-        independent = k * (per_token * m).sum(-1)
+        regulariser = k * (per_token * m).sum(-1)
     flagged = None
     if objective.off_policy_mask is not None:
         assert log_ratio is not None  # mean (e - l) over the trained tokens (TRL: its loss mask)
         flagged = ((-log_ratio * m).sum(-1) / tokens.clamp_min(1.0) > objective.off_policy_mask).cpu()
-    return TrajectoryTerms(score, independent, tokens.detach(), stats, is_weights, flagged)
+    return TrajectoryTerms(score, regulariser, tokens.detach(), stats, is_weights, flagged)
 
 
 def reference_loss(
@@ -367,7 +367,7 @@ def reference_loss(
     weight = torch.tensor(keep, dtype=torch.float64)
     score = terms.score
     total = (adv.to(score.device, score.dtype) * score).sum()
-    if terms.independent is not None:
-        total = total + (weight.to(score.device, score.dtype) * terms.independent).sum()
+    if terms.regulariser is not None:
+        total = total + (weight.to(score.device, score.dtype) * terms.regulariser).sum()
     d = objective.denominator(totals)
     return -total / d if d > 0 and math.isfinite(d) else total * 0.0

@@ -47,7 +47,7 @@ from .swebench_log import (
     EvalSecrets,
     eval_command,
     grade_eval_run,
-    warn_if_ptrace_open,
+    warn_if_dumpable,
     write_eval_dir,
 )
 
@@ -57,6 +57,7 @@ log = logging.getLogger(__name__)
 
 _APPLY = "GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null git -c core.hooksPath=/dev/null apply --verbose " \
          "--whitespace=nowarn -"
+_MAX_SOURCE_BYTES = 4 * 1024 * 1024
 _GIT_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
 
 
@@ -114,14 +115,15 @@ class SWEbenchWorkspace:
 
     def _box(self, workdir: str, cap: int | None = None, base_git: bool = False,
              eval_dir: str | None = None) -> ContainerSandbox:
-        assert self._lease is not None and self._dir is not None
+        assert self._lease is not None and self._dir is not None and self._budget is not None
         config = self.settings.container
         if cap is not None:
             config = replace(config, limits=replace(config.limits, max_output_bytes=cap))
         ro = {os.path.join(self._dir, "base.git"): BASE_GIT_DIR} if base_git else {}
         if eval_dir is not None:
             ro[eval_dir] = EVAL_DIR
-        return ContainerSandbox(workdir, self.image, self._lease.uid, config, guard=self._guard, ro_volumes=ro)
+        return ContainerSandbox(workdir, self.image, self._lease.uid, config, guard=self._guard, ro_volumes=ro,
+                                budget=self._budget)
 
     def _base_git(self, agent: str) -> None:
         """A root-owned bare copy of the base commit, made before the agent acts (shallow when the
@@ -191,19 +193,67 @@ class SWEbenchWorkspace:
         evaldir = os.path.join(evalroot, "testbed")
         try:
             self._fresh_testbed(evaldir, self._lease.uid)
+            declared = self._declared_sources(evaldir, spec)  # before anything runs in the copy
             box = self._box(evaldir, self.settings.max_log_bytes)
             applied = box.run(_APPLY, stdin=patch.encode(), timeout_s=120.0)
             if not applied.ok:
                 return EvalOutcome(False, "patch did not apply", log=f"{APPLY_PATCH_FAIL}\n{applied.text}")
             scripts = os.path.join(evalroot, "eval")  # root-owned, bound read-only: no secret inside
-            write_eval_dir(scripts, spec.eval_script, spec.log_parser)
-            warn_if_ptrace_open()
+            write_eval_dir(scripts, spec.eval_script, spec.log_parser, self._image_shell())
+            warn_if_dumpable()
             secrets = EvalSecrets.new()
             result = self._box(evaldir, self.settings.max_log_bytes, eval_dir=scripts).run(
                 eval_command(), stdin=secrets.stdin(), timeout_s=self.settings.eval_timeout_s)
-            return grade_eval_run(spec, result, secrets, patch)
+            return grade_eval_run(spec, result, secrets, patch, declared)
         finally:
             remove_tree(evalroot)
+
+    def _image_shell(self) -> str:
+        """A host copy of the image's shell binary (``ContainerConfig.shell``), made once per
+        workspace: the eval run's execute-only shell (see :mod:`.swebench_log`)."""
+        assert self._dir is not None
+        dest = os.path.join(self._dir, "image-shell")
+        if not os.path.isfile(dest):
+            src = self.settings.container.shell
+            for _ in range(8):  # follow the image's links (e.g. /bin/sh -> dash) inside the image
+                copy_from_image(self.image, src, dest, self.settings.container)
+                if not os.path.islink(dest):
+                    break
+                target = os.readlink(dest)
+                os.unlink(dest)
+                src = os.path.normpath(os.path.join(os.path.dirname(src), target))
+            else:
+                raise SandboxError(f"{self.image}: {self.settings.container.shell} is a chain of links")
+            os.chmod(dest, 0o700)
+        return dest
+
+    def _declared_sources(self, testbed: str, spec: Any) -> dict[str, str]:
+        """The graded tests' original source (path -> text): the image's files, fresh from the image
+        and not yet touched by any container, with the instance's ``test_patch`` applied by the
+        host's git in a scratch directory. What may mark a graded test xfail or skip (see
+        :mod:`.code.outcomes`); files that cannot be read are left out (their tests must pass)."""
+        paths = set(self._test_paths)
+        paths |= {t.split("::", 1)[0] for t in [*spec.FAIL_TO_PASS, *spec.PASS_TO_PASS] if "::" in t}
+        with tempfile.TemporaryDirectory(prefix="tsl-declared-") as scratch:
+            for rel in sorted(paths):
+                src = os.path.join(testbed, rel)
+                if rel.startswith("/") or ".." in rel.split("/") or os.path.islink(src) or not os.path.isfile(src):
+                    continue
+                os.makedirs(os.path.dirname(os.path.join(scratch, rel)), exist_ok=True)
+                with open(src, "rb") as f, open(os.path.join(scratch, rel), "wb") as out:
+                    out.write(f.read(_MAX_SOURCE_BYTES))
+            test_patch = str(self.instance.get("test_patch") or "")
+            if test_patch.strip():
+                subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], cwd=scratch, input=test_patch.encode(),
+                               env=_GIT_ENV, capture_output=True, timeout=120)
+            out = {}
+            for rel in paths:
+                try:
+                    with open(os.path.join(scratch, rel), "rb") as f:
+                        out[rel] = f.read(_MAX_SOURCE_BYTES).decode("utf-8", "replace")
+                except OSError:
+                    continue
+            return out
 
     def close(self) -> None:
         """Kill whatever still runs (a verdict past its timeout included), then free dirs and uid.

@@ -11,6 +11,13 @@ and any ``PASSED <test>`` line (from an atexit hook, before an ``os._exit``). He
   :func:`eval_command`, which reads the run's secrets from stdin into unexported variables of the
   container's first shell, points stdin at /dev/null, and sources the script. The secrets are in
   no file, argument or environment variable.
+- **The shell that holds them cannot be read by the tests' uid.** That shell is the image's own
+  shell binary, copied by the host into ``/tsl-eval`` as root with mode 0711 (execute only). The
+  kernel marks a process that executes a file it may not read as not dumpable (``would_dump``
+  at exec; the same holds for its forks, e.g. the process substitution that feeds the key to the
+  reporter), so the code under test, same uid but no ``CAP_SYS_PTRACE``, can neither ptrace it
+  nor open its ``/proc/<pid>/mem``, ``environ`` or ``fd``, whatever ``kernel.yama.ptrace_scope``
+  says. Only a host with ``fs.suid_dumpable=1`` undoes that (a warning names it).
 - **Markers carry per-marker tags.** The script's marker lines become calls that print a tag
   (HMAC of the key, one per marker); in the output (:func:`reframe_log`) every line mentioning a
   swebench marker without the right tag is dropped and the tags become the real markers again.
@@ -29,33 +36,35 @@ and any ``PASSED <test>`` line (from an atexit hook, before an ``os._exit``). He
 
 .. warning::
    Limits: the container's first shell and the test process run as the same uid as the code under
-   test. The reporter's process is non-dumpable, but the shell cannot make itself so: where
-   ``kernel.yama.ptrace_scope`` is 0 (or Yama is absent) a test can read the shell's memory
-   (/proc/<pid>/mem of an ancestor) and so the key; with ptrace_scope >= 1 it cannot (a warning
-   names a host where it can). The in-process limit of :mod:`.code.reporter` applies as well.
+   test; both are non-dumpable (the shell by its execute-only binary, the reporter by ``prctl``),
+   except where ``fs.suid_dumpable`` is 1 (a warning names such a host). The in-process limit of
+   :mod:`.code.reporter` applies as well.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import shlex
+import shutil
+from collections.abc import Mapping
 from dataclasses import dataclass
 from secrets import token_hex
 from typing import Any
 
 from .code.grading import EvalOutcome, framed_log, grade_with_spec
 from .code.reporter import REPORT_FD_ENV, keyed_hash
-from .code.runner import new_key, parse_results, reporter_source, write_host_dir
+from .code.runner import check_exit, new_key, parse_results, reporter_source, write_host_dir
 from .sandbox.base import SandboxResult
 
 __all__ = ["EVAL_DIR", "EvalSecrets", "frame_eval_script", "eval_command", "write_eval_dir", "reframe_log",
-           "uses_reporter", "grade_eval_run", "warn_if_ptrace_open"]
+           "uses_reporter", "grade_eval_run", "warn_if_dumpable", "SHELL_NAME"]
 
 log = logging.getLogger(__name__)
 
 EVAL_DIR = "/tsl-eval"  # bound read-only inside the container
 _KEY_FD = 197  # the reporter's key pipe (high: eval scripts use low descriptors)
-_warned_ptrace = False
+_warned_dumpable = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +137,15 @@ __tsl_test_end() {
 """
 
 
+SHELL_NAME = "tsl-bash"  # the execute-only copy of the image's bash in EVAL_DIR (not "sh": POSIX mode)
+
+
 def eval_command() -> str:
-    """The container's command: read the secrets from stdin, then source ``/tsl-eval/eval.sh``."""
-    return (_PRELUDE.replace("@EVAL_DIR@", EVAL_DIR).replace("@FD_ENV@", REPORT_FD_ENV)
-            .replace("@FD@", str(_KEY_FD)))
+    """The container's command: become the execute-only shell (:data:`SHELL_NAME`), which reads the
+    secrets from stdin, then sources ``/tsl-eval/eval.sh``."""
+    prelude = (_PRELUDE.replace("@EVAL_DIR@", EVAL_DIR).replace("@FD_ENV@", REPORT_FD_ENV)
+               .replace("@FD@", str(_KEY_FD)))
+    return f"exec {EVAL_DIR}/{SHELL_NAME} -c {shlex.quote(prelude)}"
 
 
 def uses_reporter(log_parser: str) -> bool:
@@ -157,16 +171,21 @@ def frame_eval_script(script: str, plugin: str | None) -> str:
     return "\n".join(out)
 
 
-def write_eval_dir(directory: str, script: str, log_parser: str) -> None:
+def write_eval_dir(directory: str, script: str, log_parser: str, shell: str) -> None:
     """Write the instance's eval ``script``, framed, and (for pytest log parsers) the reporter to
-    ``directory`` (root-owned, read-only to others). The reporter's module name is random per run:
-    a file of that name in the work tree (first on ``sys.path`` under ``python -m pytest``) cannot
-    be prepared to stand in for it."""
+    ``directory`` (root-owned, read-only to others), and copy ``shell`` (a host path: the image's
+    bash, copied out of it) there as :data:`SHELL_NAME`, root-owned, execute-only (0711). The
+    reporter's module name is random per run: a file of that name in the work tree (first on
+    ``sys.path`` under ``python -m pytest``) cannot be prepared to stand in for it."""
     plugin = f"tsl_report_{token_hex(8)}" if uses_reporter(log_parser) else None
     files = [("eval.sh", frame_eval_script(script, plugin))]
     if plugin is not None:
         files.append((f"{plugin}.py", reporter_source()))
     write_host_dir(directory, files)
+    target = os.path.join(directory, SHELL_NAME)
+    shutil.copyfile(shell, target, follow_symlinks=True)
+    os.chown(target, 0, 0)
+    os.chmod(target, 0o711)
 
 
 def reframe_log(output: str, secrets: EvalSecrets) -> str:
@@ -184,33 +203,41 @@ def reframe_log(output: str, secrets: EvalSecrets) -> str:
     return "\n".join(out)
 
 
-def grade_eval_run(spec: Any, result: SandboxResult, secrets: EvalSecrets, patch: str) -> EvalOutcome:
-    """Grade one run of :func:`eval_command` (``spec``: swebench's TestSpec) with swebench's report."""
+def grade_eval_run(spec: Any, result: SandboxResult, secrets: EvalSecrets, patch: str,
+                   declared: Mapping[str, str] | None = None) -> EvalOutcome:
+    """Grade one run of :func:`eval_command` (``spec``: swebench's TestSpec) with swebench's report,
+    held to the rule of :mod:`.code.outcomes`: ``declared`` is the original source of the graded
+    test files (the image's, with the instance's test patch applied on the host; never the run's).
+    The reporter's statuses are cross-checked against its own exit status (the host cannot see
+    pytest's here: the container's exit status is the script's)."""
     from swebench.harness.constants import APPLY_PATCH_PASS, TESTS_ERROR, TESTS_TIMEOUT
 
     if uses_reporter(spec.log_parser):
         results = parse_results(result.text, secrets.key)
+        if results.problem is None and not (result.timed_out or result.truncated or result.cancelled):
+            results = check_exit(results, None)
         if results.problem is not None and not (result.timed_out or result.truncated):
             return EvalOutcome(False, f"no trustworthy test results: {results.problem}", log=result.text)
         log_text = f"{APPLY_PATCH_PASS}\n" + framed_log(result, results.log_body(skipped=False), results.exit_status)
-        return grade_with_spec(spec, log_text, patch)
+        return grade_with_spec(spec, log_text, patch, declared)
     note = f"\n{TESTS_TIMEOUT}\n" if result.timed_out else f"\n{TESTS_ERROR}\n" if result.truncated else ""
-    return grade_with_spec(spec, f"{APPLY_PATCH_PASS}\n{reframe_log(result.text, secrets)}{note}", patch)
+    return grade_with_spec(spec, f"{APPLY_PATCH_PASS}\n{reframe_log(result.text, secrets)}{note}", patch, declared)
 
 
-def warn_if_ptrace_open() -> None:
-    """Warn once when the host lets a process read its ancestors' memory (see the module's limits)."""
-    global _warned_ptrace
-    if _warned_ptrace:
+def warn_if_dumpable() -> None:
+    """Warn once when the host keeps processes that exec an unreadable binary dumpable
+    (``fs.suid_dumpable`` = 1): there the eval shell's memory, and the run's key, are readable by
+    the code under test (see the module's limits)."""
+    global _warned_dumpable
+    if _warned_dumpable:
         return
-    _warned_ptrace = True
+    _warned_dumpable = True
     try:
-        with open("/proc/sys/kernel/yama/ptrace_scope") as f:
-            scope = int(f.read().strip() or 0)
+        with open("/proc/sys/fs/suid_dumpable") as f:
+            value = int(f.read().strip() or 0)
     except (OSError, ValueError):
-        scope = 0
-    if scope < 1:
-        log.warning("kernel.yama.ptrace_scope is %s on this host: code under test in a SWE-bench container can "
-                    "read the eval shell's memory and with it the run's key; set `sysctl kernel.yama.ptrace_scope=1` "
-                    "(needs a kernel with Yama)", scope if os.path.exists("/proc/sys/kernel/yama") else "absent")
+        return
+    if value == 1:
+        log.warning("fs.suid_dumpable is 1 on this host: code under test in a SWE-bench container can read the eval "
+                    "shell's memory and with it the run's key; set `sysctl fs.suid_dumpable=0` (or 2)")
 

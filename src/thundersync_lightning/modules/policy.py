@@ -31,12 +31,12 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from typing_extensions import override
 
+from ..core.backward import ForwardWatch
 from ..core.batches import RolloutBatch
 from ..core.errors import ConfigError
 from ..core.evaluation import VALIDATION_METRICS, ValidationBatch, ValidationOutcome, collect_validation
 from ..core.objective import BatchTotals, Objective
 from ..core.prefix import SharedPrefix
-from ..core.split_backward import RowCapture
 from ..core.terms import (
     TokenScores,
     engine_logprobs,
@@ -220,7 +220,7 @@ class GRPOPolicy(LightningModule):
         entropy: bool = False,
         reference: bool = False,
         prefix: SharedPrefix | None = None,
-        capture: RowCapture | None = None,
+        watch: ForwardWatch | None = None,
     ) -> TokenScores:
         """Per-token log-probabilities of every scored token, shape (n, L), a graph to the trainable
         parameters; with ``entropy`` the per-position entropies (graph), with ``reference`` the
@@ -231,11 +231,11 @@ class GRPOPolicy(LightningModule):
         Trajectories are scored in length-sorted micro-batches of at most ``score_batch_tokens``
         padded tokens and ``1 + score_max_padding`` padded tokens per real token; rows come back in the order given, right-padded to the longest.
 
-        ``capture``: record the forwards for one split backward (``StreamingGRPO.add_tokens(...,
-        capture=)``, :mod:`~thundersync_lightning.core.split_backward`); not with ``prefix``.
+        ``watch``: the learner call's backward backend watches its forwards
+        (:class:`~thundersync_lightning.core.backward.ForwardWatch`): scoring runs inside ``with
+        watch:`` and each micro-batch forward inside ``watch.rows(index)``, ``index`` the batch row
+        of each of its rows.
         """
-        if capture is not None and prefix is not None:
-            raise ConfigError("score_tokens: a split backward (capture) and a shared prefix cannot be combined")
         if prefix is not None:
             bad = [t.trajectory_id for t in trajectories if tuple(t.tokens[: len(prefix.tokens)]) != prefix.tokens]
             if bad or any(len(t.tokens) <= len(prefix.tokens) for t in trajectories):
@@ -249,14 +249,14 @@ class GRPOPolicy(LightningModule):
             lengths, self.hparams.score_batch_tokens, self.hparams.score_max_padding, self.hparams.score_forward_tokens
         )
         order = [i for chunk in chunks for i in chunk]
-        if capture is None:
+        if watch is None:
             parts = [self._score_padded([trajectories[i] for i in c], entropy, reference, prefix) for c in chunks]
         else:
             parts = []
-            with capture:
+            with watch:
                 for chunk in chunks:
-                    with capture.rows(chunk):
-                        parts.append(self._score_padded([trajectories[i] for i in chunk], entropy, reference))
+                    with watch.rows(chunk):
+                        parts.append(self._score_padded([trajectories[i] for i in chunk], entropy, reference, prefix))
         width = max(p[0].shape[1] for p in parts)
 
         def cat(k: int) -> Tensor | None:

@@ -74,7 +74,7 @@ def suggestions(
     tokens = _largest_token_cap(i, fits)
     if tokens is not None:
         out.append(f"{strategy}.max_batch_tokens={tokens}")
-    if i.split_destinations and fits(replace(i, split_destinations=0)):
+    if i.call_destinations and fits(replace(i, call_destinations=0)):
         out.append(f"{strategy}.split_backward=false (one backward per destination)")
     if i.offload == "none" and i.mode != "sync":
         for where in (("pinned", "cpu") if i.accelerator == "gpu" else ()):

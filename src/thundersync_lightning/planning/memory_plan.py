@@ -16,7 +16,7 @@ O the open groups and H the held (reward-pending) trajectories of a rank at once
     held gradients   H P_t a                   (one per reward-pending trajectory; 0 in sync mode;
                                                2 H P_t a when failed="drop" keeps R_i apart too)
     step gradient    P_t a                     (the folded gradient; a second under scale="batch"
-                                                with reward-independent terms)
+                                                with regulariser terms)
     staging          2 P_t a                   (offload on a GPU: double-buffered device copies)
     landing          2 P_t a                   (pinned offload: the host buffers copies land in)
     backward         D P_t e                   (autograd results before they are added: D = 1, or
@@ -113,19 +113,20 @@ class PlanInputs:
         boundary_cut: a group's prompt graph and leaf sums stay alive while the group is open.
         reference: a frozen full copy of the weights for the KL term (kl_coef != 0 without LoRA).
         entropy: the objective has an entropy term (more logits activations).
-        independent_buffer: a second step gradient (scale="batch" with KL/entropy/OPD terms).
+        regulariser_buffer: a second step gradient (scale="batch" with KL/entropy/OPD terms).
         group_extra_buffers: X, parameter-sized buffers per open group beyond the two sums (dynamic
             sampling with R terms: 1; ``off_policy_mask``: up to one per distinct reward, G).
-        held_independent: a held trajectory also holds its reward-independent gradient
+        held_regulariser: a held trajectory also holds its regulariser gradient
             (``failed="drop"`` with KL/entropy/OPD terms: it is dropped with a failed verdict).
         teacher_params, teacher_on_device: an OPD teacher held by a rollout engine (0: none).
         engine_device_fraction: the share of the device a colocated engine reserves (vLLM's
             ``gpu_memory_utilization``); engine_device_bytes: bytes it reserves instead.
         accumulator_bytes: a (4, or 8 for float64 weights).
         device_overhead_bytes: the CUDA context and allocator slack (a fixed estimate).
-        split_destinations: 0 without the split backward; else the most destinations one split call
-            may span (its bytes cap): such a call holds one gradient per destination, at most
-            one per trajectory of a call plus the R terms'.
+        call_destinations: the most destinations one learner call's backward delivers at once
+            (0: one at a time, the plain backward; else its cap, e.g. the split backward's bytes
+            cap): such a call holds one gradient per destination, at most one per trajectory of a
+            call plus the R terms'.
     """
 
     model: ModelShape
@@ -149,8 +150,8 @@ class PlanInputs:
     boundary_cut: bool = False
     reference: bool = False
     entropy: bool = False
-    independent_buffer: bool = False
-    held_independent: bool = False
+    regulariser_buffer: bool = False
+    held_regulariser: bool = False
     group_extra_buffers: int = 0
     teacher_params: int = 0
     teacher_on_device: bool = False
@@ -158,7 +159,7 @@ class PlanInputs:
     engine_device_bytes: int = 0
     accumulator_bytes: int = 4
     device_overhead_bytes: int = 0
-    split_destinations: int = 0
+    call_destinations: int = 0
 
     def __post_init__(self) -> None:
         problems = []
@@ -350,7 +351,7 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
     ]
     per_group = 2 + i.group_extra_buffers
     sums = per_group * i.open_groups * pt * a if streaming else 0
-    per_held = 2 if i.held_independent else 1
+    per_held = 2 if i.held_regulariser else 1
     held = per_held * i.held_trajectories * pt * a if streaming else 0
     sync_note = "sync mode: every reward is known when scored"
     rows += [
@@ -358,15 +359,15 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
            offload_where),
         at("held gradients", held,
            f"{i.held_trajectories} held x {per_held} x P_t a" if streaming else sync_note, offload_where),
-        at("step gradient", (2 if i.independent_buffer else 1) * pt * a,
-           "2 x P_t a (scale=batch keeps R apart)" if i.independent_buffer else "P_t a"),
+        at("step gradient", (2 if i.regulariser_buffer else 1) * pt * a,
+           "2 x P_t a (scale=batch keeps R apart)" if i.regulariser_buffer else "P_t a"),
     ]
     if i.offload != "none" and i.accelerator == "gpu" and streaming:
         rows.append(at("staging", 2 * pt * a, "2 x P_t a: double-buffered copies to and from the host"))
     if i.offload == "pinned" and streaming:
         rows.append(at("landing", 2 * pt * a, "2 x P_t a: pinned buffers the copies land in", "pinned_host"))
     call = min(i.max_batch_trajectories, i.groups_on_rank * i.group_size)  # trajectories of one call
-    d = min(call + 1, i.split_destinations) if streaming and i.split_destinations else 1
+    d = min(call + 1, i.call_destinations) if streaming and i.call_destinations else 1
     rows.append(at("backward", d * pt * e, "P_t e: one autograd result before it is added" if d == 1
                    else f"{d} x P_t e: the destinations of one split-backward call"))
     if n > 1:

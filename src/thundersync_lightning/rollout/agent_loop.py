@@ -6,8 +6,9 @@ An episode is: ``prompt = env.reset()``; then per turn the policy acts (generate
 unscored segment; until ``done`` ("submit") or ``max_turns`` ("turn_limit"). A step's tool-call
 counts (``StepResult.tool_calls`` / ``invalid_tool_calls``: native tool calls, parsed and run by
 the environment, see ``envs/tools``) add up into the trajectory's. Then the episode's
-tokens are final (:class:`ContentReady`) and its verdict runs in the pool; the verdict yields
-:class:`RewardReady` later, from a pool thread.
+tokens are final (:class:`ContentReady`) and its verdict runs in the pool, once every episode of
+its group has stopped acting (:mod:`.group_gate`: no acting sibling can observe a grading run); the
+verdict yields :class:`RewardReady` later, from a pool thread.
 
 An engine supplies only a :data:`GenerateFn`: "continue these token prefixes, each with its own
 seed", batched. The loop schedules at turn granularity: whichever episodes are waiting for the
@@ -60,6 +61,7 @@ from ..core.types import (
     trajectory_id,
 )
 from .env_pool import EnvPool, Outcome
+from .group_gate import GroupGate
 from .sampling import turn_seed
 
 __all__ = ["GenerationRequest", "Generation", "GenerateFn", "AgentLoop", "check_verdict"]
@@ -289,6 +291,17 @@ class AgentLoop:
             pending[future] = ep
         ready: list[_Episode] = []
         live = {ep.trajectory_id: ep for ep, _ in episodes}  # episodes whose content is not final yet
+        gates: dict[str, GroupGate] = {}
+        for ep, _ in episodes:
+            gates[ep.group_id] = GroupGate(gates[ep.group_id].acting + 1 if ep.group_id in gates else 1)
+
+        def stopped(ep: _Episode, closing: Future[Outcome[Any]] | None) -> None:
+            """``ep`` stops acting once ``closing`` (its close, if any) has returned."""
+            gate = gates[ep.group_id]
+            if closing is None:
+                gate.stop()
+            else:
+                closing.add_done_callback(lambda _f: gate.stop())
 
         def finish(ep: _Episode, reason: str, failure: str | None = None) -> None:
             del live[ep.trajectory_id]
@@ -311,10 +324,11 @@ class AgentLoop:
                 traj = replace(self.annotate(traj), content_ready_at=clock())
             emit_content(ContentReady(traj, traj.content_ready_at))
             if failure is not None:
-                self._close(ep)
+                stopped(ep, self._close(ep))  # a call may still run past its timeout: close kills it
                 emit_reward(RewardReady(ep.trajectory_id, ep.group_id, 0.0, clock(), failure))
             else:
-                self._start_verdict(ep, emit_reward, clock)
+                gates[ep.group_id].hold(lambda: self._start_verdict(ep, emit_reward, clock))
+                stopped(ep, None)
 
         def absorb(done: set[Future[Outcome[Any]]]) -> None:
             for fut in done:
@@ -361,8 +375,8 @@ class AgentLoop:
         except BaseException:  # generation failed: no unfinished environment (sandbox) may leak
             for fut, ep in pending.items():
                 fut.add_done_callback(lambda _f, ep=ep: self._close(ep))
-            for ep in live.values():
-                self._close(ep)
+            for ep in live.values():  # held verdicts of their groups start once these closes returned
+                stopped(ep, self._close(ep))
             raise
         return all_rewarded
 
@@ -438,9 +452,10 @@ class AgentLoop:
 
         fut.add_done_callback(on_done)
 
-    def _close(self, ep: _Episode) -> None:
+    def _close(self, ep: _Episode) -> Future[Outcome[Any]] | None:
+        """Close ``ep``'s environment in the pool (once); the close's future, or None if there was none."""
         env = ep.env
         if env is None:
-            return
+            return None
         ep.env = None
-        self.pool.submit(env.close, self.step_timeout_s, "close")
+        return self.pool.submit(env.close, self.step_timeout_s, "close")

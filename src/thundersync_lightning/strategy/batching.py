@@ -13,11 +13,12 @@ accumulator is exact whatever the order and grouping), so this choice only moves
    longest waiter is the likeliest to keep waiting): its gradient is held apart until its reward
    lands, so it cannot share a backward.
 
-With a split backward (``ThunderSyncStrategy(split_backward=...)``,
-:mod:`~thundersync_lightning.core.split_backward`: one backward serves every destination of a
-call) a call is no longer one destination (``mix=True``): it takes the direct rows, then every
-bucket (largest first), then, when holding is allowed, the reward-pending rows oldest first, up to
-``hold_room`` held gradients; its path names the first rule that contributed.
+Those are the places a call's gradients go, its *destinations*, in order of preference: the direct
+rows, then every bucket (largest first), then the reward-pending rows oldest first (each a
+destination of its own). A call takes the first ``destinations`` of them: one with the plain
+backward backend (one backward per destination), more with a backend that serves several in one
+backward (:attr:`~thundersync_lightning.core.backward.BackwardBackend.destinations`). Its path
+names the first rule that contributed.
 
 One choice per call: the runner drains the queue between calls, so rewards that landed during a
 backward turn partial-group buckets into direct work before they are spent in small passes.
@@ -34,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Literal, NamedTuple
 
-__all__ = ["Batch", "BatchPath", "next_batch", "destinations", "call_size"]
+__all__ = ["Batch", "BatchPath", "next_batch", "count_destinations", "call_size"]
 
 #: Which rule above chose a batch: 1 ``direct``, 2 ``bucket``, 3 ``held``.
 BatchPath = Literal["direct", "bucket", "held"]
@@ -52,10 +53,8 @@ def next_batch(
     members: Mapping[str, Sequence[str]],
     max_batch: int,
     *,
-    may_hold: bool,
-    mix: bool = False,
-    hold_room: int | None = None,
-    max_destinations: int | None = None,
+    hold: int,
+    destinations: int = 1,
     lengths: Mapping[str, int] | None = None,
     max_tokens: int | None = None,
 ) -> Batch | None:
@@ -66,11 +65,9 @@ def next_batch(
         rewards: the rewards known so far (trajectory id -> reward).
         owner, members: trajectory -> group, group -> its trajectories.
         max_batch: most trajectories in one call.
-        may_hold: a reward-pending trajectory may be backpropagated now (its gradient held).
-        mix: one call may span destinations (a split backward; module docstring).
-        hold_room: with ``mix``, the most reward-pending trajectories to take (None: no bound).
-        max_destinations: with ``mix``, the most destinations in one call (each holds one
-            gradient of the trainable parameters while the call's backward is split).
+        hold: the most reward-pending trajectories the call may take now (their gradients are
+            held; 0: none).
+        destinations: the most destinations the call may span (module docstring).
         lengths, max_tokens: the tokens each trajectory runs forward, and the most of them in one
             call (None: no token bound; ``lengths`` is then not needed).
     """
@@ -91,25 +88,15 @@ def next_batch(
             direct.append(tid)
         else:
             buckets.setdefault((gid, rewards[tid]), []).append(tid)
-    if mix:
-        pending = [t for t in waiting if t not in rewards] if may_hold else []
-        pending = pending if hold_room is None else pending[: max(0, hold_room)]
-        places = ([direct] if direct else []) + sorted(buckets.values(), key=len, reverse=True) + [[t] for t in pending]
-        if max_destinations is not None:
-            places = places[: max(1, max_destinations)]
-        chosen = [t for place in places for t in place]
-        path: BatchPath = "direct" if direct else "bucket" if buckets else "held"
-        return Batch(path, cut(chosen)) if chosen else None
-    if direct:
-        return Batch("direct", cut(direct))
-    if buckets:
-        return Batch("bucket", cut(max(buckets.values(), key=len)))
-    if may_hold and waiting:
-        return Batch("held", [waiting[0]])
-    return None
+    pending = [t for t in waiting if t not in rewards][: max(0, hold)]
+    # sorted() is stable: equal buckets keep their order, so the largest is the first of the largest
+    places = ([direct] if direct else []) + sorted(buckets.values(), key=len, reverse=True) + [[t] for t in pending]
+    chosen = [t for place in places[: max(1, destinations)] for t in place]
+    path: BatchPath = "direct" if direct else "bucket" if buckets else "held"
+    return Batch(path, cut(chosen)) if chosen else None
 
 
-def destinations(
+def count_destinations(
     batch: Sequence[str], rewards: Mapping[str, float], owner: Mapping[str, str], members: Mapping[str, Sequence[str]]
 ) -> int:
     """How many places a batch's gradients go: the step's gradient (rows of fully rewarded

@@ -1,7 +1,7 @@
 """How many rows a learner call should wait for: ``ThunderSyncStrategy(min_batch_trajectories="auto")``.
 
 A call of n trajectories costs about ``a + b n`` seconds: a fixed part ``a`` (the launch of every
-layer's kernels, the optimizer-free bookkeeping of one ``add_tokens``, the split capture) and a
+layer's kernels, the optimizer-free bookkeeping of one ``add_tokens``, a backend's forward watch) and a
 part per row ``b``. Waiting until k rows are there instead of starting at once merges calls, each
 merge saving one ``a``, and costs the step at most the work of the k - 1 rows that waited for
 the last content, ``(k - 1) b``: with ``k = ceil(a / b)`` that is at most one call's fixed part.

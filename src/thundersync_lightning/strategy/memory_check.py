@@ -21,11 +21,11 @@ from typing import Any
 import psutil
 import torch
 
+from ..backends.split import planned_destinations
 from ..core.objective import Objective
 from ..planning.memory_plan import MemoryPlan, PlanInputs, format_bytes, plan_memory
 from ..planning.model_shape import Architecture, ModelShape
 from .objective_checks import module_objective
-from .split_choice import planned_destinations
 
 __all__ = ["STRATEGY_KEYS", "SCORING_KEYS", "plan_inputs", "fit_plan", "machine_capacity", "memory_problems",
            "param_bytes", "optimizer_kind"]
@@ -137,9 +137,9 @@ def plan_inputs(
         boundary_cut=bool(strategy.get("boundary_cut", False)),
         reference=(objective.needs_reference and not model.lora) if reference is None else reference,
         entropy=objective.needs_entropy,
-        independent_buffer=objective.scales_at_barrier and objective.has_independent_terms,
-        held_independent=objective.failed == "drop" and objective.has_independent_terms,
-        group_extra_buffers=int(bool(data.get("dynamic_sampling")) and objective.has_independent_terms)
+        regulariser_buffer=objective.scales_at_barrier and objective.has_regulariser_terms,
+        held_regulariser=objective.failed == "drop" and objective.has_regulariser_terms,
+        group_extra_buffers=int(bool(data.get("dynamic_sampling")) and objective.has_regulariser_terms)
         + (int(data.get("group_size", 8)) if objective.off_policy_mask is not None else 0),
         teacher_params=model.total_params if teacher else 0,  # planned at the policy's size
         teacher_on_device=on_device,
@@ -147,7 +147,7 @@ def plan_inputs(
         engine_device_bytes=engine_bytes,
         accumulator_bytes=8 if model.param_bytes == 8 else 4,
         device_overhead_bytes=GPU_RUNTIME_BYTES if gpu else 0,
-        split_destinations=planned_destinations(
+        call_destinations=planned_destinations(
             strategy.get("split_backward", "auto"),
             strategy.get("mode", "streaming"),
             bool(strategy.get("boundary_cut", False)),

@@ -41,16 +41,15 @@ from ..core.dynamic import informative
 from ..core.errors import ConfigError, EngineError, GroupError, UnknownTrajectoryError
 from ..core.prefix import SharedPrefix
 from ..core.snapshot import PolicySnapshot
-from ..core.split_backward import RowCapture
 from ..core.streaming import StreamingGRPO
 from ..core.terms import TokenScores, engine_logprobs, entropy_threshold, mark_truncated, teacher_logprobs
 from ..core.types import ContentReady, GroupRequest, RewardReady, RolloutEvent, RolloutRequest, Trajectory
-from .batching import Batch, destinations, next_batch
+from .batching import Batch, count_destinations, next_batch
 from .stats import Interval, RolloutProgress, TrajectoryRecord
 
 __all__ = ["StepRunner", "StepOutcome"]
 
-ScoreFn = Callable[..., TokenScores]  # (trajectories, prefix=None[, capture=]) -> TokenScores
+ScoreFn = Callable[..., TokenScores]  # (trajectories, prefix=None[, watch=]) -> TokenScores
 EncodeFn = Callable[[Sequence[int]], SharedPrefix]
 
 
@@ -100,17 +99,14 @@ class StepRunner:
         request: this rank's share of the step.
         snapshot: the policy being updated; staleness = its version - the rollout's version.
         allowed_staleness: 0 in streaming/sync, 1 in async; a larger one raises StalenessError.
-        accumulator: the step's StreamingGRPO.
+        accumulator: the step's StreamingGRPO. Its backward backend
+            (:mod:`~thundersync_lightning.core.backward`) says how many destinations one call may
+            span and what a call's scoring runs inside (``score`` then takes ``watch=``).
         score: the policy's per-token scores (``score_tokens`` with the objective's needs).
         defer: do no learner work before the event stream ends (the synchronous baseline).
         encode: the boundary cut: a group's shared prompt is run forward once by this function
             (``encode_prefix`` of the policy) and its members are scored on it (None: no cut).
         progress: called with a RolloutProgress at most every ``progress_interval_s`` and at the end.
-        split: a split backward (:mod:`~thundersync_lightning.core.split_backward`): a call takes
-            work for every destination at once (``next_batch(mix=True)``) and, when it spans more
-            than one, is scored inside this capture so that ONE backward serves them all; ``score``
-            then takes ``capture=``. Not with ``encode``. ``split_destinations``: the most
-            destinations of one such call (each holds a parameter-sized gradient until it is stored).
         reserve, issue: dynamic sampling (module docstring): the replacement groups in the order
             they are issued, and the engine call that issues one (``engine.rollout``); the
             accumulator must filter groups (``StreamingGRPO(filter_groups=True)``).
@@ -138,8 +134,6 @@ class StepRunner:
         clock: Callable[[], float] = time.monotonic,
         defer: bool = False,
         encode: EncodeFn | None = None,
-        split: RowCapture | None = None,
-        split_destinations: int | None = None,
         reserve: Sequence[GroupRequest] = (),
         issue: Callable[[RolloutRequest], Iterator[RolloutEvent]] | None = None,
     ) -> None:
@@ -154,8 +148,6 @@ class StepRunner:
             raise GroupError("StepRunner: replacement groups need issue= and an accumulator with filter_groups=True")
         self.defer = defer
         self.encode = encode
-        self.split = split if encode is None else None
-        self.split_destinations = split_destinations
         self._prefixes: dict[str, SharedPrefix] = {}
         self.max_batch = max(1, max_batch_trajectories)
         self.max_tokens = max_batch_tokens
@@ -246,17 +238,14 @@ class StepRunner:
             del self._waiting[t]
         if self._gathering():
             return bool(dropped)
-        limit = self.acc.max_held_trajectories
         batch = next_batch(
             list(self._waiting),
             self.outcome.rewards,
             self._owner,
             self._members,
             self.max_batch,
-            may_hold=inbox_empty and self._can_hold(),
-            mix=self._splitting,
-            hold_room=None if limit is None else limit - self.acc.held_trajectories,
-            max_destinations=self.split_destinations,
+            hold=self._room_to_hold() if inbox_empty else 0,
+            destinations=self.acc.backend.destinations,
             lengths=self._lengths_of(self._waiting) if self.max_tokens is not None else None,
             max_tokens=self.max_tokens,
         )
@@ -269,9 +258,10 @@ class StepRunner:
         """Each trajectory's tokens, prompt included (what ``max_batch_tokens`` counts)."""
         return {t: len(self.outcome.trajectories[t].tokens) for t in tids}
 
-    @property
-    def _splitting(self) -> bool:
-        return self.split is not None and self.split.refused is None
+    def _room_to_hold(self) -> int:
+        """How many more reward-pending trajectories may be backpropagated now (their gradients held)."""
+        limit = self.acc.max_held_trajectories
+        return len(self._waiting) if limit is None else max(0, limit - self.acc.held_trajectories)
 
     def _is_dropped(self, tid: str) -> bool:
         return self.acc.objective.failed == "drop" and tid in self.outcome.failures
@@ -296,10 +286,8 @@ class StepRunner:
 
     def _score_and_add(self, tids: list[str], prefix: SharedPrefix | None) -> None:
         trajectories = [self.outcome.trajectories[t] for t in tids]
-        capture = None
-        if self._splitting and destinations(tids, self.outcome.rewards, self._owner, self._members) > 1:
-            capture = self.split
-        extra = {"capture": capture} if capture is not None else {}
+        watch = self.acc.backend.watch(count_destinations(tids, self.outcome.rewards, self._owner, self._members))
+        extra = {"watch": watch} if watch is not None else {}
         scores = self.score(trajectories, prefix=prefix, **extra)
         if self.acc.objective.selects_tokens_by_entropy:
             scores = replace(scores, entropy_threshold=self._entropy_threshold)
@@ -309,7 +297,7 @@ class StepRunner:
         teacher = None
         if self.acc.objective.needs_teacher:  # shipped by the engine: no teacher forward here
             teacher = teacher_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
-        self.acc.add_tokens(tids, scores, engine, teacher_logprobs=teacher, prefix=prefix, capture=capture)
+        self.acc.add_tokens(tids, scores, engine, teacher_logprobs=teacher, prefix=prefix, watch=watch)
         cut = len(prefix.tokens) if prefix is not None else 0
         self.outcome.learner_tokens += sum(len(t.tokens) - cut for t in trajectories)
 

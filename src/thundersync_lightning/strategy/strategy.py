@@ -37,6 +37,7 @@ from torch import Tensor
 from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
+from ..backends.split import SplitSetting, choose_backend
 from ..core.batches import RolloutBatch
 from ..core.errors import ConfigError
 from ..core.evaluation import ValidationBatch, collect_validation
@@ -51,7 +52,6 @@ from .options import option_problems
 from .runner import StepRunner
 from .setup_checks import check_memory, setup_problems
 from .sharding import Sharding, build_layout
-from .split_choice import SplitBackward, max_destinations
 from .stats import Interval, RolloutProgress, StepStats
 
 __all__ = ["ThunderSyncStrategy", "Mode", "MemoryCheck"]
@@ -106,11 +106,12 @@ class ThunderSyncStrategy(DDPStrategy):
             ``encode_prefix``).
         split_backward: a learner call may span several destinations of its gradients (the step's
             gradient, a group's running sums, held gradients) and take ONE backward for all, the
-            parameter gradients split by row (:mod:`thundersync_lightning.core.split_backward`;
-            same gradient; checked against per-destination backward passes on first use).
+            parameter gradients split by row (the opt-in backward backend
+            :mod:`thundersync_lightning.backends.split`; same gradient; checked against
+            per-destination backward passes on first use).
             ``"auto"``: in streaming mode where the module supports it (``GRPOPolicy`` does; not
             with ``boundary_cut`` or ``sharding="fsdp2"``) and it was measured to pay off (up to
-            1M trainable parameters, :mod:`~thundersync_lightning.strategy.split_choice`),
+            1M trainable parameters, :mod:`~thundersync_lightning.backends.split.choice`),
             falling back to one backward per destination if the first-use check fails; ``True``: required (a ConfigError where it
             cannot run or the check fails); ``False``: one backward per destination. In ``sync``
             and ``async`` every trajectory goes to the step's gradient: nothing to split, no effect.
@@ -146,7 +147,7 @@ class ThunderSyncStrategy(DDPStrategy):
         min_batch_trajectories: int | Literal["auto"] = "auto",
         progress_interval_s: float = 0.2,
         boundary_cut: bool = False,
-        split_backward: SplitBackward = "auto",
+        split_backward: SplitSetting = "auto",
         memory_check: MemoryCheck = "error",
         sharding: Sharding = "none",
         accelerator: Any = None,
@@ -187,13 +188,13 @@ class ThunderSyncStrategy(DDPStrategy):
         self.max_batch_tokens = max_batch_tokens
         self.min_batch_trajectories = min_batch_trajectories
         self.boundary_cut = boundary_cut
-        self.split_backward: SplitBackward = split_backward
+        self.split_backward: SplitSetting = split_backward
         self.memory_check: MemoryCheck = memory_check
         self.sharding: Sharding = sharding
         self._layout = build_layout(sharding, distributed=False)  # rebuilt at set-up, once ranks exist
         self._snapshot: PolicySnapshot | None = None
         self._accumulator: StreamingGRPO | None = None
-        self._learner = FitLearner()  # the accumulator and split capture kept across steps
+        self._learner = FitLearner()  # the accumulator and its backward backend kept across steps
         self._step: StepInFlight | None = None
         self._last_stats: StepStats | None = None
         self._issued_at = 0.0
@@ -319,12 +320,15 @@ class ThunderSyncStrategy(DDPStrategy):
         objective = module_objective(module)
         params = [p for p in module.parameters() if p.requires_grad]
         acc = self._learner.accumulator(
-            params, objective, self.offload, self.max_open_groups, self.max_held_trajectories, plan.dynamic_sampling
+            params, objective, self.offload, self.max_open_groups, self.max_held_trajectories,
+            partial(choose_backend, self.split_backward, module, mode=self.mode, boundary_cut=self.boundary_cut,
+                    sharding=self.sharding),
+            plan.dynamic_sampling,
         )
         request = plan.request(step, self.global_rank, self.world_size)
 
-        def score(trajectories: Any, prefix: Any = None, capture: Any = None) -> Any:
-            extra = {k: v for k, v in (("prefix", prefix), ("capture", capture)) if v is not None}
+        def score(trajectories: Any, prefix: Any = None, watch: Any = None) -> Any:
+            extra = {k: v for k, v in (("prefix", prefix), ("watch", watch)) if v is not None}
             return module.score_tokens(
                 trajectories, entropy=objective.needs_entropy, reference=objective.needs_reference, **extra
             )
@@ -343,9 +347,6 @@ class ThunderSyncStrategy(DDPStrategy):
                                                            self.max_batch_trajectories),
             defer=self.mode == "sync",
             encode=module.encode_prefix if self.boundary_cut else None,
-            split=self._learner.capture(self.split_backward, module, acc.params, self.mode, self.boundary_cut,
-                                        self.sharding),
-            split_destinations=max_destinations(acc.params),
             reserve=plan.reserve(step, self.global_rank, self.world_size),
             issue=plan.engine.rollout if plan.dynamic_sampling else None,
         )

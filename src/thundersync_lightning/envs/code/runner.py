@@ -32,14 +32,14 @@ import re
 import secrets
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from . import reporter
 from .reporter import line_mac, line_tag
 
 __all__ = ["RUNNER_DIR", "write_runner", "write_host_dir", "runner_command", "new_key", "parse_results",
-           "RunnerResults", "reporter_source"]
+           "RunnerResults", "reporter_source", "check_exit"]
 
 RUNNER_DIR = "/tsl-runner"  # bound read-only inside the sandbox
 
@@ -120,9 +120,36 @@ class RunnerResults:
     problem: str | None
 
     def log_body(self, skipped: bool = True) -> str:
-        """The results as pytest ``-rA`` summary lines (what swebench's pytest parser reads);
-        ``skipped=False`` leaves out SKIPPED tests, which ``-rA`` prints in a form the parser ignores."""
-        return "".join(f"{status} {nodeid}\n" for status, nodeid in self.lines if skipped or status != "SKIPPED")
+        """The results as pytest ``-rA`` summary lines (what swebench's pytest parser reads), an
+        unexpected pass (XPASS, a status swebench does not know) as FAILED; ``skipped=False`` leaves
+        out SKIPPED tests, which ``-rA`` prints in a form the parser ignores."""
+        return "".join(f"{'FAILED' if status == 'XPASS' else status} {nodeid}\n" for status, nodeid in self.lines
+                       if skipped or status != "SKIPPED")
+
+
+_FAILING = frozenset({"FAILED", "ERROR"})
+
+
+def check_exit(results: RunnerResults, observed: int | None) -> RunnerResults:
+    """Cross-check the reporter's results against what the host saw outside the process under test.
+
+    The runner exits with pytest's exit status, so ``observed`` must equal the reporter's; and
+    pytest's own count of failures (which decides between exit status 0 and 1) must agree with
+    the statuses the reporter recorded: exit status 0 with a FAILED or ERROR result, or 1 with
+    none, means the reporter's record was changed in-process (e.g. its status table replaced by
+    the code under test). ``results`` with ``problem`` set when they disagree.
+    """
+    if results.problem is not None:
+        return results
+    status = results.exit_status
+    failing = any(s in _FAILING for s, _ in results.lines)
+    problem = None
+    if observed is not None and status != observed:
+        problem = f"the reporter says exit status {status}, the runner exited with {observed}"
+    elif (status == 0 and failing) or (status == 1 and not failing):
+        problem = (f"exit status {status} disagrees with the reported outcomes "
+                   f"({'some' if failing else 'no'} test failed or errored)")
+    return results if problem is None else replace(results, problem=problem)
 
 
 def parse_results(output: str, key: str) -> RunnerResults:

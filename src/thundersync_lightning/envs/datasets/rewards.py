@@ -166,6 +166,7 @@ def unit_tests(prompt: str, completion: str, tests: str | None = None, timeout_s
     """Run ``completion`` (code, fenced or not) followed by ``tests`` in a bubblewrap sandbox."""
     from ..sandbox.base import SandboxLimits
     from ..sandbox.bwrap import BwrapConfig, BwrapSandbox, chown_tree
+    from ..sandbox.fs import BoundedDir
     from ..sandbox.uids import UidPool
 
     if tests is None:
@@ -175,16 +176,22 @@ def unit_tests(prompt: str, completion: str, tests: str | None = None, timeout_s
     lease = _pool(UidPool, uid_base, uid_count).acquire()
     root = "/tmp/thundersync-reward-sandboxes"
     os.makedirs(root, mode=0o711, exist_ok=True)
+    limits = SandboxLimits(timeout_s=timeout_s, nproc=64, memory_bytes=512 * 1024**2, disk_bytes=64 * 1024**2,
+                           disk_inodes=10_000)
     work = tempfile.mkdtemp(dir=root)
+    budget = None
     try:
+        budget = BoundedDir(work, limits.disk_bytes, limits.disk_inodes, 0o700)
         with open(os.path.join(work, "check.py"), "w", encoding="utf-8") as f:
             f.write(code + "\n\n" + tests + "\n")
         chown_tree(work, lease.uid)
-        box = BwrapSandbox(work, lease.uid, BwrapConfig(limits=SandboxLimits(timeout_s=timeout_s, nproc=64,
-                                                                               memory_bytes=512 * 1024**2)))
+        box = BwrapSandbox(work, lease.uid, BwrapConfig(limits=limits), budget=budget)
         return float(box.run(f"{python} -I check.py").ok)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        if budget is not None:
+            budget.remove()
+        else:
+            shutil.rmtree(work, ignore_errors=True)
         lease.release()
 
 

@@ -15,10 +15,14 @@ random policy solves a task by luck about a fifth of the time (K=4); the strateg
 ``test_on_edit`` makes an edit a compound "edit and run the visible tests" action (as agent
 scaffolds often do): the same runs, one decision fewer per attempt, and much faster learning.
 
-Every TEST and every verdict is a real run in a bubblewrap sandbox (``python3 -I`` on a plain test
-script that prints pytest-style ``PASSED``/``FAILED`` lines, without pytest's start-up cost); its output is read by swebench's pytest log parser, and the verdict is graded by
-swebench's FAIL_TO_PASS / PASS_TO_PASS report (:func:`~thundersync_lightning.envs.code.grading.grade_log`)
-on the hidden tests, which are written into the workspace only when the verdict runs.
+Every TEST and every verdict is a real run in a bubblewrap sandbox (``python3 -I`` on a plain
+script, without pytest's start-up cost). A TEST prints pytest-style ``PASSED``/``FAILED`` lines,
+read by swebench's pytest log parser (what the agent sees). The verdict runs the hidden cases'
+arguments only and prints one ``RESULT <i> <repr>`` line per case; the host compares each value,
+parsed as a Python literal, with the expected one (which never enters the sandbox), so neither a
+printed ``PASSED`` line nor a returned object whose ``__eq__`` says yes can pass a case, and a case
+answered twice fails. The pytest-style log the host builds from that is graded by swebench's
+FAIL_TO_PASS / PASS_TO_PASS report (:func:`~thundersync_lightning.envs.code.grading.grade_log`).
 
 Native tool calls (``conversation``): the same task as a small repository. The prompt names the
 buggy function in ``solution.py`` and the visible tests (``python3 -I test_visible.py``); the
@@ -28,9 +32,10 @@ verdict grades ``solution.py`` as the agent left it, with the same hidden tests.
 
 from __future__ import annotations
 
+import ast
 import difflib
 import os
-import shutil
+import re
 import stat
 import tempfile
 import threading
@@ -40,11 +45,13 @@ from ...core.types import StepResult
 from ..code.grading import EvalOutcome, framed_log, grade_log
 from ..sandbox.base import SandboxError, SandboxResult
 from ..sandbox.bwrap import BwrapConfig, BwrapSandbox, bwrap_available, chown_tree
+from ..sandbox.fs import BoundedDir, release_workdir, sweep_stale
 from ..sandbox.uids import UidLease, UidPool
 from ..tools import ToolConversation
 from .generate import MutationTask
 
-__all__ = ["ActionVocab", "MutationEnv", "test_script", "parse_results", "tools_prompt"]
+__all__ = ["ActionVocab", "MutationEnv", "test_script", "result_script", "graded_log", "parse_results",
+           "tools_prompt"]
 
 
 def tools_prompt(task: MutationTask) -> str:
@@ -67,26 +74,72 @@ class ActionVocab:
         return self.k + 8
 
 
+def _load(function: str) -> str:
+    """Script lines that bind ``fn`` to ``function`` of the agent's ``solution.py`` (None when it fails)."""
+    return ("ns = {}\n"
+            "try:\n"
+            "    with open('solution.py') as f:\n"
+            "        exec(compile(f.read(), 'solution.py', 'exec'), ns)\n"
+            f"    fn = ns[{function!r}]\n"
+            "except BaseException as exc:\n"
+            "    fn = None\n"
+            "    print('ERROR loading solution.py:', type(exc).__name__, exc)\n")
+
+
 def test_script(function: str, cases: Sequence[tuple[str, tuple, object]], file: str) -> str:
     """A plain Python test script printing one pytest-style status line per case."""
     rows = ",\n    ".join(repr((name, args, expected)) for name, args, expected in cases)
     return (
         f"CASES = [\n    {rows},\n]\n"
-        "ns = {}\n"
-        "try:\n"
-        "    with open('solution.py') as f:\n"
-        "        exec(compile(f.read(), 'solution.py', 'exec'), ns)\n"
-        f"    fn = ns[{function!r}]\n"
-        "except BaseException as exc:\n"
-        "    fn = None\n"
-        "    print('ERROR loading solution.py:', type(exc).__name__, exc)\n"
-        "for name, args, expected in CASES:\n"
+        + _load(function)
+        + "for name, args, expected in CASES:\n"
         "    try:\n"
         "        ok = fn is not None and fn(*args) == expected\n"
         "    except Exception:\n"
         "        ok = False\n"
         f"    print(('PASSED' if ok else 'FAILED') + ' {file}::' + name)\n"
     )
+
+
+def result_script(function: str, cases: Sequence[tuple[str, tuple, object]]) -> str:
+    """A plain script printing ``RESULT <i> <repr(fn(*args))>`` per case (arguments only: the
+    expected values stay on the host, see :func:`graded_log`)."""
+    args = [a for _, a, _ in cases]
+    return (
+        f"ARGS = {args!r}\n"
+        + _load(function)
+        + "for i, args in enumerate(ARGS):\n"
+        "    try:\n"
+        "        value = repr(fn(*args))\n"
+        "    except Exception:\n"
+        "        value = '<raised>'\n"
+        "    print('RESULT', i, value.replace('\\n', ' '), flush=True)\n"
+    )
+
+
+_RESULT = re.compile(r"^RESULT (\d+) (.*)$")
+
+
+def graded_log(output: str, cases: Sequence[tuple[str, tuple, object]], file: str) -> str:
+    """pytest-style status lines for ``cases`` from the ``RESULT`` lines of a :func:`result_script`
+    run: a case passes when exactly one line answers it and its value, parsed on the host as a
+    Python literal (never executed), equals the expected one."""
+    answers: dict[int, list[str]] = {}
+    for line in output.splitlines():
+        m = _RESULT.match(line)
+        if m is not None:
+            answers.setdefault(int(m.group(1)), []).append(m.group(2))
+    out = []
+    for i, (name, _, expected) in enumerate(cases):
+        given = answers.get(i, [])
+        ok = False
+        if len(given) == 1:
+            try:
+                ok = bool(ast.literal_eval(given[0]) == expected)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                ok = False
+        out.append(f"{'PASSED' if ok else 'FAILED'} {file}::{name}\n")
+    return "".join(out)
 
 
 def parse_results(log: str) -> dict[str, str]:
@@ -116,6 +169,7 @@ class MutationEnv:
         self.bwrap, self.python = bwrap, python
         self._lease: UidLease | None = None
         self._dir: str | None = None
+        self._budget: BoundedDir | None = None
         self._box: BwrapSandbox | None = None
         self._current = task.buggy
         self._lock = threading.Lock()
@@ -124,11 +178,20 @@ class MutationEnv:
 
     # ------------------------------------------------------------------ workspace
     def _write(self, name: str, text: str) -> None:
+        """Write a fresh file ``name`` for the sandbox uid. Whatever the agent left under that name
+        (a symlink to a host file, a FIFO) is removed first and never followed."""
         assert self._dir is not None and self._lease is not None
         path = os.path.join(self._dir, name)
-        with open(path, "w", encoding="utf-8") as f:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except IsADirectoryError:
+            os.rename(path, f"{path}.{os.urandom(4).hex()}")  # a directory in its place: move it aside
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.chown(path, self._lease.uid, self._lease.uid)
+            os.fchown(fd, self._lease.uid, self._lease.uid)
 
     def _run(self, script: str) -> SandboxResult:
         assert self._box is not None
@@ -141,11 +204,16 @@ class MutationEnv:
             os.makedirs(self.root, mode=0o711, exist_ok=True)
             self._lease = self.pool.acquire()
             try:
-                self._dir = tempfile.mkdtemp(prefix=f"{self.task.task_id}-", dir=self.root)
+                marker = f"-u{self._lease.uid}-"
+                sweep_stale(self.root, marker)  # left by a holder of this uid that died
+                self._dir = tempfile.mkdtemp(prefix=f"{self.task.task_id}{marker}", dir=self.root)
+                lim = self.bwrap.limits
+                self._budget = BoundedDir(self._dir, lim.disk_bytes, lim.disk_inodes, 0o700,
+                                          require=self.bwrap.require_kernel_limits)
                 chown_tree(self._dir, self._lease.uid)
                 os.chmod(self._dir, 0o700)
                 self._write("test_visible.py", test_script(self.task.function, self.task.visible, "test_visible.py"))
-                self._box = BwrapSandbox(self._dir, self._lease.uid, self.bwrap)
+                self._box = BwrapSandbox(self._dir, self._lease.uid, self.bwrap, budget=self._budget)
             except BaseException:
                 self.close()
                 raise
@@ -213,8 +281,9 @@ class MutationEnv:
                 elif not patch:
                     self._outcome = EvalOutcome(False, "empty patch: the buggy file was submitted")
                 else:
-                    self._write("test_hidden.py", test_script(self.task.function, self.task.hidden, "test_hidden.py"))
-                    log = framed_log(self._run("test_hidden.py"))
+                    self._write("test_hidden.py", result_script(self.task.function, self.task.hidden))
+                    run = self._run("test_hidden.py")
+                    log = framed_log(run, graded_log(run.text, self.task.hidden, "test_hidden.py"))
                     self._outcome = grade_log(self.task.task_id, log, self.task.fail_to_pass,
                                               self.task.pass_to_pass, patch)
             return self._outcome
@@ -223,12 +292,12 @@ class MutationEnv:
         return self.outcome().reward
 
     def close(self) -> None:
+        """Kill what still runs, free the workspace (its bounded mount) and release the uid. Never raises."""
         box, self._box = self._box, None
-        if box is not None:
-            box.close()
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
-        if self._lease is not None:
-            self._lease.release()
-            self._lease = None
+        try:
+            if box is not None:
+                box.close()
+        finally:
+            budget, path, lease = self._budget, self._dir, self._lease
+            self._budget = self._dir = self._lease = None
+            release_workdir(budget, path, lease)

@@ -52,6 +52,7 @@ class MutationTasks:
         test_on_edit: an edit also runs the visible tests and answers PASS / FAIL (see :mod:`.env`).
         val_fraction: share of tasks held out for validation (by task id).
         timeout_s / memory_bytes / nproc: limits of one sandboxed test run.
+        disk_bytes / disk_inodes: the workspace's disk and inode budget (a tmpfs of its own: RAM).
         sandbox_root: host folder for the workspaces; uid_base / uid_count: the sandbox uids.
         python: interpreter inside the sandbox (Debian's ``python3``).
         action_format: ``text`` (the one-token action language of :mod:`.env`) or ``tools``
@@ -69,6 +70,8 @@ class MutationTasks:
         timeout_s: float = 10.0,
         memory_bytes: int = 512 * 1024**2,
         nproc: int = 64,
+        disk_bytes: int = 64 * 1024**2,
+        disk_inodes: int = 10_000,
         sandbox_root: str = "/tmp/thundersync-mutations",
         uid_base: int = 3_300_000,
         uid_count: int = 1024,
@@ -96,7 +99,8 @@ class MutationTasks:
         self.val_fraction = val_fraction
         self.sandbox_root, self.uid_base, self.uid_count, self.python = sandbox_root, uid_base, uid_count, python
         self.bwrap = BwrapConfig(limits=SandboxLimits(timeout_s=timeout_s, memory_bytes=memory_bytes, nproc=nproc,
-                                                      max_output_bytes=16 * 1024))
+                                                      max_output_bytes=16 * 1024, disk_bytes=disk_bytes,
+                                                      disk_inodes=disk_inodes))
         self.vocab = ActionVocab(num_candidates)
         self.test_on_edit = test_on_edit
         self.action_format, self.tool_parser = action_format, tool_parser

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from .base import RunGuard, SandboxError, SandboxLimits, SandboxResult, run_bounded, wait_readable
 from .cgroups import CgroupSupport, CommandCgroup, probe
+from .fs import BoundedDir, check_budget
 from .seccomp import build_filter, filter_fd
 
 __all__ = ["BwrapConfig", "BwrapSandbox", "bwrap_available", "chown_tree"]
@@ -81,9 +82,11 @@ def chown_tree(path: str, uid: int) -> None:
 class BwrapSandbox:
     """Runs commands as ``uid`` in bubblewrap with ``workdir`` (host path) mounted at /testbed.
 
-    ``binds`` maps further host directories (owned by ``uid``) to writable paths inside,
-    ``ro_binds`` host paths to read-only paths inside. The
-    workdir must be owned by ``uid`` (see :func:`chown_tree`) and reachable (o+x) by it.
+    ``budget`` is the disk and inode budget every writable host path lives in: ``workdir`` and
+    the host side of each of ``binds`` (further host directories, owned by ``uid``, bound
+    writable) must lie inside ``budget.path`` (a sandbox without one is a constructor error: its
+    writes would go to the host's disk unbounded). ``ro_binds`` maps host paths to read-only paths
+    inside. The workdir must be owned by ``uid`` (see :func:`chown_tree`) and reachable (o+x) by it.
     Sandboxes sharing a ``guard`` are closed together (``close`` cancels every run in flight).
     """
 
@@ -92,6 +95,8 @@ class BwrapSandbox:
         workdir: str,
         uid: int,
         config: BwrapConfig | None = None,
+        *,
+        budget: BoundedDir,
         binds: Mapping[str, str] | None = None,
         guard: RunGuard | None = None,
         ro_binds: Mapping[str, str] | None = None,
@@ -104,6 +109,8 @@ class BwrapSandbox:
         self.uid = uid
         self.config = config or BwrapConfig()
         self.binds = dict(binds or {})
+        self.budget = check_budget("BwrapSandbox", budget, [self.workdir, *self.binds],
+                                   require=self.config.require_kernel_limits)
         self.ro_binds = dict(ro_binds or {})
         self.guard = guard if guard is not None else RunGuard()
         self.cgroup_support = self._cgroup_support()

@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from .base import RunGuard, SandboxError, SandboxLimits, SandboxResult, run_bounded
+from .fs import BoundedDir, check_budget
 from .reaper import ContainerReaper, container_name, owner_labels, reaper_for
 
 __all__ = ["ContainerConfig", "ContainerSandbox", "find_engine", "image_exists", "copy_from_image"]
@@ -111,12 +112,13 @@ def copy_from_image(image: str, src: str, dest: str, config: ContainerConfig | N
 
 class ContainerSandbox:
     """Runs each command in a fresh container of ``image`` with ``workdir`` bound at /testbed
-    (and ``ro_volumes``: host path -> read-only path inside)."""
+    (and ``ro_volumes``: host path -> read-only path inside). ``workdir`` must lie inside
+    ``budget`` (its disk and inode budget; without one, a constructor error)."""
 
     def __init__(
         self, workdir: str, image: str, uid: int, config: ContainerConfig | None = None,
         env: Mapping[str, str] | None = None, guard: RunGuard | None = None,
-        ro_volumes: Mapping[str, str] | None = None,
+        ro_volumes: Mapping[str, str] | None = None, *, budget: BoundedDir,
     ) -> None:
         self.config = config or ContainerConfig()
         engine = find_engine(self.config.engine)
@@ -129,6 +131,7 @@ class ContainerSandbox:
             raise SandboxError(f"ContainerSandbox: workdir {workdir!r} does not exist")
         self.engine, self.image, self.uid = engine, image, uid
         self.workdir = os.path.abspath(workdir)
+        self.budget = check_budget("ContainerSandbox", budget, [self.workdir])
         self.env = dict(env or {})
         self.ro_volumes = dict(ro_volumes or {})
         self.guard = guard if guard is not None else RunGuard()

@@ -24,7 +24,7 @@ import subprocess
 from .base import SandboxError
 from .uids import UidLease
 
-__all__ = ["BoundedDir", "release_workdir", "remove_tree", "sweep_stale"]
+__all__ = ["BoundedDir", "check_budget", "release_workdir", "remove_tree", "sweep_stale"]
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,24 @@ class BoundedDir:
         if self.enforced:  # still mounted: empty it, leave the mount point
             return False
         return remove_tree(self.path)
+
+
+def check_budget(owner: str, budget: object, writable: list[str], require: bool = False) -> BoundedDir:
+    """``budget`` if it is a :class:`BoundedDir` that holds every path of ``writable`` (host paths a
+    sandbox writes to); else :class:`SandboxError`. With ``require``, an unenforced budget (a host
+    that cannot mount) is an error too."""
+    if not isinstance(budget, BoundedDir):
+        raise SandboxError(f"{owner}: budget={budget!r} is not a BoundedDir; every sandbox needs a disk and inode "
+                           "budget holding its writable directories (sandbox.fs.BoundedDir), else its writes go "
+                           "to the host's disk unbounded")
+    root = os.path.realpath(budget.path)
+    outside = [p for p in writable if os.path.commonpath([root, os.path.realpath(p)]) != root]
+    if outside:
+        raise SandboxError(f"{owner}: writable paths {outside} lie outside the disk budget at {budget.path!r}; "
+                           "make them inside it")
+    if require and not budget.enforced:
+        raise SandboxError(f"{owner}: the disk budget at {budget.path!r} is not enforced ({budget.why_not})")
+    return budget
 
 
 def release_workdir(budget: BoundedDir | None, path: str | None, lease: UidLease | None) -> None:

@@ -1,20 +1,31 @@
-"""A seccomp-BPF deny list for sandboxed commands, built here (no libseccomp) and handed to bwrap.
+"""A seccomp-BPF filter for sandboxed commands, built here (no libseccomp) and handed to bwrap.
 
 The program (classic BPF, ``struct sock_filter`` = ``u16 code, u8 jt, u8 jf, u32 k``, native
 byte order) is::
 
     A = seccomp_data.arch                  if A != AUDIT_ARCH of this host: KILL_PROCESS
     A = seccomp_data.nr                    (x86_64: nr >= 0x40000000, the x32 ABI: EPERM)
+    if A in (socket, socketpair):          A = low 32 bits of args[0] (the family, an ``int``)
+                                           if A in ALLOWED_FAMILIES: ALLOW else ERRNO(EAFNOSUPPORT)
     for nr in DENIED[arch]:                if A == nr: ERRNO(EPERM)
     ALLOW
 
 Invariants: a syscall made through another ABI (i386 ``int 0x80`` on x86_64, x32) never reaches
-the number comparisons with a number of the wrong table; every denied syscall fails with EPERM
-(never kills, so probing code sees an ordinary error); everything else is allowed, because the
-sandbox's other layers (no capabilities, unprivileged uid, no user namespaces, rlimits, cgroups)
-already contain it. The list covers the kernel's large attack surfaces an unprivileged process
-can still reach (keyrings, io_uring, bpf, perf, userfaultfd, ptrace, cross-process memory) and
+the number comparisons with a number of the wrong table (so i386's ``socketcall``, which would
+hide the family in memory the filter cannot read, never runs); every denied syscall fails with
+EPERM, every refused socket family with EAFNOSUPPORT (never a kill, so probing code sees an
+ordinary error); everything else is allowed, because the sandbox's other layers (no
+capabilities, unprivileged uid, no user namespaces, rlimits, cgroups) already contain it. The
+list covers the kernel's large attack surfaces an unprivileged process can still reach (keyrings,
+io_uring, bpf, perf, userfaultfd, ptrace, cross-process memory and descriptors, the x86 LDT) and
 everything that changes mounts, namespaces or the machine.
+
+Socket families: the network namespace (``--unshare-net``) empties only the families the kernel
+namespaces; others (AF_VSOCK on a virtual machine, AF_BLUETOOTH, AF_CAN, ...) reach the host's
+devices whatever the namespace. Only AF_UNIX (whose filesystem names live in the sandbox's own
+directories, and whose abstract names are per network namespace) and AF_INET / AF_INET6 (the
+namespace's own loopback, nothing else) are allowed; the comparison is on the low 32 bits, which
+is all the kernel reads of the ``int`` argument.
 
 bwrap installs the filter with ``--seccomp FD`` right before it executes the command, after its
 own mount and namespace set-up (which needs several of the denied calls).
@@ -26,10 +37,11 @@ import errno
 import os
 import platform
 import struct
+import sys
 
 from .base import SandboxError
 
-__all__ = ["DENIED_SYSCALLS", "build_filter", "filter_fd", "seccomp_supported"]
+__all__ = ["ALLOWED_FAMILIES", "DENIED_SYSCALLS", "build_filter", "filter_fd", "seccomp_supported"]
 
 # Syscall numbers per architecture (x86_64: asm/unistd_64.h; aarch64: asm-generic/unistd.h).
 _NUMBERS: dict[str, dict[str, int]] = {
@@ -46,6 +58,7 @@ _NUMBERS: dict[str, dict[str, int]] = {
         "init_module": 175, "finit_module": 313, "delete_module": 176, "acct": 163, "quotactl": 179,
         "syslog": 103, "lookup_dcookie": 212, "settimeofday": 164, "clock_settime": 227,
         "clock_adjtime": 305, "adjtimex": 159, "vhangup": 153, "iopl": 172, "ioperm": 173, "uselib": 134,
+        "pidfd_getfd": 438, "modify_ldt": 154,
     },
     "aarch64": {
         "keyctl": 219, "add_key": 217, "request_key": 218,
@@ -60,9 +73,13 @@ _NUMBERS: dict[str, dict[str, int]] = {
         "init_module": 105, "finit_module": 273, "delete_module": 106, "acct": 89, "quotactl": 60,
         "syslog": 116, "lookup_dcookie": 18, "settimeofday": 170, "clock_settime": 112,
         "clock_adjtime": 266, "adjtimex": 171, "vhangup": 58,
+        "pidfd_getfd": 438,
     },
 }
 DENIED_SYSCALLS: dict[str, frozenset[str]] = {arch: frozenset(t) for arch, t in _NUMBERS.items()}
+# socket(2) and socketpair(2): their first argument is checked against ALLOWED_FAMILIES.
+_SOCKET_CALLS = {"x86_64": (41, 53), "aarch64": (198, 199)}
+ALLOWED_FAMILIES: dict[str, int] = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10}
 
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _X32_SYSCALL_BIT = 0x40000000
@@ -76,6 +93,8 @@ _RET_KILL_PROCESS = 0x80000000
 _RET_ERRNO = 0x00050000
 _RET_ALLOW = 0x7FFF0000
 _OFF_NR, _OFF_ARCH = 0, 4  # offsetof(struct seccomp_data, nr / arch)
+# offsetof(struct seccomp_data, args[0]) is 16; its low 32 bits sit there on little-endian hosts.
+_OFF_ARG0_LOW = 16 if sys.byteorder == "little" else 20
 
 
 def _machine() -> str:
@@ -91,29 +110,51 @@ def _insn(code: int, k: int, jt: int = 0, jf: int = 0) -> bytes:
     return struct.pack("=HBBI", code, jt, jf, k)
 
 
+def _assemble(prog: list[tuple[int, int, str | None, str | None] | str]) -> bytes:
+    """Classic BPF from (code, k, jump-if-true label, jump-if-false label) tuples and label strings;
+    labels become the forward offsets BPF needs (a missing label falls through)."""
+    where: dict[str, int] = {}
+    insns: list[tuple[int, int, str | None, str | None]] = []
+    for item in prog:
+        if isinstance(item, str):
+            where[item] = len(insns)
+        else:
+            insns.append(item)
+    out = []
+    for i, (code, k, jt, jf) in enumerate(insns):
+        offsets = [0 if label is None else where[label] - i - 1 for label in (jt, jf)]
+        if not all(0 <= o <= 255 for o in offsets):
+            raise SandboxError("seccomp program: jump out of range")
+        out.append(_insn(code, k, *offsets))
+    if len(out) > 4096:  # BPF_MAXINSNS
+        raise SandboxError("seccomp program too long")
+    return b"".join(out)
+
+
 def build_filter(arch: str | None = None, errno_value: int = errno.EPERM) -> bytes:
     """The raw ``sock_filter`` array for ``arch`` (default: this host's), as bwrap reads it."""
     arch = arch or _machine()
     if arch not in _NUMBERS:
         raise SandboxError(f"no seccomp syscall table for architecture {arch!r} (have: {sorted(_NUMBERS)}); "
                            "pass seccomp=False in BwrapConfig to run without the filter on this host")
-    numbers = sorted(set(_NUMBERS[arch].values()))
-    deny = _RET_ERRNO | (errno_value & 0xFFFF)
-    prog = [_insn(_LD_W_ABS, _OFF_ARCH),
-            _insn(_JEQ_K, _AUDIT_ARCH[arch], jt=1, jf=0),
-            _insn(_RET_K, _RET_KILL_PROCESS),
-            _insn(_LD_W_ABS, _OFF_NR)]
-    # Layout after the header: [x32 check] [one JEQ per number] [ALLOW] [DENY].
-    n = len(numbers)
+    prog: list[tuple[int, int, str | None, str | None] | str] = [
+        (_LD_W_ABS, _OFF_ARCH, None, None),
+        (_JEQ_K, _AUDIT_ARCH[arch], "nr", None),
+        (_RET_K, _RET_KILL_PROCESS, None, None),
+        "nr",
+        (_LD_W_ABS, _OFF_NR, None, None),
+    ]
     if arch == "x86_64":
-        prog.append(_insn(_JGE_K, _X32_SYSCALL_BIT, jt=n + 1, jf=0))
-    for i, nr in enumerate(numbers):
-        prog.append(_insn(_JEQ_K, nr, jt=n - i, jf=0))  # to DENY: skip the rest and ALLOW
-    prog.append(_insn(_RET_K, _RET_ALLOW))
-    prog.append(_insn(_RET_K, deny))
-    if len(prog) > 4096:  # BPF_MAXINSNS
-        raise SandboxError("seccomp program too long")
-    return b"".join(prog)
+        prog.append((_JGE_K, _X32_SYSCALL_BIT, "deny", None))
+    prog += [(_JEQ_K, nr, "socket", None) for nr in _SOCKET_CALLS[arch]]
+    prog += [(_JEQ_K, nr, "deny", None) for nr in sorted(set(_NUMBERS[arch].values()))]
+    prog += ["allow", (_RET_K, _RET_ALLOW, None, None),
+             "socket", (_LD_W_ABS, _OFF_ARG0_LOW, None, None)]
+    prog += [(_JEQ_K, family, "family_ok", None) for family in sorted(ALLOWED_FAMILIES.values())]
+    prog += [(_RET_K, _RET_ERRNO | errno.EAFNOSUPPORT, None, None),
+             "family_ok", (_RET_K, _RET_ALLOW, None, None),  # BPF jumps only forward: a second ALLOW
+             "deny", (_RET_K, _RET_ERRNO | (errno_value & 0xFFFF), None, None)]
+    return _assemble(prog)
 
 
 def filter_fd(program: bytes) -> int:

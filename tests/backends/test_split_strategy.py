@@ -9,6 +9,14 @@ from collections.abc import Iterator
 import pytest
 import torch
 
+from thundersync_lightning.backends.split import (
+    AUTO_MAX_PARAMS,
+    CALL_GRADIENT_BYTES,
+    SplitBackend,
+    choose_backend,
+    max_destinations,
+    split_problems,
+)
 from thundersync_lightning.core import (
     ConfigError,
     ContentReady,
@@ -20,18 +28,12 @@ from thundersync_lightning.core import (
     StreamingGRPO,
     Trajectory,
 )
+from thundersync_lightning.core.backward import PlainBackward
 from thundersync_lightning.modules import TINY_QWEN3, GRPOPolicy
 from thundersync_lightning.strategy import ThunderSyncStrategy
 from thundersync_lightning.strategy.runner import StepRunner
-from thundersync_lightning.strategy.split_choice import (
-    AUTO_MAX_PARAMS,
-    CALL_GRADIENT_BYTES,
-    max_destinations,
-    row_capture,
-    split_problems,
-)
 
-from ._fit import TOY_MODEL
+from ..strategy._fit import TOY_MODEL
 
 SIZES = (3, 3, 3)
 REQUEST = RolloutRequest(step=0, groups=tuple(GroupRequest(f"g{g}", g, None, n) for g, n in enumerate(SIZES)), seed=0)
@@ -89,32 +91,32 @@ def run(split: bool, config: dict = TOY_MODEL):
     torch.manual_seed(0)
     policy = GRPOPolicy(config=config)
     params = [p for p in policy.parameters() if p.requires_grad]
-    acc = Scored(params)
+    backend = choose_backend(split, policy, params, "streaming", False, "none")
+    acc = Scored(params, backend=backend)
     scoring, queued = threading.Event(), threading.Event()
 
-    def score(trajectories, prefix=None, capture=None):
+    def score(trajectories, prefix=None, watch=None):
         scoring.set()
         assert queued.wait(60)
-        return policy.score_tokens(trajectories, capture=capture)
+        return policy.score_tokens(trajectories, watch=watch)
 
-    capture = row_capture(True, policy, params, "streaming", False, "none") if split else None
-    runner = StepRunner(REQUEST, PolicySnapshot(policy), 0, acc, score, split=capture)
+    runner = StepRunner(REQUEST, PolicySnapshot(policy), 0, acc, score)
     outcome = runner.run(events(acc, scoring, queued, config["vocab_size"]))
     report = acc.finish()
     grad = torch.cat([p.grad.reshape(-1) for p in params]).clone()
     calls = [(iv.path, iv.trajectories) for iv in outcome.busy if iv.kind == "backward"]
-    return grad, report.backward_passes, calls, capture
+    return grad, report.backward_passes, calls, backend
 
 
 @pytest.mark.parametrize("model", list(MODELS))
 def test_one_split_call_takes_every_destination_and_applies_the_same_gradient(model):
     per_job, jobs, calls, _ = run(split=False, config=MODELS[model])
-    split, passes, split_calls, capture = run(split=True, config=MODELS[model])
+    split, passes, split_calls, backend = run(split=True, config=MODELS[model])
     assert calls[0] == split_calls[0] == ("held", 1)
     # without the split each destination's work is its own call; with it, one call for the rest
     assert split_calls[1:] == [("direct", 8)]
     assert len(calls) > 2
-    assert capture is not None and capture.verified
+    assert isinstance(backend, SplitBackend) and backend.verified
     assert passes == 2 < jobs  # the lone first call and the split call
     assert float((split - per_job).norm() / per_job.norm()) <= 1e-5
 
@@ -127,8 +129,8 @@ def test_the_option_is_checked_and_required_where_asked_for(caplog):
     policy = GRPOPolicy(config=TOY_MODEL)
     params = list(policy.parameters())
     assert split_problems(policy, params, "streaming", False, "none") == []
-    assert row_capture("auto", policy, params, "streaming", False, "none") is not None
-    assert row_capture(False, policy, params, "streaming", False, "none") is None
+    assert isinstance(choose_backend("auto", policy, params, "streaming", False, "none"), SplitBackend)
+    assert isinstance(choose_backend(False, policy, params, "streaming", False, "none"), PlainBackward)
 
     class NoCapture(torch.nn.Module):
         def __init__(self) -> None:
@@ -140,18 +142,25 @@ def test_the_option_is_checked_and_required_where_asked_for(caplog):
 
     plain = NoCapture()
     problems = split_problems(plain, list(plain.parameters()), "streaming", False, "fsdp2")
-    assert any("takes no capture=" in p for p in problems) and any("fsdp2" in p for p in problems)
-    with caplog.at_level(logging.INFO, logger="thundersync_lightning.strategy.split_choice"):
-        assert row_capture("auto", plain, list(plain.parameters()), "streaming", False, "none") is None
-        assert row_capture("auto", plain, list(plain.parameters()), "sync", False, "none") is None
+    assert any("takes no watch=" in p for p in problems) and any("fsdp2" in p for p in problems)
+    with caplog.at_level(logging.INFO, logger="thundersync_lightning.backends.split.choice"):
+        assert isinstance(choose_backend("auto", plain, list(plain.parameters()), "streaming", False, "none"), PlainBackward)
+        assert isinstance(choose_backend("auto", plain, list(plain.parameters()), "sync", False, "none"), PlainBackward)
     # a streaming fit that will not split says why, once; sync never splits and says nothing
     assert [r.getMessage() for r in caplog.records] == [
-        "split_backward='auto' leaves the split off: NoCapture.score_tokens takes no capture= "
+        "split_backward='auto' leaves the split off: NoCapture.score_tokens takes no watch= "
         "(see GRPOPolicy.score_tokens)"
     ]
     with pytest.raises(ConfigError, match="split_backward=True cannot be used: NoCapture.score_tokens"):
-        row_capture(True, plain, list(plain.parameters()), "streaming", False, "none")
-    assert row_capture(True, policy, params, "sync", False, "none") is None  # nothing to split in sync
+        choose_backend(True, plain, list(plain.parameters()), "streaming", False, "none")
+    assert isinstance(choose_backend(True, policy, params, "sync", False, "none"), PlainBackward)  # nothing to split
+
+    class OldCapture(NoCapture):
+        def score_tokens(self, trajectories, *, entropy=False, reference=False, capture=None):
+            raise AssertionError("not called")
+
+    old = OldCapture()
+    assert any("capture= keyword is now called watch=" in p for p in split_problems(old, [], "streaming", False, "none"))
 
 
 def test_auto_splits_small_models_only_and_each_call_holds_a_bounded_number_of_gradients(caplog):
@@ -161,9 +170,10 @@ def test_auto_splits_small_models_only_and_each_call_holds_a_bounded_number_of_g
         params = list(policy.parameters())
         assert (sum(p.numel() for p in params) > AUTO_MAX_PARAMS) is not splits
         caplog.clear()
-        with caplog.at_level(logging.INFO, logger="thundersync_lightning.strategy.split_choice"):
-            assert (row_capture("auto", policy, params, "streaming", False, "none") is not None) is splits
+        with caplog.at_level(logging.INFO, logger="thundersync_lightning.backends.split.choice"):
+            chosen = choose_backend("auto", policy, params, "streaming", False, "none")
+            assert isinstance(chosen, SplitBackend) is splits
         assert any("trainable parameters > 1000000" in r.getMessage() for r in caplog.records) is not splits
-        assert row_capture(True, policy, params, "streaming", False, "none") is not None  # required: always
+        assert isinstance(choose_backend(True, policy, params, "streaming", False, "none"), SplitBackend)  # required
     assert max_destinations([torch.zeros(10)]) == CALL_GRADIENT_BYTES // 40
     assert max_destinations([torch.zeros(2**30)]) == 2  # 4 GiB of gradients: never fewer than two

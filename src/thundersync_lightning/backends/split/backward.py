@@ -1,6 +1,6 @@
 """One backward for every destination of a scored batch: activation gradients, split by row.
 
-:meth:`~thundersync_lightning.core.streaming.StreamingGRPO.add_tokens` routes a batch's rows to
+The accumulator (:meth:`~thundersync_lightning.core.streaming.StreamingGRPO.add_tokens`) routes a batch's rows to
 jobs (:mod:`~thundersync_lightning.core.jobs`: the step's gradient, one sum per (group, reward),
 one held gradient per reward-pending row). Taken one ``autograd.grad`` per job, a batch spanning
 J destinations costs J backward passes over the whole batch. With a model whose rows do not
@@ -19,12 +19,12 @@ any other module: the vector-Jacobian product of its own forward re-run on job j
 :class:`RowCapture` records each parameterised module's input and output during the forward
 (forward hooks); :func:`split_gradients` runs ``autograd.grad`` of T to the recorded outputs
 (the engine then skips every weight gradient) and forms each job's gradient
-(:mod:`~thundersync_lightning.core.row_grads`). Rows feeding several jobs (S_i and R_i to
+(:mod:`~thundersync_lightning.backends.split.row_grads`). Rows feeding several jobs (S_i and R_i to
 different places) take one such backward per job they feed.
 
 A job whose coefficient is not known yet (a (group, reward) sum, a held row) may instead keep
 its Linear and Embedding weight gradients as the factors (X_j, dY_j)
-(:mod:`~thundersync_lightning.core.factors`), formed in one matmul when its group folds: per
+(:mod:`~thundersync_lightning.backends.split.factors`), formed in one matmul when its group folds: per
 call that costs N_j (in + out) values instead of an out x in gradient per destination.
 
 Exact up to summation order. What it cannot see (a parameter used outside its module's
@@ -41,11 +41,11 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from .errors import ConfigError, InvalidLogprobError
+from ...core.errors import ConfigError, InvalidLogprobError
+from ...core.jobs import Grads, Job, run_jobs
+from ...core.terms import TrajectoryTerms
 from .factors import Chunk, Factors, chunk_of
-from .jobs import Grads, Job, run_jobs
 from .row_grads import Layouts, Record, module_grads
-from .terms import TrajectoryTerms
 
 __all__ = ["RowCapture", "split_gradients", "unsupported_modules"]
 
@@ -170,7 +170,7 @@ def split_gradients(
     """Every job's parameter gradients from the recorded forward (module docstring) and the
     number of backward passes taken; the caller clears the capture afterwards. ``kept``: the
     recorded batch row of each row of ``terms`` (rows left out of the terms feed nothing).
-    ``factor``: per job, return a :class:`~thundersync_lightning.core.factors.Chunk` (Linear and
+    ``factor``: per job, return a :class:`~thundersync_lightning.backends.split.factors.Chunk` (Linear and
     Embedding weights kept as factors, formed when the coefficient is known) instead of dense
     gradients. Checked against :func:`~thundersync_lightning.core.jobs.run_jobs` on first use."""
     if capture.recording:
@@ -181,7 +181,7 @@ def split_gradients(
         return run_jobs(label, jobs, params), len(jobs)
     if not capture.records:
         raise InvalidLogprobError("split_gradients: nothing was recorded; score the batch inside `with capture:`")
-    parts = [terms.score] + ([terms.independent] if terms.independent is not None else [])
+    parts = [terms.score] + ([terms.regulariser] if terms.regulariser is not None else [])
     n = terms.score.shape[0]
     weights = _job_weights(jobs, parts)  # (J, parts, n)
     feeds: list[list[int]] = [[] for _ in range(n)]  # the jobs each row feeds

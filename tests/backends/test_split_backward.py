@@ -1,17 +1,18 @@
-"""Split backward (core): one backward, parameter gradients split by row, for every module kind;
+"""Split backward (the backend): one backward, parameter gradients split by row, for every module kind;
 models it cannot split exactly are refused (strict) or fall back to per-destination passes."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 import pytest
 import torch
 from torch import nn
 
+from thundersync_lightning.backends.split import RowCapture, SplitBackend, unsupported_modules
 from thundersync_lightning.core import StreamingGRPO, TokenScores
 from thundersync_lightning.core.errors import ConfigError
-from thundersync_lightning.core.split_backward import RowCapture, unsupported_modules
 
 VOCAB, WIDTH = 7, 6
 
@@ -85,9 +86,10 @@ REWARDS = {t: float(sum(map(ord, t)) % 2) for t in IDS}
 EARLY = ["t0-0", "t0-1", "t0-2", "t1-0"]  # group 0 direct, group 1 one bucket, group 2 held
 
 
-def step(model: RowModel, capture: RowCapture | None, fail_first: bool = False) -> tuple[torch.Tensor, int]:
+def step(model: RowModel, backend: SplitBackend | None, fail_first: bool = False) -> tuple[torch.Tensor, int]:
     params = [p for p in model.parameters() if p.requires_grad]
-    acc = StreamingGRPO(params)
+    acc = StreamingGRPO(params, backend=backend)
+    capture = backend.capture if backend is not None else None
     for g in range(3):
         acc.open_group(f"g{g}", [f"t{g}-{i}" for i in range(3)])
     for t in EARLY:
@@ -99,12 +101,12 @@ def step(model: RowModel, capture: RowCapture | None, fail_first: bool = False) 
         scores = score(model, IDS, None)
     if fail_first:
         with pytest.raises(ConfigError, match="split"):
-            acc.add_tokens(IDS, scores, capture=capture)
+            acc.add_tokens(IDS, scores, watch=capture)
         assert acc.held_trajectories == 0  # nothing half-applied: the same batch goes in once more
         scores = score(model, IDS, None)
         acc.add_tokens(IDS, scores)
     else:
-        acc.add_tokens(IDS, scores, capture=capture)
+        acc.add_tokens(IDS, scores, watch=capture)
     for t in IDS:
         if t not in EARLY:
             acc.add_reward(t, REWARDS[t])
@@ -121,32 +123,37 @@ def close(a: torch.Tensor, b: torch.Tensor) -> bool:
 def test_linear_embedding_scale_and_generic_modules_split_exactly():
     model = RowModel()
     reference, jobs = step(model, None)
-    capture = RowCapture(model, list(model.parameters()), strict=True)
-    split, passes = step(model, capture)
-    assert close(split, reference) and capture.verified
+    backend = SplitBackend(model, list(model.parameters()), strict=True)
+    split, passes = step(model, backend)
+    assert close(split, reference) and backend.verified
     assert (jobs, passes) == (1 + 1 + 5, 1)  # direct, one bucket, five held rows: one backward
-    again, _ = step(model, capture)
+    again, _ = step(model, backend)
     assert close(again, reference)
 
 
 @pytest.mark.parametrize("mode", ["tied-outside", "rows-interact"])
-def test_a_model_the_split_cannot_see_is_refused_at_first_use_and_nothing_is_applied(mode):
+def test_a_model_the_split_cannot_see_is_refused_at_first_use_and_nothing_is_applied(mode, caplog):
     model = RowModel(mode)
     reference, _ = step(model, None)
-    strict = RowCapture(model, list(model.parameters()), strict=True)
+    strict = SplitBackend(model, list(model.parameters()), strict=True)
     after, _ = step(model, strict, fail_first=True)
     assert close(after, reference)
-    lenient = RowCapture(model, list(model.parameters()), strict=False)
-    fallback, passes = step(model, lenient)
+    lenient = SplitBackend(model, list(model.parameters()), strict=False)
+    assert lenient.destinations > 1 and lenient.watch(2) is lenient.capture and lenient.watch(1) is None
+    with caplog.at_level(logging.WARNING, logger="thundersync_lightning.backends.split.backend"):
+        fallback, passes = step(model, lenient)
     assert "differs from the per-job backward" in (lenient.refused or "") and not lenient.verified
     assert close(fallback, reference) and passes == 7
+    # refused: the rest of the fit runs as the plain backend, after one warning
+    assert lenient.destinations == 1 and lenient.watch(2) is None
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["split_backward='auto' turned off for this fit"]
 
 
 def test_a_module_called_with_keywords_is_refused_and_the_lenient_capture_falls_back():
     model = RowModel("keyword")
     reference, _ = step(model, None)
-    step(model, RowCapture(model, list(model.parameters())), fail_first=True)
-    lenient = RowCapture(model, list(model.parameters()), strict=False)
+    step(model, SplitBackend(model, list(model.parameters())), fail_first=True)
+    lenient = SplitBackend(model, list(model.parameters()), strict=False)
     fallback, passes = step(model, lenient)
     assert "Linear is not called with one batch-first tensor" in (lenient.refused or "")
     assert close(fallback, reference) and passes == 7
@@ -178,10 +185,10 @@ def test_a_forward_outside_rows_and_a_split_while_recording_are_errors():
 
 
 def test_layers_too_large_to_segment_at_once_take_one_matmul_per_job(monkeypatch):
-    import thundersync_lightning.core.row_grads as row_grads
+    import thundersync_lightning.backends.split.row_grads as row_grads
 
     monkeypatch.setattr(row_grads, "SEGMENT_BYTES", 0)
     model = RowModel()
     reference, _ = step(model, None)
-    split, passes = step(model, RowCapture(model, list(model.parameters())))
+    split, passes = step(model, SplitBackend(model, list(model.parameters())))
     assert close(split, reference) and passes == 1

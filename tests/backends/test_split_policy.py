@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from thundersync_lightning.backends.split import SplitBackend
 from thundersync_lightning.core import Objective, Segment, StreamingGRPO, Trajectory
 from thundersync_lightning.core.errors import ConfigError
-from thundersync_lightning.core.split_backward import RowCapture
 from thundersync_lightning.core.terms import engine_logprobs, teacher_logprobs
 from thundersync_lightning.modules import GRPOPolicy, LoraSettings
 
@@ -58,17 +58,18 @@ def _after(acc: StreamingGRPO) -> None:
             acc.add_reward(tid, r, failed=tid in FAILED)
 
 
-def _step(policy: GRPOPolicy, objective: Objective, capture: RowCapture | None) -> tuple[torch.Tensor, int]:
+def _step(policy: GRPOPolicy, objective: Objective, backend: SplitBackend | None) -> tuple[torch.Tensor, int]:
     params = [p for p in policy.parameters() if p.requires_grad]
-    acc = StreamingGRPO(params, objective=objective)
+    acc = StreamingGRPO(params, objective=objective, backend=backend)
     _before(acc)
     batch = [_trajectory(g, i) for g in range(G) for i in range(SIZE)]
+    watch = backend.watch(G * SIZE) if backend is not None else None
     scores = policy.score_tokens(
-        batch, entropy=objective.needs_entropy, reference=objective.needs_reference, capture=capture
+        batch, entropy=objective.needs_entropy, reference=objective.needs_reference, watch=watch
     )
     engine = engine_logprobs(batch, scores.mask, scores.logprobs.dtype)
     teacher = teacher_logprobs(batch, scores.mask, scores.logprobs.dtype) if objective.needs_teacher else None
-    acc.add_tokens([t.trajectory_id for t in batch], scores, engine, teacher_logprobs=teacher, capture=capture)
+    acc.add_tokens([t.trajectory_id for t in batch], scores, engine, teacher_logprobs=teacher, watch=watch)
     _after(acc)
     for p in params:
         p.grad = None
@@ -91,16 +92,16 @@ def test_one_split_backward_gives_every_destinations_gradient(name):
     objective = OBJECTIVES[name]
     policy = _policy(objective)
     reference, jobs = _step(policy, objective, None)
-    capture = RowCapture(policy, [p for p in policy.parameters() if p.requires_grad])
-    split, passes = _step(policy, objective, capture)
-    assert capture.verified and capture.refused is None
+    backend = SplitBackend(policy, [p for p in policy.parameters() if p.requires_grad])
+    split, passes = _step(policy, objective, backend)
+    assert backend.verified and backend.refused is None
     assert float(reference.norm()) > 0
     assert float((split - reference).norm() / reference.norm()) <= 1e-5
     # one pass; two where rows feed two places: S_i to a sum or held, R_i (KL, entropy, OPD) elsewhere
     has_r = bool(objective.kl_coef or objective.entropy_coef or objective.opd_coef)
     assert passes == (2 if has_r else 1)
     assert jobs >= 8 > passes
-    again, _ = _step(policy, objective, capture)  # verified: no per-job check any more
+    again, _ = _step(policy, objective, backend)  # verified: no per-job check any more
     assert float((again - reference).norm() / reference.norm()) <= 1e-5
 
 
@@ -109,11 +110,11 @@ def test_the_micro_batch_cut_changes_the_split_calls_forwards_never_its_gradient
     objective = Objective()
     reference, _ = _step(_policy(objective, score_forward_tokens=0), objective, None)
     policy = _policy(objective, score_forward_tokens=forward_tokens, score_batch_tokens=8192)
-    capture = RowCapture(policy, [p for p in policy.parameters() if p.requires_grad], strict=True)
+    backend = SplitBackend(policy, [p for p in policy.parameters() if p.requires_grad], strict=True)
     forwards = []
     policy.model.register_forward_hook(lambda *_: forwards.append(1))
-    split, passes = _step(policy, objective, capture)
-    assert capture.verified and passes == 1
+    split, passes = _step(policy, objective, backend)
+    assert backend.verified and passes == 1
     # 16 rows of 5-10 tokens: cut by the padding share alone into 5-8 | 9-10, else padded into one
     assert len(forwards) == (2 if forward_tokens == 0 else 1)
     assert float((split - reference).norm() / reference.norm()) <= 1e-5
@@ -125,23 +126,29 @@ def test_lora_adapters_split_exactly_with_the_base_frozen():
     params = [p for p in policy.parameters() if p.requires_grad]
     assert 0 < len(params) < len(list(policy.parameters()))
     reference, _ = _step(policy, objective, None)
-    capture = RowCapture(policy, params)
-    split, passes = _step(policy, objective, capture)
-    assert passes == 2 and capture.verified  # KL and entropy: R_i of held rows go elsewhere
+    backend = SplitBackend(policy, params)
+    split, passes = _step(policy, objective, backend)
+    assert passes == 2 and backend.verified  # KL and entropy: R_i of held rows go elsewhere
     assert float((split - reference).norm() / reference.norm()) <= 1e-5
 
 
 def test_the_capture_records_only_grad_forwards_and_is_refused_for_a_prefix():
     objective = OBJECTIVES["rloo-token-mean-kl-entropy"]  # KL: a no-grad reference forward
     policy = _policy(objective)
-    capture = RowCapture(policy, [p for p in policy.parameters() if p.requires_grad])
+    params = [p for p in policy.parameters() if p.requires_grad]
+    backend = SplitBackend(policy, params)
+    capture = backend.capture
     batch = [_trajectory(0, i) for i in range(3)]
-    policy.score_tokens(batch, reference=True, capture=capture)
+    policy.score_tokens(batch, reference=True, watch=capture)
     assert capture.records and all(r.output.requires_grad for r in capture.records)
     assert not capture.recording
+    acc = StreamingGRPO(params, objective=Objective(), backend=backend)
+    acc.open_group("g0", ["t0-0"])
     prefix = policy.encode_prefix(batch[0].prompt)
-    with pytest.raises(ConfigError, match="capture"):
-        policy.score_tokens(batch, capture=capture, prefix=prefix)
+    scores = policy.score_tokens(batch[:1], prefix=prefix, watch=capture)
+    with pytest.raises(ConfigError, match="shared prefix"):
+        acc.add_tokens(["t0-0"], scores, prefix=prefix, watch=capture)
+    assert acc.held_trajectories == 0 and not capture.records  # refused before any change
 
 
 def test_bf16_weights_split_within_bf16_rounding_of_the_per_destination_passes():
@@ -150,9 +157,9 @@ def test_bf16_weights_split_within_bf16_rounding_of_the_per_destination_passes()
     params = [p for p in policy.parameters() if p.requires_grad]
     assert {p.dtype for p in params} == {torch.bfloat16}
     reference, _ = _step(policy, objective, None)
-    capture = RowCapture(policy, params)
-    split, passes = _step(policy, objective, capture)
-    assert passes == 1 and capture.verified  # the first-use check passed at bf16's tolerance
+    backend = SplitBackend(policy, params)
+    split, passes = _step(policy, objective, backend)
+    assert passes == 1 and backend.verified  # the first-use check passed at bf16's tolerance
     assert float((split.double() - reference.double()).norm() / reference.double().norm()) <= 3e-2
 
 
@@ -163,8 +170,9 @@ def test_rows_dropped_after_their_group_closed_feed_nothing_in_a_split_call():
     policy = _policy(objective)
     params = [p for p in policy.parameters() if p.requires_grad]
 
-    def step(capture: RowCapture | None) -> torch.Tensor:
-        acc = StreamingGRPO(params, objective=objective)
+    def step(backend: SplitBackend | None) -> torch.Tensor:
+        acc = StreamingGRPO(params, objective=objective, backend=backend)
+        capture = backend.capture if backend is not None else None
         _before(acc)
         acc.open_group("g9", ["t9-0", "t9-1"])
         late, kept = _trajectory(9, 0), _trajectory(9, 1)
@@ -174,9 +182,9 @@ def test_rows_dropped_after_their_group_closed_feed_nothing_in_a_split_call():
         acc.add_tokens(["t9-1"], s, engine_logprobs([kept], s.mask, s.logprobs.dtype))  # g9 closes
         batch = [_trajectory(g, i) for g in range(G) for i in range(SIZE)]
         batch.insert(5, late)
-        scores = policy.score_tokens(batch, entropy=objective.needs_entropy, reference=True, capture=capture)
+        scores = policy.score_tokens(batch, entropy=objective.needs_entropy, reference=True, watch=capture)
         engine = engine_logprobs(batch, scores.mask, scores.logprobs.dtype)
-        acc.add_tokens([t.trajectory_id for t in batch], scores, engine, capture=capture)
+        acc.add_tokens([t.trajectory_id for t in batch], scores, engine, watch=capture)
         _after(acc)
         for p in params:
             p.grad = None
@@ -184,6 +192,6 @@ def test_rows_dropped_after_their_group_closed_feed_nothing_in_a_split_call():
         return torch.cat([p.grad.reshape(-1) for p in params]).clone()
 
     reference = step(None)
-    capture = RowCapture(policy, params)
-    assert float((step(capture) - reference).norm() / reference.norm()) <= 1e-5
-    assert capture.verified
+    backend = SplitBackend(policy, params)
+    assert float((step(backend) - reference).norm() / reference.norm()) <= 1e-5
+    assert backend.verified

@@ -1,6 +1,6 @@
 """A destination's gradient kept as factors until its coefficient is known.
 
-The split backward (:mod:`~thundersync_lightning.core.split_backward`) knows, for every row, the
+The split backward (:mod:`~thundersync_lightning.backends.split.backward`) knows, for every row, the
 activation gradient dY at each module's output and the module's input X. For ``nn.Linear``
 (y = x W^T + b) a destination j's weight gradient is dY_j^T X_j over its rows' tokens. Formed at
 once it costs an out x in write per destination per scored batch, which for short trajectories is
@@ -23,6 +23,8 @@ from typing import TypeVar
 
 import torch
 from torch import Tensor
+
+from ...core.deferred import DeferredGradient
 
 __all__ = ["LinearFactors", "EmbeddingFactors", "TiedFactors", "Chunk", "chunk_of", "fold_chunks"]
 
@@ -73,9 +75,9 @@ def _bytes(t: Tensor) -> int:
 
 
 @dataclass(frozen=True, slots=True)
-class Chunk:
+class Chunk(DeferredGradient):
     """One destination's gradient from one scored batch: per parameter a dense tensor, factors,
-    or None (no path)."""
+    or None (no path). The split backend's deferred gradient."""
 
     parts: tuple[Part | None, ...]
     shapes: tuple[torch.Size, ...]
@@ -89,6 +91,10 @@ class Chunk:
     def dense(self) -> list[Tensor | None]:
         """Every parameter's gradient formed (in float32 or wider; the accumulator casts)."""
         return [None if p is None else _form(p, s) for p, s in zip(self.parts, self.shapes)]
+
+    @staticmethod
+    def fold(views: Sequence[Tensor], items: Sequence[DeferredGradient], coefs: Sequence[float]) -> None:
+        fold_chunks(views, items, coefs)  # type: ignore[arg-type]
 
 
 def _wide(t: Tensor) -> torch.dtype:

@@ -1,13 +1,13 @@
 """Each job's parameter gradients from one recorded forward and its output gradient (one pass).
 
 A record is one parameterised module's forward over some batch rows: input X, output Y, and the
-batch row of each dim-0 position. Given dY for one pass of :func:`~thundersync_lightning.core.split_backward.split_gradients`
+batch row of each dim-0 position. Given dY for one pass of :func:`~thundersync_lightning.backends.split.backward.split_gradients`
 (each row feeding one job), job j's gradient of the module's parameters is taken from its own
 positions: ``nn.Linear`` dY_j^T X_j (and sum dY_j for the bias), ``nn.Embedding`` dY_j added at the
 token ids, RMSNorm-style scales sum(dY_j * f(X_j)), any other module the VJP of its own forward on
 those rows. Several jobs of one record share batched ops (:func:`_segment_grads`) while the
 per-position gradients stay under :data:`SEGMENT_BYTES`. A job kept as factors
-(:mod:`~thundersync_lightning.core.factors`) gets its Linear/Embedding weight as (X_j, dY_j) pieces
+(:mod:`~thundersync_lightning.backends.split.factors`) gets its Linear/Embedding weight as (X_j, dY_j) pieces
 instead, gathered once per record.
 """
 
@@ -20,8 +20,8 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
+from ...core.jobs import Grads
 from .factors import EmbeddingFactors, Factors, LinearFactors
-from .jobs import Grads
 
 __all__ = ["Record", "Owners", "Layout", "Layouts", "module_grads", "SEGMENT_BYTES"]
 

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from thundersync_lightning.core import Objective, StreamingGRPO, TokenScores
-from thundersync_lightning.core.factors import (
+from thundersync_lightning.backends.split import RowCapture, SplitBackend
+from thundersync_lightning.backends.split.factors import (
     Chunk,
     EmbeddingFactors,
     LinearFactors,
@@ -19,7 +19,7 @@ from thundersync_lightning.core.factors import (
     chunk_of,
     fold_chunks,
 )
-from thundersync_lightning.core.split_backward import RowCapture
+from thundersync_lightning.core import Objective, StreamingGRPO, TokenScores
 
 VOCAB, WIDTH = 40, 32  # wide enough that a short row's factors take fewer bytes than a weight
 
@@ -117,8 +117,9 @@ def run(
     objective = objective or Objective()
     model = Model(tied)
     params = list(model.parameters())
-    capture = RowCapture(model, params) if split else None
-    acc = StreamingGRPO(params, objective=objective)
+    backend = SplitBackend(model, params) if split else None
+    capture = backend.capture if backend is not None else None
+    acc = StreamingGRPO(params, objective=objective, backend=backend)
     rewards = {t: r for g, ts in GROUPS.items() for t, r in zip(ts, REWARDS[g])}
     for g, ts in GROUPS.items():
         acc.open_group(g, ts)
@@ -129,9 +130,9 @@ def run(
     for batch in batches:
         batch = [t for t in batch if acc.needs_score(t)]
         if batch:
-            acc.add_tokens(batch, scores(model, batch, capture, objective.needs_reference), capture=capture)
-        kept = [h for grp in acc._groups.values() for h in (*grp.held.values(), *grp.held_independent.values())]
-        kept += [c for grp in acc._groups.values() for _, c in grp.chunks]
+            acc.add_tokens(batch, scores(model, batch, capture, objective.needs_reference), watch=capture)
+        kept = [h for grp in acc._groups.values() for h in (*grp.held.values(), *grp.held_regulariser.values())]
+        kept += [c for grp in acc._groups.values() for _, c in grp.deferred]
         kinds = (TiedFactors,) if tied else (LinearFactors,)
         chunked.append(sum(isinstance(c, Chunk) and any(isinstance(p, kinds) for p in c.parts) for c in kept))
     for t in rewards:
@@ -180,7 +181,7 @@ def test_a_parameter_with_both_kinds_of_factors_keeps_both_or_with_a_dense_part_
     assert torch.allclose(tied.dense()[0], expected - dense, rtol=0, atol=1e-12)
 
 
-def test_held_reward_independent_chunks_join_the_step_or_vanish_with_a_dropped_member(monkeypatch):
+def test_held_regulariser_chunks_join_the_step_or_vanish_with_a_dropped_member(monkeypatch):
     from thundersync_lightning.core import group as group_module
 
     taken = []
@@ -195,7 +196,7 @@ def test_held_reward_independent_chunks_join_the_step_or_vanish_with_a_dropped_m
     reference, _, _ = run("held", split=False, objective=objective, failed=["t0-1", "t1-2"])
     got, _, chunked = run("held", split=True, objective=objective, failed=["t0-1", "t1-2"])
     assert close(got, reference) and max(chunked) > 0
-    assert ("held_r", True) in taken and ("held", True) in taken  # both kinds were kept as chunks
+    assert ("regulariser_held", True) in taken and ("held", True) in taken  # both kinds were kept as chunks
 
 
 def test_chunks_spill_into_dense_sums_when_they_would_outweigh_them(monkeypatch):
@@ -206,11 +207,11 @@ def test_chunks_spill_into_dense_sums_when_they_would_outweigh_them(monkeypatch)
     original = group_module.GroupSums._spill
 
     def spy(self, store):
-        spilled.append(len(self.chunks))
+        spilled.append(len(self.deferred))
         original(self, store)
 
     monkeypatch.setattr(group_module.GroupSums, "_spill", spy)
-    monkeypatch.setattr(group_module.GroupSums, "_fits", lambda self, chunk, reward, size: not self.chunks)
+    monkeypatch.setattr(group_module.GroupSums, "_fits", lambda self, item, reward, size: not self.deferred)
     reference, _, _ = run("known", split=False)
     got, _, _ = run("known", split=True)
     assert close(got, reference) and max(spilled) >= 1
@@ -219,25 +220,26 @@ def test_chunks_spill_into_dense_sums_when_they_would_outweigh_them(monkeypatch)
 def test_a_dense_gradient_into_a_group_with_chunks_spills_them_first(monkeypatch):
     model = Model()
     params = list(model.parameters())
-    capture = RowCapture(model, params)
     from thundersync_lightning.core import group as group_module
 
     spilled = []
     original = group_module.GroupSums._spill
-    monkeypatch.setattr(group_module.GroupSums, "_spill", lambda self, store: (spilled.append(len(self.chunks)), original(self, store)))
+    monkeypatch.setattr(group_module.GroupSums, "_spill", lambda self, store: (spilled.append(len(self.deferred)), original(self, store)))
     results = []
     for split in (False, True):
-        acc = StreamingGRPO(params)
+        backend = SplitBackend(model, params) if split else None
+        capture = backend.capture if backend is not None else None
+        acc = StreamingGRPO(params, backend=backend)
         acc.open_group("g", ["a", "b", "c"])
         for t, r in (("a", 1.0), ("b", 0.0), ("c", 1.0)):
             acc.add_reward(t, r) if t != "c" else None
-        acc.add_tokens(["a", "b"], scores(model, ["a", "b"], capture if split else None), capture=capture if split else None)
-        assert (len(acc._groups["g"].chunks) == 2) == split
+        acc.add_tokens(["a", "b"], scores(model, ["a", "b"], capture), watch=capture)
+        assert (len(acc._groups["g"].deferred) == 2) == split
         acc.add_tokens(["c"], scores(model, ["c"], None))  # dense and held: the chunks stay
-        assert (len(acc._groups["g"].chunks) == 2) == split
+        assert (len(acc._groups["g"].deferred) == 2) == split
         group = acc._groups["g"]
         acc.add_reward("c", 1.0)  # the held dense gradient joins the sums: the chunks spill first
-        assert not group.chunks and group.has_dense_sums is False  # folded and dropped: complete
+        assert not group.deferred and group.has_dense_sums is False  # folded and dropped: complete
         for p in params:
             p.grad = None
         acc.finish()
@@ -248,10 +250,10 @@ def test_a_dense_gradient_into_a_group_with_chunks_spills_them_first(monkeypatch
 def test_aborting_a_group_with_chunks_frees_them():
     model = Model()
     params = list(model.parameters())
-    capture = RowCapture(model, params)
-    acc = StreamingGRPO(params)
+    backend = SplitBackend(model, params)
+    acc = StreamingGRPO(params, backend=backend)
     acc.open_group("g", ["a", "b"])
-    acc.add_tokens(["a", "b"], scores(model, ["a", "b"], capture), capture=capture)
+    acc.add_tokens(["a", "b"], scores(model, ["a", "b"], backend.capture), watch=backend.capture)
     assert acc.held_trajectories == 2 and 0 < acc.bytes_in_use.device < 2 * 4 * 8 * sum(p.numel() for p in params)
     acc.abort_group("g")
     assert acc.bytes_in_use.total == 0 and acc.held_trajectories == 0
@@ -260,19 +262,21 @@ def test_aborting_a_group_with_chunks_frees_them():
 def test_offloaded_sums_stay_dense():
     model = Model()
     params = list(model.parameters())
-    capture = RowCapture(model, params)
-    acc = StreamingGRPO(params, offload="cpu")
+    backend = SplitBackend(model, params)
+    acc = StreamingGRPO(params, offload="cpu", backend=backend)
     acc.open_group("g", ["a", "b"])
-    acc.add_tokens(["a", "b"], scores(model, ["a", "b"], capture), capture=capture)
+    acc.add_tokens(["a", "b"], scores(model, ["a", "b"], backend.capture), watch=backend.capture)
     assert all(isinstance(h, torch.Tensor) for h in acc._groups["g"].held.values())
 
 
-def pair_step(model: Model, capture: RowCapture | None = None, factor_sums: bool = True) -> tuple[torch.Tensor, list]:
+def pair_step(model: Model, split: bool = False, factors: bool = True) -> tuple[torch.Tensor, list]:
     """A two-member group scored before its rewards: the step's gradient and what was held."""
     params = list(model.parameters())
-    acc = StreamingGRPO(params, factor_sums=factor_sums)
+    backend = SplitBackend(model, params, factors=factors) if split else None
+    capture = backend.capture if backend is not None else None
+    acc = StreamingGRPO(params, backend=backend)
     acc.open_group("g", ["a", "b"])
-    acc.add_tokens(["a", "b"], scores(model, ["a", "b"], capture), capture=capture)
+    acc.add_tokens(["a", "b"], scores(model, ["a", "b"], capture), watch=capture)
     held = list(acc._groups["g"].held.values())
     acc.add_reward("a", 1.0)
     acc.add_reward("b", 0.0)
@@ -283,17 +287,18 @@ def pair_step(model: Model, capture: RowCapture | None = None, factor_sums: bool
     return grad, held
 
 
-@pytest.mark.parametrize("factor_sums", [True, False])
-def test_factor_sums_false_keeps_every_destination_dense_with_the_same_gradient(factor_sums):
+@pytest.mark.parametrize("factors", [True, False])
+def test_factors_false_keeps_every_destination_dense_with_the_same_gradient(factors):
     model = Model()
-    got, held = pair_step(model, RowCapture(model, list(model.parameters())), factor_sums)
-    assert len(held) == 2 and all(isinstance(h, Chunk) == factor_sums for h in held)
+    got, held = pair_step(model, split=True, factors=factors)
+    assert len(held) == 2 and all(isinstance(h, Chunk) == factors for h in held)
     reference, _ = pair_step(model)
     assert close(got, reference)
 
 
-def test_factor_sums_must_be_a_bool():
+def test_factors_must_be_a_bool():
     from thundersync_lightning.core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="factor_sums must be True or False"):
-        StreamingGRPO(list(Model().parameters()), factor_sums="yes")  # type: ignore[arg-type]
+    model = Model()
+    with pytest.raises(ConfigError, match="factors must be True or False"):
+        SplitBackend(model, list(model.parameters()), factors="yes")  # type: ignore[arg-type]

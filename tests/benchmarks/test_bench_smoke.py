@@ -393,3 +393,25 @@ def test_engine_start_smoke_times_both_start_methods_in_fresh_processes(tmp_path
         assert figures["first_start_s"] > 0 and len(figures["later_start_s"]) == 1
         assert figures["rollout_after_kill_s"] > 0 and figures["rollout_s"] > 0
     assert set(data["spawn_over_forkserver"]) == {"first_start", "later_start", "restart"}
+
+
+@pytest.mark.slow  # three receiver processes spawned one after the other: ~50 s on a loaded 2-core box
+def test_weight_sync_transport_only_moves_every_tensor_exactly_with_each_transport(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCH.parent / "src"), os.environ.get("PYTHONPATH", "")])}
+    args = ["--transport-only", "--device", "cpu", "--model", "tiny", "--repeats", "1", "--threads", "1"]
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "weight_sync.py"), *args, "--out", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads((tmp_path / "weight_sync_transport.json").read_text())
+
+    assert data["mode"] == "transport-only" and data["command"]
+    assert set(data["transports"]) == {"file", "ipc", "nccl"}
+    assert all(r["exact"] for r in data["transports"].values())
+    assert data["transports"]["nccl"]["backend"] == "gloo"
+    assert data["ratio_to_file"]["file"] == 1.0
+    assert data["transports"]["ipc"]["buckets"] == 1  # a few MB in one 256 MiB bucket

@@ -11,7 +11,8 @@ checkpoints under ``DIR/checkpoints/`` (``last.ckpt`` with ``save_last``). Resum
 What the CLI adds to a config, so that a config and the Python path
 (``callbacks=default_callbacks()``) give the same run:
 
-- ``RunSummary`` and ``RunChecks`` when the config lists none;
+- ``RunSummary`` and ``RunChecks`` when the config lists none, and ``InterruptCheckpoint`` (``last.ckpt``
+  on Ctrl-C, an exception and at the fit's end) when checkpointing is on and the config lists none;
 - a logger whose ``save_dir`` is unset (``save_dir: null``, or ``--trainer.logger=CSVLogger`` or a
   config's ``logger: {class_path: CSVLogger}`` for a logger that requires one) writes into ``DIR``;
 - ``--trainer.enable_progress_bar=false`` drops the config's progress bar callback instead of
@@ -50,7 +51,7 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI
 from typing_extensions import override
 
-from .callbacks import RunChecks, RunSummary, wandb_run_id_from_checkpoint
+from .callbacks import InterruptCheckpoint, RunChecks, RunSummary, wandb_run_id_from_checkpoint
 from .core.objective import Objective
 from .core.types import ModelSpec
 from .modules import GRPOPolicy, RolloutDataModule
@@ -182,6 +183,9 @@ class ThunderSyncCLI(LightningCLI):
                 # saved at a step's end holds the summary of that step
                 at = next((i for i, cb in enumerate(callbacks) if isinstance(cb, Checkpoint)), len(callbacks))
                 callbacks.insert(at, kind())
+        if callbacks and any(isinstance(cb, Checkpoint) for cb in callbacks):
+            if not any(isinstance(cb, InterruptCheckpoint) for cb in callbacks):
+                callbacks.append(InterruptCheckpoint())  # last.ckpt on Ctrl-C, an exception, the fit's end
 
 
 def _cli_kwargs() -> dict[str, Any]:

@@ -1,0 +1,110 @@
+"""Nothing lost on Ctrl-C: a real SIGINT to a real toy fit leaves last.ckpt (and summary.json) at the
+step it reached, and resuming from it gives the parameters of the uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from typing import Any
+
+import pytest
+import torch
+from lightning.pytorch import Callback
+
+from tests.strategy._fit import fit, relative
+from thundersync_lightning.callbacks import InterruptCheckpoint, RunSummary, default_callbacks
+from thundersync_lightning.modules import RolloutDataModule
+from thundersync_lightning.rollout import EmbeddedEngineConfig
+
+
+class SigintAt(Callback):
+    """Sends this process a real SIGINT once, in step ``step``: before it starts (after every callback
+    has seen step ``step - 1``) or inside it, once its first trajectory has landed (``mid``)."""
+
+    def __init__(self, step: int, mid: bool) -> None:
+        self.step, self.mid, self.sent = step, mid, False
+
+    def _send(self) -> None:
+        if not self.sent:
+            self.sent = True
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def on_rollout_progress(self, trainer: Any, pl_module: Any, progress: Any) -> None:
+        if self.mid and progress.step == self.step and progress.content_ready > 0:
+            self._send()
+
+    def on_train_batch_start(self, trainer: Any, *args: Any) -> None:
+        if not self.mid and trainer.global_step == self.step:
+            self._send()
+
+
+@pytest.fixture
+def sigint_handler():
+    """Lightning ignores SIGINT after an interrupt (its graceful shutdown): restore pytest's."""
+    saved = signal.getsignal(signal.SIGINT)
+    yield
+    signal.signal(signal.SIGINT, saved)
+
+
+@pytest.mark.parametrize(
+    "mode, mid",
+    [
+        ("streaming", True),
+        ("streaming", False),
+        ("sync", True),
+        pytest.param("sync", False, marks=pytest.mark.slow),
+    ],
+)
+def test_a_sigint_leaves_last_ckpt_at_the_step_reached_and_resuming_it_is_the_uninterrupted_run(
+    tmp_path, sigint_handler, mode, mid
+):
+    uninterrupted, _, _ = fit(mode, steps=4)
+    root = tmp_path / "run"
+    with pytest.raises(SystemExit) as stopped:  # Lightning's graceful shutdown after KeyboardInterrupt
+        fit(mode, steps=4, root=str(root), enable_checkpointing=True,
+            callbacks=[SigintAt(2, mid), RunSummary(print_summary=False), InterruptCheckpoint()])  # fmt: skip
+    assert stopped.value.code == 1
+    last = root / "checkpoints" / "last.ckpt"
+    assert torch.load(last, weights_only=False)["global_step"] == 2
+    summary = json.loads((root / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["stopped_by"] == "KeyboardInterrupt"
+
+    resumed, steps, _ = fit(mode, steps=4, root=str(root), resume_from=str(last),
+                            callbacks=[RunSummary(print_summary=False)])  # fmt: skip
+    assert [s.step for s in steps] == [2, 3]
+    # completion order (timing) changes summation order: float noise, amplified a little by AdamW
+    assert relative(resumed, uninterrupted) <= 1e-5
+    assert json.loads((root / "summary.json").read_text())["steps"] == 4
+
+
+def test_a_fit_that_ends_off_the_periodic_checkpoint_still_leaves_last_ckpt_at_its_final_step(tmp_path):
+    _, _, trainer = fit("streaming", steps=3, root=str(tmp_path), enable_checkpointing=True,
+                        callbacks=[InterruptCheckpoint()])  # fmt: skip
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 3
+
+
+def test_an_error_at_set_up_writes_no_checkpoint(tmp_path):
+    from thundersync_lightning.core.errors import ConfigError
+    from thundersync_lightning.envs.toy import GuessingGameTasks
+
+    class NoEnvironments(GuessingGameTasks):
+        make_env = None  # breaks the task contract: refused when the data module sets up
+
+    with pytest.raises(ConfigError):
+        fit("streaming", steps=2, root=str(tmp_path), enable_checkpointing=True,
+            data=RolloutDataModule(tasks=NoEnvironments(), engine=EmbeddedEngineConfig(num_threads=1),
+                                   group_size=2, groups_per_step=2),
+            callbacks=[InterruptCheckpoint()])  # fmt: skip
+    assert not (tmp_path / "checkpoints").exists()
+
+
+def test_the_default_callbacks_checkpoint_every_50_steps_and_on_interrupt_or_can_leave_checkpoints_out():
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    callbacks = default_callbacks()
+    periodic = [cb for cb in callbacks if isinstance(cb, ModelCheckpoint)]
+    assert len(periodic) == 1 and periodic[0].save_last and periodic[0]._every_n_train_steps == 50
+    assert any(isinstance(cb, InterruptCheckpoint) for cb in callbacks)
+    bare = default_callbacks(checkpoint_every_n_steps=None)
+    assert not any(isinstance(cb, (ModelCheckpoint, InterruptCheckpoint)) for cb in bare)

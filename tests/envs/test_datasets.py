@@ -146,6 +146,11 @@ def test_a_null_field_or_a_failing_reward_fails_the_trajectory_with_its_reason(t
     tasks = DatasetTasks(str(path), fields={"answer": "answer"}, reward="test_raising_reward", val_fraction=0.0)
     _, r = run_episodes(tasks, [byte_action(tasks, "a")], tasks.rows[1])
     assert r.reward == 0.0 and "test_raising_reward" in r.failure and "grader crashed" in r.failure
+    assert "RewardError: " in r.failure  # what rollout/reward_error_fraction counts
+    multi = DatasetTasks(str(path), fields={"answer": "answer"}, reward="test_raising_reward", val_fraction=0.0,
+                         max_turns=2)  # grading the first turn raises inside the environment's step
+    t, r = run_episodes(multi, [byte_action(multi, "a")], multi.rows[1])
+    assert t.finish_reason == "failure" and "RewardError: " in t.failure and r.reward == 0.0
 
 
 def test_parquet_and_save_to_disk_directories_load_the_same_rows(tmp_path) -> None:  # noqa: ANN001

@@ -39,6 +39,7 @@ _REDUCTIONS: dict[str, type[Sum] | type[Max]] = {
     "busy_sum": Sum,
     "groups": Sum,
     "zero_advantage_groups": Sum,
+    "reward_errors": Sum,
 }
 
 

@@ -31,6 +31,11 @@ on the config's engine (its rollouts recorded) and one of streaming on their rep
 config's weights, on one device, and prints the relative gradient difference (whole and worst
 parameter) and the engine-vs-learner KL (:mod:`thundersync_lightning.verify`, docs/verify.md).
 Exit status 0 within the precision's tolerance, 1 past it, 2 when it cannot conclude.
+
+Errors: a mistyped option or value is reported in a few lines with the valid choices and a "did
+you mean" (:mod:`thundersync_lightning.cli_errors`); a ``ConfigError`` found while the run is set up
+is printed without its traceback. Both exit with status 2; ``THUNDERSYNC_TRACEBACK=1`` shows the
+full report.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ from lightning.pytorch.cli import LightningCLI
 from typing_extensions import override
 
 from .callbacks import InterruptCheckpoint, RunChecks, RunSummary, wandb_run_id_from_checkpoint
+from .cli_errors import ShortErrorParser, short_config_error, wants_traceback
+from .core.errors import ConfigError
 from .core.objective import Objective
 from .core.types import ModelSpec
 from .modules import GRPOPolicy, RolloutDataModule
@@ -193,6 +200,7 @@ def _cli_kwargs() -> dict[str, Any]:
         "model_class": GRPOPolicy,
         "datamodule_class": RolloutDataModule,
         "save_config_kwargs": {"overwrite": True},
+        "parser_class": ShortErrorParser,  # errors in a few lines (cli_errors)
     }
 
 
@@ -351,11 +359,18 @@ def main(args: list[str] | None = None) -> None:
     import thundersync_lightning  # noqa: F401  registers strategy="thundersync"
 
     argv = sys.argv[1:] if args is None else list(args)
-    if argv[:1] == ["plan"]:
-        raise SystemExit(plan_main(argv[1:]))
-    if argv[:1] == ["verify"]:
-        raise SystemExit(verify_main(argv[1:]))
-    ThunderSyncCLI(**_cli_kwargs(), args=args)
+    try:
+        if argv[:1] == ["plan"]:
+            raise SystemExit(plan_main(argv[1:]))
+        if argv[:1] == ["verify"]:
+            raise SystemExit(verify_main(argv[1:]))
+        ThunderSyncCLI(**_cli_kwargs(), args=args)
+    except ConfigError as err:  # found at set-up: the message says what to change, a traceback adds nothing
+        if wants_traceback():
+            raise
+        command = " ".join(["thundersync-lightning", *argv[:1]])
+        print(short_config_error(command, err), file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -108,3 +108,33 @@ def test_the_default_callbacks_checkpoint_every_50_steps_and_on_interrupt_or_can
     assert any(isinstance(cb, InterruptCheckpoint) for cb in callbacks)
     bare = default_callbacks(checkpoint_every_n_steps=None)
     assert not any(isinstance(cb, (ModelCheckpoint, InterruptCheckpoint)) for cb in bare)
+
+
+def test_resuming_into_another_mode_or_directory_is_refused_naming_each_override(tmp_path):
+    from thundersync_lightning.callbacks import RunChecks
+    from thundersync_lightning.core.errors import ConfigError
+
+    sync_dir = tmp_path / "sync"
+    fit("sync", steps=1, root=str(sync_dir), enable_checkpointing=True, callbacks=[RunChecks(), InterruptCheckpoint()])
+    last = sync_dir / "checkpoints" / "last.ckpt"
+    with pytest.raises(ConfigError) as refused:
+        fit("streaming", steps=2, root=str(tmp_path / "toy"), resume_from=str(last), callbacks=[RunChecks()])
+    text = str(refused.value)
+    assert "--trainer.strategy.init_args.mode=sync" in text
+    assert f"--trainer.default_root_dir={sync_dir.resolve()}" in text and "resume_changes='warn'" in text
+    with pytest.warns(UserWarning, match="Resuming anyway"):
+        _, steps, _ = fit("streaming", steps=2, root=str(tmp_path / "toy"), resume_from=str(last),
+                          callbacks=[RunChecks(resume_changes="warn")])  # fmt: skip
+    assert [s.step for s in steps] == [1]
+    _, steps, _ = fit("sync", steps=2, root=str(sync_dir), resume_from=str(last), callbacks=[RunChecks()])
+    assert [s.step for s in steps] == [1]  # the same run resumes
+
+
+def test_a_changed_objective_is_a_resume_difference_and_a_moved_run_directory_is_not(tmp_path):
+    from thundersync_lightning.callbacks.run_checks import resume_differences
+
+    run = {"mode": "sync", "objective": {"estimator": "grpo", "kl_coef": 0.0}, "root_dir": "/runs/a"}
+    moved = {**run, "root_dir": str(tmp_path)}
+    assert resume_differences(run, moved, str(tmp_path / "checkpoints" / "last.ckpt")) == []
+    (objective,) = resume_differences(run, {**run, "objective": {"estimator": "rloo", "kl_coef": 0.0}}, None)
+    assert objective.startswith("objective: estimator 'grpo' in the checkpoint, 'rloo' here")

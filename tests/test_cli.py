@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY_KEYS = {
@@ -131,3 +132,19 @@ def test_the_code_config_has_the_toy_configs_logging_monitors_and_checkpoints():
     assert code[1] == 1 and "thundersync_lightning.callbacks.TrajectoryLogger" in code[2]
     checkpoint = dict(code[3])["lightning.pytorch.callbacks.ModelCheckpoint"]
     assert checkpoint["save_last"] is True
+
+
+def test_every_config_logger_writes_into_the_run_directory_given_on_the_command_line(tmp_path):
+    from thundersync_lightning.cli import ThunderSyncCLI, _cli_kwargs
+
+    cli = ThunderSyncCLI(
+        **_cli_kwargs(), run=False,
+        args=["--config", str(ROOT / "configs" / "code_learn.yaml"), f"--trainer.default_root_dir={tmp_path}"],
+    )  # fmt: skip
+    assert [str(logger.save_dir) for logger in cli.trainer.loggers] == [str(tmp_path)] * 2
+    for name in sorted(p.name for p in (ROOT / "configs").glob("*.yaml")):
+        config = yaml.safe_load((ROOT / "configs" / name).read_text()) or {}
+        loggers = (config.get("trainer") or {}).get("logger") or []
+        for logger in loggers if isinstance(loggers, list) else [loggers]:
+            save_dir = (logger.get("init_args") or {}).get("save_dir") if isinstance(logger, dict) else None
+            assert save_dir in (None, "<run directory>"), f"{name} hard-codes {save_dir!r}"

@@ -23,8 +23,9 @@ What the CLI adds to a config, so that a config and the Python path
 overrides]`` prints the learner's memory plan of that config (docs/scaling.md) without building
 anything: the same YAML and overrides as ``fit``, parsed by the same parser. Capacities default to
 this machine's (the GPU's total memory, the available RAM; a CPU config's device is the host);
-sizes read ``80GB`` (10^9), ``80GiB`` (2^30), ``512MiB``. Exit status 1 when the plan does not fit,
-with the settings that would make it fit.
+sizes read ``80GB`` (10^9), ``80GiB`` (2^30), ``512MiB``. ``--device_memory`` alone describes another
+machine: its host memory is then checked only with ``--host_memory``. Exit status 1 when the plan
+does not fit, with the settings that would make it fit.
 
 ``thundersync-lightning verify --config X [--tolerance T] [fit's overrides]`` runs one step of sync
 on the config's engine (its rollouts recorded) and one of streaming on their replay, from the
@@ -284,6 +285,10 @@ def plan_main(args: list[str]) -> int:
     plan = config_plan(build_parser().parse_args(rest).as_dict())
     print(plan.table())
     host = parse_bytes(own.host_memory) if own.host_memory else int(psutil.virtual_memory().available)
+    if own.device_memory and not own.host_memory and plan.inputs.accelerator == "gpu":
+        # a device size names another machine: this one's free RAM says nothing about its host
+        host = 2**62
+        print("host memory not checked: pass --host_memory (the target machine's RAM) for a verdict on it")
     if own.device_memory:
         device = parse_bytes(own.device_memory)
     elif plan.inputs.accelerator == "gpu" and torch.cuda.is_available():

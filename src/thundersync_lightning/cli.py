@@ -16,7 +16,7 @@ What the CLI adds to a config, so that a config and the Python path
 - a logger whose ``save_dir`` is unset (``save_dir: null``, or ``--trainer.logger=CSVLogger`` or a
   config's ``logger: {class_path: CSVLogger}`` for a logger that requires one) writes into ``DIR``;
 - ``--trainer.enable_progress_bar=false`` drops the config's progress bar callback instead of
-  failing on it;
+  failing on it; a config that lists no progress bar gets ``RolloutProgressBar`` (steps, not epochs);
 - with ``--ckpt_path``, a ``WandbLogger`` without an ``id`` gets the run id the checkpoint recorded.
 
 ``thundersync-lightning plan --config X [--device_memory 80GB] [--host_memory 512GB] [fit's
@@ -52,12 +52,19 @@ from typing import Any
 import psutil
 import torch
 import yaml
+from jsonargparse import Namespace
 from lightning.pytorch import loggers as pl_loggers
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI
 from typing_extensions import override
 
-from .callbacks import InterruptCheckpoint, RunChecks, RunSummary, wandb_run_id_from_checkpoint
+from .callbacks import (
+    InterruptCheckpoint,
+    RolloutProgressBar,
+    RunChecks,
+    RunSummary,
+    wandb_run_id_from_checkpoint,
+)
 from .cli_errors import ShortErrorParser, short_config_error, wants_traceback
 from .core.errors import ConfigError
 from .core.objective import Objective
@@ -177,9 +184,23 @@ class ThunderSyncCLI(LightningCLI):
             if bars:
                 log.info("enable_progress_bar=false: leaving out %s", ", ".join(b.class_path for b in bars))
                 trainer["callbacks"] = [cb for cb in callbacks if cb not in bars]
+        elif trainer.get("enable_progress_bar") is not False:
+            listed = callbacks if isinstance(callbacks, list) else [] if callbacks is None else [callbacks]
+            if not any(_is_subclass(cb, ProgressBar) for cb in listed):
+                # Lightning's default bar counts epochs ("Epoch 0/-2" under max_steps) and redraws in a log
+                bar = Namespace(class_path=f"{RolloutProgressBar.__module__}.RolloutProgressBar", init_args=Namespace())
+                trainer["callbacks"] = [*listed, bar]
 
     @override
     def before_fit(self) -> None:
+        self._complete_callbacks()
+
+    def before_validate(self) -> None:
+        # the same callbacks as the fit that wrote the checkpoint: Lightning warns about any missing
+        # one whose state the checkpoint holds, and a ModelCheckpoint keeps the run's directory
+        self._complete_callbacks()
+
+    def _complete_callbacks(self) -> None:
         root = self.trainer.default_root_dir
         for cb in self.trainer.callbacks:
             if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:

@@ -110,6 +110,18 @@ class RolloutProgressBar(TQDMProgressBar):
             return Tqdm(disable=True, file=sys.stdout)
         return super().init_train_tqdm()
 
+    @override
+    def init_sanity_tqdm(self) -> Tqdm:
+        if self.line_mode:  # in a log, a redrawn bar is a line of control characters
+            return Tqdm(disable=True, file=sys.stdout)
+        return super().init_sanity_tqdm()
+
+    @override
+    def init_validation_tqdm(self) -> Tqdm:
+        if self.line_mode:
+            return Tqdm(disable=True, file=sys.stdout)
+        return super().init_validation_tqdm()
+
     def on_rollout_progress(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, progress: RolloutProgress
     ) -> None:

@@ -27,6 +27,7 @@ from typing import Any, Literal
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
@@ -137,7 +138,7 @@ class RunChecks(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         recorded_run = checkpoint.get(CHECKPOINT_KEY, {}).get("run")
-        if recorded_run:
+        if recorded_run and trainer.state.fn == TrainerFn.FITTING:  # validating any checkpoint is fine
             self._check_same_run(trainer, recorded_run)
         step = checkpoint.get("global_step")
         if isinstance(step, int) and trainer.max_steps is not None and 0 <= trainer.max_steps <= step:

@@ -166,6 +166,7 @@ def test_every_config_logger_writes_into_the_run_directory_given_on_the_command_
     assert [str(logger.save_dir) for logger in cli.trainer.loggers] == [str(tmp_path)] * 2
     for name in sorted(p.name for p in (ROOT / "configs").glob("*.yaml")):
         config = yaml.safe_load((ROOT / "configs" / name).read_text()) or {}
+        assert (config.get("trainer") or {}).get("enable_model_summary") is False, f"{name} prints a layer table"
         loggers = (config.get("trainer") or {}).get("logger") or []
         for logger in loggers if isinstance(loggers, list) else [loggers]:
             save_dir = (logger.get("init_args") or {}).get("save_dir") if isinstance(logger, dict) else None

@@ -54,6 +54,8 @@ def sigint_handler():
         ("streaming", False),
         ("sync", True),
         pytest.param("sync", False, marks=pytest.mark.slow),
+        ("async", True),
+        ("async", False),
     ],
 )
 def test_a_sigint_leaves_last_ckpt_at_the_step_reached_and_resuming_it_is_the_uninterrupted_run(
@@ -115,7 +117,13 @@ def test_resuming_into_another_mode_or_directory_is_refused_naming_each_override
     from thundersync_lightning.core.errors import ConfigError
 
     sync_dir = tmp_path / "sync"
-    fit("sync", steps=1, root=str(sync_dir), enable_checkpointing=True, callbacks=[RunChecks(), InterruptCheckpoint()])
+    fit(
+        "sync",
+        steps=1,
+        root=str(sync_dir),
+        enable_checkpointing=True,
+        callbacks=[RunChecks(), InterruptCheckpoint()],
+    )
     last = sync_dir / "checkpoints" / "last.ckpt"
     with pytest.raises(ConfigError) as refused:
         fit("streaming", steps=2, root=str(tmp_path / "toy"), resume_from=str(last), callbacks=[RunChecks()])

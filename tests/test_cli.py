@@ -183,3 +183,40 @@ def test_a_config_without_a_progress_bar_gets_the_rollout_bar_not_lightnings_epo
     cli = ThunderSyncCLI(**_cli_kwargs(), run=False, args=["--config", str(tmp_path / "bare.yaml"),
                                                             f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
     assert isinstance(cli.trainer.progress_bar_callback, RolloutProgressBar)
+
+
+@pytest.mark.slow  # two CLI fits
+def test_the_readme_command_stopped_by_ctrl_c_resumes_the_same_run_with_ckpt_path(tmp_path):
+    """Ctrl-C in a terminal: SIGINT to the whole process group (learner and engine processes)."""
+    import signal
+
+    root = tmp_path / "run"
+    cli = Path(sys.executable).with_name("thundersync-lightning")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    command = [str(cli), "fit", "--config", str(ROOT / "configs" / "toy.yaml"), f"--trainer.default_root_dir={root}",
+               "--data.groups_per_step=4", "--data.group_size=4", "--trainer.max_steps=4"]  # fmt: skip
+    first = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)  # fmt: skip
+    assert first.stdout is not None
+    for line in first.stdout:  # the progress bar's line for step 1 is printed after that step's barrier
+        if line.startswith("step 1 "):
+            os.killpg(first.pid, signal.SIGINT)
+            break
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 1, err[-3000:]
+    stopped = json.loads((root / "summary.json").read_text())
+    assert stopped["stopped_by"] == "KeyboardInterrupt" and stopped["steps"] >= 2
+    import torch
+
+    reached = torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
+    assert reached == stopped["steps"]  # last.ckpt holds every step the summary counts
+
+    resumed = subprocess.run([*command, f"--ckpt_path={root / 'checkpoints' / 'last.ckpt'}"], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((root / "summary.json").read_text())
+    assert (summary["steps"], summary["steps_this_fit"], summary["stopped_by"]) == (4, 4 - reached, None)
+    logged = [json.loads(line)["step"] for line in (root / "trajectories.jsonl").read_text().splitlines()]
+    assert sorted(set(logged)) == [0, 1, 2, 3] and len(logged) == 4 * 4  # each step once, 4 trajectories each
+    runs = sorted((root / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and len({p.name.rsplit("-", 1)[1] for p in runs}) == 1  # one W&B run

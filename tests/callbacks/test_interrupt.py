@@ -146,3 +146,23 @@ def test_a_changed_objective_is_a_resume_difference_and_a_moved_run_directory_is
     assert resume_differences(run, moved, str(tmp_path / "checkpoints" / "last.ckpt")) == []
     (objective,) = resume_differences(run, {**run, "objective": {"estimator": "rloo", "kl_coef": 0.0}}, None)
     assert objective.startswith("objective: estimator 'grpo' in the checkpoint, 'rloo' here")
+
+
+def test_a_sigint_while_a_step_is_being_recorded_is_held_until_every_callback_recorded_it(
+    tmp_path, sigint_handler
+):
+    class SigintAtBatchEnd(Callback):  # listed first: the later callbacks have not seen the step yet
+        def on_train_batch_end(self, trainer: Any, *args: Any) -> None:
+            if trainer.global_step == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(SystemExit):
+        fit("streaming", steps=4, root=str(tmp_path), enable_checkpointing=True,
+            callbacks=[SigintAtBatchEnd(), RunSummary(print_summary=False), InterruptCheckpoint()])  # fmt: skip
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert checkpoint["global_step"] == summary["steps"] == 2  # step 1 is in both, not only in the weights
+    handler = signal.getsignal(signal.SIGINT)
+    assert (
+        getattr(handler, "__func__", None) is not InterruptCheckpoint._note_interrupt
+    )  # the hold was released

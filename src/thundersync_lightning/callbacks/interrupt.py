@@ -20,6 +20,12 @@ the parameters and the optimizer state do not change (:class:`~thundersync_light
 so a checkpoint taken mid-step holds the weights of step ``global_step`` and the state after the
 step before it; the resumed fit reruns that step from its start, with the same seeds.
 
+A step's bookkeeping is not cut in half: from the optimizer step to the end of the step's
+``on_train_batch_end`` hooks (the monitors, ``summary.json``'s per-step record, ``trajectories.jsonl``,
+the periodic checkpoint) a SIGINT is held and raised right after them, so the checkpoint never
+counts a step that the summary and the logs miss. This callback is a ``Checkpoint`` and runs after
+the other callbacks; the hold applies in the main thread of a one-process fit.
+
 With several processes an interrupt checkpoint is written only when every rank stops together
 (a collective save would wait forever for a rank that is still training): a one-process fit always
 gets it; a multi-process fit keeps its periodic ``last.ckpt`` and says so.
@@ -29,6 +35,8 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 from typing import Any
 
 import lightning.pytorch as pl
@@ -64,6 +72,43 @@ class InterruptCheckpoint(Checkpoint):
         self.save_on_train_end = on_train_end
         self._saved_step: int | None = None  # global_step held by the newest checkpoint (None: not training)
         self.last_path: str | None = None  # the file written last by this callback
+        self._held: Any = None  # the SIGINT handler replaced while a step's bookkeeping runs
+        self._pending = False  # a SIGINT arrived meanwhile
+
+    def _hold_interrupts(self) -> None:
+        if self._held is not None or threading.current_thread() is not threading.main_thread():
+            return
+        self._pending = False
+        self._held = signal.signal(signal.SIGINT, self._note_interrupt)
+
+    def _note_interrupt(self, signum: int, frame: Any) -> None:
+        self._pending = True
+
+    def _release_interrupts(self, raise_pending: bool) -> None:
+        if self._held is None:
+            return
+        signal.signal(signal.SIGINT, self._held)
+        self._held = None
+        if self._pending and raise_pending:
+            self._pending = False
+            raise KeyboardInterrupt  # the step is recorded everywhere: stop now, as Ctrl-C asked
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: Any
+    ) -> None:
+        if self.save_on_exception and trainer.world_size == 1:
+            self._hold_interrupts()
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._release_interrupts(raise_pending=True)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        self._release_interrupts(raise_pending=False)
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

@@ -4,6 +4,7 @@ parser's reports are shortened by cli_errors (unit tests on the real parser's me
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +117,28 @@ def test_a_fit_of_zero_steps_is_refused_instead_of_writing_an_empty_run(tmp_path
     proc = run_cli(tmp_path, "--trainer.max_steps=0")
     assert proc.returncode == 2 and "max_steps=0: this fit would run no step" in proc.stderr
     assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_a_reward_function_that_raises_is_warned_on_the_console_and_counted_in_the_summary(tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(8)))
+    (tmp_path / "my_rewards.py").write_text(
+        "def score(prompt, completion, answer, **row):\n    return 1 / 0  # a bug in the user's reward\n"
+    )
+    tasks = json.dumps({"class_path": "thundersync_lightning.envs.datasets.DatasetTasks",
+                        "init_args": {"path": str(data), "fields": {"answer": "answer"}, "max_action_tokens": 8,
+                                      "reward": {"function": "my_rewards:score"}}})  # fmt: skip
+    env = subprocess_env(HF_HUB_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true")
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-m", "thundersync_lightning.cli", "fit", "--config", TOY,
+         f"--trainer.default_root_dir={tmp_path / 'run'}", f"--data.tasks={tasks}", "--model.config.vocab_size=259",
+         "--data.groups_per_step=2", "--data.group_size=2", "--trainer.max_steps=2"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Step 0: the reward of 100% of the trajectories could not be computed" in proc.stderr
+    assert "ZeroDivisionError: division by zero" in proc.stderr
+    assert "reward errors          100.0% of trajectories" in proc.stdout
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["reward_error_fraction"] == 1.0

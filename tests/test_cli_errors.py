@@ -110,6 +110,7 @@ def test_the_dataset_recipe_with_the_toy_vocabulary_is_refused_at_set_up_naming_
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr and "IndexError" not in proc.stderr
     assert "embeds 16 token ids" in proc.stderr and "vocab_size 259" in proc.stderr
+    assert not (tmp_path / "run" / "wandb").exists()  # refused before the logger or the engine started
 
 
 @pytest.mark.slow

@@ -118,6 +118,7 @@ def test_a_device_size_for_another_machine_checks_its_host_only_when_given_and_t
         main(["plan", "--config", "configs/gpu_1x.yaml", "--device_memory=80GB"])
     out = capsys.readouterr().out
     assert done.value.code == 0 and "FITS" in out and "host memory not checked: pass --host_memory" in out
+    assert re.search(r"host: needs [\d.]+ GiB \(not checked\)", out)
     assert re.search(r"^sized as: P = [\d,]+ parameters, P_t = [\d,]+ trainable, e = 2 bytes per weight", out, re.M)
     with pytest.raises(SystemExit) as done:
         main(["plan", "--config", "configs/gpu_1x.yaml", "--device_memory=80GB", "--host_memory=32GiB"])

@@ -72,6 +72,7 @@ from .core.types import ModelSpec
 from .modules import GRPOPolicy, RolloutDataModule
 from .modules.policy import TINY_QWEN3
 from .modules.shape import model_shape
+from .planning.memory_fit import HOST_UNCHECKED
 from .planning.memory_plan import MemoryPlan, format_bytes, parse_bytes, plan_memory
 from .strategy import ThunderSyncStrategy
 from .strategy.memory_check import SCORING_KEYS, param_bytes, plan_inputs
@@ -308,7 +309,7 @@ def plan_main(args: list[str]) -> int:
     host = parse_bytes(own.host_memory) if own.host_memory else int(psutil.virtual_memory().available)
     if own.device_memory and not own.host_memory and plan.inputs.accelerator == "gpu":
         # a device size names another machine: this one's free RAM says nothing about its host
-        host = 2**62
+        host = HOST_UNCHECKED
         print("host memory not checked: pass --host_memory (the target machine's RAM) for a verdict on it")
     if own.device_memory:
         device = parse_bytes(own.device_memory)

@@ -199,6 +199,8 @@ def check_contract(module: Any, datamodule: Any = None, mode: str | None = None)
     tasks = getattr(datamodule, "tasks", None)
     if tasks is not None:
         problems += check_tasks(tasks)
+        if not problems:  # before any engine or logger starts
+            problems += check_vocabulary(module, tasks)
     return problems
 
 

@@ -303,6 +303,11 @@ class MemoryPlan:
         )
         m = i.model
         lines.append(
+            f"sized as: P = {m.total_params:,} parameters, P_t = {m.trainable_params:,} trainable, e = "
+            f"{m.param_bytes} bytes per weight, a = {i.accumulator_bytes} bytes per accumulated value "
+            "(docs/scaling.md)"
+        )
+        lines.append(
             f"model: {m.total_params / 1e9:.3g}B parameters, {m.trainable_params / 1e6:.4g}M trainable"
             f"{' (LoRA)' if m.lora else ''}, {m.param_bytes} bytes each; optimizer {i.optimizer}; "
             f"world size {i.world_size}, sharding {i.sharding}, offload {i.offload}, mode {i.mode}"

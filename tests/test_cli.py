@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY_KEYS = {
@@ -60,6 +61,12 @@ def test_fit_from_the_cli_writes_the_summary_and_the_last_checkpoint(tmp_path, m
         assert not (root / "wandb").exists()
     else:
         assert (root / "trajectories.jsonl").is_file() and (root / "reward_curve.png").is_file()
+        output = proc.stdout + proc.stderr  # third-party noise is filtered (core/noise.py)
+        for noise in ("litlogger", "anonymous setting", "LeafSpec", "across ranks is zero", "Sanity Checking"):
+            assert noise not in output, noise
+        assert [line.split()[:3] for line in proc.stdout.splitlines() if line.startswith("step ")] == [
+            ["step", "0", "(1/2)"], ["step", "1", "(2/2)"],
+        ]  # fmt: skip
     summary = json.loads((root / "summary.json").read_text())
     assert SUMMARY_KEYS <= set(summary)
     assert summary["mode"] == mode
@@ -110,6 +117,22 @@ def test_a_config_files_logger_without_save_dir_gets_the_run_directory(tmp_path)
     assert with_logger_save_dir(given) == [*given, f"--trainer.logger.init_args.save_dir={RUN_DIR}"]
 
 
+@pytest.mark.slow  # two CLI runs
+def test_validating_a_fits_checkpoint_from_the_cli_asks_for_no_callback_and_keeps_the_checkpoint_directory(tmp_path):
+    root = tmp_path / "run"
+    assert _fit(root, "--trainer.max_steps=1").returncode == 0
+    cli = Path(sys.executable).with_name("thundersync-lightning")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [str(cli), "validate", "--config", str(ROOT / "configs" / "toy.yaml"), f"--trainer.default_root_dir={root}",
+         "--data.val_samples=2", f"--ckpt_path={root / 'checkpoints' / 'last.ckpt'}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "val/pass_at_1" in proc.stdout
+    assert "Please add the following callbacks" not in proc.stderr and "dirpath has changed" not in proc.stderr
+
+
 def test_a_malformed_config_value_fails_before_training_with_the_key_named(tmp_path):
     proc = _fit(tmp_path / "run", "--trainer.strategy.init_args.mode=eventually")
     assert proc.returncode != 0
@@ -131,3 +154,69 @@ def test_the_code_config_has_the_toy_configs_logging_monitors_and_checkpoints():
     assert code[1] == 1 and "thundersync_lightning.callbacks.TrajectoryLogger" in code[2]
     checkpoint = dict(code[3])["lightning.pytorch.callbacks.ModelCheckpoint"]
     assert checkpoint["save_last"] is True
+
+
+def test_every_config_logger_writes_into_the_run_directory_given_on_the_command_line(tmp_path):
+    from thundersync_lightning.cli import ThunderSyncCLI, _cli_kwargs
+
+    cli = ThunderSyncCLI(
+        **_cli_kwargs(), run=False,
+        args=["--config", str(ROOT / "configs" / "code_learn.yaml"), f"--trainer.default_root_dir={tmp_path}"],
+    )  # fmt: skip
+    assert [str(logger.save_dir) for logger in cli.trainer.loggers] == [str(tmp_path)] * 2
+    for name in sorted(p.name for p in (ROOT / "configs").glob("*.yaml")):
+        config = yaml.safe_load((ROOT / "configs" / name).read_text()) or {}
+        assert (config.get("trainer") or {}).get("enable_model_summary") is False, f"{name} prints a layer table"
+        loggers = (config.get("trainer") or {}).get("logger") or []
+        for logger in loggers if isinstance(loggers, list) else [loggers]:
+            save_dir = (logger.get("init_args") or {}).get("save_dir") if isinstance(logger, dict) else None
+            assert save_dir in (None, "<run directory>"), f"{name} hard-codes {save_dir!r}"
+
+
+def test_a_config_without_a_progress_bar_gets_the_rollout_bar_not_lightnings_epoch_bar(tmp_path):
+    from thundersync_lightning.callbacks import RolloutProgressBar
+    from thundersync_lightning.cli import ThunderSyncCLI, _cli_kwargs
+
+    config = yaml.safe_load((ROOT / "configs" / "toy.yaml").read_text())
+    config["trainer"]["callbacks"] = ["thundersync_lightning.callbacks.StalenessMonitor"]
+    (tmp_path / "bare.yaml").write_text(yaml.safe_dump(config))
+    cli = ThunderSyncCLI(**_cli_kwargs(), run=False, args=["--config", str(tmp_path / "bare.yaml"),
+                                                            f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
+    assert isinstance(cli.trainer.progress_bar_callback, RolloutProgressBar)
+
+
+@pytest.mark.slow  # two CLI fits
+def test_the_readme_command_stopped_by_ctrl_c_resumes_the_same_run_with_ckpt_path(tmp_path):
+    """Ctrl-C in a terminal: SIGINT to the whole process group (learner and engine processes)."""
+    import signal
+
+    root = tmp_path / "run"
+    cli = Path(sys.executable).with_name("thundersync-lightning")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
+    command = [str(cli), "fit", "--config", str(ROOT / "configs" / "toy.yaml"), f"--trainer.default_root_dir={root}",
+               "--data.groups_per_step=4", "--data.group_size=4", "--trainer.max_steps=4"]  # fmt: skip
+    first = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)  # fmt: skip
+    assert first.stdout is not None
+    for line in first.stdout:  # the progress bar's line for step 1 is printed after that step's barrier
+        if line.startswith("step 1 "):
+            os.killpg(first.pid, signal.SIGINT)
+            break
+    out, err = first.communicate(timeout=300)
+    assert first.returncode == 1, err[-3000:]
+    stopped = json.loads((root / "summary.json").read_text())
+    assert stopped["stopped_by"] == "KeyboardInterrupt" and stopped["steps"] >= 2
+    import torch
+
+    reached = torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)["global_step"]
+    assert reached == stopped["steps"]  # last.ckpt holds every step the summary counts
+
+    resumed = subprocess.run([*command, f"--ckpt_path={root / 'checkpoints' / 'last.ckpt'}"], cwd=tmp_path,
+                             env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = json.loads((root / "summary.json").read_text())
+    assert (summary["steps"], summary["steps_this_fit"], summary["stopped_by"]) == (4, 4 - reached, None)
+    logged = [json.loads(line)["step"] for line in (root / "trajectories.jsonl").read_text().splitlines()]
+    assert sorted(set(logged)) == [0, 1, 2, 3] and len(logged) == 4 * 4  # each step once, 4 trajectories each
+    runs = sorted((root / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and len({p.name.rsplit("-", 1)[1] for p in runs}) == 1  # one W&B run

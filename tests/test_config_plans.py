@@ -105,3 +105,21 @@ def test_the_memory_table_in_docs_scaling_is_the_planners_output():
     doc = (ROOT / "docs" / "scaling.md").read_text()
     assert module.table() in doc, "docs/scaling.md is stale: run python benchmarks/scaling_table.py --write"
     assert "## Multi-node" in doc and "## Sharding" in doc
+
+
+def test_a_device_size_for_another_machine_checks_its_host_only_when_given_and_the_table_has_a_legend(
+    capsys, monkeypatch
+):
+    import thundersync_lightning.cli as cli
+
+    monkeypatch.chdir(ROOT)
+    monkeypatch.setattr(cli.psutil, "virtual_memory", lambda: type("Free", (), {"available": 2**30})())
+    with pytest.raises(SystemExit) as done:  # this machine's 1 GiB of free RAM says nothing of the target's host
+        main(["plan", "--config", "configs/gpu_1x.yaml", "--device_memory=80GB"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "FITS" in out and "host memory not checked: pass --host_memory" in out
+    assert re.search(r"host: needs [\d.]+ GiB \(not checked\)", out)
+    assert re.search(r"^sized as: P = [\d,]+ parameters, P_t = [\d,]+ trainable, e = 2 bytes per weight", out, re.M)
+    with pytest.raises(SystemExit) as done:
+        main(["plan", "--config", "configs/gpu_1x.yaml", "--device_memory=80GB", "--host_memory=32GiB"])
+    assert done.value.code == 1 and "host: needs" in capsys.readouterr().out

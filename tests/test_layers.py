@@ -23,6 +23,7 @@ LAYERS = {
     "summary": 5,
     "show": 6,
     "cli": 6,
+    "cli_errors": 6,
     "verify": 6,
 }
 

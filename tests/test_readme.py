@@ -36,7 +36,7 @@ def test_the_readme_example_trains_prints_zero_staleness_and_writes_the_summary_
     assert lines[-1] == "0"
     # not a terminal: the progress bar prints one line per step, with the step's mean reward
     steps = [line for line in lines if line.startswith("step ")]
-    assert [line.split()[1] for line in steps] == ["1/2", "2/2"]
+    assert [line.split()[1:3] for line in steps] == [["0", "(1/2)"], ["1", "(2/2)"]]
     assert all(re.search(r"reward=\d\.\d{3}", line) for line in steps)
     run = tmp_path / "runs" / "example"
     summary = json.loads((run / "summary.json").read_text())

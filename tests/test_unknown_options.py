@@ -92,7 +92,15 @@ def test_vllm_options_that_the_chosen_mode_ignores_are_rejected():
     with pytest.raises(ConfigError, match="gpu_memory_utilization=0.9 has no effect while kv_cache_memory_bytes"):
         VLLMEngineConfig(gpu_memory_utilization=0.9)
     with pytest.raises(ConfigError, match="weights_dir='/tmp' has no effect with weight_sync='direct'"):
+        VLLMEngineConfig(weight_sync="direct", weights_dir="/tmp")
+    with pytest.raises(ConfigError, match=r"weights_dir='/tmp' has no effect with weight_sync='auto' and multiprocessing=False"):
         VLLMEngineConfig(weights_dir="/tmp")
+    with pytest.raises(ConfigError, match="weights_dir='/tmp' has no effect with weight_sync='nccl'"):
+        VLLMEngineConfig(multiprocessing=True, weight_sync="nccl", weights_dir="/tmp")
+    with pytest.raises(ConfigError, match="weight_sync_bucket_bytes=1024 has no effect with weight_sync='file'"):
+        VLLMEngineConfig(multiprocessing=True, weight_sync="file", weight_sync_bucket_bytes=1024)
+    assert VLLMEngineConfig(multiprocessing=True, weights_dir="/tmp").weights_dir == "/tmp"  # auto may mean file
+    assert VLLMEngineConfig(multiprocessing=True, weight_sync="ipc", weight_sync_bucket_bytes=1024).weight_sync == "ipc"
     assert VLLMEngineConfig(kv_cache_memory_bytes=None, gpu_memory_utilization=0.9).gpu_memory_utilization == 0.9
     with pytest.raises(ConfigError, match=r"teacher_engine_kwargs=\{'gpu_memory_utilization': 0.2\} has no effect without a teacher"):
         VLLMEngineConfig(teacher_engine_kwargs={"gpu_memory_utilization": 0.2})

@@ -1,6 +1,7 @@
 """thundersync-lightning: streaming, zero-staleness GRPO for LLM agents as a Lightning strategy.
 
-Importing the package registers ``Trainer(strategy="thundersync")``. The core
+Importing the package registers ``Trainer(strategy="thundersync")`` and filters a few third-party
+messages that say nothing to its users (``core/noise.py``). The core
 (``thundersync_lightning.core``) is pure torch and stays usable where Lightning is absent.
 """
 
@@ -21,7 +22,10 @@ try:
 except ImportError:  # core-only use (no Lightning installed) or a spawned helper process
     __all__ = ["__version__"]
 else:
+    from .core.noise import quiet_third_party
     from .strategy import ThunderSyncStrategy
+
+    quiet_third_party()  # third-party messages that say nothing here (core/noise.py)
 
     ThunderSyncStrategy.register_strategies(StrategyRegistry)
     __all__ = ["ThunderSyncStrategy", "__version__"]

@@ -11,25 +11,32 @@ checkpoints under ``DIR/checkpoints/`` (``last.ckpt`` with ``save_last``). Resum
 What the CLI adds to a config, so that a config and the Python path
 (``callbacks=default_callbacks()``) give the same run:
 
-- ``RunSummary`` and ``RunChecks`` when the config lists none;
+- ``RunSummary`` and ``RunChecks`` when the config lists none, and ``InterruptCheckpoint`` (``last.ckpt``
+  on Ctrl-C, an exception and at the fit's end) when checkpointing is on and the config lists none;
 - a logger whose ``save_dir`` is unset (``save_dir: null``, or ``--trainer.logger=CSVLogger`` or a
   config's ``logger: {class_path: CSVLogger}`` for a logger that requires one) writes into ``DIR``;
 - ``--trainer.enable_progress_bar=false`` drops the config's progress bar callback instead of
-  failing on it;
+  failing on it; a config that lists no progress bar gets ``RolloutProgressBar`` (steps, not epochs);
 - with ``--ckpt_path``, a ``WandbLogger`` without an ``id`` gets the run id the checkpoint recorded.
 
 ``thundersync-lightning plan --config X [--device_memory 80GB] [--host_memory 512GB] [fit's
 overrides]`` prints the learner's memory plan of that config (docs/scaling.md) without building
 anything: the same YAML and overrides as ``fit``, parsed by the same parser. Capacities default to
 this machine's (the GPU's total memory, the available RAM; a CPU config's device is the host);
-sizes read ``80GB`` (10^9), ``80GiB`` (2^30), ``512MiB``. Exit status 1 when the plan does not fit,
-with the settings that would make it fit.
+sizes read ``80GB`` (10^9), ``80GiB`` (2^30), ``512MiB``. ``--device_memory`` alone describes another
+machine: its host memory is then checked only with ``--host_memory``. Exit status 1 when the plan
+does not fit, with the settings that would make it fit.
 
 ``thundersync-lightning verify --config X [--tolerance T] [fit's overrides]`` runs one step of sync
 on the config's engine (its rollouts recorded) and one of streaming on their replay, from the
 config's weights, on one device, and prints the relative gradient difference (whole and worst
 parameter) and the engine-vs-learner KL (:mod:`thundersync_lightning.verify`, docs/verify.md).
 Exit status 0 within the precision's tolerance, 1 past it, 2 when it cannot conclude.
+
+Errors: a mistyped option or value is reported in a few lines with the valid choices and a "did
+you mean" (:mod:`thundersync_lightning.cli_errors`); a ``ConfigError`` found while the run is set up
+is printed without its traceback. Both exit with status 2; ``THUNDERSYNC_TRACEBACK=1`` shows the
+full report.
 """
 
 from __future__ import annotations
@@ -45,17 +52,27 @@ from typing import Any
 import psutil
 import torch
 import yaml
+from jsonargparse import Namespace
 from lightning.pytorch import loggers as pl_loggers
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI
 from typing_extensions import override
 
-from .callbacks import RunChecks, RunSummary, wandb_run_id_from_checkpoint
+from .callbacks import (
+    InterruptCheckpoint,
+    RolloutProgressBar,
+    RunChecks,
+    RunSummary,
+    wandb_run_id_from_checkpoint,
+)
+from .cli_errors import ShortErrorParser, short_config_error, wants_traceback
+from .core.errors import ConfigError
 from .core.objective import Objective
 from .core.types import ModelSpec
 from .modules import GRPOPolicy, RolloutDataModule
 from .modules.policy import TINY_QWEN3
 from .modules.shape import model_shape
+from .planning.memory_fit import HOST_UNCHECKED
 from .planning.memory_plan import MemoryPlan, format_bytes, parse_bytes, plan_memory
 from .strategy import ThunderSyncStrategy
 from .strategy.memory_check import SCORING_KEYS, param_bytes, plan_inputs
@@ -168,9 +185,23 @@ class ThunderSyncCLI(LightningCLI):
             if bars:
                 log.info("enable_progress_bar=false: leaving out %s", ", ".join(b.class_path for b in bars))
                 trainer["callbacks"] = [cb for cb in callbacks if cb not in bars]
+        elif trainer.get("enable_progress_bar") is not False:
+            listed = callbacks if isinstance(callbacks, list) else [] if callbacks is None else [callbacks]
+            if not any(_is_subclass(cb, ProgressBar) for cb in listed):
+                # Lightning's default bar counts epochs ("Epoch 0/-2" under max_steps) and redraws in a log
+                bar = Namespace(class_path=f"{RolloutProgressBar.__module__}.RolloutProgressBar", init_args=Namespace())
+                trainer["callbacks"] = [*listed, bar]
 
     @override
     def before_fit(self) -> None:
+        self._complete_callbacks()
+
+    def before_validate(self) -> None:
+        # the same callbacks as the fit that wrote the checkpoint: Lightning warns about any missing
+        # one whose state the checkpoint holds, and a ModelCheckpoint keeps the run's directory
+        self._complete_callbacks()
+
+    def _complete_callbacks(self) -> None:
         root = self.trainer.default_root_dir
         for cb in self.trainer.callbacks:
             if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
@@ -182,6 +213,9 @@ class ThunderSyncCLI(LightningCLI):
                 # saved at a step's end holds the summary of that step
                 at = next((i for i, cb in enumerate(callbacks) if isinstance(cb, Checkpoint)), len(callbacks))
                 callbacks.insert(at, kind())
+        if callbacks and any(isinstance(cb, Checkpoint) for cb in callbacks):
+            if not any(isinstance(cb, InterruptCheckpoint) for cb in callbacks):
+                callbacks.append(InterruptCheckpoint())  # last.ckpt on Ctrl-C, an exception, the fit's end
 
 
 def _cli_kwargs() -> dict[str, Any]:
@@ -189,6 +223,7 @@ def _cli_kwargs() -> dict[str, Any]:
         "model_class": GRPOPolicy,
         "datamodule_class": RolloutDataModule,
         "save_config_kwargs": {"overwrite": True},
+        "parser_class": ShortErrorParser,  # errors in a few lines (cli_errors)
     }
 
 
@@ -272,6 +307,10 @@ def plan_main(args: list[str]) -> int:
     plan = config_plan(build_parser().parse_args(rest).as_dict())
     print(plan.table())
     host = parse_bytes(own.host_memory) if own.host_memory else int(psutil.virtual_memory().available)
+    if own.device_memory and not own.host_memory and plan.inputs.accelerator == "gpu":
+        # a device size names another machine: this one's free RAM says nothing about its host
+        host = HOST_UNCHECKED
+        print("host memory not checked: pass --host_memory (the target machine's RAM) for a verdict on it")
     if own.device_memory:
         device = parse_bytes(own.device_memory)
     elif plan.inputs.accelerator == "gpu" and torch.cuda.is_available():
@@ -347,11 +386,18 @@ def main(args: list[str] | None = None) -> None:
     import thundersync_lightning  # noqa: F401  registers strategy="thundersync"
 
     argv = sys.argv[1:] if args is None else list(args)
-    if argv[:1] == ["plan"]:
-        raise SystemExit(plan_main(argv[1:]))
-    if argv[:1] == ["verify"]:
-        raise SystemExit(verify_main(argv[1:]))
-    ThunderSyncCLI(**_cli_kwargs(), args=args)
+    try:
+        if argv[:1] == ["plan"]:
+            raise SystemExit(plan_main(argv[1:]))
+        if argv[:1] == ["verify"]:
+            raise SystemExit(verify_main(argv[1:]))
+        ThunderSyncCLI(**_cli_kwargs(), args=args)
+    except ConfigError as err:  # found at set-up: the message says what to change, a traceback adds nothing
+        if wants_traceback():
+            raise
+        command = " ".join(["thundersync-lightning", *argv[:1]])
+        print(short_config_error(command, err), file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ KL(engine || learner) over scored tokens; null where the strategy records none),
 ``wall_seconds`` (every fit of the run), plus ``step_seconds_median``, ``trajectories``,
 ``reward_window_steps``, ``steps_this_fit`` (0 for a resume that ran no step),
 ``zero_advantage_group_fraction`` (groups whose rewards were all equal: no gradient),
+``reward_error_fraction`` (trajectories whose reward could not be computed, counted as reward 0;
+null without trajectories),
 ``reward_curve`` (the PNG's file name beside summary.json, or null) and ``stopped_by`` (null, or
 the exception that ended the fit, e.g. ``KeyboardInterrupt``: an interrupted run is summarised too).
 ``val_pass_at_1_first`` / ``val_pass_at_1_last`` (``val/pass_at_1`` of the first and last validation run
@@ -49,6 +51,7 @@ class StepAggregate:
     groups: int
     zero_advantage_groups: int
     engine_learner_kl: float | None = None  # already over all ranks where the strategy records it
+    reward_errors: int = 0  # trajectories whose reward could not be computed (TrajectoryRecord.reward_error)
 
     @property
     def reward_mean(self) -> float | None:
@@ -70,6 +73,7 @@ def aggregate(stats: StepStats) -> StepAggregate:
         groups=len(stats.group_rewards),
         zero_advantage_groups=stats.zero_advantage_groups,
         engine_learner_kl=getattr(stats, "engine_learner_kl", None),
+        reward_errors=sum(t.reward_error for t in stats.trajectories),
     )
 
 
@@ -87,6 +91,7 @@ def summarize(
     busy = sum(s.busy_sum for s in steps)
     total = sum(s.wall_sum for s in steps)
     groups = sum(s.groups for s in steps)
+    trajectories = sum(s.trajectories for s in steps)
     return {
         "mode": mode,
         "steps": n,
@@ -99,10 +104,11 @@ def summarize(
         ),
         "learner_idle_fraction": max(0.0, total - busy) / total if total > 0 else 0.0,
         "step_seconds_median": statistics.median(s.wall_seconds for s in steps) if steps else 0.0,
-        "trajectories": sum(s.trajectories for s in steps),
+        "trajectories": trajectories,
         "zero_advantage_group_fraction": sum(s.zero_advantage_groups for s in steps) / groups
         if groups
         else None,
+        "reward_error_fraction": sum(s.reward_errors for s in steps) / trajectories if trajectories else None,
         "wall_seconds": wall_seconds,
     }
 
@@ -166,6 +172,11 @@ def format_summary(summary: dict[str, Any], directory: str | Path | None = None)
     if summary.get("zero_advantage_group_fraction") is not None:
         lines.append(
             f"  zero-advantage groups  {summary['zero_advantage_group_fraction']:.1%} (equal rewards: no gradient)"
+        )
+    if summary.get("reward_error_fraction"):
+        lines.append(
+            f"  reward errors          {summary['reward_error_fraction']:.1%} of trajectories (reward 0: the reward "
+            "function or verdict failed; see trajectories.jsonl)"
         )
     if summary.get("reward_curve"):
         curve = (

@@ -407,3 +407,25 @@ def test_dynamic_sampling_smoke_runs_both_arms_and_counts_generated_groups(tmp_p
         for s in r["steps"]:
             assert s["groups_kept"] == s["groups_generated"] - s["groups_dropped"]
             assert s["groups_generated"] == 2 if r["arm"] == "off" else 2 <= s["groups_generated"] <= 4
+
+
+@pytest.mark.slow  # three receiver processes spawned one after the other: ~50 s on a loaded 2-core box
+def test_weight_sync_transport_only_moves_every_tensor_exactly_with_each_transport(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCH.parent / "src"), os.environ.get("PYTHONPATH", "")])}
+    args = ["--transport-only", "--device", "cpu", "--model", "tiny", "--repeats", "1", "--threads", "1"]
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "weight_sync.py"), *args, "--out", str(tmp_path)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads((tmp_path / "weight_sync_transport.json").read_text())
+
+    assert data["mode"] == "transport-only" and data["command"]
+    assert set(data["transports"]) == {"file", "ipc", "nccl"}
+    assert all(r["exact"] for r in data["transports"].values())
+    assert data["transports"]["nccl"]["backend"] == "gloo"
+    assert data["ratio_to_file"]["file"] == 1.0
+    assert data["transports"]["ipc"]["buckets"] == 1  # a few MB in one 256 MiB bucket

@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 ABSENT = ("wandb", "jsonargparse", "vllm")
 #: what the GPU check runs
-SCRIPTS = ("verify_check.py", "overlap.py", "gpu_scale.py", "offload.py", "_gpu_summary.py")
+SCRIPTS = ("verify_check.py", "overlap.py", "gpu_scale.py", "offload.py", "weight_sync.py", "_gpu_summary.py")
 
 
 def bare_env(tmp_path: Path) -> dict[str, str]:

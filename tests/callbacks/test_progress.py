@@ -39,9 +39,9 @@ def _step(step, rank=0, world=1):
     return stats(trajs, step=step, start=0.0, end=2.0, loss=-0.5)
 
 
-def test_the_line_for_a_step_shows_its_mean_reward():
+def test_the_line_for_a_step_numbers_it_from_0_counts_done_steps_and_shows_its_mean_reward():
     assert step_line(_step(1), max_steps=10) == (
-        "step 2/10  reward=0.500  loss=-0.5  trajectories=4  idle=2.0s (100%)  staleness=0  step=2.00s"
+        "step 1 (2/10)  reward=0.500  loss=-0.5  trajectories=4  idle=2.0s (100%)  staleness=0  step=2.00s"
     )
 
 
@@ -55,8 +55,8 @@ def test_without_a_terminal_the_bar_prints_one_line_per_step_and_keeps_the_last_
     trainer.fit(TinyPolicy())
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
     assert [line.split("  ")[:2] for line in lines] == [
-        ["step 1/2", "reward=0.250"],
-        ["step 2/2", "reward=0.500"],
+        ["step 0 (1/2)", "reward=0.250"],  # numbered from 0 as in trajectories.jsonl and show
+        ["step 1 (2/2)", "reward=0.500"],
     ]
     assert bar.last_reward == 0.5
     assert "\r" not in capsys.readouterr().out

@@ -29,6 +29,7 @@ def test_rollout_metrics_of_one_step_against_a_hand_count():
         "rollout/trajectories_count": 4.0,
         "rollout/failures_count": 1.0,
         "rollout/failure_rate": 0.25,
+        "rollout/reward_error_fraction": 0.0,  # the failure ended the episode: not the reward's
         "rollout/invalid_tool_call_fraction": 0.0,  # no tool calls
         "rollout/groups_folded_count": 2.0,
         "rollout/groups_aborted_count": 0.0,
@@ -95,3 +96,30 @@ def test_the_invalid_tool_call_fraction_is_malformed_calls_over_all_calls_of_the
              record(2)]
     end_step(monitor, trainer, module, stats(trajs))
     assert module.logged["rollout/invalid_tool_call_fraction"] == 0.25  # 1 malformed of 4 calls
+
+
+def test_reward_errors_are_counted_per_step_and_the_first_step_above_the_threshold_warns_with_the_error():
+    monitor, trainer, module = RolloutMetrics(reward_error_warn_fraction=0.3), stub_trainer(), StubModule()
+    monitor.setup(trainer, module, "fit")
+    wrong_signature = "verdict raised RewardError: reward 'mine:score' raised TypeError: score() takes 1 positional argument"
+    trajs = [
+        record(0, reward=0.0, failure=wrong_signature),  # a verdict that raised: the episode itself finished
+        record(1, reward=0.0, finish="failure", failure=wrong_signature.replace("verdict", "step")),  # grading a turn
+        record(2, reward=0.0, finish="failure", failure="TimeoutError: step timed out"),  # the environment's
+        record(3, reward=1.0),
+    ]
+    end_step(monitor, trainer, module, stats(trajs[2:], step=0))  # no reward error: no warning
+    assert module.logged["rollout/reward_error_fraction"] == 0.0
+    with pytest.warns(UserWarning, match=r"Step 1: the reward of 50% .*TypeError: score\(\) takes 1"):
+        end_step(monitor, trainer, module, stats(trajs, step=1))
+    assert module.logged["rollout/reward_error_fraction"] == 0.5  # 2 of 4
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # warned once
+        end_step(monitor, trainer, module, stats(trajs, step=2))
+
+
+def test_the_reward_error_threshold_must_be_a_fraction():
+    with pytest.raises(ValueError, match="reward_error_warn_fraction"):
+        RolloutMetrics(reward_error_warn_fraction=1.5)

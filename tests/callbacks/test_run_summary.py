@@ -110,3 +110,17 @@ def test_an_interrupted_fit_still_writes_the_summary_of_the_steps_it_ran(tmp_pat
         trainer.fit(TinyPolicy())
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert (summary["steps"], summary["stopped_by"]) == (2, "RuntimeError")
+
+
+def test_the_summary_counts_reward_errors_over_every_trajectory_and_prints_them_only_when_there_are_some():
+    from thundersync_lightning.summary import format_summary
+
+    def agg(step, n, errors):
+        return StepAggregate(step, 0.0, n, n, 0, 2.0, 2.0, 1.0, 1, 1, reward_errors=errors)
+
+    summary = summarize([agg(0, 4, 4), agg(1, 12, 0)], "streaming", 1.0)
+    assert summary["reward_error_fraction"] == 4 / 16
+    assert "reward errors          25.0% of trajectories" in format_summary(summary)
+    clean = summarize([agg(0, 4, 0)], "streaming", 1.0)
+    assert clean["reward_error_fraction"] == 0.0 and "reward errors" not in format_summary(clean)
+    assert summarize([], "streaming", 0.0)["reward_error_fraction"] is None

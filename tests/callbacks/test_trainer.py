@@ -146,11 +146,20 @@ def test_a_w_and_b_offline_run_read_back_from_its_files_holds_every_step(tmp_pat
 def test_the_default_callbacks_are_the_bar_every_monitor_trajectories_summary_and_checks_and_survive_pickling():
     import pickle
 
-    from thundersync_lightning.callbacks import RunChecks, RunSummary, TrajectoryLogger, default_callbacks
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from thundersync_lightning.callbacks import (
+        InterruptCheckpoint,
+        RunChecks,
+        RunSummary,
+        TrajectoryLogger,
+        default_callbacks,
+    )
 
     everything = default_callbacks()
-    expected = [RolloutProgressBar, *[type(m) for m in callbacks()], TrajectoryLogger, RunSummary, RunChecks]
+    expected = [RolloutProgressBar, *[type(m) for m in callbacks()], TrajectoryLogger, RunSummary, RunChecks,
+                ModelCheckpoint, InterruptCheckpoint]  # fmt: skip
     assert [type(m) for m in everything] == expected
     assert [type(m) for m in pickle.loads(pickle.dumps(everything))] == expected
-    bare = default_callbacks(progress_bar=False, trajectories_per_step=0)
+    bare = default_callbacks(progress_bar=False, trajectories_per_step=0, checkpoint_every_n_steps=None)
     assert [type(m) for m in bare] == [type(m) for m in callbacks()] + [RunSummary, RunChecks]

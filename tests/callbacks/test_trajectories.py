@@ -78,3 +78,19 @@ def test_the_trajectory_log_round_trips_through_the_jsonl_file_and_show_prints_t
     out = capsys.readouterr().out
     assert out.count("--- step 1") == 2 and "--- step 0" not in out
     assert "[action 2] 5\n[observation 2] OK" in out
+
+
+def test_a_resumed_fit_replaces_the_lines_of_the_steps_it_reruns_so_each_step_is_logged_once(tmp_path):
+    # the first fit logged steps 0-3, then stopped; its checkpoint is at step 2, so steps 2 and 3 rerun
+    old = [{"step": s, "trajectory_id": f"s{s}-old"} for s in range(4)]
+    (tmp_path / "trajectories.jsonl").write_text("".join(json.dumps(e) + "\n" for e in old))
+    trainer = pl.Trainer(
+        strategy=StatsStrategy(lambda step, rank, world: stats([played(i, step + 2) for i in range(4)], step=step + 2)),
+        max_steps=2, logger=False, callbacks=[TrajectoryLogger(num_per_step=1, decode=GAME.decode)],
+        log_every_n_steps=1, enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
+        default_root_dir=tmp_path,
+    )  # fmt: skip
+    trainer.fit(TinyPolicy())
+    assert [(e["step"], e["trajectory_id"]) for e in read_trajectories(tmp_path)] == [
+        (0, "s0-old"), (1, "s1-old"), (2, "s2-g0-t0"), (3, "s3-g0-t0"),
+    ]  # fmt: skip

@@ -146,6 +146,11 @@ def test_a_null_field_or_a_failing_reward_fails_the_trajectory_with_its_reason(t
     tasks = DatasetTasks(str(path), fields={"answer": "answer"}, reward="test_raising_reward", val_fraction=0.0)
     _, r = run_episodes(tasks, [byte_action(tasks, "a")], tasks.rows[1])
     assert r.reward == 0.0 and "test_raising_reward" in r.failure and "grader crashed" in r.failure
+    assert "RewardError: " in r.failure  # what rollout/reward_error_fraction counts
+    multi = DatasetTasks(str(path), fields={"answer": "answer"}, reward="test_raising_reward", val_fraction=0.0,
+                         max_turns=2)  # grading the first turn raises inside the environment's step
+    t, r = run_episodes(multi, [byte_action(multi, "a")], multi.rows[1])
+    assert t.finish_reason == "failure" and "RewardError: " in t.failure and r.reward == 0.0
 
 
 def test_parquet_and_save_to_disk_directories_load_the_same_rows(tmp_path) -> None:  # noqa: ANN001
@@ -158,3 +163,53 @@ def test_parquet_and_save_to_disk_directories_load_the_same_rows(tmp_path) -> No
     b = DatasetTasks(str(tmp_path / "rows_dir"), fields={"prompt": "question", "answer": "solution"})
     assert [t.row for t in a.rows] == [t.row for t in b.rows] == [
         {"prompt": r["question"], "answer": r["solution"]} for r in ROWS]
+
+
+def test_a_reward_whose_signature_does_not_take_the_mapped_fields_is_refused_at_construction(jsonl) -> None:  # noqa: ANN001
+    @register_reward("test_two_argument_reward")
+    def two(prompt, completion):  # noqa: ANN001, ANN202 - takes no row fields
+        return 1.0
+
+    with pytest.raises(ConfigError) as err:
+        DatasetTasks(jsonl, fields={"prompt": "question", "answer": "solution"}, reward="test_two_argument_reward")
+    text = str(err.value)
+    assert "test_two_argument_reward'(prompt, completion)" in text and "answer=..." in text
+    assert "unexpected keyword argument 'answer'" in text and "**row" in text
+    # the same function is fine where no field beyond the prompt is mapped
+    assert DatasetTasks(jsonl, fields={"prompt": "question"}, reward="test_two_argument_reward").rows
+
+
+def test_an_unimportable_reward_says_which_part_failed_and_how_to_make_it_importable(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+    (tmp_path / "my_rewards.py").write_text("def score(prompt, completion, **row):\n    return 1.0\n")
+    with pytest.raises(ConfigError, match=r"module 'no_such_rewards' cannot be imported .*PYTHONPATH=\."):
+        resolve_reward({"function": "no_such_rewards:score"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"has no 'scor'; its callables: score"):
+        resolve_reward({"function": "my_rewards:scor"})
+    with pytest.raises(ConfigError, match=r"write it as 'module:callable'"):
+        resolve_reward({"function": "my_rewards.score"})
+    with pytest.raises(ConfigError, match=r"did you mean 'exact_match'"):
+        resolve_reward("exact_mach")
+    assert reward_of({"function": "my_rewards:score"}, "x") == 1.0
+
+
+def test_byte_level_text_needs_259_token_ids_and_a_smaller_policy_is_refused_naming_both(jsonl) -> None:  # noqa: ANN001
+    from thundersync_lightning.core.contract import check_vocabulary
+    from thundersync_lightning.envs.toy import toy_model_spec
+    from thundersync_lightning.modules import GRPOPolicy
+
+    tasks = DatasetTasks(jsonl, fields={"prompt": "question", "answer": "solution"})
+    assert tasks.vocab_size == 259
+    small = GRPOPolicy(config=dict(toy_model_spec().config))  # the toy's 16 ids
+    (problem,) = check_vocabulary(small, tasks)
+    assert "embeds 16 token ids" in problem and "vocab_size 259" in problem and "tokenizer_path" in problem
+    assert check_vocabulary(GRPOPolicy(config={**toy_model_spec().config, "vocab_size": 259}), tasks) == []
+
+
+def test_the_datasets_recipe_needs_no_extra_beyond_the_package() -> None:
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    dependencies = text.split("dependencies = [", 1)[1].split("\n]", 1)[0]  # [project] dependencies, not extras
+    assert re.search(r'^\s*"datasets>=', dependencies, re.M)

@@ -31,7 +31,7 @@ if __name__ == "__main__":
                            uid_base=3_990_000, uid_count=16)
     data = RolloutDataModule(tasks=tasks, engine=EmbeddedEngineConfig(num_threads=1, env_workers=2),
                              group_size=2, groups_per_step=2)
-    callbacks = default_callbacks(progress_bar=False)
+    callbacks = default_callbacks(progress_bar=False, checkpoint_every_n_steps=None)
     trainer = L.Trainer(strategy="thundersync", accelerator="cpu", devices=1, max_steps=1, log_every_n_steps=1,
                         logger=False, default_root_dir="run", enable_checkpointing=False,
                         enable_progress_bar=False, callbacks=callbacks)

@@ -197,3 +197,13 @@ def test_score_forward_tokens_changes_forwards_not_scores(forward_tokens):
     assert len(calls) == {0: 6, 64: 1, 10_000: 1}[forward_tokens]
     with pytest.raises(ConfigError, match="score_forward_tokens"):
         GRPOPolicy(config=TOY_MODEL, score_forward_tokens=-1)
+
+
+def test_a_missing_or_wrong_pretrained_path_is_one_config_error_saying_what_is_there(tmp_path):
+    with pytest.raises(ConfigError, match=r"pretrained_path 'models/none \(from .*\)' does not exist"):
+        GRPOPolicy(pretrained_path="models/none")
+    (tmp_path / "weights.bin").write_bytes(b"")
+    with pytest.raises(ConfigError, match="is a file"):
+        GRPOPolicy(pretrained_path=str(tmp_path / "weights.bin"))
+    with pytest.raises(ConfigError, match="has no config.json"):
+        GRPOPolicy(pretrained_path=str(tmp_path))

@@ -242,3 +242,24 @@ def test_extra_buffers_per_open_group_are_planned_in_streaming_only():
     assert plan.row("group sums").device == (2 + 3) * 2 * 4 * P  # dynamic sampling's R sum + flagged sums
     assert "5 x 2 open groups" in plan.table()
     assert plan_memory(inputs(mode="sync", group_extra_buffers=3)).row("group sums").total == 0
+
+
+def test_a_bucketed_vllm_publish_adds_its_buckets_and_a_tensor_larger_than_a_bucket_counts_whole():
+    # ARCH: the largest tensor is the 128 x 64 MLP matrix (I > V), 4 bytes a weight: 32768 B
+    rows = {r.name: r.device for r in plan_memory(inputs(weight_sync_buckets=2, weight_sync_bucket_bytes=1 << 20)).rows}
+    assert rows["weight sync"] == 2 * (1 << 20)  # ipc: the learner's bucket and the engine's copy
+    rows = {r.name: r.device for r in plan_memory(inputs(weight_sync_buckets=1, weight_sync_bucket_bytes=1024)).rows}
+    assert rows["weight sync"] == 128 * 64 * 4  # nccl: one bucket, as large as the largest tensor
+    assert "weight sync" not in {r.name for r in plan_memory(inputs()).rows}
+
+
+def test_the_fit_plan_counts_weight_sync_buckets_from_the_vllm_settings():
+    from thundersync_lightning.strategy.memory_check import weight_sync_buckets
+
+    assert weight_sync_buckets({"weight_sync": "ipc"}) == 2
+    assert weight_sync_buckets({"weight_sync": "nccl"}) == 1
+    assert weight_sync_buckets({"weight_sync": "file"}) == 0
+    assert weight_sync_buckets({"weight_sync": "auto", "multiprocessing": False}) == 0  # direct
+    assert weight_sync_buckets({"weight_sync": "auto", "multiprocessing": True, "tensor_parallel_size": 1}) == 2
+    assert weight_sync_buckets({"weight_sync": "auto", "multiprocessing": True, "tensor_parallel_size": 2}) == 1
+    assert weight_sync_buckets({}) == 0  # not a vLLM engine

@@ -310,3 +310,20 @@ def test_a_vllm_engine_with_worker_processes_runs_on_its_learner_ranks_gpu_unles
     assert [m.engine_kwargs["device_ids"] for m in pool.members()] == [[4], [5]]
     with pytest.raises(ConfigError, match="multiprocessing=False"):
         EnginePoolConfig(engine=VLLMEngineConfig(), num_engines=2)
+
+
+def test_auto_weight_sync_follows_where_the_engine_runs():
+    from thundersync_lightning.rollout.vllm_config import VLLMEngineConfig
+    from thundersync_lightning.rollout.vllm_placement import resolve_weight_sync
+
+    in_process = VLLMEngineConfig()
+    workers = VLLMEngineConfig(multiprocessing=True)
+    tp = VLLMEngineConfig(multiprocessing=True, tensor_parallel_size=2)
+    assert resolve_weight_sync(in_process, 0, [0], cuda=True) == "direct"
+    assert resolve_weight_sync(workers, None, [0], cuda=False) == "file"  # no CUDA: the file
+    assert resolve_weight_sync(workers, 3, [3], cuda=True) == "ipc"  # the learner's own GPU
+    assert resolve_weight_sync(workers, None, [0], cuda=True) == "ipc"  # CUDA not initialised yet: GPU 0
+    assert resolve_weight_sync(workers, 0, [1], cuda=True) == "nccl"  # another GPU
+    assert resolve_weight_sync(tp, 0, [0, 1], cuda=True) == "nccl"
+    explicit = VLLMEngineConfig(multiprocessing=True, weight_sync="file")
+    assert resolve_weight_sync(explicit, 0, [0], cuda=True) == "file"

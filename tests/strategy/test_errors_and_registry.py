@@ -84,6 +84,12 @@ def test_gradient_accumulation_is_rejected_because_one_step_is_one_rl_batch():
         trainer.fit(GRPOPolicy(config=TOY_MODEL), toy_data())
 
 
+def test_a_fit_of_zero_steps_is_refused_before_any_engine_or_logger_starts():
+    trainer = _trainer(max_steps=0)
+    with pytest.raises(ConfigError, match=r"max_steps=0: this fit would run no step"):
+        trainer.fit(GRPOPolicy(config=TOY_MODEL), toy_data())
+
+
 class _NoScores(LightningModule):
     def __init__(self) -> None:
         super().__init__()

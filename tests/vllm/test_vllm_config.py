@@ -23,8 +23,8 @@ def test_every_problem_of_a_config_is_reported_at_once():
 
 
 def test_an_unknown_weight_sync_is_refused_with_the_valid_choices():
-    with pytest.raises(ConfigError, match="'direct' or 'file'"):
-        VLLMEngineConfig(weight_sync="nccl")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="'auto', 'direct', 'file', 'ipc', 'nccl'"):
+        VLLMEngineConfig(weight_sync="shm")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("name", ["toy_vllm.yaml", "gpu_vllm_example.yaml"])

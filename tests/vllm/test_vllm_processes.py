@@ -87,3 +87,19 @@ def test_a_three_step_streaming_fit_with_the_vllm_engine_has_zero_staleness_ever
         assert r["publish_seconds"] is not None
     assert [r["policy_version"] for r in rows] == [0, 1, 2]
     assert summary["steps"] == 3 and summary["staleness_max"] == 0 and summary["trajectories"] == 48
+
+
+def test_bucketed_weight_sync_into_worker_processes_matches_transformers_and_a_failed_publish_blocks_generation():
+    proc = run([sys.executable, "-m", "tests.vllm.mp_stream_sync", "nccl", "ipc"], cwd=ROOT)
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
+    result = json.loads(line[len("RESULT ") :])
+
+    for transport in ("nccl", "ipc"):  # nccl: a gloo group on CPU; ipc: the shared-file stand-in
+        row = result[transport]
+        assert row["weight_sync"] == transport
+        assert row["error_v0"] <= 1e-4 and row["error_v1"] <= 1e-4
+        # the learner's own error (it cannot read the meta tensor), which the workers stopped on too
+        assert "failed half-way" in row["half_way"] and "meta" in row["half_way"]
+        assert "the workers stopped there too" in row["half_way"]
+        assert "refusing to generate" in row["refused_after_half_way"]
+        assert row["publish_seconds"] is not None

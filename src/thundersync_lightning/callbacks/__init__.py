@@ -5,10 +5,11 @@ gets by default (in Python ``callbacks=default_callbacks()``; the CLI configs li
 ``docs/metrics.md`` ("Enabling them").
 """
 
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from thundersync_lightning.callbacks.flops import PEAK_FLOPS_TABLE, PeakFlops, resolve_peak_flops
 from thundersync_lightning.callbacks.idle import IdleTimeMonitor, draw_timeline, read_timeline
+from thundersync_lightning.callbacks.interrupt import InterruptCheckpoint, last_checkpoint_path
 from thundersync_lightning.callbacks.loggers import (
     ThunderSyncWandbLogger,
     default_wandb_logger,
@@ -35,6 +36,8 @@ __all__ = [
     "RunChecks",
     "TrajectoryLogger",
     "ValidateAtStart",
+    "InterruptCheckpoint",
+    "last_checkpoint_path",
     "ThunderSyncWandbLogger",
     "default_wandb_logger",
     "default_callbacks",
@@ -48,18 +51,30 @@ __all__ = [
 ]
 
 
-def default_callbacks(progress_bar: bool = True, trajectories_per_step: int = 4) -> list[Callback]:
+def default_callbacks(
+    progress_bar: bool = True, trajectories_per_step: int = 4, checkpoint_every_n_steps: int | None = 50
+) -> list[Callback]:
     """What every run should have, as the CLI's configs give it: the rollout progress bar, one of
     each monitor, decoded trajectories (``DIR/trajectories.jsonl``), ``DIR/summary.json`` with the
-    reward curve, and the run checks (W&B resume, warnings).
+    reward curve, the run checks (W&B resume, warnings) and checkpoints: ``DIR/checkpoints/last.ckpt``
+    every ``checkpoint_every_n_steps`` steps, on Ctrl-C or an exception, and at the end of the fit
+    (:class:`InterruptCheckpoint`).
 
     Args:
         progress_bar: include :class:`RolloutProgressBar`; pass False with
             ``Trainer(enable_progress_bar=False)`` (Lightning refuses a progress bar callback then).
         trajectories_per_step: trajectories :class:`TrajectoryLogger` decodes per step (0: none).
+        checkpoint_every_n_steps: steps between periodic checkpoints; ``None``: no checkpoint
+            callbacks at all (for ``Trainer(enable_checkpointing=False)``, which refuses them).
     """
     callbacks: list[Callback] = [RolloutProgressBar()] if progress_bar else []
     callbacks += [StalenessMonitor(), MFUMonitor(), MemoryMonitor(), IdleTimeMonitor(), RolloutMetrics()]
     if trajectories_per_step > 0:
         callbacks.append(TrajectoryLogger(num_per_step=trajectories_per_step))
-    return [*callbacks, RunSummary(), RunChecks()]
+    callbacks += [RunSummary(), RunChecks()]
+    if checkpoint_every_n_steps is not None:
+        callbacks += [
+            ModelCheckpoint(save_last=True, every_n_train_steps=checkpoint_every_n_steps),
+            InterruptCheckpoint(),
+        ]
+    return callbacks

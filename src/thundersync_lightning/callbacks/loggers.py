@@ -113,6 +113,8 @@ class ThunderSyncWandbLogger(WandbLogger):
         save_dir = save_dir or "."  # the CLI fills an unset save_dir with the run's default_root_dir
         os.makedirs(save_dir, exist_ok=True)
         super().__init__(name=name, save_dir=save_dir, project=project, log_model=log_model, **kwargs)
+        if self._wandb_init.get("anonymous") is None:  # wandb warns about the key itself, even when None
+            self._wandb_init.pop("anonymous", None)
 
 
 def default_wandb_logger(save_dir: str = ".", **kwargs: Any) -> ThunderSyncWandbLogger:

@@ -10,7 +10,10 @@ with the mean reward of the last finished step::
 (``sys.stdout`` is not a tty: a log file, CI, a notebook's captured output) the bar prints one line
 per step instead of ``\\r`` updates::
 
-    step 3/300  reward=0.438  loss=-0.0123  trajectories=128  idle=0.8s (21%)  staleness=0  step=1.21s
+    step 2 (3/300)  reward=0.438  loss=-0.0123  trajectories=128  idle=0.8s (21%)  staleness=0  step=1.21s
+
+The step is numbered from 0, as everywhere else (``trainer.global_step`` before the step,
+``trajectories.jsonl``, ``show``, W&B's x axis); in brackets, how many of ``max_steps`` are done.
 
 The reward shown is the mean over this rank's trajectories (rank 0's share of the groups when
 several devices train; ``rollout/reward_mean`` of :class:`RolloutMetrics` covers all ranks).
@@ -57,11 +60,11 @@ def progress_items(progress: RolloutProgress) -> dict[str, str | int]:
 
 
 def step_line(stats: StepStats, max_steps: int | None = None) -> str:
-    """The one line printed per step without a terminal."""
+    """The one line printed per step without a terminal: ``step K (K+1/max_steps)``, K from 0."""
     reward = mean_reward(stats)
-    total = f"/{max_steps}" if max_steps is not None and max_steps > 0 else ""
+    done = f" ({stats.step + 1}/{max_steps})" if max_steps is not None and max_steps > 0 else ""
     return (
-        f"step {stats.step + 1}{total}  reward={'n/a' if reward is None else format(reward, '.3f')}  "
+        f"step {stats.step}{done}  reward={'n/a' if reward is None else format(reward, '.3f')}  "
         f"loss={stats.loss:.4g}  trajectories={len(stats.trajectories)}  "
         f"idle={stats.idle_seconds:.1f}s ({stats.idle_fraction:.0%})  staleness={stats.staleness_max}  "
         f"step={stats.wall_seconds:.2f}s"
@@ -106,6 +109,18 @@ class RolloutProgressBar(TQDMProgressBar):
         if self.line_mode:  # a bar that draws nothing; lines are printed at each step's end
             return Tqdm(disable=True, file=sys.stdout)
         return super().init_train_tqdm()
+
+    @override
+    def init_sanity_tqdm(self) -> Tqdm:
+        if self.line_mode:  # in a log, a redrawn bar is a line of control characters
+            return Tqdm(disable=True, file=sys.stdout)
+        return super().init_sanity_tqdm()
+
+    @override
+    def init_validation_tqdm(self) -> Tqdm:
+        if self.line_mode:
+            return Tqdm(disable=True, file=sys.stdout)
+        return super().init_validation_tqdm()
 
     def on_rollout_progress(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, progress: RolloutProgress

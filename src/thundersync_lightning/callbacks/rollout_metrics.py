@@ -14,6 +14,9 @@ mean of the 4, not the mean of two rank means.
 ``rollout/trajectories_count``           trajectories in the step
 ``rollout/failures_count``               trajectories with a failure (engine, environment, verdict)
 ``rollout/failure_rate``                 failures / trajectories
+``rollout/reward_error_fraction``        trajectories whose reward could not be computed (the verdict or
+                                         a reward function raised, timed out or returned no finite
+                                         number: reward 0) / trajectories
 ``rollout/invalid_tool_call_fraction``   malformed tool calls / tool calls (0 when none was made)
 ``rollout/finish_{reason}_count``        trajectories by finish reason (submit, turn_limit, length,
                                          failure)
@@ -30,7 +33,10 @@ mean of the 4, not the mean of two rank means.
 =======================================  ==========================================================
 
 When every group of ``zero_advantage_warn_steps`` consecutive steps had equal rewards (e.g. a
-random model that never passes a test), a warning says that the run is not learning and why.
+random model that never passes a test), a warning says that the run is not learning and why. The
+first step whose ``rollout/reward_error_fraction`` exceeds ``reward_error_warn_fraction`` warns
+with the first error's message (a reward function with the wrong signature fails every trajectory
+with reward 0, which looks like a task that is too hard).
 """
 
 from __future__ import annotations
@@ -59,12 +65,25 @@ class RolloutMetrics(StepStatsCallback):
         pass_threshold: a trajectory passes when its reward is >= this.
         zero_advantage_warn_steps: warn after this many consecutive steps in which every group had
             equal rewards (0: never).
+        reward_error_warn_fraction: warn (once) at the first step in which more than this
+            share of the trajectories had a reward error (1.0: never).
     """
 
-    def __init__(self, pass_threshold: float = 1.0, zero_advantage_warn_steps: int = 20) -> None:
+    def __init__(
+        self,
+        pass_threshold: float = 1.0,
+        zero_advantage_warn_steps: int = 20,
+        reward_error_warn_fraction: float = 0.1,
+    ) -> None:
+        if not 0.0 <= reward_error_warn_fraction <= 1.0:
+            raise ValueError(
+                f"reward_error_warn_fraction must be in [0, 1], got {reward_error_warn_fraction}"
+            )
         self.pass_threshold = pass_threshold
         self.zero_advantage_warn_steps = zero_advantage_warn_steps
+        self.reward_error_warn_fraction = reward_error_warn_fraction
         self._zero_streak = 0
+        self._reward_error_warned = False
         super().__init__()
 
     @property
@@ -82,6 +101,7 @@ class RolloutMetrics(StepStatsCallback):
             *(f"rollout/finish_{r}_count" for r in FINISH_REASONS),
             "rollout/reward_std",
             "rollout/failure_rate",
+            "rollout/reward_error_fraction",
             "rollout/invalid_tool_call_fraction",
             "train/loss",
             "train/zero_advantage_group_fraction",
@@ -100,6 +120,7 @@ class RolloutMetrics(StepStatsCallback):
             "rollout/turns_mean": Mean([float(t.num_turns) for t in trajs]),
             "rollout/trajectories_count": Sum(float(len(trajs))),
             "rollout/failures_count": Sum(float(sum(t.failure is not None for t in trajs))),
+            "reward_errors": Sum(float(sum(t.reward_error for t in trajs))),
             "rollout/groups_folded_count": Sum(float(stats.groups_folded)),
             "rollout/groups_aborted_count": Sum(float(stats.groups_aborted)),
             "rollout/groups_generated_count": Sum(float(stats.groups_generated)),
@@ -120,9 +141,12 @@ class RolloutMetrics(StepStatsCallback):
         """NaN where no trajectory had a reward; ``train/loss`` is already global."""
         out = super().derive(reduced, stats)
         mean, sq = reduced["rollout/reward_mean"], reduced["reward_sq_mean"]
-        out["rollout/reward_std"] = math.sqrt(max(sq - mean * mean, 0.0)) if not math.isnan(mean) else math.nan
+        out["rollout/reward_std"] = (
+            math.sqrt(max(sq - mean * mean, 0.0)) if not math.isnan(mean) else math.nan
+        )
         n = reduced["rollout/trajectories_count"]
         out["rollout/failure_rate"] = reduced["rollout/failures_count"] / n if n > 0 else 0.0
+        out["rollout/reward_error_fraction"] = reduced["reward_errors"] / n if n > 0 else 0.0
         groups = reduced["rewarded_groups"]
         zero = reduced["zero_advantage_groups"]
         out["train/zero_advantage_group_fraction"] = zero / groups if groups > 0 else math.nan
@@ -136,6 +160,22 @@ class RolloutMetrics(StepStatsCallback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, stats: StepStats, metrics: dict[str, float]
     ) -> None:
         self._check_zero_advantage(metrics["train/zero_advantage_group_fraction"])
+        self._check_reward_errors(metrics["rollout/reward_error_fraction"], stats)
+
+    def _check_reward_errors(self, fraction: float, stats: StepStats) -> None:
+        if self._reward_error_warned or fraction <= self.reward_error_warn_fraction:
+            return
+        self._reward_error_warned = True
+        first = next((t for t in stats.trajectories if t.reward_error), None)
+        example = (
+            f" The first on this rank ({first.trajectory_id}): {first.failure}" if first is not None else ""
+        )
+        rank_zero_warn(
+            f"Step {stats.step}: the reward of {fraction:.0%} of the trajectories could not be computed "
+            f"(rollout/reward_error_fraction > {self.reward_error_warn_fraction:g}); they count as reward 0."
+            f"{example}. Fix the reward function or the environment's verdict; trajectories.jsonl has every "
+            "failure (python -m thundersync_lightning.show DIR)."
+        )
 
     def _check_zero_advantage(self, fraction: float) -> None:
         self._zero_streak = self._zero_streak + 1 if fraction == 1.0 else 0

@@ -10,24 +10,31 @@ when a config does not list it). It
 - records the W&B run id in every checkpoint (``checkpoint["thundersync_lightning"]``), so that
   ``ThunderSyncWandbLogger(resume_from_checkpoint=...)`` continues the same run, and warns when a
   resumed fit logs to another run;
-- warns when a resumed fit would run no step (``max_steps`` at or below the checkpoint's step).
+- warns when a resumed fit would run no step (``max_steps`` at or below the checkpoint's step);
+- records the run's mode, objective and directory in every checkpoint and refuses a resume whose
+  configuration differs (a sync run resumed in streaming mode, in another directory, is another
+  run that would silently continue this one's W&B run and summary). The error names each
+  difference and the overrides that resume the same run; ``resume_changes="warn"`` resumes anyway
+  (a new run that starts from the checkpoint's weights and state).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.loggers import WandbLogger
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from ..core.errors import ConfigError
 from .loggers import CHECKPOINT_KEY
 
-__all__ = ["RunChecks", "hidden_steps_warning"]
+__all__ = ["RunChecks", "hidden_steps_warning", "run_identity", "resume_differences"]
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +58,57 @@ def _wandb_run_id(trainer: pl.Trainer) -> str | None:
     return None
 
 
+def run_identity(trainer: pl.Trainer) -> dict[str, Any]:
+    """What makes a resumed fit the same run: the strategy's mode, the module's objective, the run directory."""
+    objective = getattr(trainer.lightning_module, "objective", None)
+    return {
+        "mode": getattr(trainer.strategy, "mode", None),
+        "objective": objective.to_dict() if callable(getattr(objective, "to_dict", None)) else None,
+        "root_dir": os.path.realpath(trainer.default_root_dir),
+    }
+
+
+def resume_differences(recorded: dict[str, Any], current: dict[str, Any], ckpt_path: str | None) -> list[str]:
+    """Each way the current configuration differs from the checkpoint's run, with the override that
+    matches it. A checkpoint read from inside the current run directory is that run (moved or renamed)."""
+    out = []
+    if recorded.get("mode") and current["mode"] and recorded["mode"] != current["mode"]:
+        out.append(
+            f"mode: the checkpoint's run trained in {recorded['mode']!r} mode, this configuration says "
+            f"{current['mode']!r} (--trainer.strategy.init_args.mode={recorded['mode']})"
+        )
+    if recorded.get("objective") and current["objective"] and recorded["objective"] != current["objective"]:
+        changed = sorted(
+            k for k in set(recorded["objective"]) | set(current["objective"])
+            if recorded["objective"].get(k) != current["objective"].get(k)
+        )  # fmt: skip
+        out.append(
+            "objective: " + ", ".join(
+                f"{k} {recorded['objective'].get(k)!r} in the checkpoint, {current['objective'].get(k)!r} here"
+                for k in changed
+            ) + " (--model.objective as in the first fit)"
+        )  # fmt: skip
+    inside = ckpt_path is not None and os.path.realpath(ckpt_path).startswith(current["root_dir"] + os.sep)
+    if recorded.get("root_dir") and recorded["root_dir"] != current["root_dir"] and not inside:
+        out.append(
+            f"run directory: the checkpoint's run writes to {recorded['root_dir']}, this one to {current['root_dir']} "
+            f"(--trainer.default_root_dir={recorded['root_dir']})"
+        )
+    return out
+
+
 class RunChecks(Callback):
-    """See the module docstring. Stateless: what it keeps goes into the checkpoint dict itself."""
+    """See the module docstring. Stateless: what it keeps goes into the checkpoint dict itself.
+
+    Args:
+        resume_changes: ``"error"`` refuses to resume a checkpoint into another mode, objective or run
+            directory; ``"warn"`` says so and resumes.
+    """
+
+    def __init__(self, resume_changes: Literal["error", "warn"] = "error") -> None:
+        if resume_changes not in ("error", "warn"):
+            raise ConfigError(f"RunChecks(resume_changes={resume_changes!r}): use 'error' or 'warn'")
+        self.resume_changes = resume_changes
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -72,6 +128,7 @@ class RunChecks(Callback):
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
         entry = checkpoint.setdefault(CHECKPOINT_KEY, {})
+        entry["run"] = run_identity(trainer)
         run_id = _wandb_run_id(trainer)
         if run_id is not None:
             entry["wandb_run_id"] = run_id
@@ -80,6 +137,9 @@ class RunChecks(Callback):
     def on_load_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
+        recorded_run = checkpoint.get(CHECKPOINT_KEY, {}).get("run")
+        if recorded_run and trainer.state.fn == TrainerFn.FITTING:  # validating any checkpoint is fine
+            self._check_same_run(trainer, recorded_run)
         step = checkpoint.get("global_step")
         if isinstance(step, int) and trainer.max_steps is not None and 0 <= trainer.max_steps <= step:
             rank_zero_warn(
@@ -95,3 +155,19 @@ class RunChecks(Callback):
                 "To continue the same run pass ThunderSyncWandbLogger(resume_from_checkpoint=<the checkpoint>) "
                 "(the CLI does this for --ckpt_path) or WandbLogger(id=...)."
             )
+
+    def _check_same_run(self, trainer: pl.Trainer, recorded: dict[str, Any]) -> None:
+        ckpt_path = trainer.ckpt_path
+        differences = resume_differences(recorded, run_identity(trainer), str(ckpt_path) if ckpt_path else None)
+        if not differences:
+            return
+        text = (
+            f"Resuming {ckpt_path} into a different configuration:\n  - " + "\n  - ".join(differences) + "\n"
+            "Give the first fit's values (the overrides in brackets) to continue that run."
+        )
+        if self.resume_changes == "error":
+            raise ConfigError(
+                text + " To start a new run from this checkpoint anyway: RunChecks(resume_changes='warn') "
+                "(in a config: a RunChecks callback with init_args: {resume_changes: warn})."
+            )
+        rank_zero_warn(text + " Resuming anyway (resume_changes='warn').")

@@ -39,6 +39,7 @@ _REDUCTIONS: dict[str, type[Sum] | type[Max]] = {
     "busy_sum": Sum,
     "groups": Sum,
     "zero_advantage_groups": Sum,
+    "reward_errors": Sum,
 }
 
 
@@ -71,6 +72,7 @@ class RunSummary(StepStatsCallback):
         self._wall_before = 0.0  # seconds of the fits before a resume
         self._start = time.monotonic()
         self._steps_before = 0
+        self._training = False  # on_train_start seen: an exception before it (set-up) writes nothing
         super().__init__()
         self.val_pass_at_1: list[float] = []  # val/pass_at_1 of every validation run during fit
 
@@ -79,6 +81,7 @@ class RunSummary(StepStatsCallback):
         if stage == "fit":  # a checkpoint, if any, is loaded after this (load_state_dict)
             self.steps, self._wall_before, self._steps_before = [], 0.0, 0
             self.val_pass_at_1 = []
+            self._training = False
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -89,6 +92,10 @@ class RunSummary(StepStatsCallback):
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._start = time.monotonic()
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._training = True
 
     @override
     def measure(self, stats: StepStats) -> dict[str, Reduction]:
@@ -144,8 +151,10 @@ class RunSummary(StepStatsCallback):
     def on_exception(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
     ) -> None:
-        # an interrupted run (Ctrl-C, a failure) still leaves the summary of the steps it ran
-        self.write(trainer, stopped_by=type(exception).__name__)
+        # an interrupted run (Ctrl-C, a failure) still leaves the summary of the steps it ran; an error
+        # at set-up (a ConfigError) ran none and leaves an earlier summary alone
+        if self._training:
+            self.write(trainer, stopped_by=type(exception).__name__)
 
     @rank_zero_only
     def write(self, trainer: pl.Trainer, stopped_by: str | None = None) -> Path:

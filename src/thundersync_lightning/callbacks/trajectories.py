@@ -5,7 +5,8 @@ group first, so several tasks show), decodes the prompt and every action and obs
 task source's decoder, and
 
 - appends one JSON line per trajectory to ``DIR/trajectories.jsonl`` (``DIR`` =
-  ``trainer.default_root_dir``; a fit starting at step 0 replaces the file, a resumed one appends);
+  ``trainer.default_root_dir``; a fit starting at step 0 replaces the file, a resumed one drops
+  the lines of the steps it reruns (those after its checkpoint) and appends: every step once);
 - logs them as a W&B table ``rollout/trajectories`` when a logger is a ``WandbLogger``.
 
 ``python -m thundersync_lightning.show DIR`` prints the last ones.
@@ -179,6 +180,8 @@ class TrajectoryLogger(StepStatsCallback):
         if not trainer.is_global_zero or stats.step % self.every_n_steps:
             return
         entries = self.entries(stats)
+        if self._fresh and stats.step > 0:
+            self._drop_from(stats.step)  # a resume reruns the steps after its checkpoint
         self._append(entries, replace=self._fresh and stats.step == 0)
         self._fresh = False
         if self.wandb_table:
@@ -197,6 +200,14 @@ class TrajectoryLogger(StepStatsCallback):
             decode_trajectory(r, decode, stats.step)
             for r in pick_trajectories(stats.trajectories, self.num_per_step)
         ]
+
+    def _drop_from(self, step: int) -> None:
+        """Keep only the lines of steps before ``step`` (written by the fits this one resumes)."""
+        assert self._path is not None
+        if not self._path.is_file():
+            return
+        kept = [e for e in read_trajectories(self._path) if int(e.get("step", -1)) < step]
+        self._path.write_text("".join(json.dumps(e) + "\n" for e in kept), encoding="utf-8")
 
     def _append(self, entries: list[dict[str, Any]], replace: bool) -> None:
         assert self._path is not None

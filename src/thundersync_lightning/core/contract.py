@@ -14,6 +14,7 @@ parameters), ``"attribute"`` (present) or a type (an instance of it, ``None`` al
 from __future__ import annotations
 
 import inspect
+import os
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,6 +32,10 @@ __all__ = [
     "check_tasks",
     "check_environment",
     "check_contract",
+    "check_vocabulary",
+    "policy_vocabulary",
+    "task_vocabulary",
+    "pretrained_path_problem",
     "raise_contract_problems",
 ]
 
@@ -194,7 +199,66 @@ def check_contract(module: Any, datamodule: Any = None, mode: str | None = None)
     tasks = getattr(datamodule, "tasks", None)
     if tasks is not None:
         problems += check_tasks(tasks)
+        if not problems:  # before any engine or logger starts
+            problems += check_vocabulary(module, tasks)
     return problems
+
+
+def policy_vocabulary(module: Any) -> int | None:
+    """Token ids the policy can embed: its ``vocab_size`` (the input embedding's rows), else its
+    ``model_spec.config["vocab_size"]`` for a model built from a config; ``None``: unknown."""
+    size = getattr(module, "vocab_size", None)
+    if isinstance(size, int) and not isinstance(size, bool):
+        return size
+    spec = getattr(module, "model_spec", None)
+    if isinstance(spec, ModelSpec) and spec.pretrained_path is None:
+        size = (spec.config or {}).get("vocab_size")
+        return int(size) if isinstance(size, int) else None
+    return None
+
+
+def task_vocabulary(tasks: Any) -> tuple[int, str] | None:
+    """Token ids a task source's prompts, observations and stop token use (``vocab_size``, or its
+    ``codec.vocab_size``) and where that number comes from; ``None``: the source does not say."""
+    for owner, where in ((tasks, type(tasks).__name__), (getattr(tasks, "codec", None), "its codec")):
+        size = getattr(owner, "vocab_size", None) if owner is not None else None
+        if isinstance(size, int) and not isinstance(size, bool):
+            return size, f"{where} ({type(owner).__name__}.vocab_size)" if owner is not tasks else where
+    return None
+
+
+def check_vocabulary(module: Any, tasks: Any) -> list[str]:
+    """The task source's token ids must fit the policy's embedding: an id past it fails inside the
+    engine's generation (an index error in the embedding) long after set-up."""
+    policy, source = policy_vocabulary(module), task_vocabulary(tasks)
+    if policy is None or source is None or source[0] <= policy:
+        return []
+    needed, where = source
+    return [
+        f"the policy embeds {policy} token ids (vocab_size {policy}) but {type(tasks).__name__} uses ids up to "
+        f"{needed - 1} (vocab_size {needed}, from {where}): set the model's vocab_size to at least {needed} "
+        "(model.config.vocab_size in a config), or give the task source the model's own tokenizer "
+        "(tokenizer_path)"
+    ]
+
+
+def pretrained_path_problem(path: str | None) -> str | None:
+    """Why ``path`` is not a local Hugging Face model directory (``None``: it is one, or no path)."""
+    if path is None:
+        return None
+    where = path if os.path.isabs(path) else f"{path} (from {os.getcwd()})"
+    if not os.path.exists(path):
+        return (
+            f"pretrained_path {where!r} does not exist: give a local model directory (config.json and weights, "
+            "e.g. written by save_pretrained or huggingface-cli download --local-dir); nothing is downloaded"
+        )
+    if not os.path.isdir(path):
+        return (
+            f"pretrained_path {where!r} is a file: give the model's directory (the one holding config.json)"
+        )
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        return f"pretrained_path {where!r} has no config.json: give the model's directory, not a parent or a subfolder"
+    return None
 
 
 def raise_contract_problems(problems: Sequence[str], where: str) -> None:

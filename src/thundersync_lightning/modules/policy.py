@@ -33,6 +33,7 @@ from typing_extensions import override
 
 from ..core.backward import ForwardWatch
 from ..core.batches import RolloutBatch
+from ..core.contract import pretrained_path_problem
 from ..core.errors import ConfigError
 from ..core.evaluation import VALIDATION_METRICS, ValidationBatch, ValidationOutcome, collect_validation
 from ..core.objective import BatchTotals, Objective
@@ -135,6 +136,9 @@ class GRPOPolicy(LightningModule):
             problems.append(f"score_forward_tokens must be >= 0, got {score_forward_tokens}")
         if temperature <= 0:
             problems.append(f"temperature must be > 0, got {temperature}")
+        missing = pretrained_path_problem(pretrained_path)
+        if missing is not None:
+            problems.append(missing)
         if problems:
             raise ConfigError("GRPOPolicy: " + "; ".join(problems))
         self._objective = Objective.of(objective)
@@ -188,6 +192,11 @@ class GRPOPolicy(LightningModule):
     def render_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False) -> Tensor:
         """Token ids of a conversation under the model's chat template, shape (T,)."""
         return torch.tensor(self.chat_renderer.render(messages, add_generation_prompt), dtype=torch.long)
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the policy embeds (rows of the input embedding)."""
+        return int(self.model.get_input_embeddings().num_embeddings)
 
     @property
     def model_spec(self) -> ModelSpec:

@@ -18,10 +18,14 @@ from .sizes import format_bytes
 if TYPE_CHECKING:  # annotations only: the planner calls this module, not the other way round
     from .memory_plan import MemoryPlan, PlanInputs
 
-__all__ = ["Verdict", "suggestions"]
+__all__ = ["Verdict", "suggestions", "HOST_UNCHECKED"]
 
 #: The LoRA rank a plan suggests (LoraSettings' default).
 _LORA_RANK = 8
+
+
+#: A host capacity that stands for "not checked" (planning for a machine whose RAM was not given).
+HOST_UNCHECKED = 1 << 62
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,8 @@ class Verdict:
 
     def message(self) -> str:
         host = f"host: needs {format_bytes(self.host_needed)} of {format_bytes(self.host_available)}"
+        if self.host_available >= HOST_UNCHECKED:
+            host = f"host: needs {format_bytes(self.host_needed)} (not checked)"
         if self.device_available or self.device_needed:
             host = f"device: needs {format_bytes(self.device_needed)} of {format_bytes(self.device_available)}; {host}"
         lines = [host]

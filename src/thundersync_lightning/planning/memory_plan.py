@@ -22,6 +22,10 @@ O the open groups and H the held (reward-pending) trajectories of a rank at once
     backward         D P_t e                   (autograd results before they are added: D = 1, or
                                                the destinations of one split-backward call)
     collective       P_t e                     (N > 1: the flat all-reduce / reduce-scatter buffer)
+    weight sync      k max(B, W_max)           (vLLM ``weight_sync`` ipc/nccl: bucket size B, largest
+                                               tensor W_max = max(V, I) h e; k = 2 for ipc, the
+                                               learner's bucket and the engine's copy on the same
+                                               device; k = 1 for nccl, the learner's bucket)
     activations      n T (L b_layer + b_logits) (the largest scored micro-batch, see below)
 
 Group sums and held gradients live where ``offload`` puts them (device, pinned or pageable
@@ -123,6 +127,8 @@ class PlanInputs:
             ``gpu_memory_utilization``); engine_device_bytes: bytes it reserves instead.
         accumulator_bytes: a (4, or 8 for float64 weights).
         device_overhead_bytes: the CUDA context and allocator slack (a fixed estimate).
+        weight_sync_buckets, weight_sync_bucket_bytes: buckets of a bucketed vLLM publish that
+            sit on this device at once (k of the docstring; 0: no bucketed transport) and B.
         call_destinations: the most destinations one learner call's backward delivers at once
             (0: one at a time, the plain backward; else its cap, e.g. the split backward's bytes
             cap): such a call holds one gradient per destination, at most one per trajectory of a
@@ -160,6 +166,8 @@ class PlanInputs:
     accumulator_bytes: int = 4
     device_overhead_bytes: int = 0
     call_destinations: int = 0
+    weight_sync_buckets: int = 0
+    weight_sync_bucket_bytes: int = 0
 
     def __post_init__(self) -> None:
         problems = []
@@ -300,6 +308,11 @@ class MemoryPlan:
         )
         m = i.model
         lines.append(
+            f"sized as: P = {m.total_params:,} parameters, P_t = {m.trainable_params:,} trainable, e = "
+            f"{m.param_bytes} bytes per weight, a = {i.accumulator_bytes} bytes per accumulated value "
+            "(docs/scaling.md)"
+        )
+        lines.append(
             f"model: {m.total_params / 1e9:.3g}B parameters, {m.trainable_params / 1e6:.4g}M trainable"
             f"{' (LoRA)' if m.lora else ''}, {m.param_bytes} bytes each; optimizer {i.optimizer}; "
             f"world size {i.world_size}, sharding {i.sharding}, offload {i.offload}, mode {i.mode}"
@@ -373,6 +386,11 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
     if n > 1:
         rows.append(at("collective", pt * e, "P_t e: the flat reduce-scatter input at the barrier" if fsdp
                        else "P_t e: the flat all-reduce at the barrier"))
+    if i.weight_sync_buckets:
+        largest = max(arch.vocab, arch.intermediate) * arch.hidden * e if (arch := m.architecture) else 0
+        bucket = max(i.weight_sync_bucket_bytes, largest)
+        rows.append(at("weight sync", i.weight_sync_buckets * bucket,
+                       f"{i.weight_sync_buckets} x max(bucket, largest tensor): a bucketed vLLM publish"))
     rows += _activation_rows(i)
     if i.device_overhead_bytes:
         rows.append(at("runtime", i.device_overhead_bytes, "CUDA context and allocator slack (fixed)"))

@@ -7,7 +7,7 @@ YAML class path: ``thundersync_lightning.rollout.VLLMEngineConfig``. Importing i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ..core.errors import ConfigError
 from ..core.options import inapplicable, strict_options
@@ -18,7 +18,9 @@ from .teacher import TeacherConfig
 if TYPE_CHECKING:
     from .vllm_engine import VLLMEngine
 
-__all__ = ["VLLMEngineConfig"]
+__all__ = ["VLLMEngineConfig", "WeightSync"]
+
+WeightSync = Literal["auto", "direct", "file", "ipc", "nccl"]
 
 
 @strict_options
@@ -37,10 +39,18 @@ class VLLMEngineConfig:
         enforce_eager: no CUDA graphs / compilation (required on CPU; faster start everywhere).
         multiprocessing: run vLLM's engine core in its own process (GPU) or in this one (CPU: starts
             in ~12 s instead of ~33 s and allows ``weight_sync="direct"``).
-        weight_sync: "direct" hands the tensors to the in-process worker (needs
-            ``multiprocessing=False``); "file" writes a safetensors file to ``weights_dir`` that
-            every worker reads (worker processes, tensor parallelism).
+        weight_sync: how a publish reaches vLLM (:mod:`.weight_transport`). "direct" hands the
+            tensors to the in-process worker (needs ``multiprocessing=False``); "file" writes a
+            safetensors file to ``weights_dir`` that every worker reads (worker processes, tensor
+            parallelism, CPU or GPU); "ipc" shares bucketed buffers with the workers (CUDA IPC on
+            the learner's GPU; a ``/dev/shm`` file on CPU); "nccl" broadcasts buckets from the
+            learner into the workers through a process group of their own (NCCL on GPUs, gloo on
+            CPU). "auto": "direct" in-process; with worker processes "file" without CUDA, "ipc"
+            when the engine's one GPU is the learner's, "nccl" otherwise
+            (:func:`~.vllm_placement.resolve_weight_sync`).
         weights_dir: where "file" sync writes (``/dev/shm``: memory, not disk).
+        weight_sync_bucket_bytes: "ipc"/"nccl": bytes per bucket; a publish holds one bucket extra
+            on each side (a larger tensor: itself), never a second copy of the weights.
         tensor_parallel_size: vLLM tensor parallelism (GPU).
         dtype: generation dtype (None: the ModelSpec's dtype; keep them equal for exact logprobs).
         seed: vLLM's global seed (per-request seeds decide the samples).
@@ -66,8 +76,9 @@ class VLLMEngineConfig:
     enable_prefix_caching: bool = True
     enforce_eager: bool = True
     multiprocessing: bool = False
-    weight_sync: Literal["direct", "file"] = "direct"
+    weight_sync: WeightSync = "auto"
     weights_dir: str = "/dev/shm"
+    weight_sync_bucket_bytes: int = 256 * 1024 * 1024
     tensor_parallel_size: int = 1
     dtype: str | None = None
     seed: int = 0
@@ -95,8 +106,10 @@ class VLLMEngineConfig:
             problems.append(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_model_len is not None and self.max_model_len < 2:
             problems.append(f"max_model_len must be >= 2, got {self.max_model_len}")
-        if self.weight_sync not in ("direct", "file"):
-            problems.append(f"weight_sync must be 'direct' or 'file', got {self.weight_sync!r}")
+        if self.weight_sync not in get_args(WeightSync):
+            problems.append(f"weight_sync must be one of {get_args(WeightSync)}, got {self.weight_sync!r}")
+        if self.weight_sync_bucket_bytes < 1:
+            problems.append(f"weight_sync_bucket_bytes must be >= 1, got {self.weight_sync_bucket_bytes}")
         if self.weight_sync == "direct" and self.multiprocessing:
             problems.append(
                 "weight_sync='direct' needs multiprocessing=False; use weight_sync='file' with worker processes"
@@ -110,8 +123,14 @@ class VLLMEngineConfig:
             problems += inapplicable(
                 self, ("gpu_memory_utilization",), "while kv_cache_memory_bytes is set (set it to null)"
             )
-        if self.weight_sync == "direct":
-            problems += inapplicable(self, ("weights_dir",), "with weight_sync='direct' (no file is written)")
+        in_process_auto = self.weight_sync == "auto" and not self.multiprocessing
+        sync = f"weight_sync={self.weight_sync!r}" + (
+            " and multiprocessing=False (it resolves to 'direct')" if in_process_auto else ""
+        )
+        if self.weight_sync in ("direct", "ipc", "nccl") or in_process_auto:
+            problems += inapplicable(self, ("weights_dir",), f"with {sync} (no file is written)")
+        if self.weight_sync in ("direct", "file") or in_process_auto:
+            problems += inapplicable(self, ("weight_sync_bucket_bytes",), f"with {sync} (no buckets)")
         if problems:
             raise ConfigError("invalid VLLMEngineConfig: " + "; ".join(problems))
 

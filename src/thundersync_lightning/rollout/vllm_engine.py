@@ -29,6 +29,11 @@ publish then waits until every earlier request has finished generating (so a pub
 ``rollout(r1)`` applies to ``r2`` only), reloads in place through the worker extension
 (:mod:`.vllm_worker`), resets the prefix cache, and only then tags the new version. A reload that
 fails half-way marks the engine broken: ``rollout`` refuses until a complete publish succeeds.
+Transports (``weight_sync``, "auto" resolved by :func:`~.vllm_placement.resolve_weight_sync`):
+"direct" and "file" hand over the whole state dict; "ipc" and "nccl" stream it in buckets
+(:mod:`.weight_transport`): the workers receive on the step loop while the publishing thread
+sends, and a failure on either side fails the publish on both and drops the transfer group (the
+next publish forms a new one).
 
 Faults: with ``multiprocessing=False`` vLLM lives and dies with the learner process. With worker
 processes, a dead vLLM engine core fails the step loop: every waiting rollout raises
@@ -63,6 +68,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import Tensor
 
 from ..core.errors import EngineError
@@ -73,7 +79,13 @@ from .env_pool import EnvPool
 from .teacher import TeacherConfig, check_teacher
 from .vllm_loop import IN_PROCESS_LOCK, StepLoop, close_llm, open_llm, read_generation
 from .vllm_model import ModelLayout, check_weights, materialize_model
-from .vllm_placement import colocated_device_ids, learner_cuda_device, vllm_accepts_device_ids
+from .vllm_placement import (
+    colocated_device_ids,
+    learner_cuda_device,
+    resolve_weight_sync,
+    vllm_accepts_device_ids,
+)
+from .vllm_stream import StreamedPublish
 from .vllm_teacher import VLLMTeacher
 from .vllm_worker import WORKER_EXTENSION, save_weights_file
 
@@ -95,7 +107,7 @@ class VLLMEngine:
 
     Public state: ``version`` (-1 until the first publish), ``last_publish_seconds`` (write +
     reload + prefix-cache reset of the latest publish, excluding the wait for earlier requests),
-    ``publish_count``, ``max_model_len``.
+    ``publish_count``, ``max_model_len``, ``weight_sync`` (the transport, "auto" resolved).
     """
 
     def __init__(self, config: VLLMEngineConfig, model_spec: ModelSpec, tasks: TaskSource) -> None:
@@ -146,6 +158,11 @@ class VLLMEngine:
             annotate=self._teacher,
         )
         self._version = -1
+        self._streams = (  # "ipc"/"nccl": the bucketed transfer
+            StreamedPublish(self.weight_sync, config.tensor_parallel_size, config.event_timeout_s,  # type: ignore[arg-type]
+                            config.weight_sync_bucket_bytes, self._loop.call)
+            if self.weight_sync in ("ipc", "nccl") else None
+        )  # fmt: skip
         self._broken: str | None = None
         self._closed = False
         self._issue = threading.Lock()  # orders rollout issue against publish
@@ -178,7 +195,7 @@ class VLLMEngine:
         with self._issue:
             start = time.monotonic()
             path = None
-            if self.config.weight_sync == "file":
+            if self.weight_sync == "file":
                 path = self._weights_path()
                 save_weights_file(weights, path)
                 method, args = "thundersync_load_file", (path,)
@@ -195,7 +212,11 @@ class VLLMEngine:
             start = time.monotonic()
             self._broken = f"the publish of version {version} has not completed"
             try:
-                self._loop.call(lambda llm: _reload(llm, method, args))
+                if self._streams is not None:
+                    self._streams.publish(weights)
+                    self._loop.call(_reset_prefix_cache)
+                else:
+                    self._loop.call(lambda llm: _reload(llm, method, args))
             except BaseException as exc:
                 self._broken = (
                     f"the publish of version {version} failed half-way ({type(exc).__name__}: {exc}); "
@@ -246,6 +267,8 @@ class VLLMEngine:
         if self._closed:
             return
         self._closed = True
+        if self._streams is not None:
+            self._streams.close()
         if self._teacher is not None:
             self._teacher.close()
         self._loop.close()
@@ -337,6 +360,9 @@ class VLLMEngine:
         placed = colocated_device_ids(self.config, learner, vllm_accepts_device_ids())
         if placed is not None:
             kwargs["device_ids"] = placed
+        if not teacher:
+            devices = list(self.config.engine_kwargs.get("device_ids") or placed or [0])
+            self.weight_sync = resolve_weight_sync(self.config, learner, devices, torch.cuda.is_available())
         elif learner and self.config.multiprocessing and "device_ids" not in self.config.engine_kwargs:
             log.warning(
                 "this learner rank trains on cuda:%d but its vLLM workers take the first visible GPU (this vLLM "
@@ -374,7 +400,12 @@ class VLLMEngine:
         return os.path.join(base, f"thundersync-weights-{os.getpid()}-{id(self)}.safetensors")
 
 
-def _reload(llm: Any, method: str, args: tuple[Any, ...]) -> None:
-    llm.collective_rpc(method, args=args)
+def _reset_prefix_cache(llm: Any) -> None:
     if not llm.reset_prefix_cache():
         raise EngineError("vLLM refused to reset its prefix cache after a weight reload")
+
+
+def _reload(llm: Any, method: str, args: tuple[Any, ...]) -> None:
+    llm.collective_rpc(method, args=args)
+    _reset_prefix_cache(llm)
+

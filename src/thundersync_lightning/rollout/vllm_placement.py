@@ -1,4 +1,5 @@
-"""Where a vLLM engine's worker process runs when the config does not say: the learner rank's GPU."""
+"""Where a vLLM engine's worker process runs when the config does not say (the learner rank's GPU),
+and the weight transport that placement calls for (``weight_sync: auto``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["colocated_device_ids", "learner_cuda_device", "vllm_accepts_device_ids"]
+__all__ = ["colocated_device_ids", "learner_cuda_device", "resolve_weight_sync", "vllm_accepts_device_ids"]
 
 
 def colocated_device_ids(config: Any, learner_device: int | None, accepts: bool) -> list[int] | None:
@@ -37,3 +38,24 @@ def vllm_accepts_device_ids() -> bool:
     from vllm.engine.arg_utils import EngineArgs
 
     return "device_ids" in {f.name for f in fields(EngineArgs)}
+
+
+def resolve_weight_sync(config: Any, learner_device: int | None, engine_devices: list[int], cuda: bool) -> str:
+    """``config.weight_sync``, with ``"auto"`` resolved from where the engine runs.
+
+    In the learner's process (``multiprocessing=False``): "direct". Worker processes without CUDA
+    (``cuda`` False): "file". On CUDA: "ipc" when the engine has one GPU and it is the learner's
+    (``learner_device``, its ``torch.cuda.current_device()``; 0 before CUDA is initialised), so
+    the workers map the learner's buckets in place; "nccl" when the engine runs on another GPU or
+    on several (tensor parallelism). ``engine_devices``: the GPUs vLLM's workers take
+    (``device_ids``; vLLM's default is the first visible GPU, ``[0]``).
+    """
+    if config.weight_sync != "auto":
+        return str(config.weight_sync)
+    if not config.multiprocessing:
+        return "direct"
+    if not cuda:
+        return "file"
+    if config.tensor_parallel_size == 1 and list(engine_devices[:1]) == [learner_device or 0]:
+        return "ipc"
+    return "nccl"

@@ -10,8 +10,12 @@ the old weights).
 A third method, :meth:`WeightSyncExtension.thundersync_scale_logits`, tempers a teacher engine's
 logits (see :mod:`.vllm_teacher`).
 
-Two transports:
+Transports (``VLLMEngineConfig.weight_sync``):
 
+- :meth:`WeightSyncExtension.thundersync_join` then :meth:`WeightSyncExtension.thundersync_receive`
+  ("ipc", "nccl"): the worker joins the learner's transfer group once (rank 1 + its vLLM rank),
+  then each publish streams bucket by bucket from the learner straight into ``reload_weights``
+  (:mod:`.weight_transport`; only the layout and a buffer handle travel by RPC).
 - :meth:`WeightSyncExtension.thundersync_load_file`: a safetensors file (``/dev/shm`` by default)
   that every worker reads. Works with worker processes and tensor parallelism, CPU or GPU.
   ``collective_rpc`` pickles its arguments, and tensors would arrive as nested lists, so only the
@@ -26,14 +30,19 @@ Two transports:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import pickle
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any, TypeVar
 
 import torch
+
+from ..core.errors import EngineError
+from .weight_transport import JoinInfo, PublishInfo, WeightReceiver
 
 __all__ = ["WeightSyncExtension", "WORKER_EXTENSION", "save_weights_file"]
 
 WORKER_EXTENSION = f"{__name__}.WeightSyncExtension"
+T = TypeVar("T")
 
 
 class WeightSyncExtension:
@@ -52,6 +61,32 @@ class WeightSyncExtension:
         self._thundersync_reload(weights)
         return len(weights)
 
+    def thundersync_join(self, join: bytes) -> int:
+        """Join the learner's transfer group (blocks until every rank has); returns this worker's rank in it.
+
+        ``join`` is a pickled :class:`~.weight_transport.JoinInfo` (vLLM's RPC would turn a
+        dataclass into a dict). A later join (the learner formed a new group after a failed
+        publish) replaces the earlier one."""
+        worker: Any = self
+        rank = 1 + int(worker.rank)
+        self._thundersync_receiver = WeightReceiver(_unpickle(join, JoinInfo), rank)
+        return rank
+
+    def thundersync_receive(self, info: bytes) -> int:
+        """Reload every weight of one publish (a pickled :class:`~.weight_transport.PublishInfo`)
+        as its buckets arrive; returns the number of tensors.
+
+        Raises (after taking part in the remaining buckets) if the reload fails, and
+        :class:`~.weight_transport.TransferAborted` if the learner aborted the publish.
+        """
+        receiver: WeightReceiver | None = getattr(self, "_thundersync_receiver", None)
+        if receiver is None:
+            raise EngineError("thundersync_receive before thundersync_join: this worker has not joined the group")
+        counted = _Counting()
+        publish = _unpickle(info, PublishInfo)
+        receiver.receive_into(publish, lambda pairs: self._thundersync_reload(counted.wrap(pairs)))
+        return counted.count
+
     def thundersync_scale_logits(self, factor: float) -> int:
         """Multiply the model's final logits by ``factor`` (after any soft cap); returns how many
         ``LogitsProcessor`` layers were scaled (the caller requires exactly one).
@@ -67,10 +102,29 @@ class WeightSyncExtension:
             layer.scale = float(layer.scale) * factor
         return len(layers)
 
-    def _thundersync_reload(self, weights: Mapping[str, torch.Tensor]) -> None:
+    def _thundersync_reload(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
         worker: Any = self
+        pairs = weights.items() if isinstance(weights, Mapping) else weights
         with torch.no_grad():
-            worker.reload_weights(weights_iterator=iter(weights.items()))
+            worker.reload_weights(weights_iterator=iter(pairs))
+
+
+def _unpickle(data: bytes, kind: type[T]) -> T:
+    # from the learner's own process, through vLLM's RPC channel
+    value = pickle.loads(data)
+    if not isinstance(value, kind):
+        raise EngineError(f"expected a pickled {kind.__name__}, got {type(value).__name__}")
+    return value
+
+
+class _Counting:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def wrap(self, pairs: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for pair in pairs:
+            self.count += 1
+            yield pair
 
 
 def save_weights_file(weights: Mapping[str, torch.Tensor], path: str) -> int:

@@ -113,6 +113,7 @@ def plan_inputs(
             engine_bytes = int(kv) + model.total_params * model.param_bytes
     elif gpu and str(engine.get("device", "cpu")).startswith("cuda"):
         engine_bytes = model.total_params * model.param_bytes  # an embedded engine's copy of the policy
+    buckets = weight_sync_buckets(engine) if gpu else 0
     teacher = objective.needs_teacher and engine.get("teacher") is not None
     on_device = gpu and ("gpu_memory_utilization" in engine or str(engine.get("device", "cpu")).startswith("cuda"))
     return PlanInputs(
@@ -147,6 +148,8 @@ def plan_inputs(
         engine_device_bytes=engine_bytes,
         accumulator_bytes=8 if model.param_bytes == 8 else 4,
         device_overhead_bytes=GPU_RUNTIME_BYTES if gpu else 0,
+        weight_sync_buckets=buckets,
+        weight_sync_bucket_bytes=int(engine.get("weight_sync_bucket_bytes") or 0) if buckets else 0,
         call_destinations=planned_destinations(
             strategy.get("split_backward", "auto"),
             strategy.get("mode", "streaming"),
@@ -156,6 +159,17 @@ def plan_inputs(
             model.param_bytes,
         ),
     )
+
+
+def weight_sync_buckets(engine: Mapping[str, Any]) -> int:
+    """Buckets of a bucketed vLLM publish on the learner's GPU at once: 2 for "ipc" (the learner's
+    and the colocated engine's copy), 1 for "nccl", 0 otherwise. "auto" with worker processes on a
+    GPU is "ipc" here (the plan places vLLM on the learner's GPU, where ``resolve_weight_sync``
+    picks "ipc"), "nccl" with tensor parallelism."""
+    sync = engine.get("weight_sync")
+    if sync == "auto" and engine.get("multiprocessing"):
+        sync = "ipc" if engine.get("tensor_parallel_size", 1) == 1 else "nccl"
+    return {"ipc": 2, "nccl": 1}.get(str(sync), 0)
 
 
 def _settings(obj: Any, names: tuple[str, ...] | None = None) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from lightning.pytorch.plugins.precision import MixedPrecision
+from lightning.pytorch.trainer.states import TrainerFn
 
 from ..core.contract import check_contract
 from ..core.errors import ConfigError
@@ -29,6 +30,11 @@ def setup_problems(
     """Everything that makes this fit impossible or silently wrong (empty when it can run)."""
     module = trainer.lightning_module
     problems = []
+    if trainer.state.fn == TrainerFn.FITTING and trainer.max_steps == 0:
+        problems.append(
+            "max_steps=0: this fit would run no step (one Trainer step is one RL batch); give max_steps >= 1 "
+            "(--trainer.max_steps)"
+        )
     if trainer.accumulate_grad_batches != 1:
         problems.append(
             f"accumulate_grad_batches={trainer.accumulate_grad_batches}: with strategy='thundersync' one "

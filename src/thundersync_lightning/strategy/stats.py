@@ -40,6 +40,15 @@ class TrajectoryRecord:
     tool_calls: int = 0
     invalid_tool_calls: int = 0
 
+    @property
+    def reward_error(self) -> bool:
+        """The reward could not be computed: the verdict raised, timed out or was not a finite number
+        (a failure of an episode that itself finished), or a reward function raised while the
+        environment graded a turn (``RewardError``). The trajectory's reward is then 0."""
+        if self.failure is None:
+            return False
+        return self.finish_reason != "failure" or "RewardError: " in self.failure
+
 
 @dataclass(frozen=True, slots=True)
 class Interval:

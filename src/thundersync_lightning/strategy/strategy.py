@@ -59,6 +59,9 @@ __all__ = ["ThunderSyncStrategy", "Mode", "MemoryCheck"]
 log = logging.getLogger(__name__)
 
 Mode = Literal["streaming", "sync", "async"]
+
+#: The checkpoint entry holding async mode's rollout weights for an exact resume (issuing.py).
+ASYNC_RESUME_KEY = "thundersync_async_rollout"
 MemoryCheck = Literal["error", "warn", "off"]
 
 
@@ -257,6 +260,9 @@ class ThunderSyncStrategy(DDPStrategy):
     @override
     def setup(self, trainer: Any) -> None:
         self._validate(trainer)
+        # async with checkpoints: keep a CPU copy of each step's rollout weights (exact resume)
+        fitting = trainer.state.fn == TrainerFn.FITTING
+        self._issuer.keep_weights = self.mode == "async" and fitting and bool(trainer.checkpoint_callbacks)
         if trainer.state.fn != TrainerFn.FITTING and not dist.is_initialized():
             # validate/test/predict in one process: DDPStrategy.setup would sync module states through
             # a process group that setup_distributed (rightly) did not create. Nothing to sync.
@@ -457,6 +463,21 @@ class ThunderSyncStrategy(DDPStrategy):
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
         default = partial(super().load_optimizer_state_dict, checkpoint)
         self._layout.load_optimizer_states(self.lightning_module, self.optimizers, checkpoint["optimizer_states"], default)
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        # async: the weights that generate the next step's rollouts, for an exact resume (issuing.py)
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        state = self._issuer.resume_state(trainer.global_step) if trainer is not None else None
+        if state is not None:
+            checkpoint = {**checkpoint, ASYNC_RESUME_KEY: state}
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        checkpoint = super().load_checkpoint(checkpoint_path, *args, **kwargs)
+        self._issuer.load_resume_state(checkpoint.get(ASYNC_RESUME_KEY))
+        return checkpoint
 
     @override
     def teardown(self) -> None:

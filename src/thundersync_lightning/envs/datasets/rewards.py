@@ -23,18 +23,20 @@ failure (reward 0, ``RewardReady.failure`` says which function and why): see
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import numbers
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ...core.errors import ConfigError, ThunderSyncError
 
 __all__ = ["RewardFn", "RewardError", "register_reward", "get_reward", "resolve_reward", "call_reward",
+           "check_reward_signature",
            "reward_names", "exact_match", "regex_match", "math_answer", "unit_tests"]
 
 RewardFn = Callable[..., float]
@@ -65,8 +67,15 @@ def reward_names() -> list[str]:
 def get_reward(name: str) -> RewardFn:
     if name not in _REGISTRY:
         raise ConfigError(f"unknown reward {name!r}; registered: {', '.join(reward_names())}; or give "
-                          "{function: 'module:callable'}")
+                          "{function: 'module:callable'}" + _did_you_mean(name, reward_names()))
     return _REGISTRY[name]
+
+
+def _did_you_mean(name: str, choices: Sequence[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, choices, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 class _Bound:
@@ -93,15 +102,54 @@ def resolve_reward(spec: str | Mapping[str, Any] | RewardFn) -> _Bound:
                               f"{', '.join(reward_names())}) or 'function' ('module:callable')")
         if name is not None:
             return _Bound(get_reward(name), name, kwargs)
-        module, _, attr = str(path).partition(":")
-        try:
-            fn = getattr(importlib.import_module(module), attr)
-        except (ImportError, AttributeError, ValueError) as exc:
-            raise ConfigError(f"reward function {path!r} cannot be imported ({exc}); use 'module:callable'") from exc
+        fn = _import_reward(str(path))
         if not callable(fn):
             raise ConfigError(f"reward function {path!r} is not callable")
         return _Bound(fn, str(path), kwargs)
     raise ConfigError(f"reward must be a name, a mapping or a callable, got {type(spec).__name__}")
+
+
+def _import_reward(path: str) -> Any:
+    """``module:attr`` imported, or a ConfigError that says which half failed and how to fix it."""
+    module, colon, attr = path.partition(":")
+    if not colon or not module or not attr:
+        raise ConfigError(f"reward function {path!r}: write it as 'module:callable' (e.g. 'my_rewards:score')")
+    try:
+        imported = importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(
+            f"reward function {path!r}: module {module!r} cannot be imported ({exc}). It must be importable "
+            f"from where the run starts: a file ./{module.replace('.', '/')}.py needs PYTHONPATH=. (the engine's "
+            "process imports it too), a package must be installed (pip install -e .)"
+        ) from exc
+    if not hasattr(imported, attr):
+        public = sorted(n for n, v in vars(imported).items() if callable(v) and not n.startswith("_"))
+        raise ConfigError(
+            f"reward function {path!r}: module {module!r} ({getattr(imported, '__file__', '?')}) has no {attr!r}; "
+            f"its callables: {', '.join(public) or 'none'}"
+        )
+    return getattr(imported, attr)
+
+
+def check_reward_signature(fn: _Bound, fields: Sequence[str]) -> str | None:
+    """Why ``fn`` cannot be called as ``fn(prompt, completion, **row)`` with the source's mapped
+    ``fields`` and its own fixed arguments (``None``: it can, or its signature is not inspectable).
+    Checked at construction: a mismatch would otherwise fail every trajectory with reward 0."""
+    try:
+        signature = inspect.signature(fn.fn)
+    except (TypeError, ValueError):
+        return None
+    extra = {k: None for k in fields if k not in ("prompt", "completion")}
+    try:
+        signature.bind("prompt", "completion", **{**extra, **fn.kwargs})
+    except TypeError as exc:
+        given = ", ".join(["prompt", "completion", *(f"{k}=..." for k in {**extra, **fn.kwargs})])
+        return (
+            f"reward {fn.name!r}{signature} cannot be called as {fn.name.rpartition(':')[2]}({given}): {exc}. A reward "
+            "is reward(prompt, completion, **row) -> float and receives every mapped field as a keyword "
+            "(accept the ones you do not use with **row)"
+        )
+    return None
 
 
 def call_reward(fn: _Bound, prompt: str, completion: str, row: Mapping[str, Any]) -> float:

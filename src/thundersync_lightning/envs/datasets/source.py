@@ -14,7 +14,9 @@ Text: with ``tokenizer_path`` (a local Hugging Face tokenizer directory, normall
 the same as ``GRPOPolicy(pretrained_path=...)``) the conversation is rendered with its chat template
 by :class:`~thundersync_lightning.envs.chat.ChatRenderer` (``chat_template=`` overrides it; a
 tokenizer without one is a ConfigError unless ``use_chat_template=False``), and a turn ends with
-the tokenizer's EOS. Without a tokenizer the text is byte-level (ids 0-255, end of turn 256).
+the tokenizer's EOS. Without a tokenizer the text is byte-level (ids 0-255, end of turn 256): the
+policy needs ``vocab_size >= 259`` (:attr:`DatasetTasks.vocab_size`; a smaller one is a ConfigError
+when the data module sets up).
 
 Split: rows whose index hashes below ``val_fraction`` are held out (:meth:`validation_tasks`).
 """
@@ -31,7 +33,7 @@ from ...core.errors import ConfigError
 from ...core.types import StepResult, derive_seed
 from ..chat import ChatRenderer
 from ..code.codec import ByteCodec
-from .rewards import call_reward, resolve_reward
+from .rewards import call_reward, check_reward_signature, resolve_reward
 
 __all__ = ["DatasetTasks", "DatasetTask", "DatasetEnv", "load_rows"]
 
@@ -104,6 +106,11 @@ class DatasetTasks:
         missing = [f"{name} -> column {col!r}" for name, col in mapping.items() if col not in data.column_names]
         if missing:
             problems.append(f"{path!r} lacks mapped columns: {', '.join(missing)} (columns: {data.column_names})")
+        reward_fn = getattr(self, "reward", None)
+        if reward_fn is not None and not missing:
+            mismatch = check_reward_signature(reward_fn, list(mapping))
+            if mismatch:
+                problems.append(mismatch)
         if problems:
             raise ConfigError("DatasetTasks: " + "; ".join(problems))
         self.path, self.fields, self.reward_spec = path, mapping, reward
@@ -118,6 +125,15 @@ class DatasetTasks:
         self.codec = ByteCodec() if tokenizer_path is None else None
 
     # ------------------------------------------------------------------ tokens
+    @property
+    def vocab_size(self) -> int:
+        """Token ids the text uses: the tokenizer's (added tokens included), else the byte codec's 259."""
+        if self.renderer is not None:
+            return len(self.renderer.tokenizer)
+        if self.codec is not None:
+            return self.codec.vocab_size
+        return len(self._plain_tokenizer())
+
     @property
     def stop_token(self) -> int:
         if self.renderer is not None:

@@ -1,0 +1,145 @@
+"""CLI errors in a few lines: the command is run as a user runs it and its output read back; the
+parser's reports are shortened by cli_errors (unit tests on the real parser's messages)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from jsonargparse import ArgumentError
+
+from tests.callbacks.helpers import subprocess_env
+from thundersync_lightning.cli import build_parser
+from thundersync_lightning.cli_errors import short_parse_error
+
+ROOT = Path(__file__).resolve().parents[1]
+TOY = str(ROOT / "configs" / "toy.yaml")
+
+
+def parse_error(*extra: str) -> str:
+    """jsonargparse's own report for the toy config plus ``extra``."""
+    parser = build_parser()
+    parser.exit_on_error = False
+    with pytest.raises(ArgumentError) as err:
+        parser.parse_args(["--config", TOY, *extra])
+    return str(err.value)
+
+
+def keys() -> list[str]:
+    return [o[2:] for a in build_parser()._actions for o in a.option_strings if o.startswith("--")]
+
+
+@pytest.mark.parametrize(
+    "arg, problem",
+    [
+        (
+            "--trainer.strategy.init_args.max_open_grups=3",
+            "--trainer.strategy.init_args.max_open_grups: ThunderSyncStrategy has no option 'max_open_grups' "
+            "(did you mean 'max_open_groups'?)",
+        ),
+        (
+            "--trainer.strategy.init_args.mode=streeming",
+            "--trainer.strategy.init_args.mode: 'streeming' is not one of streaming, sync, async "
+            "(did you mean 'streaming'?)",
+        ),
+        ("--trainer.max_stpes=5", "unknown option --trainer.max_stpes (did you mean --trainer.max_steps?)"),
+        (
+            "--data.tasks.init_args.num_digitz=3",
+            "--data.tasks.init_args.num_digitz: GuessingGameTasks has no option 'num_digitz' "
+            "(did you mean 'num_digits'?)",
+        ),
+        ("--model.lr=abc", "--model.lr: expected float, got 'abc'"),
+    ],
+)
+def test_a_parser_report_becomes_the_problem_in_one_line(arg, problem):
+    assert short_parse_error(parse_error(arg), keys())[0] == problem
+
+
+def test_an_option_a_class_does_not_take_lists_the_options_it_does_take():
+    _, details = short_parse_error(parse_error("--trainer.strategy.init_args.max_open_grups=3"))
+    assert details[0].startswith("valid options: mode, offload, max_open_groups, max_held_trajectories")
+
+
+def test_a_report_it_does_not_know_keeps_its_own_lines_without_the_union_noise():
+    problem, details = short_parse_error(
+        'Parser key "x":\n  Does not validate against any of the Union subtypes\n  Subtypes: [a]\n'
+        "  Errors:\n    - something specific\n  Given value: 3"
+    )
+    assert (problem, details) == ('Parser key "x":', ["- something specific"])
+
+
+def run_cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = subprocess_env(HF_HUB_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true")
+    return subprocess.run(
+        [sys.executable, "-m", "thundersync_lightning.cli", "fit", "--config", TOY,
+         f"--trainer.default_root_dir={tmp_path / 'run'}", *args],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_a_mistyped_strategy_option_prints_three_lines_with_the_fix_and_exits_2(tmp_path):
+    proc = run_cli(tmp_path, "--trainer.strategy.init_args.max_open_grups=3")
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 3, proc.stderr
+    assert lines[0].startswith("thundersync-lightning fit: --trainer.strategy.init_args.max_open_grups: ")
+    assert "(did you mean 'max_open_groups'?)" in lines[0] and "usage:" not in proc.stderr
+
+
+def test_a_missing_pretrained_path_is_one_message_without_a_traceback(tmp_path):
+    proc = run_cli(tmp_path, "--model.pretrained_path=models/none")
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert "thundersync-lightning fit: GRPOPolicy: pretrained_path 'models/none (from " in proc.stderr
+    assert "does not exist" in proc.stderr
+
+
+@pytest.mark.slow
+def test_the_dataset_recipe_with_the_toy_vocabulary_is_refused_at_set_up_naming_both_sizes(tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text(
+        "".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(8))
+    )
+    tasks = json.dumps({"class_path": "thundersync_lightning.envs.datasets.DatasetTasks",
+                        "init_args": {"path": str(data), "fields": {"answer": "answer"}}})  # fmt: skip
+    proc = run_cli(tmp_path, f"--data.tasks={tasks}", "--trainer.max_steps=1")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "IndexError" not in proc.stderr
+    assert "embeds 16 token ids" in proc.stderr and "vocab_size 259" in proc.stderr
+    assert not (tmp_path / "run" / "wandb").exists()  # refused before the logger or the engine started
+
+
+@pytest.mark.slow
+def test_a_fit_of_zero_steps_is_refused_instead_of_writing_an_empty_run(tmp_path):
+    proc = run_cli(tmp_path, "--trainer.max_steps=0")
+    assert proc.returncode == 2 and "max_steps=0: this fit would run no step" in proc.stderr
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_a_reward_function_that_raises_is_warned_on_the_console_and_counted_in_the_summary(tmp_path):
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(8)))
+    (tmp_path / "my_rewards.py").write_text(
+        "def score(prompt, completion, answer, **row):\n    return 1 / 0  # a bug in the user's reward\n"
+    )
+    tasks = json.dumps({"class_path": "thundersync_lightning.envs.datasets.DatasetTasks",
+                        "init_args": {"path": str(data), "fields": {"answer": "answer"}, "max_action_tokens": 8,
+                                      "reward": {"function": "my_rewards:score"}}})  # fmt: skip
+    env = subprocess_env(HF_HUB_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true")
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-m", "thundersync_lightning.cli", "fit", "--config", TOY,
+         f"--trainer.default_root_dir={tmp_path / 'run'}", f"--data.tasks={tasks}", "--model.config.vocab_size=259",
+         "--data.groups_per_step=2", "--data.group_size=2", "--trainer.max_steps=2"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Step 0: the reward of 100% of the trajectories could not be computed" in proc.stderr
+    assert "ZeroDivisionError: division by zero" in proc.stderr
+    assert "reward errors          100.0% of trajectories" in proc.stdout
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["reward_error_fraction"] == 1.0

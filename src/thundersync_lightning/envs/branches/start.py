@@ -13,13 +13,18 @@ starts from a format-only pretraining, the miniature of that situation:
   ``<tool_response>`` blocks in a user turn;
 - the model is trained by next-token cross-entropy on the assistant turns of conversations
   whose calls draw the tool and the branch uniformly at random, independently of the request
-  (another call follows an error result half the time, up to three calls). It learns the syntax and the names; the
-  expected reward of its choices is chance, 1 / (3 tools x 8 branches) per call.
+  (another call follows an error result half the time, up to three calls). It learns the syntax
+  and the names; the expected reward of its choices is chance, 1 / (3 tools x 4 branches) per call.
 
     python -m thundersync_lightning.envs.branches.start DIR [--steps N]
 
 writes the tokenizer, the model (``config.json``, weights) and ``start.json`` (loss, time, and
-the share of sampled first turns that parse as a valid call) into DIR.
+the shares of sampled first turns that parse as a valid call and that are the requested call)
+into DIR.
+
+.. warning:: Uniform targets teach the model to ignore the request where it chooses: the hidden
+   state at the tool-name position barely varies between requests, so GRPO from this start has
+   no request-dependent choice to reinforce. No config trains from it yet (issue 36, bullet 7).
 """
 
 from __future__ import annotations
@@ -209,7 +214,7 @@ def build_start(directory: str, steps: int = 150, batch: int = 32, lr: float = 3
 def sample_first_calls(model: Any, renderer: Any, samples: int, seed: int) -> dict[str, float]:
     """Sample first turns for ``samples`` tasks: the share that parse as one call of a known tool
     on a branch name (``valid_call_fraction``) and the share that is the requested call
-    (``correct_call_fraction``; chance is 1/24 for a model that knows the format only)."""
+    (``correct_call_fraction``; chance is 1/12 for a model that knows the format only)."""
     import torch
 
     from ..tools import parse_hermes

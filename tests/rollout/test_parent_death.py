@@ -7,11 +7,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 
-from thundersync_lightning.rollout.lifeline import die_with_parent, parent_death_signal_armed
+from thundersync_lightning.rollout.lifeline import die_with_parent, parent_death_signal_armed, wait_for_exit
 
 from .procs import gone, wait_until
 
@@ -65,3 +66,18 @@ def test_a_child_that_calls_die_with_parent_has_the_kernel_parent_death_signal_a
     child.start()
     child.join(timeout=60)
     assert child.exitcode == 0
+
+
+def test_wait_for_exit_returns_once_the_process_has_exited_even_before_it_is_reaped():
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    try:
+        waiter = threading.Thread(target=wait_for_exit, args=(child.pid,), daemon=True)
+        waiter.start()
+        assert waiter.is_alive() and not gone(child.pid)
+        os.kill(child.pid, signal.SIGKILL)  # a zombie until child.wait() below
+        waiter.join(timeout=30)
+        assert not waiter.is_alive()
+    finally:
+        child.kill()
+        child.wait()
+    wait_for_exit(child.pid)  # reaped: returns at once

@@ -34,3 +34,12 @@ def test_the_shipped_configs_build_a_valid_engine_config(name):
     assert engine["class_path"] == "thundersync_lightning.rollout.VLLMEngineConfig"
     built = VLLMEngineConfig(**engine["init_args"])
     assert built.temperature == config["model"]["temperature"]
+
+
+def test_max_engine_restarts_must_not_be_negative_and_applies_only_to_worker_processes():
+    with pytest.raises(ConfigError, match="max_engine_restarts must be >= 0, got -1"):
+        VLLMEngineConfig(multiprocessing=True, max_engine_restarts=-1)
+    with pytest.raises(ConfigError, match=r"max_engine_restarts=3 has no effect with multiprocessing=False"):
+        VLLMEngineConfig(max_engine_restarts=3)
+    assert VLLMEngineConfig(multiprocessing=True, max_engine_restarts=0).max_engine_restarts == 0
+    assert VLLMEngineConfig().max_engine_restarts == 1  # the default is valid in-process too

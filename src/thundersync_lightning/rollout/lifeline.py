@@ -29,6 +29,7 @@ import ctypes.util
 import logging
 import os
 import queue
+import select
 import signal
 import sys
 import threading
@@ -36,7 +37,14 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-__all__ = ["arm_parent_death_signal", "die_with_parent", "parent_death_signal_armed", "start_process"]
+__all__ = [
+    "arm_parent_death_signal",
+    "die_with_parent",
+    "parent_death_signal_armed",
+    "process_exists",
+    "start_process",
+    "wait_for_exit",
+]
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +85,8 @@ def parent_death_signal_armed() -> bool:
     return value.value == signal.SIGKILL
 
 
-def _exists(pid: int) -> bool:
+def process_exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists (a zombie counts until it is reaped)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -85,6 +94,27 @@ def _exists(pid: int) -> bool:
     except PermissionError:  # exists, owned by someone else
         return True
     return True
+
+
+def wait_for_exit(pid: int, poll_s: float = 0.5) -> None:
+    """Block until process ``pid`` has exited (a zombie counts as exited); returns at once if it has.
+
+    Waits on a pidfd (Linux >= 5.3), which becomes readable when the process exits, whoever its
+    parent is; elsewhere checks every ``poll_s`` that the pid still exists.
+    """
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    except (AttributeError, OSError):  # no pidfd on this platform or kernel
+        stop = threading.Event()
+        while process_exists(pid):
+            stop.wait(poll_s)
+        return
+    try:
+        select.select([fd], [], [])
+    finally:
+        os.close(fd)
 
 
 def die_with_parent(learner_pid: int, poll_s: float = 0.5) -> Callable[[], bool]:
@@ -98,7 +128,7 @@ def die_with_parent(learner_pid: int, poll_s: float = 0.5) -> Callable[[], bool]
     parent = os.getppid()  # the learner (spawn) or the fork server (forkserver)
 
     def learner_alive() -> bool:
-        return os.getppid() == parent and (parent == learner_pid or _exists(learner_pid))
+        return os.getppid() == parent and (parent == learner_pid or process_exists(learner_pid))
 
     if not learner_alive():  # the learner died before the signal was armed
         os._exit(1)

@@ -59,6 +59,11 @@ class VLLMEngineConfig:
         event_timeout_s: the rollout iterator raises :class:`EngineError` after this long without
             an event (a hung environment or engine); ``publish`` raises after waiting this long for
             earlier requests to finish generating.
+        max_engine_restarts: with ``multiprocessing=True``, how many times an engine core that dies
+            (killed, OOM) is restarted, with the latest published weights loaded again and the
+            unfinished generation calls rerun with their seeds (exact: the same tokens), before the
+            engine fails with :class:`EngineError`. Costs a CPU copy of the latest publish
+            (0: fail at the first death and keep no copy). No effect in-process.
         engine_kwargs: further keyword arguments for ``vllm.LLM`` (they override the above).
         teacher: on-policy distillation: a teacher model (the embedded engine's
             :class:`~.teacher.TeacherConfig`) served by a second vLLM engine with the same settings,
@@ -86,6 +91,7 @@ class VLLMEngineConfig:
     step_timeout_s: float | None = 60.0
     verdict_timeout_s: float | None = 300.0
     event_timeout_s: float = 600.0
+    max_engine_restarts: int = 1
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     teacher: TeacherConfig | None = None
     teacher_engine_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -117,6 +123,12 @@ class VLLMEngineConfig:
         for name in ("max_num_seqs", "tensor_parallel_size", "env_workers"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_engine_restarts < 0:
+            problems.append(f"max_engine_restarts must be >= 0, got {self.max_engine_restarts}")
+        if not self.multiprocessing:
+            problems += inapplicable(
+                self, ("max_engine_restarts",), "with multiprocessing=False (the engine core is this process)"
+            )
         if not self.event_timeout_s > 0:
             problems.append(f"event_timeout_s must be > 0, got {self.event_timeout_s}")
         if self.kv_cache_memory_bytes is not None:

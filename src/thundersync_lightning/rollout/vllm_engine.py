@@ -36,11 +36,22 @@ sends, and a failure on either side fails the publish on both and drops the tran
 next publish forms a new one).
 
 Faults: with ``multiprocessing=False`` vLLM lives and dies with the learner process. With worker
-processes, a dead vLLM engine core fails the step loop: every waiting rollout raises
-:class:`EngineError` (the step does not complete; there is no automatic restart as in the
-embedded engine), later calls fail at once, and no wait is unbounded (``event_timeout_s`` bounds
-the rollout iterator and a publish waiting for earlier requests). The environments of episodes
-cut short are closed.
+processes, an engine core that dies (killed, OOM) is restarted up to ``max_engine_restarts`` times
+per engine: a new engine core starts, the latest published weights are loaded into it through the
+same transport ("ipc"/"nccl": a fresh transfer group), and every generation call the dead core
+left unfinished runs again. A call is one turn of some episodes, sampled with the turn's own seed
+(:mod:`.agent_loop`), so the rerun gives the lost tokens exactly and the episodes go on where they
+were: events already delivered stay delivered, and the environments never notice. The weights
+are exactly those of the interrupted requests, because a publish waits until every earlier
+request has finished generating; to have them after the learner has stepped, the engine keeps a
+CPU copy of the latest publish (none with ``max_engine_restarts=0``). A core that dies during a
+publish is restarted with the weights being published. Past the budget, or if the new core
+cannot start, every waiting rollout raises :class:`EngineError` (the step does not complete) and
+later calls fail at once. No wait is unbounded (``event_timeout_s`` bounds the rollout iterator
+and a publish waiting for earlier requests). The environments of episodes cut short are closed.
+The engine core exits within a second when the learner is killed, SIGKILL included: its worker
+arms ``PR_SET_PDEATHSIG`` and a watchdog on the learner (:meth:`.WeightSyncExtension.thundersync_die_with`).
+A teacher's engine core dies with the learner too but is not restarted.
 
 Placement: with worker processes and one GPU per engine, the engine runs on the learner rank's
 own GPU (``torch.cuda.current_device()``, passed as vLLM's ``device_ids``) unless
@@ -77,7 +88,7 @@ from ..core.types import ModelSpec, RolloutEvent, RolloutRequest
 from .agent_loop import AgentLoop, GenerationRequest
 from .env_pool import EnvPool
 from .teacher import TeacherConfig, check_teacher
-from .vllm_loop import IN_PROCESS_LOCK, StepLoop, close_llm, open_llm, read_generation
+from .vllm_loop import IN_PROCESS_LOCK, StepLoop, close_llm, core_processes, open_llm, read_generation
 from .vllm_model import ModelLayout, check_weights, materialize_model
 from .vllm_placement import (
     colocated_device_ids,
@@ -107,7 +118,8 @@ class VLLMEngine:
 
     Public state: ``version`` (-1 until the first publish), ``last_publish_seconds`` (write +
     reload + prefix-cache reset of the latest publish, excluding the wait for earlier requests),
-    ``publish_count``, ``max_model_len``, ``weight_sync`` (the transport, "auto" resolved).
+    ``publish_count``, ``max_model_len``, ``weight_sync`` (the transport, "auto" resolved),
+    ``restart_count`` and ``engine_core_pids`` (empty in-process).
     """
 
     def __init__(self, config: VLLMEngineConfig, model_spec: ModelSpec, tasks: TaskSource) -> None:
@@ -118,17 +130,12 @@ class VLLMEngine:
         self._workdir = tempfile.mkdtemp(prefix="thundersync-vllm-")
         self._dtype = config.dtype or model_spec.dtype
         lock = None if config.multiprocessing else IN_PROCESS_LOCK
+        self._step_lock = lock
         loop: StepLoop[GenerationRequest, Any] | None = None
         self._teacher: VLLMTeacher | None = None
         try:
             self._layout: ModelLayout = materialize_model(model_spec, os.path.join(self._workdir, "model"))
-            loop = StepLoop(
-                lambda: self._make_llm(self._layout.path, self._dtype, teacher=False),
-                self._request,
-                read_generation,
-                close_llm,
-                step_lock=lock,
-            )
+            loop = self._open_loop()
             self.max_model_len: int = int(loop.llm.llm_engine.model_config.max_model_len)
             if config.teacher is not None:
                 self._teacher = VLLMTeacher(
@@ -148,7 +155,7 @@ class VLLMEngine:
         self._pool = EnvPool(config.env_workers, name="vllm-env")
         self._agents = AgentLoop(  # one for every request: it keeps what ``prepare`` started
             self._tasks,
-            self._loop.generate,
+            self._generate,
             self._pool,
             step_timeout_s=self.config.step_timeout_s,
             verdict_timeout_s=self.config.verdict_timeout_s,
@@ -158,12 +165,12 @@ class VLLMEngine:
             annotate=self._teacher,
         )
         self._version = -1
-        self._streams = (  # "ipc"/"nccl": the bucketed transfer
-            StreamedPublish(self.weight_sync, config.tensor_parallel_size, config.event_timeout_s,  # type: ignore[arg-type]
-                            config.weight_sync_bucket_bytes, self._loop.call)
-            if self.weight_sync in ("ipc", "nccl") else None
-        )  # fmt: skip
+        self._streams = self._open_streams()
         self._broken: str | None = None
+        self._dead: str | None = None  # the engine core died past its restarts
+        self._restart_lock = threading.Lock()
+        self._restarts = 0
+        self._snapshot: dict[str, Tensor] | None = None  # the latest publish, for a restart
         self._closed = False
         self._issue = threading.Lock()  # orders rollout issue against publish
         self._idle = threading.Condition()
@@ -186,6 +193,8 @@ class VLLMEngine:
         """Load ``weights`` (HF names) in place for every request issued after this call."""
         if self._closed:
             raise EngineError("publish on a shut-down VLLMEngine; build a new engine")
+        if self._dead is not None:
+            raise EngineError(self._dead)
         if version < self._version:
             raise EngineError(
                 f"publish of version {version} after version {self._version}: versions must not go "
@@ -195,12 +204,9 @@ class VLLMEngine:
         with self._issue:
             start = time.monotonic()
             path = None
-            if self.weight_sync == "file":
+            if self.weight_sync == "file":  # written while earlier requests still generate
                 path = self._weights_path()
                 save_weights_file(weights, path)
-                method, args = "thundersync_load_file", (path,)
-            else:
-                method, args = "thundersync_load_state", (dict(weights),)
             written = time.monotonic() - start
             with self._idle:  # earlier requests finish with the weights they were issued with
                 if not self._idle.wait_for(lambda: self._generating == 0, timeout=self.config.event_timeout_s):
@@ -212,12 +218,16 @@ class VLLMEngine:
             start = time.monotonic()
             self._broken = f"the publish of version {version} has not completed"
             try:
-                if self._streams is not None:
-                    self._streams.publish(weights)
-                    self._loop.call(_reset_prefix_cache)
-                else:
-                    self._loop.call(lambda llm: _reload(llm, method, args))
+                loop = self._loop
+                try:
+                    self._load(weights, path)
+                except BaseException as exc:
+                    if not self._core_died(loop):
+                        raise
+                    self._restart(loop, weights, exc)  # the new core gets these weights
             except BaseException as exc:
+                if self._dead is not None:
+                    raise EngineError(self._dead) from exc
                 self._broken = (
                     f"the publish of version {version} failed half-way ({type(exc).__name__}: {exc}); "
                     "the model mixes old and new weights"
@@ -228,6 +238,8 @@ class VLLMEngine:
             finally:
                 if path is not None and os.path.exists(path):
                     os.remove(path)
+            if self._restartable:  # a copy: the learner steps its parameters in place
+                self._snapshot = {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
             self._version = version
             self._broken = None
             self.publish_count += 1
@@ -250,6 +262,16 @@ class VLLMEngine:
                 daemon=True,
             ).start()
         return self._events(events, 2 * request.num_trajectories, request.step)
+
+    @property
+    def restart_count(self) -> int:
+        """How many times a dead engine core was restarted."""
+        return self._restarts
+
+    @property
+    def engine_core_pids(self) -> tuple[int, ...]:
+        """Process ids of the current engine core (empty with ``multiprocessing=False``)."""
+        return tuple(p.pid for p in core_processes(self._loop.llm) if p.pid is not None)
 
     def prepare(self, request: RolloutRequest) -> None:
         """Start ``request``'s environments (``make_env``, ``reset``: prompt tokens) now; return at once.
@@ -287,6 +309,8 @@ class VLLMEngine:
     def _check_usable(self) -> None:
         if self._closed:
             raise EngineError("rollout on a shut-down VLLMEngine; build a new engine")
+        if self._dead is not None:
+            raise EngineError(self._dead)
         if self._broken is not None:
             raise EngineError(f"refusing to generate: {self._broken}. Publish a complete state_dict first.")
         if self._version < 0:
@@ -294,6 +318,103 @@ class VLLMEngine:
                 "refusing to generate: no weights published yet (vLLM holds random or checkpoint "
                 "weights, not the learner's). Call engine.publish(model.state_dict(), version=0) first."
             )
+
+    @property
+    def _restartable(self) -> bool:
+        return self.config.multiprocessing and self.config.max_engine_restarts > 0
+
+    def _open_loop(self) -> StepLoop[GenerationRequest, Any]:
+        """Start an engine core and the step loop that owns it."""
+        loop: StepLoop[GenerationRequest, Any] = StepLoop(
+            lambda: self._make_llm(self._layout.path, self._dtype, teacher=False),
+            self._request,
+            read_generation,
+            close_llm,
+            step_lock=self._step_lock,
+        )
+        return loop
+
+    def _open_streams(self) -> StreamedPublish | None:
+        """The bucketed transfer into the current loop's workers ("ipc"/"nccl"; a fresh group)."""
+        if self.weight_sync not in ("ipc", "nccl"):
+            return None
+        c = self.config
+        transport: Any = self.weight_sync
+        return StreamedPublish(
+            transport, c.tensor_parallel_size, c.event_timeout_s, c.weight_sync_bucket_bytes, self._loop.call
+        )
+
+    def _load(self, weights: Mapping[str, Tensor], path: str | None = None) -> None:
+        """Load ``weights`` into the current engine core through the configured transport."""
+        if self._streams is not None:
+            self._streams.publish(weights)
+            self._loop.call(_reset_prefix_cache)
+        elif self.weight_sync == "file":
+            written = path is None
+            path = path or self._weights_path()
+            try:
+                if written:
+                    save_weights_file(weights, path)
+                self._loop.call(lambda llm: _reload(llm, "thundersync_load_file", (path,)))
+            finally:
+                if written and os.path.exists(path):
+                    os.remove(path)
+        else:
+            self._loop.call(lambda llm: _reload(llm, "thundersync_load_state", (dict(weights),)))
+
+    def _core_died(self, loop: StepLoop[GenerationRequest, Any]) -> bool:
+        """Whether ``loop``'s engine-core process has exited (what a restart can repair)."""
+        if self._closed or not self.config.multiprocessing:
+            return False
+        return loop is not self._loop or any(not p.is_alive() for p in core_processes(loop.llm))
+
+    def _generate(self, requests: list[GenerationRequest]) -> list[Any]:
+        """The agent loop's generation call; reruns it on a restarted core if the core died meanwhile."""
+        while True:
+            loop = self._loop
+            try:
+                return loop.generate(requests)
+            except BaseException as exc:
+                if not self._core_died(loop):
+                    raise
+                self._restart(loop, None, exc)
+
+    def _restart(
+        self, dead: StepLoop[GenerationRequest, Any], weights: Mapping[str, Tensor] | None, cause: BaseException
+    ) -> None:
+        """Replace ``dead``'s engine core and load ``weights`` (None: the latest publish) into it.
+
+        Once per dead core: callers that failed on the same core wait here and then rerun on the
+        new one. Raises :class:`EngineError` (and marks the engine dead) past the budget.
+        """
+        with self._restart_lock:
+            if self._dead is not None:
+                raise EngineError(self._dead) from cause
+            if self._loop is not dead:  # another caller restarted it
+                return
+            budget = self.config.max_engine_restarts
+            codes = ", ".join(f"pid {p.pid}, exit code {p.exitcode}" for p in core_processes(dead.llm))
+            what = f"the vLLM engine core ({codes}) died"
+            if self._restarts >= budget or self._closed:
+                self._dead = (
+                    f"{what} after {self._restarts} restart(s) (max_engine_restarts={budget}). Check its memory "
+                    "use (OOM kill); raise max_engine_restarts to survive more deaths."
+                )
+                raise EngineError(self._dead) from cause
+            self._restarts += 1
+            log.warning("%s; restart %d of %d", what, self._restarts, budget)
+            if self._streams is not None:
+                self._streams.close()
+            dead.close()
+            try:
+                self._loop = self._open_loop()
+                self._streams = self._open_streams()
+                load = weights if weights is not None else self._snapshot
+                if load is not None:
+                    self._load(load)
+            except BaseException as exc:
+                self._dead = f"{what}; its restart failed: {type(exc).__name__}: {exc}"
+                raise EngineError(self._dead) from exc
 
     def _serve(
         self, request: RolloutRequest, version: int, events: queue.SimpleQueue[Any], submitted: float
@@ -322,7 +443,8 @@ class VLLMEngine:
             yield item
 
     def _make_llm(self, path: str, dtype: str, teacher: bool) -> Any:
-        """The policy's ``vllm.LLM`` (``teacher=False``) or the teacher's, with this config's settings."""
+        """The policy's ``vllm.LLM`` (``teacher=False``) or the teacher's, with this config's settings;
+        a worker-process engine core is tied to this process's life."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if self.config.multiprocessing else "0"
         import vllm.envs
 
@@ -373,7 +495,14 @@ class VLLMEngine:
         kwargs.update(self.config.engine_kwargs)
         if teacher:
             kwargs.update(self.config.teacher_engine_kwargs)
-        return open_llm(lambda: LLM(**kwargs))
+        llm = open_llm(lambda: LLM(**kwargs))
+        if self.config.multiprocessing:  # the engine core dies with this process, SIGKILL included
+            try:
+                llm.collective_rpc("thundersync_die_with", args=(os.getpid(),))
+            except BaseException:
+                close_llm(llm)
+                raise
+        return llm
 
     def _request(self, req: GenerationRequest) -> tuple[tuple[int, ...], Any]:
         return req.prefix, self._sampling_params(req)
@@ -408,4 +537,3 @@ def _reset_prefix_cache(llm: Any) -> None:
 def _reload(llm: Any, method: str, args: tuple[Any, ...]) -> None:
     llm.collective_rpc(method, args=args)
     _reset_prefix_cache(llm)
-

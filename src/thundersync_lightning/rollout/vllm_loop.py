@@ -11,7 +11,10 @@ Every caller hands work to this thread through a FIFO of commands and waits on a
 
 The thread blocks on the command queue when idle and calls ``LLMEngine.step()`` while requests
 run; nothing polls or sleeps. If the engine raises, every pending and later future fails with
-:class:`EngineError` (the engine is dead; build a new one).
+:class:`EngineError` (the engine is dead; build a new one). An engine core in its own process
+that exits unexpectedly would leave ``step()`` waiting for outputs forever (vLLM's client stops
+its output thread without waking the reader): a watcher thread blocked on the processes'
+sentinels wakes it with an :class:`EngineError` naming the exit code.
 
 Engines in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) share process-global state (the
 forward context, the current vLLM config), so their loops take one ``step_lock`` around every
@@ -36,7 +39,7 @@ from typing import Any, Generic, TypeVar
 from ..core.errors import EngineError
 from .agent_loop import Generation
 
-__all__ = ["IN_PROCESS_LOCK", "StepLoop", "close_llm", "open_llm", "read_generation"]
+__all__ = ["IN_PROCESS_LOCK", "StepLoop", "close_llm", "core_processes", "open_llm", "read_generation"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -94,6 +97,7 @@ class StepLoop(Generic[Req, Res]):
         self._commands: queue.SimpleQueue[tuple[str, Any, Future[Any]]] = queue.SimpleQueue()
         self._ready: Future[Any] = Future()
         self._dead: BaseException | None = None
+        self._closing = False
         self._ids = itertools.count()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -111,8 +115,14 @@ class StepLoop(Generic[Req, Res]):
         """Run ``fn(llm)`` on the loop thread once nothing is in flight; returns its result."""
         return self._submit("call", fn).result()
 
+    @property
+    def stopped(self) -> bool:
+        """Whether the loop has stopped (the engine raised, or :meth:`close`): every call fails."""
+        return self._dead is not None
+
     def close(self) -> None:
         """Stop the loop (pending work fails), run ``on_close`` and join the thread."""
+        self._closing = True
         if self._thread.is_alive():
             self._commands.put(("stop", None, Future()))
             self._thread.join()
@@ -143,6 +153,10 @@ class StepLoop(Generic[Req, Res]):
             )
             return
         self._ready.set_result(llm)
+        processes = core_processes(llm)
+        if processes:
+            threading.Thread(target=self._watch_core, args=(llm, processes), name=f"{self._thread.name}-core-watch",
+                             daemon=True).start()  # fmt: skip
         engine = llm.llm_engine
         inflight: dict[str, tuple[_Batch, int]] = {}
         backlog: deque[tuple[str, Any, Future[Any]]] = deque()
@@ -188,6 +202,18 @@ class StepLoop(Generic[Req, Res]):
                     self._on_close(llm)
             except Exception:  # shutdown must not raise
                 log.exception("vLLM engine shutdown failed")
+
+    def _watch_core(self, llm: Any, processes: list[Any]) -> None:
+        """Wake a ``step()`` waiting on an engine core that has exited (see the module docstring)."""
+        from multiprocessing.connection import wait
+
+        wait([p.sentinel for p in processes])  # returns once any of them has exited
+        if self._closing or self._dead is not None:  # stopped by us, or already failed
+            return
+        codes = ", ".join(f"pid {p.pid} exit code {p.exitcode}" for p in processes if p.exitcode is not None)
+        outputs = getattr(llm.llm_engine.engine_core, "outputs_queue", None)
+        if outputs is not None:
+            outputs.put_nowait(EngineError(f"the vLLM engine core exited ({codes})"))
 
     def _handle(self, engine: Any, llm: Any, backlog: deque[Any], inflight: dict[str, Any]) -> bool:
         """Start queued commands in order; returns True on stop. A ``call`` waits for idleness."""
@@ -294,6 +320,13 @@ def close_llm(llm: Any) -> None:
 
     if owns_torch_distributed and dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def core_processes(llm: Any) -> list[Any]:
+    """The ``multiprocessing`` processes of ``llm``'s engine core (empty for an in-process engine)."""
+    resources = getattr(llm.llm_engine.engine_core, "resources", None)
+    manager = getattr(resources, "engine_manager", None)
+    return list(getattr(manager, "processes", None) or [])
 
 
 def open_llm(make: Callable[[], T]) -> T:

@@ -8,7 +8,8 @@ KV cache. The caller must reset the prefix cache afterwards (cached KV blocks ho
 the old weights).
 
 A third method, :meth:`WeightSyncExtension.thundersync_scale_logits`, tempers a teacher engine's
-logits (see :mod:`.vllm_teacher`).
+logits (see :mod:`.vllm_teacher`), and :meth:`WeightSyncExtension.thundersync_die_with` ties the
+engine core's life to the learner's (:mod:`.lifeline`).
 
 Transports (``VLLMEngineConfig.weight_sync``):
 
@@ -30,13 +31,17 @@ Transports (``VLLMEngineConfig.weight_sync``):
 
 from __future__ import annotations
 
+import os
 import pickle
+import signal
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import torch
 
 from ..core.errors import EngineError
+from .lifeline import die_with_parent, wait_for_exit
 from .weight_transport import JoinInfo, PublishInfo, WeightReceiver
 
 __all__ = ["WeightSyncExtension", "WORKER_EXTENSION", "save_weights_file"]
@@ -101,6 +106,28 @@ class WeightSyncExtension:
         for layer in layers:
             layer.scale = float(layer.scale) * factor
         return len(layers)
+
+    def thundersync_die_with(self, learner_pid: int, poll_s: float = 0.5) -> str:
+        """Make the engine core exit once the learner ``learner_pid`` is gone, SIGKILL included.
+
+        A worker in the engine core's own process (one worker, vLLM's uniprocess executor) is the
+        learner's child: it arms ``PR_SET_PDEATHSIG`` and the watchdog of
+        :func:`~.lifeline.die_with_parent`. A worker process of the core (tensor parallelism; vLLM
+        already stops those when the core exits) watches the learner and, once it is gone, kills
+        the core, then itself. Returns which of the two this worker did ("core" or "worker").
+        """
+        if os.getppid() == learner_pid:
+            die_with_parent(learner_pid, poll_s)
+            return "core"
+        core = os.getppid()
+
+        def watch() -> None:
+            wait_for_exit(learner_pid, poll_s)
+            os.kill(core, signal.SIGKILL)
+            os._exit(1)
+
+        threading.Thread(target=watch, name="thundersync-learner-watchdog", daemon=True).start()
+        return "worker"
 
     def _thundersync_reload(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
         worker: Any = self

@@ -13,10 +13,10 @@ import signal
 import sys
 
 
-def kill_cores(engine) -> list[int]:
+def kill_cores(pids: tuple[int, ...]) -> tuple[int, ...]:
     from tests.rollout.procs import gone, wait_until
 
-    pids = list(engine.engine_core_pids)
+    assert pids
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     assert wait_until(lambda: all(gone(p) for p in pids), deadline_s=30.0), "the engine core outlived SIGKILL"
@@ -31,23 +31,27 @@ def fits() -> dict:
     from thundersync_lightning.envs.toy import GuessingGameTasks
     from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
     from thundersync_lightning.rollout import VLLMEngineConfig
-    from thundersync_lightning.rollout.vllm_engine import VLLMEngine
+    from thundersync_lightning.rollout.vllm_core import RestartingCore
 
-    kill = {"armed": False, "calls": 0, "killed": [], "restarts": None, "pids_after": None, "engine": None}
-    original = VLLMEngine._generate
+    kill: dict = {"armed": False, "loads": 0, "calls": 0, "killed": (), "core": None}
+    original_generate, original_load = RestartingCore.generate, RestartingCore.load
 
-    def generate(self: VLLMEngine, requests):
-        kill["engine"] = self
-        if kill["armed"] and self.version == 1 and not kill["killed"]:
+    def load(self: RestartingCore, weights, path=None):
+        kill["loads"] += 1  # one per publish: version k is the (k+1)-th
+        return original_load(self, weights, path)
+
+    def generate(self: RestartingCore, requests):
+        kill["core"] = self
+        if kill["armed"] and kill["loads"] == 2 and not kill["killed"]:
             kill["calls"] += 1
             if kill["calls"] == 2:  # mid-step: some episodes of step 1 have acted once
-                kill["killed"] = kill_cores(self)
-        return original(self, requests)
+                kill["killed"] = kill_cores(self.pids)
+        return original_generate(self, requests)
 
-    VLLMEngine._generate = generate  # type: ignore[method-assign]
+    RestartingCore.generate, RestartingCore.load = generate, load  # type: ignore[method-assign]
 
     def run(crash: bool):
-        kill["armed"] = crash
+        kill["armed"], kill["loads"] = crash, 0
         L.seed_everything(0)  # the policy's initial weights
         engine = VLLMEngineConfig(
             temperature=1.0,
@@ -61,14 +65,15 @@ def fits() -> dict:
         )
         policy = GRPOPolicy(config=TOY_VLLM_MODEL, temperature=1.0)
         params, steps, _ = fit("streaming", steps=2, policy=policy, data=data)
-        return params, steps, kill["engine"]
+        return params, steps, kill["core"]
 
-    plain, plain_steps, plain_engine = run(crash=False)
-    crashed, crashed_steps, crashed_engine = run(crash=True)
+    plain, plain_steps, plain_core = run(crash=False)
+    crashed, crashed_steps, crashed_core = run(crash=True)
     return {
         "killed": kill["killed"],
-        "restarts_plain": plain_engine.restart_count,
-        "restarts_crashed": crashed_engine.restart_count,
+        "calls": kill["calls"],
+        "restarts_plain": plain_core.restart_count,
+        "restarts_crashed": crashed_core.restart_count,
         "steps": [len(s.trajectories) for s in crashed_steps],
         "same_outcomes": [outcomes(a) == outcomes(b) for a, b in zip(plain_steps, crashed_steps)],
         "relative": relative(crashed, plain),
@@ -88,7 +93,7 @@ def past_the_budget() -> dict:
     row: dict = {}
     with config.build(TINY_QWEN3, TurnTasks()) as engine:
         engine.publish(make_learner(1).state_dict(), 0)
-        kill_cores(engine)
+        kill_cores(engine.engine_core_pids)
         for name, call in (
             ("rollout", lambda: list(engine.rollout(request(0, {0: 2})))),
             ("publish", lambda: engine.publish(make_learner(2).state_dict(), 1)),

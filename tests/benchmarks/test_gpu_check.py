@@ -33,6 +33,7 @@ def bare_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_the_package_and_the_gpu_checks_scripts_import_without_wandb_jsonargparse_or_vllm(tmp_path):
     code = (
         "import runpy, sys\n"

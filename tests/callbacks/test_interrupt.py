@@ -61,7 +61,7 @@ def sigint_handler():
 def test_a_sigint_leaves_last_ckpt_at_the_step_reached_and_resuming_it_is_the_uninterrupted_run(
     tmp_path, sigint_handler, mode, mid
 ):
-    uninterrupted, _, _ = fit(mode, steps=4)
+    uninterrupted, uninterrupted_steps, _ = fit(mode, steps=4)
     root = tmp_path / "run"
     with pytest.raises(SystemExit) as stopped:  # Lightning's graceful shutdown after KeyboardInterrupt
         fit(mode, steps=4, root=str(root), enable_checkpointing=True,
@@ -75,6 +75,8 @@ def test_a_sigint_leaves_last_ckpt_at_the_step_reached_and_resuming_it_is_the_un
     resumed, steps, _ = fit(mode, steps=4, root=str(root), resume_from=str(last),
                             callbacks=[RunSummary(print_summary=False)])  # fmt: skip
     assert [s.step for s in steps] == [2, 3]
+    # the same staleness pattern (async: 1 from the resumed step on, as uninterrupted)
+    assert [s.staleness_max for s in steps] == [s.staleness_max for s in uninterrupted_steps[2:]]
     # completion order (timing) changes summation order: float noise, amplified a little by AdamW
     assert relative(resumed, uninterrupted) <= 1e-5
     assert json.loads((root / "summary.json").read_text())["steps"] == 4

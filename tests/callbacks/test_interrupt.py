@@ -43,6 +43,8 @@ class SigintAt(Callback):
 def sigint_handler():
     """Lightning ignores SIGINT after an interrupt (its graceful shutdown): restore pytest's."""
     saved = signal.getsignal(signal.SIGINT)
+    # an earlier fit in this process may have left Lightning's "ignore SIGINT" in place
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
     signal.signal(signal.SIGINT, saved)
 

@@ -49,7 +49,8 @@ def _fit(root: Path, *extra: str) -> subprocess.CompletedProcess:
 # logger writes into the run's directory and the config's RolloutProgressBar is left out
 @pytest.mark.parametrize(
     "mode, extra",
-    [("sync", ("--trainer.logger=CSVLogger", "--trainer.enable_progress_bar=false")), ("async", ())],
+    [("sync", ("--trainer.logger=CSVLogger", "--trainer.enable_progress_bar=false")),
+     pytest.param("async", (), marks=pytest.mark.slow)],  # a second whole CLI fit (~15 s)
 )
 def test_fit_from_the_cli_writes_the_summary_and_the_last_checkpoint(tmp_path, mode, extra):
     root = tmp_path / "run"

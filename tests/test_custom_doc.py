@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "custom.md"
 
 RUN = """
@@ -40,6 +42,7 @@ def _blocks(text: str) -> list[str]:
     return [p[: p.index("```")] for p in parts]
 
 
+@pytest.mark.slow  # the documented task trains for real (~15 s)
 def test_the_documented_single_turn_task_and_minimal_module_train_with_the_default_callbacks(tmp_path):
     task, policy = _blocks(DOC.read_text())
     assert len(task.splitlines()) <= 45  # a task of about 30 lines

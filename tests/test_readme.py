@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
+@pytest.mark.slow  # the README example trains for real (~20 s)
 def test_the_readme_example_trains_prints_zero_staleness_and_writes_the_summary_curve_and_trajectories(
     tmp_path,
 ):

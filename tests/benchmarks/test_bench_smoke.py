@@ -178,6 +178,7 @@ def test_opd_smoke(tmp_path: Path) -> None:
     assert set(data["summary"]) == {"opd", "grpo"} and data["objectives"]["opd"]["reward_coef"] == 0.0
 
 
+@pytest.mark.slow  # eight short fits (~10 s)
 def test_time_to_target_smoke_writes_medians_per_mode_and_skips_finished_runs(tmp_path: Path, capsys) -> None:
     argv = [
         "--out", str(tmp_path), "--threads", "1", "--seeds", "0", "--workloads", "toy",
@@ -337,6 +338,7 @@ def test_time_to_target_release_floor_is_the_last_verdict_or_the_work_after_late
     assert module.sync_rate(runs, "toy") == pytest.approx(0.2) and module.sync_rate(runs, "balanced") is None
 
 
+@pytest.mark.slow  # runs the token-cap benchmark end to end (~30 s)
 def test_token_cap_smoke_the_plan_bounds_every_setting_s_largest_call(tmp_path: Path) -> None:
     _load("token_cap").main(["--out", str(tmp_path), "--groups", "2", "--repeats", "1"])
     data = _read(tmp_path, "token_cap")

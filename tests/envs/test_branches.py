@@ -138,3 +138,37 @@ def test_a_branch_name_is_one_token_in_requests_and_calls():
 def test_options_are_checked_together():
     with pytest.raises(ConfigError, match="max_turns=0.*holdout_every=1"):
         source(max_turns=0, holdout_every=1)
+
+
+@pytest.mark.parametrize("copy_name", [0.0, 1.0])
+def test_format_examples_name_the_requests_branch_as_often_as_copy_name_says(copy_name):
+    tasks = source()
+    examples = FormatExamples(tasks.renderer, copy_name=copy_name)
+    rng = random.Random(0)
+    named, tools = [], set()
+    for task in tasks.train_tasks[:40]:
+        ids, targets = examples.sample(rng, task.request, task.name)
+        text = tasks.renderer.decode([i for i, t in zip(ids, targets) if t])
+        calls = [json.loads(c.split("\n")[1]) for c in text.split("<tool_call>")[1:]]
+        named += [c["arguments"]["name"] == task.name for c in calls]
+        tools |= {c["name"] for c in calls}
+    assert tools == {f"{v}_branch" for v in VERBS}  # the tool stays uniform, whatever the request
+    if copy_name == 1.0:
+        assert all(named)
+    else:
+        assert 0.1 < sum(named) / len(named) < 0.45  # chance: 1/4
+
+
+def test_copy_name_and_prefer_tool_are_probabilities():
+    with pytest.raises(ValueError, match="copy_name=1.5, prefer_tool=-0.1"):
+        FormatExamples(source().renderer, copy_name=1.5, prefer_tool=-0.1)
+
+
+def test_prefer_tool_one_makes_every_call_the_requested_tool():
+    tasks = source()
+    examples = FormatExamples(tasks.renderer, prefer_tool=1.0)
+    rng = random.Random(0)
+    for task in tasks.train_tasks[:24]:
+        ids, targets = examples.sample(rng, task.request, task.name, f"{task.verb}_branch")
+        text = tasks.renderer.decode([i for i, t in zip(ids, targets) if t])
+        assert {json.loads(c.split("\n")[1])["name"] for c in text.split("<tool_call>")[1:]} == {f"{task.verb}_branch"}

@@ -166,8 +166,23 @@ for _o in _gc.get_objects():
 """
 
 
+# The agent's setup.py, run by the eval script's install step (SWE-bench's `pip install -e .`): it
+# plants an import line in the user site directory, the one place on start-up's path the step can
+# write to in a read-only image. Python runs it at the test process's start, before any plugin.
+SETUP_PLANTS_PTH = """
+import os, site
+d = site.getusersitepackages()
+os.makedirs(d, exist_ok=True)
+with open(os.path.join(d, "tsl_plant.pth"), "w") as f:
+    f.write("import os; fd = os.environ.get('TSL_REPORT_FD'); "
+            "os.write(1, b'PLANT-RAN ' + (os.read(int(fd), 400) if fd else b'after-the-key') + b'\\\\n')\\n")
+with open(os.path.join(d, "usercustomize.py"), "w") as f:
+    f.write("import os\\nos.write(1, b'USERCUSTOMIZE-RAN ' + os.environ.get('TSL_REPORT_FD', 'after-the-key').encode() + b'\\\\n')\\n")
+"""
+
+
 @needs_bwrap
-@pytest.mark.parametrize("variant", ["gold", "unfixed", "forged", "xfail", "peek"])
+@pytest.mark.parametrize("variant", ["gold", "unfixed", "forged", "xfail", "peek", "install"])
 def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows_no_key(
     tmp_path, sandbox_dir, sandbox_budget, variant
 ):
@@ -200,9 +215,15 @@ def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows
         if variant == "xfail":
             with open(os.path.join(repo, "intervals.py"), "a") as f:
                 f.write(XFAIL_ITSELF % (TASK.fail_to_pass[0].split("::", 1)[1],))
+        script = spec.eval_script
+        if variant == "install":
+            with open(os.path.join(repo, "setup.py"), "w") as f:
+                f.write(SETUP_PLANTS_PTH)
+            start = ": '>>>>> Start Test Output'"
+            script = script.replace(start, f"python3 setup.py\n{start}")
         chown_tree(repo, lease.uid)
         scripts = os.path.join(sandbox_dir, "eval")
-        write_eval_dir(scripts, spec.eval_script, spec.log_parser, "/bin/bash")
+        write_eval_dir(scripts, script, spec.log_parser, "/bin/bash")
         box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60, max_output_bytes=1 << 20)), budget=sandbox_budget,
                            ro_binds={scripts: EVAL_DIR})
         if variant == "gold":
@@ -222,6 +243,11 @@ def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows
         peeked = "".join(line for line in result.text.splitlines() if line.startswith("PEEKED"))
         assert "Permission denied" in peeked  # the ancestors' memory is closed, nothing of it was read
         assert not any(t in peeked for t in secrets.stdin().decode().split())
+    elif variant == "install":  # before: the planted line ran first and read the key from its pipe
+        assert "PLANT-RAN after-the-key" in result.text  # it still runs, as test code, once the key is gone
+        assert "USERCUSTOMIZE-RAN after-the-key" in result.text
+        assert "PLANT-RAN" in result.text.split("USERCUSTOMIZE-RAN", 1)[0]  # start-up's order: .pth lines first
+        assert outcome.report["tests_status"]["FAIL_TO_PASS"]["failure"] == list(TASK.fail_to_pass)
     elif variant == "xfail":  # before: swebench counted the signed XFAIL as a pass
         assert outcome.report["tests_status"]["FAIL_TO_PASS"]["success"] == list(TASK.fail_to_pass)
         assert f"{TASK.fail_to_pass[0]}: XFAIL at run time" in outcome.reason

@@ -22,7 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 METHODS = ["forkserver", "spawn"]  # the engine's start methods (EmbeddedEngineConfig.start_method)
 
 
-@pytest.mark.parametrize("method", METHODS)
+# spawn starts a fresh interpreter per engine (~12 s): make test-slow; forkserver is the default method
+@pytest.mark.parametrize("method", ["forkserver", pytest.param("spawn", marks=pytest.mark.slow)])
 def test_an_engine_process_dies_within_seconds_when_its_learner_is_sigkilled(method):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), HF_HUB_OFFLINE="1")
     learner = subprocess.Popen(

@@ -53,7 +53,7 @@ def test_forked_and_spawned_engines_give_the_same_trajectories_and_rewards(spec)
     assert forked_parent != os.getpid() and psutil.Process(forked_parent).ppid() == os.getpid()
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", ["forkserver", pytest.param("spawn", marks=pytest.mark.slow)])  # spawn: ~12 s
 def test_the_engine_process_sees_the_learners_environment_as_it_is_when_the_process_starts(
     spec, monkeypatch, method
 ):

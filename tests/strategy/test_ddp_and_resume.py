@@ -35,8 +35,10 @@ def _run(tmp_path: Path, devices: int, mode: str = "streaming", objective: str =
     return torch.load(out)
 
 
-# the default objective uncut is make test-slow: the global objective with the cut covers more in the same time
-@pytest.mark.parametrize("objective, cut", [pytest.param("default", "", marks=pytest.mark.slow), ("global", "cut")])
+# two gloo processes, each pair of fits ~40 s: make test-slow (make test keeps DDP through test_sharding and
+# callbacks/test_ddp); the global objective with the cut covers more than the default uncut
+@pytest.mark.slow
+@pytest.mark.parametrize("objective, cut", [("default", ""), ("global", "cut")])
 def test_two_gloo_processes_give_the_parameters_of_one_process(tmp_path, objective, cut):
     one = _run(tmp_path, 1, objective=objective)  # uncut: the cut on two ranks must match it too
     two = _run(tmp_path, 2, objective=objective, cut=cut)
@@ -47,6 +49,7 @@ def test_two_gloo_processes_give_the_parameters_of_one_process(tmp_path, objecti
     assert relative(two["params"], one["params"]) <= 1e-5
 
 
+@pytest.mark.slow  # two gloo processes and one more fit (~35 s)
 def test_validation_metrics_on_two_ranks_with_uneven_task_splits_equal_one_process(tmp_path):
     one = _run(tmp_path, 1, script=VALIDATE_SCRIPT)
     two = _run(tmp_path, 2, script=VALIDATE_SCRIPT)

@@ -78,8 +78,9 @@ def single(tmp_path_factory) -> dict:
     return one
 
 
-# torchrun's path is the slow variant: the other two already cover "launched externally"
-@pytest.mark.parametrize("kind", ["lightning", "slurm", pytest.param("torchelastic", marks=pytest.mark.slow)])
+# Lightning's own variables stay in make test; SLURM's and torchrun's are make test-slow (~12 s each)
+@pytest.mark.parametrize("kind", ["lightning", pytest.param("slurm", marks=pytest.mark.slow),
+                                  pytest.param("torchelastic", marks=pytest.mark.slow)])
 def test_two_nodes_launched_by_environment_variables_train_the_parameters_of_one_process(tmp_path, single, kind):
     ranks = _launch(tmp_path, kind, 2)
     assert [r["environment"] for r in ranks] == [ENVIRONMENTS[kind]] * 2

@@ -33,6 +33,13 @@ and any ``PASSED <test>`` line (from an atexit hook, before an ``os._exit``). He
   and framed by the host with the reporter's exit status. A run without them grades 0. For other
   parsers the log is graded as printed, so a status line forged by the code under test still counts
   (a documented limit).
+- **Nothing the script's install step wrote runs before the reporter.** The script's
+  ``pip install -e .`` runs the agent's ``setup.py``; the image is read-only, so what it can plant
+  lies under ``/testbed`` or ``$HOME`` (``/tmp``), and of those only the user site directory
+  (``~/.local/lib/pythonX.Y/site-packages``: ``*.pth`` import lines, ``usercustomize``) runs at
+  interpreter start-up. The test command therefore starts with ``PYTHONNOUSERSITE=1``; the
+  reporter adds the user site back, at its usual place on ``sys.path``, only after it has drained
+  and closed the key pipe, so an install that fell back to the user site still counts.
 
 .. warning::
    Limits: the container's first shell and the test process run as the same uid as the code under
@@ -113,6 +120,8 @@ __tsl_test_start() {
   if [ -n "${1-}" ]; then
     [ -n "${PYTEST_ADDOPTS+x}" ] && export TSL_ORIG_PYTEST_ADDOPTS="$PYTEST_ADDOPTS"
     [ -n "${PYTHONPATH+x}" ] && export TSL_ORIG_PYTHONPATH="$PYTHONPATH"
+    [ -n "${PYTHONNOUSERSITE+x}" ] && export TSL_ORIG_PYTHONNOUSERSITE="$PYTHONNOUSERSITE"
+    export PYTHONNOUSERSITE=1
     export PYTEST_ADDOPTS="-p $1${PYTEST_ADDOPTS:+ $PYTEST_ADDOPTS}"
     export PYTHONPATH="@EVAL_DIR@${PYTHONPATH:+:$PYTHONPATH}"
     export @FD_ENV@=@FD@
@@ -128,7 +137,8 @@ __tsl_test_end() {
     unset @FD_ENV@
     if [ -n "${TSL_ORIG_PYTEST_ADDOPTS+x}" ]; then export PYTEST_ADDOPTS="$TSL_ORIG_PYTEST_ADDOPTS"; else unset PYTEST_ADDOPTS; fi
     if [ -n "${TSL_ORIG_PYTHONPATH+x}" ]; then export PYTHONPATH="$TSL_ORIG_PYTHONPATH"; else unset PYTHONPATH; fi
-    unset TSL_ORIG_PYTEST_ADDOPTS TSL_ORIG_PYTHONPATH
+    if [ -n "${TSL_ORIG_PYTHONNOUSERSITE+x}" ]; then export PYTHONNOUSERSITE="$TSL_ORIG_PYTHONNOUSERSITE"; else unset PYTHONNOUSERSITE; fi
+    unset TSL_ORIG_PYTEST_ADDOPTS TSL_ORIG_PYTHONPATH TSL_ORIG_PYTHONNOUSERSITE
   fi
   printf '%s\n' "$__tsl_end"
   case $__tsl_flags in *x*) set -x;; esac

@@ -122,15 +122,21 @@ def save_tokenizer(directory: str, vocab_size: int = 768, seed: int = 0) -> None
 
 
 class FormatExamples:
-    """Conversations whose calls draw the tool and the branch uniformly, independently of the
-    request, as token ids and targets (the assistant turns).
+    """Conversations as token ids and targets (the assistant turns). Each call's tool is the
+    requested one with probability ``prefer_tool`` and uniform otherwise; its branch is the
+    request's with probability ``copy_name`` and uniform otherwise (both 0: the call is
+    independent of the request).
 
     The ids are built as the agent loop builds them (prompt, the sampled turn, the template's
     suffix after it, ...); :data:`TEMPLATE` is prefix-stable, so each piece depends on its own
     message only and is rendered once."""
 
-    def __init__(self, renderer: Any, max_turns: int = 3) -> None:
+    def __init__(self, renderer: Any, max_turns: int = 3, copy_name: float = 0.0, prefer_tool: float = 0.0) -> None:
+        bad = [f"{k}={v}" for k, v in (("copy_name", copy_name), ("prefer_tool", prefer_tool)) if not 0.0 <= v <= 1.0]
+        if bad:
+            raise ValueError(f"{', '.join(bad)}: a probability in [0, 1]")
         self.renderer, self.max_turns = renderer, max_turns
+        self.copy_name, self.prefer_tool = copy_name, prefer_tool
         self.schemas = [t.schema() for t in branch_tools()]
         self._cache: dict[tuple[str, ...], tuple[int, ...]] = {}
 
@@ -149,28 +155,30 @@ class FormatExamples:
             self._cache[key] = tuple(ids)
         return self._cache[key]
 
-    def sample(self, rng: random.Random, request: str) -> tuple[list[int], list[bool]]:
-        """One conversation: a call; after it, half the time, an error result and another call
-        (at most ``max_turns`` calls)."""
+    def sample(self, rng: random.Random, request: str, name: str | None = None,
+               tool: str | None = None) -> tuple[list[int], list[bool]]:
+        """One conversation about ``request`` (asking for ``tool`` on branch ``name``): a call;
+        after it, half the time, an error result and another call (at most ``max_turns`` calls)."""
         ids = list(self._piece(("prompt", request)))
         targets = [False] * len(ids)
         turns = 1
         while turns < self.max_turns and rng.random() < 0.5:
             turns += 1
         for k in range(turns):
-            tool, name = f"{rng.choice(VERBS)}_branch", rng.choice(BRANCHES)
-            call = self._piece(("call", tool, name))
+            called = tool if tool is not None and rng.random() < self.prefer_tool else f"{rng.choice(VERBS)}_branch"
+            branch = name if name is not None and rng.random() < self.copy_name else rng.choice(BRANCHES)
+            call = self._piece(("call", called, branch))
             ids += call
             targets += [True] * len(call)
             if k + 1 < turns:
-                suffix = self._piece(("error", tool, name))
+                suffix = self._piece(("error", called, branch))
                 ids += suffix
                 targets += [False] * len(suffix)
         return ids, targets
 
 
 def build_start(directory: str, steps: int = 150, batch: int = 32, lr: float = 3e-3, seed: int = 0,
-                samples: int = 96) -> dict[str, Any]:
+                samples: int = 96, copy_name: float = 0.0, prefer_tool: float = 0.0) -> dict[str, Any]:
     """Write the tokenizer and the format-pretrained model into ``directory``; return its record."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -181,8 +189,8 @@ def build_start(directory: str, steps: int = 150, batch: int = 32, lr: float = 3
     os.makedirs(directory, exist_ok=True)
     save_tokenizer(directory, seed=seed)
     renderer = ChatRenderer(directory)
-    requests = [t.request for t in all_branch_tasks() if not is_held_out(t)]  # training requests only
-    examples = FormatExamples(renderer)
+    requests = [t for t in all_branch_tasks() if not is_held_out(t)]  # training requests only
+    examples = FormatExamples(renderer, copy_name=copy_name, prefer_tool=prefer_tool)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     config = Qwen3Config(vocab_size=len(renderer.tokenizer), **MODEL_CONFIG)
@@ -191,7 +199,8 @@ def build_start(directory: str, steps: int = 150, batch: int = 32, lr: float = 3
     pad = renderer.tokenizer.pad_token_id
     losses = []
     for _ in range(steps):
-        rows = [examples.sample(rng, rng.choice(requests)) for _ in range(batch)]
+        rows = [examples.sample(rng, t.request, t.name, f"{t.verb}_branch")
+                for t in (rng.choice(requests) for _ in range(batch))]
         width = max(len(ids) for ids, _ in rows)
         ids = torch.tensor([r + [pad] * (width - len(r)) for r, _ in rows])  # (B, T), right-padded
         mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r, _ in rows])
@@ -203,7 +212,7 @@ def build_start(directory: str, steps: int = 150, batch: int = 32, lr: float = 3
         losses.append(float(loss.detach()))
     model.save_pretrained(directory)
     sampled = sample_first_calls(model, renderer, samples, seed)
-    record = {"steps": steps, "batch": batch, "lr": lr, "seed": seed, "loss_first": losses[0],
+    record = {"steps": steps, "batch": batch, "lr": lr, "seed": seed, "copy_name": copy_name, "prefer_tool": prefer_tool, "loss_first": losses[0],
               "loss_last": sum(losses[-10:]) / len(losses[-10:]), **sampled,
               "seconds": time.monotonic() - started, "config": {"vocab_size": config.vocab_size, **MODEL_CONFIG}}
     with open(os.path.join(directory, "start.json"), "w") as f:
@@ -247,8 +256,13 @@ def main() -> None:
     parser.add_argument("directory")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--copy-name", type=float, default=0.0,
+                        help="probability that a call names the request's branch (else a uniform one)")
+    parser.add_argument("--prefer-tool", type=float, default=0.0,
+                        help="probability that a call uses the requested tool (else a uniform one)")
     args = parser.parse_args()
-    print(json.dumps(build_start(args.directory, steps=args.steps, seed=args.seed)))
+    print(json.dumps(build_start(args.directory, steps=args.steps, seed=args.seed, copy_name=args.copy_name,
+                                 prefer_tool=args.prefer_tool)))
 
 
 if __name__ == "__main__":

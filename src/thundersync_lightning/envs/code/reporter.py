@@ -43,7 +43,7 @@ __all__ = ["Reporter", "keyed_hash", "line_tag", "line_mac", "signed_lines", "ma
 
 REPORT_FD_ENV = "TSL_REPORT_FD"
 _PR_SET_DUMPABLE = 4
-_RESTORED = ("PYTEST_ADDOPTS", "PYTHONPATH")  # the container path's wrapper saves these as TSL_ORIG_*
+_RESTORED = ("PYTEST_ADDOPTS", "PYTHONPATH", "PYTHONNOUSERSITE")  # the container path's wrapper saves these as TSL_ORIG_*
 
 
 def keyed_hash(key: str, message: str) -> str:
@@ -168,11 +168,34 @@ def _read_key(fd: int) -> str:
     return data.split(b"\n", 1)[0].strip().decode("ascii", "replace")
 
 
+def _add_user_site() -> None:
+    """Put the user site directory where start-up would have (before the first system
+    site-packages entry), with its ``.pth`` files and ``usercustomize``: what the code under test
+    may have planted there runs now, after the key is gone, as the tests themselves do."""
+    import site
+
+    user = site.getusersitepackages()
+    site.ENABLE_USER_SITE = True
+    if not user or not os.path.isdir(user):
+        return
+    before = list(sys.path)
+    site.addsitedir(user)
+    new = [p for p in sys.path if p not in before]
+    rest = [p for p in sys.path if p in before]
+    system = set(site.getsitepackages()) if hasattr(site, "getsitepackages") else set()
+    at = next((i for i, p in enumerate(rest) if p in system), len(rest))
+    sys.path[:] = rest[:at] + new + rest[at:]
+    if hasattr(site, "execusercustomize"):
+        site.execusercustomize()
+
+
 def _from_environment() -> "Reporter | None":
-    """The container path: the wrapper exported ``TSL_REPORT_FD`` (a pipe holding the key) and put
-    this directory on PYTHONPATH and ``-p tsl_report`` in PYTEST_ADDOPTS; undo all of that for the
-    code under test, then read the key."""
+    """The container path: the wrapper exported ``TSL_REPORT_FD`` (a pipe holding the key), put
+    this directory on PYTHONPATH and ``-p tsl_report`` in PYTEST_ADDOPTS and turned the user site
+    off (``PYTHONNOUSERSITE``: an install step run by the script may have planted start-up code
+    there); undo all of that for the code under test, read the key, then add the user site back."""
     fd = os.environ.pop(REPORT_FD_ENV, "")
+    user_site_was_on = not os.environ.get("TSL_ORIG_PYTHONNOUSERSITE") and not sys.flags.isolated
     for var in _RESTORED:
         saved = os.environ.pop("TSL_ORIG_" + var, None)
         if saved is None:
@@ -188,7 +211,9 @@ def _from_environment() -> "Reporter | None":
         key = _read_key(int(fd))
         os.close(int(fd))
     except OSError:
-        return None
+        key = ""
+    if user_site_was_on:
+        _add_user_site()
     return Reporter(key, os.dup(1)) if key else None
 
 

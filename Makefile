@@ -6,7 +6,7 @@ TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: demo demo-code test test-slow test-vllm test-containers lint bench-quick gpu-wheels clean
+.PHONY: demo demo-code demo-tools test test-slow test-vllm test-containers lint bench-quick gpu-wheels clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -34,6 +34,14 @@ demo-code: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(VENV)/bin/thundersync-lightning fit --config configs/code_learn.yaml \
 	  --trainer.default_root_dir=runs/demo-code
 	$(VPY) benchmarks/code_learn_curve.py runs/demo-code --out runs/demo-code
+
+# A tiny policy learns to serve branch requests through native tool calls, held-out requests evaluated
+# (configs/tool_learn.yaml): builds the starting policy, fits, writes runs/demo-tools/summary.json and the curve.
+demo-tools: $(STAMP)
+	OMP_NUM_THREADS=1 $(VPY) -m thundersync_lightning.envs.branches.start runs/demo-tools/start --copy-name 0.5
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(VENV)/bin/thundersync-lightning fit --config configs/tool_learn.yaml \
+	  --trainer.default_root_dir=runs/demo-tools
+	$(VPY) benchmarks/code_learn_curve.py runs/demo-tools --out runs/demo-tools --name tool_learn
 
 test: $(TEST_STAMP)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VPY) -m pytest -q

@@ -1,9 +1,10 @@
-"""Plot the held-out curve of a ``configs/code_learn.yaml`` run (``make demo-code``).
+"""Plot the held-out curve of a learning demo's run: ``configs/code_learn.yaml`` (``make demo-code``)
+or ``configs/tool_learn.yaml`` (``make demo-tools``, ``--name tool_learn``).
 
-    python benchmarks/code_learn_curve.py runs/demo-code [--out benchmarks/results]
+    python benchmarks/code_learn_curve.py runs/demo-code [--out benchmarks/results] [--name code_learn]
 
 Reads the CSV logger's ``metrics.csv`` (``val/pass_at_1``, ``val/pass_at_k``, ``rollout/reward_mean``
-per step) and ``summary.json``; writes ``code_learn.png`` and ``code_learn.json`` (the curve and the
+per step) and ``summary.json``; writes ``<name>.png`` and ``<name>.json`` (the curve and the
 summary, with the command, commit and machine) under ``--out``.
 """
 
@@ -19,6 +20,11 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import write_result  # noqa: E402
+
+TITLES = {
+    "code_learn": "configs/code_learn.yaml: held-out tasks, tiny Qwen3 from scratch, 2 CPU cores",
+    "tool_learn": "configs/tool_learn.yaml: held-out requests, native tool calls, 2 CPU cores",
+}
 
 
 def read_curve(run: str) -> dict[str, list[tuple[int, float]]]:
@@ -38,11 +44,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("run")
     parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--name", default="code_learn", choices=sorted(TITLES))
     args = parser.parse_args()
     curves = read_curve(args.run)
     summary_path = os.path.join(args.run, "summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
-    write_result(args.out, "code_learn", {"summary": summary, "curves": curves})  # + command, commit, machine
+    write_result(args.out, args.name, {"summary": summary, "curves": curves})  # + command, commit, machine
     import matplotlib
 
     matplotlib.use("Agg")
@@ -56,11 +63,11 @@ def main() -> None:
     ax.plot(xs, ys, "-", alpha=0.35, label="train reward (per step)")
     ax.set_xlabel("optimizer step")
     ax.set_ylim(0, 1.02)
-    ax.set_title("configs/code_learn.yaml: held-out tasks, tiny Qwen3 from scratch, 2 CPU cores")
+    ax.set_title(TITLES[args.name])
     ax.legend(loc="lower right")
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(os.path.join(args.out, "code_learn.png"), dpi=110)
+    fig.savefig(os.path.join(args.out, f"{args.name}.png"), dpi=110)
     print(json.dumps({k: summary.get(k) for k in ("val_pass_at_1_first", "val_pass_at_1_last", "wall_seconds",
                                                     "learner_idle_fraction", "steps")}))
 

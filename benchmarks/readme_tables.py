@@ -84,6 +84,7 @@ def headline(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
     demo = load("demo")["summary"]
     code = load("code_learn")["curves"]["val/pass_at_1"]
     dip = deepest_dip(code)
+    tools = load("tool_learn")["summary"]
     short, long_ = load("overlap"), load("overlap_long")
     ttt = load("time_to_target")["median_seconds"]["toy"]
     bf16 = load("bf16_gradient")["streaming_vs_sync"]
@@ -95,6 +96,9 @@ def headline(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
         ("`make demo-code`: held-out pass@1, 100 steps",
          f"{code[0][1]:.2f} -> {code[-1][1]:.2f}" + (f" (dips to {dip[1]:.2f} at step {dip[0]} from {dip[2]:.2f})"
          if dip else " (never dips)"), "code_learn"),
+        ("`make demo-tools`: held-out pass@1 through native tool calls, "
+         f"{tools['steps']} steps", f"{tools['val_pass_at_1_first']:.2f} -> {tools['val_pass_at_1_last']:.2f}, "
+         f"fit {tools['wall_seconds'] / 60:.1f} min", "tool_learn"),
         ("step time, streaming over sync, short workload (2.4M params)",
          f"{x(short['speedup_streaming_vs_sync'])} (bound {x(short['bound_speedup'])}; one-step async "
          f"{x(short['speedup_async_vs_sync'])} at staleness 1)", "overlap"),
@@ -162,18 +166,30 @@ def time_to_target(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
 CODE_LEARN_TARGET = 0.6
 
 
-@table("code_learn")
-def code_learn(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
-    curves = load("code_learn")["curves"]
+def learning_curve(name: str, load: Callable[[str], dict[str, Any]]) -> str:
+    """A learning demo's held-out curve (``code_learn_curve.py --name NAME``) and its target."""
+    curves = load(name)["curves"]
     at_k = dict(curves["val/pass_at_k"])
     curve = curves["val/pass_at_1"]
-    rows = [(str(step), f2(p), f2(at_k.get(step))) for step, p in curve]
     first = curve[0][1]
     reached = next((step for step, p in curve if p >= max(CODE_LEARN_TARGET, 2 * first)), None)
     verdict = f"met at step {reached}" if reached is not None else "not met"
-    return grid(("step", "held-out pass@1", "held-out pass@k"), rows) + (
+    header = ("step", *(str(step) for step, _ in curve))  # one column per evaluation
+    rows = [("held-out pass@1", *(f2(p) for _, p in curve)),
+            ("held-out pass@k", *(f2(at_k.get(step)) for step, _ in curve))]
+    return grid(header, rows) + (
         f"\nTarget: held-out pass@1 >= {CODE_LEARN_TARGET} and >= twice the first evaluation: {verdict}.\n"
     )
+
+
+@table("code_learn")
+def code_learn(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
+    return learning_curve("code_learn", load)
+
+
+@table("tool_learn")
+def tool_learn(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
+    return learning_curve("tool_learn", load)
 
 
 @table("demo")

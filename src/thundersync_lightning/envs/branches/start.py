@@ -12,19 +12,22 @@ starts from a format-only pretraining, the miniature of that situation:
   tools as JSON schemas in the system turn, calls as ``<tool_call>`` JSON blocks, results as
   ``<tool_response>`` blocks in a user turn;
 - the model is trained by next-token cross-entropy on the assistant turns of conversations
-  whose calls draw the tool and the branch uniformly at random, independently of the request
-  (another call follows an error result half the time, up to three calls). It learns the syntax
-  and the names; the expected reward of its choices is chance, 1 / (3 tools x 4 branches) per call.
+  whose calls draw the tool uniformly, independently of the request, and name the request's
+  branch with probability ``copy_name`` (else a uniform one); ``prefer_tool`` likewise makes the
+  tool the requested one (default 0: the start knows nothing of which tool serves which request;
+  another call follows an error result half the time, up to three calls). It learns the syntax,
+  the names and, with ``copy_name``, to copy the branch from the request, as pretrained models copy
+  entities; which tool to call is left for RL (``configs/tool_learn.yaml``).
 
-    python -m thundersync_lightning.envs.branches.start DIR [--steps N]
+    python -m thundersync_lightning.envs.branches.start DIR [--steps N] [--copy-name P] [--prefer-tool P]
 
 writes the tokenizer, the model (``config.json``, weights) and ``start.json`` (loss, time, and
 the shares of sampled first turns that parse as a valid call and that are the requested call)
 into DIR.
 
-.. warning:: Uniform targets teach the model to ignore the request where it chooses: the hidden
-   state at the tool-name position barely varies between requests, so GRPO from this start has
-   no request-dependent choice to reinforce. No config trains from it yet (issue 36, bullet 7).
+.. note:: With both probabilities 0 the choices are request-blind: the hidden state at the
+   tool-name position barely varies between requests, and a 50-step GRPO run from that start
+   stayed at chance. With ``copy_name`` the model already reads the request; RL then learns the tool.
 """
 
 from __future__ import annotations

@@ -44,5 +44,8 @@ def test_bf16_gradient_writes_streaming_vs_sync_differences_per_precision(tmp_pa
     data = json.loads(path.read_text())
     fp32, bf16 = data["streaming_vs_sync"]["32-true"], data["streaming_vs_sync"]["bf16-true"]
     assert 0.0 <= fp32 <= 1e-5  # the exactness claim in fp32
-    assert 0.0 < bf16 <= 3e-2  # bf16 rounding per trajectory, the test suite's tolerance
+    # bf16 rounding per trajectory, the test suite's tolerance; 0 when every trajectory landed before
+    # the learner's first call (then streaming ran sync's calls), which a loaded machine makes likely
+    assert 0.0 <= bf16 <= 3e-2
     assert set(data["bf16_vs_fp32"]) == {"streaming", "sync"}
+    assert all(v > 0.0 for v in data["bf16_vs_fp32"].values())  # the bf16 runs did round

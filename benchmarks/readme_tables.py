@@ -163,7 +163,7 @@ def time_to_target(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
     return grid(header, rows)
 
 
-CODE_LEARN_TARGET = 0.6
+LEARNING_TARGET = 0.6
 
 
 def learning_curve(name: str, load: Callable[[str], dict[str, Any]]) -> str:
@@ -172,13 +172,13 @@ def learning_curve(name: str, load: Callable[[str], dict[str, Any]]) -> str:
     at_k = dict(curves["val/pass_at_k"])
     curve = curves["val/pass_at_1"]
     first = curve[0][1]
-    reached = next((step for step, p in curve if p >= max(CODE_LEARN_TARGET, 2 * first)), None)
+    reached = next((step for step, p in curve if p >= max(LEARNING_TARGET, 2 * first)), None)
     verdict = f"met at step {reached}" if reached is not None else "not met"
     header = ("step", *(str(step) for step, _ in curve))  # one column per evaluation
     rows = [("held-out pass@1", *(f2(p) for _, p in curve)),
             ("held-out pass@k", *(f2(at_k.get(step)) for step, _ in curve))]
     return grid(header, rows) + (
-        f"\nTarget: held-out pass@1 >= {CODE_LEARN_TARGET} and >= twice the first evaluation: {verdict}.\n"
+        f"\nTarget: held-out pass@1 >= {LEARNING_TARGET} and >= twice the first evaluation: {verdict}.\n"
     )
 
 

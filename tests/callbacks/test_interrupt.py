@@ -63,9 +63,9 @@ def sigint_handler():
 def test_a_sigint_leaves_last_ckpt_at_the_step_reached_and_resuming_it_is_the_uninterrupted_run(
     tmp_path, sigint_handler, mode, mid
 ):
-    # float64: what remains is completion order (timing) changing summation order, which AdamW's
-    # per-coordinate normalisation lifts to ~1e-7 where a gradient is mostly cancellation (in float32
-    # the same noise reaches ~1e-6, in every mode alike)
+    # float64: completion order (timing) still changes summation order, and AdamW's per-coordinate
+    # normalisation lifts that rounding where a gradient is mostly cancellation; in float32 it would
+    # reach the 1e-6 bound in every mode alike, whatever the resume does
     uninterrupted, uninterrupted_steps, _ = fit(mode, steps=4, precision="64-true")
     root = tmp_path / "run"
     with pytest.raises(SystemExit) as stopped:  # Lightning's graceful shutdown after KeyboardInterrupt

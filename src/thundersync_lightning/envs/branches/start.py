@@ -26,8 +26,9 @@ the shares of sampled first turns that parse as a valid call and that are the re
 into DIR.
 
 .. note:: With both probabilities 0 the choices are request-blind: the hidden state at the
-   tool-name position barely varies between requests, and a 50-step GRPO run from that start
-   stayed at chance. With ``copy_name`` the model already reads the request; RL then learns the tool.
+   tool-name position barely varies between requests, which leaves GRPO almost nothing
+   request-dependent to reinforce. With ``copy_name`` the model already reads the request; RL then
+   learns the tool.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import pytest
 from jsonargparse import ArgumentError
 
 from tests.callbacks.helpers import subprocess_env
-from thundersync_lightning.cli import build_parser
+from thundersync_lightning.cli import build_parser, main
 from thundersync_lightning.cli_errors import short_parse_error
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,3 +144,30 @@ def test_a_reward_function_that_raises_is_warned_on_the_console_and_counted_in_t
     assert "ZeroDivisionError: division by zero" in proc.stderr
     assert "reward errors          100.0% of trajectories" in proc.stdout
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["reward_error_fraction"] == 1.0
+
+
+def test_the_top_level_help_lists_verify_plan_and_export_beside_lightnings_commands(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0
+    listed = capsys.readouterr().out
+    for command in ("fit", "validate", "verify", "plan", "export"):
+        assert f"\n    {command} " in listed, listed
+
+
+@pytest.mark.parametrize(
+    "argv, problem",
+    [
+        (["exprot"], "thundersync-lightning: 'exprot' is not a command (did you mean 'export'?)"),
+        (["--confg", TOY, "fit"], "thundersync-lightning: unknown option --confg (did you mean --config?)"),
+        (["--print_confg", "fit"], "thundersync-lightning: unknown option --print_confg (did you mean --print_config?)"),
+        (["export", "--ckpt_path", "x", "--out", "y", "--adaptor-only"],
+         "thundersync-lightning export: unknown option --adaptor-only (did you mean --adapter-only?)"),
+    ],
+)  # fmt: skip
+def test_a_mistyped_command_or_top_level_option_gets_a_did_you_mean_and_exit_2(capsys, argv, problem):
+    with pytest.raises(SystemExit) as done:
+        main(argv)
+    assert done.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0] == problem and len(lines) <= 3

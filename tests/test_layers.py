@@ -25,6 +25,7 @@ LAYERS = {
     "cli": 6,
     "cli_errors": 6,
     "verify": 6,
+    "export": 6,
 }
 
 

@@ -33,6 +33,10 @@ config's weights, on one device, and prints the relative gradient difference (wh
 parameter) and the engine-vs-learner KL (:mod:`thundersync_lightning.verify`, docs/verify.md).
 Exit status 0 within the precision's tolerance, 1 past it, 2 when it cannot conclude.
 
+``thundersync-lightning export --ckpt_path X --out DIR [--adapter-only] [--tokenizer DIR]`` writes a
+checkpoint as a Hugging Face model directory (LoRA merged by default) with its tokenizer and chat
+template (:mod:`thundersync_lightning.export`).
+
 Errors: a mistyped option or value is reported in a few lines with the valid choices and a "did
 you mean" (:mod:`thundersync_lightning.cli_errors`); a ``ConfigError`` found while the run is set up
 is printed without its traceback. Both exit with status 2; ``THUNDERSYNC_TRACEBACK=1`` shows the
@@ -41,7 +45,6 @@ full report.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import inspect
 import logging
@@ -52,7 +55,7 @@ from typing import Any
 import psutil
 import torch
 import yaml
-from jsonargparse import Namespace
+from jsonargparse import ArgumentParser, Namespace
 from lightning.pytorch import loggers as pl_loggers
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, ProgressBar
 from lightning.pytorch.cli import LightningCLI
@@ -65,10 +68,11 @@ from .callbacks import (
     RunSummary,
     wandb_run_id_from_checkpoint,
 )
-from .cli_errors import ShortErrorParser, short_config_error, wants_traceback
+from .cli_errors import ShortArgumentParser, ShortErrorParser, short_config_error, wants_traceback
 from .core.errors import ConfigError
 from .core.objective import Objective
 from .core.types import ModelSpec
+from .export import export_main
 from .modules import GRPOPolicy, RolloutDataModule
 from .modules.policy import TINY_QWEN3
 from .modules.shape import model_shape
@@ -78,7 +82,7 @@ from .strategy import ThunderSyncStrategy
 from .strategy.memory_check import SCORING_KEYS, param_bytes, plan_inputs
 from .verify import BF16_TOLERANCE, FP32_TOLERANCE, VerifyError, verify_step
 
-__all__ = ["ThunderSyncCLI", "main", "build_parser", "config_plan", "plan_main", "verify_main"]
+__all__ = ["ThunderSyncCLI", "main", "build_parser", "config_plan", "plan_main", "verify_main", "OWN_COMMANDS"]
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +155,22 @@ def _is_subclass(entry: Any, base: type) -> bool:
     return isinstance(cls, type) and issubclass(cls, base)
 
 
+#: The commands run before LightningCLI (``main``), listed beside fit/validate/... by ``--help``.
+OWN_COMMANDS = {
+    "verify": "One step of streaming and one of sync on the same trajectories: is streaming the sync update?",
+    "plan": "The learner's memory plan of a fit config, and whether it fits this (or another) machine.",
+    "export": "A checkpoint as a Hugging Face model directory (LoRA merged, or --adapter-only) with its tokenizer.",
+}
+
+
 class ThunderSyncCLI(LightningCLI):
+    @override
+    def _add_subcommands(self, parser: Any, **kwargs: Any) -> None:
+        super()._add_subcommands(parser, **kwargs)
+        for name, description in OWN_COMMANDS.items():  # help and "choose from" only: main runs them
+            own = ArgumentParser(prog=f"thundersync-lightning {name}", description=description)
+            parser._subcommands_action.add_subcommand(name, own, help=description)
+
     @override
     def parse_arguments(self, parser: Any, args: Any) -> None:
         if args is None or isinstance(args, list):
@@ -224,6 +243,7 @@ def _cli_kwargs() -> dict[str, Any]:
         "datamodule_class": RolloutDataModule,
         "save_config_kwargs": {"overwrite": True},
         "parser_class": ShortErrorParser,  # errors in a few lines (cli_errors)
+        "parser_kwargs": {"description": "Streaming, zero-staleness GRPO for LLM agents (Lightning's CLI and more)."},
     }
 
 
@@ -297,7 +317,7 @@ def config_plan(config: dict[str, Any]) -> MemoryPlan:
 
 def plan_main(args: list[str]) -> int:
     """``thundersync-lightning plan``: print the plan and its verdict; 1 when it does not fit."""
-    parser = argparse.ArgumentParser(
+    parser = ShortArgumentParser(
         prog="thundersync-lightning plan",
         description="The learner's memory plan of a fit config (same --config and overrides as fit).",
     )
@@ -343,7 +363,7 @@ def _strategy_factory(entry: Any) -> Any:
 
 def verify_main(args: list[str]) -> int:
     """``thundersync-lightning verify``: print the report; 0 within tolerance, 1 past it, 2 inconclusive."""
-    parser = argparse.ArgumentParser(
+    parser = ShortArgumentParser(
         prog="thundersync-lightning verify",
         description="One step of streaming and of sync on the same trajectories: is streaming the sync update?",
     )
@@ -391,6 +411,8 @@ def main(args: list[str] | None = None) -> None:
             raise SystemExit(plan_main(argv[1:]))
         if argv[:1] == ["verify"]:
             raise SystemExit(verify_main(argv[1:]))
+        if argv[:1] == ["export"]:
+            raise SystemExit(export_main(argv[1:]))
         ThunderSyncCLI(**_cli_kwargs(), args=args)
     except ConfigError as err:  # found at set-up: the message says what to change, a traceback adds nothing
         if wants_traceback():

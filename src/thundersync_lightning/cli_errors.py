@@ -16,6 +16,7 @@ import); anything else keeps the report's own lines, without the usage. Exit sta
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import importlib
 import inspect
@@ -28,7 +29,14 @@ from typing import Any, NoReturn
 from lightning.pytorch.cli import LightningArgumentParser
 from typing_extensions import override
 
-__all__ = ["TRACEBACK_ENV", "ShortErrorParser", "short_parse_error", "short_config_error", "did_you_mean"]
+__all__ = [
+    "TRACEBACK_ENV",
+    "ShortArgumentParser",
+    "ShortErrorParser",
+    "short_parse_error",
+    "short_config_error",
+    "did_you_mean",
+]
 
 #: Set to 1 for the parser's full report and the traceback of set-up errors.
 TRACEBACK_ENV = "THUNDERSYNC_TRACEBACK"
@@ -72,6 +80,7 @@ def _unrecognized(args: str, keys: Sequence[str]) -> list[str]:
     return lines
 
 
+_CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
 _KEY = re.compile(r'Parser key "([^"]+)"')
 _CLASS = re.compile(r"Problem with given class_path '([^']+)'")
 _OPTION = re.compile(r"Option '([^']+)' is not accepted")
@@ -89,6 +98,10 @@ def short_parse_error(message: str, keys: Sequence[str] = ()) -> tuple[str, list
     if unknown:
         lines = _unrecognized(unknown.group(1), keys)
         return lines[0], lines[1:]
+    choice = _CHOICE.search(text)
+    if choice:
+        value, valid = choice.group(1), [c.strip().strip("'\"") for c in choice.group(2).split(",")]
+        return f"{value!r} is not a command{did_you_mean(value, valid)}", [f"commands: {', '.join(valid)}"]
     outer = _KEY.search(text)
     where = f"--{outer.group(1)}" if outer else ""
     classes = _CLASS.findall(text)
@@ -144,19 +157,52 @@ def _parser_keys(parser: Any) -> list[str]:
     return keys
 
 
+def _report(prog: str, problem: str, details: Sequence[str]) -> NoReturn:
+    lines = [f"{prog}: {problem}", *(f"  {d}" for d in details)]
+    lines.append(f"  (`{prog} --help` lists every option; {TRACEBACK_ENV}=1 shows the full report)")
+    sys.stderr.write("\n".join(lines) + "\n")
+    sys.exit(2)
+
+
+class ShortArgumentParser(argparse.ArgumentParser):
+    """A plain argparse parser (the ``plan``, ``verify`` and ``export`` commands' own options) whose
+    errors read as :class:`ShortErrorParser`'s: a "did you mean" for a mistyped option, exit status 2."""
+
+    @override
+    def error(self, message: str) -> NoReturn:
+        if wants_traceback():
+            super().error(message)
+        problem, details = short_parse_error(message, _parser_keys(self))
+        _report(self.prog, problem, details)
+
+
 class ShortErrorParser(LightningArgumentParser):
-    """The CLI's parser: errors as :func:`short_parse_error` writes them, on stderr, exit status 2."""
+    """The CLI's parser: errors as :func:`short_parse_error` writes them, on stderr, exit status 2.
+
+    A mistyped option before the command (``--confg x.yaml fit``) makes argparse read its value as
+    the command; the report names the option instead."""
+
+    _given: Sequence[str] = ()
+
+    @override
+    def parse_args(self, args: Any = None, *more: Any, **kwargs: Any) -> Any:
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_args(args, *more, **kwargs)
 
     @override
     def error(self, message: str, ex: Exception | None = None) -> NoReturn:
         if not self.exit_on_error or wants_traceback():
             super().error(message, ex)
         parser = getattr(ex, "subcommand_parser", None) or self
-        problem, details = short_parse_error(message, _parser_keys(parser))
+        keys = _parser_keys(parser)
+        problem, details = short_parse_error(message, keys)
+        choice = _CHOICE.search(message)
+        if choice and choice.group(1) in self._given:
+            before = self._given[: self._given.index(choice.group(1))]
+            unknown = [a for a in before if a.startswith("--") and a.split("=", 1)[0][2:] not in keys]
+            if unknown:
+                problem, details = short_parse_error(f"unrecognized arguments: {unknown[0]}", keys)
         prog = re.sub(
             r"^\S*(cli|__main__)\.py\b", "thundersync-lightning", parser.prog.replace(" [options]", "")
         )
-        lines = [f"{prog}: {problem}", *(f"  {d}" for d in details)]
-        lines.append(f"  (`{prog} --help` lists every option; {TRACEBACK_ENV}=1 shows the full report)")
-        sys.stderr.write("\n".join(lines) + "\n")
-        sys.exit(2)
+        _report(prog, problem, details)

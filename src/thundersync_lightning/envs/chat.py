@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..core.errors import ConfigError
-from .tokens import added_token_ids, encode_plain
+from .tokens import added_token_ids, encode_plain, load_tokenizer
 
 __all__ = ["ChatRenderer", "Message"]
 
@@ -75,12 +75,7 @@ class ChatRenderer:
     @property
     def tokenizer(self) -> Any:
         if self._tok is None:
-            from transformers import AutoTokenizer
-
-            try:
-                tok = AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)
-            except (OSError, ValueError) as exc:
-                raise ConfigError(f"ChatRenderer: no tokenizer in {self.tokenizer_path!r} ({exc})") from exc
+            tok = load_tokenizer(self.tokenizer_path)
             if self.chat_template is not None:
                 tok.chat_template = self.chat_template
             if not getattr(tok, "chat_template", None):

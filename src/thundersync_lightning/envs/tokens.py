@@ -19,11 +19,45 @@ encoding of U+FFFD.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-__all__ = ["added_token_ids", "encode_plain"]
+from ..core.errors import ConfigError
+
+__all__ = ["TOKENIZER_FILES", "added_token_ids", "encode_plain", "has_tokenizer", "load_tokenizer"]
+
+#: A directory holding one of these holds a tokenizer (fast or slow).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 _REPLACEMENT = "\N{REPLACEMENT CHARACTER}"
+
+
+def has_tokenizer(path: str) -> bool:
+    """``path`` is a local directory with a tokenizer's files."""
+    return os.path.isdir(path) and any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES)
+
+
+def load_tokenizer(path: str, option: str = "tokenizer_path") -> Any:
+    """The tokenizer in the local directory ``path``, never downloaded.
+
+    A missing directory, or one without a tokenizer, is a :class:`ConfigError` naming ``option`` and
+    the directory (transformers would report a failed download from the Hugging Face Hub instead).
+    """
+    from transformers import AutoTokenizer
+
+    where = path if os.path.isabs(path) else f"{path} (from {os.getcwd()})"
+    if not os.path.isdir(path):
+        raise ConfigError(
+            f"{option} {where!r} does not exist: give a local tokenizer directory (normally the model's own, "
+            "written by save_pretrained or huggingface-cli download --local-dir); nothing is downloaded"
+        )
+    if not has_tokenizer(path):
+        raise ConfigError(f"{option} {where!r} holds no tokenizer (none of {', '.join(TOKENIZER_FILES)})")
+    try:
+        return AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"{option} {where!r}: transformers cannot load its tokenizer ({first})") from exc
 
 
 def added_token_ids(tokenizer: Any) -> frozenset[int]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ..tokens import encode_plain
+from ..tokens import encode_plain, load_tokenizer
 
 __all__ = ["TextCodec", "ByteCodec", "HFTokenizerCodec"]
 
@@ -58,9 +58,7 @@ class HFTokenizerCodec:
 
     def _tokenizer(self) -> Any:
         if self._tok is None:
-            from transformers import AutoTokenizer
-
-            self._tok = AutoTokenizer.from_pretrained(self.path)
+            self._tok = load_tokenizer(self.path)
         return self._tok
 
     @property

@@ -33,6 +33,7 @@ from ...core.errors import ConfigError
 from ...core.types import StepResult, derive_seed
 from ..chat import ChatRenderer
 from ..code.codec import ByteCodec
+from ..tokens import load_tokenizer
 from .rewards import call_reward, check_reward_signature, resolve_reward
 
 __all__ = ["DatasetTasks", "DatasetTask", "DatasetEnv", "load_rows"]
@@ -143,9 +144,7 @@ class DatasetTasks:
         return int(self._plain_tokenizer().eos_token_id)
 
     def _plain_tokenizer(self) -> Any:
-        from transformers import AutoTokenizer
-
-        return AutoTokenizer.from_pretrained(self.tokenizer_path, local_files_only=True)
+        return load_tokenizer(str(self.tokenizer_path))
 
     # ------------------------------------------------------------------ tasks and split
     def _held_out(self, task: DatasetTask) -> bool:

@@ -4,8 +4,10 @@ or ``configs/tool_learn.yaml`` (``make demo-tools``, ``--name tool_learn``).
     python benchmarks/code_learn_curve.py runs/demo-code [--out benchmarks/results] [--name code_learn]
 
 Reads the CSV logger's ``metrics.csv`` (``val/pass_at_1``, ``val/pass_at_k``, ``rollout/reward_mean``
-per step) and ``summary.json``; writes ``<name>.png`` and ``<name>.json`` (the curve and the
-summary, with the command, commit and machine) under ``--out``.
+and ``rollout/truncated_action_fraction`` per step) and ``summary.json``; writes ``<name>.png`` and
+``<name>.json`` (the curves, the summary, and ``ended_turn_fraction``: the share of training actions
+that ended their turn with the end-of-turn token, averaged over the first and the last
+``WINDOW`` steps; with the command, commit and machine) under ``--out``.
 """
 
 from __future__ import annotations
@@ -31,13 +33,28 @@ def read_curve(run: str) -> dict[str, list[tuple[int, float]]]:
     files = sorted(glob.glob(os.path.join(run, "csv", "version_*", "metrics.csv")))
     if not files:
         raise SystemExit(f"no csv/version_*/metrics.csv under {run}")
-    curves: dict[str, list[tuple[int, float]]] = {"val/pass_at_1": [], "val/pass_at_k": [], "rollout/reward_mean": []}
+    curves: dict[str, list[tuple[int, float]]] = {
+        "val/pass_at_1": [], "val/pass_at_k": [], "rollout/reward_mean": [], "rollout/truncated_action_fraction": []
+    }
     with open(files[-1]) as f:
         for row in csv.DictReader(f):
             for key, points in curves.items():
                 if row.get(key):
                     points.append((int(row["step"]), float(row[key])))
     return curves
+
+
+#: Steps averaged for the first and last turn-ending fractions (as the summary's reward window).
+WINDOW = 10
+
+
+def ended_turn_fraction(curve: list[tuple[int, float]]) -> dict[str, float | int] | None:
+    """1 - the truncated-action fraction, averaged over the first and the last ``WINDOW`` steps."""
+    if not curve:
+        return None
+    values = [1.0 - v for _, v in sorted(curve)]
+    return {"first": sum(values[:WINDOW]) / len(values[:WINDOW]),
+            "last": sum(values[-WINDOW:]) / len(values[-WINDOW:]), "window_steps": WINDOW}
 
 
 def main() -> None:
@@ -49,7 +66,9 @@ def main() -> None:
     curves = read_curve(args.run)
     summary_path = os.path.join(args.run, "summary.json")
     summary = json.load(open(summary_path)) if os.path.exists(summary_path) else {}
-    write_result(args.out, args.name, {"summary": summary, "curves": curves})  # + command, commit, machine
+    ended = ended_turn_fraction(curves["rollout/truncated_action_fraction"])
+    result = {"summary": summary, "ended_turn_fraction": ended, "curves": curves}
+    write_result(args.out, args.name, result)  # + command, commit, machine
     import matplotlib
 
     matplotlib.use("Agg")
@@ -68,8 +87,8 @@ def main() -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(os.path.join(args.out, f"{args.name}.png"), dpi=110)
-    print(json.dumps({k: summary.get(k) for k in ("val_pass_at_1_first", "val_pass_at_1_last", "wall_seconds",
-                                                    "learner_idle_fraction", "steps")}))
+    keys = ("val_pass_at_1_first", "val_pass_at_1_last", "wall_seconds", "learner_idle_fraction", "steps")
+    print(json.dumps({**{k: summary.get(k) for k in keys}, "ended_turn_fraction": ended}))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ def test_rollout_metrics_of_one_step_against_a_hand_count():
         "rollout/failure_rate": 0.25,
         "rollout/reward_error_fraction": 0.0,  # the failure ended the episode: not the reward's
         "rollout/invalid_tool_call_fraction": 0.0,  # no tool calls
+        "rollout/truncated_action_fraction": 0.0,  # every action ended its turn
         "rollout/groups_folded_count": 2.0,
         "rollout/groups_aborted_count": 0.0,
         "rollout/groups_generated_count": 3.0,
@@ -96,6 +97,17 @@ def test_the_invalid_tool_call_fraction_is_malformed_calls_over_all_calls_of_the
              record(2)]
     end_step(monitor, trainer, module, stats(trajs))
     assert module.logged["rollout/invalid_tool_call_fraction"] == 0.25  # 1 malformed of 4 calls
+
+
+def test_the_truncated_action_fraction_is_actions_that_never_ended_their_turn_over_all_actions():
+    from dataclasses import replace
+
+    monitor, trainer, module = RolloutMetrics(), stub_trainer(), StubModule()
+    monitor.setup(trainer, module, "fit")
+    trajs = [replace(record(0, turns=3), truncated_actions=2), replace(record(1, turns=1), truncated_actions=1),
+             record(2, turns=4)]
+    end_step(monitor, trainer, module, stats(trajs))
+    assert module.logged["rollout/truncated_action_fraction"] == 3 / 8  # 2 + 1 of 3 + 1 + 4 actions
 
 
 def test_reward_errors_are_counted_per_step_and_the_first_step_above_the_threshold_warns_with_the_error():

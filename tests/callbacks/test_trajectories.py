@@ -29,7 +29,7 @@ def test_a_trajectory_decodes_into_prompt_actions_and_observations():
     entry = decode_trajectory(played(0, step=3), GAME.decode, step=3)
     assert entry == {
         "step": 3, "trajectory_id": "s3-g0-t0", "group_id": "s3-g0", "policy_version": 0, "reward": 1.0,
-        "failure": None, "finish_reason": "submit", "num_turns": 2, "prompt": "START",
+        "failure": None, "finish_reason": "submit", "num_turns": 2, "truncated_actions": 0, "prompt": "START",
         "turns": [{"action": "3", "observation": "HIGHER"}, {"action": "5", "observation": "OK"}],
         "prompt_ids": [12],
         "segments": [{"scored": True, "ids": [3]}, {"scored": False, "ids": [8]},

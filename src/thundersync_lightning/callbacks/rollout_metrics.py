@@ -18,6 +18,9 @@ mean of the 4, not the mean of two rank means.
                                          a reward function raised, timed out or returned no finite
                                          number: reward 0) / trajectories
 ``rollout/invalid_tool_call_fraction``   malformed tool calls / tool calls (0 when none was made)
+``rollout/truncated_action_fraction``    actions that reached ``max_action_tokens`` without the stop
+                                         (end-of-turn) token / actions (turns); 1 minus it is the
+                                         fraction of actions that ended their turn
 ``rollout/finish_{reason}_count``        trajectories by finish reason (submit, turn_limit, length,
                                          failure)
 ``rollout/groups_folded_count``          groups folded into the gradient
@@ -103,6 +106,7 @@ class RolloutMetrics(StepStatsCallback):
             "rollout/failure_rate",
             "rollout/reward_error_fraction",
             "rollout/invalid_tool_call_fraction",
+            "rollout/truncated_action_fraction",
             "train/loss",
             "train/zero_advantage_group_fraction",
         ]
@@ -130,6 +134,8 @@ class RolloutMetrics(StepStatsCallback):
             "rewarded_groups": Sum(float(len(stats.group_rewards))),
             "tool_calls": Sum(float(sum(t.tool_calls for t in trajs))),
             "invalid_tool_calls": Sum(float(sum(t.invalid_tool_calls for t in trajs))),
+            "actions": Sum(float(sum(t.num_turns for t in trajs))),
+            "truncated_actions": Sum(float(sum(t.truncated_actions for t in trajs))),
             **{
                 f"rollout/finish_{r}_count": Sum(float(sum(t.finish_reason == r for t in trajs)))
                 for r in FINISH_REASONS
@@ -152,6 +158,8 @@ class RolloutMetrics(StepStatsCallback):
         out["train/zero_advantage_group_fraction"] = zero / groups if groups > 0 else math.nan
         calls, invalid = reduced["tool_calls"], reduced["invalid_tool_calls"]
         out["rollout/invalid_tool_call_fraction"] = invalid / calls if calls > 0 else 0.0
+        actions = reduced["actions"]
+        out["rollout/truncated_action_fraction"] = reduced["truncated_actions"] / actions if actions > 0 else 0.0
         out["train/loss"] = stats.loss
         return out
 

@@ -12,11 +12,14 @@ task source's decoder, and
 ``python -m thundersync_lightning.show DIR`` prints the last ones.
 
 The decoder, first found wins: ``TrajectoryLogger(decode=...)``; the task source's
-``decode(ids) -> str``; its ``codec.decode`` (the code tasks' byte codec or tokenizer); else the
-ids written as numbers. Each JSON line holds::
+``decode(ids) -> str``; the tokenizer of its chat ``renderer`` (tool-calling and chat tasks); its
+``codec.decode`` (the code tasks' byte codec or tokenizer); the tokenizer in its ``tokenizer_path``;
+else the ids written as numbers. A tokenizer decodes with its special tokens kept, so the text shows
+the template's markup, ``<think>`` blocks, ``<tool_call>`` calls, ``<tool_response>`` results and
+whether an action ended its turn (``<|im_end|>``). Each JSON line holds::
 
     {"step", "trajectory_id", "group_id", "policy_version", "reward", "failure", "finish_reason",
-     "num_turns", "prompt": str, "turns": [{"action": str, "observation": str}, ...],
+     "num_turns", "truncated_actions", "prompt": str, "turns": [{"action": str, "observation": str}, ...],
      "prompt_ids": [int], "segments": [{"scored": bool, "ids": [int]}]}
 """
 
@@ -33,6 +36,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.loggers import WandbLogger
 from typing_extensions import override
 
+from ..envs.tokens import load_tokenizer
 from ..strategy.stats import StepStats, TrajectoryRecord
 from ._common import StepStatsCallback
 
@@ -52,11 +56,25 @@ Decode = Callable[[Sequence[int]], str]
 TABLE_COLUMNS = ["step", "trajectory_id", "reward", "failure", "finish_reason", "prompt", "transcript"]
 
 
+def _tokenizer_text(tokenizer: Any) -> Decode:
+    return lambda ids: str(tokenizer.decode(list(ids), skip_special_tokens=False))
+
+
 def decoder_for(tasks: Any) -> Decode:
-    """The task source's ``decode``, else its ``codec.decode``, else ids as numbers."""
-    for candidate in (getattr(tasks, "decode", None), getattr(getattr(tasks, "codec", None), "decode", None)):
-        if callable(candidate):
-            return candidate
+    """The task source's ``decode``, its renderer's tokenizer, its ``codec.decode``, the tokenizer in its
+    ``tokenizer_path``, else ids as numbers (see the module docstring)."""
+    own = getattr(tasks, "decode", None)
+    if callable(own):
+        return own
+    tokenizer = getattr(getattr(tasks, "renderer", None), "tokenizer", None)
+    if tokenizer is not None:
+        return _tokenizer_text(tokenizer)
+    codec = getattr(getattr(tasks, "codec", None), "decode", None)
+    if callable(codec):
+        return codec
+    path = getattr(tasks, "tokenizer_path", None)
+    if isinstance(path, str):
+        return _tokenizer_text(load_tokenizer(path))
     return lambda ids: " ".join(str(int(i)) for i in ids)
 
 
@@ -81,6 +99,7 @@ def decode_trajectory(record: TrajectoryRecord, decode: Decode, step: int) -> di
         "failure": record.failure,
         "finish_reason": record.finish_reason,
         "num_turns": record.num_turns,
+        "truncated_actions": record.truncated_actions,
         "prompt": prompt,
         "turns": turns,
         "prompt_ids": list(record.prompt),
@@ -126,6 +145,8 @@ def format_trajectory(entry: dict[str, Any]) -> str:
         f"--- step {entry['step']}  {entry['trajectory_id']}  reward {reward}  "
         f"finish {entry['finish_reason']}  turns {entry['num_turns']}"
     )
+    if entry.get("truncated_actions"):
+        head += f"  truncated actions {entry['truncated_actions']} (the token budget ended them, not the model)"
     if entry.get("failure"):
         head += f"\n    failure: {entry['failure']}"
     return f"{head}\n[prompt] {entry['prompt']}\n{_transcript(entry)}"

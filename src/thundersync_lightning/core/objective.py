@@ -155,8 +155,8 @@ class Objective:
             same names and threshold syntax, :mod:`~thundersync_lightning.core.rejection`): tokens or
             sequences whose engine-vs-learner divergence is out of bounds leave S_i, R_i and the
             token count. Per trajectory, so it streams exactly.
-        overlong_filter: a trajectory that hit the length limit (``finish_reason="length"``) trains
-            nothing: its tokens leave S_i, R_i and the token count, its reward still counts in its
+        overlong_filter: a trajectory that hit a length limit (``finish_reason="length"``, or an action
+            that reached ``max_action_tokens`` without its end-of-turn token) trains nothing: its tokens leave S_i, R_i and the token count, its reward still counts in its
             group's statistics and its sequence under ``seq-mean-*`` (DAPO's overlong filtering;
             TRL ``mask_truncated_completions``).
         overlong_buffer, overlong_max_tokens, overlong_penalty: DAPO's soft overlong punishment

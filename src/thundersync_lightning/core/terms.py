@@ -137,8 +137,9 @@ def engine_logprobs(trajectories: Sequence[Trajectory], mask: Tensor, dtype: tor
 
 
 def mark_truncated(scores: TokenScores, trajectories: Sequence[Trajectory]) -> TokenScores:
-    """``scores`` with ``truncated`` set from each trajectory's ``finish_reason == "length"``."""
-    flags = torch.tensor([t.finish_reason == "length" for t in trajectories], dtype=torch.bool)
+    """``scores`` with ``truncated`` set from each trajectory's :attr:`~..types.Trajectory.truncated` (its
+    context hit the length limit, or an action its token budget without ending the turn)."""
+    flags = torch.tensor([t.truncated for t in trajectories], dtype=torch.bool)
     return replace(scores, truncated=flags.to(scores.mask.device))
 
 

@@ -92,6 +92,13 @@ class Trajectory:
     failure: str | None = None
     tool_calls: int = 0  # tool calls the policy made (native tool-call episodes)
     invalid_tool_calls: int = 0  # of which malformed: not JSON, unknown tool, arguments failing the schema
+    truncated_actions: int = 0  # actions that reached the token budget without the stop (end-of-turn) token
+
+    @property
+    def truncated(self) -> bool:
+        """The episode hit a length limit: its context (``finish_reason="length"``) or an action's token
+        budget (an action that never ended its turn). What ``Objective.overlong_filter`` drops."""
+        return self.finish_reason == "length" or self.truncated_actions > 0
 
     @property
     def tokens(self) -> tuple[int, ...]:

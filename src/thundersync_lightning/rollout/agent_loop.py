@@ -1,7 +1,8 @@
 """The multi-turn agent loop, independent of how tokens are generated.
 
 An episode is: ``prompt = env.reset()``; then per turn the policy acts (generates up to
-``max_action_tokens`` tokens, stopping after ``stop_token``), the environment answers
+``max_action_tokens`` tokens, stopping after ``stop_token``; an action the budget ended before its
+stop token is a *truncated action*, counted in ``Trajectory.truncated_actions``), the environment answers
 ``env.step(action) -> StepResult(observation, done)`` and the observation is appended as an
 unscored segment; until ``done`` ("submit") or ``max_turns`` ("turn_limit"). A step's tool-call
 counts (``StepResult.tool_calls`` / ``invalid_tool_calls``: native tool calls, parsed and run by
@@ -144,6 +145,7 @@ class _Episode:
     turns: int = 0
     tool_calls: int = 0
     invalid_tool_calls: int = 0
+    truncated_actions: int = 0
 
 
 class AgentLoop:
@@ -319,6 +321,7 @@ class AgentLoop:
                 failure=failure,
                 tool_calls=ep.tool_calls,
                 invalid_tool_calls=ep.invalid_tool_calls,
+                truncated_actions=ep.truncated_actions,
             )
             if self.annotate is not None:  # its time counts: content is ready once annotated
                 traj = replace(self.annotate(traj), content_ready_at=clock())
@@ -367,6 +370,8 @@ class AgentLoop:
                     raise RuntimeError(f"generate returned {len(outputs)} outputs for {len(batch)} requests")
                 for ep, out in zip(batch, outputs):
                     ep.turns += 1
+                    stop = self.tasks.stop_token
+                    ep.truncated_actions += stop is not None and stop not in out.tokens  # the budget ended it
                     ep.segments.append(Segment(tuple(out.tokens), scored=True, logprobs=tuple(out.logprobs)))
                     ep.context.extend(out.tokens)
                     action = tuple(out.tokens)

@@ -87,6 +87,7 @@ class StepOutcome:
                     segments=t.segments,
                     tool_calls=t.tool_calls,
                     invalid_tool_calls=t.invalid_tool_calls,
+                    truncated_actions=t.truncated_actions,
                 )
             )
         return tuple(out)

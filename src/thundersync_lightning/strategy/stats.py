@@ -39,6 +39,7 @@ class TrajectoryRecord:
     segments: tuple[Segment, ...] = ()
     tool_calls: int = 0
     invalid_tool_calls: int = 0
+    truncated_actions: int = 0  # actions that reached their token budget without ending the turn
 
     @property
     def reward_error(self) -> bool:

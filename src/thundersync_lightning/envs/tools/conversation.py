@@ -10,6 +10,14 @@ re-tokenizing them (token-exact), with tool output encoded as plain text (it can
 A malformed call (not JSON, unknown tool, arguments failing the schema) gets an error message
 as its ``tool`` result and counts in :attr:`ToolTurn.invalid`; a turn without a call gets a user
 reminder. Neither raises, and neither touches the reward: the verdict alone decides it.
+
+A turn that reached its token budget without the end-of-turn token (a truncated action: a served
+model would go on generating to ``max_tokens``) is not a well-formed reply: by default its calls are
+not run, each answered as invalid ("the turn did not end"), so no state the verdict reads changes
+(``run_unfinished_turns=True`` runs them as before).
+
+The stored assistant message holds each call once: its ``tool_calls``, and as ``content`` the text
+without the call blocks (reasoning kept), as an OpenAI-style conversation has it.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from .parsers import CallError, get_tool_parser
 __all__ = ["ToolConversation", "ToolTurn", "clip_text"]
 
 NO_CALL = "No tool call found. Call one of the tools ({names}); call submit when you are done."
+UNFINISHED = ("the turn reached its token limit without its end-of-turn token; calls run only from a turn "
+              "that ends")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +64,12 @@ class ToolConversation:
         tools: what the model may call; their schemas go to the template.
         parser: a name in the tool-parser registry (``hermes``).
         max_result_chars: each tool result is clipped to this many characters.
+        run_unfinished_turns: run the calls of a turn that never ended (reached its token budget
+            without the end-of-turn token); default: refuse them as invalid.
     """
 
     def __init__(self, renderer: ChatRenderer, tools: Sequence[Tool], parser: str = "hermes",
-                 max_result_chars: int = 4096) -> None:
+                 max_result_chars: int = 4096, run_unfinished_turns: bool = False) -> None:
         names = [t.name for t in tools]
         if len(set(names)) != len(names) or not names:
             raise ConfigError(f"ToolConversation: tool names must be unique and non-empty, got {names}")
@@ -66,6 +78,7 @@ class ToolConversation:
         self.schemas = [t.schema() for t in tools]
         self.parse = get_tool_parser(parser)
         self.max_result_chars = max_result_chars
+        self.run_unfinished_turns = run_unfinished_turns
         self.messages: list[dict[str, Any]] = []
 
     def start(self, messages: Sequence[Mapping[str, Any]]) -> tuple[int, ...]:
@@ -82,12 +95,18 @@ class ToolConversation:
             ids = ids[: ids.index(eot)]
         text = self.renderer.decode(ids)
         parsed = self.parse(text)
+        runs = closed or self.run_unfinished_turns
         valid = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                 for c in parsed.calls if not isinstance(c, CallError)]
-        self.messages.append({"role": "assistant", "content": text, **({"tool_calls": valid} if valid else {})})
+                 for c in parsed.calls if not isinstance(c, CallError)] if runs else []
+        content = parsed.message_content if valid and parsed.message_content is not None else text
+        self.messages.append({"role": "assistant", "content": content, **({"tool_calls": valid} if valid else {})})
         new: list[dict[str, Any]] = []
         invalid = 0
         for call in parsed.calls:
+            if not runs:
+                invalid += 1
+                new.append(self._tool_message((call.name or "error")[:60], f"[invalid tool call] {UNFINISHED}"))
+                continue
             if isinstance(call, CallError):
                 invalid += 1
                 new.append(self._tool_message(call.name or "error", f"[invalid tool call] {call.reason}"))

@@ -40,10 +40,15 @@ class CallError:
 
 @dataclass(frozen=True, slots=True)
 class ParsedTurn:
-    """An assistant turn: its text without the call blocks, and its calls in order."""
+    """An assistant turn: its text without the call blocks (and reasoning), and its calls in order.
+
+    ``message_content``: the turn's text without the call blocks, reasoning kept: the ``content`` of
+    the assistant message stored beside its ``tool_calls``, so that a template rendering the message
+    shows each call once (None: the parser does not say; the whole text is stored)."""
 
     content: str
     calls: tuple[ToolCall | CallError, ...]
+    message_content: str | None = None
 
 
 ToolParser = Callable[[str], ParsedTurn]
@@ -105,4 +110,9 @@ def parse_hermes(text: str) -> ParsedTurn:
         else:
             calls.append(_call(m.group(1).strip()))
     content = _BLOCK.sub("", visible).strip()
-    return ParsedTurn(content, tuple(calls))
+    kept, start = [], 0  # the text less its call blocks, think blocks (and calls inside them) as written
+    for m in _THINK.finditer(text):
+        kept += [_BLOCK.sub("", text[start : m.start()]), m.group(0)]
+        start = m.end()
+    kept.append(_BLOCK.sub("", text[start:]))
+    return ParsedTurn(content, tuple(calls), "".join(kept).strip())

@@ -85,6 +85,7 @@ def headline(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
     code = load("code_learn")["curves"]["val/pass_at_1"]
     dip = deepest_dip(code)
     tools = load("tool_learn")["summary"]
+    ended = load("tool_learn")["ended_turn_fraction"]
     short, long_ = load("overlap"), load("overlap_long")
     ttt = load("time_to_target")["median_seconds"]["toy"]
     bf16 = load("bf16_gradient")["streaming_vs_sync"]
@@ -97,8 +98,9 @@ def headline(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
          f"{code[0][1]:.2f} -> {code[-1][1]:.2f}" + (f" (dips to {dip[1]:.2f} at step {dip[0]} from {dip[2]:.2f})"
          if dip else " (never dips)"), "code_learn"),
         ("`make demo-tools`: held-out pass@1 through native tool calls, "
-         f"{tools['steps']} steps", f"{tools['val_pass_at_1_first']:.2f} -> {tools['val_pass_at_1_last']:.2f}, "
-         f"fit {tools['wall_seconds'] / 60:.1f} min", "tool_learn"),
+         f"{tools['steps']} steps", f"{tools['val_pass_at_1_first']:.2f} -> {tools['val_pass_at_1_last']:.2f}; "
+         f"actions that ended their turn {100 * ended['first']:.1f}% -> {100 * ended['last']:.1f}% (first and last "
+         f"{ended['window_steps']} steps); fit {tools['wall_seconds'] / 60:.1f} min", "tool_learn"),
         ("step time, streaming over sync, short workload (2.4M params)",
          f"{x(short['speedup_streaming_vs_sync'])} (bound {x(short['bound_speedup'])}; one-step async "
          f"{x(short['speedup_async_vs_sync'])} at staleness 1)", "overlap"),
@@ -177,9 +179,14 @@ def learning_curve(name: str, load: Callable[[str], dict[str, Any]]) -> str:
     header = ("step", *(str(step) for step, _ in curve))  # one column per evaluation
     rows = [("held-out pass@1", *(f2(p) for _, p in curve)),
             ("held-out pass@k", *(f2(at_k.get(step)) for step, _ in curve))]
+    ended = load(name).get("ended_turn_fraction")
+    turns = "" if ended is None else (
+        f"\nActions that ended their turn (end-of-turn token within `max_action_tokens`), mean of the first "
+        f"and last {ended['window_steps']} training steps: {100 * ended['first']:.1f}% -> {100 * ended['last']:.1f}%.\n"
+    )
     return grid(header, rows) + (
         f"\nTarget: held-out pass@1 >= {LEARNING_TARGET} and >= twice the first evaluation: {verdict}.\n"
-    )
+    ) + turns
 
 
 @table("code_learn")

@@ -100,7 +100,8 @@ def headline(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
         ("`make demo-tools`: held-out pass@1 through native tool calls, "
          f"{tools['steps']} steps", f"{tools['val_pass_at_1_first']:.2f} -> {tools['val_pass_at_1_last']:.2f}; "
          f"actions that ended their turn {100 * ended['first']:.1f}% -> {100 * ended['last']:.1f}% (first and last "
-         f"{ended['window_steps']} steps); fit {tools['wall_seconds'] / 60:.1f} min", "tool_learn"),
+         f"{ended['window_steps']} steps); fit {tools['wall_seconds'] / 60:.1f} min at load "
+         f"{load('tool_learn')['machine']['load_average_1m_5m_15m'][2]:.0f} (15-min mean)", "tool_learn"),
         ("step time, streaming over sync, short workload (2.4M params)",
          f"{x(short['speedup_streaming_vs_sync'])} (bound {x(short['bound_speedup'])}; one-step async "
          f"{x(short['speedup_async_vs_sync'])} at staleness 1)", "overlap"),

@@ -370,8 +370,7 @@ class AgentLoop:
                     raise RuntimeError(f"generate returned {len(outputs)} outputs for {len(batch)} requests")
                 for ep, out in zip(batch, outputs):
                     ep.turns += 1
-                    stop = self.tasks.stop_token
-                    ep.truncated_actions += stop is not None and stop not in out.tokens  # the budget ended it
+                    ep.truncated_actions += self.tasks.stop_token not in (None, *out.tokens)  # the budget ended it
                     ep.segments.append(Segment(tuple(out.tokens), scored=True, logprobs=tuple(out.logprobs)))
                     ep.context.extend(out.tokens)
                     action = tuple(out.tokens)

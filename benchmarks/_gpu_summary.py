@@ -119,7 +119,12 @@ def offload(out: Path) -> list[str]:
     if data is None:
         return []
     ratios = ", ".join(f"{k} {v:.3f}" for k, v in data["ratio_to_none"].items())
-    return [f"held backward time / offload none: {ratios} ({data['parameters'] / 1e6:.0f}M parameters)"]
+    rows = [f"held backward time / offload none, host buffers reserved: {ratios} "
+            f"({data['parameters'] / 1e6:.2f}M parameters)"]
+    if "ratio_to_none_unreserved" in data:
+        unreserved = ", ".join(f"{k} {v:.3f}" for k, v in data["ratio_to_none_unreserved"].items())
+        rows.append(f"allocated in the backward (no bounds): {unreserved}")
+    return rows
 
 
 def weight_sync(out: Path, model: str) -> list[str]:

@@ -32,7 +32,7 @@
 #   WHEELS=dir     extra wheels to install first, offline (`make gpu-wheels` writes dist/gpu-wheels;
 #                  default: that folder when it exists): pip install --no-index --no-deps --target
 #   OUT=dir        results (default benchmarks/results/gpu; a dry run: a new folder under $TMPDIR)
-#   BUDGET_S=540   seconds for all sections; a section's timeout never runs past it
+#   BUDGET_S=540   seconds for all sections (a dry run: 1800); a section's timeout never runs past it
 #   ONLY='a b'     run only these sections (e.g. ONLY='weight_sync_1.7B memory_1.7B' after a slot
 #                  that timed out in them); the rows of an earlier command into the same OUT are
 #                  kept, sections never run are recorded as 'not selected'
@@ -49,7 +49,7 @@ if ((DRY)); then  # never over the committed GPU record
 else
   OUT=${OUT:-benchmarks/results/gpu}
 fi
-BUDGET_S=${BUDGET_S:-540}
+BUDGET_S=${BUDGET_S:-$((DRY ? 1800 : 540))}  # a dry run: tiny sizes, but 2 shared CPU cores
 ONLY=${ONLY:-}
 WHEELS=${WHEELS:-dist/gpu-wheels}
 export HF_HUB_OFFLINE=1 WANDB_MODE=offline
@@ -156,7 +156,8 @@ else
 fi
 # what a GPU slot will take, before it starts (dry run too): the committed GPU run's timings
 limits=(); for name in "${ORDER[@]}"; do limits+=("$name=${GPU_LIMITS[$name]}"); done
-"$PY" benchmarks/_gpu_summary.py --plan benchmarks/results/gpu/sections.tsv "$BUDGET_S" "${limits[@]}" || true
+"$PY" benchmarks/_gpu_summary.py --plan benchmarks/results/gpu/sections.tsv "$((DRY ? 540 : BUDGET_S))" \
+  "${limits[@]}" || true
 
 section paper "${LIMIT[paper]}" "$PY" benchmarks/overlap.py "${PAPER[@]}" "${PAPER_ARGS[@]}" --out "$OUT/paper"
 if [[ $(awk -F'\t' '$1 == "paper" {s = $2} END {print s}' "$SECTIONS") == ok ]]; then

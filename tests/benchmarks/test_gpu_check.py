@@ -56,7 +56,7 @@ def test_the_gpu_checks_dry_run_runs_every_section_on_the_cpu_and_writes_the_sum
     env = {**bare_env(tmp_path), "PY": sys.executable, "OUT": str(out), "WHEELS": str(tmp_path / "no-wheels")}
     done = subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"],
-        env=env, capture_output=True, text=True, timeout=1500,
+        env=env, capture_output=True, text=True, timeout=2400,
     )  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr)[-5000:]
     sections = [line.split("\t") for line in (out / "sections.tsv").read_text().splitlines()]

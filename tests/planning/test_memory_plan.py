@@ -277,3 +277,27 @@ def test_the_fit_plan_counts_weight_sync_buckets_from_the_vllm_settings():
     assert weight_sync_buckets({"weight_sync": "auto", "multiprocessing": True, "tensor_parallel_size": 1}) == 2
     assert weight_sync_buckets({"weight_sync": "auto", "multiprocessing": True, "tensor_parallel_size": 2}) == 1
     assert weight_sync_buckets({}) == 0  # not a vLLM engine
+
+
+def test_lora_on_the_attention_saves_no_down_proj_input_and_lora_on_down_proj_does():
+    # a frozen linear's backward needs only its weight: down_proj's input (the SwiGLU product, e I
+    # per token per layer) is saved only when down_proj trains
+    shape = ModelShape(P, P, 2, ARCH, lora_params_per_rank=ARCH.lora_params_per_rank)
+    full, lora = plan_memory(inputs(model=shape)), plan_memory(inputs(model=shape.with_lora(8)))
+    saved = full.row("activations").device - lora.row("activations").device
+    assert saved == 4 * 64 * ARCH.layers * 2 * ARCH.intermediate  # 4 trajectories x 64 tokens x L e I
+    on_down_proj = plan_memory(inputs(model=shape.with_lora(8, frozen_down_proj=False)))
+    assert on_down_proj.row("activations").device == full.row("activations").device
+
+
+def test_the_model_shape_of_a_lora_config_knows_whether_down_proj_trains():
+    from thundersync_lightning.core.types import ModelSpec
+    from thundersync_lightning.modules.lora import LoraSettings
+    from thundersync_lightning.modules.shape import model_shape
+
+    spec = ModelSpec(model_type="qwen3", config={"vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+                                                 "num_hidden_layers": 1, "num_attention_heads": 2,
+                                                 "num_key_value_heads": 1, "head_dim": 8})  # fmt: skip
+    assert model_shape(spec, LoraSettings(r=4)).frozen_down_proj
+    assert not model_shape(spec, LoraSettings(r=4, target_modules=("q_proj", "down_proj"))).frozen_down_proj
+    assert not model_shape(spec).frozen_down_proj  # full fine-tune

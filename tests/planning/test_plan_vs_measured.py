@@ -52,6 +52,8 @@ def test_the_replanned_gpu_run_is_never_below_its_measured_peak_and_the_gap_is_t
         # so the direct path alone ran): planned at that state, the rest of the plan is within 1.5x
         assert r["reached_accumulator_buffers_beyond_step_gradient"] == 0
         assert 1.0 <= r["planned_at_reached_over_peak"] <= 1.5, name
+        if "lora" in name:  # the adapters' sums are small: the bound itself is within 1.5x
+            assert r["planned_over_peak"] <= 1.5, name
 
 
 @pytest.mark.parametrize("name", ["bf16", "bf16_lora"])

@@ -54,7 +54,8 @@ token:
              + (4 + e)(q + k)        per-head q/k RMSNorms
              + e (q + 2k)            q, k, v projections
              + e (2q + 2k)           attention inputs after RoPE and its output
-             + 4 e I                 SwiGLU: gate, up, silu(gate), product
+             + 4 e I                 SwiGLU: gate, up, silu(gate), product (3 e I when LoRA
+                                     leaves down_proj frozen: its input is not saved)
     b_logits = V (e + 8) (+ 8 V with an entropy term: softmax and its product)
 
 An estimate in the spirit of Korthikanti et al. 2022 ("Reducing Activation Recomputation in
@@ -426,7 +427,7 @@ def _activation_rows(i: PlanInputs) -> list[PlanRow]:
     tokens, how = call_padded_tokens(
         trajectories, i.max_tokens_per_trajectory, i.max_batch_tokens, i.score_max_padding, i.score_forward_tokens
     )
-    per_token = arch.token_activation_bytes(e, i.entropy)
+    per_token = arch.token_activation_bytes(e, i.entropy, i.model.frozen_down_proj)
     rows = [
         PlanRow(
             "activations",

@@ -2,7 +2,7 @@
 
 A streaming fit of ``--steps`` steps (``ThunderSyncStrategy(mode="streaming")``) in which the
 embedded engine (``EmbeddedEngineConfig(device=...)``: its own process, batched generation with a
-KV cache, :mod:`thundersync_lightning.rollout.hf_generator`) and the learner share the device.
+KV cache, :mod:`thundersync_lightning.rollout.embedded.generator`) and the learner share the device.
 The task is the branch demo's native tool calls (``BranchTasks``, ``max_turns`` calls per episode,
 an error result lets the model call again) with the tokenizer and chat template of
 :mod:`thundersync_lightning.envs.branches.start` (built here, seconds). The policy has the

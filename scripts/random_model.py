@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import torch  # noqa: E402
 
 from thundersync_lightning.modules.shape import QWEN3_ARCHITECTURES  # noqa: E402
-from thundersync_lightning.rollout.vllm_model import write_model_dir  # noqa: E402
+from thundersync_lightning.rollout.vllm.model import write_model_dir  # noqa: E402
 
 
 def build(directory: str, shape: str = "0.6B", layers: int | None = None, dtype: str = "bfloat16", seed: int = 0) -> str:

@@ -114,7 +114,7 @@ class SWEbenchWorkspace:
         chown_tree(dest, uid)
 
     def _box(self, workdir: str, cap: int | None = None, base_git: bool = False,
-             eval_dir: str | None = None) -> ContainerSandbox:
+             eval_dir: str | None = None, budget: BoundedDir | None = None) -> ContainerSandbox:
         assert self._lease is not None and self._dir is not None and self._budget is not None
         config = self.settings.container
         if cap is not None:
@@ -123,7 +123,7 @@ class SWEbenchWorkspace:
         if eval_dir is not None:
             ro[eval_dir] = EVAL_DIR
         return ContainerSandbox(workdir, self.image, self._lease.uid, config, guard=self._guard, ro_volumes=ro,
-                                budget=self._budget)
+                                budget=budget or self._budget)
 
     def _base_git(self, agent: str) -> None:
         """A root-owned bare copy of the base commit, made before the agent acts (shallow when the
@@ -157,6 +157,7 @@ class SWEbenchWorkspace:
             agent = os.path.join(self._dir, "agent")
             copy_from_image(self.image, "/testbed", agent, self.settings.container)
             self._base_git(agent)
+            self._image_shell()  # now: once the agent acts, its budget may be full
             chown_tree(agent, self._lease.uid)
             self._sandbox = self._box(agent)
         except BaseException:
@@ -189,12 +190,20 @@ class SWEbenchWorkspace:
         if not patch.strip():
             return EvalOutcome(False, "empty patch (after dropping changes to tests, or unparseable)")
         spec = make_test_spec(self.instance)
-        evalroot = tempfile.mkdtemp(prefix="eval-", dir=self._dir)
+        # Beside the workspace (same uid marker: swept with it), on a disk budget of its own: a
+        # workspace the agent filled is graded like any other.
+        evalroot = tempfile.mkdtemp(prefix=f"swe-u{self._lease.uid}-eval-", dir=self.settings.root)
+        try:
+            budget = BoundedDir(evalroot, self.settings.disk_bytes, self.settings.disk_inodes, 0o711,
+                                require=self.settings.require_disk_budget)
+        except BaseException:
+            remove_tree(evalroot)
+            raise
         evaldir = os.path.join(evalroot, "testbed")
         try:
             self._fresh_testbed(evaldir, self._lease.uid)
             declared = self._declared_sources(evaldir, spec)  # before anything runs in the copy
-            box = self._box(evaldir, self.settings.max_log_bytes)
+            box = self._box(evaldir, self.settings.max_log_bytes, budget=budget)
             applied = box.run(_APPLY, stdin=patch.encode(), timeout_s=120.0)
             if not applied.ok:
                 return EvalOutcome(False, "patch did not apply", log=f"{APPLY_PATCH_FAIL}\n{applied.text}")
@@ -202,11 +211,11 @@ class SWEbenchWorkspace:
             write_eval_dir(scripts, spec.eval_script, spec.log_parser, self._image_shell())
             warn_if_dumpable()
             secrets = EvalSecrets.new()
-            result = self._box(evaldir, self.settings.max_log_bytes, eval_dir=scripts).run(
+            result = self._box(evaldir, self.settings.max_log_bytes, eval_dir=scripts, budget=budget).run(
                 eval_command(), stdin=secrets.stdin(), timeout_s=self.settings.eval_timeout_s)
             return grade_eval_run(spec, result, secrets, patch, declared)
         finally:
-            remove_tree(evalroot)
+            budget.remove()
 
     def _image_shell(self) -> str:
         """A host copy of the image's shell binary (``ContainerConfig.shell``), made once per

@@ -34,7 +34,12 @@ not finished (including those whose reset/step is still running, once it returns
 Failures of the environment never escape: an environment call that raises or times out ends
 the episode with ``finish_reason="failure"`` (tokens so far are still delivered) and
 ``RewardReady(reward=0.0, failure=...)``; a verdict that raises, times out or is not a finite
-number gives reward 0.0 with the reason.
+number gives reward 0.0 with the reason. Only a failure no action of the episode can have caused
+is marked ``host_fault`` (and may leave its group under ``failed="drop"``): a reset that fails
+(nothing has acted yet) or a call that raised :class:`~..core.errors.HostFault`. A failed episode's
+environment is closed at once, on a thread of its own (never queued behind a saturated pool), so
+no further command of the ended episode starts. An observation that would carry the context past
+``max_context_tokens`` is cut to fit, and the episode ends with ``finish_reason="length"``.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ from ..core.types import (
     derive_seed,
     trajectory_id,
 )
-from .env_pool import EnvPool, Outcome
+from .env_pool import EnvPool, Outcome, run_detached
 from .group_gate import GroupGate
 from .sampling import turn_seed
 
@@ -303,7 +308,7 @@ class AgentLoop:
             else:
                 closing.add_done_callback(lambda _f: gate.stop())
 
-        def finish(ep: _Episode, reason: str, failure: str | None = None) -> None:
+        def finish(ep: _Episode, reason: str, failure: str | None = None, host_fault: bool = False) -> None:
             del live[ep.trajectory_id]
             traj = Trajectory(
                 trajectory_id=ep.trajectory_id,
@@ -324,8 +329,8 @@ class AgentLoop:
                 traj = replace(self.annotate(traj), content_ready_at=clock())
             emit_content(ContentReady(traj, traj.content_ready_at))
             if failure is not None:
-                stopped(ep, self._close(ep))  # a call may still run past its timeout: close kills it
-                emit_reward(RewardReady(ep.trajectory_id, ep.group_id, 0.0, clock(), failure))
+                stopped(ep, self._close(ep, at_once=True))  # a call may still run past its timeout: close kills it
+                emit_reward(RewardReady(ep.trajectory_id, ep.group_id, 0.0, clock(), failure, host_fault))
             else:
                 gates[ep.group_id].hold(lambda: self._start_verdict(ep, emit_reward, clock))
                 stopped(ep, None)
@@ -334,12 +339,15 @@ class AgentLoop:
             for fut in done:
                 ep = pending.pop(fut)
                 outcome = fut.result()
-                if not outcome.ok:
-                    finish(ep, "failure", outcome.failure)
+                if not outcome.ok:  # a reset failed before any action: the episode cannot have caused it
+                    finish(ep, "failure", outcome.failure, outcome.host_fault or ep.turns == 0)
                 elif isinstance(outcome.value, StepResult):
                     obs, is_done = outcome.value.observation, outcome.value.done
                     ep.tool_calls += outcome.value.tool_calls
                     ep.invalid_tool_calls += outcome.value.invalid_tool_calls
+                    room = None if self.max_context_tokens is None else self.max_context_tokens - len(ep.context)
+                    if room is not None and len(obs) > room:  # the last observation, cut to the context
+                        obs = tuple(obs[: max(0, room)])
                     if obs:
                         ep.segments.append(Segment(obs, scored=False))
                         ep.context.extend(obs)
@@ -447,15 +455,20 @@ class AgentLoop:
                 reward, failure = check_verdict(outcome.value)
             else:
                 reward, failure = 0.0, outcome.failure
-            emit(RewardReady(ep.trajectory_id, ep.group_id, reward, clock(), failure))
+            emit(RewardReady(ep.trajectory_id, ep.group_id, reward, clock(), failure, outcome.host_fault))
             self._close(ep)  # also after a timeout: close() is how an environment frees a stuck run
 
         fut.add_done_callback(on_done)
 
-    def _close(self, ep: _Episode) -> Future[Outcome[Any]] | None:
-        """Close ``ep``'s environment in the pool (once); the close's future, or None if there was none."""
+    def _close(self, ep: _Episode, at_once: bool = False) -> Future[Outcome[Any]] | None:
+        """Close ``ep``'s environment (once) in the pool, or ``at_once`` on a thread of its own (a
+        failed episode: its close, which stops its sandbox's runs, must not queue behind the calls
+        that overran); the close's future, or None if there was none."""
         env = ep.env
         if env is None:
             return None
         ep.env = None
+        if at_once:
+            return run_detached(env.close, "close")
         return self.pool.submit(env.close, self.step_timeout_s, "close")
+

@@ -34,7 +34,7 @@ from ...core.errors import ConfigError
 from ...core.types import StepResult
 from ..chat import ChatRenderer
 from ..code.source import pick
-from ..tools import Tool, ToolConversation, ToolResult
+from ..tools import Tool, ToolConversation, ToolResult, TurnBudget
 
 __all__ = ["BRANCHES", "VERBS", "PHRASES", "BranchTask", "BranchRepo", "BranchEnv", "BranchTasks", "branch_tools",
            "all_branch_tasks", "expected_state", "is_held_out"]
@@ -47,6 +47,7 @@ PHRASES: Mapping[str, tuple[str, ...]] = {
     "create": ("Create a branch named {}.", "Start a new branch {}."),
 }
 _MAIN = "main"
+OBSERVATION_TOKENS = 128  # a turn's observation, at most (its TurnBudget's max_tokens)
 _NAME = {"type": "object", "properties": {"name": {"type": "string", "description": "the branch name"}},
          "required": ["name"], "additionalProperties": False}
 
@@ -224,11 +225,14 @@ class BranchTasks:
         if not isinstance(task, BranchTask):
             raise ConfigError(f"BranchTasks.make_env: expected a BranchTask, got {type(task).__name__}")
         del seed  # deterministic environment
-        return BranchEnv(task, ToolConversation(self.renderer, branch_tools(), self.tool_parser, max_result_chars=256))
+        return BranchEnv(task, ToolConversation(self.renderer, branch_tools(), self.tool_parser, max_result_chars=256,
+                                                budget=TurnBudget(max_calls=2, max_chars=512,
+                                                                  max_tokens=OBSERVATION_TOKENS)))
 
     def max_episode_tokens(self) -> int:
-        """A bound on one episode: the prompt, and per turn an action and a tool result."""
-        task = self.all_tasks[0]
-        prompt = len(self.renderer.prompt_ids([{"role": "user", "content": task.request}],
-                                              [t.schema() for t in branch_tools()]))
-        return prompt + self.max_turns * (self.max_action_tokens + 128)
+        """A bound on one episode, whatever the policy writes: the longest prompt, and per turn an
+        action and an observation (at most :data:`OBSERVATION_TOKENS`, the turn budget's)."""
+        schemas = [t.schema() for t in branch_tools()]
+        prompt = max(len(self.renderer.prompt_ids([{"role": "user", "content": r}], schemas))
+                     for r in {t.request for t in self.all_tasks})
+        return prompt + self.max_turns * (self.max_action_tokens + OBSERVATION_TOKENS)

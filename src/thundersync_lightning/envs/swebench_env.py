@@ -34,6 +34,7 @@ from .code.codec import ByteCodec, HFTokenizerCodec, TextCodec
 from .code.env import ActionFormat, CodeEnv, render_prompt
 from .code.grading import EvalOutcome
 from .code.patches import BASE_GIT_DIR, capture_command, filter_patch, patch_paths
+from .code.pytest_config import manifest_command, parse_manifest, with_contents
 from .code.source import pick, uid_pool
 from .code.task import is_protected_path
 from .code.tools import tool_conversation, tool_renderer
@@ -204,6 +205,7 @@ class SWEbenchWorkspace:
             self._fresh_testbed(evaldir, self._lease.uid)
             declared = self._declared_sources(evaldir, spec)  # before anything runs in the copy
             box = self._box(evaldir, self.settings.max_log_bytes, budget=budget)
+            config = self._config_manifest(box, evaldir)  # the original tree's, before the agent's patch
             applied = box.run(_APPLY, stdin=patch.encode(), timeout_s=120.0)
             if not applied.ok:
                 return EvalOutcome(False, "patch did not apply", log=f"{APPLY_PATCH_FAIL}\n{applied.text}")
@@ -213,7 +215,7 @@ class SWEbenchWorkspace:
             secrets = EvalSecrets.new()
             result = self._box(evaldir, self.settings.max_log_bytes, eval_dir=scripts, budget=budget).run(
                 eval_command(), stdin=secrets.stdin(), timeout_s=self.settings.eval_timeout_s)
-            return grade_eval_run(spec, result, secrets, patch, declared)
+            return grade_eval_run(spec, result, secrets, patch, declared, config)
         finally:
             budget.remove()
 
@@ -243,6 +245,21 @@ class SWEbenchWorkspace:
         :mod:`.code.outcomes`); files that cannot be read are left out (their tests must pass)."""
         paths = set(self._test_paths)
         paths |= {t.split("::", 1)[0] for t in [*spec.FAIL_TO_PASS, *spec.PASS_TO_PASS] if "::" in t}
+        return {rel: data.decode("utf-8", "replace") for rel, data in self._patched_files(testbed, paths).items()
+                if data is not None}
+
+    def _config_manifest(self, box: ContainerSandbox, testbed: str) -> dict[str, str]:
+        """The manifest of the pytest configuration the eval run must find before its tests: the
+        fresh tree's (computed in a container of the image, as the eval shell does), with the
+        configuration files the instance's test patch touches as that patch leaves them."""
+        listed = box.run(manifest_command(), timeout_s=120.0)
+        if not listed.ok:
+            raise SandboxError(f"cannot list the pytest configuration of {self.image}: {listed.text[-300:]}")
+        return with_contents(parse_manifest(listed.text), self._patched_files(testbed, set(self._test_paths)))
+
+    def _patched_files(self, testbed: str, paths: set[str]) -> dict[str, bytes | None]:
+        """``paths`` of the fresh ``testbed`` with the instance's ``test_patch`` applied by the host's
+        git in a scratch directory (None: absent, or not a regular file)."""
         with tempfile.TemporaryDirectory(prefix="tsl-declared-") as scratch:
             for rel in sorted(paths):
                 src = os.path.join(testbed, rel)
@@ -255,13 +272,13 @@ class SWEbenchWorkspace:
             if test_patch.strip():
                 subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], cwd=scratch, input=test_patch.encode(),
                                env=_GIT_ENV, capture_output=True, timeout=120)
-            out = {}
+            out: dict[str, bytes | None] = {}
             for rel in paths:
                 try:
                     with open(os.path.join(scratch, rel), "rb") as f:
-                        out[rel] = f.read(_MAX_SOURCE_BYTES).decode("utf-8", "replace")
+                        out[rel] = f.read(_MAX_SOURCE_BYTES)
                 except OSError:
-                    continue
+                    out[rel] = None
             return out
 
     def close(self) -> None:

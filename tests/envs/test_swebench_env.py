@@ -265,11 +265,11 @@ def test_the_container_eval_run_gets_a_read_only_script_and_its_key_on_stdin_onl
     """SWEbenchWorkspace.evaluate against a stand-in for the container runs: what each run gets
     (argv, mounts, stdin, the script directory's files) and how its output is graded."""
     from thundersync_lightning.envs import swebench_env
+    from thundersync_lightning.envs.code.pytest_config import manifest_command
     from thundersync_lightning.envs.code.reporter import signed_lines
     from thundersync_lightning.envs.sandbox import SandboxResult
     from thundersync_lightning.envs.sandbox import container as container_module
     from thundersync_lightning.envs.swebench_env import SWEbenchSettings, SWEbenchWorkspace
-    from thundersync_lightning.envs.code.pytest_config import manifest_command
     from thundersync_lightning.envs.swebench_log import EVAL_DIR, SHELL_NAME, EvalSecrets, eval_command
 
     MANIFEST = f"{'0' * 64}  /testbed/conftest.py\n"

@@ -21,7 +21,7 @@ from .actions import ACTION_HELP, Bash, Invalid, Submit, edit_command, parse_act
 from .codec import ByteCodec, TextCodec
 from .grading import EvalOutcome
 
-__all__ = ["Workspace", "CodeEnv", "format_observation", "render_prompt", "ActionFormat", "TOOLS_HELP"]
+__all__ = ["Workspace", "CodeEnv", "format_observation", "clip_bytes", "OBSERVATION_FRAME_BYTES", "render_prompt", "ActionFormat", "TOOLS_HELP"]
 
 ActionFormat = Literal["text", "tools"]
 
@@ -54,6 +54,22 @@ def _problem(problem_statement: str, files: Sequence[str]) -> str:
     repo = f"Repository files:\n{listing}{more}\n" if files else ""
     return ("You are fixing a bug in the Python repository in your working directory.\n\n"
             f"Problem:\n{problem_statement.strip()}\n\n{repo}")
+
+
+OBSERVATION_FRAME_BYTES = len("\n<observation>\n\n</observation>\n")
+
+
+def clip_bytes(text: str, max_bytes: int) -> str:
+    """At most ``max_bytes`` UTF-8 bytes of ``text``: its head and tail around a cut note (the note
+    counts; characters split by a cut are dropped)."""
+    data = text.encode("utf-8", "replace")  # a lone surrogate becomes "?": the codec can encode the result
+    if len(data) <= max_bytes:
+        return data.decode("utf-8")
+    note = f"\n[... {len(data) - max_bytes} bytes cut ...]\n".encode()
+    room = max(0, max_bytes - len(note))
+    head = room * 2 // 3
+    kept = data[:head] + note + data[len(data) - (room - head):] if room > head else data[:head] + note
+    return kept[:max_bytes].decode("utf-8", "ignore")
 
 
 def format_observation(result: SandboxResult, max_bytes: int) -> str:
@@ -108,7 +124,10 @@ class CodeEnv:
         return self.codec.encode(self.prompt)
 
     def _observe(self, text: str) -> tuple[int, ...]:
-        return self.codec.encode(f"\n<observation>\n{text.rstrip()}\n</observation>\n")
+        """The framed observation: its text at most ``max_observation_bytes`` UTF-8 bytes (head and
+        tail), plus the frame (:data:`OBSERVATION_FRAME_BYTES`)."""
+        return self.codec.encode(f"\n<observation>\n{clip_bytes(text.rstrip(), self.max_observation_bytes)}"
+                                 "\n</observation>\n")
 
     def act_text(self, text: str) -> tuple[str | None, bool, bool]:
         """Perform one action given as text: (observation text or None, done, invalid).

@@ -207,3 +207,23 @@ def test_a_code_task_answers_random_actions_in_both_formats(code_envs, data):
         if text.lstrip().startswith("submit") or "submit" in text:
             continue
         _check(env.step(_code_ids(tasks, text)))
+
+
+@needs_bwrap
+@pytest.mark.parametrize("fmt", ["text", "tools"])
+def test_a_mutation_task_answers_any_action(fmt):
+    from thundersync_lightning.envs.mutations import MutationTasks
+
+    extra = {"tokenizer_path": model_dir(), "action_format": "tools"} if fmt == "tools" else {}
+    src = MutationTasks(uid_base=3_980_000, uid_count=16, sandbox_root="/tmp/thundersync-test-mutations", **extra)
+    env = src.make_env(src.validation_tasks()[0], 0)
+    try:
+        env.reset()
+        if fmt == "tools":
+            actions = [_ids(src.renderer.tokenizer, t, src.stop_token) for t in ADVERSARIAL_CALLS if "submit" not in t]
+        else:
+            actions = [(), (-1,), (10**30,), tuple(range(-3, 400))]
+        for action in actions:
+            _check(env.step(action))
+    finally:
+        env.close()

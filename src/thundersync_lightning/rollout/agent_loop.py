@@ -6,9 +6,9 @@ An episode is: ``prompt = env.reset()``; then per turn the policy acts (generate
 unscored segment; until ``done`` ("submit") or ``max_turns`` ("turn_limit"). A step's tool-call
 counts (``StepResult.tool_calls`` / ``invalid_tool_calls``: native tool calls, parsed and run by
 the environment, see ``envs/tools``) add up into the trajectory's. Then the episode's
-tokens are final (:class:`ContentReady`) and its verdict runs in the pool, once every episode of
-its group has stopped acting (:mod:`.group_gate`: no acting sibling can observe a grading run); the
-verdict yields :class:`RewardReady` later, from a pool thread.
+tokens are final (:class:`ContentReady`) and its verdict runs in the pool, once no episode of its
+task acts, in any group or request of this loop (:mod:`.group_gate`: no acting episode can observe
+a grading run of its task); the verdict yields :class:`RewardReady` later, from a pool thread.
 
 An engine supplies only a :data:`GenerateFn`: "continue these token prefixes, each with its own
 seed", batched. The loop schedules at turn granularity: whichever episodes are waiting for the
@@ -66,7 +66,7 @@ from ..core.types import (
     trajectory_id,
 )
 from .env_pool import EnvPool, Outcome, run_detached
-from .group_gate import GroupGate
+from .group_gate import VerdictGate, task_key
 from .sampling import turn_seed
 
 __all__ = ["GenerationRequest", "Generation", "GenerateFn", "AgentLoop", "check_verdict"]
@@ -149,6 +149,7 @@ class _Episode:
     turns: int = 0
     tool_calls: int = 0
     invalid_tool_calls: int = 0
+    gate_key: Any = None
 
 
 class AgentLoop:
@@ -194,6 +195,7 @@ class AgentLoop:
         self._prepared_lock = threading.Lock()  # prepare (any thread) against run and close_prepared
         self._prepared: dict[tuple[str, int], tuple[int, _Episode, Future[Outcome[Any]]]] = {}
         self._prepare_closed = False
+        self._gate = VerdictGate()  # across run() calls: a task's verdicts wait for all its acting episodes
 
     def prepare(self, request: RolloutRequest) -> None:
         """Start the reset wave of ``request`` (``make_env`` and ``env.reset``) in the pool; return at once.
@@ -296,17 +298,16 @@ class AgentLoop:
             pending[future] = ep
         ready: list[_Episode] = []
         live = {ep.trajectory_id: ep for ep, _ in episodes}  # episodes whose content is not final yet
-        gates: dict[str, GroupGate] = {}
+        gate = self._gate
         for ep, _ in episodes:
-            gates[ep.group_id] = GroupGate(gates[ep.group_id].acting + 1 if ep.group_id in gates else 1)
+            gate.enter(ep.gate_key)
 
         def stopped(ep: _Episode, closing: Future[Outcome[Any]] | None) -> None:
             """``ep`` stops acting once ``closing`` (its close, if any) has returned."""
-            gate = gates[ep.group_id]
             if closing is None:
-                gate.stop()
+                gate.stop(ep.gate_key)
             else:
-                closing.add_done_callback(lambda _f: gate.stop())
+                closing.add_done_callback(lambda _f: gate.stop(ep.gate_key))
 
         def finish(ep: _Episode, reason: str, failure: str | None = None, host_fault: bool = False) -> None:
             del live[ep.trajectory_id]
@@ -332,7 +333,7 @@ class AgentLoop:
                 stopped(ep, self._close(ep, at_once=True))  # a call may still run past its timeout: close kills it
                 emit_reward(RewardReady(ep.trajectory_id, ep.group_id, 0.0, clock(), failure, host_fault))
             else:
-                gates[ep.group_id].hold(lambda: self._start_verdict(ep, emit_reward, clock))
+                gate.hold(ep.gate_key, lambda: self._start_verdict(ep, emit_reward, clock))
                 stopped(ep, None)
 
         def absorb(done: set[Future[Outcome[Any]]]) -> None:
@@ -399,6 +400,7 @@ class AgentLoop:
                 trajectory_id=trajectory_id(request.step, g.group_index, k),
                 seed=derive_seed(request.seed, request.step, g.group_index, k),
                 task=g.task,
+                gate_key=task_key(g.task),
             )
             for g in request.groups
             for k in range(g.size)

@@ -82,14 +82,14 @@ def test_a_config_the_install_step_writes_voids_the_run(tmp_path, sandbox_dir, s
 
     from thundersync_lightning.envs.code.pytest_config import manifest_command, parse_manifest
     from thundersync_lightning.envs.sandbox import BwrapConfig, BwrapSandbox, SandboxLimits, chown_tree
-    from thundersync_lightning.envs.swebench_env import load_instances
-    from thundersync_lightning.envs.swebench_log import (
+    from thundersync_lightning.envs.swebench.eval_run import (
         EVAL_DIR,
         EvalSecrets,
         eval_command,
         grade_eval_run,
         write_eval_dir,
     )
+    from thundersync_lightning.envs.swebench.source import load_instances
 
     from ._support import TEST_POOL, git_repo, swebench_row
     from .test_swebench_env import TASK, write_jsonl

@@ -44,8 +44,6 @@ no further command of the ended episode starts. An observation that would carry 
 
 from __future__ import annotations
 
-import math
-import numbers
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -68,6 +66,7 @@ from ...core.types import (
 from ..sampling import turn_seed
 from .env_pool import EnvPool, Outcome, run_detached
 from .group_gate import VerdictGate, task_key
+from .verdict import check_verdict
 
 __all__ = ["GenerationRequest", "Generation", "GenerateFn", "AgentLoop", "check_verdict"]
 
@@ -99,24 +98,6 @@ pure function of (prefix, seed, weights): the same request gives the same tokens
 in the batch."""
 
 
-def check_verdict(value: Any) -> tuple[float, str | None]:
-    """(reward, failure): a finite real number passes; anything else is reward 0.0 with the reason.
-
-    Real numbers include ``bool`` (pass/fail as 1.0/0.0) and numpy scalars; reasons read
-    "verdict returned nan", "verdict returned -inf", "verdict returned str 'PASSED', not a real
-    number".
-    """
-    if isinstance(value, numbers.Real):
-        try:
-            reward = float(value)
-        except (TypeError, ValueError, OverflowError) as exc:
-            return 0.0, f"verdict returned {type(value).__name__} {_short(value)}, not convertible to float ({exc})"
-        if math.isfinite(reward):
-            return reward, None
-        return 0.0, f"verdict returned {reward!r}"
-    return 0.0, f"verdict returned {type(value).__name__} {_short(value)}, not a real number"
-
-
 def _same_task(prepared: _Episode, wanted: _Episode) -> bool:
     """Whether a prepared episode is the one ``wanted`` names (a task that cannot be compared: no)."""
     if (prepared.group_id, prepared.sample) != (wanted.group_id, wanted.sample):
@@ -125,14 +106,6 @@ def _same_task(prepared: _Episode, wanted: _Episode) -> bool:
         return prepared.task is wanted.task or bool(prepared.task == wanted.task)
     except Exception:  # e.g. array fields: ambiguous truth value
         return False
-
-
-def _short(value: Any, limit: int = 120) -> str:
-    try:
-        text = repr(value)
-    except Exception as exc:  # a hostile __repr__ must not take the loop down
-        text = f"<unrepresentable: {type(exc).__name__}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(slots=True)

@@ -123,3 +123,28 @@ def test_a_config_the_install_step_writes_voids_the_run(tmp_path, sandbox_dir, s
     after = grade_eval_run(spec, result, secrets, TASK.gold_patch, declared=dict(TASK.files), config=original)
     assert not after.resolved and after.reward == 0.0
     assert f"/testbed/{written} added" in after.reason and "void run" in after.reason
+
+
+@needs_bwrap
+def test_a_mutation_task_whose_directory_the_agent_filled_is_graded_like_any_other():
+    import json
+
+    from thundersync_lightning.envs.mutations import MutationTasks
+
+    from .test_code_tools import model_dir
+
+    src = MutationTasks(action_format="tools", tokenizer_path=model_dir(), uid_base=3_980_000, uid_count=16,
+                        sandbox_root="/tmp/thundersync-test-mutations", disk_bytes=4 * 1024**2, disk_inodes=500)
+    task = src.validation_tasks()[0]
+    tok = src.renderer.tokenizer
+    fix = task.candidates[task.answer]
+    env = src.make_env(task, 0)
+    try:
+        env.reset()
+        for command in (f"cat > solution.py <<'EOF'\n{fix}\nEOF", "dd if=/dev/zero of=fill bs=64k count=200; echo x"):
+            text = f'<tool_call>{json.dumps({"name": "bash", "arguments": {"command": command}})}</tool_call>'
+            env.step((*tok.encode(text, add_special_tokens=False), src.stop_token))
+        reward = env.verdict()  # before: writing test_hidden.py into the full directory raised ENOSPC
+    finally:
+        env.close()
+    assert reward == 1.0

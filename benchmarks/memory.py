@@ -43,7 +43,7 @@ import torch  # noqa: E402
 
 from _common import add_common_args, write_result  # noqa: E402
 from _harness import fit, load_average, qwen3_config  # noqa: E402
-from thundersync_lightning.core.streaming import StreamingGRPO  # noqa: E402
+from thundersync_lightning.core.accumulator.streaming import StreamingGRPO  # noqa: E402
 from thundersync_lightning.core.types import Segment, Trajectory  # noqa: E402
 from thundersync_lightning.envs.toy import GuessingGameTasks  # noqa: E402
 from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule  # noqa: E402
@@ -141,8 +141,8 @@ def accumulator_curve(size: str, offload: str, max_groups: int, device: torch.de
     report = acc.finish()
     peak = report.peak_bytes
     last = curve[-1]
-    # every group open, two rewarded trajectories each (the third is scored after the snapshot)
-    plan_sums = planned(P, device, groups_per_step=max_groups, group_size=3).row("group sums").total
+    # every group open, two rewarded trajectories each (the third is scored after the snapshot, nothing held)
+    plan_sums = planned(P, device, groups_per_step=max_groups, group_size=3, max_held_trajectories=0).row("group sums").total
     out = {
         "size": size,
         "offload": offload,

@@ -70,7 +70,7 @@ from .callbacks import (
 )
 from .cli_errors import ShortArgumentParser, ShortErrorParser, short_config_error, wants_traceback
 from .core.errors import ConfigError
-from .core.objective import Objective
+from .core.grpo.objective import Objective
 from .core.types import ModelSpec
 from .export import export_main
 from .modules import GRPOPolicy, RolloutDataModule

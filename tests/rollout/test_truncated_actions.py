@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from thundersync_lightning.core.terms import TokenScores, mark_truncated
+from thundersync_lightning.core.grpo.terms import TokenScores, mark_truncated
 from thundersync_lightning.core.types import GroupRequest, RolloutRequest, Segment, StepResult, Trajectory
 from thundersync_lightning.rollout import AgentLoop, EnvPool, Generation, GenerationRequest
 

@@ -17,7 +17,7 @@ mean of the 4, not the mean of two rank means.
 ``rollout/reward_error_fraction``        trajectories whose reward could not be computed (the verdict or
                                          a reward function raised, timed out or returned no finite
                                          number: reward 0) / trajectories
-``rollout/invalid_tool_call_fraction``   malformed tool calls / tool calls (0 when none was made)
+``rollout/invalid_tool_call_fraction``   invalid calls / calls (a code task's text action is one call; 0 when none was made)
 ``rollout/truncated_action_fraction``    actions that reached ``max_action_tokens`` without the stop
                                          (end-of-turn) token / actions (turns); 1 minus it is the
                                          fraction of actions that ended their turn
@@ -51,7 +51,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from thundersync_lightning.callbacks._common import Mean, Reduction, StepStatsCallback, Sum
+from thundersync_lightning.callbacks.base import Mean, Reduction, StepStatsCallback, Sum
 from thundersync_lightning.strategy.stats import StepStats
 
 __all__ = ["RolloutMetrics", "FINISH_REASONS"]

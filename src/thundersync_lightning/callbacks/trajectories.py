@@ -38,7 +38,7 @@ from typing_extensions import override
 
 from ..envs.tokens import load_tokenizer
 from ..strategy.stats import StepStats, TrajectoryRecord
-from ._common import StepStatsCallback
+from .base import StepStatsCallback
 
 __all__ = [
     "TrajectoryLogger",

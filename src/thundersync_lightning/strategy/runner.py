@@ -16,7 +16,7 @@ dispatched; one that arrives before its content waits for it. ``StepOutcome.rewa
 shaped rewards (what the group statistics see).
 
 Dynamic sampling (``reserve`` and ``issue``): when every verdict of a group is in and the group
-carries no signal (:func:`~thundersync_lightning.core.dynamic.informative`, the accumulator's own
+carries no signal (:func:`~thundersync_lightning.core.grpo.group_filter.informative`, the accumulator's own
 test: it filters that group), the next reserve group is issued at once, from the weights the
 engine holds (this step's in streaming and sync: staleness 0), and its events join the stream;
 until the reserve is spent. Every mode issues the same replacements (sync waits for them before
@@ -37,12 +37,18 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.distributed as dist
 
-from ..core.dynamic import informative
+from ..core.accumulator.boundary_cut import SharedPrefix
+from ..core.accumulator.streaming import StreamingGRPO
 from ..core.errors import ConfigError, EngineError, GroupError, UnknownTrajectoryError
-from ..core.prefix import SharedPrefix
+from ..core.grpo.group_filter import informative
+from ..core.grpo.terms import (
+    TokenScores,
+    engine_logprobs,
+    entropy_threshold,
+    mark_truncated,
+    teacher_logprobs,
+)
 from ..core.snapshot import PolicySnapshot
-from ..core.streaming import StreamingGRPO
-from ..core.terms import TokenScores, engine_logprobs, entropy_threshold, mark_truncated, teacher_logprobs
 from ..core.types import ContentReady, GroupRequest, RewardReady, RolloutEvent, RolloutRequest, Trajectory
 from .batching import Batch, count_destinations, next_batch
 from .stats import Interval, RolloutProgress, TrajectoryRecord
@@ -59,6 +65,7 @@ class StepOutcome:
     rewards: dict[str, float] = field(default_factory=dict)
     reward_times: dict[str, float] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
+    host_faults: set[str] = field(default_factory=set)  # failures that may be dropped (failed="drop")
     busy: list[Interval] = field(default_factory=list)
     open_groups: list[tuple[float, int]] = field(default_factory=list)
     learner_tokens: int = 0
@@ -101,7 +108,7 @@ class StepRunner:
         snapshot: the policy being updated; staleness = its version - the rollout's version.
         allowed_staleness: 0 in streaming/sync, 1 in async; a larger one raises StalenessError.
         accumulator: the step's StreamingGRPO. Its backward backend
-            (:mod:`~thundersync_lightning.core.backward`) says how many destinations one call may
+            (:mod:`~thundersync_lightning.core.gradients.backward`) says how many destinations one call may
             span and what a call's scoring runs inside (``score`` then takes ``watch=``).
         score: the policy's per-token scores (``score_tokens`` with the objective's needs).
         defer: do no learner work before the event stream ends (the synchronous baseline).
@@ -265,7 +272,7 @@ class StepRunner:
         return len(self._waiting) if limit is None else max(0, limit - self.acc.held_trajectories)
 
     def _is_dropped(self, tid: str) -> bool:
-        return self.acc.objective.failed == "drop" and tid in self.outcome.failures
+        return self.acc.objective.failed == "drop" and tid in self.outcome.host_faults
 
     def _backward(self, batch: Batch) -> None:
         tids = batch.trajectories
@@ -375,6 +382,8 @@ class StepRunner:
         self.outcome.reward_times[event.trajectory_id] = event.time
         if event.failure:
             self.outcome.failures[event.trajectory_id] = event.failure
+            if event.host_fault:
+                self.outcome.host_faults.add(event.trajectory_id)
 
     def _start_stream(self, events: Iterator[RolloutEvent]) -> None:
         self._streams += 1
@@ -390,7 +399,7 @@ class StepRunner:
             return
         self._decided.add(gid)
         obj = self.acc.objective
-        kept = [self.outcome.rewards[t] for t in members if not (obj.failed == "drop" and t in self.outcome.failures)]
+        kept = [self.outcome.rewards[t] for t in members if not (obj.failed == "drop" and t in self.outcome.host_faults)]
         if informative(kept, obj.singleton == "reward"):
             return
         self.outcome.groups_filtered += 1
@@ -419,7 +428,7 @@ class StepRunner:
             self._waiting[event.trajectory.trajectory_id] = None
             return
         start = self.clock()
-        self.acc.add_reward(event.trajectory_id, event.reward, failed=event.failure is not None)
+        self.acc.add_reward(event.trajectory_id, event.reward, failed=event.failure is not None and event.host_fault)
         self.outcome.busy.append(Interval(start, self.clock(), "fold"))
         self._after_change()
 

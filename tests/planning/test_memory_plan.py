@@ -263,3 +263,18 @@ def test_the_fit_plan_counts_weight_sync_buckets_from_the_vllm_settings():
     assert weight_sync_buckets({"weight_sync": "auto", "multiprocessing": True, "tensor_parallel_size": 1}) == 2
     assert weight_sync_buckets({"weight_sync": "auto", "multiprocessing": True, "tensor_parallel_size": 2}) == 1
     assert weight_sync_buckets({}) == 0  # not a vLLM engine
+
+
+def test_vllm_servers_on_other_machines_leave_the_learner_only_its_share_and_one_send_bucket():
+    from thundersync_lightning.core.objective import Objective
+    from thundersync_lightning.planning.model_shape import ModelShape
+    from thundersync_lightning.rollout import VLLMServerEngineConfig
+    from thundersync_lightning.strategy.memory_check import _settings, plan_inputs
+
+    engine = _settings(VLLMServerEngineConfig(urls=["http://10.0.0.2:8000"], weight_sync_bucket_bytes=1024))
+    planned = plan_inputs(
+        model=ModelShape(P, P, 2, ARCH), objective=Objective(), accelerator="gpu", world_size=1,
+        strategy={}, data={}, engine=engine,
+    )  # fmt: skip
+    assert planned.engine_device_fraction == 0 and planned.engine_device_bytes == 0  # no colocated engine
+    assert planned.weight_sync_buckets == 1 and planned.weight_sync_bucket_bytes == 1024

@@ -91,3 +91,15 @@ def test_an_unreachable_server_is_a_set_up_error_naming_its_url():
     spec = ModelSpec(model_type="qwen3", config={"vocab_size": 16})
     with pytest.raises(EngineError, match=f"cannot reach the vLLM server at {url}"):
         config.build(spec, GuessingGameTasks(latency="none"))
+
+
+def test_the_shipped_servers_config_builds_a_valid_engine_config_at_the_learners_temperature():
+    from pathlib import Path
+
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "gpu_vllm_servers.yaml").read_text())
+    engine = config["data"]["engine"]
+    assert engine["class_path"] == "thundersync_lightning.rollout.VLLMServerEngineConfig"
+    built = VLLMServerEngineConfig(**engine["init_args"])
+    assert built.temperature == config["model"]["temperature"] and built.max_model_len == 2048

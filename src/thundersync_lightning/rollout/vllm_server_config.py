@@ -37,6 +37,9 @@ class VLLMServerEngineConfig:
         temperature: sampling temperature T (> 0); the learner must score with the same T.
         max_inflight_per_server: requests one server holds at a time (vLLM batches them).
         max_batch_size: most turns the agent loop hands over in one generation call.
+        max_model_len: longest episode context in tokens; longer episodes end as "length" (None:
+            the servers' own ``--max-model-len``, smallest of them). Every server must allow it
+            (checked at set-up); the memory plan sizes the learner's activations from it.
         request_timeout_s: limit for one generation request; a server that exceeds it is treated
             as gone and its requests run on the others.
         connect_timeout_s: limit for connecting to a server (set-up, and every reconnect).
@@ -54,6 +57,7 @@ class VLLMServerEngineConfig:
     temperature: float = 1.0
     max_inflight_per_server: int = 64
     max_batch_size: int = 256
+    max_model_len: int | None = None
     request_timeout_s: float = 600.0
     connect_timeout_s: float = 10.0
     learner_host: str | None = None
@@ -72,6 +76,8 @@ class VLLMServerEngineConfig:
         repeated = sorted({u for u in self.urls if self.urls.count(u) > 1})
         if repeated:
             problems.append(f"urls repeat {repeated}: each server once")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            problems.append(f"max_model_len must be >= 2 or null, got {self.max_model_len}")
         if not self.temperature > 0:
             problems.append(f"temperature must be > 0 (got {self.temperature}); greedy decoding has no logprobs")
         for name in ("max_inflight_per_server", "max_batch_size", "env_workers", "weight_sync_bucket_bytes"):

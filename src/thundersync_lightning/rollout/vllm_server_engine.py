@@ -79,7 +79,13 @@ class VLLMServerEngine:
             self._layout = materialize_model(model_spec, workdir)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        self.max_model_len = min(i.max_model_len for i in infos)
+        short = {c.url: i.max_model_len for c, i in zip(clients, infos) if i.max_model_len < (config.max_model_len or 0)}
+        if short:
+            raise EngineError(
+                f"the vLLM servers {short} allow shorter contexts than max_model_len={config.max_model_len}: "
+                "start them with a larger --max-model-len, or lower max_model_len"
+            )
+        self.max_model_len = config.max_model_len or min(i.max_model_len for i in infos)
         self._fleet = ServerFleet(clients, infos, config.temperature, config.max_inflight_per_server)
         self._publisher = FleetPublish(
             config.weight_sync_bucket_bytes,

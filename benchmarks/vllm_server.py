@@ -43,8 +43,8 @@ from _common import add_common_args, summary, timed, write_bar_chart, write_resu
 from thundersync_lightning.core.types import ContentReady, ModelSpec  # noqa: E402
 from thundersync_lightning.envs.toy import GuessingGameTasks, toy_model_spec  # noqa: E402
 from thundersync_lightning.rollout import VLLMEngineConfig, VLLMServerEngineConfig, make_request  # noqa: E402
-from thundersync_lightning.rollout.vllm_model import materialize_model  # noqa: E402
-from thundersync_lightning.rollout.vllm_server_client import SERVER_ENV, serve_command  # noqa: E402
+from thundersync_lightning.rollout.vllm.model import materialize_model  # noqa: E402
+from thundersync_lightning.rollout.vllm.server_client import SERVER_ENV, serve_command  # noqa: E402
 
 NAME = "vllm_server"
 SMALL = {"vocab_size": 4096, "hidden_size": 512, "intermediate_size": 1024, "num_hidden_layers": 4,

@@ -266,7 +266,7 @@ def test_the_fit_plan_counts_weight_sync_buckets_from_the_vllm_settings():
 
 
 def test_vllm_servers_on_other_machines_leave_the_learner_only_its_share_and_one_send_bucket():
-    from thundersync_lightning.core.objective import Objective
+    from thundersync_lightning.core.grpo.objective import Objective
     from thundersync_lightning.planning.model_shape import ModelShape
     from thundersync_lightning.rollout import VLLMServerEngineConfig
     from thundersync_lightning.strategy.memory_check import _settings, plan_inputs

@@ -8,7 +8,7 @@ import pytest
 
 from thundersync_lightning.core.errors import EngineError
 from thundersync_lightning.core.types import GroupRequest, RolloutRequest, group_id
-from thundersync_lightning.rollout.issue_order import IssueOrder
+from thundersync_lightning.rollout.agent.issue_order import IssueOrder
 
 from .procs import wait_until
 

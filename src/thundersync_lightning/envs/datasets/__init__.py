@@ -1,5 +1,6 @@
 """Bring your own prompts and rewards: a task source over ``datasets`` files and a reward registry."""
 
+from .env import DatasetEnv, DatasetTask
 from .rewards import (
     RewardError,
     call_reward,
@@ -12,7 +13,7 @@ from .rewards import (
     reward_names,
     unit_tests,
 )
-from .source import DatasetEnv, DatasetTask, DatasetTasks, load_rows
+from .source import DatasetTasks, load_rows
 
 __all__ = [
     "RewardError",

@@ -44,7 +44,7 @@ class VLLMServerEngineConfig:
             as gone and its requests run on the others.
         connect_timeout_s: limit for connecting to a server (set-up, and every reconnect).
         learner_host: the address of this machine the servers' workers dial to join the weight
-            transfer group (None: the address on the route to the first server).
+            transfer group (None: the address on the route to this rank's first server).
         weight_sync_bucket_bytes: bytes per broadcast bucket; a publish holds one bucket extra on
             each side (a larger tensor: itself), never a second copy of the weights.
         env_workers: threads for environment calls (reset/step/verdict/close).

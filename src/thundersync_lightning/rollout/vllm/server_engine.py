@@ -60,7 +60,8 @@ class VLLMServerEngine:
     """Rollout engine over vLLM servers; see the module docstring. Build with ``VLLMServerEngineConfig.build``.
 
     Public state: ``version`` (-1 until the first publish), ``last_publish_seconds``,
-    ``publish_count``, ``max_model_len`` (the smallest of the servers'), ``urls`` (live servers),
+    ``publish_count``, ``max_model_len`` (the config's, else the smallest of the servers'), ``urls``
+    (this rank's live servers),
     ``failovers`` (requests rerun on another server), ``answered`` (requests per server).
     """
 
@@ -90,7 +91,7 @@ class VLLMServerEngine:
         self._publisher = FleetPublish(
             config.weight_sync_bucket_bytes,
             config.event_timeout_s,
-            config.learner_host or learner_address(config.urls[0]),
+            config.learner_host or learner_address(clients[0].url),
         )
         self._pool = EnvPool(config.env_workers, name="vllm-server-env")
         self._agents = AgentLoop(

@@ -30,6 +30,7 @@ def test_a_config_reports_every_problem_at_once():
             temperature=0.0,
             max_inflight_per_server=0,
             request_timeout_s=0,
+            restart_wait_s=-1,
         )
     message = str(err.value)
     for part in (
@@ -40,6 +41,7 @@ def test_a_config_reports_every_problem_at_once():
         "temperature must be > 0",
         "max_inflight_per_server must be >= 1",
         "request_timeout_s must be > 0",
+        "restart_wait_s must be >= 0 seconds",
     ):
         assert part in message
 

@@ -35,8 +35,9 @@ def serve_args(model: str, port: int, dtype: str = "float32", max_model_len: int
 class Server:
     """One ``vllm serve`` in its own process group (killing it takes its engine core and worker too)."""
 
-    def __init__(self, model: str, log_path: Path, max_model_len: int = 128) -> None:
-        self.port = free_port()
+    def __init__(self, model: str, log_path: Path, max_model_len: int = 128, port: int | None = None) -> None:
+        self.model, self.max_model_len = model, max_model_len
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, **SERVER_ENV, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # an in-process test engine set it for this process
@@ -63,6 +64,10 @@ class Server:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(timeout=60)
+
+    def restart(self, log_path: Path) -> Server:
+        """A new server process of the same model on the same port (started now, ready later)."""
+        return Server(self.model, log_path, self.max_model_len, port=self.port)
 
     def stop(self) -> None:
         if self.proc.poll() is None:

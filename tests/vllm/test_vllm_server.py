@@ -3,7 +3,7 @@
 Two servers of the toy model serve the whole module (a start takes ~30-90 s on 2 cores). The
 reference is a streaming fit through the in-process :class:`VLLMEngine` with the same seeds; the
 server engine's fit must train on the same trajectories and give the same step-0 gradient.
-The test that kills a server runs last: it leaves one server.
+The last two tests kill the second server: the first restarts it, the last leaves one server.
 """
 
 from __future__ import annotations
@@ -192,6 +192,34 @@ def test_a_publish_that_fails_half_way_leaves_no_server_generating_with_mixed_we
         again = list(engine.rollout(toy_request(0)))
         assert {weight_label(s) for s in servers} == {"2"}
         assert _tokens(again) == _tokens(complete)  # the same weights and seeds: the same tokens
+
+
+def test_a_lone_server_killed_mid_step_and_restarted_takes_its_lost_requests_and_the_fit_is_unchanged(
+    servers, reference, monkeypatch, tmp_path
+):
+    from thundersync_lightning.rollout.vllm.server_fleet import ServerFleet
+
+    lone = servers[1]
+    calls = {"step1": 0}
+    original = ServerFleet.generate
+
+    def generate(self, requests, version):
+        if version == 1 and servers[1] is lone:
+            calls["step1"] += 1
+            if calls["step1"] == 2:  # mid-step; its supervisor (here: this test) starts it again at once
+                lone.kill()
+                servers[1] = lone.restart(tmp_path / "restarted.log")  # the fixture stops it
+        return original(self, requests, version)
+
+    monkeypatch.setattr(ServerFleet, "generate", generate)
+    fitted = toy_fit(server_config([lone], restart_wait_s=900))
+
+    assert servers[1] is not lone, "the server was never killed"
+    assert fitted["outcomes"] == reference["outcomes"]  # the lost requests rerun on it with the same weights
+    assert set(fitted["staleness"]) == {0}
+    assert relative(fitted["params"], reference["params"]) <= 1e-4
+    engine = fitted["engine"]
+    assert engine.restart_count == 1 and engine.failovers > 0
 
 
 def test_a_server_killed_mid_step_has_its_requests_rerun_on_the_other_and_the_fit_is_unchanged(

@@ -47,6 +47,10 @@ class VLLMServerEngineConfig:
             transfer group (None: the address on the route to this rank's first server).
         weight_sync_bucket_bytes: bytes per broadcast bucket; a publish holds one bucket extra on
             each side (a larger tensor: itself), never a second copy of the weights.
+        restart_wait_s: when every server of this rank is gone in the middle of a step, how long to
+            wait for one to answer again (restarted by its node's supervisor); it is loaded with the
+            latest published weights again and the lost requests rerun on it, exactly. Costs a host
+            copy of the latest publish (0: fail at once and keep no copy).
         env_workers: threads for environment calls (reset/step/verdict/close).
         step_timeout_s: limit for one environment reset or step; verdict_timeout_s: for one verdict.
         event_timeout_s: the rollout iterator raises :class:`EngineError` after this long without an
@@ -62,6 +66,7 @@ class VLLMServerEngineConfig:
     connect_timeout_s: float = 10.0
     learner_host: str | None = None
     weight_sync_bucket_bytes: int = 256 * 1024 * 1024
+    restart_wait_s: float = 0.0
     env_workers: int = 16
     step_timeout_s: float | None = 60.0
     verdict_timeout_s: float | None = 300.0
@@ -83,6 +88,8 @@ class VLLMServerEngineConfig:
         for name in ("max_inflight_per_server", "max_batch_size", "env_workers", "weight_sync_bucket_bytes"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.restart_wait_s >= 0:
+            problems.append(f"restart_wait_s must be >= 0 seconds, got {self.restart_wait_s}")
         for name in ("request_timeout_s", "connect_timeout_s", "event_timeout_s"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0 seconds, got {getattr(self, name)}")

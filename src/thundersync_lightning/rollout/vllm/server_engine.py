@@ -21,7 +21,9 @@ rank holds the same weights after the all-reduce); a server never has two publis
 
 Faults: a server that cannot be reached at start is a set-up error naming its URL. A server that
 dies mid-step has its unanswered requests rerun on the others, exactly (the fleet's docstring);
-it rejoins at the next publish if it answers again by then. A publish that fails half-way leaves
+it rejoins at the next publish if it answers again by then. When every server is gone,
+``restart_wait_s`` > 0 waits for one to be restarted, loads the latest publish into it again and
+reruns the lost requests there (exact too: the same weights under the same version). A publish that fails half-way leaves
 the servers labelled ``partial-<version>`` and this engine refusing to generate until a complete
 publish succeeds. No wait is unbounded (``request_timeout_s``, ``event_timeout_s``).
 """
@@ -31,6 +33,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -62,7 +65,8 @@ class VLLMServerEngine:
     Public state: ``version`` (-1 until the first publish), ``last_publish_seconds``,
     ``publish_count``, ``max_model_len`` (the config's, else the smallest of the servers'), ``urls``
     (this rank's live servers),
-    ``failovers`` (requests rerun on another server), ``answered`` (requests per server).
+    ``failovers`` (requests rerun on another server), ``answered`` (requests per server),
+    ``restart_count`` (steps saved by a restarted server, ``restart_wait_s``).
     """
 
     def __init__(self, config: VLLMServerEngineConfig, model_spec: ModelSpec, tasks: TaskSource) -> None:
@@ -87,7 +91,10 @@ class VLLMServerEngine:
                 "start them with a larger --max-model-len, or lower max_model_len"
             )
         self.max_model_len = config.max_model_len or min(i.max_model_len for i in infos)
-        self._fleet = ServerFleet(clients, infos, config.temperature, config.max_inflight_per_server)
+        self._fleet = ServerFleet(
+            clients, infos, config.temperature, config.max_inflight_per_server,
+            recover=self._recover if config.restart_wait_s > 0 else None,
+        )  # fmt: skip
         self._publisher = FleetPublish(
             config.weight_sync_bucket_bytes,
             config.event_timeout_s,
@@ -109,6 +116,9 @@ class VLLMServerEngine:
         self._order = IssueOrder(self._agents.run, config.event_timeout_s, "VLLMServerEngineConfig", "vllm-server-rollout")
         self.last_publish_seconds: float | None = None
         self.publish_count = 0
+        self.restart_count = 0  # times a restarted server took over a step's lost requests
+        self._snapshot: dict[str, Tensor] | None = None  # the latest publish, for a restarted server
+        self._recovering = threading.Lock()
 
     # -- RolloutEngine ------------------------------------------------------------------------
 
@@ -143,8 +153,11 @@ class VLLMServerEngine:
             self._order.wait_idle(version)
             start = time.monotonic()
             self._broken = f"the publish of version {version} has not completed"
-            for client in self._fleet.revive():
+            revived = self._fleet.revive()
+            for client in revived:
                 log.warning("the vLLM server at %s answers again: it rejoins with version %d", client.url, version)
+            if revived:  # a restarted server's workers are not in the current transfer group
+                self._publisher.close()
             servers = [(c, self._fleet.info(c).workers) for c in self._fleet.require_live()]
             try:
                 self._publisher.publish(servers, weights, version)
@@ -157,6 +170,8 @@ class VLLMServerEngine:
                     "servers are labelled partial and their answers are refused"
                 )
                 raise EngineError(f"{self._broken}. Publish a complete state_dict again before the next rollout.") from exc
+            if self.config.restart_wait_s > 0:  # a copy: the learner steps its parameters in place
+                self._snapshot = {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
             self._version = version
             self._broken = None
             self.publish_count += 1
@@ -190,6 +205,30 @@ class VLLMServerEngine:
         self.shutdown()
 
     # -- pieces ---------------------------------------------------------------------------------
+
+    def _recover(self, reasons: str) -> None:
+        """Every server is gone mid-step: wait up to ``restart_wait_s`` for one to answer again, load
+        it with the latest publish (labelled with its version) and return; the lost requests rerun
+        on it, exactly (the fleet's docstring). One recovery at a time: a caller that waited for
+        another's finds a live server and returns."""
+        with self._recovering:
+            if self._fleet.live:
+                return
+            wait_s = self.config.restart_wait_s
+            log.warning("every vLLM server is gone (%s); waiting up to %g s for one to be restarted", reasons, wait_s)
+            deadline = time.monotonic() + wait_s
+            while not self._fleet.revive():
+                if time.monotonic() > deadline:
+                    raise EngineError(
+                        f"every vLLM server is gone ({reasons}) and none answered again within "
+                        f"restart_wait_s={wait_s:g} s. Restart them, or raise restart_wait_s."
+                    )
+                time.sleep(1.0)  # another machine's supervisor restarts the server: nothing to wait on here
+            assert self._snapshot is not None, "a step generates only after a publish"
+            self._publisher.close()  # the restarted server's workers are not in the current transfer group
+            servers = [(c, self._fleet.info(c).workers) for c in self._fleet.require_live()]
+            self._publisher.publish(servers, self._snapshot, self._version)
+            self.restart_count += 1
 
     def _generate(self, requests: Sequence[GenerationRequest]) -> list[Generation]:
         # publish waits for every request in flight, so the current version is the one they were issued at

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from ...core.errors import EngineError
@@ -47,6 +47,7 @@ class _Server:
         self.info = info
         self.outstanding = 0  # requests handed to this server and not yet answered (under the fleet lock)
         self.gone: str | None = None  # why it was dropped
+        self.incarnation = 0  # times it was taken back: a late failure of an earlier one must not drop it
         self.pool = ThreadPoolExecutor(max_workers=inflight, thread_name_prefix=f"vllm-server-{client.url}")
 
 
@@ -58,6 +59,8 @@ class ServerFleet:
         infos: each server's checked configuration (:meth:`ServerClient.info`).
         temperature: the sampling temperature of every request.
         max_inflight_per_server: requests one server holds at a time.
+        recover: called (with why every server is gone) when no server is left in a generation
+            call; it returns once a server is live again with the call's weights, or raises.
     """
 
     def __init__(
@@ -66,7 +69,9 @@ class ServerFleet:
         infos: Sequence[ServerInfo],
         temperature: float,
         max_inflight_per_server: int,
+        recover: Callable[[str], None] | None = None,
     ) -> None:
+        self._recover = recover
         self._servers = [_Server(c, i, max_inflight_per_server) for c, i in zip(clients, infos)]
         self._temperature = temperature
         self._lock = threading.Lock()
@@ -82,11 +87,12 @@ class ServerFleet:
     def info(self, client: ServerClient) -> ServerInfo:
         return next(s.info for s in self._servers if s.client is client)
 
-    def drop(self, client: ServerClient, why: str) -> None:
-        """Stop using ``client``'s server (it stopped answering); idempotent."""
+    def drop(self, client: ServerClient, why: str, incarnation: int | None = None) -> None:
+        """Stop using ``client``'s server (it stopped answering); idempotent. ``incarnation``: only if
+        the server is still the one a failed request went to (not a restarted one taken back since)."""
         with self._lock:
             server = next(s for s in self._servers if s.client is client)
-            if server.gone is None:
+            if server.gone is None and incarnation in (None, server.incarnation):
                 server.gone = why
                 log.warning("dropping the vLLM server at %s: %s", client.url, why)
 
@@ -102,6 +108,7 @@ class ServerFleet:
                     continue
                 with self._lock:
                     server.gone = None
+                    server.incarnation += 1
                 back.append(server.client)
         return back
 
@@ -109,25 +116,25 @@ class ServerFleet:
         """Every request's generation, in order, each sampled with weights labelled ``version``."""
         label = str(version)
         results: list[Generation | None] = [None] * len(requests)
-        running: dict[Future[tuple[Generation, list[str]]], tuple[int, _Server]] = {}
+        running: dict[Future[tuple[Generation, list[str]]], tuple[int, _Server, int]] = {}
         waiting = list(range(len(requests)))
         try:
             while waiting or running:
                 for index in waiting:
                     server = self._pick()
                     running[server.pool.submit(server.client.generate, requests[index], self._temperature)] = (
-                        index, server,
+                        index, server, server.incarnation,
                     )  # fmt: skip
                 waiting = []
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in done:
-                    index, server = running.pop(future)
+                    index, server, incarnation = running.pop(future)
                     with self._lock:
                         server.outstanding -= 1
                     try:
                         generation, labels = future.result()
                     except ServerGone as exc:
-                        self.drop(server.client, str(exc))
+                        self.drop(server.client, str(exc), incarnation)
                         with self._lock:
                             self.failovers += 1
                         waiting.append(index)
@@ -143,7 +150,7 @@ class ServerFleet:
                     with self._lock:
                         self.answered[server.client.url] += 1
         finally:
-            for future, (_, server) in running.items():  # a raise leaves these to finish on their own
+            for future, (_, server, _) in running.items():  # a raise leaves these to finish on their own
                 future.add_done_callback(lambda _f, s=server: self._settle(s))
         return [r for r in results if r is not None]
 
@@ -160,14 +167,20 @@ class ServerFleet:
     def _live(self) -> list[_Server]:
         live = [s for s in self._servers if s.gone is None]
         if not live:
-            reasons = "; ".join(f"{s.client.url}: {s.gone}" for s in self._servers)
             raise EngineError(
-                f"every vLLM server is gone ({reasons}). Restart them; the next publish takes back "
+                f"every vLLM server is gone ({self._reasons()}). Restart them; the next publish takes back "
                 "those that answer."
             )
         return live
 
+    def _reasons(self) -> str:
+        return "; ".join(f"{s.client.url}: {s.gone}" for s in self._servers)
+
     def _pick(self) -> _Server:
+        with self._lock:
+            gone = all(s.gone is not None for s in self._servers)
+        if gone and self._recover is not None:
+            self._recover(self._reasons())
         with self._lock:
             server = min(self._live(), key=lambda s: s.outstanding)
             server.outstanding += 1

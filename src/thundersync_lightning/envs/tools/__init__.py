@@ -1,7 +1,7 @@
 """Native tool calls: tools (name, JSON schema, sandbox handler), call parsers, the tool conversation."""
 
 from .base import Tool, ToolHandler, ToolResult, check_arguments
-from .conversation import ToolConversation, ToolTurn, clip_text
+from .conversation import ToolConversation, ToolTurn, TurnBudget, clip_text
 from .parsers import (
     CallError,
     ParsedTurn,
@@ -20,6 +20,7 @@ __all__ = [
     "check_arguments",
     "ToolConversation",
     "ToolTurn",
+    "TurnBudget",
     "clip_text",
     "CallError",
     "ParsedTurn",

@@ -21,6 +21,7 @@ __all__ = [
     "StalenessError",
     "EngineError",
     "ConfigError",
+    "RunFailed",
 ]
 
 
@@ -81,3 +82,7 @@ class EngineError(ThunderSyncError):
 
 class ConfigError(ThunderSyncError, ValueError):
     """A configuration is invalid; the message lists every problem found."""
+
+
+class RunFailed(ThunderSyncError):
+    """The fit ran, but learned from nothing: every reward, or every tool call, failed."""

@@ -57,6 +57,7 @@ from ..core.types import (
     Segment,
     StepResult,
     Trajectory,
+    WeightedReward,
     derive_seed,
     trajectory_id,
 )
@@ -144,6 +145,9 @@ class _Episode:
     turns: int = 0
     tool_calls: int = 0
     invalid_tool_calls: int = 0
+    tool_errors: int = 0
+    tool_timeouts: int = 0
+    tool_error: str | None = None
 
 
 class AgentLoop:
@@ -319,6 +323,9 @@ class AgentLoop:
                 failure=failure,
                 tool_calls=ep.tool_calls,
                 invalid_tool_calls=ep.invalid_tool_calls,
+                tool_errors=ep.tool_errors,
+                tool_timeouts=ep.tool_timeouts,
+                tool_error=ep.tool_error,
             )
             if self.annotate is not None:  # its time counts: content is ready once annotated
                 traj = replace(self.annotate(traj), content_ready_at=clock())
@@ -340,6 +347,9 @@ class AgentLoop:
                     obs, is_done = outcome.value.observation, outcome.value.done
                     ep.tool_calls += outcome.value.tool_calls
                     ep.invalid_tool_calls += outcome.value.invalid_tool_calls
+                    ep.tool_errors += outcome.value.tool_errors
+                    ep.tool_timeouts += outcome.value.tool_timeouts
+                    ep.tool_error = ep.tool_error or outcome.value.tool_error
                     if obs:
                         ep.segments.append(Segment(obs, scored=False))
                         ep.context.extend(obs)
@@ -443,11 +453,13 @@ class AgentLoop:
             if not once.acquire(blocking=False):
                 return
             outcome = f.result()
+            parts: tuple[tuple[str, float], ...] = ()
             if outcome.ok:
                 reward, failure = check_verdict(outcome.value)
+                parts = outcome.value.parts if isinstance(outcome.value, WeightedReward) and failure is None else ()
             else:
                 reward, failure = 0.0, outcome.failure
-            emit(RewardReady(ep.trajectory_id, ep.group_id, reward, clock(), failure))
+            emit(RewardReady(ep.trajectory_id, ep.group_id, reward, clock(), failure, parts))
             self._close(ep)  # also after a timeout: close() is how an environment frees a stuck run
 
         fut.add_done_callback(on_done)

@@ -1,5 +1,6 @@
-"""Bring your own prompts and rewards: a task source over ``datasets`` files and a reward registry."""
+"""Bring your own prompts, rewards and tools: a task source over ``datasets`` files, a reward registry."""
 
+from .reward_sum import RewardSum
 from .rewards import (
     RewardError,
     call_reward,
@@ -12,7 +13,9 @@ from .rewards import (
     reward_names,
     unit_tests,
 )
+from .rows import Rows, read_rows
 from .source import DatasetEnv, DatasetTask, DatasetTasks, load_rows
+from .tool_env import DatasetToolEnv
 
 __all__ = [
     "RewardError",
@@ -29,4 +32,8 @@ __all__ = [
     "DatasetTask",
     "DatasetTasks",
     "load_rows",
+    "DatasetToolEnv",
+    "RewardSum",
+    "Rows",
+    "read_rows",
 ]

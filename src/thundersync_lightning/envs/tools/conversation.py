@@ -8,8 +8,10 @@ re-tokenizing them (token-exact), with tool output encoded as plain text (it can
 ``<tool_call>`` or an end of turn).
 
 A malformed call (not JSON, unknown tool, arguments failing the schema) gets an error message
-as its ``tool`` result and counts in :attr:`ToolTurn.invalid`; a turn without a call gets a user
-reminder. Neither raises, and neither touches the reward: the verdict alone decides it.
+as its ``tool`` result and counts in :attr:`ToolTurn.invalid`; a tool that fails (raises, or
+reports ``ToolResult.error``: a Python tool's exception or deadline) gets ``[tool error] ...`` and
+counts in :attr:`ToolTurn.errors` (:attr:`ToolTurn.timeouts`); a turn without a call gets a user
+reminder naming the tools. None raises, and none touches the reward: the verdict alone decides it.
 """
 
 from __future__ import annotations
@@ -20,22 +22,28 @@ from typing import Any
 
 from ...core.errors import ConfigError
 from ..chat import ChatRenderer
-from .base import Tool, check_arguments
+from .base import Tool, ToolResult, check_arguments
 from .parsers import CallError, get_tool_parser
 
 __all__ = ["ToolConversation", "ToolTurn", "clip_text"]
 
-NO_CALL = "No tool call found. Call one of the tools ({names}); call submit when you are done."
+NO_CALL = "No tool call found. Call one of the tools ({names})."
+NO_CALL_SUBMIT = "No tool call found. Call one of the tools ({names}); call submit when you are done."
 
 
 @dataclass(frozen=True, slots=True)
 class ToolTurn:
-    """One answered turn: the tokens that follow it, whether the episode ended, and call counts."""
+    """One answered turn: the tokens that follow it, whether the episode ended, and call counts
+    (``errors``: calls whose tool failed, ``timeouts`` of them past their deadline; ``first_error``
+    the first failure's reason)."""
 
     observation: tuple[int, ...]
     done: bool
     calls: int
     invalid: int
+    errors: int = 0
+    timeouts: int = 0
+    first_error: str | None = None
 
 
 def clip_text(text: str, limit: int) -> str:
@@ -87,6 +95,7 @@ class ToolConversation:
         self.messages.append({"role": "assistant", "content": text, **({"tool_calls": valid} if valid else {})})
         new: list[dict[str, Any]] = []
         invalid = 0
+        failures: list[ToolResult] = []
         for call in parsed.calls:
             if isinstance(call, CallError):
                 invalid += 1
@@ -99,15 +108,33 @@ class ToolConversation:
                 invalid += 1
                 new.append(self._tool_message(call.name[:60], f"[invalid tool call] {problem}"))
                 continue
-            result = tool.handler(sandbox, call.arguments)
+            result = _run(tool, sandbox, call.arguments)
+            if result.error is not None:
+                failures.append(result)
             if result.done:
-                return ToolTurn((), True, len(parsed.calls), invalid)
+                return self._turn((), True, len(parsed.calls), invalid, failures)
             new.append(self._tool_message(call.name, result.text))
         if not parsed.calls:
-            new.append({"role": "user", "content": NO_CALL.format(names=", ".join(self.tools))})
+            reminder = NO_CALL_SUBMIT if "submit" in self.tools else NO_CALL
+            new.append({"role": "user", "content": reminder.format(names=", ".join(self.tools))})
         suffix = self.renderer.suffix_ids(self.messages, new, self.schemas)
         self.messages.extend(new)
-        return ToolTurn(suffix if closed else (eot, *suffix), False, len(parsed.calls), invalid)
+        return self._turn(suffix if closed else (eot, *suffix), False, len(parsed.calls), invalid, failures)
+
+    @staticmethod
+    def _turn(observation: tuple[int, ...], done: bool, calls: int, invalid: int,
+              failures: Sequence[ToolResult]) -> ToolTurn:
+        return ToolTurn(observation, done, calls, invalid, len(failures), sum(f.timed_out for f in failures),
+                        failures[0].error if failures else None)
 
     def _tool_message(self, name: str, text: str) -> dict[str, Any]:
         return {"role": "tool", "name": name, "content": clip_text(text, self.max_result_chars)}
+
+
+def _run(tool: Tool, sandbox: Any, arguments: Mapping[str, Any]) -> ToolResult:
+    """The handler's result; a handler that raises is the tool's failure, told to the model."""
+    try:
+        return tool.handler(sandbox, arguments)
+    except Exception as exc:  # noqa: BLE001 - a tool's failure is an observation, never the run's
+        error = f"{tool.name} raised {type(exc).__name__}: {exc}"
+        return ToolResult(f"[tool error] {error}", error=error)

@@ -14,7 +14,7 @@ import torch
 from _common import add_call_cap_args, add_common_args, add_score_forward_tokens_arg, add_split_backward_arg
 from _harness import qwen3_config
 from _workloads import WORKLOADS
-from thundersync_lightning.core.streaming import StreamingGRPO
+from thundersync_lightning.core.accumulator.streaming import StreamingGRPO
 from thundersync_lightning.core.types import ContentReady, GroupRequest, RewardReady, RolloutRequest
 from thundersync_lightning.envs.toy import GuessingGameTasks
 from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule

@@ -43,7 +43,7 @@ import torch  # noqa: E402
 
 from _common import add_common_args, write_result  # noqa: E402
 from _harness import fit, load_average, qwen3_config  # noqa: E402
-from thundersync_lightning.core.streaming import StreamingGRPO  # noqa: E402
+from thundersync_lightning.core.accumulator.streaming import StreamingGRPO  # noqa: E402
 from thundersync_lightning.core.types import Segment, Trajectory  # noqa: E402
 from thundersync_lightning.envs.toy import GuessingGameTasks  # noqa: E402
 from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule  # noqa: E402

@@ -15,7 +15,7 @@ holds a same-shaped copy and loads every tensor into it, as vLLM's ``reload_weig
 - ``file``: ``save_weights_file`` into ``/dev/shm``, the receiver reads it back (``load_file``)
   and copies it to its device (``weight_sync: file``);
 - ``ipc``:  buckets through one shared buffer, CUDA IPC on a GPU (the receiver on the same GPU);
-  on a CPU the shared-file stand-in of :mod:`thundersync_lightning.rollout.weight_transport`;
+  on a CPU the shared-file stand-in of :mod:`thundersync_lightning.rollout.weights.transport`;
 - ``nccl``: buckets broadcast in a process group of the two, NCCL on two GPUs (needs a second
   GPU: skipped on one), gloo on a CPU.
 
@@ -46,8 +46,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from _common import add_common_args, median, write_bar_chart, write_result  # noqa: E402
 from thundersync_lightning.modules.shape import QWEN3_ARCHITECTURES  # noqa: E402
-from thundersync_lightning.rollout.vllm_worker import save_weights_file  # noqa: E402
-from thundersync_lightning.rollout.weight_transport import WeightReceiver, WeightSender  # noqa: E402
+from thundersync_lightning.rollout.vllm.worker import save_weights_file  # noqa: E402
+from thundersync_lightning.rollout.weights.transport import WeightReceiver, WeightSender  # noqa: E402
 
 NAME = "weight_sync"
 # a few-MB Qwen3 for tests (the 0.6B path in seconds)

@@ -62,7 +62,7 @@ def test_fit_from_the_cli_writes_the_summary_and_the_last_checkpoint(tmp_path, m
         assert not (root / "wandb").exists()
     else:
         assert (root / "trajectories.jsonl").is_file() and (root / "reward_curve.png").is_file()
-        output = proc.stdout + proc.stderr  # third-party noise is filtered (core/noise.py)
+        output = proc.stdout + proc.stderr  # third-party noise is filtered (core/third_party_noise.py)
         for noise in ("litlogger", "anonymous setting", "LeafSpec", "across ranks is zero", "Sanity Checking"):
             assert noise not in output, noise
         assert [line.split()[:3] for line in proc.stdout.splitlines() if line.startswith("step ")] == [

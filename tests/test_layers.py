@@ -201,11 +201,11 @@ def test_the_backward_backends_import_nothing_above_the_core():
 
 
 def test_the_accumulator_the_runner_and_the_policy_meet_no_split_concept():
-    # they talk to a backward backend (core/backward.py); the split backward lives in backends/split
+    # they talk to a backward backend (core/gradients/backward.py); the split backward lives in backends/split
     words = r"\b(?:split\w*|capture|factors?|row_grads|hold_room|max_destinations|backends)\b|\bmix="
     offenders = [
         f"{name}: {word}"
-        for name in ("core/streaming.py", "strategy/runner.py", "strategy/batching.py", "modules/policy.py")
+        for name in ("core/accumulator/streaming.py", "strategy/runner.py", "strategy/batching.py", "modules/policy.py")
         for word in sorted(set(re.findall(words, (PACKAGE / name).read_text())))
     ]
     assert offenders == []

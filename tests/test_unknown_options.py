@@ -20,7 +20,7 @@ from thundersync_lightning.rollout import (
     TeacherConfig,
     TraceReplayEngineConfig,
 )
-from thundersync_lightning.rollout.vllm_config import VLLMEngineConfig
+from thundersync_lightning.rollout.vllm.config import VLLMEngineConfig
 
 
 def _strategy(**kw: Any) -> Any:
@@ -52,7 +52,7 @@ def _code_tasks(**kw: Any) -> Any:
 
 
 def _swebench_tasks(**kw: Any) -> Any:
-    from thundersync_lightning.envs.swebench_env import SWEbenchTasks
+    from thundersync_lightning.envs.swebench.source import SWEbenchTasks
 
     return SWEbenchTasks(instances="instances.jsonl", **kw)
 

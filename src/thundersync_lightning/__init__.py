@@ -1,11 +1,13 @@
 """thundersync-lightning: streaming, zero-staleness GRPO for LLM agents as a Lightning strategy.
 
 Importing the package registers ``Trainer(strategy="thundersync")`` and filters a few third-party
-messages that say nothing to its users (``core/noise.py``). The core
+messages that say nothing to its users (``core/third_party_noise.py``). The core
 (``thundersync_lightning.core``) is pure torch and stays usable where Lightning is absent.
 """
 
 import sys
+
+from .core.moved_modules import install as _install_moved_modules
 
 __version__ = "0.1.0"
 
@@ -15,6 +17,8 @@ __version__ = "0.1.0"
 # once and forks every engine from there, so the cost is not repeated per start.)
 _SPAWNED_CHILD = "--multiprocessing-fork" in sys.argv
 
+_install_moved_modules()  # old module paths answer for one release (core/moved_modules.py)
+
 try:
     if _SPAWNED_CHILD:
         raise ImportError
@@ -22,10 +26,10 @@ try:
 except ImportError:  # core-only use (no Lightning installed) or a spawned helper process
     __all__ = ["__version__"]
 else:
-    from .core.noise import quiet_third_party
+    from .core.third_party_noise import quiet_third_party
     from .strategy import ThunderSyncStrategy
 
-    quiet_third_party()  # third-party messages that say nothing here (core/noise.py)
+    quiet_third_party()  # third-party messages that say nothing here (core/third_party_noise.py)
 
     ThunderSyncStrategy.register_strategies(StrategyRegistry)
     __all__ = ["ThunderSyncStrategy", "__version__"]

@@ -69,7 +69,7 @@ from .callbacks import (
 )
 from .cli_errors import ShortErrorParser, short_config_error, wants_traceback
 from .core.errors import ConfigError, RunFailed
-from .core.objective import Objective
+from .core.grpo.objective import Objective
 from .core.types import ModelSpec
 from .modules import GRPOPolicy, RolloutDataModule
 from .modules.policy import TINY_QWEN3

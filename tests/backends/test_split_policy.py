@@ -9,7 +9,7 @@ import torch
 from thundersync_lightning.backends.split import SplitBackend
 from thundersync_lightning.core import Objective, Segment, StreamingGRPO, Trajectory
 from thundersync_lightning.core.errors import ConfigError
-from thundersync_lightning.core.terms import engine_logprobs, teacher_logprobs
+from thundersync_lightning.core.grpo.terms import engine_logprobs, teacher_logprobs
 from thundersync_lightning.modules import GRPOPolicy, LoraSettings
 
 from ..strategy._fit import TOY_MODEL

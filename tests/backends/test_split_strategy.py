@@ -28,7 +28,7 @@ from thundersync_lightning.core import (
     StreamingGRPO,
     Trajectory,
 )
-from thundersync_lightning.core.backward import PlainBackward
+from thundersync_lightning.core.gradients.backward import PlainBackward
 from thundersync_lightning.modules import TINY_QWEN3, GRPOPolicy
 from thundersync_lightning.strategy import ThunderSyncStrategy
 from thundersync_lightning.strategy.runner import StepRunner

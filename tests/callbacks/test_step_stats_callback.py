@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.callbacks.helpers import StubModule, end_step, record, stats, stub_trainer
-from thundersync_lightning.callbacks._common import Max, Mean, StepStatsCallback, Sum
+from thundersync_lightning.callbacks import Max, Mean, StepStatsCallback, Sum
 
 
 class LongestTrajectory(StepStatsCallback):

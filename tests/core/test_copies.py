@@ -14,9 +14,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thundersync_lightning.core import ConfigError, StreamingGRPO
-from thundersync_lightning.core.group import GroupSums
-from thundersync_lightning.core.step_gradient import StepGradient
-from thundersync_lightning.core.storage import GradientStore
+from thundersync_lightning.core.accumulator.group import GroupSums
+from thundersync_lightning.core.accumulator.step_gradient import StepGradient
+from thundersync_lightning.core.gradients.storage import GradientStore
 
 
 class DelayedCopies:

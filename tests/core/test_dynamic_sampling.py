@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from thundersync_lightning.core import Objective, StreamingGRPO
-from thundersync_lightning.core.dynamic import informative
+from thundersync_lightning.core.grpo.group_filter import informative
 
 from .objective_helpers import Batch, TokenPolicy, barrier, params_of, rel, streamed, synchronous
 from .test_objective import _random_events, batches, objectives

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from thundersync_lightning.core import Objective
-from thundersync_lightning.core.terms import engine_logprobs
+from thundersync_lightning.core.grpo.terms import engine_logprobs
 from thundersync_lightning.core.types import Segment, Trajectory
 
 from .objective_helpers import Batch, Event, TokenPolicy, barrier, params_of, rel, streamed, synchronous
@@ -403,7 +403,7 @@ def test_trl_top_entropy_quantile_with_kl_and_entropy_bonus(quantile):
     """TRL: the policy term (and the entropy bonus) only on tokens whose entropy is at least the
     (1 - q)-quantile of the batch's; KL and the dapo normaliser keep every token."""
     from thundersync_lightning.core import StreamingGRPO, trajectory_terms
-    from thundersync_lightning.core.terms import entropy_threshold
+    from thundersync_lightning.core.grpo.terms import entropy_threshold
 
     policy = TokenPolicy(torch.float64, seed=19)
     params = params_of(policy)

@@ -215,7 +215,7 @@ def test_the_shipped_configs_build_their_task_sources(config):
     import yaml
     from jsonargparse import ArgumentParser
 
-    from thundersync_lightning.envs.swebench_env import SWEbenchTasks
+    from thundersync_lightning.envs.swebench.source import SWEbenchTasks
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     with open(os.path.join(root, config)) as f:

@@ -128,7 +128,7 @@ def test_the_editor_views_creates_replaces_inserts_and_undoes_in_the_sandbox():
 
 
 def test_the_swebench_env_offers_the_same_tools_through_the_template():
-    from thundersync_lightning.envs.swebench_env import SWEbenchTasks
+    from thundersync_lightning.envs.swebench.source import SWEbenchTasks
 
     tasks = SWEbenchTasks(instances="unused.jsonl", tokenizer_path=model_dir(), action_format="tools",
                           template_kwargs={"enable_thinking": False})

@@ -14,8 +14,8 @@ from thundersync_lightning.core.errors import ConfigError
 from thundersync_lightning.core.types import ContentReady, GroupRequest, RewardReady, RolloutRequest
 from thundersync_lightning.envs.datasets import DatasetTasks, RewardSum, read_rows
 from thundersync_lightning.envs.tools import ToolWorkers, python_tool
-from thundersync_lightning.rollout.agent_loop import AgentLoop, Generation
-from thundersync_lightning.rollout.env_pool import EnvPool
+from thundersync_lightning.rollout.agent.env_pool import EnvPool
+from thundersync_lightning.rollout.agent.loop import AgentLoop, Generation
 
 from .qwen_style import save_tokenizer
 from .user_tools import TOOLS

@@ -17,8 +17,8 @@ from thundersync_lightning.envs.datasets import (
     register_reward,
     resolve_reward,
 )
-from thundersync_lightning.rollout.agent_loop import AgentLoop, Generation
-from thundersync_lightning.rollout.env_pool import EnvPool
+from thundersync_lightning.rollout.agent.env_pool import EnvPool
+from thundersync_lightning.rollout.agent.loop import AgentLoop, Generation
 
 from ._support import needs_bwrap
 

@@ -280,7 +280,7 @@ def test_the_container_eval_script_holds_no_secret_and_forged_markers_are_droppe
     from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT, TEST_EXIT_CODE
     from swebench.harness.grading import parse_test_exit_code
 
-    from thundersync_lightning.envs.swebench_log import (
+    from thundersync_lightning.envs.swebench.eval_run import (
         EvalSecrets,
         eval_command,
         frame_eval_script,

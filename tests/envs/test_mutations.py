@@ -114,7 +114,7 @@ def test_a_solution_that_forges_its_hidden_results_earns_nothing(hack: str) -> N
 
 def test_local_code_tasks_split_by_name_keeps_held_out_tasks_out_of_training() -> None:
     from thundersync_lightning.core.errors import ConfigError
-    from thundersync_lightning.envs.local_split import SplitLocalCodeTasks
+    from thundersync_lightning.envs.code.source import SplitLocalCodeTasks
 
     src = SplitLocalCodeTasks(val_names=["leap_year", "slugify"])
     assert [t.name for t in src.validation_tasks()] == ["leap_year", "slugify"]

@@ -27,7 +27,7 @@ from thundersync_lightning.envs.sandbox import (
     find_engine,
     image_exists,
 )
-from thundersync_lightning.envs.swebench_env import SWEbenchTasks, load_instances
+from thundersync_lightning.envs.swebench.source import SWEbenchTasks, load_instances
 
 from ._support import TEST_POOL, git_repo, needs_bwrap, swebench_row
 
@@ -191,7 +191,7 @@ def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows
     from swebench.harness.utils import make_test_spec
 
     from thundersync_lightning.envs.code.grading import grade_with_spec
-    from thundersync_lightning.envs.swebench_log import (
+    from thundersync_lightning.envs.swebench.eval_run import (
         EVAL_DIR,
         EvalSecrets,
         eval_command,
@@ -264,12 +264,12 @@ def test_the_container_eval_run_gets_a_read_only_script_and_its_key_on_stdin_onl
 ):
     """SWEbenchWorkspace.evaluate against a stand-in for the container runs: what each run gets
     (argv, mounts, stdin, the script directory's files) and how its output is graded."""
-    from thundersync_lightning.envs import swebench_env
     from thundersync_lightning.envs.code.reporter import signed_lines
     from thundersync_lightning.envs.sandbox import SandboxResult
     from thundersync_lightning.envs.sandbox import container as container_module
-    from thundersync_lightning.envs.swebench_env import SWEbenchSettings, SWEbenchWorkspace
-    from thundersync_lightning.envs.swebench_log import EVAL_DIR, SHELL_NAME, eval_command
+    from thundersync_lightning.envs.swebench import workspace as swebench_env
+    from thundersync_lightning.envs.swebench.eval_run import EVAL_DIR, SHELL_NAME, eval_command
+    from thundersync_lightning.envs.swebench.workspace import SWEbenchSettings, SWEbenchWorkspace
 
     monkeypatch.setattr(container_module, "find_engine", lambda engine="auto": "/usr/bin/podman")
     monkeypatch.setattr(swebench_env, "copy_from_image", lambda image, src, dest, config=None: (
@@ -322,7 +322,7 @@ def test_the_container_eval_run_gets_a_read_only_script_and_its_key_on_stdin_onl
 def test_the_declared_markers_of_a_swebench_instance_come_from_the_image_with_its_test_patch(tmp_path):
     import difflib
 
-    from thundersync_lightning.envs.swebench_env import SWEbenchSettings, SWEbenchWorkspace
+    from thundersync_lightning.envs.swebench.workspace import SWEbenchSettings, SWEbenchWorkspace
 
     testbed = str(tmp_path / "testbed")
     git_repo(TASK, testbed)
@@ -423,7 +423,7 @@ def test_in_a_container_no_change_and_test_edits_earn_zero(swebench_source):
 
 @pytest.mark.container
 def test_in_a_container_code_under_test_cannot_read_the_eval_shells_memory(swebench_source, monkeypatch):
-    from thundersync_lightning.envs import swebench_env
+    from thundersync_lightning.envs.swebench import workspace as swebench_env
 
     seen = []
 
@@ -524,7 +524,7 @@ def test_containers_never_pull_get_no_host_proxy_and_have_cpu_memory_and_swap_li
 @needs_bwrap
 def test_the_container_paths_patch_capture_uses_a_host_copy_of_the_base_commit(tmp_path, sandbox_dir, sandbox_budget):
     from thundersync_lightning.envs.code.patches import BASE_GIT_DIR, capture_command
-    from thundersync_lightning.envs.swebench_env import SWEbenchSettings, SWEbenchWorkspace
+    from thundersync_lightning.envs.swebench.workspace import SWEbenchSettings, SWEbenchWorkspace
 
     repo = os.path.join(sandbox_dir, "testbed")
     os.mkdir(repo)

@@ -33,8 +33,8 @@ from thundersync_lightning.envs.tools import (
     get_tool_parser,
     parse_hermes,
 )
-from thundersync_lightning.rollout.agent_loop import AgentLoop, Generation
-from thundersync_lightning.rollout.env_pool import EnvPool
+from thundersync_lightning.rollout.agent.env_pool import EnvPool
+from thundersync_lightning.rollout.agent.loop import AgentLoop, Generation
 
 from .qwen_style import ADDED, HERMES_TEMPLATE, QWEN3_TEMPLATE, SPECIAL, save_tokenizer
 

@@ -12,8 +12,8 @@ from thundersync_lightning.core.errors import ConfigError
 from thundersync_lightning.core.types import ContentReady, GroupRequest, RewardReady, RolloutRequest
 from thundersync_lightning.envs.datasets import DatasetTasks
 from thundersync_lightning.modules import GRPOPolicy
-from thundersync_lightning.rollout.agent_loop import AgentLoop, Generation
-from thundersync_lightning.rollout.env_pool import EnvPool
+from thundersync_lightning.rollout.agent.env_pool import EnvPool
+from thundersync_lightning.rollout.agent.loop import AgentLoop, Generation
 
 TEMPLATE = (
     "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"

@@ -14,7 +14,7 @@ import sys
 from tests.rollout.scripted import ScriptedTasks
 from thundersync_lightning.envs.toy import toy_model_spec
 from thundersync_lightning.rollout import EmbeddedEngineConfig, make_request
-from thundersync_lightning.rollout.models import build_model
+from thundersync_lightning.rollout.hf_model import build_model
 
 if __name__ == "__main__":
     spec = toy_model_spec()

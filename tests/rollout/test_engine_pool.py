@@ -294,8 +294,8 @@ def test_the_pool_is_constructible_from_yaml_with_its_engine_as_a_class_path():
 
 
 def test_a_vllm_engine_with_worker_processes_runs_on_its_learner_ranks_gpu_unless_placed():
-    from thundersync_lightning.rollout.vllm_config import VLLMEngineConfig
-    from thundersync_lightning.rollout.vllm_engine import colocated_device_ids
+    from thundersync_lightning.rollout.vllm.config import VLLMEngineConfig
+    from thundersync_lightning.rollout.vllm.engine import colocated_device_ids
 
     workers = VLLMEngineConfig(multiprocessing=True, weight_sync="file")
     assert colocated_device_ids(workers, learner_device=3, accepts=True) == [3]
@@ -313,8 +313,8 @@ def test_a_vllm_engine_with_worker_processes_runs_on_its_learner_ranks_gpu_unles
 
 
 def test_auto_weight_sync_follows_where_the_engine_runs():
-    from thundersync_lightning.rollout.vllm_config import VLLMEngineConfig
-    from thundersync_lightning.rollout.vllm_placement import resolve_weight_sync
+    from thundersync_lightning.rollout.vllm.config import VLLMEngineConfig
+    from thundersync_lightning.rollout.vllm.placement import resolve_weight_sync
 
     in_process = VLLMEngineConfig()
     workers = VLLMEngineConfig(multiprocessing=True)

@@ -7,8 +7,8 @@ import queue
 
 import pytest
 
-from thundersync_lightning.rollout.embedded_process import EventReader, ProcessGone
-from thundersync_lightning.rollout.embedded_worker import take_batch
+from thundersync_lightning.rollout.embedded.process import EventReader, ProcessGone
+from thundersync_lightning.rollout.embedded.worker import take_batch
 
 
 def test_a_batch_is_every_message_queued_up_to_the_stop_sentinel_in_order() -> None:

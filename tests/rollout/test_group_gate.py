@@ -10,7 +10,7 @@ import pytest
 
 from thundersync_lightning.core.types import RewardReady, StepResult, derive_seed
 from thundersync_lightning.rollout import AgentLoop, EnvPool, Generation, GenerationRequest, make_request
-from thundersync_lightning.rollout.group_gate import GroupGate
+from thundersync_lightning.rollout.agent.group_gate import GroupGate
 
 WAIT_S = 60.0  # only against a hang: every wait below is released by an event of the run itself
 

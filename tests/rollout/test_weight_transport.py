@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from thundersync_lightning.core.errors import EngineError
-from thundersync_lightning.rollout.weight_transport import (
+from thundersync_lightning.rollout.weights.transport import (
     ALIGN,
     TransferAborted,
     WeightReceiver,

@@ -16,10 +16,10 @@ import json
 import psutil
 import torch
 
-from thundersync_lightning.core.streaming import StreamingGRPO
+from thundersync_lightning.core.accumulator.streaming import StreamingGRPO
 from thundersync_lightning.core.types import ModelSpec
 from thundersync_lightning.planning.memory_plan import Architecture, ModelShape, PlanInputs, plan_memory
-from thundersync_lightning.rollout.models import build_model
+from thundersync_lightning.rollout.hf_model import build_model
 
 CONFIG = {"vocab_size": 4096, "hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 4,
           "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64, "tie_word_embeddings": False}

@@ -22,7 +22,7 @@ from thundersync_lightning.core import (
     reference_loss,
     trajectory_terms,
 )
-from thundersync_lightning.core.terms import entropy_threshold
+from thundersync_lightning.core.grpo.terms import entropy_threshold
 from thundersync_lightning.strategy.runner import StepRunner
 
 from .test_held_bound import TinyPolicy, request, trajectory

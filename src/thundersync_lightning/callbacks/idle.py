@@ -38,7 +38,7 @@ from typing import Any
 import lightning.pytorch as pl
 from typing_extensions import override
 
-from thundersync_lightning.callbacks._common import Max, Mean, Reduction, StepStatsCallback, Sum
+from thundersync_lightning.callbacks.base import Max, Mean, Reduction, StepStatsCallback, Sum
 from thundersync_lightning.strategy.stats import StepStats
 
 __all__ = ["IdleTimeMonitor", "timeline_record", "read_timeline", "draw_timeline"]

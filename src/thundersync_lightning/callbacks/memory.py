@@ -28,7 +28,7 @@ import psutil
 import torch
 from typing_extensions import override
 
-from thundersync_lightning.callbacks._common import Max, Reduction, StepStatsCallback
+from thundersync_lightning.callbacks.base import Max, Reduction, StepStatsCallback
 from thundersync_lightning.strategy.stats import StepStats
 
 __all__ = ["MemoryMonitor", "device_memory", "pinned_host_memory", "process_rss_bytes", "accumulator_memory"]

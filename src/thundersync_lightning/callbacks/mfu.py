@@ -21,7 +21,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
-from thundersync_lightning.callbacks._common import Max, Reduction, StepStatsCallback, Sum
+from thundersync_lightning.callbacks.base import Max, Reduction, StepStatsCallback, Sum
 from thundersync_lightning.callbacks.flops import (
     MeasuredFlops,
     PeakFlops,

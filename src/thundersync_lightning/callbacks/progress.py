@@ -33,7 +33,7 @@ from lightning.pytorch.callbacks.progress.tqdm_progress import Tqdm
 from typing_extensions import override
 
 from ..strategy.stats import RolloutProgress, StepStats
-from ._common import StepStatsReader
+from .base import StepStatsReader
 
 __all__ = ["RolloutProgressBar", "progress_items", "step_line", "mean_reward"]
 

@@ -53,7 +53,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from thundersync_lightning.callbacks._common import Mean, Reduction, StepStatsCallback, Sum
+from thundersync_lightning.callbacks.base import Mean, Reduction, StepStatsCallback, Sum
 from thundersync_lightning.strategy.stats import StepStats
 
 __all__ = ["RolloutMetrics", "FINISH_REASONS"]

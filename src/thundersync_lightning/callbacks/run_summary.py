@@ -24,7 +24,7 @@ from typing_extensions import override
 from ..core.errors import RunFailed
 from ..strategy.stats import StepStats
 from ..summary import StepAggregate, aggregate, draw_reward_curve, failed_run, format_summary, summarize
-from ._common import Max, Reduction, StepStatsCallback, Sum
+from .base import Max, Reduction, StepStatsCallback, Sum
 
 __all__ = ["RunSummary"]
 

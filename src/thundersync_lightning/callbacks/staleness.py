@@ -26,7 +26,7 @@ import logging
 import lightning.pytorch as pl
 from typing_extensions import override
 
-from thundersync_lightning.callbacks._common import Max, Mean, Reduction, StepStatsCallback, Sum
+from thundersync_lightning.callbacks.base import Max, Mean, Reduction, StepStatsCallback, Sum
 from thundersync_lightning.core.errors import StalenessError
 from thundersync_lightning.strategy.stats import StepStats, TrajectoryRecord
 

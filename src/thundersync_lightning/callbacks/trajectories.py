@@ -34,7 +34,7 @@ from lightning.pytorch.loggers import WandbLogger
 from typing_extensions import override
 
 from ..strategy.stats import StepStats, TrajectoryRecord
-from ._common import StepStatsCallback
+from .base import StepStatsCallback
 
 __all__ = [
     "TrajectoryLogger",

@@ -3,24 +3,22 @@
 This package never imports Lightning.
 """
 
-from .backward import BackwardBackend, ForwardWatch, PlainBackward
-from .deferred import DeferredGradient
+from .accumulator.report import GroupStat, StreamingReport
+from .accumulator.streaming import StreamingGRPO
 from .errors import *  # noqa: F403
 from .errors import __all__ as _errors_all
-from .estimators import (
+from .gradients.backward import BackwardBackend, ForwardWatch, PlainBackward
+from .gradients.deferred import DeferredGradient
+from .gradients.storage import ByteUsage, Offload
+from .grpo.estimators import (
     EstimatorName,
     advantages,
     available_estimators,
     get_estimator,
     register_estimator,
 )
-from .objective import PRESETS, BatchTotals, Objective
-from .protocols import Environment, PreparesAhead, RolloutEngine, TaskSource
-from .report import GroupStat, StreamingReport
-from .snapshot import PolicySnapshot
-from .storage import ByteUsage, Offload
-from .streaming import StreamingGRPO
-from .terms import (
+from .grpo.objective import PRESETS, BatchTotals, Objective
+from .grpo.terms import (
     OnPolicyStats,
     TokenScores,
     TrajectoryTerms,
@@ -29,6 +27,8 @@ from .terms import (
     teacher_logprobs,
     trajectory_terms,
 )
+from .protocols import Environment, PreparesAhead, RolloutEngine, TaskSource
+from .snapshot import PolicySnapshot
 from .types import (
     ContentReady,
     GroupRequest,

@@ -31,14 +31,14 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from typing_extensions import override
 
-from ..core.backward import ForwardWatch
+from ..core.accumulator.boundary_cut import SharedPrefix
 from ..core.batches import RolloutBatch
 from ..core.contract import pretrained_path_problem
 from ..core.errors import ConfigError
 from ..core.evaluation import VALIDATION_METRICS, ValidationBatch, ValidationOutcome, collect_validation
-from ..core.objective import BatchTotals, Objective
-from ..core.prefix import SharedPrefix
-from ..core.terms import (
+from ..core.gradients.backward import ForwardWatch
+from ..core.grpo.objective import BatchTotals, Objective
+from ..core.grpo.terms import (
     TokenScores,
     engine_logprobs,
     entropy_threshold,
@@ -49,7 +49,7 @@ from ..core.terms import (
 )
 from ..core.types import ModelSpec, Trajectory
 from ..envs.chat import ChatRenderer
-from ..rollout.models import build_model, cache_kwarg
+from ..rollout.hf_model import build_model, cache_kwarg
 from .collect import collect_batch
 from .lora import LoraSettings, apply_lora, merged_state_dict
 from .micro_batches import micro_batches
@@ -241,7 +241,7 @@ class GRPOPolicy(LightningModule):
         padded tokens and ``1 + score_max_padding`` padded tokens per real token; rows come back in the order given, right-padded to the longest.
 
         ``watch``: the learner call's backward backend watches its forwards
-        (:class:`~thundersync_lightning.core.backward.ForwardWatch`): scoring runs inside ``with
+        (:class:`~thundersync_lightning.core.gradients.backward.ForwardWatch`): scoring runs inside ``with
         watch:`` and each micro-batch forward inside ``watch.rows(index)``, ``index`` the batch row
         of each of its rows.
         """

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from ..core.errors import ConfigError
-from ..core.storage import Offload
+from ..core.gradients.storage import Offload
 from .call_tokens import call_padded_tokens
 from .memory_fit import Verdict, suggestions
 from .model_shape import Architecture, ModelShape

@@ -19,18 +19,18 @@ from ..core.types import (
     group_id,
     trajectory_id,
 )
-from .agent_loop import AgentLoop, GenerateFn, Generation, GenerationRequest, check_verdict
+from .agent.env_pool import EnvPool, Outcome
+from .agent.loop import AgentLoop, GenerateFn, Generation, GenerationRequest, check_verdict
 from .config import EmbeddedEngineConfig, TraceReplayEngineConfig
-from .embedded import EmbeddedEngine
-from .env_pool import EnvPool, Outcome
-from .hf_generator import HFGenerator
-from .models import build_model
-from .pool import EnginePool, EnginePoolConfig, place_groups
+from .embedded.engine import EmbeddedEngine
+from .embedded.generator import HFGenerator
+from .engine_pool import EnginePool, EnginePoolConfig, place_groups
+from .hf_model import build_model
 from .replay import TraceReplayEngine, load_trace, sync_idle_fraction
 from .requests import make_request
 from .sampling import sample_from_logprobs, temperature_logprobs, turn_seed
 from .teacher import TeacherConfig, TeacherScorer, load_teacher
-from .vllm_config import VLLMEngineConfig
+from .vllm.config import VLLMEngineConfig
 
 __all__ = [
     # core types

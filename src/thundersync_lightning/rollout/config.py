@@ -24,7 +24,7 @@ from ..core.types import ModelSpec
 from .teacher import TeacherConfig
 
 if TYPE_CHECKING:
-    from .embedded import EmbeddedEngine
+    from .embedded.engine import EmbeddedEngine
     from .replay import TraceReplayEngine
 
 __all__ = ["EmbeddedEngineConfig", "TraceReplayEngineConfig"]
@@ -74,7 +74,7 @@ class EmbeddedEngineConfig:
         start_method: how the generation process starts: ``"forkserver"`` forks it from
             multiprocessing's fork server, which imports torch, transformers and the model's code
             once per learner process (a start or restart then takes milliseconds); ``"spawn"``
-            starts a fresh interpreter each time. See :mod:`.embedded_process`.
+            starts a fresh interpreter each time. See :mod:`.embedded.process`.
     """
 
     temperature: float = 1.0
@@ -127,7 +127,7 @@ class EmbeddedEngineConfig:
 
     def build(self, model_spec: ModelSpec, tasks: TaskSource) -> EmbeddedEngine:
         """Start the generation process (blocks until it is ready or ``startup_timeout_s``)."""
-        from .embedded import EmbeddedEngine
+        from .embedded.engine import EmbeddedEngine
 
         return EmbeddedEngine(model_spec, tasks, self)
 

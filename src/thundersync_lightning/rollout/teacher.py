@@ -19,7 +19,7 @@ Its vocabulary must equal the student's: :func:`check_teacher` raises a ConfigEr
 before the generation process starts.
 
 :class:`TeacherScorer` is the transformers scorer of the embedded engine; the vLLM engine scores
-with a second vLLM engine instead (:mod:`.vllm_teacher`). Both go through :func:`teacher_input`
+with a second vLLM engine instead (:mod:`.vllm.teacher`). Both go through :func:`teacher_input`
 and :func:`with_teacher_logprobs`, so ``Segment.teacher_logprobs`` has one layout.
 """
 
@@ -34,7 +34,7 @@ import torch
 
 from ..core.errors import ConfigError
 from ..core.types import ModelSpec, Trajectory
-from .models import build_model
+from .hf_model import build_model
 from .sampling import temperature_logprobs
 
 __all__ = [

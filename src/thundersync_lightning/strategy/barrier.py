@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ..core.accumulator.streaming import StreamingGRPO, StreamingReport
 from ..core.batches import RolloutBatch
-from ..core.objective import BatchTotals
-from ..core.storage import ByteUsage
-from ..core.streaming import StreamingGRPO, StreamingReport
-from ..core.terms import OnPolicyStats
+from ..core.gradients.storage import ByteUsage
+from ..core.grpo.objective import BatchTotals
+from ..core.grpo.terms import OnPolicyStats
 from ..core.types import RolloutRequest
 from .runner import StepOutcome
 from .stats import Interval, StepStats

@@ -17,7 +17,7 @@ Those are the places a call's gradients go, its *destinations*, in order of pref
 rows, then every bucket (largest first), then the reward-pending rows oldest first (each a
 destination of its own). A call takes the first ``destinations`` of them: one with the plain
 backward backend (one backward per destination), more with a backend that serves several in one
-backward (:attr:`~thundersync_lightning.core.backward.BackwardBackend.destinations`). Its path
+backward (:attr:`~thundersync_lightning.core.gradients.backward.BackwardBackend.destinations`). Its path
 names the first rule that contributed.
 
 One choice per call: the runner drains the queue between calls, so rewards that landed during a

@@ -1,6 +1,6 @@
 """What the strategy keeps for its learner across a fit's steps: one streaming accumulator, whose
 gradient buffers are reused step after step, with its backward backend
-(:mod:`~thundersync_lightning.core.backward`), both rebuilt only when the trainable parameters
+(:mod:`~thundersync_lightning.core.gradients.backward`), both rebuilt only when the trainable parameters
 (or the objective) change; and the recent calls' cost line, which sets
 ``min_batch_trajectories="auto"`` (:mod:`~thundersync_lightning.strategy.call_cost`)."""
 
@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterable, Sequence
 
 from torch import Tensor
 
-from ..core.backward import BackwardBackend
-from ..core.objective import Objective
-from ..core.storage import Offload
-from ..core.streaming import StreamingGRPO
+from ..core.accumulator.streaming import StreamingGRPO
+from ..core.gradients.backward import BackwardBackend
+from ..core.gradients.storage import Offload
+from ..core.grpo.objective import Objective
 from .call_cost import CallCost
 from .stats import Interval
 

@@ -22,7 +22,7 @@ import psutil
 import torch
 
 from ..backends.split import planned_destinations
-from ..core.objective import Objective
+from ..core.grpo.objective import Objective
 from ..planning.memory_plan import MemoryPlan, PlanInputs, format_bytes, plan_memory
 from ..planning.model_shape import Architecture, ModelShape
 from .objective_checks import module_objective

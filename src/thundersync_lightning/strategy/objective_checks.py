@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..core.objective import Objective
+from ..core.grpo.objective import Objective
 
 __all__ = ["check_objective", "module_objective"]
 

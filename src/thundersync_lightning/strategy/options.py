@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..core.bounds import bound_problems
-from ..core.objective import Objective
+from ..core.accumulator.bounds import bound_problems
+from ..core.grpo.objective import Objective
 from .sharding import SHARDINGS
 
 __all__ = ["MODES", "option_problems"]

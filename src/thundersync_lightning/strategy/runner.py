@@ -16,7 +16,7 @@ dispatched; one that arrives before its content waits for it. ``StepOutcome.rewa
 shaped rewards (what the group statistics see).
 
 Dynamic sampling (``reserve`` and ``issue``): when every verdict of a group is in and the group
-carries no signal (:func:`~thundersync_lightning.core.dynamic.informative`, the accumulator's own
+carries no signal (:func:`~thundersync_lightning.core.grpo.group_filter.informative`, the accumulator's own
 test: it filters that group), the next reserve group is issued at once, from the weights the
 engine holds (this step's in streaming and sync: staleness 0), and its events join the stream;
 until the reserve is spent. Every mode issues the same replacements (sync waits for them before
@@ -37,12 +37,18 @@ from dataclasses import dataclass, field, replace
 import torch
 import torch.distributed as dist
 
-from ..core.dynamic import informative
+from ..core.accumulator.boundary_cut import SharedPrefix
+from ..core.accumulator.streaming import StreamingGRPO
 from ..core.errors import ConfigError, EngineError, GroupError, UnknownTrajectoryError
-from ..core.prefix import SharedPrefix
+from ..core.grpo.group_filter import informative
+from ..core.grpo.terms import (
+    TokenScores,
+    engine_logprobs,
+    entropy_threshold,
+    mark_truncated,
+    teacher_logprobs,
+)
 from ..core.snapshot import PolicySnapshot
-from ..core.streaming import StreamingGRPO
-from ..core.terms import TokenScores, engine_logprobs, entropy_threshold, mark_truncated, teacher_logprobs
 from ..core.types import ContentReady, GroupRequest, RewardReady, RolloutEvent, RolloutRequest, Trajectory
 from .batching import Batch, count_destinations, next_batch
 from .stats import Interval, RolloutProgress, TrajectoryRecord
@@ -105,7 +111,7 @@ class StepRunner:
         snapshot: the policy being updated; staleness = its version - the rollout's version.
         allowed_staleness: 0 in streaming/sync, 1 in async; a larger one raises StalenessError.
         accumulator: the step's StreamingGRPO. Its backward backend
-            (:mod:`~thundersync_lightning.core.backward`) says how many destinations one call may
+            (:mod:`~thundersync_lightning.core.gradients.backward`) says how many destinations one call may
             span and what a call's scoring runs inside (``score`` then takes ``watch=``).
         score: the policy's per-token scores (``score_tokens`` with the objective's needs).
         defer: do no learner work before the event stream ends (the synchronous baseline).

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ..core.storage import ByteUsage
+from ..core.gradients.storage import ByteUsage
 from ..core.types import Segment
 from .batching import BatchPath
 

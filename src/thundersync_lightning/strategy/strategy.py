@@ -38,12 +38,12 @@ from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
 from ..backends.split import SplitSetting, choose_backend
+from ..core.accumulator.streaming import StreamingGRPO
 from ..core.batches import RolloutBatch
 from ..core.errors import ConfigError
 from ..core.evaluation import ValidationBatch, collect_validation
+from ..core.gradients.storage import Offload
 from ..core.snapshot import PolicySnapshot
-from ..core.storage import Offload
-from ..core.streaming import StreamingGRPO
 from .barrier import StepInFlight, global_totals
 from .fit_learner import FitLearner
 from .issuing import RolloutIssuer, publish
@@ -80,7 +80,7 @@ class ThunderSyncStrategy(DDPStrategy):
             When it is full the learner waits for rewards and keeps doing reward-known work (the
             result is unchanged). Together with ``max_open_groups`` it bounds the accumulator to
             ``2 * (max_open_groups + max_held_trajectories)`` parameter-sized buffers
-            (:mod:`thundersync_lightning.core.bounds`).
+            (:mod:`thundersync_lightning.core.accumulator.bounds`).
         launch_ahead: in streaming/sync, issue step k+1's rollouts right after step k's weights are
             published (before Lightning's between-step bookkeeping); staleness stays 0.
         prepare_ahead: when a step starts, hand the next step whose rollouts are not issued yet
@@ -105,7 +105,7 @@ class ThunderSyncStrategy(DDPStrategy):
             ``StepStats.min_batch_trajectories`` records the value each step used.
         progress_interval_s: throttle of ``on_rollout_progress`` callbacks.
         boundary_cut: run each group's shared prompt forward and backward once instead of once per
-            trajectory (``thundersync_lightning.core.prefix``; same gradient; the module needs
+            trajectory (``thundersync_lightning.core.accumulator.boundary_cut``; same gradient; the module needs
             ``encode_prefix``).
         split_backward: a learner call may span several destinations of its gradients (the step's
             gradient, a group's running sums, held gradients) and take ONE backward for all, the

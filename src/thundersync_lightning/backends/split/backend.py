@@ -1,8 +1,8 @@
-"""The split backward as a backward backend (:class:`~thundersync_lightning.core.backward.BackwardBackend`).
+"""The split backward as a backward backend (:class:`~thundersync_lightning.core.gradients.backward.BackwardBackend`).
 
 A learner call may span up to :attr:`SplitBackend.destinations` destinations. When it spans more
 than one, its scoring runs inside the backend's :class:`~.backward.RowCapture` (the
-:class:`~thundersync_lightning.core.backward.ForwardWatch` that :meth:`SplitBackend.watch` hands
+:class:`~thundersync_lightning.core.gradients.backward.ForwardWatch` that :meth:`SplitBackend.watch` hands
 out), and :meth:`SplitBackend.deliver` takes ONE backward for all its destinations, split by row
 (:func:`~.backward.split_gradients`); a destination whose coefficient is not known yet may come
 back as factors (:class:`~.factors.Chunk`). Any other call takes one backward per destination,
@@ -20,8 +20,8 @@ from collections.abc import Sequence
 
 from torch import Tensor, nn
 
-from ...core.backward import Delivery, LearnerCall
 from ...core.errors import ConfigError
+from ...core.gradients.backward import Delivery, LearnerCall
 from .backward import RowCapture, split_gradients
 
 __all__ = ["SplitBackend", "CALL_GRADIENT_BYTES", "max_destinations", "destinations_within"]

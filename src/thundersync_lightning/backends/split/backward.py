@@ -1,7 +1,7 @@
 """One backward for every destination of a scored batch: activation gradients, split by row.
 
-The accumulator (:meth:`~thundersync_lightning.core.streaming.StreamingGRPO.add_tokens`) routes a batch's rows to
-jobs (:mod:`~thundersync_lightning.core.jobs`: the step's gradient, one sum per (group, reward),
+The accumulator (:meth:`~thundersync_lightning.core.accumulator.streaming.StreamingGRPO.add_tokens`) routes a batch's rows to
+jobs (:mod:`~thundersync_lightning.core.accumulator.jobs`: the step's gradient, one sum per (group, reward),
 one held gradient per reward-pending row). Taken one ``autograd.grad`` per job, a batch spanning
 J destinations costs J backward passes over the whole batch. With a model whose rows do not
 interact (a transformer with a padding mask, no batch statistics), one backward suffices:
@@ -41,9 +41,9 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from ...core.accumulator.jobs import Grads, Job, run_jobs
 from ...core.errors import ConfigError, InvalidLogprobError
-from ...core.jobs import Grads, Job, run_jobs
-from ...core.terms import TrajectoryTerms
+from ...core.grpo.terms import TrajectoryTerms
 from .factors import Chunk, Factors, chunk_of
 from .row_grads import Layouts, Record, module_grads
 
@@ -172,7 +172,7 @@ def split_gradients(
     recorded batch row of each row of ``terms`` (rows left out of the terms feed nothing).
     ``factor``: per job, return a :class:`~thundersync_lightning.backends.split.factors.Chunk` (Linear and
     Embedding weights kept as factors, formed when the coefficient is known) instead of dense
-    gradients. Checked against :func:`~thundersync_lightning.core.jobs.run_jobs` on first use."""
+    gradients. Checked against :func:`~thundersync_lightning.core.accumulator.jobs.run_jobs` on first use."""
     if capture.recording:
         raise RuntimeError("split_gradients: leave `with capture:` (the scoring) before splitting its backward")
     if capture.refused is not None:  # the forward showed a module it cannot split: one backward per job

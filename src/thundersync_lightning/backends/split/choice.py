@@ -3,7 +3,7 @@
 The split backward (:class:`~.backend.SplitBackend`) lets one learner call span several
 destinations (the step's gradient, (group, reward) sums, held gradients) at the cost of ONE
 backward. It applies to streaming (sync and async send every row to the step's gradient), needs a
-module whose ``score_tokens`` takes ``watch=`` (:class:`~thundersync_lightning.core.backward.ForwardWatch`)
+module whose ``score_tokens`` takes ``watch=`` (:class:`~thundersync_lightning.core.gradients.backward.ForwardWatch`)
 and whose trainable parameters all sit in modules that can be split, and is not combined with the
 boundary cut or FSDP2's sharded weights. ``False`` is the plain backend, ``True`` requires the
 split, ``"auto"`` uses it where it applies and up to :data:`AUTO_MAX_PARAMS` trainable
@@ -26,8 +26,8 @@ from typing import Any, Literal
 
 from torch import Tensor
 
-from ...core.backward import BackwardBackend, PlainBackward
 from ...core.errors import ConfigError
+from ...core.gradients.backward import BackwardBackend, PlainBackward
 from .backend import SplitBackend, destinations_within
 from .backward import unsupported_modules
 

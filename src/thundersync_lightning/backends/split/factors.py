@@ -24,7 +24,7 @@ from typing import TypeVar
 import torch
 from torch import Tensor
 
-from ...core.deferred import DeferredGradient
+from ...core.gradients.deferred import DeferredGradient
 
 __all__ = ["LinearFactors", "EmbeddingFactors", "TiedFactors", "Chunk", "chunk_of", "fold_chunks"]
 

@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from ...core.jobs import Grads
+from ...core.accumulator.jobs import Grads
 from .factors import EmbeddingFactors, Factors, LinearFactors
 
 __all__ = ["Record", "Owners", "Layout", "Layouts", "module_grads", "SEGMENT_BYTES"]

@@ -40,7 +40,7 @@ import random
 import time
 from typing import Any
 
-from .tasks import BRANCHES, PHRASES, VERBS, all_branch_tasks, branch_tools, is_held_out
+from .source import BRANCHES, PHRASES, VERBS, all_branch_tasks, branch_tools, is_held_out
 
 __all__ = ["TEMPLATE", "MODEL_CONFIG", "save_tokenizer", "FormatExamples", "build_start"]
 

@@ -5,7 +5,7 @@ from .codec import ByteCodec, HFTokenizerCodec, TextCodec
 from .env import CodeEnv, Workspace, format_observation, render_prompt
 from .grading import EvalOutcome, filter_patch, grade_log, split_patch
 from .patches import patch_paths
-from .source import LocalCodeTasks
+from .source import LocalCodeTasks, SplitLocalCodeTasks
 from .task import LocalTask, is_protected_path, load_task, load_tasks, shipped_tasks_dir
 from .workspace import LocalWorkspace, WorkspaceSettings
 
@@ -30,6 +30,7 @@ __all__ = [
     "split_patch",
     "patch_paths",
     "LocalCodeTasks",
+    "SplitLocalCodeTasks",
     "LocalTask",
     "is_protected_path",
     "load_task",

@@ -1,7 +1,7 @@
 """The grading reporter: pytest's per-test results as lines authenticated with a per-run key.
 
 This file is copied, as ``tsl_report.py``, next to the local runner (:mod:`.runner`) and into the
-container path's read-only eval directory (:mod:`..swebench_log`, where pytest loads it with
+container path's read-only eval directory (:mod:`..swebench.eval_run`, where pytest loads it with
 ``-p tsl_report``). It imports only the standard library until a :class:`Reporter` is made, so
 the host imports it too, to check lines.
 

@@ -1,11 +1,14 @@
 """``LocalCodeTasks``: the TaskSource of local repository tasks (shipped or a directory of your own).
 
 YAML-constructible (typed scalar arguments only) and picklable: the uid pool and loaded tasks are
-rebuilt lazily in whichever process uses them (the engine subprocess).
+rebuilt lazily in whichever process uses them (the engine subprocess). ``SplitLocalCodeTasks`` holds
+some tasks out for validation (``RolloutDataModule(val_samples=...)``): the names in ``val_names``, or
+else the tasks whose name hashes below ``val_fraction``; training steps draw only the others.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 import threading
 from typing import Any
@@ -22,7 +25,7 @@ from .task import LocalTask, load_tasks
 from .tools import tool_conversation, tool_renderer
 from .workspace import LocalWorkspace, WorkspaceSettings
 
-__all__ = ["LocalCodeTasks", "uid_pool"]
+__all__ = ["LocalCodeTasks", "SplitLocalCodeTasks", "uid_pool"]
 
 _pools: dict[tuple[int, int], UidPool] = {}
 _pools_lock = threading.Lock()
@@ -147,3 +150,33 @@ class LocalCodeTasks:
         state = dict(self.__dict__)
         state["_tasks"] = None
         return state
+
+
+class SplitLocalCodeTasks(LocalCodeTasks):
+    """``LocalCodeTasks`` arguments, plus ``val_names`` (explicit held-out tasks) or ``val_fraction``."""
+
+    def __init__(self, *args: Any, val_names: list[str] | None = None, val_fraction: float = 0.25,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not 0.0 < val_fraction < 1.0:
+            raise ConfigError(f"SplitLocalCodeTasks: val_fraction={val_fraction} must be in (0, 1)")
+        self.val_names = list(val_names) if val_names is not None else None
+        self.val_fraction = val_fraction
+
+    def _held_out(self, task: LocalTask) -> bool:
+        if self.val_names is not None:
+            return task.name in self.val_names
+        h = int.from_bytes(hashlib.blake2b(task.name.encode(), digest_size=8).digest(), "little") % 10_000
+        return h < round(self.val_fraction * 10_000)
+
+    def validation_tasks(self) -> list[LocalTask]:
+        held = [t for t in self.all_tasks if self._held_out(t)]
+        unknown = sorted(set(self.val_names or ()) - {t.name for t in self.all_tasks})
+        if unknown or not held or len(held) == len(self.all_tasks):
+            raise ConfigError(f"SplitLocalCodeTasks: the split leaves {len(held)} of {len(self.all_tasks)} tasks "
+                              f"held out (unknown val_names: {unknown}); both sides need at least one task")
+        return held
+
+    def tasks(self, step: int, num_groups: int, seed: int) -> list[LocalTask]:
+        train = [t for t in self.all_tasks if not self._held_out(t)]
+        return pick(train, step, num_groups, seed)

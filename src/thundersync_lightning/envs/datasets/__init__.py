@@ -1,5 +1,6 @@
 """Bring your own prompts, rewards and tools: a task source over ``datasets`` files, a reward registry."""
 
+from .env import DatasetEnv, DatasetTask
 from .reward_sum import RewardSum
 from .rewards import (
     RewardError,
@@ -14,7 +15,7 @@ from .rewards import (
     unit_tests,
 )
 from .rows import Rows, read_rows
-from .source import DatasetEnv, DatasetTask, DatasetTasks, load_rows
+from .source import DatasetTasks, load_rows
 from .tool_env import DatasetToolEnv
 
 __all__ = [

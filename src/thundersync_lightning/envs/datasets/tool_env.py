@@ -17,7 +17,8 @@ from ...core.types import StepResult
 from ..tools import ToolConversation
 
 if TYPE_CHECKING:
-    from .source import DatasetTask, DatasetTasks
+    from .env import DatasetTask
+    from .source import DatasetTasks
 
 __all__ = ["DatasetToolEnv"]
 

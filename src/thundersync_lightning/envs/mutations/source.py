@@ -144,7 +144,7 @@ class MutationTasks:
 
     def model_spec(self) -> ModelSpec:
         """The tiny Qwen3 of the toy task, vocabulary rounded up to a multiple of 8."""
-        from ..toy import toy_model_spec
+        from ..toy.source import toy_model_spec
 
         return toy_model_spec(vocab_size=8 * -(-self.vocab.size // 8))
 

@@ -1,0 +1,326 @@
+"""One open group's state in the streaming accumulator: rewards, held gradients and the sums.
+
+While a group has seen at most two distinct reward values it keeps one gradient sum per value
+(binary rewards: P = sum_{r=1} grad S_i, Z = sum_{r=0} grad S_i: one buffer touched per
+trajectory). A third distinct value collapses them into
+
+    G1 = sum_i (r_i - c) grad S_i,    G2 = sum_i grad S_i
+
+with c one of the group's rewards, so that the fold a_g G1 + (a_g c + b_g) G2 does not suffer the
+cancellation a_g sum r_i g + b_g sum g has when rewards share a large offset. A gradient whose
+reward is not yet known is held apart until it is (and, when failed rollouts are dropped, so is the
+gradient of its regulariser term R_i). A *dropped* member (failed verdict, ``failed="drop"``)
+leaves the group: its held gradients are freed and it counts nowhere.
+
+A backward backend may deliver a gradient as a
+:class:`~thundersync_lightning.core.gradients.deferred.DeferredGradient` (formed at the fold). Reward-known
+deferred gradients are kept, one per delivery, while they take no more bytes than the dense sums
+they stand for (one buffer per distinct reward, at most two) and the group has no dense sum;
+otherwise they are formed into the dense sums (*spilled*). A held gradient may be deferred too
+(never more bytes than a buffer). So a group never takes more bytes than it would with dense
+gradients alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import torch
+
+from ..gradients.deferred import DeferredGradient, fold_deferred
+from ..gradients.storage import GradientStore
+from ..grpo.objective import BatchTotals, Objective
+from .boundary_cut import LeafSums
+from .report import GroupStat
+
+__all__ = ["GroupSums", "GroupUsage", "ClosedGroup"]
+
+
+class GroupUsage(NamedTuple):
+    held: int  # trajectories holding a gradient until their reward (or verdict)
+    held_bytes: int  # of those held gradients
+    side_bytes: int  # outside the store's flat buffers: deferred gradients and boundary-cut leaf sums
+
+
+@dataclass(frozen=True, slots=True)
+class ClosedGroup:
+    """What a complete group adds to the step's objective parts, counts and report."""
+
+    objective: float  # sum_i A'_i S_i over kept members (before the batch scale s)
+    regulariser: float  # sum_i R_i over kept members
+    totals: BatchTotals
+    stat: GroupStat
+
+
+@dataclass
+class GroupSums:
+    members: tuple[Hashable, ...]
+    rewards: dict[Hashable, float] = field(default_factory=dict)
+    scores: dict[Hashable, float] = field(default_factory=dict)  # S_i values, for the objective
+    held: dict[Hashable, torch.Tensor | DeferredGradient] = field(default_factory=dict)  # grads awaiting their reward
+    held_regulariser: dict[Hashable, torch.Tensor | DeferredGradient] = field(default_factory=dict)  # grad R_i awaiting its verdict
+    regulariser: dict[Hashable, float] = field(default_factory=dict)  # R_i values, for the objective
+    tokens: dict[Hashable, float] = field(default_factory=dict)  # scored-token counts
+    is_weights: dict[Hashable, tuple[float, float]] = field(default_factory=dict)  # IS weight (sum, count)
+    dropped: set[Hashable] = field(default_factory=set)  # failed members removed from the group
+    scored_dropped: set[Hashable] = field(default_factory=set)  # dropped members whose content came
+    leaves: LeafSums | None = None  # boundary cut: sums at the shared prompt's leaves
+    by_reward: dict[float, torch.Tensor] = field(default_factory=dict)  # <= 2 distinct reward values
+    g1: torch.Tensor | None = None  # sum (r_i - shift) grad S_i, after collapse
+    g2: torch.Tensor | None = None  # sum grad S_i, after collapse
+    shift: float = 0.0
+    deferred: list[tuple[float, DeferredGradient]] = field(default_factory=list)  # reward-known (reward, gradient)
+    direct: int = 0  # contributions already added to the step gradient (early fold or direct path)
+    flagged: set[Hashable] = field(default_factory=set)  # off_policy_mask: members whose A counts only if >= 0
+    flagged_sums: dict[float, torch.Tensor] = field(default_factory=dict)  # their gradients by reward
+    regulariser_sum: torch.Tensor | None = None  # dynamic sampling: sum of grad R_i until the group is known informative
+    filtered: bool = False  # dynamic sampling: every verdict in and no signal: the group counts nowhere
+    final: tuple[Objective, tuple[float, float]] | None = None  # (a_g, b_g) once every verdict is in
+
+    def kept(self) -> tuple[Hashable, ...]:
+        return tuple(t for t in self.members if t not in self.dropped)
+
+    def complete(self) -> bool:
+        """Every verdict known and every kept member scored."""
+        return self.all_rewards_known() and all(t in self.scores for t in self.kept())
+
+    def all_rewards_known(self) -> bool:
+        return len(self.rewards) == len(self.members)
+
+    def coefficients(self, objective: Objective) -> tuple[float, float]:
+        """(a_g, b_g) once every verdict is known (zero when every A_i is exactly 0); computed once:
+        with every verdict in, neither the rewards nor the dropped members can change."""
+        if self.final is not None and self.final[0] is objective:
+            return self.final[1]
+        value = objective.coefficients(self.reward_tensor())
+        if self.all_rewards_known():
+            self.final = (objective, value)
+        return value
+
+    def zero_advantage(self, objective: Objective) -> bool:
+        """Every A_i is exactly 0: known once all verdicts are in, or up front (lone member, reward_coef 0)."""
+        if objective.reward_coef == 0:
+            return True
+        if self.all_rewards_known():
+            return self.coefficients(objective) == (0.0, 0.0)
+        return len(self.members) == 1 and objective.singleton == "zero"
+
+    def reward_tensor(self) -> torch.Tensor:
+        """Rewards of the kept members (float64)."""
+        return torch.tensor([self.rewards[t] for t in self.kept()], dtype=torch.float64)
+
+    @property
+    def has_sums(self) -> bool:
+        return self.has_dense_sums or bool(self.deferred) or bool(self.flagged_sums)
+
+    @property
+    def has_dense_sums(self) -> bool:
+        return bool(self.by_reward) or self.g1 is not None
+
+    def usage(self, buffer_bytes: int) -> GroupUsage:
+        """What the group holds now; a flat buffer takes ``buffer_bytes``, a deferred gradient its own bytes."""
+        held = (*self.held.values(), *self.held_regulariser.values())
+        held_bytes = sum(h.nbytes if isinstance(h, DeferredGradient) else buffer_bytes for h in held)
+        side = sum(h.nbytes for h in held if isinstance(h, DeferredGradient)) + sum(c.nbytes for _, c in self.deferred)
+        side += self.leaves.nbytes if self.leaves is not None else 0
+        return GroupUsage(len(self.held.keys() | self.held_regulariser.keys()), held_bytes, side)
+
+    def add_known(self, store: GradientStore, reward: float, grads: list | torch.Tensor | DeferredGradient) -> None:
+        """A reward-known gradient (per-parameter ``grads``, a stored flat buffer or a deferred
+        gradient) into the sums of its reward; a deferred one is kept while they fit (module docstring)."""
+        if isinstance(grads, DeferredGradient):
+            if not self.has_dense_sums and self._fits(grads, reward, store.buffer_bytes):
+                self.deferred.append((reward, grads))
+                return
+            grads = grads.dense()
+        self._spill(store)
+        if isinstance(grads, torch.Tensor):
+            self.accumulate(store, reward, flat=grads)
+        else:
+            self.accumulate(store, reward, grads=grads)
+
+    def _fits(self, item: DeferredGradient, reward: float, buffer_bytes: int) -> bool:
+        rewards = {r for r, _ in self.deferred} | {reward}
+        used = sum(c.nbytes for _, c in self.deferred) + item.nbytes
+        return used <= buffer_bytes * min(2, len(rewards))
+
+    def _spill(self, store: GradientStore) -> None:
+        """Form the reward-known deferred gradients into the dense sums."""
+        kept, self.deferred = self.deferred, []
+        for reward, item in kept:
+            self.accumulate(store, reward, grads=item.dense())
+
+    def accumulate(
+        self,
+        store: GradientStore,
+        reward: float,
+        grads: list | None = None,
+        flat: torch.Tensor | None = None,
+    ) -> None:
+        """Add one dense gradient (per-parameter ``grads`` or a stored ``flat`` buffer) to the sums."""
+
+        def add(buf: torch.Tensor, alpha: float = 1.0) -> None:
+            if flat is not None:
+                store.add_flat(buf, flat, alpha)
+            else:
+                store.add_grads(buf, grads, alpha)
+
+        if self.g1 is not None:
+            add(self.g1, reward - self.shift)
+            add(self.g2)
+            store.release(flat)
+            return
+        buf = self.by_reward.get(reward)
+        if buf is not None:
+            add(buf)
+            store.release(flat)
+            return
+        if flat is None:
+            flat = store.flatten(grads)
+        if len(self.by_reward) < 2:
+            self.by_reward[reward] = flat
+            return
+        c = next(iter(self.by_reward))  # a third distinct reward: collapse (see module docstring)
+        g1 = store.scaled(flat, reward - c)
+        g2 = flat
+        for r, h in self.by_reward.items():
+            store.add_flat(g1, h, r - c)
+            store.add_flat(g2, h)
+            store.release(h)
+        self.by_reward.clear()
+        self.g1, self.g2, self.shift = g1, g2, c
+
+    def take(self, kind: str, key: object, grads: list | DeferredGradient, store: GradientStore) -> None:
+        """One backward job's gradient: into the sum of its reward (``sum``), the group's R sum
+        (``regulariser_sum``), or held (``held``, ``regulariser_held``)."""
+        if kind == "sum" and len(key) == 3:  # type: ignore[arg-type]
+            self.add_flagged(store, key[1], grads)  # type: ignore[index]
+            return
+        if kind == "sum":
+            self.add_known(store, key[1], grads)  # type: ignore[index]
+            return
+        if kind == "regulariser_sum":
+            self.add_regulariser(store, grads)
+            return
+        kept = grads if isinstance(grads, DeferredGradient) else store.flatten(grads)
+        (self.held if kind == "held" else self.held_regulariser)[key] = kept
+
+    def add_flagged(self, store: GradientStore, reward: float, grads: list | torch.Tensor | DeferredGradient) -> None:
+        """A flagged member's reward-known gradient into the flagged sum of its reward (never
+        collapsed: its coefficient max(a r + b, 0) is not affine in r)."""
+        if isinstance(grads, DeferredGradient):
+            grads = grads.dense()
+        buf = self.flagged_sums.get(reward)
+        if isinstance(grads, torch.Tensor):
+            if buf is None:
+                self.flagged_sums[reward] = grads
+            else:
+                store.add_flat(buf, grads)
+                store.release(grads)
+        elif buf is None:
+            self.flagged_sums[reward] = store.flatten(grads)
+        else:
+            store.add_grads(buf, grads)
+
+    def add_regulariser(self, store: GradientStore, grads: list | torch.Tensor | DeferredGradient) -> None:
+        """grad R of members (per-parameter, a stored flat buffer or a deferred gradient) into :attr:`regulariser_sum`."""
+        if isinstance(grads, DeferredGradient):
+            grads = grads.dense()
+        if isinstance(grads, torch.Tensor):
+            if self.regulariser_sum is None:
+                self.regulariser_sum = grads
+            else:
+                store.add_flat(self.regulariser_sum, grads)
+                store.release(grads)
+        elif self.regulariser_sum is None:
+            self.regulariser_sum = store.flatten(grads)
+        else:
+            store.add_grads(self.regulariser_sum, grads)
+
+    def fold_into(self, final: torch.Tensor, store: GradientStore, a: float, b: float) -> None:
+        """``final += sum_i (a r_i + b) grad S_i`` from the sums (the caller then drops them)."""
+        if self.g1 is not None:
+            final.add_(store.to_device(self.g1), alpha=a)
+            final.add_(store.to_device(self.g2), alpha=a * self.shift + b)
+        for r, h in self.by_reward.items():
+            final.add_(store.to_device(h), alpha=a * r + b)
+        if self.deferred:
+            fold_deferred(store.split(final), [c for _, c in self.deferred], [a * r + b for r, _ in self.deferred])
+        for r, h in self.flagged_sums.items():
+            if a * r + b > 0:  # a flagged member with A < 0 trains nothing
+                final.add_(store.to_device(h), alpha=a * r + b)
+
+    def record_score(
+        self,
+        trajectory_id: Hashable,
+        score: float,
+        tokens: float,
+        regulariser: float | None,
+        is_weights: tuple[float, float] = (0.0, 0.0),
+    ) -> None:
+        """A member's S_i (and R_i) value, scored-token count and importance-weight (sum, count); a
+        dropped member is only marked scored."""
+        if trajectory_id in self.dropped:
+            self.scored_dropped.add(trajectory_id)
+            return
+        self.scores[trajectory_id] = score
+        self.tokens[trajectory_id] = tokens
+        self.is_weights[trajectory_id] = is_weights
+        if regulariser is not None:
+            self.regulariser[trajectory_id] = regulariser
+
+    def close(self, group_id: Hashable, a: float, b: float) -> ClosedGroup:
+        """The closed group's parts, given its coefficients (every verdict known, every kept member scored)."""
+        kept = self.kept()
+        rewards = self.reward_tensor()
+        objective = sum(self._masked(a * self.rewards[t] + b, t) * self.scores[t] for t in kept)
+        regulariser = sum(self.regulariser.get(t, 0.0) for t in kept)
+        totals = BatchTotals(
+            groups=float(bool(kept)),
+            sequences=float(len(kept)),
+            tokens=sum(self.tokens.get(t, 0.0) for t in kept),
+            reward_count=float(len(kept)),
+            reward_sum=float(rewards.sum()),
+            reward_sq_sum=float((rewards**2).sum()),
+            is_weight_sum=sum(self.is_weights.get(t, (0.0, 0.0))[0] for t in kept),
+            is_weight_count=sum(self.is_weights.get(t, (0.0, 0.0))[1] for t in kept),
+        )
+        mean = float(rewards.mean()) if kept else 0.0
+        std = float(rewards.std(correction=0)) if kept else 0.0
+        stat = GroupStat(group_id, len(kept), mean, std, len(self.dropped))
+        return ClosedGroup(objective, regulariser, totals, stat)
+
+    def _masked(self, advantage: float, trajectory_id: Hashable) -> float:
+        return 0.0 if trajectory_id in self.flagged and advantage < 0 else advantage
+
+    def describe_missing(self, group_id: Hashable) -> str:
+        no_reward = [t for t in self.members if t not in self.rewards]
+        no_logprob = [t for t in self.kept() if t not in self.scores]
+        return f"group {group_id!r} misses rewards of {no_reward} and logprobs of {no_logprob}"
+
+    def drop(self, store: GradientStore) -> None:
+        """Free every buffer of the group (held gradients, sums and deferred gradients)."""
+        release(
+            store,
+            *self.held.values(),
+            *self.held_regulariser.values(),
+            *self.by_reward.values(),
+            self.g1,
+            self.g2,
+            self.regulariser_sum,
+            *self.flagged_sums.values(),
+        )
+        self.regulariser_sum = None
+        self.flagged_sums.clear()
+        self.held.clear()
+        self.held_regulariser.clear()
+        self.by_reward.clear()
+        self.deferred.clear()
+        self.g1 = self.g2 = None
+
+
+def release(store: GradientStore, *items: torch.Tensor | DeferredGradient | None) -> None:
+    """Return the flat buffers among ``items`` to the store (deferred gradients are simply forgotten)."""
+    store.release(*(t for t in items if not isinstance(t, DeferredGradient)))

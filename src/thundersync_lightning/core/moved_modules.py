@@ -1,0 +1,101 @@
+"""Module paths that moved keep working for one more release, with a DeprecationWarning.
+
+``import thundersync_lightning`` installs :class:`MovedModuleFinder` on ``sys.meta_path``: importing
+an old path (in code, or as a YAML ``class_path``) warns once and binds the old name to the new
+module itself, so classes, functions and ``isinstance`` checks are the same objects. Where a split
+file's parts moved to two modules, the old path answers with the package that re-exports both.
+Paths where a package now stands at the old name (``rollout.embedded``, ``rollout.weights``,
+``envs.toy``) re-export their public names and need no entry.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import warnings
+from types import ModuleType
+
+__all__ = ["MOVED", "MovedModuleFinder", "install"]
+
+_PACKAGE = "thundersync_lightning"
+
+#: old module path -> new one, both relative to the package (the old paths go in the next release)
+MOVED: dict[str, str] = {
+    "rollout.vllm_config": "rollout.vllm.config",
+    "rollout.vllm_core": "rollout.vllm.core",
+    "rollout.vllm_engine": "rollout.vllm.engine",
+    "rollout.vllm_loop": "rollout.vllm.loop",
+    "rollout.vllm_model": "rollout.vllm.model",
+    "rollout.vllm_placement": "rollout.vllm.placement",
+    "rollout.vllm_stream": "rollout.vllm.stream",
+    "rollout.vllm_teacher": "rollout.vllm.teacher",
+    "rollout.vllm_worker": "rollout.vllm.worker",
+    "rollout.embedded_process": "rollout.embedded.process",
+    "rollout.embedded_worker": "rollout.embedded.worker",
+    "rollout.hf_generator": "rollout.embedded.generator",
+    "rollout.models": "rollout.hf_model",
+    "rollout.agent_loop": "rollout.agent.loop",
+    "rollout.env_pool": "rollout.agent.env_pool",
+    "rollout.group_gate": "rollout.agent.group_gate",
+    "rollout.weight_transport": "rollout.weights.transport",
+    "rollout.pool": "rollout.engine_pool",
+    "envs.branches.tasks": "envs.branches",
+    "envs.swebench_env": "envs.swebench",
+    "envs.swebench_log": "envs.swebench.eval_run",
+    "core.objective": "core.grpo.objective",
+    "core.estimators": "core.grpo.estimators",
+    "core.terms": "core.grpo.terms",
+    "core.rejection": "core.grpo.rejection",
+    "core.dynamic": "core.grpo.group_filter",
+    "core.streaming": "core.accumulator.streaming",
+    "core.group": "core.accumulator.group",
+    "core.routing": "core.accumulator.routing",
+    "core.jobs": "core.accumulator.jobs",
+    "core.step_gradient": "core.accumulator.step_gradient",
+    "core.bounds": "core.accumulator.bounds",
+    "core.report": "core.accumulator.report",
+    "core.validation": "core.accumulator.checks",
+    "core.prefix": "core.accumulator.boundary_cut",
+    "core.storage": "core.gradients.storage",
+    "core.copies": "core.gradients.copies",
+    "core.deferred": "core.gradients.deferred",
+    "core.backward": "core.gradients.backward",
+    "core.noise": "core.third_party_noise",
+    "callbacks._common": "callbacks.base",
+    "envs.local_split": "envs.code.source",
+}
+
+
+class _Alias(importlib.abc.Loader):
+    def __init__(self, new: str) -> None:
+        self.new = new
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return importlib.import_module(self.new)
+
+    def exec_module(self, module: ModuleType) -> None:
+        pass  # the new module ran when it was imported
+
+
+class MovedModuleFinder(importlib.abc.MetaPathFinder):
+    """Finds the old paths in :data:`MOVED` and loads the new module under the old name."""
+
+    def find_spec(self, fullname: str, path: object = None, target: object = None):
+        old = fullname.removeprefix(_PACKAGE + ".")
+        if old == fullname or old not in MOVED:
+            return None
+        new = f"{_PACKAGE}.{MOVED[old]}"
+        warnings.warn(
+            f"{fullname} moved to {new}; the old path is removed in the next release",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return importlib.machinery.ModuleSpec(fullname, _Alias(new))
+
+
+def install() -> None:
+    """Put the finder on ``sys.meta_path`` once (idempotent)."""
+    if not any(isinstance(f, MovedModuleFinder) for f in sys.meta_path):
+        sys.meta_path.append(MovedModuleFinder())

@@ -1,0 +1,3 @@
+"""The multi-turn agent loop (:mod:`.loop`), the environment pool it calls (:mod:`.env_pool`) and
+the gate that starts a group's verdicts once every episode of the group stopped acting
+(:mod:`.group_gate`). Independent of how tokens are generated: both engines drive it."""

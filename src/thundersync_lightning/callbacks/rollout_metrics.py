@@ -190,8 +190,9 @@ class RolloutMetrics(StepStatsCallback):
             if kind in self._tool_warned or not metrics[key] > 0:
                 continue
             self._tool_warned.add(kind)
-            first = next((t for t in stats.trajectories if t.tool_error and (t.tool_timeouts > 0) == timed_out), None)
-            example = f" The first on this rank ({first.trajectory_id}): {first.tool_error}." if first else ""
+            first = next((t for t in stats.trajectories if t.tool_error and (t.tool_timeouts > 0) == timed_out),
+                         next((t for t in stats.trajectories if t.tool_error), None))
+            example = f" The first tool failure of {first.trajectory_id}: {first.tool_error}." if first else ""
             rank_zero_warn(
                 f"Step {stats.step}: {metrics[key]:.0%} of the tool calls {kind} ({key}); the model was told "
                 f"'[tool error] ...' and the episode went on.{example} Fix the tool"

@@ -39,8 +39,6 @@ number gives reward 0.0 with the reason.
 
 from __future__ import annotations
 
-import math
-import numbers
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -57,13 +55,13 @@ from ...core.types import (
     Segment,
     StepResult,
     Trajectory,
-    WeightedReward,
     derive_seed,
     trajectory_id,
 )
 from ..sampling import turn_seed
 from .env_pool import EnvPool, Outcome
 from .group_gate import GroupGate
+from .verdict import check_verdict, reward_parts
 
 __all__ = ["GenerationRequest", "Generation", "GenerateFn", "AgentLoop", "check_verdict"]
 
@@ -95,24 +93,6 @@ pure function of (prefix, seed, weights): the same request gives the same tokens
 in the batch."""
 
 
-def check_verdict(value: Any) -> tuple[float, str | None]:
-    """(reward, failure): a finite real number passes; anything else is reward 0.0 with the reason.
-
-    Real numbers include ``bool`` (pass/fail as 1.0/0.0) and numpy scalars; reasons read
-    "verdict returned nan", "verdict returned -inf", "verdict returned str 'PASSED', not a real
-    number".
-    """
-    if isinstance(value, numbers.Real):
-        try:
-            reward = float(value)
-        except (TypeError, ValueError, OverflowError) as exc:
-            return 0.0, f"verdict returned {type(value).__name__} {_short(value)}, not convertible to float ({exc})"
-        if math.isfinite(reward):
-            return reward, None
-        return 0.0, f"verdict returned {reward!r}"
-    return 0.0, f"verdict returned {type(value).__name__} {_short(value)}, not a real number"
-
-
 def _same_task(prepared: _Episode, wanted: _Episode) -> bool:
     """Whether a prepared episode is the one ``wanted`` names (a task that cannot be compared: no)."""
     if (prepared.group_id, prepared.sample) != (wanted.group_id, wanted.sample):
@@ -121,14 +101,6 @@ def _same_task(prepared: _Episode, wanted: _Episode) -> bool:
         return prepared.task is wanted.task or bool(prepared.task == wanted.task)
     except Exception:  # e.g. array fields: ambiguous truth value
         return False
-
-
-def _short(value: Any, limit: int = 120) -> str:
-    try:
-        text = repr(value)
-    except Exception as exc:  # a hostile __repr__ must not take the loop down
-        text = f"<unrepresentable: {type(exc).__name__}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(slots=True)
@@ -456,7 +428,7 @@ class AgentLoop:
             parts: tuple[tuple[str, float], ...] = ()
             if outcome.ok:
                 reward, failure = check_verdict(outcome.value)
-                parts = outcome.value.parts if isinstance(outcome.value, WeightedReward) and failure is None else ()
+                parts = reward_parts(outcome.value) if failure is None else ()
             else:
                 reward, failure = 0.0, outcome.failure
             emit(RewardReady(ep.trajectory_id, ep.group_id, reward, clock(), failure, parts))

@@ -17,7 +17,7 @@ mean of the 4, not the mean of two rank means.
 ``rollout/reward_error_fraction``        trajectories whose reward could not be computed (the verdict or
                                          a reward function raised, timed out or returned no finite
                                          number: reward 0) / trajectories
-``rollout/invalid_tool_call_fraction``   malformed tool calls / tool calls (0 when none was made)
+``rollout/invalid_tool_call_fraction``   invalid calls / calls (a code task's text action is one call; 0 when none was made)
 ``rollout/tool_error_fraction``          tool calls whose tool raised or whose process died / tool calls
 ``rollout/tool_timeout_fraction``        tool calls whose tool overran its deadline (stopped) / tool calls
 ``rollout/reward/{name}_mean``           each named reward of a weighted sum, unweighted (TRL's

@@ -91,9 +91,9 @@ class Trajectory:
     submitted_at: float
     content_ready_at: float
     failure: str | None = None
-    tool_calls: int = 0  # tool calls the policy made (native tool-call episodes)
-    invalid_tool_calls: int = 0  # of which malformed: not JSON, unknown tool, arguments failing the schema
-    tool_errors: int = 0  # of which the tool failed: raised, died or overran its deadline
+    tool_calls: int = 0  # tool calls (or code text actions) the policy made
+    invalid_tool_calls: int = 0  # of which invalid: malformed, failing the schema, refused or raising, over budget
+    tool_errors: int = 0  # of the calls whose tool ran, those that failed: raised, died or overran its deadline
     tool_timeouts: int = 0  # of which the tool overran its deadline (and was stopped)
     tool_error: str | None = None  # the first tool failure's reason
 
@@ -148,13 +148,17 @@ class ContentReady:
 
 @dataclass(frozen=True, slots=True)
 class RewardReady:
-    """The trajectory's reward is known. ``failure`` is set (and reward 0.0) when the verdict failed."""
+    """The trajectory's reward is known. ``failure`` is set (and reward 0.0) when the episode or its
+    verdict failed; ``host_fault`` says the failure is one no action of the episode can have caused
+    (its environment could not be created, a :class:`~.errors.HostFault`): only those leave their
+    group under ``failed="drop"``, every other failure is graded as a reward of 0."""
 
     trajectory_id: str
     group_id: str
     reward: float
     time: float
     failure: str | None = None
+    host_fault: bool = False
     parts: tuple[tuple[str, float], ...] = ()  # named rewards r_i of a weighted sum (see WeightedReward)
 
 
@@ -213,8 +217,9 @@ class RolloutRequest:
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
-    """What an environment answers to one action (and, for tool calls, how many it made and how
-    many of those were malformed)."""
+    """What an environment answers to one action (and how many calls it made, a text action of a
+    code task counting as one, and how many of those were invalid: malformed, failing the schema,
+    refused by the sandbox, raising in their handler, or past the turn's budget)."""
 
     observation: tuple[int, ...]
     done: bool

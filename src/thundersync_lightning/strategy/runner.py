@@ -66,6 +66,7 @@ class StepOutcome:
     reward_times: dict[str, float] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
     reward_parts: dict[str, tuple[tuple[str, float], ...]] = field(default_factory=dict)
+    host_faults: set[str] = field(default_factory=set)  # failures that may be dropped (failed="drop")
     busy: list[Interval] = field(default_factory=list)
     open_groups: list[tuple[float, int]] = field(default_factory=list)
     learner_tokens: int = 0
@@ -275,7 +276,7 @@ class StepRunner:
         return len(self._waiting) if limit is None else max(0, limit - self.acc.held_trajectories)
 
     def _is_dropped(self, tid: str) -> bool:
-        return self.acc.objective.failed == "drop" and tid in self.outcome.failures
+        return self.acc.objective.failed == "drop" and tid in self.outcome.host_faults
 
     def _backward(self, batch: Batch) -> None:
         tids = batch.trajectories
@@ -385,6 +386,8 @@ class StepRunner:
         self.outcome.reward_times[event.trajectory_id] = event.time
         if event.failure:
             self.outcome.failures[event.trajectory_id] = event.failure
+            if event.host_fault:
+                self.outcome.host_faults.add(event.trajectory_id)
         if event.parts:
             self.outcome.reward_parts[event.trajectory_id] = event.parts
 
@@ -402,7 +405,7 @@ class StepRunner:
             return
         self._decided.add(gid)
         obj = self.acc.objective
-        kept = [self.outcome.rewards[t] for t in members if not (obj.failed == "drop" and t in self.outcome.failures)]
+        kept = [self.outcome.rewards[t] for t in members if not (obj.failed == "drop" and t in self.outcome.host_faults)]
         if informative(kept, obj.singleton == "reward"):
             return
         self.outcome.groups_filtered += 1
@@ -431,7 +434,7 @@ class StepRunner:
             self._waiting[event.trajectory.trajectory_id] = None
             return
         start = self.clock()
-        self.acc.add_reward(event.trajectory_id, event.reward, failed=event.failure is not None)
+        self.acc.add_reward(event.trajectory_id, event.reward, failed=event.failure is not None and event.host_fault)
         self.outcome.busy.append(Interval(start, self.clock(), "fold"))
         self._after_change()
 

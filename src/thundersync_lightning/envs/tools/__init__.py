@@ -2,7 +2,7 @@
 Python functions as tools (by name, each call in a worker process with a deadline)."""
 
 from .base import Tool, ToolHandler, ToolResult, check_arguments
-from .conversation import ToolConversation, ToolTurn, clip_text
+from .conversation import ToolConversation, ToolTurn, TurnBudget, clip_text
 from .parsers import (
     CallError,
     ParsedTurn,
@@ -23,6 +23,7 @@ __all__ = [
     "check_arguments",
     "ToolConversation",
     "ToolTurn",
+    "TurnBudget",
     "clip_text",
     "CallError",
     "ParsedTurn",

@@ -1,15 +1,13 @@
 """The multi-turn agent loop, independent of how tokens are generated.
 
-An episode is: ``prompt = env.reset()``; then per turn the policy acts (generates up to
-``max_action_tokens`` tokens, stopping after ``stop_token``; an action the budget ended before its
-stop token is a *truncated action*, counted in ``Trajectory.truncated_actions``), the environment answers
-``env.step(action) -> StepResult(observation, done)`` and the observation is appended as an
-unscored segment; until ``done`` ("submit") or ``max_turns`` ("turn_limit"). A step's tool-call
-counts (``StepResult.tool_calls`` / ``invalid_tool_calls``: native tool calls, parsed and run by
-the environment, see ``envs/tools``) add up into the trajectory's. Then the episode's
-tokens are final (:class:`ContentReady`) and its verdict runs in the pool, once no episode of its
-task acts, in any group or request of this loop (:mod:`.group_gate`: no acting episode can observe
-a grading run of its task); the verdict yields :class:`RewardReady` later, from a pool thread.
+An episode is: ``prompt = env.reset()``; then per turn the policy acts (generates up to ``max_action_tokens``
+tokens, stopping after ``stop_token``; without it: ``truncated_actions``), the environment answers
+``env.step(action) -> StepResult(observation, done)`` and the observation is appended as an unscored segment;
+until ``done`` ("submit") or ``max_turns`` ("turn_limit"). A step's tool-call counts
+(``StepResult.tool_calls`` / ``invalid_tool_calls``, see ``envs/tools``) add up into the trajectory's. Then
+the episode's tokens are final (:class:`ContentReady`) and its verdict runs in the pool, once no episode of
+its task acts, in any group or request of this loop (:mod:`.group_gate`: no acting episode can observe a
+grading run of its task); the verdict yields :class:`RewardReady` later, from a pool thread.
 
 An engine supplies only a :data:`GenerateFn`: "continue these token prefixes, each with its own
 seed", batched. The loop schedules at turn granularity: whichever episodes are waiting for the
@@ -67,7 +65,7 @@ from ...core.types import (
 from ..sampling import turn_seed
 from .env_pool import EnvPool, Outcome, run_detached
 from .group_gate import VerdictGate, task_key
-from .verdict import check_verdict
+from .verdict import check_verdict, reward_parts
 
 __all__ = ["GenerationRequest", "Generation", "GenerateFn", "AgentLoop", "check_verdict"]
 
@@ -123,7 +121,9 @@ class _Episode:
     turns: int = 0
     tool_calls: int = 0
     invalid_tool_calls: int = 0
-    truncated_actions: int = 0
+    tool_errors: int = 0  # calls whose tool reported a failure; tool_timeouts of them past the deadline
+    tool_timeouts: int = 0
+    tool_error: str | None = None
     gate_key: Any = None
 
 
@@ -294,13 +294,10 @@ class AgentLoop:
                 segments=tuple(ep.segments),
                 policy_version=version,
                 num_turns=ep.turns,
-                finish_reason=reason,
-                submitted_at=submitted,
-                content_ready_at=clock(),
-                failure=failure,
-                tool_calls=ep.tool_calls,
-                invalid_tool_calls=ep.invalid_tool_calls,
-                truncated_actions=ep.truncated_actions,
+                finish_reason=reason, submitted_at=submitted, content_ready_at=clock(), failure=failure,
+                tool_calls=ep.tool_calls, invalid_tool_calls=ep.invalid_tool_calls, tool_errors=ep.tool_errors,
+                tool_timeouts=ep.tool_timeouts, tool_error=ep.tool_error, truncated_actions=sum(  # budget-ended
+                    self.tasks.stop_token not in (None, *seg.tokens) for seg in ep.segments if seg.scored),
             )
             if self.annotate is not None:  # its time counts: content is ready once annotated
                 traj = replace(self.annotate(traj), content_ready_at=clock())
@@ -322,6 +319,9 @@ class AgentLoop:
                     obs, is_done = outcome.value.observation, outcome.value.done
                     ep.tool_calls += outcome.value.tool_calls
                     ep.invalid_tool_calls += outcome.value.invalid_tool_calls
+                    ep.tool_errors += outcome.value.tool_errors
+                    ep.tool_timeouts += outcome.value.tool_timeouts
+                    ep.tool_error = ep.tool_error or outcome.value.tool_error
                     room = None if self.max_context_tokens is None else self.max_context_tokens - len(ep.context)
                     if room is not None and len(obs) > room:  # the last observation, cut to the context
                         obs = tuple(obs[: max(0, room)])
@@ -352,7 +352,6 @@ class AgentLoop:
                     raise RuntimeError(f"generate returned {len(outputs)} outputs for {len(batch)} requests")
                 for ep, out in zip(batch, outputs):
                     ep.turns += 1
-                    ep.truncated_actions += self.tasks.stop_token not in (None, *out.tokens)  # the budget ended it
                     ep.segments.append(Segment(tuple(out.tokens), scored=True, logprobs=tuple(out.logprobs)))
                     ep.context.extend(out.tokens)
                     action = tuple(out.tokens)
@@ -430,11 +429,9 @@ class AgentLoop:
             if not once.acquire(blocking=False):
                 return
             outcome = f.result()
-            if outcome.ok:
-                reward, failure = check_verdict(outcome.value)
-            else:
-                reward, failure = 0.0, outcome.failure
-            emit(RewardReady(ep.trajectory_id, ep.group_id, reward, clock(), failure, outcome.host_fault))
+            reward, failure = check_verdict(outcome.value) if outcome.ok else (0.0, outcome.failure)
+            parts = reward_parts(outcome.value) if failure is None else ()
+            emit(RewardReady(ep.trajectory_id, ep.group_id, reward, clock(), failure, outcome.host_fault, parts))
             self._close(ep)  # also after a timeout: close() is how an environment frees a stuck run
 
         fut.add_done_callback(on_done)

@@ -6,8 +6,9 @@ fitted by ``thundersync-lightning fit``.
 The fit completes; every fault is counted (``rollout/tool_error_fraction``,
 ``rollout/tool_timeout_fraction``, the null row's failed trajectories), warned, and in
 ``summary.json``. The starting model is first taught to write calls (each tool a third of the
-time), as a pretrained model that knows the call format but not these tools would. (The run's
-``last.ckpt`` is where an ``export`` of the fitted model would start.)
+time), as a pretrained model that knows the call format but not these tools would. The fitted
+checkpoint is then exported (``thundersync-lightning export``) and the directory loads in
+transformers with the fitted module's logits.
 """
 
 from __future__ import annotations
@@ -152,4 +153,28 @@ def test_a_user_tool_agent_from_yaml_fits_through_a_hanging_tool_a_raising_tool_
     assert sum(float(r["rollout/tool_timeout_fraction"]) for r in steps) > 0
     assert all(0.0 <= float(r[f"rollout/reward/{name}_mean"]) <= 1.0 for r in steps for name in ("correct", "regex_match"))
     assert sum(float(r["rollout/failures_count"]) for r in rows if r.get("rollout/failures_count")) >= 2 * 4
-    assert list((run / "checkpoints").glob("*.ckpt"))  # what `thundersync-lightning export` starts from
+    ckpt = max((run / "checkpoints").glob("*.ckpt"), key=lambda p: (p.name == "last.ckpt", p.stat().st_mtime))
+    exported = tmp_path / "exported"
+    proc = subprocess.run([str(cli), "export", "--ckpt_path", str(ckpt), "--out", str(exported)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    check_export(ckpt, exported)
+
+
+def check_export(ckpt: Path, exported: Path) -> None:
+    """The exported directory loads in transformers, its tokenizer renders the chat with the tools'
+    markup, and its logits on that chat equal the fitted module's."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from thundersync_lightning.modules import GRPOPolicy
+
+    trained = GRPOPolicy.load_from_checkpoint(ckpt, map_location="cpu", weights_only=False).model.eval()
+    served = AutoModelForCausalLM.from_pretrained(exported, local_files_only=True).eval()
+    tok = AutoTokenizer.from_pretrained(exported, local_files_only=True)
+    text = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], tokenize=False,
+                                   add_generation_prompt=True, enable_thinking=False)
+    ids = torch.tensor([tok.encode(text, add_special_tokens=False)])
+    assert "<think>" in text and ids.shape[1] > 5
+    with torch.no_grad():
+        assert torch.equal(served(input_ids=ids).logits, trained(input_ids=ids).logits)

@@ -148,3 +148,21 @@ def test_a_mutation_task_whose_directory_the_agent_filled_is_graded_like_any_oth
     finally:
         env.close()
     assert reward == 1.0
+
+
+def test_the_expected_manifest_follows_the_test_patch_and_any_difference_is_named():
+    import hashlib
+
+    from thundersync_lightning.envs.code.pytest_config import config_changes, parse_manifest, with_contents
+
+    digest = hashlib.sha256(b"old\n").hexdigest()
+    original = parse_manifest(f"{digest}  /testbed/tests/conftest.py\n{digest}  /testbed/setup.cfg\n")
+    patched = with_contents(original, {"tests/conftest.py": b"new\n", "tests/test_x.py": b"x", "tox.ini": None})
+    assert patched["/testbed/tests/conftest.py"] == hashlib.sha256(b"new\n").hexdigest()
+    assert "/testbed/tests/test_x.py" not in patched  # not a configuration file
+    seen = parse_manifest(f"{patched['/testbed/tests/conftest.py']}  /testbed/tests/conftest.py\n"
+                          "sha256sum: /testbed/setup.cfg: Permission denied\n"
+                          f"{digest}  /testbed/.pytest.ini\n")
+    assert config_changes(patched, patched) == []
+    assert config_changes(patched, seen) == ["/testbed/.pytest.ini added", "/testbed/setup.cfg removed",
+                                             "sha256sum: /testbed/setup.cfg: Permission denied added"]

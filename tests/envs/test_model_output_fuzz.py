@@ -201,10 +201,13 @@ def test_a_code_task_answers_random_actions_in_both_formats(code_envs, data):
             name = data.draw(st.sampled_from(["bash", "str_replace_editor", "nope"]))
             text = data.draw(st.sampled_from([_call(name, args), _call(name, {"command": args, "path": args}),
                                               data.draw(hostile_text)]))
-        else:
-            verb = data.draw(st.sampled_from(["bash ", "write ", "replace ", ""]))
-            text = verb + data.draw(hostile_text)
-        if text.lstrip().startswith("submit") or "submit" in text:
+        else:  # any bytes after a verb: invalid UTF-8 and NUL included
+            verb = data.draw(st.sampled_from([b"bash ", b"write ", b"replace ", b""]))
+            raw = verb + data.draw(st.binary(max_size=300))
+            if b"submit" not in raw:
+                _check(env.step((*raw, tasks.stop_token)))
+            continue
+        if "submit" in text:
             continue
         _check(env.step(_code_ids(tasks, text)))
 

@@ -54,7 +54,7 @@ class TurnBudget:
     ``max_episode_tokens()`` counts ``max_tokens`` per turn."""
 
     max_calls: int = 8
-    deadline_s: float | None = 120.0
+    deadline_s: float | None = 30.0  # + one command's timeout (code tasks: 20 s) < the loop's step_timeout_s (60 s)
     max_chars: int = 8192
     max_tokens: int | None = None
 

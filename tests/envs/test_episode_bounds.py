@@ -1,0 +1,136 @@
+"""``max_episode_tokens()`` of the sandboxed task families against adversarial policies.
+
+The memory planner sizes activations with a task source's ``max_episode_tokens()``; it must hold
+whatever the policy writes. Each family here runs real episodes (bubblewrap sandboxes) through the
+agent loop under policies that write the longest actions, commands whose output floods (ASCII,
+binary read as U+FFFD, multi-byte text), invalid actions and calls, and many calls per turn; every
+episode's tokens stay within the declared bound. Toy and branch tasks: ``test_turn_budget.py``.
+
+Before: code and mutation tasks declared no bound (the planner took only the model's context), and
+a tools-format code turn's observation had no token cap (binary output tripled its tokens).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from thundersync_lightning.envs.code import ByteCodec, LocalCodeTasks
+from thundersync_lightning.envs.code.tools import turn_token_budget
+from thundersync_lightning.envs.mutations import MutationTasks
+from thundersync_lightning.rollout import Generation, GenerationRequest
+
+from ._support import needs_bwrap
+from .test_code_tools import model_dir
+from .test_turn_budget import _episodes, call
+
+FLOODS = ("yes | head -c 100000", "head -c 5000 /dev/urandom", "python3 -c \"print('\\u00e9' * 3000)\"")
+
+TEXT_ACTIONS = [  # the action language of envs/code/actions.py
+    *(f"bash {c}" for c in FLOODS),
+    "\u00e9" * 400 + " not an action",
+    "edit solution.py\n" + "x" * 3000,
+    "bash " + "echo " * 1000,
+]
+
+TOOL_TURNS = [
+    *(call("bash", command=c) * 12 for c in FLOODS),  # floods, more calls than a turn runs
+    call("nope" + "x" * 200, path="y" * 500) * 10,
+    call("bash", command=5) + call("str_replace_editor", command="view") * 4,  # schema failures
+    "<tool_call>{" * 200,
+    call("str_replace_editor", command="create", path="big.txt", file_text="\u00e9" * 2000)
+    + call("str_replace_editor", command="view", path="big.txt") * 3,
+    call("str_replace_editor", command="view", path="."),
+]
+
+
+def adversary(kind: str, texts: Sequence[str], encode: Callable[[str], Sequence[int]], vocab: int,
+              seed: int) -> Callable[[Sequence[GenerationRequest]], list[Generation]]:
+    """Up to each request's budget: random ids, or a given text's ids; with or without the stop token."""
+    rng = random.Random(seed)
+
+    def generate(requests: Sequence[GenerationRequest]) -> list[Generation]:
+        out = []
+        for req in requests:
+            if kind == "random":
+                ids = [rng.randrange(vocab) for _ in range(req.max_new_tokens)]
+            else:
+                ids = list(encode(rng.choice(texts)))[: req.max_new_tokens]
+            if req.stop_token is not None and rng.random() < 0.5 and len(ids) < req.max_new_tokens:
+                ids.append(req.stop_token)
+            out.append(Generation(tuple(ids), (0.0,) * len(ids)))
+        return out
+
+    return generate
+
+
+def check_bound(tasks: object, generate: object, prompt_floor: int) -> None:
+    bound = tasks.max_episode_tokens()  # type: ignore[attr-defined]
+    lengths = [len(t.tokens) for t in _episodes(tasks, generate, groups=1, size=2)]
+    assert lengths and all(n <= bound for n in lengths), (lengths, bound)
+    assert max(lengths) > prompt_floor  # the episodes acted (a bound on prompts alone would not do)
+
+
+CODE = dict(names=["leap_year"], sandbox_root="/tmp/thundersync-test-sandboxes", uid_base=3_940_000, uid_count=16,
+            max_turns=2, max_action_tokens=600, max_observation_bytes=512)
+EXAMPLES = settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir() -> str:
+    return model_dir()
+
+
+@needs_bwrap
+@EXAMPLES
+@given(kind=st.sampled_from(["random", "texts"]), seed=st.integers(0, 2**16), codec=st.sampled_from(["bytes", "hf"]))
+def test_no_text_format_code_episode_exceeds_max_episode_tokens(tokenizer_dir, kind, seed, codec):
+    tasks = LocalCodeTasks(**CODE, **({"tokenizer_path": tokenizer_dir} if codec == "hf" else {}))
+    encode = tasks.codec.encode
+    check_bound(tasks, adversary(kind, TEXT_ACTIONS, encode, tasks.codec.vocab_size, seed),
+                len(encode(tasks._prompt(tasks.all_tasks[0]))))
+
+
+@needs_bwrap
+@EXAMPLES
+@given(kind=st.sampled_from(["random", "texts"]), seed=st.integers(0, 2**16))
+def test_no_tools_format_code_episode_exceeds_max_episode_tokens(tokenizer_dir, kind, seed):
+    tasks = LocalCodeTasks(**CODE, tokenizer_path=tokenizer_dir, action_format="tools")
+    tok = tasks.renderer.tokenizer
+    check_bound(tasks, adversary(kind, TOOL_TURNS, lambda t: tok.encode(t, add_special_tokens=False), len(tok), seed),
+                tasks.max_episode_tokens() - 2 * (600 + turn_token_budget(tasks.renderer, 512)))
+
+
+@needs_bwrap
+@EXAMPLES
+@given(seed=st.integers(0, 2**16))
+def test_no_one_token_mutation_episode_exceeds_max_episode_tokens(seed):
+    tasks = MutationTasks(max_turns=4, uid_base=3_945_000, uid_count=16, sandbox_root="/tmp/thundersync-test-mutations")
+    check_bound(tasks, adversary("random", (), list, tasks.vocab_size + 3, seed), 1)
+
+
+@needs_bwrap
+@EXAMPLES
+@given(kind=st.sampled_from(["random", "texts"]), seed=st.integers(0, 2**16))
+def test_no_tools_format_mutation_episode_exceeds_max_episode_tokens(tokenizer_dir, kind, seed):
+    tasks = MutationTasks(max_turns=2, max_action_tokens=600, action_format="tools", tokenizer_path=tokenizer_dir,
+                          uid_base=3_945_000, uid_count=16, sandbox_root="/tmp/thundersync-test-mutations")
+    tok = tasks.renderer.tokenizer
+    check_bound(tasks, adversary(kind, TOOL_TURNS, lambda t: tok.encode(t, add_special_tokens=False), len(tok), seed),
+                tasks.max_episode_tokens() - 2 * (600 + turn_token_budget(tasks.renderer, 2048)))
+
+
+def test_a_byte_codec_observation_is_cut_to_its_declared_ids():
+    """The text format's cut: any codec's ids of an observation are at most its bytes plus the frame."""
+    class Wide(ByteCodec):  # a tokenizer spending two ids per byte
+        def encode(self, text: str) -> tuple[int, ...]:
+            return tuple(b for byte in text.encode() for b in (byte, byte))
+
+    from thundersync_lightning.envs.code.env import OBSERVATION_FRAME_BYTES, CodeEnv
+
+    env = CodeEnv(workspace=None, prompt="", codec=Wide(), max_observation_bytes=100)  # type: ignore[arg-type]
+    assert len(env._observe("x" * 5000)) == 100 + OBSERVATION_FRAME_BYTES  # before: 2 * (100 + frame)

@@ -134,3 +134,42 @@ def test_a_byte_codec_observation_is_cut_to_its_declared_ids():
 
     env = CodeEnv(workspace=None, prompt="", codec=Wide(), max_observation_bytes=100)  # type: ignore[arg-type]
     assert len(env._observe("x" * 5000)) == 100 + OBSERVATION_FRAME_BYTES  # before: 2 * (100 + frame)
+
+
+class _Idle:
+    """A workspace that opens without a container (only the prompt is read here)."""
+
+    def open(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("fmt", ["text", "tools"])
+def test_a_swebench_bound_counts_the_longest_instances_prompt_as_the_environment_renders_it(tokenizer_dir, tmp_path, fmt):
+    """SWE-bench shares the code environment (its episodes need containers: not run here); its bound
+    is the longest instance's prompt, as ``reset`` returns it, plus the code family's per-turn caps."""
+    import json
+
+    from thundersync_lightning.envs.code.env import OBSERVATION_FRAME_BYTES
+    from thundersync_lightning.envs.code.task import load_tasks
+    from thundersync_lightning.envs.swebench import SWEbenchTasks
+
+    from ._support import swebench_row
+
+    task = load_tasks(None, ["leap_year"])[0]
+    rows = [swebench_row(task, "img", "0" * 40), {**swebench_row(task, "img", "0" * 40), "instance_id": "long__1",
+                                                   "problem_statement": "\u00e9 long " * 500}]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    extra = {"tokenizer_path": tokenizer_dir, "action_format": "tools"} if fmt == "tools" else {}
+    tasks = SWEbenchTasks(str(path), max_turns=3, max_action_tokens=100, max_observation_bytes=256, **extra)
+    prompts = []
+    for row in tasks.rows:
+        env = tasks.make_env(row, 0)
+        env.workspace = _Idle()  # type: ignore[assignment]
+        prompts.append(len(env.reset()))
+    per_turn = 256 + OBSERVATION_FRAME_BYTES if fmt == "text" else turn_token_budget(tasks.renderer, 256)
+    assert prompts[1] > prompts[0]
+    assert tasks.max_episode_tokens() == prompts[1] + 3 * (100 + per_turn)  # before: no bound declared

@@ -20,8 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from thundersync_lightning.envs.code import ByteCodec, LocalCodeTasks
+from thundersync_lightning.envs.code.env import OBSERVATION_FRAME_BYTES
 from thundersync_lightning.envs.code.tools import turn_token_budget
 from thundersync_lightning.envs.mutations import MutationTasks
+from thundersync_lightning.envs.mutations.source import OBSERVATION_BYTES
 from thundersync_lightning.rollout import Generation, GenerationRequest
 
 from ._support import needs_bwrap
@@ -68,10 +70,15 @@ def adversary(kind: str, texts: Sequence[str], encode: Callable[[str], Sequence[
     return generate
 
 
-def check_bound(tasks: object, generate: object, prompt_floor: int) -> None:
+def check_bound(tasks: object, generate: object, prompt_floor: int, observation_cap: int) -> None:
+    """Every episode within ``max_episode_tokens()``, and each of its observations within the
+    per-turn cap the bound counts (so a turn over it cannot hide behind shorter ones)."""
     bound = tasks.max_episode_tokens()  # type: ignore[attr-defined]
-    lengths = [len(t.tokens) for t in _episodes(tasks, generate, groups=1, size=2)]
+    trajectories = _episodes(tasks, generate, groups=1, size=2)
+    lengths = [len(t.tokens) for t in trajectories]
     assert lengths and all(n <= bound for n in lengths), (lengths, bound)
+    observations = [len(s.tokens) for t in trajectories for s in t.segments if not s.scored]
+    assert all(n <= observation_cap for n in observations), (observations, observation_cap)
     assert max(lengths) > prompt_floor  # the episodes acted (a bound on prompts alone would not do)
 
 
@@ -92,7 +99,7 @@ def test_no_text_format_code_episode_exceeds_max_episode_tokens(tokenizer_dir, k
     tasks = LocalCodeTasks(**CODE, **({"tokenizer_path": tokenizer_dir} if codec == "hf" else {}))
     encode = tasks.codec.encode
     check_bound(tasks, adversary(kind, TEXT_ACTIONS, encode, tasks.codec.vocab_size, seed),
-                len(encode(tasks._prompt(tasks.all_tasks[0]))))
+                len(encode(tasks._prompt(tasks.all_tasks[0]))), 512 + OBSERVATION_FRAME_BYTES)
 
 
 @needs_bwrap
@@ -101,8 +108,9 @@ def test_no_text_format_code_episode_exceeds_max_episode_tokens(tokenizer_dir, k
 def test_no_tools_format_code_episode_exceeds_max_episode_tokens(tokenizer_dir, kind, seed):
     tasks = LocalCodeTasks(**CODE, tokenizer_path=tokenizer_dir, action_format="tools")
     tok = tasks.renderer.tokenizer
+    cap = turn_token_budget(tasks.renderer, 512)
     check_bound(tasks, adversary(kind, TOOL_TURNS, lambda t: tok.encode(t, add_special_tokens=False), len(tok), seed),
-                tasks.max_episode_tokens() - 2 * (600 + turn_token_budget(tasks.renderer, 512)))
+                tasks.max_episode_tokens() - 2 * (600 + cap), cap)
 
 
 @needs_bwrap
@@ -110,7 +118,7 @@ def test_no_tools_format_code_episode_exceeds_max_episode_tokens(tokenizer_dir, 
 @given(seed=st.integers(0, 2**16))
 def test_no_one_token_mutation_episode_exceeds_max_episode_tokens(seed):
     tasks = MutationTasks(max_turns=4, uid_base=3_945_000, uid_count=16, sandbox_root="/tmp/thundersync-test-mutations")
-    check_bound(tasks, adversary("random", (), list, tasks.vocab_size + 3, seed), 1)
+    check_bound(tasks, adversary("random", (), list, tasks.vocab_size + 3, seed), 1, 1)
 
 
 @needs_bwrap
@@ -120,8 +128,9 @@ def test_no_tools_format_mutation_episode_exceeds_max_episode_tokens(tokenizer_d
     tasks = MutationTasks(max_turns=2, max_action_tokens=600, action_format="tools", tokenizer_path=tokenizer_dir,
                           uid_base=3_945_000, uid_count=16, sandbox_root="/tmp/thundersync-test-mutations")
     tok = tasks.renderer.tokenizer
+    cap = turn_token_budget(tasks.renderer, OBSERVATION_BYTES)
     check_bound(tasks, adversary(kind, TOOL_TURNS, lambda t: tok.encode(t, add_special_tokens=False), len(tok), seed),
-                tasks.max_episode_tokens() - 2 * (600 + turn_token_budget(tasks.renderer, 2048)))
+                tasks.max_episode_tokens() - 2 * (600 + cap), cap)
 
 
 def test_a_byte_codec_observation_is_cut_to_its_declared_ids():
@@ -130,7 +139,7 @@ def test_a_byte_codec_observation_is_cut_to_its_declared_ids():
         def encode(self, text: str) -> tuple[int, ...]:
             return tuple(b for byte in text.encode() for b in (byte, byte))
 
-    from thundersync_lightning.envs.code.env import OBSERVATION_FRAME_BYTES, CodeEnv
+    from thundersync_lightning.envs.code.env import CodeEnv
 
     env = CodeEnv(workspace=None, prompt="", codec=Wide(), max_observation_bytes=100)  # type: ignore[arg-type]
     assert len(env._observe("x" * 5000)) == 100 + OBSERVATION_FRAME_BYTES  # before: 2 * (100 + frame)
@@ -152,7 +161,6 @@ def test_a_swebench_bound_counts_the_longest_instances_prompt_as_the_environment
     is the longest instance's prompt, as ``reset`` returns it, plus the code family's per-turn caps."""
     import json
 
-    from thundersync_lightning.envs.code.env import OBSERVATION_FRAME_BYTES
     from thundersync_lightning.envs.code.task import load_tasks
     from thundersync_lightning.envs.swebench import SWEbenchTasks
 

@@ -279,6 +279,20 @@ def test_the_fit_plan_counts_weight_sync_buckets_from_the_vllm_settings():
     assert weight_sync_buckets({}) == 0  # not a vLLM engine
 
 
+def test_vllm_servers_on_other_machines_leave_the_learner_only_its_share_and_one_send_bucket():
+    from thundersync_lightning.core.grpo.objective import Objective
+    from thundersync_lightning.planning.model_shape import ModelShape
+    from thundersync_lightning.rollout import VLLMServerEngineConfig
+    from thundersync_lightning.strategy.memory_check import _settings, plan_inputs
+
+    engine = _settings(VLLMServerEngineConfig(urls=["http://10.0.0.2:8000"], weight_sync_bucket_bytes=1024))
+    planned = plan_inputs(
+        model=ModelShape(P, P, 2, ARCH), objective=Objective(), accelerator="gpu", world_size=1,
+        strategy={}, data={}, engine=engine,
+    )  # fmt: skip
+    assert planned.engine_device_fraction == 0 and planned.engine_device_bytes == 0  # no colocated engine
+    assert planned.weight_sync_buckets == 1 and planned.weight_sync_bucket_bytes == 1024
+
 def test_lora_on_the_attention_saves_no_down_proj_input_and_lora_on_down_proj_does():
     # a frozen linear's backward needs only its weight: down_proj's input (the SwiGLU product, e I
     # per token per layer) is saved only when down_proj trains

@@ -21,6 +21,7 @@ __all__ = [
     "StalenessError",
     "EngineError",
     "ConfigError",
+    "RunFailed",
     "HostFault",
 ]
 
@@ -82,6 +83,10 @@ class EngineError(ThunderSyncError):
 
 class ConfigError(ThunderSyncError, ValueError):
     """A configuration is invalid; the message lists every problem found."""
+
+
+class RunFailed(ThunderSyncError):
+    """The fit ran, but learned from nothing: every reward, or every tool call, failed."""
 
 
 class HostFault(ThunderSyncError):

@@ -11,9 +11,12 @@ Model output never raises on the host. A malformed call (not JSON, nested too de
 arguments failing the schema), a handler that raises (a command the sandbox refuses: a NUL byte,
 a lone surrogate) and a turn the parser or the template cannot take all become error messages,
 counted in :attr:`ToolTurn.invalid`; only :class:`~...core.errors.HostFault` (a fault no action can
-cause) leaves :meth:`ToolConversation.respond`. Only calls that passed their schema are kept in
-the assistant message the template re-renders. A turn without a call gets a user reminder. None
-of this touches the reward: the verdict alone decides it.
+cause) leaves :meth:`ToolConversation.respond`. A tool that reports its own failure
+(``ToolResult.error``: a Python tool that raised, died or overran its deadline, see
+:mod:`.python_tools`) is answered ``[tool error] ...`` and counted in :attr:`ToolTurn.errors`
+(:attr:`ToolTurn.timeouts`). Only calls that passed their schema are kept in the assistant message
+the template re-renders. A turn without a call gets a user reminder naming the tools (and
+``submit`` only where there is one). None of this touches the reward: the verdict alone decides it.
 
 A turn has a budget (:class:`TurnBudget`): at most ``max_calls`` calls run (the rest are
 answered together by one error message, without running); no call starts after ``deadline_s``
@@ -30,12 +33,13 @@ from typing import Any
 
 from ...core.errors import ConfigError, HostFault
 from ..chat import ChatRenderer
-from .base import Tool, check_arguments
+from .base import Tool, ToolResult, check_arguments
 from .parsers import CallError, ParsedTurn, ToolCall, get_tool_parser
 
 __all__ = ["ToolConversation", "ToolTurn", "TurnBudget", "clip_text"]
 
-NO_CALL = "No tool call found. Call one of the tools ({names}); call submit when you are done."
+NO_CALL = "No tool call found. Call one of the tools ({names})."
+NO_CALL_SUBMIT = "No tool call found. Call one of the tools ({names}); call submit when you are done."
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,12 +71,17 @@ class TurnBudget:
 
 @dataclass(frozen=True, slots=True)
 class ToolTurn:
-    """One answered turn: the tokens that follow it, whether the episode ended, and call counts."""
+    """One answered turn: the tokens that follow it, whether the episode ended, and call counts
+    (``errors``: calls whose tool reported a failure, ``timeouts`` of them past their deadline;
+    ``first_error`` the first one's reason)."""
 
     observation: tuple[int, ...]
     done: bool
     calls: int
     invalid: int
+    errors: int = 0
+    timeouts: int = 0
+    first_error: str | None = None
 
 
 def clip_text(text: str, limit: int) -> str:
@@ -148,6 +157,7 @@ class ToolConversation:
         kept: list[ToolCall] = []
         new: list[dict[str, Any]] = []
         invalid = 0
+        failures: list[ToolResult] = []
         calls = parsed.calls[: budget.max_calls]
         for call in calls:
             if isinstance(call, CallError):
@@ -169,9 +179,11 @@ class ToolConversation:
                     invalid += 1
                     reply = (call.name, f"[tool error] {_brief(exc)}")
                 else:
+                    if result.error is not None:
+                        failures.append(result)
                     if result.done:
                         self._add_assistant(text, kept)
-                        return ToolTurn((), True, len(parsed.calls), invalid)
+                        return _turn((), True, len(parsed.calls), invalid, failures)
                     reply = (call.name, result.text)
             content = clip_text(reply[1], max(1, min(self.max_result_chars, left)))
             left -= len(content)
@@ -181,8 +193,9 @@ class ToolConversation:
             invalid += extra
             new.append(_error(f"[not run] {extra} more call(s): at most {budget.max_calls} calls per turn"))
         if not parsed.calls:
-            new.append({"role": "user", "content": NO_CALL.format(names=", ".join(self.tools))})
-        return ToolTurn(self._observe(text, kept, new, closed), False, len(parsed.calls), invalid)
+            reminder = NO_CALL_SUBMIT if "submit" in self.tools else NO_CALL
+            new.append({"role": "user", "content": reminder.format(names=", ".join(self.tools))})
+        return _turn(self._observe(text, kept, new, closed), False, len(parsed.calls), invalid, failures)
 
     def _add_assistant(self, text: str, kept: Sequence[ToolCall]) -> None:
         valid = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in kept]
@@ -222,3 +235,9 @@ def _brief(exc: BaseException) -> str:
     """``Type: message`` of an exception, at most 200 characters (it goes back to the model)."""
     text = f"{type(exc).__name__}: {exc}"
     return text if len(text) <= 200 else text[:197] + "..."
+
+
+def _turn(observation: tuple[int, ...], done: bool, calls: int, invalid: int,
+          failures: Sequence[ToolResult]) -> ToolTurn:
+    return ToolTurn(observation, done, calls, invalid, len(failures), sum(f.timed_out for f in failures),
+                    failures[0].error if failures else None)

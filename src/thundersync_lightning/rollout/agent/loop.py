@@ -66,7 +66,7 @@ from ...core.types import (
 from ..sampling import turn_seed
 from .env_pool import EnvPool, Outcome, run_detached
 from .group_gate import VerdictGate, task_key
-from .verdict import check_verdict
+from .verdict import check_verdict, reward_parts
 
 __all__ = ["GenerationRequest", "Generation", "GenerateFn", "AgentLoop", "check_verdict"]
 
@@ -122,6 +122,9 @@ class _Episode:
     turns: int = 0
     tool_calls: int = 0
     invalid_tool_calls: int = 0
+    tool_errors: int = 0  # calls whose tool reported a failure; tool_timeouts of them past the deadline
+    tool_timeouts: int = 0
+    tool_error: str | None = None
     gate_key: Any = None
 
 
@@ -292,12 +295,9 @@ class AgentLoop:
                 segments=tuple(ep.segments),
                 policy_version=version,
                 num_turns=ep.turns,
-                finish_reason=reason,
-                submitted_at=submitted,
-                content_ready_at=clock(),
-                failure=failure,
-                tool_calls=ep.tool_calls,
-                invalid_tool_calls=ep.invalid_tool_calls,
+                finish_reason=reason, submitted_at=submitted, content_ready_at=clock(), failure=failure,
+                tool_calls=ep.tool_calls, invalid_tool_calls=ep.invalid_tool_calls, tool_errors=ep.tool_errors,
+                tool_timeouts=ep.tool_timeouts, tool_error=ep.tool_error,
             )
             if self.annotate is not None:  # its time counts: content is ready once annotated
                 traj = replace(self.annotate(traj), content_ready_at=clock())
@@ -319,6 +319,9 @@ class AgentLoop:
                     obs, is_done = outcome.value.observation, outcome.value.done
                     ep.tool_calls += outcome.value.tool_calls
                     ep.invalid_tool_calls += outcome.value.invalid_tool_calls
+                    ep.tool_errors += outcome.value.tool_errors
+                    ep.tool_timeouts += outcome.value.tool_timeouts
+                    ep.tool_error = ep.tool_error or outcome.value.tool_error
                     room = None if self.max_context_tokens is None else self.max_context_tokens - len(ep.context)
                     if room is not None and len(obs) > room:  # the last observation, cut to the context
                         obs = tuple(obs[: max(0, room)])
@@ -426,11 +429,9 @@ class AgentLoop:
             if not once.acquire(blocking=False):
                 return
             outcome = f.result()
-            if outcome.ok:
-                reward, failure = check_verdict(outcome.value)
-            else:
-                reward, failure = 0.0, outcome.failure
-            emit(RewardReady(ep.trajectory_id, ep.group_id, reward, clock(), failure, outcome.host_fault))
+            reward, failure = check_verdict(outcome.value) if outcome.ok else (0.0, outcome.failure)
+            parts = reward_parts(outcome.value) if failure is None else ()
+            emit(RewardReady(ep.trajectory_id, ep.group_id, reward, clock(), failure, outcome.host_fault, parts))
             self._close(ep)  # also after a timeout: close() is how an environment frees a stuck run
 
         fut.add_done_callback(on_done)

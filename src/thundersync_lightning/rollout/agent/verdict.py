@@ -1,4 +1,4 @@
-"""A verdict's value as a reward: a finite real number, or 0.0 with the reason it is not one."""
+"""A verdict's value as the learner receives it: a finite reward (or 0 and why), and its named parts."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import math
 import numbers
 from typing import Any
 
-__all__ = ["check_verdict"]
+from ...core.types import WeightedReward
+
+__all__ = ["check_verdict", "reward_parts"]
 
 
 def check_verdict(value: Any) -> tuple[float, str | None]:
@@ -25,6 +27,11 @@ def check_verdict(value: Any) -> tuple[float, str | None]:
             return reward, None
         return 0.0, f"verdict returned {reward!r}"
     return 0.0, f"verdict returned {type(value).__name__} {_short(value)}, not a real number"
+
+
+def reward_parts(value: Any) -> tuple[tuple[str, float], ...]:
+    """The named rewards of a :class:`~thundersync_lightning.core.types.WeightedReward` verdict (else none)."""
+    return value.parts if isinstance(value, WeightedReward) else ()
 
 
 def _short(value: Any, limit: int = 120) -> str:

@@ -125,9 +125,12 @@ class CodeEnv:
 
     def _observe(self, text: str) -> tuple[int, ...]:
         """The framed observation: its text at most ``max_observation_bytes`` UTF-8 bytes (head and
-        tail), plus the frame (:data:`OBSERVATION_FRAME_BYTES`)."""
-        return self.codec.encode(f"\n<observation>\n{clip_bytes(text.rstrip(), self.max_observation_bytes)}"
-                                 "\n</observation>\n")
+        tail), plus the frame (:data:`OBSERVATION_FRAME_BYTES`); at most as many ids as bytes."""
+        ids = self.codec.encode(f"\n<observation>\n{clip_bytes(text.rstrip(), self.max_observation_bytes)}"
+                                "\n</observation>\n")
+        # one id per byte at most (ByteCodec, byte-level BPE): the cut binds only for a tokenizer that
+        # spends more (a prefix-space token), so max_episode_tokens() holds with any codec
+        return ids[: self.max_observation_bytes + OBSERVATION_FRAME_BYTES]
 
     def act_text(self, text: str) -> tuple[str | None, bool, bool]:
         """Perform one action given as text: (observation text or None, done, invalid).

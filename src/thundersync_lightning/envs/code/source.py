@@ -22,7 +22,7 @@ from ..sandbox.uids import UidPool
 from .codec import ByteCodec, HFTokenizerCodec, TextCodec
 from .env import ActionFormat, CodeEnv, render_prompt
 from .task import LocalTask, load_tasks
-from .tools import tool_conversation, tool_renderer
+from .tools import code_episode_tokens, tool_conversation, tool_renderer
 from .workspace import LocalWorkspace, WorkspaceSettings
 
 __all__ = ["LocalCodeTasks", "SplitLocalCodeTasks", "uid_pool"]
@@ -141,10 +141,22 @@ class LocalCodeTasks:
             raise ConfigError(f"LocalCodeTasks.make_env: expected a LocalTask, got {type(task).__name__}")
         del seed  # the environment is deterministic
         workspace = LocalWorkspace(task, self.settings, uid_pool(self.uid_base, self.uid_count))
-        prompt = render_prompt(task.problem_statement, [path for path, _ in task.files], self.action_format)
         conversation = (None if self.renderer is None else tool_conversation(
             self.renderer, self.tool_parser, self.settings.python, self.max_observation_bytes))
-        return CodeEnv(workspace, prompt, self.codec, self.max_observation_bytes, self.settings.python, conversation)
+        return CodeEnv(workspace, self._prompt(task), self.codec, self.max_observation_bytes, self.settings.python,
+                       conversation)
+
+    def _prompt(self, task: LocalTask) -> str:
+        return render_prompt(task.problem_statement, [path for path, _ in task.files], self.action_format)
+
+    def max_episode_tokens(self) -> int:
+        """A bound on one episode's tokens whatever the policy writes (the memory planner's): the
+        longest prompt of :attr:`all_tasks`, then per turn ``max_action_tokens`` and the observation
+        cap (:func:`~.tools.code_episode_tokens`)."""
+        return code_episode_tokens((self._prompt(t) for t in self.all_tasks), max_turns=self.max_turns,
+                                   max_action_tokens=self.max_action_tokens,
+                                   max_observation_bytes=self.max_observation_bytes, codec=self.codec,
+                                   renderer=self.renderer)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

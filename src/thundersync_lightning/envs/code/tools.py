@@ -21,16 +21,20 @@ from __future__ import annotations
 import base64
 import json
 import shlex
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any, get_args
 
 from ...core.errors import ConfigError
 from ..chat import ChatRenderer
 from ..tools import Tool, ToolConversation, ToolResult, TurnBudget, get_tool_parser
-from .env import ActionFormat, format_observation
+from .codec import TextCodec
+from .env import OBSERVATION_FRAME_BYTES, ActionFormat, format_observation
 
-__all__ = ["swe_tools", "EDITOR_COMMANDS", "tool_renderer", "tool_conversation"]
+__all__ = ["swe_tools", "EDITOR_COMMANDS", "tool_renderer", "tool_conversation", "turn_token_budget",
+           "code_episode_tokens", "NOTE_TOKENS"]
+
+NOTE_TOKENS = 64  # per message of a turn: a cut note ("[... N characters cut ...]") or an error's words
 
 EDITOR_COMMANDS = ("view", "create", "str_replace", "insert", "undo_edit")
 _MARK = "\x00tsl-undo\x00"
@@ -208,9 +212,52 @@ def tool_renderer(owner: str, action_format: str, tokenizer_path: str | None, ch
     return ChatRenderer(tokenizer_path, chat_template, template_kwargs)
 
 
+def turn_token_budget(renderer: ChatRenderer, max_output_bytes: int, max_calls: int | None = None) -> int:
+    """Tokens of one turn's observation, at most (its :class:`TurnBudget`'s ``max_tokens``):
+
+        1 (the end of turn, when the engine cut the turn) + the template's markup of ``max_calls + 1``
+        tool messages and the generation prompt + ``max_output_bytes`` + ``NOTE_TOKENS`` per message
+        (``max_calls``: the default :class:`TurnBudget`'s, what :func:`tool_conversation` uses).
+
+    The results together are at most ``max_output_bytes`` characters plus a cut note each, so the
+    turn fits when its text takes at most one token per character (ASCII output through a
+    byte-level tokenizer). A turn that takes more (non-ASCII floods: U+FFFD of binary output is 3
+    bytes) is answered by one over-budget message: :class:`ToolConversation` enforces the bound
+    for any tokenizer and any output."""
+    messages = (TurnBudget().max_calls if max_calls is None else max_calls) + 1  # default: the budget's
+    schemas = [t.schema() for t in swe_tools()]
+    history = [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]
+    markup = len(renderer.suffix_ids(history, [{"role": "tool", "name": "bash", "content": ""}] * messages, schemas))
+    return 1 + markup + max_output_bytes + NOTE_TOKENS * messages
+
+
 def tool_conversation(renderer: ChatRenderer, tool_parser: str = "hermes", python: str = "python3",
                       max_output_bytes: int = 2048) -> ToolConversation:
     """One episode's conversation over fresh :func:`swe_tools`; a turn's results together are at
-    most ``max_output_bytes`` characters (the task's observation limit per turn), at most 8 calls."""
+    most ``max_output_bytes`` characters (the task's observation limit per turn), at most 8 calls,
+    and at most :func:`turn_token_budget` tokens."""
+    budget = TurnBudget(max_chars=max_output_bytes, max_tokens=turn_token_budget(renderer, max_output_bytes))
     return ToolConversation(renderer, swe_tools(python, max_output_bytes), tool_parser,
-                            max_result_chars=max_output_bytes, budget=TurnBudget(max_chars=max_output_bytes))
+                            max_result_chars=max_output_bytes, budget=budget)
+
+
+def code_episode_tokens(prompts: Iterable[str], *, max_turns: int, max_action_tokens: int, max_observation_bytes: int,
+                        codec: TextCodec | None, renderer: ChatRenderer | None) -> int:
+    """``max_episode_tokens()`` of a code task source: the longest prompt, then per turn an action of
+    at most ``max_action_tokens`` and an observation of at most (text format)
+    ``max_observation_bytes + OBSERVATION_FRAME_BYTES`` ids (:class:`~.env.CodeEnv` cuts there) or
+    (tools format) :func:`turn_token_budget` tokens (:class:`ToolConversation` cuts there).
+
+    A prompt is the codec's ids of its text, or (tools) the template's rendering with the tools;
+    a bound against any policy, since neither cut depends on what the model writes."""
+    if renderer is None:
+        if codec is None:
+            raise ConfigError("code_episode_tokens: the text format needs a codec")
+        prompt = max((len(codec.encode(p)) for p in prompts), default=0)
+        observation = max_observation_bytes + OBSERVATION_FRAME_BYTES
+    else:
+        schemas = [t.schema() for t in swe_tools()]
+        prompt = max((len(renderer.prompt_ids([{"role": "user", "content": p}], schemas)) for p in prompts),
+                     default=0)
+        observation = turn_token_budget(renderer, max_output_bytes=max_observation_bytes)
+    return prompt + max_turns * (max_action_tokens + observation)

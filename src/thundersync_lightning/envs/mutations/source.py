@@ -17,14 +17,16 @@ from typing import Any
 from ...core.errors import ConfigError
 from ...core.types import ModelSpec, derive_seed
 from ..code.env import ActionFormat
-from ..code.tools import tool_conversation, tool_renderer
+from ..code.tools import code_episode_tokens, tool_conversation, tool_renderer
 from ..sandbox.base import SandboxLimits
 from ..sandbox.bwrap import BwrapConfig
 from ..sandbox.uids import UidPool
-from .env import ActionVocab, MutationEnv
+from .env import ActionVocab, MutationEnv, tools_prompt
 from .generate import MutationTask, generate_tasks
 
-__all__ = ["MutationTasks", "is_held_out"]
+__all__ = ["MutationTasks", "is_held_out", "OBSERVATION_BYTES"]
+
+OBSERVATION_BYTES = 2048  # tools format: a turn's results together, at most (characters)
 
 _pools: dict[tuple[int, int], UidPool] = {}
 _pools_lock = threading.Lock()
@@ -153,6 +155,17 @@ class MutationTasks:
             raise ConfigError(f"MutationTasks.make_env: expected a MutationTask, got {type(task).__name__}")
         del seed  # deterministic environment
         conversation = (None if self.renderer is None else
-                        tool_conversation(self.renderer, self.tool_parser, self.python, max_output_bytes=2048))
+                        tool_conversation(self.renderer, self.tool_parser, self.python, OBSERVATION_BYTES))
         return MutationEnv(task, self.vocab, _pool(self.uid_base, self.uid_count), self.sandbox_root,
                            self.bwrap, self.python, self.test_on_edit, conversation)
+
+    def max_episode_tokens(self) -> int:
+        """A bound on one episode's tokens whatever the policy writes (the memory planner's). Text
+        format: ``[START]``, then per turn one action token and at most one answer token. Tools
+        format: :func:`~..code.tools.code_episode_tokens` over the tasks' prompts, with
+        :data:`OBSERVATION_BYTES` per turn."""
+        if self.renderer is None:
+            return 1 + 2 * self.max_turns
+        return code_episode_tokens((tools_prompt(t) for t in self.all_tasks), max_turns=self.max_turns,
+                                   max_action_tokens=self.max_action_tokens, max_observation_bytes=OBSERVATION_BYTES,
+                                   codec=None, renderer=self.renderer)

@@ -30,7 +30,7 @@ from ...core.options import strict_options
 from ..code.codec import ByteCodec, HFTokenizerCodec, TextCodec
 from ..code.env import ActionFormat, CodeEnv, render_prompt
 from ..code.source import pick, uid_pool
-from ..code.tools import tool_conversation, tool_renderer
+from ..code.tools import code_episode_tokens, tool_conversation, tool_renderer
 from ..sandbox.base import SandboxLimits
 from ..sandbox.container import ContainerConfig
 from .workspace import SWEbenchSettings, SWEbenchWorkspace
@@ -167,8 +167,19 @@ class SWEbenchTasks:
         workspace = SWEbenchWorkspace(task, self.settings, uid_pool(self.uid_base, self.uid_count))
         conversation = (None if self.renderer is None else tool_conversation(
             self.renderer, self.tool_parser, max_output_bytes=self.max_observation_bytes))
-        return CodeEnv(workspace, render_prompt(str(task["problem_statement"]), (), self.action_format), self.codec,
-                       self.max_observation_bytes, conversation=conversation)
+        return CodeEnv(workspace, self._prompt(task), self.codec, self.max_observation_bytes, conversation=conversation)
+
+    def _prompt(self, row: dict[str, Any]) -> str:
+        return render_prompt(str(row["problem_statement"]), (), self.action_format)
+
+    def max_episode_tokens(self) -> int:
+        """A bound on one episode's tokens whatever the policy writes (the memory planner's): the
+        longest prompt of :attr:`rows`, then per turn ``max_action_tokens`` and the observation cap
+        (:func:`~..code.tools.code_episode_tokens`, as for local code tasks)."""
+        return code_episode_tokens((self._prompt(r) for r in self.rows), max_turns=self.max_turns,
+                                   max_action_tokens=self.max_action_tokens,
+                                   max_observation_bytes=self.max_observation_bytes, codec=self.codec,
+                                   renderer=self.renderer)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

@@ -28,13 +28,13 @@ from typing import Any, get_args
 from ...core.errors import ConfigError
 from ..chat import ChatRenderer
 from ..tools import Tool, ToolConversation, ToolResult, TurnBudget, get_tool_parser
+from ..tools.conversation import NOTE_TOKENS, turn_token_cap
 from .codec import TextCodec
 from .env import OBSERVATION_FRAME_BYTES, ActionFormat, format_observation
 
 __all__ = ["swe_tools", "EDITOR_COMMANDS", "tool_renderer", "tool_conversation", "turn_token_budget",
            "code_episode_tokens", "NOTE_TOKENS"]
 
-NOTE_TOKENS = 64  # per message of a turn: a cut note ("[... N characters cut ...]") or an error's words
 
 EDITOR_COMMANDS = ("view", "create", "str_replace", "insert", "undo_edit")
 _MARK = "\x00tsl-undo\x00"
@@ -224,11 +224,8 @@ def turn_token_budget(renderer: ChatRenderer, max_output_bytes: int, max_calls: 
     byte-level tokenizer). A turn that takes more (non-ASCII floods: U+FFFD of binary output is 3
     bytes) is answered by one over-budget message: :class:`ToolConversation` enforces the bound
     for any tokenizer and any output."""
-    messages = (TurnBudget().max_calls if max_calls is None else max_calls) + 1  # default: the budget's
-    schemas = [t.schema() for t in swe_tools()]
-    history = [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]
-    markup = len(renderer.suffix_ids(history, [{"role": "tool", "name": "bash", "content": ""}] * messages, schemas))
-    return 1 + markup + max_output_bytes + NOTE_TOKENS * messages
+    calls = TurnBudget().max_calls if max_calls is None else max_calls  # default: the budget's
+    return turn_token_cap(renderer, [t.schema() for t in swe_tools()], max_output_bytes, calls)
 
 
 def tool_conversation(renderer: ChatRenderer, tool_parser: str = "hermes", python: str = "python3",

@@ -73,7 +73,7 @@ class DatasetEnv:
         src = self.source
         if src.renderer is not None:
             obs = src.renderer.observation_ids(self.messages, src.feedback)
-            obs = obs if closed else (stop, *obs)  # the environment closes a turn cut at max_action_tokens
+            obs = (obs if closed else (stop, *obs))[: src.feedback_tokens()]  # closes a turn cut at max_action_tokens
         else:
             obs = self._encode(("" if closed else "\n") + src.feedback + "\n")
         self.messages.append({"role": "user", "content": src.feedback})

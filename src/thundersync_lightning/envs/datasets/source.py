@@ -28,6 +28,10 @@ the tokenizer's EOS. Without a tokenizer the text is byte-level (ids 0-255, end 
 policy needs ``vocab_size >= 259`` (:attr:`DatasetTasks.vocab_size`; a smaller one is a ConfigError
 when the data module sets up).
 
+Bound: :meth:`DatasetTasks.max_episode_tokens` holds whatever the policy writes: a tool turn's
+observation is cut to its :class:`~..tools.TurnBudget`'s ``max_tokens``, a feedback turn's to
+the feedback message's tokens.
+
 Split: rows whose index hashes below ``val_fraction`` are held out (:meth:`validation_tasks`).
 """
 
@@ -43,6 +47,7 @@ from ...core.types import derive_seed
 from ..chat import ChatRenderer
 from ..code.codec import ByteCodec
 from ..tokens import load_tokenizer
+from ..tools.conversation import TurnBudget, turn_token_cap
 from ..tools.python_tools import python_tools
 from .env import DatasetEnv, DatasetTask
 from .reward_sum import RewardSum
@@ -155,6 +160,12 @@ class DatasetTasks:
                          if tokenizer_path and use_chat_template else None)
         self.tokenizer_path = tokenizer_path
         self.codec = ByteCodec() if tokenizer_path is None else None
+        self.turn_budget: TurnBudget | None = None
+        if self.tools and self.renderer is not None:
+            chars, calls = TurnBudget().max_chars, TurnBudget().max_calls
+            cap = turn_token_cap(self.renderer, [t.schema() for t in self.tools], chars, calls)
+            self.turn_budget = TurnBudget(max_calls=calls, max_chars=chars, max_tokens=cap)
+        self._episode_bound: int | None = None
 
     # ------------------------------------------------------------------ tokens
     @property
@@ -217,6 +228,37 @@ class DatasetTasks:
         if self.system_prompt and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages
+
+    def feedback_tokens(self) -> int:
+        """A feedback turn's observation, at most: the end of turn (when the engine cut the turn)
+        and the feedback message as :meth:`DatasetEnv.step` renders it (it cuts there)."""
+        if self.renderer is not None:
+            history = [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]
+            return 1 + len(self.renderer.observation_ids(history, self.feedback))
+        encode = (self.codec.encode if self.codec is not None
+                  else lambda t: self._plain_tokenizer().encode(t, add_special_tokens=False))
+        return max(len(encode("\n" + self.feedback + "\n")), len(encode(self.feedback + "\n")))
+
+    def max_episode_tokens(self) -> int:
+        """A bound on one episode's tokens whatever the policy writes (the memory planner's): the
+        longest prompt of :attr:`rows` as ``reset`` renders it, ``max_turns`` actions of at most
+        ``max_action_tokens`` (end of turn included), and an observation after each turn (tools: at
+        most the turn budget's ``max_tokens``, the last turn's included) or after each turn but the
+        last (feedback: :meth:`feedback_tokens`). Renders every row once, then cached."""
+        if self._episode_bound is None:
+            prompt = 0
+            for task in self.rows:
+                try:
+                    prompt = max(prompt, len(self.make_env(task, 0).reset()))
+                except ValueError:  # a null field or a malformed prompt: the episode fails before acting
+                    continue
+            if self.turn_budget is not None:
+                assert self.turn_budget.max_tokens is not None
+                observations = self.max_turns * self.turn_budget.max_tokens
+            else:
+                observations = (self.max_turns - 1) * self.feedback_tokens()
+            self._episode_bound = prompt + self.max_turns * self.max_action_tokens + observations
+        return self._episode_bound
 
     def make_env(self, task: DatasetTask, seed: int) -> DatasetEnv | DatasetToolEnv:
         del seed

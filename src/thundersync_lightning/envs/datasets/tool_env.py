@@ -7,6 +7,7 @@ and their results follow as ``tool`` messages; the first turn without a call is 
 ends the episode (TRL's tool loop). With ``end_on_answer=False`` a turn without a call gets a
 reminder naming the tools and the episode goes on to ``max_turns``. The verdict is the weighted
 reward of the answer (the last assistant turn's text, ``<think>`` included, special tokens not).
+A turn runs within the source's ``turn_budget`` (calls, deadline, characters and tokens).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ class DatasetToolEnv:
         assert source.renderer is not None and source.tools
         self.source, self.task = source, task
         self.conversation = ToolConversation(source.renderer, source.tools, source.tool_parser,
-                                             source.max_tool_result_chars)
+                                             source.max_tool_result_chars, source.turn_budget)
         self.answer: str | None = None
         self.last_text = ""
 

@@ -44,7 +44,9 @@ from ..chat import ChatRenderer
 from .base import Tool, ToolResult, check_arguments
 from .parsers import CallError, ParsedTurn, ToolCall, get_tool_parser
 
-__all__ = ["ToolConversation", "ToolTurn", "TurnBudget", "clip_text"]
+__all__ = ["ToolConversation", "ToolTurn", "TurnBudget", "clip_text", "turn_token_cap", "NOTE_TOKENS"]
+
+NOTE_TOKENS = 64  # per message of a turn: a cut note ("[... N characters cut ...]") or an error's words
 
 NO_CALL = "No tool call found. Call one of the tools ({names})."
 NO_CALL_SUBMIT = "No tool call found. Call one of the tools ({names}); call submit when you are done."
@@ -92,6 +94,19 @@ class ToolTurn:
     errors: int = 0
     timeouts: int = 0
     first_error: str | None = None
+
+
+def turn_token_cap(renderer: ChatRenderer, schemas: Sequence[Mapping[str, Any]], max_chars: int,
+                   max_calls: int) -> int:
+    """A turn's observation ``max_tokens``: 1 (the end of turn, when the engine cut the turn) + the
+    template's markup of ``max_calls + 1`` tool messages and the generation prompt + ``max_chars``
+    + :data:`NOTE_TOKENS` per message. A turn whose text takes at most one token per character fits;
+    any other is answered by one over-budget message (:class:`ToolConversation` enforces the cap
+    for any tokenizer and any output)."""
+    messages = max_calls + 1
+    history = [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]
+    markup = len(renderer.suffix_ids(history, [{"role": "tool", "name": "tool", "content": ""}] * messages, schemas))
+    return 1 + markup + max_chars + NOTE_TOKENS * messages
 
 
 def clip_text(text: str, limit: int) -> str:

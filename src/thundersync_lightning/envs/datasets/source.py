@@ -166,6 +166,7 @@ class DatasetTasks:
             cap = turn_token_cap(self.renderer, [t.schema() for t in self.tools], chars, calls)
             self.turn_budget = TurnBudget(max_calls=calls, max_chars=chars, max_tokens=cap)
         self._episode_bound: int | None = None
+        self._feedback_tokens: int | None = None
 
     # ------------------------------------------------------------------ tokens
     @property
@@ -232,12 +233,15 @@ class DatasetTasks:
     def feedback_tokens(self) -> int:
         """A feedback turn's observation, at most: the end of turn (when the engine cut the turn)
         and the feedback message as :meth:`DatasetEnv.step` renders it (it cuts there)."""
-        if self.renderer is not None:
-            history = [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]
-            return 1 + len(self.renderer.observation_ids(history, self.feedback))
-        encode = (self.codec.encode if self.codec is not None
-                  else lambda t: self._plain_tokenizer().encode(t, add_special_tokens=False))
-        return max(len(encode("\n" + self.feedback + "\n")), len(encode(self.feedback + "\n")))
+        if self._feedback_tokens is None:
+            if self.renderer is not None:
+                history = [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]
+                self._feedback_tokens = 1 + len(self.renderer.observation_ids(history, self.feedback))
+            else:
+                encode = (self.codec.encode if self.codec is not None
+                          else lambda t: self._plain_tokenizer().encode(t, add_special_tokens=False))
+                self._feedback_tokens = max(len(encode("\n" + self.feedback + "\n")), len(encode(self.feedback + "\n")))
+        return self._feedback_tokens
 
     def max_episode_tokens(self) -> int:
         """A bound on one episode's tokens whatever the policy writes (the memory planner's): the

@@ -182,7 +182,7 @@ def test_a_parameter_with_both_kinds_of_factors_keeps_both_or_with_a_dense_part_
 
 
 def test_held_regulariser_chunks_join_the_step_or_vanish_with_a_dropped_member(monkeypatch):
-    from thundersync_lightning.core import group as group_module
+    from thundersync_lightning.core.accumulator import group as group_module
 
     taken = []
     original = group_module.GroupSums.take
@@ -201,7 +201,7 @@ def test_held_regulariser_chunks_join_the_step_or_vanish_with_a_dropped_member(m
 
 def test_chunks_spill_into_dense_sums_when_they_would_outweigh_them(monkeypatch):
     """A buffer too small for the chunks: they are formed into the sums, same gradient."""
-    from thundersync_lightning.core import group as group_module
+    from thundersync_lightning.core.accumulator import group as group_module
 
     spilled = []
     original = group_module.GroupSums._spill
@@ -220,7 +220,7 @@ def test_chunks_spill_into_dense_sums_when_they_would_outweigh_them(monkeypatch)
 def test_a_dense_gradient_into_a_group_with_chunks_spills_them_first(monkeypatch):
     model = Model()
     params = list(model.parameters())
-    from thundersync_lightning.core import group as group_module
+    from thundersync_lightning.core.accumulator import group as group_module
 
     spilled = []
     original = group_module.GroupSums._spill

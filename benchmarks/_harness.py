@@ -68,11 +68,11 @@ def matmul_params(module: torch.nn.Module) -> int:
     return total - (emb.weight.numel() if emb is not None else 0)
 
 
-def peak_flops(device: torch.device, size: int = 1024, repeats: int = 5) -> float:
-    """Achievable peak FLOP/s: the best of ``repeats`` float32 ``size x size`` matmuls (2 size^3
+def peak_flops(device: torch.device, size: int = 1024, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
+    """Achievable peak FLOP/s: the best of ``repeats`` ``size x size`` matmuls in ``dtype`` (2 size^3
     FLOPs each) after one warm-up, with the threads the benchmark uses."""
-    a = torch.randn(size, size, device=device)
-    b = torch.randn(size, size, device=device)
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
     a @ b
     _sync(device)
     best = math.inf

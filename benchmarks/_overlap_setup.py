@@ -18,11 +18,14 @@ from thundersync_lightning.core.accumulator.streaming import StreamingGRPO
 from thundersync_lightning.core.types import ContentReady, GroupRequest, RewardReady, RolloutRequest
 from thundersync_lightning.envs.toy import GuessingGameTasks
 from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
+from thundersync_lightning.modules.shape import QWEN3_ARCHITECTURES
 from thundersync_lightning.rollout import TraceReplayEngineConfig
 from thundersync_lightning.rollout.replay import TraceReplayEngine
 from thundersync_lightning.strategy.batching import call_size
 
-__all__ = ["parse_args", "make_policy", "model_config", "engine_config", "make_data", "calibrate", "sync_device"]
+__all__ = ["parse_args", "make_policy", "model_config", "learner_dtype", "engine_config", "make_data", "calibrate",
+           "sync_device",
+           "workload_record"]
 
 
 def make_policy(args: argparse.Namespace) -> GRPOPolicy:
@@ -34,7 +37,14 @@ def make_policy(args: argparse.Namespace) -> GRPOPolicy:
 
 
 def model_config(args: argparse.Namespace) -> dict:
+    if args.model:  # a published Qwen3 shape (the paper workload)
+        return dict(QWEN3_ARCHITECTURES[f"Qwen3-{args.model}"])
     return qwen3_config(args.hidden, args.intermediate, args.layers, args.vocab, args.max_positions)
+
+
+def learner_dtype(args: argparse.Namespace) -> torch.dtype:
+    """The weights' dtype under ``--precision`` (Lightning's ``*-true`` casts the module)."""
+    return {"bf16-true": torch.bfloat16, "16-true": torch.float16}.get(args.precision, torch.float32)
 
 
 def engine_config(args: argparse.Namespace, time_scale_s: float, slots: int | None) -> TraceReplayEngineConfig:
@@ -45,6 +55,8 @@ def engine_config(args: argparse.Namespace, time_scale_s: float, slots: int | No
         rollout_slots=slots,
         token_scale=args.token_scale,
         setup_fraction=args.setup_fraction,
+        turns=args.turns,
+        observation_tokens=args.observation_tokens,
     )
 
 
@@ -65,7 +77,7 @@ def calibrate(
     real trajectories of the (seed, step) batches the runs will measure (the engine draws them; no
     waiting: time scale ~0). The sync cost depends on each call's longest trajectory (padding), so
     it is averaged over the batches: total seconds / total trajectories."""
-    policy = make_policy(args).to(device)
+    policy = make_policy(args).to(device, learner_dtype(args))
     params = [p for p in policy.parameters() if p.requires_grad]
     batches = []
     for seed, step in workloads:
@@ -224,14 +236,20 @@ def parse_args(argv: list[str] | None, description: str, name: str = "overlap") 
     parser.add_argument(
         "--peak-flops", type=float, default=None, help="peak FLOP/s for MFU (default: measured)"
     )
+    parser.add_argument("--model", default=None, choices=["0.6B", "1.7B", "none"],
+                        help="a published Qwen3 shape (workload's; none: --hidden etc.)")
+    parser.add_argument("--precision", default=None, help="Lightning precision (workload's: 32-true, paper bf16-true)")
+    parser.add_argument("--max-held-trajectories", type=int, default=None, help="ThunderSyncStrategy option")
+    parser.add_argument("--turns", type=int, default=None, help="scored turns per trajectory (workload's)")
     args = parser.parse_args(argv)
     q = args.quick
     w = WORKLOADS[args.workload]
     args.name = args.name or (name if args.workload == "short" else f"{name}_{args.workload}")
     args.rounds = args.rounds or (w.quick_rounds if q else 4)
     args.steps = args.steps or (w.quick_steps if q else 5)
-    args.groups = args.groups or ((w.quick_groups or 16) if q else 16)
-    args.group_size = args.group_size or ((w.quick_group_size or 8) if q else 8)
+    args.hidden_given, args.layers_given, args.vocab_given = args.hidden, args.layers, args.vocab
+    args.groups = args.groups or ((w.quick_groups or w.groups) if q else w.groups)
+    args.group_size = args.group_size or ((w.quick_group_size or w.group_size) if q else w.group_size)
     args.hidden = args.hidden or ((w.quick_hidden or w.hidden) if q else w.hidden)
     args.intermediate = args.intermediate or (w.intermediate * args.hidden // w.hidden)
     args.vocab = args.vocab or ((w.quick_vocab or w.vocab) if q else w.vocab)
@@ -239,6 +257,15 @@ def parse_args(argv: list[str] | None, description: str, name: str = "overlap") 
     args.prompt_tokens = args.prompt_tokens or w.prompt_tokens
     args.token_scale = args.token_scale or w.token_scale
     args.max_positions = w.max_positions
+    explicit_shape = any(v is not None for v in (args.hidden_given, args.layers_given, args.vocab_given))
+    args.model = None if args.model == "none" or (args.model is None and explicit_shape) else (args.model or w.model)
+    args.precision = args.precision or w.precision
+    args.turns = args.turns or w.turns
+    args.observation_tokens = w.observation_tokens
+    args.max_batch_tokens = args.max_batch_tokens if args.max_batch_tokens is not None else w.max_batch_tokens
+    args.max_open_groups = args.max_open_groups if args.max_open_groups is not None else w.max_open_groups
+    if args.max_held_trajectories is None:
+        args.max_held_trajectories = w.max_held_trajectories
     args.calibrate = args.calibrate or w.calibrate
     if args.rollout_slots is None:
         args.rollout_slots = args.groups * args.group_size
@@ -249,3 +276,36 @@ def parse_args(argv: list[str] | None, description: str, name: str = "overlap") 
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: torch.cuda.is_available() is False on this machine")
     return args
+
+
+def workload_record(args: argparse.Namespace, cal: dict[str, Any], order_log: list) -> dict[str, Any]:
+    """The run's workload as its JSON states it (the lengths measured by the calibration)."""
+    return {
+        "trace": args.trace,
+        "prompt_tokens": args.prompt_tokens,
+        "token_scale": args.token_scale,
+        "trajectory_tokens_min_mean_max": [cal["tokens_min"], cal["tokens_mean"], cal["tokens_max"]],
+        "setup_fraction": args.setup_fraction,
+        "prepare_ahead": args.prepare_ahead,
+        "split_backward": args.split_backward,
+        "sync_idle_fraction_target": 0.495,
+        "groups": args.groups,
+        "group_size": args.group_size,
+        "seeds": [args.seed + r for r in range(args.rounds)],
+        "rounds": args.rounds,
+        "steps_per_block": args.steps,
+        "warmup_steps": args.warmup,
+        "order": order_log,
+        "max_batch_trajectories": args.max_batch_trajectories,
+        "max_batch_tokens": args.max_batch_tokens,
+        "min_batch_trajectories": args.min_batch_trajectories,
+        "score_max_padding": args.score_max_padding,
+        "score_forward_tokens": args.score_forward_tokens,
+        "max_open_groups": args.max_open_groups,
+        "max_held_trajectories": args.max_held_trajectories,
+        "precision": args.precision,
+        "turns": args.turns,
+        "observation_tokens": args.observation_tokens,
+        "offload": args.offload,
+        "device": args.device,
+    }

@@ -11,6 +11,15 @@ trajectory's backward is compute-bound. Its ``--quick`` run keeps the model and 
 cuts the batch (4 x 2), rounds and steps, so it fits in minutes on 2 cores; the balance calibration
 keeps the synchronous learner's idle fraction at the paper's 49.5% for any batch.
 
+``paper``: the paper's table at the largest shape one H100/H200 holds: a Qwen3-1.7B-shaped
+learner (random weights, the published dimensions: 1.72B parameters) in bf16, full fine-tune with
+AdamW, and coding-agent trajectories: a 1024-token prompt, then the trace's scored tokens x 16
+(128-4032, mean 774) in 4 turns with a 128-token tool observation between turns (1.5k-5.4k tokens
+a trajectory); 4 groups x 4 a step, calls of at most 4096 tokens (a longer trajectory goes
+alone), one open group and one held gradient: the memory plan's device bound is then 47 GiB in
+sync and 66 GiB in streaming (fp32 sums of 1.72B parameters are 6.9 GB each), under an H100's
+80 GB. ``--model 0.6B`` runs the Qwen3-0.6B shape instead (27 / 34 GiB; what a shorter slot fits).
+
 Balance calibration: with W the synchronous learner's measured work per step (seconds) and M_k the
 trace makespan of step k in units, the time scale s solves
 
@@ -51,6 +60,15 @@ class Workload:
     quick_steps: int = 4
     quick_calibration_samples: int = 12
     quick_calibration_reps: int = 2
+    model: str | None = None  # a published Qwen3 shape ("1.7B"): its dimensions replace the four above
+    precision: str = "32-true"
+    turns: int = 2
+    observation_tokens: int = 4
+    groups: int = 16
+    group_size: int = 8
+    max_batch_tokens: int | None = None
+    max_open_groups: int | None = None
+    max_held_trajectories: int | None = None
 
 
 WORKLOADS = {
@@ -62,6 +80,13 @@ WORKLOADS = {
         hidden=512, intermediate=1536, layers=4, vocab=8192, prompt_tokens=448, token_scale=6.0,
         max_positions=2048, calibrate="balance", quick_groups=4, quick_group_size=2, quick_rounds=1,
         quick_steps=3, quick_calibration_samples=4, quick_calibration_reps=1,
+    ),
+    "paper": Workload(
+        hidden=2048, intermediate=6144, layers=28, vocab=151936, prompt_tokens=1024, token_scale=16.0,
+        max_positions=40960, calibrate="balance", model="1.7B", precision="bf16-true", turns=4,
+        observation_tokens=128, groups=4, group_size=4, max_batch_tokens=4096, max_open_groups=1,
+        max_held_trajectories=1, quick_rounds=1, quick_steps=4, quick_calibration_samples=4,
+        quick_calibration_reps=1,
     ),
 }  # fmt: skip
 

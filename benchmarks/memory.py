@@ -141,8 +141,8 @@ def accumulator_curve(size: str, offload: str, max_groups: int, device: torch.de
     report = acc.finish()
     peak = report.peak_bytes
     last = curve[-1]
-    # every group open, two rewarded trajectories each (the third is scored after the snapshot)
-    plan_sums = planned(P, device, groups_per_step=max_groups, group_size=3).row("group sums").total
+    # every group open, two rewarded trajectories each (the third is scored after the snapshot, nothing held)
+    plan_sums = planned(P, device, groups_per_step=max_groups, group_size=3, max_held_trajectories=0).row("group sums").total
     out = {
         "size": size,
         "offload": offload,

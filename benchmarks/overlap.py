@@ -58,7 +58,9 @@ backward, which overstated rollout-bound steps: their last reward needs no backw
 Workloads (``--workload``, :mod:`_workloads`): ``short`` (default; the numbers above) and ``long``
 (a 20M-parameter model, ~500-2000-token trajectories, compute-bound backward passes; calibrated
 with ``balance``: the time scale at which the synchronous learner idles 49.5% at this batch).
-``long`` writes ``overlap_long.json``.
+``long`` writes ``overlap_long.json``; ``paper`` (a Qwen3-1.7B shape in bf16, coding-agent
+lengths: :mod:`_workloads`) writes ``overlap_paper.json`` with peak VRAM per mode next to the
+plan's (:mod:`_overlap_paper`).
 
 Environment set-up (``--setup-fraction f``): every trajectory first spends f x its generation time
 creating its environment; ``--prepare-ahead`` (default) lets the strategy hand step k+1 to the
@@ -93,7 +95,16 @@ from _harness import (  # noqa: E402
 )
 from _overlap_bound import release_bound, step_bounds, trace_ceiling  # noqa: E402
 from _overlap_figure import timeline_png  # noqa: E402
-from _overlap_setup import calibrate, make_data, make_policy, model_config, parse_args  # noqa: E402
+from _overlap_paper import vram_report  # noqa: E402
+from _overlap_setup import (  # noqa: E402
+    calibrate,
+    learner_dtype,
+    make_data,
+    make_policy,
+    model_config,
+    parse_args,
+    workload_record,
+)
 from _workloads import balance_time_scale  # noqa: E402
 from thundersync_lightning.rollout import TraceReplayEngineConfig  # noqa: E402
 from thundersync_lightning.rollout.replay import sync_idle_fraction  # noqa: E402
@@ -101,7 +112,7 @@ from thundersync_lightning.rollout.replay import sync_idle_fraction  # noqa: E40
 __all__ = ["main", "release_bound"]
 
 NAME = "overlap"
-TARGETS = {  # issue 16, per workload
+TARGETS = {  # issue 16, per workload (paper: issue 45, as long)
     "short": {"efficiency": 0.97, "streaming_over_sync_learner_work_max": 1.02},
     "long": {
         "efficiency": 0.97,
@@ -109,6 +120,7 @@ TARGETS = {  # issue 16, per workload
         "streaming_over_sync_learner_work_max": 1.02,
     },
 }
+TARGETS["paper"] = TARGETS["long"]
 END_OF_STEP = ("barrier", "optimizer", "publish")
 
 
@@ -134,6 +146,8 @@ def run_block(
         offload=args.offload,
         prepare_ahead=args.prepare_ahead,
         split_backward=args.split_backward,
+        max_held_trajectories=args.max_held_trajectories,
+        trainer_kwargs={"precision": args.precision},
     )
     out = {
         "mode": mode,
@@ -262,8 +276,10 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     load_start = load_average()
 
-    peak = args.peak_flops or peak_flops(device)
-    print(f"peak (best 1024^3 float32 matmul, {args.threads} threads): {peak / 1e9:.1f} GFLOP/s", flush=True)
+    dtype = learner_dtype(args)  # CPUs without bf16 matmul units take seconds for 1024^3 in bf16
+    size = 4096 if device.type == "cuda" else 1024 if dtype == torch.float32 else 256
+    peak = args.peak_flops or peak_flops(device, size, dtype=dtype)
+    print(f"peak (best {size}^3 {dtype} matmul, {args.threads} threads): {peak / 1e9:.1f} GFLOP/s", flush=True)
     workloads = [(args.seed + r, k) for r in range(args.rounds) for k in range(args.warmup, args.steps)]
     cal = calibrate(
         args,
@@ -414,38 +430,15 @@ def main(argv: list[str] | None = None) -> dict:
         "peak_flops": peak,
         "peak_flops_source": "explicit (--peak-flops)"
         if args.peak_flops
-        else f"calibrated: best of 5 float32 1024x1024 matmuls on {device.type}, {args.threads} threads",
+        else f"calibrated: best of 5 {dtype} {size}x{size} matmuls on {device.type}, {args.threads} threads",
+        "vram": vram_report(args, modes, model_config(args), n_params),
         "model": {
             "type": "qwen3",
             "config": model_config(args),
             "num_params": n_params,
             "matmul_params": n_matmul,
         },
-        "workload": {
-            "trace": args.trace,
-            "prompt_tokens": args.prompt_tokens,
-            "token_scale": args.token_scale,
-            "trajectory_tokens_min_mean_max": [cal["tokens_min"], cal["tokens_mean"], cal["tokens_max"]],
-            "setup_fraction": args.setup_fraction,
-            "prepare_ahead": args.prepare_ahead,
-            "split_backward": args.split_backward,
-            "sync_idle_fraction_target": 0.495,
-            "groups": args.groups,
-            "group_size": args.group_size,
-            "seeds": [args.seed + r for r in range(args.rounds)],
-            "rounds": args.rounds,
-            "steps_per_block": args.steps,
-            "warmup_steps": args.warmup,
-            "order": order_log,
-            "max_batch_trajectories": args.max_batch_trajectories,
-            "max_batch_tokens": args.max_batch_tokens,
-            "min_batch_trajectories": args.min_batch_trajectories,
-            "score_max_padding": args.score_max_padding,
-            "score_forward_tokens": args.score_forward_tokens,
-            "max_open_groups": args.max_open_groups,
-            "offload": args.offload,
-            "device": args.device,
-        },
+        "workload": workload_record(args, cal, order_log),
         "threads": args.threads,
         "quick": q,
         "load_average_start": load_start,

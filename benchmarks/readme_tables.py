@@ -235,6 +235,7 @@ def others(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
     cap = load("token_cap")["settings"]
     core = load("core_overhead")["results"]
     eff = load("sample_efficiency")
+    server = load("vllm_server")
     rows = [
         ("boundary_cut", f"learner CPU per step uncut / cut {x(cut['learner_work_ratio_cpu'])}, gradient rel. diff "
          f"{cut['gradient_rel_diff']:.0e}", f">= {cut['target_ratio']}x: {'yes' if cut['target_met'] else 'no'}"),
@@ -255,6 +256,9 @@ def others(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
          for k, v in core.items()), "<= 5%: " + ("yes" if all(v["wall"]["meets_target"] for v in core.values()) else "no")),
         ("sample_efficiency", f"{eff['steps']} steps, mean reward of the last 10: " + ", ".join(
          f"{m} {v['reward_last_10']:.2f}" for m, v in eff["modes"].items()), "—"),
+        ("vllm_server", f"vLLM server engine / in-process, CPU: publish {server['publish_ratio']:.2f}x, per request "
+         + ", ".join(f"{k} {v:.2f}x" for k, v in server["per_request_ratio"].items())
+         + f" (same tokens: {'yes' if server['same_tokens'] else 'no'})", "—"),
     ]  # fmt: skip
     return grid(("file", "result", "target met"), [(link(n, prefix), r, t) for n, r, t in rows])
 

@@ -122,7 +122,7 @@ def test_a_fit_of_zero_steps_is_refused_instead_of_writing_an_empty_run(tmp_path
 
 
 @pytest.mark.slow
-def test_a_reward_function_that_raises_is_warned_on_the_console_and_counted_in_the_summary(tmp_path):
+def test_a_reward_function_that_always_raises_is_warned_counted_in_the_summary_and_fails_the_run(tmp_path):
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(8)))
     (tmp_path / "my_rewards.py").write_text(
@@ -139,7 +139,8 @@ def test_a_reward_function_that_raises_is_warned_on_the_console_and_counted_in_t
          "--data.groups_per_step=2", "--data.group_size=2", "--trainer.max_steps=2"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stderr[-3000:]  # trained on reward 0 alone: a failed run, said so
+    assert "the run failed: every reward of the run's 8 trajectories failed" in proc.stderr
     assert "Step 0: the reward of 100% of the trajectories could not be computed" in proc.stderr
     assert "ZeroDivisionError: division by zero" in proc.stderr
     assert "reward errors          100.0% of trajectories" in proc.stdout

@@ -89,8 +89,12 @@ def test_strict_constructors_keep_their_signature_for_yaml_and_the_cli():
 
 
 def test_vllm_options_that_the_chosen_mode_ignores_are_rejected():
-    with pytest.raises(ConfigError, match="gpu_memory_utilization=0.9 has no effect while kv_cache_memory_bytes"):
+    with pytest.raises(ConfigError, match=r"gpu_memory_utilization=0.9 has no effect while kv_cache_memory_bytes is "
+                                          r"set \(leave it at its default 0.5\)"):
         VLLMEngineConfig(gpu_memory_utilization=0.9)
+    # null (a YAML override) is refused with the range, not a TypeError
+    with pytest.raises(ConfigError, match=r"gpu_memory_utilization must be in \(0, 1\], got None"):
+        VLLMEngineConfig(gpu_memory_utilization=None)
     with pytest.raises(ConfigError, match="weights_dir='/tmp' has no effect with weight_sync='direct'"):
         VLLMEngineConfig(weight_sync="direct", weights_dir="/tmp")
     with pytest.raises(ConfigError, match=r"weights_dir='/tmp' has no effect with weight_sync='auto' and multiprocessing=False"):

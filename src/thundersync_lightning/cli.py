@@ -11,7 +11,8 @@ checkpoints under ``DIR/checkpoints/`` (``last.ckpt`` with ``save_last``). Resum
 What the CLI adds to a config, so that a config and the Python path
 (``callbacks=default_callbacks()``) give the same run:
 
-- ``RunSummary`` and ``RunChecks`` when the config lists none, and ``InterruptCheckpoint`` (``last.ckpt``
+- ``RunSummary``, ``RunChecks`` and ``RolloutMetrics`` (the rollout keys and the failure warnings) when the
+  config lists none, and ``InterruptCheckpoint`` (``last.ckpt``
   on Ctrl-C, an exception and at the fit's end) when checkpointing is on and the config lists none;
 - a logger whose ``save_dir`` is unset (``save_dir: null``, or ``--trainer.logger=CSVLogger`` or a
   config's ``logger: {class_path: CSVLogger}`` for a logger that requires one) writes into ``DIR``;
@@ -60,13 +61,14 @@ from typing_extensions import override
 
 from .callbacks import (
     InterruptCheckpoint,
+    RolloutMetrics,
     RolloutProgressBar,
     RunChecks,
     RunSummary,
     wandb_run_id_from_checkpoint,
 )
 from .cli_errors import ShortErrorParser, short_config_error, wants_traceback
-from .core.errors import ConfigError
+from .core.errors import ConfigError, RunFailed
 from .core.grpo.objective import Objective
 from .core.types import ModelSpec
 from .modules import GRPOPolicy, RolloutDataModule
@@ -207,7 +209,7 @@ class ThunderSyncCLI(LightningCLI):
             if isinstance(cb, ModelCheckpoint) and cb.dirpath is None:
                 cb.dirpath = os.path.join(root, "checkpoints")
         callbacks = self.trainer.callbacks
-        for kind in (RunSummary, RunChecks):
+        for kind in (RunSummary, RunChecks, RolloutMetrics):
             if not any(isinstance(cb, kind) for cb in callbacks):
                 # before the checkpoint callbacks (Lightning keeps them last), so that a checkpoint
                 # saved at a step's end holds the summary of that step
@@ -398,6 +400,11 @@ def main(args: list[str] | None = None) -> None:
         command = " ".join(["thundersync-lightning", *argv[:1]])
         print(short_config_error(command, err), file=sys.stderr)
         raise SystemExit(2) from None
+    except RunFailed as err:  # the fit ran and summary.json is written: the reason, not a traceback
+        if wants_traceback():
+            raise
+        print(f"thundersync-lightning: the run failed: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

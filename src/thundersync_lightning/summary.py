@@ -17,7 +17,10 @@ null without trajectories),
 ``reward_curve`` (the PNG's file name beside summary.json, or null) and ``stopped_by`` (null, or
 the exception that ended the fit, e.g. ``KeyboardInterrupt``: an interrupted run is summarised too).
 ``val_pass_at_1_first`` / ``val_pass_at_1_last`` (``val/pass_at_1`` of the first and last validation run
-during fit; null without validation).
+during fit; null without validation), ``tool_calls``, ``tool_error_fraction`` and
+``tool_timeout_fraction`` (tool calls whose tool raised or died / overran its deadline, over tool
+calls; null without calls), ``tool_calls_run`` (the well-formed calls, whose tool ran) and ``tool_error_first`` (the first tool failure's reason, or null).
+:func:`failed_run` says why a run learned from nothing (every reward or every tool call failed).
 Run ``python -m thundersync_lightning.summary DIR/summary.json`` to print it.
 """
 
@@ -33,7 +36,7 @@ from typing import Any
 
 from .strategy.stats import StepStats
 
-__all__ = ["StepAggregate", "aggregate", "summarize", "format_summary", "draw_reward_curve"]
+__all__ = ["StepAggregate", "aggregate", "summarize", "failed_run", "format_summary", "draw_reward_curve"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +55,10 @@ class StepAggregate:
     zero_advantage_groups: int
     engine_learner_kl: float | None = None  # already over all ranks where the strategy records it
     reward_errors: int = 0  # trajectories whose reward could not be computed (TrajectoryRecord.reward_error)
+    tool_calls: int = 0
+    invalid_tool_calls: int = 0  # malformed: the tool did not run
+    tool_errors: int = 0  # calls whose tool raised or died (timeouts not included)
+    tool_timeouts: int = 0  # calls whose tool overran its deadline
 
     @property
     def reward_mean(self) -> float | None:
@@ -74,6 +81,10 @@ def aggregate(stats: StepStats) -> StepAggregate:
         zero_advantage_groups=stats.zero_advantage_groups,
         engine_learner_kl=getattr(stats, "engine_learner_kl", None),
         reward_errors=sum(t.reward_error for t in stats.trajectories),
+        tool_calls=sum(t.tool_calls for t in stats.trajectories),
+        invalid_tool_calls=sum(t.invalid_tool_calls for t in stats.trajectories),
+        tool_errors=sum(t.tool_errors - t.tool_timeouts for t in stats.trajectories),
+        tool_timeouts=sum(t.tool_timeouts for t in stats.trajectories),
     )
 
 
@@ -92,6 +103,7 @@ def summarize(
     total = sum(s.wall_sum for s in steps)
     groups = sum(s.groups for s in steps)
     trajectories = sum(s.trajectories for s in steps)
+    calls = sum(s.tool_calls for s in steps)
     return {
         "mode": mode,
         "steps": n,
@@ -109,8 +121,29 @@ def summarize(
         if groups
         else None,
         "reward_error_fraction": sum(s.reward_errors for s in steps) / trajectories if trajectories else None,
+        "tool_calls": calls,
+        "tool_calls_run": calls - sum(s.invalid_tool_calls for s in steps),
+        "tool_error_fraction": sum(s.tool_errors for s in steps) / calls if calls else None,
+        "tool_timeout_fraction": sum(s.tool_timeouts for s in steps) / calls if calls else None,
         "wall_seconds": wall_seconds,
     }
+
+
+def failed_run(summary: dict[str, Any]) -> str | None:
+    """Why a finished run learned from nothing (every reward, or every tool call, failed), or None."""
+    if summary.get("reward_error_fraction") == 1.0:
+        return (f"every reward of the run's {summary['trajectories']} trajectories failed (reward_error_fraction "
+                "1.0 in summary.json): the policy was trained on reward 0 alone. Fix the reward function or the "
+                "environment's verdict (trajectories.jsonl has every failure: python -m thundersync_lightning.show DIR)")
+    calls, ran = summary.get("tool_calls") or 0, summary.get("tool_calls_run") or 0
+    broken = (summary.get("tool_error_fraction") or 0.0) + (summary.get("tool_timeout_fraction") or 0.0)
+    if ran and round(broken * calls) >= ran:
+        first = summary.get("tool_error_first")
+        return (f"every one of the run's {ran} tool calls that ran failed (tool_error_fraction "
+                f"{summary.get('tool_error_fraction') or 0:.2f}, tool_timeout_fraction "
+                f"{summary.get('tool_timeout_fraction') or 0:.2f} in summary.json){f'; the first: {first}' if first else ''}. "
+                "Fix the tools (or raise tool_timeout_s)")
+    return None
 
 
 def draw_reward_curve(steps: Sequence[StepAggregate], path: str | Path, window: int = 10) -> Path | None:
@@ -177,6 +210,11 @@ def format_summary(summary: dict[str, Any], directory: str | Path | None = None)
         lines.append(
             f"  reward errors          {summary['reward_error_fraction']:.1%} of trajectories (reward 0: the reward "
             "function or verdict failed; see trajectories.jsonl)"
+        )
+    if summary.get("tool_calls") and (summary.get("tool_error_fraction") or summary.get("tool_timeout_fraction")):
+        lines.append(
+            f"  tool failures          {summary['tool_error_fraction']:.1%} raised, {summary['tool_timeout_fraction']:.1%} "
+            f"timed out of {summary['tool_calls']} calls; the first: {summary.get('tool_error_first')}"
         )
     if summary.get("reward_curve"):
         curve = (

@@ -22,13 +22,13 @@ class SigintAt(Callback):
     """Sends this process a real SIGINT once, in step ``step``: before it starts (after every callback
     has seen step ``step - 1``) or inside it, once its first trajectory has landed (``mid``)."""
 
-    def __init__(self, step: int, mid: bool) -> None:
-        self.step, self.mid, self.sent = step, mid, False
+    def __init__(self, step: int, mid: bool, signum: int = signal.SIGINT) -> None:
+        self.step, self.mid, self.sent, self.signum = step, mid, False, signum
 
     def _send(self) -> None:
         if not self.sent:
             self.sent = True
-            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), self.signum)
 
     def on_rollout_progress(self, trainer: Any, pl_module: Any, progress: Any) -> None:
         if self.mid and progress.step == self.step and progress.content_ready > 0:
@@ -84,6 +84,22 @@ def test_a_sigint_leaves_last_ckpt_at_the_step_reached_and_resuming_it_is_the_un
     assert [s.staleness_max for s in steps] == [s.staleness_max for s in uninterrupted_steps[2:]]
     assert resumed.dtype == torch.float64 and relative(resumed, uninterrupted) <= 1e-6
     assert json.loads((root / "summary.json").read_text())["steps"] == 4
+
+
+def test_a_sigterm_inside_a_step_ends_the_fit_at_once_with_last_ckpt_at_the_step_reached(tmp_path):
+    saved = signal.getsignal(signal.SIGTERM)
+    root = tmp_path / "run"
+    try:
+        with pytest.raises(SystemExit) as stopped:  # Lightning's SIGTERMException, raised where the learner waits
+            fit("streaming", steps=4, root=str(root), enable_checkpointing=True,
+                callbacks=[SigintAt(2, True, signal.SIGTERM), RunSummary(print_summary=False), InterruptCheckpoint()])
+    finally:
+        assert signal.getsignal(signal.SIGTERM) is saved  # the fit put the handler back
+        signal.signal(signal.SIGTERM, saved)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert torch.load(root / "checkpoints" / "last.ckpt", weights_only=False)["global_step"] == 2
+    summary = json.loads((root / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["stopped_by"] == "SIGTERMException"
 
 
 def test_a_fit_that_ends_off_the_periodic_checkpoint_still_leaves_last_ckpt_at_its_final_step(tmp_path):

@@ -1,4 +1,7 @@
 import math
+import warnings
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -31,6 +34,8 @@ def test_rollout_metrics_of_one_step_against_a_hand_count():
         "rollout/failure_rate": 0.25,
         "rollout/reward_error_fraction": 0.0,  # the failure ended the episode: not the reward's
         "rollout/invalid_tool_call_fraction": 0.0,  # no tool calls
+        "rollout/tool_error_fraction": 0.0,
+        "rollout/tool_timeout_fraction": 0.0,
         "rollout/groups_folded_count": 2.0,
         "rollout/groups_aborted_count": 0.0,
         "rollout/groups_generated_count": 3.0,
@@ -123,3 +128,35 @@ def test_reward_errors_are_counted_per_step_and_the_first_step_above_the_thresho
 def test_the_reward_error_threshold_must_be_a_fraction():
     with pytest.raises(ValueError, match="reward_error_warn_fraction"):
         RolloutMetrics(reward_error_warn_fraction=1.5)
+
+
+def test_tool_errors_and_timeouts_are_fractions_of_the_calls_and_each_kind_warns_once_with_its_reason():
+    monitor, trainer, module = RolloutMetrics(), stub_trainer(), StubModule()
+    monitor.setup(trainer, module, "fit")
+    # 8 calls: 1 malformed, 2 raised, 1 timed out (tool_errors counts the timed-out call too)
+    trajs = [replace(record(0), tool_calls=5, invalid_tool_calls=1, tool_errors=2, tool_error="add raised ValueError: x"),
+             replace(record(1), tool_calls=3, tool_errors=1, tool_timeouts=1, tool_error="wait did not return within 1 s")]
+    with pytest.warns(UserWarning) as caught:
+        end_step(monitor, trainer, module, stats(trajs))
+    assert module.logged["rollout/tool_error_fraction"] == 2 / 8
+    assert module.logged["rollout/tool_timeout_fraction"] == 1 / 8
+    assert module.logged["rollout/invalid_tool_call_fraction"] == 1 / 8
+    raised, timed_out = (next(str(w.message) for w in caught if kind in str(w.message))
+                         for kind in ("calls raised", "calls timed out"))
+    assert "25% of the tool calls raised" in raised and "add raised ValueError: x" in raised
+    assert "12% of the tool calls timed out" in timed_out and "wait did not return within 1 s" in timed_out
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per kind: the next step is counted, not warned
+        end_step(monitor, trainer, module, stats(trajs, step=1))
+
+
+def test_each_named_reward_of_the_task_source_is_logged_unweighted():
+    monitor, module = RolloutMetrics(), StubModule()
+    trainer = stub_trainer(datamodule=SimpleNamespace(tasks=SimpleNamespace(reward_names=("correct", "brief"))))
+    monitor.setup(trainer, module, "fit")
+    trajs = [replace(record(0, reward=1.5), reward_parts=(("correct", 1.0), ("brief", 1.0))),
+             replace(record(1, reward=0.5), reward_parts=(("correct", 0.0), ("brief", 1.0))),
+             record(2, reward=0.0, finish="failure", failure="row 2 has no value")]  # no parts: counted in neither
+    end_step(monitor, trainer, module, stats(trajs))
+    assert module.logged["rollout/reward/correct_mean"] == 0.5
+    assert module.logged["rollout/reward/brief_mean"] == 1.0

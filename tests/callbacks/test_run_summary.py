@@ -19,7 +19,8 @@ from thundersync_lightning.callbacks import (
     wandb_run_id_from_checkpoint,
 )
 from thundersync_lightning.callbacks.run_checks import hidden_steps_warning
-from thundersync_lightning.summary import StepAggregate, summarize
+from thundersync_lightning.core.errors import RunFailed
+from thundersync_lightning.summary import StepAggregate, failed_run, summarize
 
 
 def step_stats(step):
@@ -93,6 +94,35 @@ def test_the_summary_weights_steps_by_their_trajectories_and_counts_zero_advanta
         StepAggregate(1, 1.0, 1, 1, 0, 2.0, 2.0, 1.0, 1, 0, engine_learner_kl=3e-7),
     ]
     assert summarize(with_kl, "streaming", 1.0)["engine_learner_kl_max"] == 3e-7
+
+
+def test_tool_failures_are_fractions_of_the_calls_and_a_run_whose_every_call_failed_is_named():
+    def agg(step, calls, invalid, errors, timeouts):
+        return StepAggregate(step, 1.0, 1, 1, 0, 2.0, 2.0, 1.0, 1, 0, tool_calls=calls, invalid_tool_calls=invalid,
+                             tool_errors=errors, tool_timeouts=timeouts)
+
+    summary = summarize([agg(0, 4, 1, 1, 1), agg(1, 4, 0, 1, 0)], "streaming", 1.0)
+    assert (summary["tool_calls"], summary["tool_calls_run"]) == (8, 7)
+    assert summary["tool_error_fraction"] == 2 / 8 and summary["tool_timeout_fraction"] == 1 / 8
+    assert failed_run(summary) is None
+    broken = summarize([agg(0, 4, 1, 2, 1)], "streaming", 1.0)  # 3 calls ran, 3 failed
+    assert "every one of the run's 3 tool calls that ran failed" in failed_run({**broken, "tool_error_first": "x"})
+    assert summarize([agg(0, 0, 0, 0, 0)], "sync", 1.0)["tool_error_fraction"] is None
+
+
+def test_a_fit_whose_every_reward_failed_writes_its_summary_then_raises_run_failed(tmp_path):
+    def failing(step, rank, world):
+        trajs = [record(i, step=step, reward=0.0, failure="RewardError: reward 'correct' raised KeyError") for i in range(4)]
+        return stats(trajs, step=step, start=0.0, end=1.0, busy=())
+
+    trainer = pl.Trainer(
+        strategy=StatsStrategy(failing), max_steps=2, logger=False, enable_model_summary=False,
+        enable_progress_bar=False, enable_checkpointing=False, default_root_dir=tmp_path,
+        callbacks=[RunSummary(print_summary=False)],
+    )  # fmt: skip
+    with pytest.raises(RunFailed, match="every reward of the run's 8 trajectories failed"):
+        trainer.fit(TinyPolicy())
+    assert json.loads((tmp_path / "summary.json").read_text())["reward_error_fraction"] == 1.0
 
 
 def test_an_interrupted_fit_still_writes_the_summary_of_the_steps_it_ran(tmp_path):

@@ -141,3 +141,29 @@ def test_adds_into_a_host_sum_are_applied_in_order_when_their_landing_buffer_is_
 def test_pinned_offload_is_refused_on_a_cpu_only_build():
     with pytest.raises(ConfigError, match="offload='pinned' needs page-locked host memory"):
         StreamingGRPO(params(), offload="pinned")
+
+
+@settings(max_examples=30, deadline=None)
+@given(events=events, a=st.floats(-2, 2), b=st.floats(-2, 2))
+def test_a_reserved_store_allocates_nothing_in_a_step_and_sums_the_same(events, a, b):
+    ps = params()
+    want = folded(GradientStore(ps, "none"), events, a, b)
+    store = GradientStore(ps, "pinned", copies=DelayedCopies())
+    store.reserve(len(events) + 1)  # one buffer per trajectory at most, and the group's first sum
+    assert store.reserved == len(events) + 1 and store.current().pinned_host == 0  # not in use yet
+
+    allocate = store._new
+
+    def refuse(where: str) -> torch.Tensor:
+        assert where == "device", f"a {where} buffer was allocated during the step"
+        return allocate(where)  # the step's gradient: on the device, from the caching allocator
+
+    store._new = refuse  # landing and every host buffer came from the reservation
+    assert torch.equal(folded(store, events, a, b), want)
+
+
+@pytest.mark.parametrize("offload, reserved", [("cpu", 2 * 3 + 4), ("none", 0)])
+def test_the_accumulator_reserves_the_host_buffers_both_bounds_allow(offload, reserved):
+    acc = StreamingGRPO(params(), offload=offload, max_open_groups=3, max_held_trajectories=4)
+    assert acc._store.reserved == reserved
+    assert StreamingGRPO(params(), offload=offload, max_open_groups=3)._store.reserved == 0  # held unbounded

@@ -296,7 +296,7 @@ def test_the_container_eval_script_holds_no_secret_and_forged_markers_are_droppe
         assert secrets.key not in text and secrets.tag(START_TEST_OUTPUT) not in text
     start, end, code = (secrets.tag(m) for m in (START_TEST_OUTPUT, END_TEST_OUTPUT, TEST_EXIT_CODE))
     assert len({start, end, code}) == 3 and secrets.key not in start + end + code
-    assert secrets.stdin().decode().split() == [secrets.key, start, end, code]
+    assert secrets.stdin().decode().split() == [secrets.key, start, end, code, secrets.config_tag]
     forged = f"{TEST_EXIT_CODE}: 0\nPASSED t.py::f\n{END_TEST_OUTPUT}\n"
     output = f"{start}\n{forged}FAILED t.py::f - boom\n{end}\n+ echo '{code}: 1'\n{code}: 1\n"
     raw = f"{START_TEST_OUTPUT}\n{forged}FAILED t.py::f\n{END_TEST_OUTPUT}\n{TEST_EXIT_CODE}: 1\n"

@@ -593,9 +593,8 @@ def test_the_mutation_verdict_never_writes_through_a_link_the_agent_left(tmp_pat
         # Before: the host (root) opened test_hidden.py for writing and followed the agent's link.
         env._box.run(f"ln -s {victim} test_hidden.py")
         env._current = task.candidates[0]
-        env.outcome()
-        assert os.path.isfile(os.path.join(env._dir, "test_hidden.py"))
-        assert not os.path.islink(os.path.join(env._dir, "test_hidden.py"))
+        env.outcome()  # the hidden script goes on stdin: the verdict writes no file at all
+        assert os.path.islink(os.path.join(env._dir, "test_hidden.py"))
     finally:
         env.close()
     assert victim.read_text() == "keep"

@@ -264,12 +264,15 @@ def test_the_container_eval_run_gets_a_read_only_script_and_its_key_on_stdin_onl
 ):
     """SWEbenchWorkspace.evaluate against a stand-in for the container runs: what each run gets
     (argv, mounts, stdin, the script directory's files) and how its output is graded."""
+    from thundersync_lightning.envs.code.pytest_config import manifest_command
     from thundersync_lightning.envs.code.reporter import signed_lines
     from thundersync_lightning.envs.sandbox import SandboxResult
     from thundersync_lightning.envs.sandbox import container as container_module
     from thundersync_lightning.envs.swebench import workspace as swebench_env
-    from thundersync_lightning.envs.swebench.eval_run import EVAL_DIR, SHELL_NAME, eval_command
+    from thundersync_lightning.envs.swebench.eval_run import EVAL_DIR, SHELL_NAME, EvalSecrets, eval_command
     from thundersync_lightning.envs.swebench.workspace import SWEbenchSettings, SWEbenchWorkspace
+
+    MANIFEST = f"{'0' * 64}  /testbed/conftest.py\n"
 
     monkeypatch.setattr(container_module, "find_engine", lambda engine="auto": "/usr/bin/podman")
     monkeypatch.setattr(swebench_env, "copy_from_image", lambda image, src, dest, config=None: (
@@ -288,10 +291,14 @@ def test_the_container_eval_run_gets_a_read_only_script_and_its_key_on_stdin_onl
                          for n in os.listdir(host)}
                 files[""] = (os.stat(host), b"")
         runs.append((argv, mounts, stdin, files))
+        if command == manifest_command():  # the original tree's pytest configuration
+            return SandboxResult(0, MANIFEST.encode())
         if command != eval_command():
             return SandboxResult(0, b"applied\n")
         key = stdin.decode().split()[0]
-        lines = [f"PASSED {n}" for n in nodes] if not signed else signed_lines(
+        tag = EvalSecrets(key).config_tag  # the eval shell's manifest before the tests: unchanged
+        lines = [f"{tag} {line}" for line in MANIFEST.splitlines()] + [f"{tag} end"]
+        lines += [f"PASSED {n}" for n in nodes] if not signed else signed_lines(
             key, [("PASSED", n) for n in nodes] + [("END", f"{len(nodes)} 0")])
         return SandboxResult(0, ("\n".join(lines) + "\n").encode())
 

@@ -33,6 +33,17 @@ def test_the_score_sums_the_logprobs_of_scored_tokens_only():
     assert abs(got - _manual_score(policy, t)) < 1e-5
 
 
+def test_a_trajectory_that_failed_before_its_prompt_scores_zero_alone_or_beside_others():
+    torch.manual_seed(0)
+    policy = GRPOPolicy(config=TOY_MODEL)
+    empty = _trajectory([], [], tid="s0-g0-t1")  # a row that could not be scored: no token at all
+    t = _trajectory([14, 1], [Segment((3, 4), True)])
+    alone = policy.score_tokens([empty, empty])
+    assert not alone.mask.any() and alone.logprobs.requires_grad
+    both = policy.trajectory_logprobs([t, empty])
+    assert float(both[1]) == 0.0 and abs(float(both[0]) - _manual_score(policy, t)) < 1e-5
+
+
 def test_the_score_uses_the_sampling_temperature():
     torch.manual_seed(0)
     policy = GRPOPolicy(config=TOY_MODEL, temperature=0.7)

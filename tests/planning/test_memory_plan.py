@@ -45,11 +45,25 @@ def test_every_row_of_a_streaming_plan_matches_the_formula_of_the_module_docstri
 
 def test_unbounded_limits_are_planned_at_their_worst_case_and_the_table_says_so():
     plan = plan_memory(inputs(world_size=2))  # 8 groups over 2 ranks: 4 per rank, 16 trajectories
-    assert plan.row("group sums").device == 2 * 4 * 4 * P
+    # every trajectory of the open groups held: no member's reward known, so no sum (G per group)
+    assert plan.row("group sums").device == 0
     assert plan.row("held gradients").device == 16 * 4 * P
     table = plan.table()
     assert "max_open_groups unbounded: every group of the step on this rank" in table
     assert "max_held_trajectories unbounded: every trajectory of the open groups" in table
+
+
+@pytest.mark.parametrize(
+    "group_size, open_groups, held, sums",
+    [(4, 2, 4, 4), (4, 2, 7, 1), (4, 2, 8, 0), (2, 3, 0, 3), (2, 3, 4, 2), (1, 2, 0, 0), (8, 1, 3, 2)],
+)
+def test_sums_and_held_gradients_are_bounded_by_what_an_unfolded_group_can_keep(group_size, open_groups, held, sums):
+    # a group keeps <= min(2, G - 1) sums (it folds once every member is scored and known) and, with
+    # h held members, <= G buffers: every buffer belongs to a scored member of an unfolded group
+    plan = plan_memory(inputs(group_size=group_size, max_open_groups=open_groups, max_held_trajectories=held))
+    assert plan.inputs.sum_buffers == sums
+    assert plan.row("group sums").device == sums * 4 * P
+    assert plan.row("held gradients").device == held * 4 * P
 
 
 def test_the_held_bound_never_exceeds_the_trajectories_of_the_open_groups():
@@ -87,7 +101,7 @@ def test_sync_mode_holds_no_sums_because_every_reward_is_known_when_scored():
     ],
 )
 def test_each_sharding_divides_what_it_shards_by_the_world_size(sharding, weights, grads, state):
-    plan = plan_memory(inputs(world_size=4, sharding=sharding, max_open_groups=1))
+    plan = plan_memory(inputs(world_size=4, sharding=sharding, max_open_groups=1, max_held_trajectories=0))
     assert plan.row("weights").device == weights
     assert plan.row("gradients").device == grads
     assert plan.row("optimizer state").device == state
@@ -98,7 +112,7 @@ def test_each_sharding_divides_what_it_shards_by_the_world_size(sharding, weight
 def test_lora_shrinks_sums_gradients_and_state_to_the_adapters_and_needs_no_reference_copy():
     shape = ModelShape(P, P, 2, ARCH, lora_params_per_rank=ARCH.lora_params_per_rank)
     adapters = 8 * ARCH.lora_params_per_rank  # r (in + out) over q/k/v/o of every layer
-    lora = plan_memory(inputs(model=shape.with_lora(8), max_open_groups=1))
+    lora = plan_memory(inputs(model=shape.with_lora(8), max_open_groups=1, max_held_trajectories=0))
     assert lora.row("group sums").device == 2 * adapters * 4  # fp32 sums of bf16 adapters
     assert lora.row("optimizer state").device == 2 * adapters * 2
     assert lora.row("weights").device == (P + adapters) * 2
@@ -240,7 +254,7 @@ def test_token_cap_and_padding_inputs_are_validated():
 def test_extra_buffers_per_open_group_are_planned_in_streaming_only():
     plan = plan_memory(inputs(max_open_groups=2, max_held_trajectories=3, group_extra_buffers=3))
     assert plan.row("group sums").device == (2 + 3) * 2 * 4 * P  # dynamic sampling's R sum + flagged sums
-    assert "5 x 2 open groups" in plan.table()
+    assert "(4 sums + 3 x 2 open groups)" in plan.table()
     assert plan_memory(inputs(mode="sync", group_extra_buffers=3)).row("group sums").total == 0
 
 
@@ -263,3 +277,41 @@ def test_the_fit_plan_counts_weight_sync_buckets_from_the_vllm_settings():
     assert weight_sync_buckets({"weight_sync": "auto", "multiprocessing": True, "tensor_parallel_size": 1}) == 2
     assert weight_sync_buckets({"weight_sync": "auto", "multiprocessing": True, "tensor_parallel_size": 2}) == 1
     assert weight_sync_buckets({}) == 0  # not a vLLM engine
+
+
+def test_vllm_servers_on_other_machines_leave_the_learner_only_its_share_and_one_send_bucket():
+    from thundersync_lightning.core.grpo.objective import Objective
+    from thundersync_lightning.planning.model_shape import ModelShape
+    from thundersync_lightning.rollout import VLLMServerEngineConfig
+    from thundersync_lightning.strategy.memory_check import _settings, plan_inputs
+
+    engine = _settings(VLLMServerEngineConfig(urls=["http://10.0.0.2:8000"], weight_sync_bucket_bytes=1024))
+    planned = plan_inputs(
+        model=ModelShape(P, P, 2, ARCH), objective=Objective(), accelerator="gpu", world_size=1,
+        strategy={}, data={}, engine=engine,
+    )  # fmt: skip
+    assert planned.engine_device_fraction == 0 and planned.engine_device_bytes == 0  # no colocated engine
+    assert planned.weight_sync_buckets == 1 and planned.weight_sync_bucket_bytes == 1024
+
+def test_lora_on_the_attention_saves_no_down_proj_input_and_lora_on_down_proj_does():
+    # a frozen linear's backward needs only its weight: down_proj's input (the SwiGLU product, e I
+    # per token per layer) is saved only when down_proj trains
+    shape = ModelShape(P, P, 2, ARCH, lora_params_per_rank=ARCH.lora_params_per_rank)
+    full, lora = plan_memory(inputs(model=shape)), plan_memory(inputs(model=shape.with_lora(8)))
+    saved = full.row("activations").device - lora.row("activations").device
+    assert saved == 4 * 64 * ARCH.layers * 2 * ARCH.intermediate  # 4 trajectories x 64 tokens x L e I
+    on_down_proj = plan_memory(inputs(model=shape.with_lora(8, frozen_down_proj=False)))
+    assert on_down_proj.row("activations").device == full.row("activations").device
+
+
+def test_the_model_shape_of_a_lora_config_knows_whether_down_proj_trains():
+    from thundersync_lightning.core.types import ModelSpec
+    from thundersync_lightning.modules.lora import LoraSettings
+    from thundersync_lightning.modules.shape import model_shape
+
+    spec = ModelSpec(model_type="qwen3", config={"vocab_size": 32, "hidden_size": 16, "intermediate_size": 32,
+                                                 "num_hidden_layers": 1, "num_attention_heads": 2,
+                                                 "num_key_value_heads": 1, "head_dim": 8})  # fmt: skip
+    assert model_shape(spec, LoraSettings(r=4)).frozen_down_proj
+    assert not model_shape(spec, LoraSettings(r=4, target_modules=("q_proj", "down_proj"))).frozen_down_proj
+    assert not model_shape(spec).frozen_down_proj  # full fine-tune

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from thundersync_lightning.core.errors import HostFault
 from thundersync_lightning.core.types import StepResult, derive_seed
 from thundersync_lightning.envs.toy import GuessingGameEnv
 
@@ -57,8 +58,12 @@ class ScriptedEnv(GuessingGameEnv):
     def step(self, action: Sequence[int]) -> StepResult:
         if self.mode == "step_raises":
             raise ValueError("tool crashed")
+        if self.mode == "step_host_fault":
+            raise HostFault("could not start the sandbox process")
         if self.mode == "step_hangs":
             threading.Event().wait()
+        if self.mode == "step_stuck":  # until the test sets RELEASE
+            RELEASE.wait()
         if self.mode == "step_gated":  # the engine's main thread waits here until the gate exists
             deadline = time.monotonic() + 60.0
             while self.gate and not os.path.exists(self.gate) and time.monotonic() < deadline:
@@ -70,6 +75,8 @@ class ScriptedEnv(GuessingGameEnv):
     def verdict(self) -> float:
         if self.mode == "verdict_raises":
             raise RuntimeError("test runner crashed")
+        if self.mode == "verdict_host_fault":
+            raise HostFault("the grading sandbox could not start")
         if self.mode == "verdict_hangs":
             threading.Event().wait()
         if self.mode == "verdict_stuck":

@@ -73,3 +73,18 @@ def test_the_embedded_engine_restart_budget_must_not_be_negative():
     with pytest.raises(ConfigError, match="max_engine_restarts=-1"):
         EmbeddedEngineConfig(max_engine_restarts=-1)
     assert EmbeddedEngineConfig().max_engine_restarts == 1
+
+
+def test_the_wait_for_the_next_event_is_bounded_by_default_from_the_environment_limits():
+    config = EmbeddedEngineConfig(step_timeout_s=60.0, verdict_timeout_s=300.0, startup_timeout_s=120.0)
+    assert config.idle_timeout_s == "auto"
+    # startup + 2 * (max_turns * step + verdict): 120 + 2 * (4 * 60 + 300)
+    assert config.idle_limit_s(max_turns=4) == 1200.0
+    assert EmbeddedEngineConfig(idle_timeout_s=5.0).idle_limit_s(max_turns=4) == 5.0
+    assert EmbeddedEngineConfig(idle_timeout_s=None).idle_limit_s(max_turns=4) is None
+    with pytest.raises(ConfigError, match="idle_timeout_s='soon': must be > 0 seconds, 'auto' or None"):
+        EmbeddedEngineConfig(idle_timeout_s="soon")  # type: ignore[arg-type]
+    parser = ArgumentParser()
+    parser.add_argument("--engine", type=EmbeddedEngineConfig)
+    for value, expected in (("auto", "auto"), ("30", 30.0), ("null", None)):
+        assert parser.parse_args([f"--engine.idle_timeout_s={value}"]).engine.idle_timeout_s == expected

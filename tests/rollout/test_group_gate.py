@@ -1,4 +1,5 @@
-"""A group's verdicts start only once every episode of the group has stopped acting."""
+"""A task's verdicts start only once every episode of that task, in any group or request, has
+stopped acting; episodes of other tasks act beside them."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from thundersync_lightning.core.types import RewardReady, StepResult, derive_seed
+from thundersync_lightning.core.types import ContentReady, RewardReady, StepResult, derive_seed
 from thundersync_lightning.rollout import AgentLoop, EnvPool, Generation, GenerationRequest, make_request
-from thundersync_lightning.rollout.agent.group_gate import GroupGate
+from thundersync_lightning.rollout.agent.group_gate import VerdictGate, task_key
 
 WAIT_S = 60.0  # only against a hang: every wait below is released by an event of the run itself
 
@@ -157,15 +158,107 @@ def test_when_generation_fails_held_verdicts_run_after_the_siblings_were_closed(
     assert [e.reward for e in events if isinstance(e, RewardReady)] == [1.0]
 
 
-def test_the_gate_releases_held_starts_only_when_the_last_episode_stops():
-    gate, started = GroupGate(2), []
-    gate.hold(lambda: started.append("a"))
-    gate.stop()
+def test_the_gate_releases_held_starts_only_when_the_last_episode_of_their_key_stops():
+    gate, started = VerdictGate(), []
+    gate.enter("a")
+    gate.enter("a")
+    gate.enter("b")
+    gate.hold("a", lambda: started.append("a1"))
+    gate.stop("a")
+    gate.stop("b")  # another task: releases nothing of "a"
     assert started == []
-    gate.hold(lambda: started.append("b"))
-    gate.stop()
-    assert started == ["a", "b"]
-    gate.hold(lambda: started.append("c"))  # nobody acts: at once
-    assert started == ["a", "b", "c"]
+    gate.hold("a", lambda: started.append("a2"))
+    gate.stop("a")
+    assert started == ["a1", "a2"]
+    gate.hold("a", lambda: started.append("a3"))  # nobody acts: at once
+    assert started == ["a1", "a2", "a3"]
     with pytest.raises(RuntimeError, match="more often"):
-        gate.stop()
+        gate.stop("a")
+    assert task_key(Plan(("1",))) == task_key(Plan(("1",))) != task_key(Plan(("2",)))
+    assert task_key({"instance_id": "x"}) == task_key({"instance_id": "x"})  # unhashable rows too
+
+
+class SameTask:
+    """Every group draws the same task; the ``long`` episodes act for ``turns`` steps (their first
+    waits until ``go`` is set: by a verdict, or by the test once the short episodes' content is in),
+    the others submit at once. Records verdicts that ran while an episode of the task acted."""
+
+    max_turns, max_action_tokens, stop_token = 8, 1, None
+
+    def __init__(self, turns: int) -> None:
+        self.turns, self.rec, self.go = turns, Recorder(), threading.Event()
+
+    def tasks(self, step: int, num_groups: int, seed: int) -> list[str]:
+        return ["the-task"] * num_groups
+
+    def make_env(self, task: str, seed: int) -> SameTaskEnv:
+        return SameTaskEnv(self, seed)
+
+
+class SameTaskEnv:
+    def __init__(self, src: SameTask, seed: int) -> None:
+        self.src, self.key, self.turn = src, seed, 0
+
+    def reset(self) -> tuple[int, ...]:
+        with self.src.rec.lock:
+            self.src.rec.acting[str(self.key)] = True
+        return (0,)
+
+    def step(self, action: Sequence[int]) -> StepResult:
+        self.turn += 1
+        long = self.key in self.src.long
+        if long and self.turn == 1:
+            assert self.src.go.wait(WAIT_S)
+        done = not long or self.turn >= self.src.turns
+        if done:
+            with self.src.rec.lock:
+                self.src.rec.acting[str(self.key)] = False
+        return StepResult((1,), done)
+
+    def verdict(self) -> float:
+        with self.src.rec.lock:
+            acting = [t for t, a in self.src.rec.acting.items() if a]
+            if acting:
+                self.src.rec.violations.append(f"verdict while {acting} acted")
+        self.src.go.set()
+        return 1.0
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("across", ["groups", "steps"])
+def test_no_verdict_of_a_task_runs_while_an_episode_of_that_task_acts_in_another_group_or_step(pool, across):
+    # Before: the gate was per group, so group 1 (or step 1) was graded while step 0's group 0 acted.
+    src = SameTask(turns=3)
+    loop = AgentLoop(src, one_token, pool, coalesce_s=0.0)
+    if across == "groups":
+        request = make_request(src, step=0, num_groups=2, group_size=2, seed=3)
+        src.long = {derive_seed(3, 0, 0, k) for k in range(2)}  # group 0 acts long, group 1 submits at once
+        runs = [(request, 0)]
+    else:
+        src.long = {derive_seed(3, 0, 0, k) for k in range(2)}  # step 0 acts long, step 1 submits at once
+        runs = [(make_request(src, step=0, num_groups=1, group_size=2, seed=3), 0),
+                (make_request(src, step=1, num_groups=1, group_size=2, seed=3), 1)]
+    events: list = []
+    lock = threading.Lock()
+    short_done = threading.Semaphore(0)
+
+    def emit(event) -> None:
+        with lock:
+            events.append(event)
+        if isinstance(event, ContentReady) and event.trajectory.num_turns == 1:
+            short_done.release()
+
+    done: list = []
+    threads = [threading.Thread(target=lambda r=r, v=v: done.append(loop.run(r, v, emit))) for r, v in runs]
+    for t in threads:
+        t.start()
+    for _ in range(2):  # the short episodes are final; their verdicts now wait for the long ones
+        assert short_done.acquire(timeout=WAIT_S)
+    src.go.set()
+    for t in threads:
+        t.join(WAIT_S)
+    assert len(done) == len(runs) and all(d.wait(WAIT_S) for d in done)
+    assert src.rec.violations == []
+    assert sum(isinstance(e, RewardReady) for e in events) == 4

@@ -62,7 +62,10 @@ def test_the_fit_plan_reads_the_live_module_data_and_strategy():
     assert (i.sharding, i.max_held_trajectories) == ("none", None)  # options of other parts, absent here
     # the task source bounds an episode (start token + 4 turns of a guess and an answer)
     assert i.max_tokens_per_trajectory == toy_data().tasks.max_episode_tokens() == 9 and i.tokens_bounded
-    assert plan.row("group sums").pageable_host == 2 * 2 * trainable * 4
+    # held unbounded: at most G buffers per open group (sums and held), on the pageable host
+    assert plan.row("group sums").pageable_host + plan.row("held gradients").pageable_host == (
+        2 * i.group_size * trainable * 4
+    )
 
 
 def test_the_fit_plan_reads_the_token_cap_and_the_policys_padding_rule():

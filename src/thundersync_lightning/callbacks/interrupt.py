@@ -20,9 +20,14 @@ the parameters and the optimizer state do not change (:class:`~thundersync_light
 so a checkpoint taken mid-step holds the weights of step ``global_step`` and the state after the
 step before it; the resumed fit reruns that step from its start, with the same seeds.
 
+SIGTERM (``kill PID``, a scheduler's stop, ``timeout``) ends a one-process fit the same way: the
+handler raises Lightning's ``SIGTERMException`` (exit status 143) wherever the learner waits, the
+checkpoint is written, the run stops. Lightning alone only notes the signal and stops after the
+step, which never comes while a step waits on a stuck environment.
+
 A step's bookkeeping is not cut in half: from the optimizer step to the end of the step's
 ``on_train_batch_end`` hooks (the monitors, ``summary.json``'s per-step record, ``trajectories.jsonl``,
-the periodic checkpoint) a SIGINT is held and raised right after them, so the checkpoint never
+the periodic checkpoint) a SIGINT or SIGTERM is held and raised right after them, so the checkpoint never
 counts a step that the summary and the logs miss. This callback is a ``Checkpoint`` and runs after
 the other callbacks; the hold applies in the main thread of a one-process fit.
 
@@ -43,6 +48,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
 __all__ = ["InterruptCheckpoint", "last_checkpoint_path"]
@@ -74,6 +80,8 @@ class InterruptCheckpoint(Checkpoint):
         self.last_path: str | None = None  # the file written last by this callback
         self._held: Any = None  # the SIGINT handler replaced while a step's bookkeeping runs
         self._pending = False  # a SIGINT arrived meanwhile
+        self._term_previous: Any = None  # the SIGTERM handler before ours (Lightning's), while fitting
+        self._term_pending = False  # a SIGTERM arrived while held
 
     def _hold_interrupts(self) -> None:
         if self._held is not None or threading.current_thread() is not threading.main_thread():
@@ -89,9 +97,30 @@ class InterruptCheckpoint(Checkpoint):
             return
         signal.signal(signal.SIGINT, self._held)
         self._held = None
+        if self._term_pending and raise_pending:
+            self._term_pending = False
+            raise SIGTERMException(128 + signal.SIGTERM)
         if self._pending and raise_pending:
             self._pending = False
             raise KeyboardInterrupt  # the step is recorded everywhere: stop now, as Ctrl-C asked
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        if callable(self._term_previous):
+            self._term_previous(signum, frame)  # Lightning's: notes it, stops a launcher's children
+        if self._held is not None:
+            self._term_pending = True  # a step's bookkeeping is running: stop right after it
+            return
+        raise SIGTERMException(128 + signum)
+
+    def _watch_sigterm(self, trainer: pl.Trainer) -> None:
+        if (self._term_previous is None and self.save_on_exception and trainer.world_size == 1
+                and threading.current_thread() is threading.main_thread()):
+            self._term_previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _unwatch_sigterm(self) -> None:
+        if self._term_previous is not None:
+            signal.signal(signal.SIGTERM, self._term_previous)
+            self._term_previous = None
 
     @override
     def on_before_optimizer_step(
@@ -109,11 +138,13 @@ class InterruptCheckpoint(Checkpoint):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._release_interrupts(raise_pending=False)
+        self._unwatch_sigterm()
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         # the state at the start of the fit is either nothing (step 0) or the checkpoint it resumed from
         self._saved_step = trainer.global_step
+        self._watch_sigterm(trainer)
 
     @override
     def on_save_checkpoint(

@@ -17,7 +17,11 @@ mean of the 4, not the mean of two rank means.
 ``rollout/reward_error_fraction``        trajectories whose reward could not be computed (the verdict or
                                          a reward function raised, timed out or returned no finite
                                          number: reward 0) / trajectories
-``rollout/invalid_tool_call_fraction``   malformed tool calls / tool calls (0 when none was made)
+``rollout/invalid_tool_call_fraction``   invalid calls / calls (a code task's text action is one call; 0 when none was made)
+``rollout/tool_error_fraction``          tool calls whose tool raised or whose process died / tool calls
+``rollout/tool_timeout_fraction``        tool calls whose tool overran its deadline (stopped) / tool calls
+``rollout/reward/{name}_mean``           each named reward of a weighted sum, unweighted (TRL's
+                                         ``reward_funcs``; names from the task source's ``reward_names``)
 ``rollout/finish_{reason}_count``        trajectories by finish reason (submit, turn_limit, length,
                                          failure)
 ``rollout/groups_folded_count``          groups folded into the gradient
@@ -36,7 +40,8 @@ When every group of ``zero_advantage_warn_steps`` consecutive steps had equal re
 random model that never passes a test), a warning says that the run is not learning and why. The
 first step whose ``rollout/reward_error_fraction`` exceeds ``reward_error_warn_fraction`` warns
 with the first error's message (a reward function with the wrong signature fails every trajectory
-with reward 0, which looks like a task that is too hard).
+with reward 0, which looks like a task that is too hard). The first step with a tool that raised,
+and the first with a tool that overran its deadline, warn once each with the first reason.
 """
 
 from __future__ import annotations
@@ -84,7 +89,14 @@ class RolloutMetrics(StepStatsCallback):
         self.reward_error_warn_fraction = reward_error_warn_fraction
         self._zero_streak = 0
         self._reward_error_warned = False
+        self._tool_warned: set[str] = set()
+        self.reward_names: tuple[str, ...] = ()
         super().__init__()
+
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        tasks = getattr(getattr(trainer, "datamodule", None), "tasks", None)
+        self.reward_names = tuple(getattr(tasks, "reward_names", ()) or ())
 
     @property
     def metric_keys(self) -> list[str]:
@@ -103,6 +115,8 @@ class RolloutMetrics(StepStatsCallback):
             "rollout/failure_rate",
             "rollout/reward_error_fraction",
             "rollout/invalid_tool_call_fraction",
+            "rollout/tool_error_fraction",
+            "rollout/tool_timeout_fraction",
             "train/loss",
             "train/zero_advantage_group_fraction",
         ]
@@ -130,6 +144,10 @@ class RolloutMetrics(StepStatsCallback):
             "rewarded_groups": Sum(float(len(stats.group_rewards))),
             "tool_calls": Sum(float(sum(t.tool_calls for t in trajs))),
             "invalid_tool_calls": Sum(float(sum(t.invalid_tool_calls for t in trajs))),
+            "tool_errors": Sum(float(sum(t.tool_errors - t.tool_timeouts for t in trajs))),
+            "tool_timeouts": Sum(float(sum(t.tool_timeouts for t in trajs))),
+            **{f"rollout/reward/{name}_mean": Mean([v for t in trajs for n, v in t.reward_parts if n == name])
+               for name in self.reward_names},
             **{
                 f"rollout/finish_{r}_count": Sum(float(sum(t.finish_reason == r for t in trajs)))
                 for r in FINISH_REASONS
@@ -152,6 +170,8 @@ class RolloutMetrics(StepStatsCallback):
         out["train/zero_advantage_group_fraction"] = zero / groups if groups > 0 else math.nan
         calls, invalid = reduced["tool_calls"], reduced["invalid_tool_calls"]
         out["rollout/invalid_tool_call_fraction"] = invalid / calls if calls > 0 else 0.0
+        out["rollout/tool_error_fraction"] = reduced["tool_errors"] / calls if calls > 0 else 0.0
+        out["rollout/tool_timeout_fraction"] = reduced["tool_timeouts"] / calls if calls > 0 else 0.0
         out["train/loss"] = stats.loss
         return out
 
@@ -161,6 +181,24 @@ class RolloutMetrics(StepStatsCallback):
     ) -> None:
         self._check_zero_advantage(metrics["train/zero_advantage_group_fraction"])
         self._check_reward_errors(metrics["rollout/reward_error_fraction"], stats)
+        self._check_tool_errors(metrics, stats)
+
+    def _check_tool_errors(self, metrics: dict[str, float], stats: StepStats) -> None:
+        """Warn once per kind (a tool that raised, a tool past its deadline) with the first reason."""
+        for kind, key, timed_out in (("raised", "rollout/tool_error_fraction", False),
+                                     ("timed out", "rollout/tool_timeout_fraction", True)):
+            if kind in self._tool_warned or not metrics[key] > 0:
+                continue
+            self._tool_warned.add(kind)
+            first = next((t for t in stats.trajectories if t.tool_error and (t.tool_timeouts > 0) == timed_out),
+                         next((t for t in stats.trajectories if t.tool_error), None))
+            example = f" The first tool failure of {first.trajectory_id}: {first.tool_error}." if first else ""
+            rank_zero_warn(
+                f"Step {stats.step}: {metrics[key]:.0%} of the tool calls {kind} ({key}); the model was told "
+                f"'[tool error] ...' and the episode went on.{example} Fix the tool"
+                + (" or raise the task's tool_timeout_s" if timed_out else "")
+                + "; further failures of this kind are counted in the metric and summary.json, not warned."
+            )
 
     def _check_reward_errors(self, fraction: float, stats: StepStats) -> None:
         if self._reward_error_warned or fraction <= self.reward_error_warn_fraction:

@@ -21,8 +21,9 @@ import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_only
 from typing_extensions import override
 
+from ..core.errors import RunFailed
 from ..strategy.stats import StepStats
-from ..summary import StepAggregate, aggregate, draw_reward_curve, format_summary, summarize
+from ..summary import StepAggregate, aggregate, draw_reward_curve, failed_run, format_summary, summarize
 from .base import Max, Reduction, StepStatsCallback, Sum
 
 __all__ = ["RunSummary"]
@@ -40,6 +41,10 @@ _REDUCTIONS: dict[str, type[Sum] | type[Max]] = {
     "groups": Sum,
     "zero_advantage_groups": Sum,
     "reward_errors": Sum,
+    "tool_calls": Sum,
+    "invalid_tool_calls": Sum,
+    "tool_errors": Sum,
+    "tool_timeouts": Sum,
 }
 
 
@@ -53,6 +58,9 @@ class RunSummary(StepStatsCallback):
             of the run, 1 to 10).
         reward_curve: draw the PNG.
         print_summary: print the summary (and the curve's path) on rank 0 when fit ends.
+        fail_empty_runs: a fit in which every reward or every tool call failed raises
+            :class:`~thundersync_lightning.core.errors.RunFailed` after writing the summary (a non-zero
+            exit that says why) instead of ending as if it had trained.
     """
 
     log_metrics = False  # the per-step sums feed summary.json; the monitors log their own keys
@@ -63,7 +71,9 @@ class RunSummary(StepStatsCallback):
         window: int | None = None,
         reward_curve: bool = True,
         print_summary: bool = True,
+        fail_empty_runs: bool = True,
     ) -> None:
+        self.fail_empty_runs = fail_empty_runs
         self.path = path
         self.window = window
         self.reward_curve = reward_curve
@@ -75,12 +85,14 @@ class RunSummary(StepStatsCallback):
         self._training = False  # on_train_start seen: an exception before it (set-up) writes nothing
         super().__init__()
         self.val_pass_at_1: list[float] = []  # val/pass_at_1 of every validation run during fit
+        self.tool_error_first: str | None = None  # this rank's first tool failure
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if stage == "fit":  # a checkpoint, if any, is loaded after this (load_state_dict)
             self.steps, self._wall_before, self._steps_before = [], 0.0, 0
             self.val_pass_at_1 = []
+            self.tool_error_first = None
             self._training = False
 
     @override
@@ -99,6 +111,8 @@ class RunSummary(StepStatsCallback):
 
     @override
     def measure(self, stats: StepStats) -> dict[str, Reduction]:
+        if self.tool_error_first is None:
+            self.tool_error_first = next((t.tool_error for t in stats.trajectories if t.tool_error), None)
         local = aggregate(stats)
         return {name: reduction(float(getattr(local, name))) for name, reduction in _REDUCTIONS.items()}
 
@@ -129,12 +143,13 @@ class RunSummary(StepStatsCallback):
         out["steps_this_fit"] = len(self.steps) - self._steps_before
         out["val_pass_at_1_first"] = self.val_pass_at_1[0] if self.val_pass_at_1 else None
         out["val_pass_at_1_last"] = self.val_pass_at_1[-1] if self.val_pass_at_1 else None
+        out["tool_error_first"] = self.tool_error_first
         return out
 
     @override
     def state_dict(self) -> dict[str, Any]:
         return {"steps": [asdict(s) for s in self.steps], "wall_seconds": self.wall_seconds,
-                "val_pass_at_1": list(self.val_pass_at_1)}
+                "val_pass_at_1": list(self.val_pass_at_1), "tool_error_first": self.tool_error_first}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -142,10 +157,15 @@ class RunSummary(StepStatsCallback):
         self._steps_before = len(self.steps)
         self._wall_before = float(state_dict.get("wall_seconds", 0.0))
         self.val_pass_at_1 = [float(v) for v in state_dict.get("val_pass_at_1", [])]
+        self.tool_error_first = state_dict.get("tool_error_first")
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.write(trainer)
+        mode = getattr(trainer.strategy, "mode", type(trainer.strategy).__name__)
+        problem = failed_run(self.summary(mode)) if self.fail_empty_runs else None
+        if problem is not None:  # the same on every rank: the aggregates are reduced over ranks
+            raise RunFailed(problem)
 
     @override
     def on_exception(

@@ -21,6 +21,8 @@ __all__ = [
     "StalenessError",
     "EngineError",
     "ConfigError",
+    "RunFailed",
+    "HostFault",
 ]
 
 
@@ -81,3 +83,14 @@ class EngineError(ThunderSyncError):
 
 class ConfigError(ThunderSyncError, ValueError):
     """A configuration is invalid; the message lists every problem found."""
+
+
+class RunFailed(ThunderSyncError):
+    """The fit ran, but learned from nothing: every reward, or every tool call, failed."""
+
+
+class HostFault(ThunderSyncError):
+    """A fault no action of an episode can have caused: the host failed outside the sandbox (a
+    process could not be started, the engine crashed). Only these failures may leave their group
+    under ``Objective(failed="drop")``; every other failure of an acting or graded episode is a
+    reward of 0, so an agent can never earn more by making its environment fail than by failing."""

@@ -23,6 +23,7 @@ __all__ = [
     "Trajectory",
     "ContentReady",
     "RewardReady",
+    "WeightedReward",
     "RolloutEvent",
     "GroupRequest",
     "RolloutRequest",
@@ -90,8 +91,11 @@ class Trajectory:
     submitted_at: float
     content_ready_at: float
     failure: str | None = None
-    tool_calls: int = 0  # tool calls the policy made (native tool-call episodes)
-    invalid_tool_calls: int = 0  # of which malformed: not JSON, unknown tool, arguments failing the schema
+    tool_calls: int = 0  # tool calls (or code text actions) the policy made
+    invalid_tool_calls: int = 0  # of which invalid: malformed, failing the schema, refused or raising, over budget
+    tool_errors: int = 0  # of the calls whose tool ran, those that failed: raised, died or overran its deadline
+    tool_timeouts: int = 0  # of which the tool overran its deadline (and was stopped)
+    tool_error: str | None = None  # the first tool failure's reason
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -144,13 +148,40 @@ class ContentReady:
 
 @dataclass(frozen=True, slots=True)
 class RewardReady:
-    """The trajectory's reward is known. ``failure`` is set (and reward 0.0) when the verdict failed."""
+    """The trajectory's reward is known. ``failure`` is set (and reward 0.0) when the episode or its
+    verdict failed; ``host_fault`` says the failure is one no action of the episode can have caused
+    (its environment could not be created, a :class:`~.errors.HostFault`): only those leave their
+    group under ``failed="drop"``, every other failure is graded as a reward of 0."""
 
     trajectory_id: str
     group_id: str
     reward: float
     time: float
     failure: str | None = None
+    host_fault: bool = False
+    parts: tuple[tuple[str, float], ...] = ()  # named rewards r_i of a weighted sum (see WeightedReward)
+
+
+class WeightedReward(float):
+    """A verdict made of named rewards (TRL's ``reward_funcs`` / ``reward_weights``): the value is
+    ``sum_i w_i r_i``; ``parts`` keeps each ``(name, r_i)`` unweighted, to be logged one by one."""
+
+    parts: tuple[tuple[str, float], ...]
+
+    def __new__(cls, value: float, parts: Sequence[tuple[str, float]] = ()) -> WeightedReward:
+        self = super().__new__(cls, value)
+        self.parts = tuple((str(n), float(r)) for n, r in parts)
+        return self
+
+    def __getnewargs__(self) -> tuple[float, tuple[tuple[str, float], ...]]:  # type: ignore[override]
+        return (float(self), self.parts)
+
+    @classmethod
+    def combine(cls, parts: Sequence[tuple[str, float]], weights: Sequence[float]) -> WeightedReward:
+        """``sum_i weights[i] * parts[i][1]`` with its parts."""
+        if len(parts) != len(weights):
+            raise ValueError(f"{len(parts)} rewards but {len(weights)} weights")
+        return cls(sum(w * r for (_, r), w in zip(parts, weights)), parts)
 
 
 RolloutEvent = Union[ContentReady, RewardReady]
@@ -186,13 +217,17 @@ class RolloutRequest:
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
-    """What an environment answers to one action (and, for tool calls, how many it made and how
-    many of those were malformed)."""
+    """What an environment answers to one action (and how many calls it made, a text action of a
+    code task counting as one, and how many of those were invalid: malformed, failing the schema,
+    refused by the sandbox, raising in their handler, or past the turn's budget)."""
 
     observation: tuple[int, ...]
     done: bool
     tool_calls: int = 0
     invalid_tool_calls: int = 0
+    tool_errors: int = 0  # calls whose tool failed (raised, died, overran its deadline)
+    tool_timeouts: int = 0  # of which past the deadline
+    tool_error: str | None = None  # the first failure's reason
 
     @staticmethod
     def of(observation: Sequence[int], done: bool) -> StepResult:

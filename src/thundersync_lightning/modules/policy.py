@@ -287,7 +287,9 @@ class GRPOPolicy(LightningModule):
         if prefix is not None:
             return self._score_continuations(trajectories, entropy, reference, prefix)
         n = len(trajectories)
-        length = max(len(t.tokens) for t in trajectories)
+        # at least two positions: a trajectory that failed before its prompt (a row that cannot be
+        # scored) has no token; it is pads with nothing scored, S_i = 0, and the batch still runs
+        length = max(2, *(len(t.tokens) for t in trajectories))
         ids = torch.zeros((n, length), dtype=torch.long)
         scored = torch.zeros((n, length), dtype=torch.bool)
         for row, t in enumerate(trajectories):

@@ -85,4 +85,4 @@ def model_shape(
     per_rank = _lora_per_rank(model, tuple(targets))
     size = param_bytes or torch.empty((), dtype=getattr(torch, spec.dtype)).element_size()
     shape = ModelShape(total, total, size, Architecture.of(config), lora_params_per_rank=per_rank)
-    return shape.with_lora(settings.r) if settings is not None else shape
+    return shape.with_lora(settings.r, "down_proj" not in targets) if settings is not None else shape

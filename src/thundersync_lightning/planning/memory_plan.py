@@ -10,9 +10,11 @@ O the open groups and H the held (reward-pending) trajectories of a rank at once
     reference copy   P e                       (kl_coef != 0 without LoRA: a frozen full copy)
     gradients        P_t e                     (fsdp2: / N)
     optimizer state  S P_t e                   (torch keeps it in the weights' dtype; zero1, fsdp2: / N)
-    group sums       (2 + X) O P_t a           (two running sums per open group; 0 in sync mode; X
-                                               more per group: dynamic sampling's R sum, the flagged
-                                               sums of off_policy_mask, planned at G)
+    group sums       (min(2, G-1) + X) O P_t a (one running sum per distinct reward, at most two,
+                                               per open group; 0 in sync mode; X more per group:
+                                               dynamic sampling's R sum, the flagged sums of
+                                               off_policy_mask, planned at G; with the held
+                                               gradients at most G dense buffers per group)
     held gradients   H P_t a                   (one per reward-pending trajectory; 0 in sync mode;
                                                2 H P_t a when failed="drop" keeps R_i apart too)
     step gradient    P_t a                     (the folded gradient; a second under scale="batch"
@@ -28,6 +30,16 @@ O the open groups and H the held (reward-pending) trajectories of a rank at once
                                                device; k = 1 for nccl, the learner's bucket)
     activations      n T (L b_layer + b_logits) (the largest scored micro-batch, see below)
 
+The accumulator rows are bounds the runtime enforces, and true worst cases: a sum or held buffer
+exists only for a scored member of a group not yet folded (it folds once every member is scored
+and every verdict is in): at most ``min(2, G - 1)`` sums, and ``min(2 + h, G)`` buffers with ``h``
+held. The runner holds a gradient only when nothing reward-known waits and its queue is empty,
+and fills a partial group's sums only when no group is complete: both rows are reached when
+verdicts land after their content by more than a learner call (coding agents: tests run after the
+last turn) and groups finish spread out; when verdicts land with their content and groups arrive
+whole, only the step gradient is used (the direct path). Set ``max_open_groups`` and
+``max_held_trajectories`` to bound the rows.
+
 Group sums and held gradients live where ``offload`` puts them (device, pinned or pageable
 host); everything else on the device. On a CPU run the device *is* the host: every row is host
 memory. An unbounded ``max_open_groups`` is planned at every group of the step on the rank and
@@ -42,7 +54,8 @@ token:
              + (4 + e)(q + k)        per-head q/k RMSNorms
              + e (q + 2k)            q, k, v projections
              + e (2q + 2k)           attention inputs after RoPE and its output
-             + 4 e I                 SwiGLU: gate, up, silu(gate), product
+             + 4 e I                 SwiGLU: gate, up, silu(gate), product (3 e I when LoRA
+                                     leaves down_proj frozen: its input is not saved)
     b_logits = V (e + 8) (+ 8 V with an entropy term: softmax and its product)
 
 An estimate in the spirit of Korthikanti et al. 2022 ("Reducing Activation Recomputation in
@@ -220,6 +233,13 @@ class PlanInputs:
         worst = self.open_groups * self.group_size
         return worst if self.max_held_trajectories is None else min(self.max_held_trajectories, worst)
 
+    @property
+    def sum_buffers(self) -> int:
+        """Dense reward sums over the open groups (module docstring: at most ``min(2, G - 1)`` per
+        group, and with the held gradients at most ``G`` buffers per group)."""
+        per_group = min(2, self.group_size - 1)
+        return max(0, min(per_group * self.open_groups, self.open_groups * self.group_size - self.held_trajectories))
+
 
 @dataclass(frozen=True, slots=True)
 class PlanRow:
@@ -362,16 +382,18 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
         at("optimizer state", states * pt * e / shard,
            f"{states} x P_t e ({i.optimizer})" + (f" / {n} ({i.sharding})" if shard > 1 else "")),
     ]
-    per_group = 2 + i.group_extra_buffers
-    sums = per_group * i.open_groups * pt * a if streaming else 0
+    dense, held_n = i.sum_buffers, i.held_trajectories
+    sums = (dense + i.group_extra_buffers * i.open_groups) * pt * a if streaming else 0
     per_held = 2 if i.held_regulariser else 1
-    held = per_held * i.held_trajectories * pt * a if streaming else 0
+    held = per_held * held_n * pt * a if streaming else 0
     sync_note = "sync mode: every reward is known when scored"
+    reached = "worst case: reached when rewards land after content and partial groups are scored"
     rows += [
-        at("group sums", sums, f"{per_group} x {i.open_groups} open groups x P_t a" if streaming else sync_note,
-           offload_where),
+        at("group sums", sums, f"({dense} sums + {i.group_extra_buffers} x {i.open_groups} open groups) x P_t a "
+           f"({reached})" if streaming else sync_note, offload_where),
         at("held gradients", held,
-           f"{i.held_trajectories} held x {per_held} x P_t a" if streaming else sync_note, offload_where),
+           f"{held_n} held x {per_held} x P_t a (worst case: reached when verdicts lag the learner's calls)"
+           if streaming else sync_note, offload_where),
         at("step gradient", (2 if i.regulariser_buffer else 1) * pt * a,
            "2 x P_t a (scale=batch keeps R apart)" if i.regulariser_buffer else "P_t a"),
     ]
@@ -405,7 +427,7 @@ def _activation_rows(i: PlanInputs) -> list[PlanRow]:
     tokens, how = call_padded_tokens(
         trajectories, i.max_tokens_per_trajectory, i.max_batch_tokens, i.score_max_padding, i.score_forward_tokens
     )
-    per_token = arch.token_activation_bytes(e, i.entropy)
+    per_token = arch.token_activation_bytes(e, i.entropy, i.model.frozen_down_proj)
     rows = [
         PlanRow(
             "activations",

@@ -51,21 +51,24 @@ class Architecture:
             max_positions=get("max_position_embeddings"),
         )
 
-    def layer_activation_bytes(self, e: int) -> int:
-        """b_layer of the module docstring: bytes saved for backward per token per layer."""
+    def layer_activation_bytes(self, e: int, frozen_down_proj: bool = False) -> int:
+        """b_layer of the module docstring: bytes saved for backward per token per layer. A frozen
+        ``down_proj`` (LoRA on the attention) does not save its input: a frozen linear's backward
+        needs only its weight."""
         h, i, q, k = self.hidden, self.intermediate, self.q_dim, self.kv_dim
         norms = 2 * (4 + e) * h + (4 + e) * (q + k)
         attention = e * (q + 2 * k) + e * (2 * q + 2 * k)
-        mlp = 4 * e * i
+        mlp = (3 if frozen_down_proj else 4) * e * i
         return norms + attention + mlp
 
     def logits_bytes(self, e: int, entropy: bool) -> int:
         """b_logits of the module docstring: logits, their fp32 copy and the temperature-scaled copy."""
         return self.vocab * (e + 8 + (8 if entropy else 0))
 
-    def token_activation_bytes(self, e: int, entropy: bool) -> int:
+    def token_activation_bytes(self, e: int, entropy: bool, frozen_down_proj: bool = False) -> int:
         """Per token of a scored trajectory: every layer, the embeddings and final norm, the logits."""
-        return self.layers * self.layer_activation_bytes(e) + (5 + 2 * e) * self.hidden + self.logits_bytes(e, entropy)
+        layers = self.layers * self.layer_activation_bytes(e, frozen_down_proj)
+        return layers + (5 + 2 * e) * self.hidden + self.logits_bytes(e, entropy)
 
     def prefix_bytes_per_token(self, e: int) -> int:
         """Boundary-cut leaves per prompt token: every layer's keys and values."""
@@ -83,7 +86,8 @@ class ModelShape:
     """What the plan needs of the model: parameter counts, the weights' element size, dimensions.
 
     ``lora_params_per_rank``: adapter parameters per unit of rank on the targets LoRA would use
-    (0: unknown; the plan then cannot suggest LoRA).
+    (0: unknown; the plan then cannot suggest LoRA). ``frozen_down_proj``: the MLP's ``down_proj``
+    does not train (LoRA on other targets), so its input is not saved for backward.
     """
 
     total_params: int
@@ -92,8 +96,11 @@ class ModelShape:
     architecture: Architecture | None = None
     lora: bool = False
     lora_params_per_rank: int = 0
+    frozen_down_proj: bool = False
 
-    def with_lora(self, rank: int) -> ModelShape:
-        """The same model with LoRA adapters of ``rank`` (only they train)."""
+    def with_lora(self, rank: int, frozen_down_proj: bool = True) -> ModelShape:
+        """The same model with LoRA adapters of ``rank`` (only they train; by default on the
+        attention projections, which ``lora_params_per_rank`` counts: ``down_proj`` stays frozen)."""
         adapters = rank * self.lora_params_per_rank
-        return replace(self, total_params=self.total_params + adapters, trainable_params=adapters, lora=True)
+        return replace(self, total_params=self.total_params + adapters, trainable_params=adapters, lora=True,
+                       frozen_down_proj=frozen_down_proj)

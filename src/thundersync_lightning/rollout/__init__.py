@@ -31,6 +31,7 @@ from .requests import make_request
 from .sampling import sample_from_logprobs, temperature_logprobs, turn_seed
 from .teacher import TeacherConfig, TeacherScorer, load_teacher
 from .vllm.config import VLLMEngineConfig
+from .vllm.server_config import VLLMServerEngineConfig
 
 __all__ = [
     # core types
@@ -52,6 +53,7 @@ __all__ = [
     # engines
     "EmbeddedEngineConfig",
     "VLLMEngineConfig",
+    "VLLMServerEngineConfig",
     "EmbeddedEngine",
     "TeacherConfig",
     "TeacherScorer",

@@ -60,8 +60,11 @@ class EmbeddedEngineConfig:
         startup_timeout_s: limit for the process to import, build the model and report ready.
         poll_interval_s: how long one receive waits before a waiting learner re-checks its
             limits (a dead process is noticed at once, independently of it).
-        idle_timeout_s: a learner waiting this long without any message raises EngineError
-            (None: wait as long as the process lives; verdict timeouts bound the wait anyway).
+        idle_timeout_s: a learner waiting this long without any message raises EngineError, so a
+            step never waits forever. ``"auto"`` (default) derives it from the limits that bound
+            every event: ``startup_timeout_s + 2 * (max_turns * step_timeout_s + verdict_timeout_s)``
+            (:meth:`idle_limit_s`; the factor leaves room for generation); None: wait as long as the
+            process lives.
         max_engine_restarts: how many times a generation process that dies (killed, OOM) is
             restarted, with every unfinished request replayed exactly at its frozen version, before
             the engine fails with EngineError (0: fail at the first death and keep no snapshot).
@@ -85,7 +88,7 @@ class EmbeddedEngineConfig:
     verdict_timeout_s: float = 300.0
     startup_timeout_s: float = 120.0
     poll_interval_s: float = 0.05
-    idle_timeout_s: float | None = None
+    idle_timeout_s: float | Literal["auto"] | None = "auto"
     max_engine_restarts: int = 1
     teacher: TeacherConfig | None = None
     start_method: Literal["forkserver", "spawn"] = _START_METHODS[0]
@@ -108,11 +111,19 @@ class EmbeddedEngineConfig:
         for name in ("step_timeout_s", "verdict_timeout_s", "startup_timeout_s", "poll_interval_s"):
             if not getattr(self, name) > 0:
                 p.append(f"{name}={getattr(self, name)}: must be > 0 seconds")
-        if self.idle_timeout_s is not None and not self.idle_timeout_s > 0:
-            p.append(f"idle_timeout_s={self.idle_timeout_s}: must be > 0 seconds or None")
+        if self.idle_timeout_s not in (None, "auto") and not (
+            isinstance(self.idle_timeout_s, (int, float)) and self.idle_timeout_s > 0
+        ):
+            p.append(f"idle_timeout_s={self.idle_timeout_s!r}: must be > 0 seconds, 'auto' or None")
         if self.max_engine_restarts < 0:
             p.append(f"max_engine_restarts={self.max_engine_restarts}: must be >= 0")
         _raise_if(p, "EmbeddedEngineConfig")
+
+    def idle_limit_s(self, max_turns: int) -> float | None:
+        """Seconds a learner waits for the next event before EngineError (None: no limit)."""
+        if self.idle_timeout_s == "auto":
+            return self.startup_timeout_s + 2 * (max_turns * self.step_timeout_s + self.verdict_timeout_s)
+        return None if self.idle_timeout_s is None else float(self.idle_timeout_s)
 
     def build(self, model_spec: ModelSpec, tasks: TaskSource) -> EmbeddedEngine:
         """Start the generation process (blocks until it is ready or ``startup_timeout_s``)."""

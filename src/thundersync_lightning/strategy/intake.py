@@ -143,9 +143,14 @@ class EventIntake:
             raise EngineError(f"the engine delivered the reward of {event.trajectory_id!r} twice")
         self.outcome.rewards[event.trajectory_id] = event.reward
         self.outcome.reward_times[event.trajectory_id] = event.time
+        host_fault = bool(event.failure) and event.host_fault  # only a host fault may be dropped
         if event.failure:
             self.outcome.failures[event.trajectory_id] = event.failure
-        self.acc.planned.note_verdict(event.trajectory_id, event.reward, failed=bool(event.failure))
+            if event.host_fault:
+                self.outcome.host_faults.add(event.trajectory_id)
+        if event.parts:
+            self.outcome.reward_parts[event.trajectory_id] = event.parts
+        self.acc.planned.note_verdict(event.trajectory_id, event.reward, failed=host_fault)
 
     def _admit(self, gid: str) -> bool:
         limit = self.acc.max_open_groups
@@ -162,7 +167,7 @@ class EventIntake:
             self.waiting[event.trajectory.trajectory_id] = None
             return
         start = self.clock()
-        self.acc.add_reward(event.trajectory_id, event.reward, failed=event.failure is not None)
+        self.acc.add_reward(event.trajectory_id, event.reward, failed=event.failure is not None and event.host_fault)
         self.outcome.busy.append(Interval(start, self.clock(), "fold"))
         self.after_change()
 

@@ -165,8 +165,9 @@ def weight_sync_buckets(engine: Mapping[str, Any]) -> int:
     """Buckets of a bucketed vLLM publish on the learner's GPU at once: 2 for "ipc" (the learner's
     and the colocated engine's copy), 1 for "nccl", 0 otherwise. "auto" with worker processes on a
     GPU is "ipc" here (the plan places vLLM on the learner's GPU, where ``resolve_weight_sync``
-    picks "ipc"), "nccl" with tensor parallelism."""
-    sync = engine.get("weight_sync")
+    picks "ipc"), "nccl" with tensor parallelism. vLLM servers on other machines (``urls``): the
+    learner's one send bucket ("nccl"); nothing else of the engine is on the learner's node."""
+    sync = "nccl" if engine.get("urls") else engine.get("weight_sync")
     if sync == "auto" and engine.get("multiprocessing"):
         sync = "ipc" if engine.get("tensor_parallel_size", 1) == 1 else "nccl"
     return {"ipc": 2, "nccl": 1}.get(str(sync), 0)

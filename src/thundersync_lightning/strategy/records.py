@@ -25,6 +25,8 @@ class StepOutcome:
     rewards: dict[str, float] = field(default_factory=dict)
     reward_times: dict[str, float] = field(default_factory=dict)
     failures: dict[str, str] = field(default_factory=dict)
+    reward_parts: dict[str, tuple[tuple[str, float], ...]] = field(default_factory=dict)
+    host_faults: set[str] = field(default_factory=set)  # failures that may be dropped (failed="drop")
     busy: list[Interval] = field(default_factory=list)
     open_groups: list[tuple[float, int]] = field(default_factory=list)
     learner_tokens: int = 0
@@ -53,6 +55,10 @@ class StepOutcome:
                     segments=t.segments,
                     tool_calls=t.tool_calls,
                     invalid_tool_calls=t.invalid_tool_calls,
+                    tool_errors=t.tool_errors,
+                    tool_timeouts=t.tool_timeouts,
+                    tool_error=t.tool_error,
+                    reward_parts=self.reward_parts.get(tid, ()),
                 )
             )
         return tuple(out)

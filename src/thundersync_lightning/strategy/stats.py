@@ -39,6 +39,10 @@ class TrajectoryRecord:
     segments: tuple[Segment, ...] = ()
     tool_calls: int = 0
     invalid_tool_calls: int = 0
+    tool_errors: int = 0  # calls whose tool raised, died or overran its deadline
+    tool_timeouts: int = 0  # of which past the deadline
+    tool_error: str | None = None  # the first tool failure's reason
+    reward_parts: tuple[tuple[str, float], ...] = ()  # (name, r_i) of a weighted sum of rewards
 
     @property
     def reward_error(self) -> bool:

@@ -59,6 +59,13 @@ class Bounds:
         self.max_held_trajectories = max_held_trajectories
         self.reset()
 
+    def buffers(self, held_regulariser: bool = False) -> int:
+        """Parameter-sized buffers both bounds allow at once, ``2 K + H`` (``2 K + 2 H`` when a held
+        trajectory also holds its regulariser gradient); 0 when a bound is unset."""
+        if self.max_open_groups is None or self.max_held_trajectories is None:
+            return 0
+        return 2 * self.max_open_groups + (2 if held_regulariser else 1) * self.max_held_trajectories
+
     def reset(self) -> None:
         self.held = self.peak_held = self.held_bytes = self.peak_held_bytes = 0
         self._usage: dict[Hashable, GroupUsage] = {}  # per open group, refreshed by recount

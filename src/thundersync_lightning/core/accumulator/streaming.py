@@ -87,7 +87,8 @@ class StreamingGRPO(AccumulatorQueries):
         objective: the :class:`~thundersync_lightning.core.grpo.objective.Objective` (default: GRPO,
             divided by the number of groups).
         estimator, eps: shorthands for ``Objective(estimator=..., eps=...)``.
-        offload: where group sums and held gradients live (``none`` | ``cpu`` | ``pinned``).
+        offload: where group sums and held gradients live (``none`` | ``cpu`` | ``pinned``); with
+            both bounds set, the host buffers they allow are allocated here, not in a backward.
         max_open_groups: bound on groups declared and not yet folded/aborted (None: unbounded).
         max_held_trajectories: bound on reward-pending trajectories holding a gradient (None:
             unbounded; 0: never hold, wait for the reward before the backward).
@@ -125,6 +126,7 @@ class StreamingGRPO(AccumulatorQueries):
         self.filter_groups = filter_groups
         self._bounds = Bounds(max_open_groups, max_held_trajectories)
         self._store = GradientStore(self._params, offload)
+        self._store.reserve(self._bounds.buffers(objective.failed == "drop" and objective.has_regulariser_terms))
         self._step = StepGradient(self._store)
         self.reset()
 

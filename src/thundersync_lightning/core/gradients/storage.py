@@ -64,8 +64,9 @@ class GradientStore:
     A flat buffer holds every trainable parameter's gradient concatenated in parameter order, in
     the accumulation dtype (float32, or float64 when any parameter is float64). Released buffers
     go to a free list and are reused (also across steps): a fresh large buffer costs first-touch
-    page faults comparable to a sizeable fraction of a backward pass. Peak bytes in use therefore
-    equal the bytes ever allocated.
+    page faults comparable to a sizeable fraction of a backward pass, and page-locking one several
+    times the copy: :meth:`reserve` allocates them up front. Without a reservation the peak bytes
+    in use equal the bytes ever allocated.
 
     ``copies``: the copy engine of ``offload="pinned"`` (default: :class:`CudaCopies` when the
     parameters are on a CUDA device); tests inject a fake one to check the ordering on CPU.
@@ -132,10 +133,37 @@ class GradientStore:
         self._count(where, self.buffer_bytes)
         if self._free[where]:
             return self._free[where].pop()
+        return self._new(where)
+
+    def _new(self, where: str) -> torch.Tensor:
         if where == "device":
             return torch.empty(self.numel, dtype=self.dtype, device=self.device)
         pin = where == "pinned_host" and torch.cuda.is_available()  # a fake copy engine runs on CPU builds
         return torch.empty(self.numel, dtype=self.dtype, pin_memory=pin)
+
+    def reserve(self, buffers: int) -> None:
+        """Allocate up to ``buffers`` flat buffers at the storage location now, onto the free list
+        (and, with pinned copies, both staging and both landing buffers), so that no backward
+        allocates: page-locking a fresh buffer (``cudaHostAlloc``) or first-touching pageable
+        memory takes several times the copy itself, and a held backward would wait for it.
+        Reserved buffers count as in use only once taken (``current``/``peak`` are bytes in use).
+        ``offload="none"`` reserves nothing: the caching allocator reuses device memory cheaply."""
+        if self.offload == "none":
+            return
+        free = self._free[self._where]
+        # host buffers are touched now (zero_): the first-touch page faults are paid here
+        free.extend(self._new(self._where).zero_() for _ in range(max(0, buffers - len(free))))
+        if self._copies is not None:
+            for k in (0, 1):
+                if self._staging[k] is None:
+                    self._staging[k] = torch.empty(self.numel, dtype=self.dtype, device=self.device)
+                if self._landing[k] is None:
+                    self._landing[k] = self._new("pinned_host").zero_()
+
+    @property
+    def reserved(self) -> int:
+        """Buffers waiting on the free list at the storage location."""
+        return len(self._free[self._where])
 
     def _parts(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
         return [
@@ -232,7 +260,7 @@ class GradientStore:
     def _landing_buffer(self, k: int) -> torch.Tensor:
         landing = self._landing[k]
         if landing is None:
-            landing = self._landing[k] = torch.empty(self.numel, dtype=self.dtype, pin_memory=torch.cuda.is_available())
+            landing = self._landing[k] = self._new("pinned_host")
         uses = [i for i, op in enumerate(self._deferred) if op.landing is landing]
         if uses:  # its previous add (and every older one, to keep the order) is applied first
             self._apply_deferred(uses[-1] + 1)

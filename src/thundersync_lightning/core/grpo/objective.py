@@ -4,7 +4,8 @@ Notation: a step trains on trajectories i in groups g. Trajectory i has reward r
 tokens t = 1..T_i with learner log-probabilities l_it (a graph to theta), engine (sampling)
 log-probabilities e_it, reference log-probabilities q_it and entropies H_it. Failed rollouts are
 either kept with reward 0 (``failed="zero"``) or removed from their group and from every count
-(``failed="drop"``); G_g is the number of kept members.
+(``failed="drop"``; only a host fault, one no action of the episode can have caused, is removed:
+any other failure trains as a reward of 0); G_g is the number of kept members.
 
     A_i   = (a_g r_i + b_g) * s                       advantage, affine in r_i per group
     w_it  = importance weight from exp(l_it - e_it)   detached (1 without correction)
@@ -140,9 +141,11 @@ class Objective:
             a linear penalty over the window, the full penalty beyond L_max (verl: the same up to
             L_max, which its responses never exceed). Applied to the reward the group statistics
             see (:meth:`shaped_reward`), before any advantage; both fields or neither.
-        failed: ``zero`` (a failed rollout trains with its reward, 0) or ``drop`` (it leaves its
-            group's baseline and every count; exact, since nothing of it is folded before its
-            verdict).
+        failed: ``zero`` (a failed rollout trains with its reward, 0) or ``drop`` (a rollout failed
+            by a host fault, ``RewardReady.host_fault``, leaves its group's baseline and every
+            count; exact, since nothing of it is folded before its verdict; a failure the
+            episode's own actions may have caused still trains as a 0, so crashing the
+            environment never beats failing the task).
         opd_coef: on-policy distillation: weight of the per-token advantage -(l - p) on the
             student's sampled tokens, p the teacher's log-probabilities shipped with each
             trajectory by the engine (reverse KL to the teacher). Needs an engine with a teacher.

@@ -31,7 +31,7 @@ from typing import Any
 from ...core.errors import ConfigError
 from ..chat import ChatRenderer
 from ..code.source import pick
-from ..tools import ToolConversation
+from ..tools import ToolConversation, TurnBudget
 from .env import (
     BRANCHES,
     MAIN_BRANCH,
@@ -42,7 +42,9 @@ from .env import (
     branch_tools,
 )
 
-__all__ = ['BranchTasks', 'all_branch_tasks', 'is_held_out']
+__all__ = ['BranchTasks', 'all_branch_tasks', 'is_held_out', 'OBSERVATION_TOKENS']
+
+OBSERVATION_TOKENS = 128  # a turn's observation, at most (its TurnBudget's max_tokens)
 
 
 def is_held_out(task: BranchTask, holdout_every: int = 4) -> bool:
@@ -129,11 +131,14 @@ class BranchTasks:
         if not isinstance(task, BranchTask):
             raise ConfigError(f"BranchTasks.make_env: expected a BranchTask, got {type(task).__name__}")
         del seed  # deterministic environment
-        return BranchEnv(task, ToolConversation(self.renderer, branch_tools(), self.tool_parser, max_result_chars=256))
+        return BranchEnv(task, ToolConversation(self.renderer, branch_tools(), self.tool_parser, max_result_chars=256,
+                                                budget=TurnBudget(max_calls=2, max_chars=512,
+                                                                  max_tokens=OBSERVATION_TOKENS)))
 
     def max_episode_tokens(self) -> int:
-        """A bound on one episode: the prompt, and per turn an action and a tool result."""
-        task = self.all_tasks[0]
-        prompt = len(self.renderer.prompt_ids([{"role": "user", "content": task.request}],
-                                              [t.schema() for t in branch_tools()]))
-        return prompt + self.max_turns * (self.max_action_tokens + 128)
+        """A bound on one episode, whatever the policy writes: the longest prompt, and per turn an
+        action and an observation (at most :data:`OBSERVATION_TOKENS`, the turn budget's)."""
+        schemas = [t.schema() for t in branch_tools()]
+        prompt = max(len(self.renderer.prompt_ids([{"role": "user", "content": r}], schemas))
+                     for r in {t.request for t in self.all_tasks})
+        return prompt + self.max_turns * (self.max_action_tokens + OBSERVATION_TOKENS)

@@ -13,14 +13,15 @@ import threading
 from collections.abc import Sequence
 from typing import Literal, Protocol
 
+from ...core.errors import HostFault
 from ...core.types import StepResult
 from ..sandbox.base import SandboxResult
-from ..tools import ToolConversation
+from ..tools import ToolConversation, clip_text
 from .actions import ACTION_HELP, Bash, Invalid, Submit, edit_command, parse_action
 from .codec import ByteCodec, TextCodec
 from .grading import EvalOutcome
 
-__all__ = ["Workspace", "CodeEnv", "format_observation", "render_prompt", "ActionFormat", "TOOLS_HELP"]
+__all__ = ["Workspace", "CodeEnv", "format_observation", "clip_bytes", "OBSERVATION_FRAME_BYTES", "render_prompt", "ActionFormat", "TOOLS_HELP"]
 
 ActionFormat = Literal["text", "tools"]
 
@@ -53,6 +54,22 @@ def _problem(problem_statement: str, files: Sequence[str]) -> str:
     repo = f"Repository files:\n{listing}{more}\n" if files else ""
     return ("You are fixing a bug in the Python repository in your working directory.\n\n"
             f"Problem:\n{problem_statement.strip()}\n\n{repo}")
+
+
+OBSERVATION_FRAME_BYTES = len("\n<observation>\n\n</observation>\n")
+
+
+def clip_bytes(text: str, max_bytes: int) -> str:
+    """At most ``max_bytes`` UTF-8 bytes of ``text``: its head and tail around a cut note (the note
+    counts; characters split by a cut are dropped)."""
+    data = text.encode("utf-8", "replace")  # a lone surrogate becomes "?": the codec can encode the result
+    if len(data) <= max_bytes:
+        return data.decode("utf-8")
+    note = f"\n[... {len(data) - max_bytes} bytes cut ...]\n".encode()
+    room = max(0, max_bytes - len(note))
+    head = room * 2 // 3
+    kept = data[:head] + note + data[len(data) - (room - head):] if room > head else data[:head] + note
+    return kept[:max_bytes].decode("utf-8", "ignore")
 
 
 def format_observation(result: SandboxResult, max_bytes: int) -> str:
@@ -107,21 +124,36 @@ class CodeEnv:
         return self.codec.encode(self.prompt)
 
     def _observe(self, text: str) -> tuple[int, ...]:
-        return self.codec.encode(f"\n<observation>\n{text.rstrip()}\n</observation>\n")
+        """The framed observation: its text at most ``max_observation_bytes`` UTF-8 bytes (head and
+        tail), plus the frame (:data:`OBSERVATION_FRAME_BYTES`)."""
+        return self.codec.encode(f"\n<observation>\n{clip_bytes(text.rstrip(), self.max_observation_bytes)}"
+                                 "\n</observation>\n")
 
-    def act_text(self, text: str) -> tuple[str | None, bool]:
-        """Perform one action given as text: (observation text or None, done)."""
-        action = parse_action(text)
-        if isinstance(action, Submit):
-            return None, True
-        if isinstance(action, Invalid):
-            return f"[invalid action] {action.reason}\n\n{ACTION_HELP}", False
-        if isinstance(action, Bash):
-            result = self.workspace.run(action.command)
-        else:
-            command, stdin = edit_command(action, self.python)
-            result = self.workspace.run(command, stdin=stdin)
-        return format_observation(result, self.max_observation_bytes), False
+    def act_text(self, text: str) -> tuple[str | None, bool, bool]:
+        """Perform one action given as text: (observation text or None, done, invalid).
+
+        Never raises for what the model wrote: an action that cannot be parsed or run (a command
+        the sandbox refuses: a NUL byte, a lone surrogate) is an invalid action with the reason;
+        only a :class:`~...core.errors.HostFault` leaves."""
+        try:
+            action = parse_action(text)
+            if isinstance(action, Submit):
+                return None, True, False
+            if isinstance(action, Invalid):
+                return self._invalid(action.reason), False, True
+            if isinstance(action, Bash):
+                result = self.workspace.run(action.command)
+            else:
+                command, stdin = edit_command(action, self.python)
+                result = self.workspace.run(command, stdin=stdin)
+        except HostFault:
+            raise
+        except Exception as exc:  # noqa: BLE001 - model output never raises on the host
+            return self._invalid(f"{type(exc).__name__}: {str(exc)[:200]}"), False, True
+        return format_observation(result, self.max_observation_bytes), False, False
+
+    def _invalid(self, reason: str) -> str:
+        return clip_text(f"[invalid action] {reason}\n\n{ACTION_HELP}", self.max_observation_bytes)
 
     def step(self, action: Sequence[int]) -> StepResult:
         if not self._opened or self._closed:
@@ -138,9 +170,15 @@ class CodeEnv:
         if eoa in ids:
             ids = ids[: ids.index(eoa)]
         self.turns += 1
-        text, done = self.act_text(self.codec.decode(ids))
+        try:
+            decoded = self.codec.decode(ids)
+        except Exception as exc:  # noqa: BLE001 - ids no tokenizer can decode: an invalid action
+            text, done, invalid = self._invalid(f"the action cannot be decoded ({type(exc).__name__})"), False, True
+        else:
+            text, done, invalid = self.act_text(decoded)
         self.done = done
-        return StepResult(self._observe(text) if text is not None else (), done)
+        # a text action counts as one call (rollout/invalid_tool_call_fraction: invalid actions)
+        return StepResult(self._observe(text) if text is not None else (), done, 1, int(invalid))
 
     def outcome(self) -> EvalOutcome:
         """Grade the current state of the repository (the verdict with its reasons)."""

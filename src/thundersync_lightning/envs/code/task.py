@@ -27,12 +27,12 @@ from pathlib import Path
 import yaml
 
 from ...core.errors import ConfigError
+from .pytest_config import CONFIG_FILE_NAMES, PLUGIN_FILE_NAMES
 
 __all__ = ["LocalTask", "load_task", "load_tasks", "shipped_tasks_dir", "is_protected_path", "without_tests"]
 
-_PROTECTED_NAMES = frozenset({"conftest.py", "pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml",
-                              "sitecustomize.py", "usercustomize.py", ".pth", ".gitattributes", ".gitmodules",
-                              "pytest.py", "entry_points.txt"})
+_PROTECTED_NAMES = frozenset({*CONFIG_FILE_NAMES, *PLUGIN_FILE_NAMES, "sitecustomize.py", "usercustomize.py",
+                              ".gitattributes", ".gitmodules", "pytest.py"})
 
 
 def shipped_tasks_dir() -> str:

@@ -27,7 +27,7 @@ from typing import Any, get_args
 
 from ...core.errors import ConfigError
 from ..chat import ChatRenderer
-from ..tools import Tool, ToolConversation, ToolResult, get_tool_parser
+from ..tools import Tool, ToolConversation, ToolResult, TurnBudget, get_tool_parser
 from .env import ActionFormat, format_observation
 
 __all__ = ["swe_tools", "EDITOR_COMMANDS", "tool_renderer", "tool_conversation"]
@@ -210,6 +210,7 @@ def tool_renderer(owner: str, action_format: str, tokenizer_path: str | None, ch
 
 def tool_conversation(renderer: ChatRenderer, tool_parser: str = "hermes", python: str = "python3",
                       max_output_bytes: int = 2048) -> ToolConversation:
-    """One episode's conversation over fresh :func:`swe_tools`."""
+    """One episode's conversation over fresh :func:`swe_tools`; a turn's results together are at
+    most ``max_output_bytes`` characters (the task's observation limit per turn), at most 8 calls."""
     return ToolConversation(renderer, swe_tools(python, max_output_bytes), tool_parser,
-                            max_result_chars=2 * max_output_bytes)
+                            max_result_chars=max_output_bytes, budget=TurnBudget(max_chars=max_output_bytes))

@@ -8,11 +8,12 @@ its own where the host allows it, see :mod:`..sandbox.fs`) holding
 * ``base.git``: a root-owned bare copy of that commit, bound read-only when the patch is captured
   (so the agent's git config, hooks and filters are never used; see :mod:`.patches`);
 * ``runner/``: the host-written test runner and pytest.ini (see :mod:`.runner`), bound read-only;
-* for each verdict, a fresh ``eval-*`` copy of the ORIGINAL repository (hidden tests included):
-  the agent's filtered patch is applied there, the tree is then made root-owned and read-only (the
-  code under test cannot rewrite a test file before pytest collects it), and the tests run there,
-  so nothing the agent left behind (caches, test edits, background processes) reaches the grading
-  run.
+* for each verdict, a fresh copy of the ORIGINAL repository (hidden tests included), in a
+  directory beside the workspace's with a disk and inode budget of its own (a workspace the agent
+  filled to its budget is graded like any other): the agent's filtered patch is applied there, the
+  tree is then made root-owned and read-only (the code under test cannot rewrite a test file before
+  pytest collects it), and the tests run there, so nothing the agent left behind (caches, test
+  edits, background processes, a full disk) reaches the grading run.
 
 :meth:`LocalWorkspace.close` never raises and always releases the uid lease.
 """
@@ -142,12 +143,12 @@ class LocalWorkspace:
             raise SandboxError("LocalWorkspace.run before open() or after close()")
         return self._sandbox.run(command, stdin=stdin, timeout_s=timeout_s)
 
-    def _big(self, workdir: str, cap: int) -> BwrapSandbox:
+    def _big(self, workdir: str, cap: int, budget: BoundedDir | None = None) -> BwrapSandbox:
         assert self._lease is not None and self._dir is not None and self._budget is not None
         limits = replace(self.settings.bwrap.limits, max_output_bytes=cap)
         ro = {os.path.join(self._dir, "base.git"): BASE_GIT_DIR, os.path.join(self._dir, "runner"): RUNNER_DIR}
-        return BwrapSandbox(workdir, self._lease.uid, replace(self.settings.bwrap, limits=limits), budget=self._budget,
-                            guard=self._guard, ro_binds=ro)
+        return BwrapSandbox(workdir, self._lease.uid, replace(self.settings.bwrap, limits=limits),
+                            budget=budget or self._budget, guard=self._guard, ro_binds=ro)
 
     def diff(self) -> str | None:
         """The agent's changes against the original commit, git's stdout only, computed with the
@@ -166,12 +167,19 @@ class LocalWorkspace:
         patch = filter_patch(patch, task.protects)
         if not patch.strip():
             return EvalOutcome(False, "empty patch (after dropping changes to tests, or unparseable)")
-        evaldir = tempfile.mkdtemp(prefix="eval-", dir=self._dir)
+        # Beside the workspace (same uid marker: swept with it), on a budget of its own.
+        evaldir = tempfile.mkdtemp(prefix=f"{task.name}-u{self._lease.uid}-eval-", dir=self.settings.root)
+        lim = self.settings.bwrap.limits
         try:
-            os.chmod(evaldir, 0o700)
+            budget = BoundedDir(evaldir, lim.disk_bytes, lim.disk_inodes, 0o700,
+                                require=self.settings.bwrap.require_kernel_limits)
+        except BaseException:
+            remove_tree(evaldir)
+            raise
+        try:
             task.materialize(evaldir)
             chown_tree(evaldir, self._lease.uid)
-            box = self._big(evaldir, self.settings.max_log_bytes)
+            box = self._big(evaldir, self.settings.max_log_bytes, budget)
             applied = box.run("GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null git apply --whitespace=nowarn -",
                               stdin=patch.encode(), timeout_s=60.0)
             if not applied.ok:
@@ -185,7 +193,7 @@ class LocalWorkspace:
             return grade_runner_run(task.name, tests, key, task.fail_to_pass, task.pass_to_pass, patch,
                                     declared=dict(task.files))
         finally:
-            remove_tree(evaldir)
+            budget.remove()
 
     def close(self) -> None:
         """Kill whatever still runs (a verdict past its timeout included), free the directories

@@ -1,6 +1,7 @@
-"""Bring your own prompts and rewards: a task source over ``datasets`` files and a reward registry."""
+"""Bring your own prompts, rewards and tools: a task source over ``datasets`` files, a reward registry."""
 
 from .env import DatasetEnv, DatasetTask
+from .reward_sum import RewardSum
 from .rewards import (
     RewardError,
     call_reward,
@@ -13,7 +14,9 @@ from .rewards import (
     reward_names,
     unit_tests,
 )
+from .rows import Rows, read_rows
 from .source import DatasetTasks, load_rows
+from .tool_env import DatasetToolEnv
 
 __all__ = [
     "RewardError",
@@ -30,4 +33,8 @@ __all__ = [
     "DatasetTask",
     "DatasetTasks",
     "load_rows",
+    "DatasetToolEnv",
+    "RewardSum",
+    "Rows",
+    "read_rows",
 ]

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ...core.types import StepResult
-from .rewards import call_reward
 
 if TYPE_CHECKING:  # annotations only: the source builds this environment
     from .source import DatasetTasks
@@ -32,17 +31,18 @@ class DatasetEnv:
         self.last_reward: float | None = None
 
     @property
-    def prompt(self) -> str:
-        return str(self.task.row["prompt"])
+    def prompt(self) -> Any:
+        """The row's prompt as given (a string, or a list of messages)."""
+        return self.task.row["prompt"]
 
     def reset(self) -> tuple[int, ...]:
         src = self.source
-        self.messages = ([{"role": "system", "content": src.system_prompt}] if src.system_prompt else [])
-        self.messages.append({"role": "user", "content": self.prompt})
+        self.messages = src.messages_of(self.task)
         self.answers, self.last_reward = [], None
         if src.renderer is not None:
             return src.renderer.prompt_ids(self.messages)
-        return self._encode(self.prompt + "\n")
+        text = self.prompt if isinstance(self.prompt, str) else "\n".join(m["content"] for m in self.messages)
+        return self._encode(text + "\n")
 
     def _encode(self, text: str) -> tuple[int, ...]:
         if self.source.codec is not None:
@@ -80,7 +80,7 @@ class DatasetEnv:
         return StepResult(obs, False)
 
     def _grade(self, completion: str) -> float:
-        return call_reward(self.source.reward, self.prompt, completion, self.task.row)
+        return self.source.reward_sum(self.prompt, completion, self.task.row)
 
     def verdict(self) -> float:
         if not self.answers:

@@ -6,6 +6,7 @@ callable under a name, :func:`resolve_reward` turns a YAML value into a callable
     reward: exact_match                                   # a registered name
     reward: {name: regex_match, pattern: "^4$"}            # a name with fixed keyword arguments
     reward: {function: my_pkg.rewards:score, scale: 2}     # any importable callable ("module:attr")
+    reward: my_pkg.rewards:score                           # the same without fixed arguments
 
 Built-ins (``row`` holds the dataset row's mapped fields; ``answer`` is the reference):
 
@@ -22,7 +23,6 @@ failure (reward 0, ``RewardReady.failure`` says which function and why): see
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import numbers
@@ -35,6 +35,7 @@ from typing import Any
 
 from ...core.errors import ConfigError, ThunderSyncError
 from ...core.registry import Registry
+from ..user_code import import_object
 
 __all__ = ["RewardFn", "RewardError", "register_reward", "get_reward", "resolve_reward", "call_reward",
            "check_reward_signature",
@@ -78,6 +79,8 @@ def resolve_reward(spec: str | Mapping[str, Any] | RewardFn) -> _Bound:
     if callable(spec):
         return _Bound(spec, getattr(spec, "__name__", type(spec).__name__), {})
     if isinstance(spec, str):
+        if ":" in spec:  # "module:callable", as tools are named
+            return resolve_reward({"function": spec})
         return _Bound(get_reward(spec), spec, {})
     if isinstance(spec, Mapping):
         kwargs = dict(spec)
@@ -95,25 +98,7 @@ def resolve_reward(spec: str | Mapping[str, Any] | RewardFn) -> _Bound:
 
 
 def _import_reward(path: str) -> Any:
-    """``module:attr`` imported, or a ConfigError that says which half failed and how to fix it."""
-    module, colon, attr = path.partition(":")
-    if not colon or not module or not attr:
-        raise ConfigError(f"reward function {path!r}: write it as 'module:callable' (e.g. 'my_rewards:score')")
-    try:
-        imported = importlib.import_module(module)
-    except ImportError as exc:
-        raise ConfigError(
-            f"reward function {path!r}: module {module!r} cannot be imported ({exc}). It must be importable "
-            f"from where the run starts: a file ./{module.replace('.', '/')}.py needs PYTHONPATH=. (the engine's "
-            "process imports it too), a package must be installed (pip install -e .)"
-        ) from exc
-    if not hasattr(imported, attr):
-        public = sorted(n for n, v in vars(imported).items() if callable(v) and not n.startswith("_"))
-        raise ConfigError(
-            f"reward function {path!r}: module {module!r} ({getattr(imported, '__file__', '?')}) has no {attr!r}; "
-            f"its callables: {', '.join(public) or 'none'}"
-        )
-    return getattr(imported, attr)
+    return import_object(path, "reward function")
 
 
 def check_reward_signature(fn: _Bound, fields: Sequence[str]) -> str | None:

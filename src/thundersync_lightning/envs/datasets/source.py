@@ -1,10 +1,20 @@
-"""``DatasetTasks``: your prompts (a ``datasets`` file) and your reward, single- or multi-turn.
+"""``DatasetTasks``: your prompts (a ``datasets`` file), your rewards and your tools, from YAML.
 
-Data: a JSONL/JSON file, a parquet file, or a directory written by ``Dataset.save_to_disk``.
-``fields`` maps the names this source uses to your columns: ``prompt`` (required) and whatever the
+Data: a JSONL/JSON file, a parquet file, a directory written by ``Dataset.save_to_disk``, or in
+memory a ``datasets.Dataset`` or a list of dicts (:mod:`.rows`: a bad line is named by file and
+line). ``prompt`` is a string or a list of messages (TRL's conversational format, kept as it is,
+system prompts included). ``fields`` maps the names this source uses to your columns: ``prompt`` (required) and whatever the
 reward reads (``answer``, ``tests``, ``pattern``, ...); every mapped field reaches the reward as a
 keyword argument. Missing columns are a ConfigError at construction (all of them listed); a row
 whose mapped value is null fails its trajectories (reward 0, the reason in ``RewardReady.failure``).
+
+Rewards: one or several (``reward: [a, b]``, ``reward_weights: [1.0, 0.5]``: ``R = sum_i w_i r_i``,
+each ``r_i`` logged as ``rollout/reward/{name}_mean``; :mod:`.reward_sum`).
+
+Tools: ``tools: [my_tools:calculator, ...]`` (:mod:`..tools.python_tools`: schemas from type hints
+and docstrings, or given and checked at set-up; each call in a worker process killed past
+``tool_timeout_s``) makes each episode a tool-calling one (:mod:`.tool_env`); it needs the model's
+tokenizer and chat template (``tokenizer_path``).
 
 Turns: with ``max_turns=1`` the completion is graded once. With ``max_turns > 1`` the environment
 grades every answer; a reward >= ``success_reward`` ends the episode, otherwise ``feedback`` is
@@ -32,8 +42,11 @@ from ...core.errors import ConfigError
 from ...core.types import derive_seed
 from ..chat import ChatRenderer
 from ..code.codec import ByteCodec
+from ..tools.python_tools import python_tools
 from .env import DatasetEnv, DatasetTask
-from .rewards import check_reward_signature, resolve_reward
+from .reward_sum import RewardSum
+from .rows import read_rows
+from .tool_env import DatasetToolEnv
 
 __all__ = ['DatasetTasks', 'load_rows']
 
@@ -59,10 +72,16 @@ def load_rows(path: str, split: str = "train") -> Any:
 
 class DatasetTasks:
     """Args:
-    path: the data (see the module docstring). split: the split of a DatasetDict directory.
+    path: the data (see the module docstring): a file, a directory, a ``datasets.Dataset`` or a list
+        of dicts. split: the split of a DatasetDict.
     fields: canonical name -> column (default: each name maps to itself); ``prompt`` is required.
     reward: a registered name, ``{name: ..., **kwargs}``, ``{function: "module:callable"}`` (see
-        :mod:`.rewards`).
+        :mod:`.rewards`), or a list of them. reward_weights: one weight per reward (default 1 each).
+    tools: ``module:function`` names or ``{function, name, description, parameters}`` mappings.
+        tool_timeout_s: the deadline of one call. tool_parser: the call format (``hermes``).
+        max_tool_result_chars: each result is clipped to this. end_on_answer: a turn without a
+        call ends the episode (else a reminder naming the tools). template_kwargs: chat template
+        options (``{enable_thinking: false}``).
     max_turns, max_action_tokens: episode bounds. feedback / success_reward: multi-turn retries.
     system_prompt: an optional system message. tokenizer_path / chat_template / use_chat_template:
         rendering (module docstring). val_fraction: held-out share (by row index).
@@ -70,9 +89,9 @@ class DatasetTasks:
 
     def __init__(
         self,
-        path: str,
+        path: Any,
         fields: dict[str, str] | None = None,
-        reward: str | dict[str, Any] = "exact_match",
+        reward: Any = "exact_match",
         split: str = "train",
         max_turns: int = 1,
         max_action_tokens: int = 64,
@@ -83,36 +102,56 @@ class DatasetTasks:
         chat_template: str | None = None,
         use_chat_template: bool = True,
         val_fraction: float = 0.1,
+        reward_weights: list[float] | None = None,
+        tools: list[str | dict[str, Any]] | None = None,
+        tool_timeout_s: float = 10.0,
+        tool_parser: str = "hermes",
+        max_tool_result_chars: int = 4096,
+        end_on_answer: bool = True,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> None:
         problems = []
         if max_turns < 1 or max_action_tokens < 1:
             problems.append(f"max_turns={max_turns} and max_action_tokens={max_action_tokens} must be >= 1")
         if not 0.0 <= val_fraction < 1.0:
             problems.append(f"val_fraction={val_fraction} must be in [0, 1)")
+        if not tool_timeout_s > 0:
+            problems.append(f"tool_timeout_s={tool_timeout_s} must be > 0 seconds")
         mapping = {"prompt": "prompt", **(fields or {})}
+        reward_sum: RewardSum | None = None
         try:
-            self.reward = resolve_reward(reward)
+            reward_sum = RewardSum(reward, reward_weights)
         except ConfigError as exc:
             problems.append(str(exc))
-        data = load_rows(path, split)
-        missing = [f"{name} -> column {col!r}" for name, col in mapping.items() if col not in data.column_names]
+        data = read_rows(path, split)
+        missing = [f"{name} -> column {col!r}" for name, col in mapping.items() if col not in data.columns]
         if missing:
-            problems.append(f"{path!r} lacks mapped columns: {', '.join(missing)} (columns: {data.column_names})")
-        reward_fn = getattr(self, "reward", None)
-        if reward_fn is not None and not missing:
-            mismatch = check_reward_signature(reward_fn, list(mapping))
-            if mismatch:
-                problems.append(mismatch)
+            problems.append(f"{data.origin!r} lacks mapped columns: {', '.join(missing)} (columns: {list(data.columns)})")
+        if reward_sum is not None and not missing:
+            problems.extend(reward_sum.signature_problems(list(mapping)))
+        self.tools = []
+        if tools:
+            if not tokenizer_path or not use_chat_template:
+                problems.append("tools need the model's chat template: set tokenizer_path (the model's directory)")
+            try:
+                self.tools = python_tools(tools, tool_timeout_s)
+            except ConfigError as exc:
+                problems.append(str(exc))
         if problems:
-            raise ConfigError("DatasetTasks: " + "; ".join(problems))
-        self.path, self.fields, self.reward_spec = path, mapping, reward
+            raise ConfigError("DatasetTasks: " + "\n".join(problems))
+        assert reward_sum is not None
+        self.reward_sum = reward_sum
+        self.tool_timeout_s, self.tool_parser = tool_timeout_s, tool_parser
+        self.max_tool_result_chars, self.end_on_answer = max_tool_result_chars, end_on_answer
+        self.path = data.origin
+        self.fields, self.reward_spec = mapping, reward
         self.max_turns, self.max_action_tokens = max_turns, max_action_tokens
         self.feedback, self.success_reward, self.system_prompt = feedback, success_reward, system_prompt
         self.val_fraction = val_fraction
-        self.rows = [DatasetTask(i, {name: r.get(col) for name, col in mapping.items()}) for i, r in enumerate(data)]
-        if not self.rows:
-            raise ConfigError(f"DatasetTasks: {path!r} has no rows")
-        self.renderer = ChatRenderer(tokenizer_path, chat_template) if tokenizer_path and use_chat_template else None
+        self.rows = [DatasetTask(i, {name: r.get(col) for name, col in mapping.items()})
+                     for i, r in enumerate(data.rows)]
+        self.renderer = (ChatRenderer(tokenizer_path, chat_template, template_kwargs)
+                         if tokenizer_path and use_chat_template else None)
         self.tokenizer_path = tokenizer_path
         self.codec = ByteCodec() if tokenizer_path is None else None
 
@@ -157,11 +196,36 @@ class DatasetTasks:
             out.extend(items[i] for i in order[: num_groups - len(out)])
         return out
 
-    def make_env(self, task: DatasetTask, seed: int) -> DatasetEnv:
+    @property
+    def reward_names(self) -> tuple[str, ...]:
+        """The names each reward is logged under (``rollout/reward/{name}_mean``)."""
+        return self.reward_sum.names
+
+    def messages_of(self, task: DatasetTask) -> list[dict[str, Any]]:
+        """The row's prompt as messages: a string becomes one user message; a list of messages is
+        kept. ``system_prompt`` goes first unless the row has its own system message."""
+        prompt = task.row["prompt"]
+        if isinstance(prompt, str):
+            messages = [{"role": "user", "content": prompt}]
+        else:
+            ok = isinstance(prompt, list) and prompt and all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in prompt)
+            if not ok:
+                raise ValueError(f"row {task.index} of {self.path!r}: prompt must be a string or a list of "
+                                 f"{{'role': ..., 'content': <string>}} messages, got {str(prompt)[:120]}")
+            messages = [dict(m) for m in prompt]
+        if self.system_prompt and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
+
+    def make_env(self, task: DatasetTask, seed: int) -> DatasetEnv | DatasetToolEnv:
         del seed
         nulls = [name for name, value in task.row.items() if value is None]
         if nulls:
             raise ValueError(f"row {task.index} of {self.path!r} has no value for mapped field(s) {nulls}")
+        if self.tools:
+            return DatasetToolEnv(self, task)
         return DatasetEnv(self, task)
 
     def __getstate__(self) -> dict[str, Any]:

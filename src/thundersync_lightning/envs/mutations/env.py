@@ -281,8 +281,11 @@ class MutationEnv:
                 elif not patch:
                     self._outcome = EvalOutcome(False, "empty patch: the buggy file was submitted")
                 else:
-                    self._write("test_hidden.py", result_script(self.task.function, self.task.hidden))
-                    run = self._run("test_hidden.py")
+                    # on stdin, not a file: nothing is written into the agent's directory, so a
+                    # directory the agent filled to its disk budget is graded like any other
+                    assert self._box is not None
+                    run = self._box.run(f"{self.python} -I -",
+                                        stdin=result_script(self.task.function, self.task.hidden).encode())
                     log = framed_log(run, graded_log(run.text, self.task.hidden, "test_hidden.py"))
                     self._outcome = grade_log(self.task.task_id, log, self.task.fail_to_pass,
                                               self.task.pass_to_pass, patch)

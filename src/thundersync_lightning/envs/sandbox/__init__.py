@@ -3,7 +3,16 @@
 Threat model and what each backend enforces on which host: docs/security.md.
 """
 
-from .base import RunGuard, Sandbox, SandboxError, SandboxLimits, SandboxResult, run_bounded
+from .base import (
+    InvalidCommand,
+    RunGuard,
+    Sandbox,
+    SandboxError,
+    SandboxLimits,
+    SandboxResult,
+    check_command,
+    run_bounded,
+)
 from .bwrap import BwrapConfig, BwrapSandbox, bwrap_available, chown_tree
 from .cgroups import CgroupSupport, CommandCgroup
 from .container import ContainerConfig, ContainerSandbox, copy_from_image, find_engine, image_exists
@@ -12,6 +21,8 @@ from .seccomp import DENIED_SYSCALLS, build_filter
 from .uids import UidLease, UidPool
 
 __all__ = [
+    "InvalidCommand",
+    "check_command",
     "RunGuard",
     "Sandbox",
     "SandboxError",

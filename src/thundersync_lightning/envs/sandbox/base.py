@@ -20,15 +20,41 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from ...core.errors import ConfigError, ThunderSyncError
+from ...core.errors import ConfigError, HostFault, ThunderSyncError
 
-__all__ = ["SandboxError", "SandboxLimits", "SandboxResult", "Sandbox", "RunGuard", "run_bounded", "wait_readable"]
+__all__ = ["SandboxError", "InvalidCommand", "check_command", "SandboxLimits", "SandboxResult", "Sandbox", "RunGuard", "run_bounded", "wait_readable"]
 
 _TRUNCATED = b"\n[output truncated]\n"
 
 
 class SandboxError(ThunderSyncError):
     """A sandbox could not be set up or used (missing tool, bad configuration, closed sandbox)."""
+
+
+class InvalidCommand(SandboxError, ValueError):
+    """A command no process can be given (a NUL byte, text that is not UTF-8, past the kernel's
+    argument limit): the model wrote it, so callers answer it as an invalid action."""
+
+
+MAX_COMMAND_BYTES = 100_000  # below the kernel's limit on one argument (MAX_ARG_STRLEN, 128 KiB)
+
+
+def check_command(command: object) -> bytes:
+    """``command`` as the bytes a shell receives; :class:`InvalidCommand` saying why it cannot be one.
+
+    Checked before any process starts: ``Popen`` would raise on the host for each of these."""
+    if not isinstance(command, str):
+        raise InvalidCommand(f"a command must be text, got {type(command).__name__}")
+    try:
+        data = command.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidCommand(f"the command is not valid UTF-8 text ({exc.reason} at character {exc.start})") from None
+    nul = data.find(0)
+    if nul >= 0:
+        raise InvalidCommand(f"the command contains a NUL byte (at byte {nul})")
+    if len(data) > MAX_COMMAND_BYTES:
+        raise InvalidCommand(f"the command is {len(data)} bytes; at most {MAX_COMMAND_BYTES}")
+    return data
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,16 +298,19 @@ def run_bounded(
     """
     if guard is not None and guard.cancelled:
         return SandboxResult(exit_code=None, output=b"[cancelled: the sandbox was closed]\n", cancelled=True)
-    proc = subprocess.Popen(
-        list(argv),
-        stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env=dict(env) if env is not None else None,
-        cwd=cwd,
-        pass_fds=tuple(pass_fds),
-    )
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=dict(env) if env is not None else None,
+            cwd=cwd,
+            pass_fds=tuple(pass_fds),
+        )
+    except (OSError, ValueError) as exc:  # the command was checked (check_command): the host failed
+        raise HostFault(f"could not start {argv[0]!r}: {type(exc).__name__}: {exc}") from exc
     assert proc.stdout is not None
     if on_start is not None:
         on_start()

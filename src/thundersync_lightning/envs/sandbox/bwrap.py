@@ -28,7 +28,15 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .base import RunGuard, SandboxError, SandboxLimits, SandboxResult, run_bounded, wait_readable
+from .base import (
+    RunGuard,
+    SandboxError,
+    SandboxLimits,
+    SandboxResult,
+    check_command,
+    run_bounded,
+    wait_readable,
+)
 from .cgroups import CgroupSupport, CommandCgroup, probe
 from .fs import BoundedDir, check_budget
 from .seccomp import build_filter, filter_fd
@@ -191,6 +199,7 @@ class BwrapSandbox:
         timeout_s: float | None = None,
         env: Mapping[str, str] | None = None,
     ) -> SandboxResult:
+        check_command(command)  # InvalidCommand before anything starts (Popen would raise on the host)
         self.guard.enter()  # raises after close()
         try:
             return self._run(command, stdin, timeout_s, env)

@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from .base import RunGuard, SandboxError, SandboxLimits, SandboxResult, run_bounded
+from .base import RunGuard, SandboxError, SandboxLimits, SandboxResult, check_command, run_bounded
 from .fs import BoundedDir, check_budget
 from .reaper import ContainerReaper, container_name, owner_labels, reaper_for
 
@@ -168,6 +168,7 @@ class ContainerSandbox:
         return argv
 
     def run(self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None) -> SandboxResult:
+        check_command(command)  # InvalidCommand before anything starts (Popen would raise on the host)
         self.guard.enter()  # raises after close()
         try:
             return self._run(command, stdin, timeout_s)

@@ -33,6 +33,12 @@ and any ``PASSED <test>`` line (from an atexit hook, before an ``os._exit``). He
   and framed by the host with the reporter's exit status. A run without them grades 0. For other
   parsers the log is graded as printed, so a status line forged by the code under test still counts
   (a documented limit).
+- **The graded run's pytest configuration is the instance's own.** Right before the start tag,
+  with every other process killed, the shell prints a manifest of the files pytest reads its
+  configuration and plugins from (:mod:`.code.pytest_config`), each line tagged; the host compares
+  it with the original tree's (``config=``) and a difference (``setup.py`` rewrote ``setup.cfg``,
+  wrote a ``.pytest.ini`` with ``addopts = -p <module>``, declared a ``pytest11`` entry point)
+  voids the run, the changed paths in the reason.
 - **Nothing the script's install step wrote runs before the reporter.** The script's
   ``pip install -e .`` runs the agent's ``setup.py``; the image is read-only, so what it can plant
   lies under ``/testbed`` or ``$HOME`` (``/tmp``), and of those only the user site directory
@@ -60,6 +66,7 @@ from secrets import token_hex
 from typing import Any
 
 from ..code.grading import EvalOutcome, framed_log, grade_with_spec
+from ..code.pytest_config import config_changes, manifest_command, parse_manifest
 from ..code.reporter import REPORT_FD_ENV, keyed_hash
 from ..code.runner import check_exit, new_key, parse_results, reporter_source, write_host_dir
 from ..sandbox.base import SandboxResult
@@ -88,9 +95,23 @@ class EvalSecrets:
         return "tsl-" + keyed_hash(self.key, "marker\0" + marker)[:24]
 
     def stdin(self) -> bytes:
-        """What :func:`eval_command` reads: the key and the three marker tags, one line."""
+        """What :func:`eval_command` reads: the key, the three marker tags and the configuration
+        manifest's tag, one line."""
         start, end, code = _markers()[:3]
-        return f"{self.key} {self.tag(start)} {self.tag(end)} {self.tag(code)}\n".encode()
+        return f"{self.key} {self.tag(start)} {self.tag(end)} {self.tag(code)} {self.config_tag}\n".encode()
+
+    @property
+    def config_tag(self) -> str:
+        """The tag of the eval shell's configuration manifest lines (see :mod:`.code.pytest_config`)."""
+        return self.tag("pytest configuration")
+
+    def config_manifest(self, output: str) -> dict[str, str] | None:
+        """The manifest the eval shell printed before the tests (None: it printed none, or no end)."""
+        prefix = self.config_tag + " "
+        lines = [line[len(prefix):] for line in output.split("\n") if line.startswith(prefix)]
+        if not lines or lines[-1] != "end":
+            return None
+        return parse_manifest("\n".join(lines[:-1]))
 
 
 def _markers() -> tuple[str, ...]:
@@ -111,11 +132,13 @@ def _markers() -> tuple[str, ...]:
 
 # The first shell's prelude. xtrace is off inside the helpers (their expansions would print the key);
 # `kill -1` reaches every process of the container but this shell and pid 1.
-_PRELUDE = r"""IFS=' ' read -r __tsl_key __tsl_start __tsl_end __tsl_exit || exit 97
+_PRELUDE = r"""IFS=' ' read -r __tsl_key __tsl_start __tsl_end __tsl_exit __tsl_config || exit 97
 exec 0</dev/null
 __tsl_test_start() {
   { __tsl_flags=$-; set +x; } 2>/dev/null
   kill -s KILL -- -1 2>/dev/null
+  { @MANIFEST@; } | while IFS= read -r __tsl_line; do printf '%s %s\n' "$__tsl_config" "$__tsl_line"; done
+  printf '%s end\n' "$__tsl_config"
   printf '%s\n' "$__tsl_start"
   if [ -n "${1-}" ]; then
     [ -n "${PYTEST_ADDOPTS+x}" ] && export TSL_ORIG_PYTEST_ADDOPTS="$PYTEST_ADDOPTS"
@@ -154,7 +177,7 @@ def eval_command() -> str:
     """The container's command: become the execute-only shell (:data:`SHELL_NAME`), which reads the
     secrets from stdin, then sources ``/tsl-eval/eval.sh``."""
     prelude = (_PRELUDE.replace("@EVAL_DIR@", EVAL_DIR).replace("@FD_ENV@", REPORT_FD_ENV)
-               .replace("@FD@", str(_KEY_FD)))
+               .replace("@FD@", str(_KEY_FD)).replace("@MANIFEST@", manifest_command()))
     return f"exec {EVAL_DIR}/{SHELL_NAME} -c {shlex.quote(prelude)}"
 
 
@@ -214,13 +237,24 @@ def reframe_log(output: str, secrets: EvalSecrets) -> str:
 
 
 def grade_eval_run(spec: Any, result: SandboxResult, secrets: EvalSecrets, patch: str,
-                   declared: Mapping[str, str] | None = None) -> EvalOutcome:
+                   declared: Mapping[str, str] | None = None, config: Mapping[str, str] | None = None) -> EvalOutcome:
     """Grade one run of :func:`eval_command` (``spec``: swebench's TestSpec) with swebench's report,
     held to the rule of :mod:`.code.outcomes`: ``declared`` is the original source of the graded
     test files (the image's, with the instance's test patch applied on the host; never the run's).
     The reporter's statuses are cross-checked against its own exit status (the host cannot see
-    pytest's here: the container's exit status is the script's)."""
+    pytest's here: the container's exit status is the script's). ``config``: the original tree's
+    configuration manifest (:mod:`.code.pytest_config`); a run whose manifest before the tests
+    differs from it, or that printed none, is void."""
     from swebench.harness.constants import APPLY_PATCH_PASS, TESTS_ERROR, TESTS_TIMEOUT
+
+    if config is not None:
+        seen = secrets.config_manifest(result.text)
+        if seen is None:
+            return EvalOutcome(False, "void run: no pytest configuration manifest before the tests", log=result.text)
+        changes = config_changes(config, seen)
+        if changes:
+            return EvalOutcome(False, "void run: the pytest configuration changed before the tests started: "
+                               + "; ".join(changes[:20]), log=result.text)
 
     if uses_reporter(spec.log_parser):
         results = parse_results(result.text, secrets.key)

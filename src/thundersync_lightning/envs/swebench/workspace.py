@@ -12,6 +12,7 @@ from typing import Any
 from ...core.errors import ConfigError
 from ..code.grading import EvalOutcome
 from ..code.patches import BASE_GIT_DIR, capture_command, filter_patch, patch_paths
+from ..code.pytest_config import manifest_command, parse_manifest, with_contents
 from ..code.task import is_protected_path
 from ..sandbox.base import RunGuard, SandboxError, SandboxResult
 from ..sandbox.bwrap import chown_tree
@@ -73,7 +74,7 @@ class SWEbenchWorkspace:
         chown_tree(dest, uid)
 
     def _box(self, workdir: str, cap: int | None = None, base_git: bool = False,
-             eval_dir: str | None = None) -> ContainerSandbox:
+             eval_dir: str | None = None, budget: BoundedDir | None = None) -> ContainerSandbox:
         assert self._lease is not None and self._dir is not None and self._budget is not None
         config = self.settings.container
         if cap is not None:
@@ -82,7 +83,7 @@ class SWEbenchWorkspace:
         if eval_dir is not None:
             ro[eval_dir] = EVAL_DIR
         return ContainerSandbox(workdir, self.image, self._lease.uid, config, guard=self._guard, ro_volumes=ro,
-                                budget=self._budget)
+                                budget=budget or self._budget)
 
     def _base_git(self, agent: str) -> None:
         """A root-owned bare copy of the base commit, made before the agent acts (shallow when the
@@ -116,6 +117,7 @@ class SWEbenchWorkspace:
             agent = os.path.join(self._dir, "agent")
             copy_from_image(self.image, "/testbed", agent, self.settings.container)
             self._base_git(agent)
+            self._image_shell()  # now: once the agent acts, its budget may be full
             chown_tree(agent, self._lease.uid)
             self._sandbox = self._box(agent)
         except BaseException:
@@ -148,12 +150,21 @@ class SWEbenchWorkspace:
         if not patch.strip():
             return EvalOutcome(False, "empty patch (after dropping changes to tests, or unparseable)")
         spec = make_test_spec(self.instance)
-        evalroot = tempfile.mkdtemp(prefix="eval-", dir=self._dir)
+        # Beside the workspace (same uid marker: swept with it), on a disk budget of its own: a
+        # workspace the agent filled is graded like any other.
+        evalroot = tempfile.mkdtemp(prefix=f"swe-u{self._lease.uid}-eval-", dir=self.settings.root)
+        try:
+            budget = BoundedDir(evalroot, self.settings.disk_bytes, self.settings.disk_inodes, 0o711,
+                                require=self.settings.require_disk_budget)
+        except BaseException:
+            remove_tree(evalroot)
+            raise
         evaldir = os.path.join(evalroot, "testbed")
         try:
             self._fresh_testbed(evaldir, self._lease.uid)
             declared = self._declared_sources(evaldir, spec)  # before anything runs in the copy
-            box = self._box(evaldir, self.settings.max_log_bytes)
+            box = self._box(evaldir, self.settings.max_log_bytes, budget=budget)
+            config = self._config_manifest(box, evaldir)  # the original tree's, before the agent's patch
             applied = box.run(_APPLY, stdin=patch.encode(), timeout_s=120.0)
             if not applied.ok:
                 return EvalOutcome(False, "patch did not apply", log=f"{APPLY_PATCH_FAIL}\n{applied.text}")
@@ -161,15 +172,15 @@ class SWEbenchWorkspace:
             write_eval_dir(scripts, spec.eval_script, spec.log_parser, self._image_shell())
             warn_if_dumpable()
             secrets = EvalSecrets.new()
-            result = self._box(evaldir, self.settings.max_log_bytes, eval_dir=scripts).run(
+            result = self._box(evaldir, self.settings.max_log_bytes, eval_dir=scripts, budget=budget).run(
                 eval_command(), stdin=secrets.stdin(), timeout_s=self.settings.eval_timeout_s)
-            return grade_eval_run(spec, result, secrets, patch, declared)
+            return grade_eval_run(spec, result, secrets, patch, declared, config)
         finally:
-            remove_tree(evalroot)
+            budget.remove()
 
     def _image_shell(self) -> str:
         """A host copy of the image's shell binary (``ContainerConfig.shell``), made once per
-        workspace: the eval run's execute-only shell (see :mod:`.swebench_log`)."""
+        workspace: the eval run's execute-only shell (see :mod:`.eval_run`)."""
         assert self._dir is not None
         dest = os.path.join(self._dir, "image-shell")
         if not os.path.isfile(dest):
@@ -193,6 +204,21 @@ class SWEbenchWorkspace:
         :mod:`.code.outcomes`); files that cannot be read are left out (their tests must pass)."""
         paths = set(self._test_paths)
         paths |= {t.split("::", 1)[0] for t in [*spec.FAIL_TO_PASS, *spec.PASS_TO_PASS] if "::" in t}
+        return {rel: data.decode("utf-8", "replace") for rel, data in self._patched_files(testbed, paths).items()
+                if data is not None}
+
+    def _config_manifest(self, box: ContainerSandbox, testbed: str) -> dict[str, str]:
+        """The manifest of the pytest configuration the eval run must find before its tests: the
+        fresh tree's (computed in a container of the image, as the eval shell does), with the
+        configuration files the instance's test patch touches as that patch leaves them."""
+        listed = box.run(manifest_command(), timeout_s=120.0)
+        if not listed.ok:
+            raise SandboxError(f"cannot list the pytest configuration of {self.image}: {listed.text[-300:]}")
+        return with_contents(parse_manifest(listed.text), self._patched_files(testbed, set(self._test_paths)))
+
+    def _patched_files(self, testbed: str, paths: set[str]) -> dict[str, bytes | None]:
+        """``paths`` of the fresh ``testbed`` with the instance's ``test_patch`` applied by the host's
+        git in a scratch directory (None: absent, or not a regular file)."""
         with tempfile.TemporaryDirectory(prefix="tsl-declared-") as scratch:
             for rel in sorted(paths):
                 src = os.path.join(testbed, rel)
@@ -205,13 +231,13 @@ class SWEbenchWorkspace:
             if test_patch.strip():
                 subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], cwd=scratch, input=test_patch.encode(),
                                env=_GIT_ENV, capture_output=True, timeout=120)
-            out = {}
+            out: dict[str, bytes | None] = {}
             for rel in paths:
                 try:
                     with open(os.path.join(scratch, rel), "rb") as f:
-                        out[rel] = f.read(_MAX_SOURCE_BYTES).decode("utf-8", "replace")
+                        out[rel] = f.read(_MAX_SOURCE_BYTES)
                 except OSError:
-                    continue
+                    out[rel] = None
             return out
 
     def close(self) -> None:

@@ -1,7 +1,8 @@
-"""Native tool calls: tools (name, JSON schema, sandbox handler), call parsers, the tool conversation."""
+"""Native tool calls: tools (name, JSON schema, handler), call parsers, the tool conversation, and
+Python functions as tools (by name, each call in a worker process with a deadline)."""
 
 from .base import Tool, ToolHandler, ToolResult, check_arguments
-from .conversation import ToolConversation, ToolTurn, clip_text
+from .conversation import ToolConversation, ToolTurn, TurnBudget, clip_text
 from .parsers import (
     CallError,
     ParsedTurn,
@@ -12,6 +13,8 @@ from .parsers import (
     register_tool_parser,
     tool_parser_names,
 )
+from .python_tools import PythonToolHandler, check_tool_schema, python_tool, python_tools
+from .workers import ToolOutcome, ToolWorkers, tool_workers
 
 __all__ = [
     "Tool",
@@ -20,6 +23,7 @@ __all__ = [
     "check_arguments",
     "ToolConversation",
     "ToolTurn",
+    "TurnBudget",
     "clip_text",
     "CallError",
     "ParsedTurn",
@@ -29,4 +33,11 @@ __all__ = [
     "parse_hermes",
     "register_tool_parser",
     "tool_parser_names",
+    "PythonToolHandler",
+    "check_tool_schema",
+    "python_tool",
+    "python_tools",
+    "ToolOutcome",
+    "ToolWorkers",
+    "tool_workers",
 ]

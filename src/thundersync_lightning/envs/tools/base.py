@@ -21,10 +21,13 @@ __all__ = ["Tool", "ToolResult", "ToolHandler", "check_arguments"]
 
 @dataclass(frozen=True, slots=True)
 class ToolResult:
-    """What a handler returns: the text the model sees and whether the episode ends (``submit``)."""
+    """What a handler returns: the text the model sees and whether the episode ends (``submit``);
+    ``error`` says why the tool failed (it raised, died or overran its deadline: ``timed_out``)."""
 
     text: str
     done: bool = False
+    error: str | None = None
+    timed_out: bool = False
 
 
 ToolHandler = Callable[[Any, Mapping[str, Any]], ToolResult]

@@ -31,17 +31,21 @@ from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Outcome", "EnvPool"]
+from ...core.errors import HostFault
+
+__all__ = ["Outcome", "EnvPool", "run_detached"]
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
 class Outcome(Generic[T]):
-    """The value of an environment call, or why there is none."""
+    """The value of an environment call, or why there is none (``host_fault``: the call raised a
+    :class:`~...core.errors.HostFault`, a fault no episode's action can have caused)."""
 
     value: T | None
     failure: str | None = None
+    host_fault: bool = False
 
     @property
     def ok(self) -> bool:
@@ -90,7 +94,7 @@ class EnvPool:
             try:
                 result = Outcome(fn())
             except BaseException as exc:  # an environment must never take the pool down
-                result = Outcome(None, f"{what} raised {_describe(exc)}")
+                result = Outcome(None, f"{what} raised {_describe(exc)}", isinstance(exc, HostFault))
             _resolve(future, result)
 
         if self._closed:
@@ -137,6 +141,24 @@ class EnvPool:
                     self._cond.wait(timeout=wait)
             for future, reason in expired:  # resolve outside the lock: callbacks run here
                 _resolve(future, Outcome(None, reason))
+
+
+def run_detached(fn: Callable[[], T], what: str = "call") -> Future[Outcome[T]]:
+    """Run ``fn()`` now on a daemon thread of its own, outside any pool; the future resolves to an
+    :class:`Outcome` as :meth:`EnvPool.submit`'s does (no timeout). For the close of a failed
+    episode, which must not queue behind the calls that made it fail."""
+    future: Future[Outcome[T]] = Future()
+    future.set_running_or_notify_cancel()
+
+    def run() -> None:
+        try:
+            result = Outcome(fn())
+        except BaseException as exc:  # noqa: BLE001 - never raised into a thread that nobody joins
+            result = Outcome(None, f"{what} raised {_describe(exc)}", isinstance(exc, HostFault))
+        _resolve(future, result)
+
+    threading.Thread(target=run, name=f"detached-{what}", daemon=True).start()
+    return future
 
 
 def _resolve(future: Future[Any], outcome: Outcome[Any]) -> None:

@@ -1,53 +1,77 @@
-"""Verdicts of a group start only once every episode of the group has stopped acting.
+"""Verdicts of a task start only once no episode of that task acts, in any group or step.
 
-Why: a verdict runs the hidden tests on the host, in sandboxes that share things with the acting
-sandboxes of sibling episodes (the read-only ``/usr`` and its locks, the host's load). A grading
-run whose code under test encodes what it reads (the hidden tests) in anything an acting sibling
-can observe (``flock`` on a shared read-only file, ``inotify`` on ``/usr``, CPU load) would hand
-the sibling, whose task is the same, the tests it is graded on. Sharing nothing would mean a
-private copy of everything a sandbox can read; holding a group's verdicts costs at most one verdict's
-latency per group (the group folds only when all its rewards are known anyway).
+Why: a verdict runs the hidden tests on the host, in sandboxes that share things with every acting
+sandbox (the read-only ``/usr`` and its locks, the host's load). A grading run whose code under
+test encodes what it reads (the hidden tests) in anything an acting episode can observe (``flock``
+on a shared read-only file, ``inotify`` on ``/usr``, CPU load) would hand an episode of the same
+task, in its own group, another group that drew the same task, or the next step's request, the
+tests it is graded on. Episodes of other tasks gain nothing from them. Sharing nothing would mean
+a private copy of everything a sandbox can read for every grading run; holding a verdict costs at
+most the time until the episodes of its task in flight now stop acting (measured in
+``benchmarks/verdict_gate.py``).
 
-Invariant: a held verdict is released only when the gate's count of acting episodes is zero, and an
-episode counts as acting until its last environment call has returned and, for an episode that
-ended in a failure, its ``close`` (which kills the runs still in flight) has returned.
+Invariant: a held verdict of key ``k`` is released only when the count of acting episodes of ``k``
+is zero; an episode counts as acting from the moment its request is run until its last environment
+call has returned and, for an episode that ended in a failure, its ``close`` (which kills the runs
+still in flight) has returned too. The gate belongs to one agent loop (one engine process): episodes
+of other engine processes (other data-parallel ranks) are not counted.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
+from typing import Any
 
-__all__ = ["GroupGate"]
+__all__ = ["VerdictGate", "task_key"]
 
 
-class GroupGate:
-    """Counts the acting episodes of one group and holds the group's verdicts until none acts."""
+def task_key(task: Any) -> Hashable:
+    """What identifies a task for the gate: its ``repr`` (equal tasks drawn twice share it; a task
+    whose repr collides with another's only gates more). A task without a repr: its identity."""
+    try:
+        return ("repr", repr(task))
+    except Exception:  # noqa: BLE001 - a hostile __repr__ must not take the loop down
+        return ("id", id(task))
 
-    def __init__(self, acting: int) -> None:
+
+class VerdictGate:
+    """Counts acting episodes per key (a task) and holds the key's verdicts until none acts."""
+
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._acting = acting
-        self._held: list[Callable[[], None]] = []
+        self._acting: dict[Hashable, int] = {}
+        self._held: dict[Hashable, list[Callable[[], None]]] = {}
 
-    @property
-    def acting(self) -> int:
+    def acting(self, key: Hashable) -> int:
         with self._lock:
-            return self._acting
+            return self._acting.get(key, 0)
 
-    def hold(self, start: Callable[[], None]) -> None:
-        """Run ``start`` (a verdict's start) now if no episode acts, else when the last one stops."""
+    def enter(self, key: Hashable) -> None:
+        """One more episode of ``key`` acts."""
         with self._lock:
-            if self._acting > 0:
-                self._held.append(start)
+            self._acting[key] = self._acting.get(key, 0) + 1
+
+    def hold(self, key: Hashable, start: Callable[[], None]) -> None:
+        """Run ``start`` (a verdict's start) now if no episode of ``key`` acts, else when the last one stops."""
+        with self._lock:
+            if self._acting.get(key, 0) > 0:
+                self._held.setdefault(key, []).append(start)
                 return
         start()
 
-    def stop(self) -> None:
-        """One episode stopped acting; the last one releases every held verdict (in the order held)."""
+    def stop(self, key: Hashable) -> None:
+        """One episode of ``key`` stopped acting; the last one releases every held verdict of ``key``
+        (in the order held)."""
         with self._lock:
-            if self._acting <= 0:
-                raise RuntimeError("GroupGate.stop called more often than episodes were counted")
-            self._acting -= 1
-            released, self._held = (self._held, []) if self._acting == 0 else ([], self._held)
+            count = self._acting.get(key, 0)
+            if count <= 0:
+                raise RuntimeError("VerdictGate.stop called more often than episodes entered")
+            if count == 1:
+                del self._acting[key]
+                released = self._held.pop(key, [])
+            else:
+                self._acting[key] = count - 1
+                released = []
         for start in released:
             start()

@@ -6,9 +6,9 @@ An episode is: ``prompt = env.reset()``; then per turn the policy acts (generate
 unscored segment; until ``done`` ("submit") or ``max_turns`` ("turn_limit"). A step's tool-call
 counts (``StepResult.tool_calls`` / ``invalid_tool_calls``: native tool calls, parsed and run by
 the environment, see ``envs/tools``) add up into the trajectory's. Then the episode's
-tokens are final (:class:`ContentReady`) and its verdict runs in the pool, once every episode of
-its group has stopped acting (:mod:`.group_gate`: no acting sibling can observe a grading run); the
-verdict yields :class:`RewardReady` later, from a pool thread.
+tokens are final (:class:`ContentReady`) and its verdict runs in the pool, once no episode of its
+task acts, in any group or request of this loop (:mod:`.group_gate`: no acting episode can observe
+a grading run of its task); the verdict yields :class:`RewardReady` later, from a pool thread.
 
 An engine supplies only a :data:`GenerateFn`: "continue these token prefixes, each with its own
 seed", batched. The loop schedules at turn granularity: whichever episodes are waiting for the
@@ -34,13 +34,16 @@ not finished (including those whose reset/step is still running, once it returns
 Failures of the environment never escape: an environment call that raises or times out ends
 the episode with ``finish_reason="failure"`` (tokens so far are still delivered) and
 ``RewardReady(reward=0.0, failure=...)``; a verdict that raises, times out or is not a finite
-number gives reward 0.0 with the reason.
+number gives reward 0.0 with the reason. Only a failure no action of the episode can have caused
+is marked ``host_fault`` (and may leave its group under ``failed="drop"``): a reset that fails
+(nothing has acted yet) or a call that raised :class:`~...core.errors.HostFault`. A failed episode's
+environment is closed at once, on a thread of its own (never queued behind a saturated pool), so
+no further command of the ended episode starts. An observation that would carry the context past
+``max_context_tokens`` is cut to fit, and the episode ends with ``finish_reason="length"``.
 """
 
 from __future__ import annotations
 
-import math
-import numbers
 import threading
 import time
 from collections.abc import Callable
@@ -61,29 +64,14 @@ from ...core.types import (
     trajectory_id,
 )
 from ..sampling import turn_seed
-from .env_pool import EnvPool, Outcome
+from .env_pool import EnvPool, Outcome, run_detached
 from .generation import GenerateFn, Generation, GenerationRequest
-from .group_gate import GroupGate
+from .group_gate import VerdictGate, task_key
+from .verdict import check_verdict, reward_parts
 
 __all__ = ["GenerationRequest", "Generation", "GenerateFn", "AgentLoop", "check_verdict"]
 
 
-def check_verdict(value: Any) -> tuple[float, str | None]:
-    """(reward, failure): a finite real number passes; anything else is reward 0.0 with the reason.
-
-    Real numbers include ``bool`` (pass/fail as 1.0/0.0) and numpy scalars; reasons read
-    "verdict returned nan", "verdict returned -inf", "verdict returned str 'PASSED', not a real
-    number".
-    """
-    if isinstance(value, numbers.Real):
-        try:
-            reward = float(value)
-        except (TypeError, ValueError, OverflowError) as exc:
-            return 0.0, f"verdict returned {type(value).__name__} {_short(value)}, not convertible to float ({exc})"
-        if math.isfinite(reward):
-            return reward, None
-        return 0.0, f"verdict returned {reward!r}"
-    return 0.0, f"verdict returned {type(value).__name__} {_short(value)}, not a real number"
 
 
 def _same_task(prepared: _Episode, wanted: _Episode) -> bool:
@@ -94,14 +82,6 @@ def _same_task(prepared: _Episode, wanted: _Episode) -> bool:
         return prepared.task is wanted.task or bool(prepared.task == wanted.task)
     except Exception:  # e.g. array fields: ambiguous truth value
         return False
-
-
-def _short(value: Any, limit: int = 120) -> str:
-    try:
-        text = repr(value)
-    except Exception as exc:  # a hostile __repr__ must not take the loop down
-        text = f"<unrepresentable: {type(exc).__name__}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 @dataclass(slots=True)
@@ -118,6 +98,10 @@ class _Episode:
     turns: int = 0
     tool_calls: int = 0
     invalid_tool_calls: int = 0
+    tool_errors: int = 0  # calls whose tool reported a failure; tool_timeouts of them past the deadline
+    tool_timeouts: int = 0
+    tool_error: str | None = None
+    gate_key: Any = None
 
 
 class AgentLoop:
@@ -163,6 +147,7 @@ class AgentLoop:
         self._prepared_lock = threading.Lock()  # prepare (any thread) against run and close_prepared
         self._prepared: dict[tuple[str, int], tuple[int, _Episode, Future[Outcome[Any]]]] = {}
         self._prepare_closed = False
+        self._gate = VerdictGate()  # across run() calls: a task's verdicts wait for all its acting episodes
 
     def prepare(self, request: RolloutRequest) -> None:
         """Start the reset wave of ``request`` (``make_env`` and ``env.reset``) in the pool; return at once.
@@ -265,19 +250,18 @@ class AgentLoop:
             pending[future] = ep
         ready: list[_Episode] = []
         live = {ep.trajectory_id: ep for ep, _ in episodes}  # episodes whose content is not final yet
-        gates: dict[str, GroupGate] = {}
+        gate = self._gate
         for ep, _ in episodes:
-            gates[ep.group_id] = GroupGate(gates[ep.group_id].acting + 1 if ep.group_id in gates else 1)
+            gate.enter(ep.gate_key)
 
         def stopped(ep: _Episode, closing: Future[Outcome[Any]] | None) -> None:
             """``ep`` stops acting once ``closing`` (its close, if any) has returned."""
-            gate = gates[ep.group_id]
             if closing is None:
-                gate.stop()
+                gate.stop(ep.gate_key)
             else:
-                closing.add_done_callback(lambda _f: gate.stop())
+                closing.add_done_callback(lambda _f: gate.stop(ep.gate_key))
 
-        def finish(ep: _Episode, reason: str, failure: str | None = None) -> None:
+        def finish(ep: _Episode, reason: str, failure: str | None = None, host_fault: bool = False) -> None:
             del live[ep.trajectory_id]
             traj = Trajectory(
                 trajectory_id=ep.trajectory_id,
@@ -287,33 +271,36 @@ class AgentLoop:
                 segments=tuple(ep.segments),
                 policy_version=version,
                 num_turns=ep.turns,
-                finish_reason=reason,
-                submitted_at=submitted,
-                content_ready_at=clock(),
-                failure=failure,
-                tool_calls=ep.tool_calls,
-                invalid_tool_calls=ep.invalid_tool_calls,
+                finish_reason=reason, submitted_at=submitted, content_ready_at=clock(), failure=failure,
+                tool_calls=ep.tool_calls, invalid_tool_calls=ep.invalid_tool_calls, tool_errors=ep.tool_errors,
+                tool_timeouts=ep.tool_timeouts, tool_error=ep.tool_error,
             )
             if self.annotate is not None:  # its time counts: content is ready once annotated
                 traj = replace(self.annotate(traj), content_ready_at=clock())
             emit_content(ContentReady(traj, traj.content_ready_at))
             if failure is not None:
-                stopped(ep, self._close(ep))  # a call may still run past its timeout: close kills it
-                emit_reward(RewardReady(ep.trajectory_id, ep.group_id, 0.0, clock(), failure))
+                stopped(ep, self._close(ep, at_once=True))  # a call may still run past its timeout: close kills it
+                emit_reward(RewardReady(ep.trajectory_id, ep.group_id, 0.0, clock(), failure, host_fault))
             else:
-                gates[ep.group_id].hold(lambda: self._start_verdict(ep, emit_reward, clock))
+                gate.hold(ep.gate_key, lambda: self._start_verdict(ep, emit_reward, clock))
                 stopped(ep, None)
 
         def absorb(done: set[Future[Outcome[Any]]]) -> None:
             for fut in done:
                 ep = pending.pop(fut)
                 outcome = fut.result()
-                if not outcome.ok:
-                    finish(ep, "failure", outcome.failure)
+                if not outcome.ok:  # a reset failed before any action: the episode cannot have caused it
+                    finish(ep, "failure", outcome.failure, outcome.host_fault or ep.turns == 0)
                 elif isinstance(outcome.value, StepResult):
                     obs, is_done = outcome.value.observation, outcome.value.done
                     ep.tool_calls += outcome.value.tool_calls
                     ep.invalid_tool_calls += outcome.value.invalid_tool_calls
+                    ep.tool_errors += outcome.value.tool_errors
+                    ep.tool_timeouts += outcome.value.tool_timeouts
+                    ep.tool_error = ep.tool_error or outcome.value.tool_error
+                    room = None if self.max_context_tokens is None else self.max_context_tokens - len(ep.context)
+                    if room is not None and len(obs) > room:  # the last observation, cut to the context
+                        obs = tuple(obs[: max(0, room)])
                     if obs:
                         ep.segments.append(Segment(obs, scored=False))
                         ep.context.extend(obs)
@@ -365,6 +352,7 @@ class AgentLoop:
                 trajectory_id=trajectory_id(request.step, g.group_index, k),
                 seed=derive_seed(request.seed, request.step, g.group_index, k),
                 task=g.task,
+                gate_key=task_key(g.task),
             )
             for g in request.groups
             for k in range(g.size)
@@ -417,19 +405,22 @@ class AgentLoop:
             if not once.acquire(blocking=False):
                 return
             outcome = f.result()
-            if outcome.ok:
-                reward, failure = check_verdict(outcome.value)
-            else:
-                reward, failure = 0.0, outcome.failure
-            emit(RewardReady(ep.trajectory_id, ep.group_id, reward, clock(), failure))
+            reward, failure = check_verdict(outcome.value) if outcome.ok else (0.0, outcome.failure)
+            parts = reward_parts(outcome.value) if failure is None else ()
+            emit(RewardReady(ep.trajectory_id, ep.group_id, reward, clock(), failure, outcome.host_fault, parts))
             self._close(ep)  # also after a timeout: close() is how an environment frees a stuck run
 
         fut.add_done_callback(on_done)
 
-    def _close(self, ep: _Episode) -> Future[Outcome[Any]] | None:
-        """Close ``ep``'s environment in the pool (once); the close's future, or None if there was none."""
+    def _close(self, ep: _Episode, at_once: bool = False) -> Future[Outcome[Any]] | None:
+        """Close ``ep``'s environment (once) in the pool, or ``at_once`` on a thread of its own (a
+        failed episode: its close, which stops its sandbox's runs, must not queue behind the calls
+        that overran); the close's future, or None if there was none."""
         env = ep.env
         if env is None:
             return None
         ep.env = None
+        if at_once:
+            return run_detached(env.close, "close")
         return self.pool.submit(env.close, self.step_timeout_s, "close")
+

@@ -349,7 +349,7 @@ class _Stream(Iterator[RolloutEvent]):
             self._engine._forget(self._request_id)
 
     def __next__(self) -> RolloutEvent:
-        idle_limit = self._engine.config.idle_timeout_s
+        idle_limit = self._engine.config.idle_limit_s(int(getattr(self._engine._tasks, "max_turns", 1)))
         waiting_since = time.monotonic()
         while not self._buffer:
             if self._error is not None:
@@ -360,8 +360,9 @@ class _Stream(Iterator[RolloutEvent]):
             self._engine._pump()
             if idle_limit is not None and not self._buffer and time.monotonic() - waiting_since > idle_limit:
                 raise EngineError(
-                    f"no event for request {self._request_id} in idle_timeout_s={idle_limit:g} s while the "
-                    "process is alive; raise idle_timeout_s or the environment timeouts."
+                    f"no event for request {self._request_id} in {idle_limit:g} s (idle_timeout_s="
+                    f"{self._engine.config.idle_timeout_s!r}) while the process is alive: an environment or "
+                    "generation is stuck; raise idle_timeout_s or lower the environment timeouts."
                 )
         self._remaining -= 1
         return self._buffer.popleft()

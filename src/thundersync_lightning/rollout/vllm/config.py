@@ -108,7 +108,7 @@ class VLLMEngineConfig:
             )
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             problems.append("kv_cache_memory_bytes must be positive (or null on GPU)")
-        if not 0 < self.gpu_memory_utilization <= 1:
+        if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
             problems.append(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_model_len is not None and self.max_model_len < 2:
             problems.append(f"max_model_len must be >= 2, got {self.max_model_len}")
@@ -133,7 +133,7 @@ class VLLMEngineConfig:
             problems.append(f"event_timeout_s must be > 0, got {self.event_timeout_s}")
         if self.kv_cache_memory_bytes is not None:
             problems += inapplicable(
-                self, ("gpu_memory_utilization",), "while kv_cache_memory_bytes is set (set it to null)"
+                self, ("gpu_memory_utilization",), "while kv_cache_memory_bytes is set (leave it at its default 0.5)"
             )
         in_process_auto = self.weight_sync == "auto" and not self.multiprocessing
         sync = f"weight_sync={self.weight_sync!r}" + (

@@ -64,13 +64,10 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import shutil
 import tempfile
-import threading
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -80,6 +77,7 @@ from ...core.errors import EngineError
 from ...core.protocols import TaskSource
 from ...core.types import ModelSpec, RolloutEvent, RolloutRequest
 from ..agent.env_pool import EnvPool
+from ..agent.issue_order import IssueOrder
 from ..agent.loop import AgentLoop, GenerationRequest
 from ..teacher import TeacherConfig, check_teacher
 from .core import RestartingCore
@@ -100,11 +98,6 @@ if TYPE_CHECKING:  # annotations only: the config builds this engine
 __all__ = ["VLLMEngine", "colocated_device_ids"]  # placement: .placement
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class _Crash:
-    error: BaseException
 
 
 class VLLMEngine:
@@ -161,9 +154,7 @@ class VLLMEngine:
         self._version = -1
         self._broken: str | None = None
         self._closed = False
-        self._issue = threading.Lock()  # orders rollout issue against publish
-        self._idle = threading.Condition()
-        self._generating = 0  # requests whose episodes are not all final yet
+        self._order = IssueOrder(self._agents.run, config.event_timeout_s, "VLLMEngineConfig", "vllm-rollout")
         self.last_publish_seconds: float | None = None
         self.publish_count = 0
 
@@ -190,20 +181,14 @@ class VLLMEngine:
                 "back (the staleness of every trajectory is computed from them)"
             )
         check_weights(self._layout, weights)
-        with self._issue:
+        with self._order.lock:
             start = time.monotonic()
             path = None
             if self.weight_sync == "file":  # written while earlier requests still generate
                 path = self._weights_path()
                 save_weights_file(weights, path)
             written = time.monotonic() - start
-            with self._idle:  # earlier requests finish with the weights they were issued with
-                if not self._idle.wait_for(lambda: self._generating == 0, timeout=self.config.event_timeout_s):
-                    raise EngineError(
-                        f"publish of version {version}: earlier requests still generating after "
-                        f"event_timeout_s={self.config.event_timeout_s:g} s (vLLM or an environment hangs); "
-                        "nothing was loaded. Shut this engine down and build a new one."
-                    )
+            self._order.wait_idle(version)
             start = time.monotonic()
             self._broken = f"the publish of version {version} has not completed"
             try:
@@ -229,20 +214,7 @@ class VLLMEngine:
 
     def rollout(self, request: RolloutRequest) -> Iterator[RolloutEvent]:
         """Start generating ``request`` now; the iterator yields its events in completion order."""
-        submitted = time.monotonic()
-        with self._issue:
-            self._check_usable()
-            version = self._version
-            events: queue.SimpleQueue[RolloutEvent | _Crash] = queue.SimpleQueue()
-            with self._idle:
-                self._generating += 1
-            threading.Thread(
-                target=self._serve,
-                args=(request, version, events, submitted),
-                name=f"vllm-rollout-{request.step}",
-                daemon=True,
-            ).start()
-        return self._events(events, 2 * request.num_trajectories, request.step)
+        return self._order.rollout(request, self._issue_version)
 
     @property
     def restart_count(self) -> int:
@@ -285,7 +257,8 @@ class VLLMEngine:
 
     # -- pieces ---------------------------------------------------------------------------------
 
-    def _check_usable(self) -> None:
+    def _issue_version(self) -> int:
+        """The version a rollout issued now generates with; raises if the engine cannot generate."""
         if self._closed:
             raise EngineError("rollout on a shut-down VLLMEngine; build a new engine")
         if self._core.dead is not None:
@@ -297,6 +270,7 @@ class VLLMEngine:
                 "refusing to generate: no weights published yet (vLLM holds random or checkpoint "
                 "weights, not the learner's). Call engine.publish(model.state_dict(), version=0) first."
             )
+        return self._version
 
     def _open_loop(self) -> StepLoop[GenerationRequest, Any]:
         """Start an engine core and the step loop that owns it."""
@@ -308,32 +282,6 @@ class VLLMEngine:
             step_lock=self._step_lock,
         )
         return loop
-
-    def _serve(
-        self, request: RolloutRequest, version: int, events: queue.SimpleQueue[Any], submitted: float
-    ) -> None:
-        try:
-            self._agents.run(request, version, events.put, submitted_at=submitted)
-        except BaseException as exc:
-            events.put(_Crash(exc))
-        finally:
-            with self._idle:
-                self._generating -= 1
-                self._idle.notify_all()
-
-    def _events(self, events: queue.SimpleQueue[Any], expected: int, step: int) -> Iterator[RolloutEvent]:
-        timeout = self.config.event_timeout_s
-        for seen in range(expected):
-            try:
-                item = events.get(timeout=timeout)
-            except queue.Empty:
-                raise EngineError(
-                    f"no rollout event for {timeout:g} s in step {step} ({seen}/{expected} received): an "
-                    "environment or vLLM hangs. Fix it, or raise VLLMEngineConfig.event_timeout_s."
-                ) from None
-            if isinstance(item, _Crash):
-                raise EngineError(f"the rollout of step {step} failed: {item.error}") from item.error
-            yield item
 
     def _make_llm(self, path: str, dtype: str, teacher: bool) -> Any:
         """The policy's ``vllm.LLM`` (``teacher=False``) or the teacher's, with this config's settings;

@@ -42,7 +42,7 @@ import torch
 
 from ...core.errors import EngineError
 from ..lifeline import die_with_parent, wait_for_exit
-from ..weights.transport import JoinInfo, PublishInfo, WeightReceiver
+from ..weights.transport import JoinInfo, PublishInfo, WeightReceiver, join_from_json, publish_from_json
 
 __all__ = ["WeightSyncExtension", "WORKER_EXTENSION", "save_weights_file"]
 
@@ -72,10 +72,13 @@ class WeightSyncExtension:
         ``join`` is a pickled :class:`~..weights.transport.JoinInfo` (vLLM's RPC would turn a
         dataclass into a dict). A later join (the learner formed a new group after a failed
         publish) replaces the earlier one."""
-        worker: Any = self
-        rank = 1 + int(worker.rank)
-        self._thundersync_receiver = WeightReceiver(_unpickle(join, JoinInfo), rank)
-        return rank
+        return self._thundersync_join(_unpickle(join, JoinInfo), 1)
+
+    def thundersync_join_json(self, join: str, first_rank: str) -> int:
+        """:meth:`thundersync_join` for a server reached over HTTP (``/collective_rpc`` passes strings):
+        ``join`` from :func:`~..weights.transport.join_to_json`; this server's workers take ranks
+        ``first_rank + vLLM rank`` (each server of a fleet has its own range)."""
+        return self._thundersync_join(join_from_json(join), int(first_rank))
 
     def thundersync_receive(self, info: bytes) -> int:
         """Reload every weight of one publish (a pickled :class:`~..weights.transport.PublishInfo`)
@@ -84,13 +87,11 @@ class WeightSyncExtension:
         Raises (after taking part in the remaining buckets) if the reload fails, and
         :class:`~..weights.transport.TransferAborted` if the learner aborted the publish.
         """
-        receiver: WeightReceiver | None = getattr(self, "_thundersync_receiver", None)
-        if receiver is None:
-            raise EngineError("thundersync_receive before thundersync_join: this worker has not joined the group")
-        counted = _Counting()
-        publish = _unpickle(info, PublishInfo)
-        receiver.receive_into(publish, lambda pairs: self._thundersync_reload(counted.wrap(pairs)))
-        return counted.count
+        return self._thundersync_receive(_unpickle(info, PublishInfo))
+
+    def thundersync_receive_json(self, info: str) -> int:
+        """:meth:`thundersync_receive` for a server reached over HTTP (:func:`~..weights.transport.publish_to_json`)."""
+        return self._thundersync_receive(publish_from_json(info))
 
     def thundersync_scale_logits(self, factor: float) -> int:
         """Multiply the model's final logits by ``factor`` (after any soft cap); returns how many
@@ -129,6 +130,20 @@ class WeightSyncExtension:
 
         threading.Thread(target=watch, name="thundersync-learner-watchdog", daemon=True).start()
         return "worker"
+
+    def _thundersync_join(self, join: JoinInfo, first_rank: int) -> int:
+        worker: Any = self
+        rank = first_rank + int(worker.rank)
+        self._thundersync_receiver = WeightReceiver(join, rank)
+        return rank
+
+    def _thundersync_receive(self, publish: PublishInfo) -> int:
+        receiver: WeightReceiver | None = getattr(self, "_thundersync_receiver", None)
+        if receiver is None:
+            raise EngineError("thundersync_receive before thundersync_join: this worker has not joined the group")
+        counted = _Counting()
+        receiver.receive_into(publish, lambda pairs: self._thundersync_reload(counted.wrap(pairs)))
+        return counted.count
 
     def _thundersync_reload(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
         worker: Any = self

@@ -38,6 +38,7 @@ This module never imports vLLM (``benchmarks/weight_sync.py --transport-only`` r
 from __future__ import annotations
 
 import datetime
+import json
 import os
 import tempfile
 import uuid
@@ -61,8 +62,12 @@ __all__ = [
     "Transport",
     "WeightReceiver",
     "WeightSender",
+    "join_from_json",
+    "join_to_json",
     "pack_bucket",
     "plan_buckets",
+    "publish_from_json",
+    "publish_to_json",
     "unpack_bucket",
 ]
 
@@ -155,6 +160,60 @@ class PublishInfo:
 
     buckets: tuple[Bucket, ...]
     handle: Any = None
+
+
+# -- JSON wire form (vLLM's HTTP ``/collective_rpc`` passes string arguments only; no pickle
+# crosses the network) ------------------------------------------------------------------------
+
+
+def join_to_json(join: JoinInfo) -> str:
+    return json.dumps(
+        {"transport": join.transport, "host": join.host, "port": join.port, "world_size": join.world_size,
+         "device_type": join.device_type, "timeout_s": join.timeout_s, "group": join.group}
+    )  # fmt: skip
+
+
+def join_from_json(text: str) -> JoinInfo:
+    """The :class:`JoinInfo` of :func:`join_to_json`; raises :class:`EngineError` on anything else."""
+    try:
+        d = json.loads(text)
+        join = JoinInfo(
+            str(d["transport"]), str(d["host"]), int(d["port"]), int(d["world_size"]),  # type: ignore[arg-type]
+            str(d["device_type"]), float(d["timeout_s"]), str(d["group"]),
+        )  # fmt: skip
+    except (ValueError, KeyError, TypeError) as exc:
+        raise EngineError(f"malformed weight-transfer join message: {exc}") from exc
+    if join.transport != "nccl" or join.device_type not in ("cpu", "cuda"):
+        raise EngineError(f"a join over the network takes transport 'nccl' on cpu or cuda, got {join}")
+    return join
+
+
+def publish_to_json(info: PublishInfo) -> str:
+    """The bucket layout of an ``nccl`` publish (no buffer handle: nothing is shared across hosts)."""
+    if info.handle is not None:
+        raise ValueError("an ipc publish (a shared-buffer handle) does not cross the network")
+    return json.dumps([
+        {"nbytes": b.nbytes,
+         "slots": [[s.name, str(s.dtype).removeprefix("torch."), list(s.shape), s.offset, s.nbytes] for s in b.slots]}
+        for b in info.buckets
+    ])  # fmt: skip
+
+
+def publish_from_json(text: str) -> PublishInfo:
+    """The :class:`PublishInfo` of :func:`publish_to_json`; raises :class:`EngineError` on anything else."""
+    try:
+        buckets = []
+        for bucket in json.loads(text):
+            parsed = []
+            for name, dtype, shape, offset, size in bucket["slots"]:
+                kind = getattr(torch, str(dtype), None)
+                if not isinstance(kind, torch.dtype):
+                    raise ValueError(f"unknown dtype {dtype!r}")
+                parsed.append(Slot(str(name), kind, tuple(int(n) for n in shape), int(offset), int(size)))
+            buckets.append(Bucket(tuple(parsed), int(bucket["nbytes"])))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise EngineError(f"malformed weight-transfer publish message: {exc}") from exc
+    return PublishInfo(tuple(buckets))
 
 
 def _backend(store: dist.Store, rank: int, size: int, device_type: str, timeout_s: float) -> Any:

@@ -1,0 +1,79 @@
+"""The child side of :mod:`.workers`: run Python tool functions sent over stdin, one at a time.
+
+Run as a script (``python worker_main.py``), never imported by the package: it needs only the
+standard library and the user's own module, so a worker starts in the time of a bare interpreter.
+
+Protocol (frames are a 4-byte big-endian length and a pickle): the parent sends the ``sys.path``
+to use, then one ``("module:function", arguments, max_chars)`` per call; the child answers each
+with ``("ok", text)`` or ``("error", "ExceptionType: message")``, text cut to ``max_chars``. The
+protocol runs on a copy of the original stdout; the tool's own prints go to stderr.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import pickle
+import signal
+import struct
+import sys
+from typing import Any, BinaryIO
+
+
+def _read(stream: BinaryIO) -> Any:
+    head = stream.read(4)
+    if len(head) < 4:
+        return None  # the parent closed the pipe (or died): stop
+    (size,) = struct.unpack(">I", head)
+    return pickle.loads(stream.read(size))
+
+
+def _write(stream: BinaryIO, obj: Any) -> None:
+    data = pickle.dumps(obj)
+    stream.write(struct.pack(">I", len(data)) + data)
+    stream.flush()
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return json.dumps(value, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def main() -> None:
+    try:  # die with the parent (Linux): a hung tool must not outlive the run
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # the tool's prints must not corrupt the protocol
+    inp = sys.stdin.buffer
+    paths = _read(inp)
+    if paths is None:
+        return
+    sys.path[:0] = [p for p in paths if p not in sys.path]
+    functions: dict[str, Any] = {}
+    while True:
+        message = _read(inp)
+        if message is None:
+            return
+        path, arguments, max_chars = message
+        try:
+            fn = functions.get(path)
+            if fn is None:
+                module, _, attr = path.partition(":")
+                fn = functions[path] = getattr(importlib.import_module(module), attr)
+            reply = ("ok", _text(fn(**arguments))[:max_chars])
+        except BaseException as exc:  # noqa: BLE001 - the tool's failure is the model's observation
+            text = str(exc)
+            reply = ("error", (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:max_chars])
+        _write(out, reply)
+
+
+if __name__ == "__main__":
+    main()

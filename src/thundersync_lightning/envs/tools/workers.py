@@ -1,0 +1,165 @@
+"""Python tool calls in worker processes, each with a deadline past which its process is killed.
+
+A user's tool function is untrusted for time: it may sleep, loop or wait on a socket. A thread
+cannot be stopped, so every call runs in a separate interpreter (:mod:`.worker_main`, started
+with ``subprocess`` in its own session) and the caller waits on its pipe for at most
+``timeout_s``. Past it the worker's whole process group is killed (SIGKILL: the tool's own
+children too) and the call resolves as a timeout; a worker that dies mid-call resolves as an
+error. Nothing here raises for what the tool does: every call gives a :class:`ToolOutcome`.
+
+Workers are reused (one call at a time each; idle ones are kept up to ``max_idle``), so the cost
+of a call is a pipe round trip once the worker runs. Each process that runs tools (the engine's)
+has its own :func:`tool_workers`; workers die with it (``PR_SET_PDEATHSIG`` and end of stdin).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import select
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ToolOutcome", "ToolWorkers", "tool_workers"]
+
+_MAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_main.py")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolOutcome:
+    """What a call gave: its text, or ``error`` (why there is none); ``timed_out`` when killed."""
+
+    text: str
+    error: str | None = None
+    timed_out: bool = False
+
+
+class _Gone(Exception):
+    """The worker closed its pipe or the deadline passed."""
+
+
+class ToolWorkers:
+    """A pool of tool worker processes (thread-safe; see the module docstring)."""
+
+    def __init__(self, max_idle: int = 8) -> None:
+        self.max_idle = max_idle
+        self._idle: list[subprocess.Popen[bytes]] = []
+        self._lock = threading.Lock()
+
+    def call(self, path: str, arguments: Mapping[str, Any], timeout_s: float, max_chars: int = 65536) -> ToolOutcome:
+        """Run ``module:function(**arguments)`` in a worker; wait at most ``timeout_s`` seconds."""
+        name = path.rpartition(":")[2]
+        try:
+            request = _frame((path, dict(arguments), max_chars))
+        except Exception as exc:  # noqa: BLE001 - arguments come from the model's JSON: always picklable
+            return ToolOutcome("", f"{name}: arguments cannot be sent to the tool ({exc})")
+        proc = self._take()
+        deadline = time.monotonic() + timeout_s
+        try:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(request)
+            proc.stdin.flush()
+            status, text = _read_frame(proc.stdout.fileno(), deadline)
+        except (_Gone, OSError, pickle.UnpicklingError, EOFError, ValueError):
+            timed_out = time.monotonic() >= deadline
+            code = _kill(proc)
+            if timed_out:
+                return ToolOutcome("", f"{name} did not return within {timeout_s:g} s and was stopped", True)
+            return ToolOutcome("", f"{name}: its worker process exited (code {code}) before answering")
+        self._give_back(proc)
+        if status == "ok":
+            return ToolOutcome(str(text))
+        return ToolOutcome("", f"{name} raised {text}")
+
+    def close(self) -> None:
+        """Stop every idle worker (running calls end by their deadline)."""
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for proc in idle:
+            _kill(proc)
+
+    def _take(self) -> subprocess.Popen[bytes]:
+        with self._lock:
+            while self._idle:
+                proc = self._idle.pop()
+                if proc.poll() is None:
+                    return proc
+        proc = subprocess.Popen([sys.executable, "-u", _MAIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                start_new_session=True)
+        assert proc.stdin is not None
+        proc.stdin.write(_frame([p for p in sys.path if isinstance(p, str)]))
+        proc.stdin.flush()
+        return proc
+
+    def _give_back(self, proc: subprocess.Popen[bytes]) -> None:
+        with self._lock:
+            if len(self._idle) < self.max_idle:
+                self._idle.append(proc)
+                return
+        _kill(proc)
+
+
+def _frame(obj: Any) -> bytes:
+    data = pickle.dumps(obj)
+    return struct.pack(">I", len(data)) + data
+
+
+def _read_exact(fd: int, size: int, deadline: float) -> bytes:
+    chunks, got = [], 0
+    while got < size:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+            raise _Gone
+        chunk = os.read(fd, size - got)
+        if not chunk:
+            raise _Gone
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def _read_frame(fd: int, deadline: float) -> tuple[str, str]:
+    (size,) = struct.unpack(">I", _read_exact(fd, 4, deadline))
+    status, text = pickle.loads(_read_exact(fd, size, deadline))
+    return str(status), str(text)
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> int | None:
+    """SIGKILL the worker's process group (the tool's children too); its exit code."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for stream in (proc.stdin, proc.stdout):
+        try:
+            if stream is not None:
+                stream.close()
+        except OSError:
+            pass
+    try:
+        return proc.wait(timeout=5.0)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+_pools: dict[int, ToolWorkers] = {}
+_pools_lock = threading.Lock()
+
+
+def tool_workers() -> ToolWorkers:
+    """This process's worker pool (created on first use; closed at exit)."""
+    pid = os.getpid()
+    with _pools_lock:
+        pool = _pools.get(pid)
+        if pool is None:
+            pool = _pools[pid] = ToolWorkers()
+            atexit.register(pool.close)
+        return pool

@@ -1,0 +1,107 @@
+"""The server engine's pieces that need no vLLM: its config, the JSON wire form of a publish, and an
+unreachable server refused at set-up (tests/vllm/test_vllm_server.py runs real servers)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+
+from thundersync_lightning.core.errors import ConfigError, EngineError
+from thundersync_lightning.core.types import ModelSpec
+from thundersync_lightning.envs.toy import GuessingGameTasks
+from thundersync_lightning.rollout import VLLMServerEngineConfig
+from thundersync_lightning.rollout.weights.transport import (
+    JoinInfo,
+    PublishInfo,
+    join_from_json,
+    join_to_json,
+    plan_buckets,
+    publish_from_json,
+    publish_to_json,
+)
+
+
+def test_a_config_reports_every_problem_at_once():
+    with pytest.raises(ConfigError) as err:
+        VLLMServerEngineConfig(
+            urls=["localhost:8000", "http://a:1", "http://a:1", "http://b", "http://c:2/v1"],
+            temperature=0.0,
+            max_inflight_per_server=0,
+            request_timeout_s=0,
+            restart_wait_s=-1,
+        )
+    message = str(err.value)
+    for part in (
+        "'localhost:8000': expected http://HOST:PORT",
+        "urls repeat ['http://a:1']",
+        "'http://b': name the port",
+        "'http://c:2/v1': give the server's root",
+        "temperature must be > 0",
+        "max_inflight_per_server must be >= 1",
+        "request_timeout_s must be > 0",
+        "restart_wait_s must be >= 0 seconds",
+    ):
+        assert part in message
+
+
+def test_a_config_needs_at_least_one_server_and_takes_a_yaml_list():
+    with pytest.raises(ConfigError, match="at least one vLLM server"):
+        VLLMServerEngineConfig(urls=[])
+    assert VLLMServerEngineConfig(urls=["http://10.0.0.2:8000"]).urls == ("http://10.0.0.2:8000",)
+
+
+def test_an_unknown_option_is_refused_by_name():
+    with pytest.raises((ConfigError, TypeError), match="weight_sync"):
+        VLLMServerEngineConfig(urls=["http://a:1"], weight_sync="file")  # type: ignore[call-arg]
+
+
+def test_a_publish_layout_survives_its_json_wire_form():
+    weights = {
+        "a": torch.zeros(3, 5),
+        "b": torch.zeros(7, dtype=torch.bfloat16),
+        "c": torch.zeros(2, 2, 2, dtype=torch.int64),
+    }
+    info = PublishInfo(plan_buckets(weights, bucket_bytes=64))
+    assert len(info.buckets) > 1
+    assert publish_from_json(publish_to_json(info)) == info
+    join = JoinInfo("nccl", "10.0.0.1", 1234, 3, "cpu", 60.0, "thundersync-x")
+    assert join_from_json(join_to_json(join)) == join
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['[{"nbytes": 4, "slots": [["a", "os.system", [1], 0, 4]]}]', '[{"slots": []}]', "not json"],
+)
+def test_a_malformed_publish_message_is_refused(text):
+    with pytest.raises(EngineError, match="malformed weight-transfer publish message"):
+        publish_from_json(text)
+
+
+def test_a_join_over_the_network_takes_only_the_broadcast_transport():
+    ipc = JoinInfo("ipc", "10.0.0.1", 1234, 3, "cpu", 60.0, "g")
+    with pytest.raises(EngineError, match="takes transport 'nccl'"):
+        join_from_json(join_to_json(ipc))
+
+
+def test_an_unreachable_server_is_a_set_up_error_naming_its_url():
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    config = VLLMServerEngineConfig(urls=[url], connect_timeout_s=5.0)
+    spec = ModelSpec(model_type="qwen3", config={"vocab_size": 16})
+    with pytest.raises(EngineError, match=f"cannot reach the vLLM server at {url}"):
+        config.build(spec, GuessingGameTasks(latency="none"))
+
+
+def test_the_shipped_servers_config_builds_a_valid_engine_config_at_the_learners_temperature():
+    from pathlib import Path
+
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "gpu_vllm_servers.yaml").read_text())
+    engine = config["data"]["engine"]
+    assert engine["class_path"] == "thundersync_lightning.rollout.VLLMServerEngineConfig"
+    built = VLLMServerEngineConfig(**engine["init_args"])
+    assert built.temperature == config["model"]["temperature"] and built.max_model_len == 2048

@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import add_common_args, median, timed_cpu, write_bar_chart, write_result  # noqa: E402
 from _harness import load_average, qwen3_config  # noqa: E402
-from thundersync_lightning.core import Objective, StreamingGRPO, engine_logprobs  # noqa: E402
+from thundersync_lightning.core import Objective, StreamingGRPO  # noqa: E402
 from thundersync_lightning.core.types import Segment, Trajectory  # noqa: E402
 from thundersync_lightning.modules import GRPOPolicy  # noqa: E402
 
@@ -67,7 +67,7 @@ def run_step(policy: GRPOPolicy, batch, rewards, cut: bool) -> tuple[torch.Tenso
                 tokens += len(t.prompt)
         extra = {"prefix": prefix} if cut else {}
         scores = policy.score_tokens([t], **extra)
-        acc.add_tokens([t.trajectory_id], scores, engine_logprobs([t], scores.mask, scores.logprobs.dtype), prefix=prefix)
+        acc.add_scored([t], scores, prefix=prefix)
         acc.add_reward(t.trajectory_id, rewards[t.trajectory_id])
         tokens += len(t.tokens) - (len(t.prompt) if cut else 0)
     acc.finish()

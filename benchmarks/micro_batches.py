@@ -25,7 +25,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import add_common_args, median, timed_cpu, write_bar_chart, write_result  # noqa: E402
 from _harness import direct_accumulator, load_average  # noqa: E402
-from thundersync_lightning.core import engine_logprobs  # noqa: E402
 from thundersync_lightning.core.types import Segment, Trajectory  # noqa: E402
 from thundersync_lightning.envs.toy import toy_model_spec  # noqa: E402
 from thundersync_lightning.modules import GRPOPolicy  # noqa: E402
@@ -54,7 +53,7 @@ def one_call(policy: GRPOPolicy, batch: list[Trajectory]) -> int:
         scores = policy.score_tokens(batch)
     finally:
         hook.remove()
-    acc.add_tokens([t.trajectory_id for t in batch], scores, engine_logprobs(batch, scores.mask, scores.logprobs.dtype))
+    acc.add_scored(batch, scores)
     return len(forwards)
 
 

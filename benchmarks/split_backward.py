@@ -49,7 +49,7 @@ from _common import (  # noqa: E402
 )
 from _harness import load_average, qwen3_config  # noqa: E402
 from thundersync_lightning.backends.split import SplitBackend  # noqa: E402
-from thundersync_lightning.core import StreamingGRPO, engine_logprobs  # noqa: E402
+from thundersync_lightning.core import StreamingGRPO  # noqa: E402
 from thundersync_lightning.core.types import Segment, Trajectory  # noqa: E402
 from thundersync_lightning.envs.toy import toy_model_spec  # noqa: E402
 from thundersync_lightning.modules import GRPOPolicy  # noqa: E402
@@ -113,8 +113,7 @@ def run(policy: GRPOPolicy, batch, early, size, way: str, backend: SplitBackend)
     for chunk in calls(batch, early, size) if way == "separate" else [batch]:
         watch = backend.capture if split else None
         scores = policy.score_tokens(chunk, watch=watch)
-        engine = engine_logprobs(chunk, scores.mask, scores.logprobs.dtype)
-        acc.add_tokens([t.trajectory_id for t in chunk], scores, engine, watch=watch)
+        acc.add_scored(chunk, scores, watch=watch)
     for t in batch:
         if t.trajectory_id not in early:
             acc.add_reward(t.trajectory_id, reward[t.trajectory_id])

@@ -38,7 +38,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import add_common_args, median, timed_cpu, write_bar_chart, write_result  # noqa: E402
 from _harness import direct_accumulator, load_average, qwen3_config  # noqa: E402
-from thundersync_lightning.core import engine_logprobs  # noqa: E402
 from thundersync_lightning.core.types import Segment, Trajectory  # noqa: E402
 from thundersync_lightning.modules import GRPOPolicy  # noqa: E402
 from thundersync_lightning.planning.memory_plan import Architecture, ModelShape, PlanInputs, plan_memory  # noqa: E402
@@ -98,7 +97,7 @@ def run_call(policy: GRPOPolicy, call: list[Trajectory], count: bool = False) ->
     saved = SavedBytes(list(policy.parameters()))
     with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t) if count else contextlib.nullcontext():
         scores = policy.score_tokens(call)
-    acc.add_tokens([t.trajectory_id for t in call], scores, engine_logprobs(call, scores.mask, scores.logprobs.dtype))
+    acc.add_scored(call, scores)
     return saved.total
 
 

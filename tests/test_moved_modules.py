@@ -14,6 +14,7 @@ import pytest
 from thundersync_lightning.core.moved_modules import MOVED
 
 ROOT = Path(__file__).resolve().parents[1]
+FROM_IMPORT = re.compile(r"from thundersync_lightning((?:\.\w+)*) import ([\w, ()\n]+)")
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))
@@ -55,5 +56,12 @@ def test_the_repo_itself_uses_only_new_paths():
             continue
         if not path.is_file():
             continue
-        hits += [f"{name}: {m.group(0)}" for m in pattern.finditer(path.read_text())]
+        text = path.read_text()
+        hits += [f"{name}: {m.group(0)}" for m in pattern.finditer(text)]
+        for m in FROM_IMPORT.finditer(text):  # from thundersync_lightning.core import group
+            package = m.group(1).lstrip(".")
+            for alias in m.group(2).replace("(", "").replace(")", "").split(","):
+                module = f"{package}.{alias.strip().split(' as ')[0]}".lstrip(".")
+                if module in MOVED:
+                    hits.append(f"{name}: {m.group(0)}")
     assert hits == []

@@ -131,8 +131,8 @@ def run(
         batch = [t for t in batch if acc.needs_score(t)]
         if batch:
             acc.add_tokens(batch, scores(model, batch, capture, objective.needs_reference), watch=capture)
-        kept = [h for grp in acc._groups.values() for h in (*grp.held.values(), *grp.held_regulariser.values())]
-        kept += [c for grp in acc._groups.values() for _, c in grp.deferred]
+        kept = [h for grp in acc._groups.values() for h in (*grp._held.values(), *grp._held_regulariser.values())]
+        kept += [c for grp in acc._groups.values() for _, c in grp._deferred]
         kinds = (TiedFactors,) if tied else (LinearFactors,)
         chunked.append(sum(isinstance(c, Chunk) and any(isinstance(p, kinds) for p in c.parts) for c in kept))
     for t in rewards:
@@ -182,14 +182,14 @@ def test_a_parameter_with_both_kinds_of_factors_keeps_both_or_with_a_dense_part_
 
 
 def test_held_regulariser_chunks_join_the_step_or_vanish_with_a_dropped_member(monkeypatch):
-    from thundersync_lightning.core import group as group_module
+    from thundersync_lightning.core.accumulator import group as group_module
 
     taken = []
     original = group_module.GroupSums.take
 
-    def spy(self, kind, key, grads, store):
-        taken.append((kind, isinstance(grads, Chunk)))
-        original(self, kind, key, grads, store)
+    def spy(self, destination, grads, store):
+        taken.append((destination.kind, isinstance(grads, Chunk)))
+        original(self, destination, grads, store)
 
     monkeypatch.setattr(group_module.GroupSums, "take", spy)
     objective = Objective(kl_coef=0.1, failed="drop")
@@ -201,17 +201,17 @@ def test_held_regulariser_chunks_join_the_step_or_vanish_with_a_dropped_member(m
 
 def test_chunks_spill_into_dense_sums_when_they_would_outweigh_them(monkeypatch):
     """A buffer too small for the chunks: they are formed into the sums, same gradient."""
-    from thundersync_lightning.core import group as group_module
+    from thundersync_lightning.core.accumulator import group as group_module
 
     spilled = []
     original = group_module.GroupSums._spill
 
     def spy(self, store):
-        spilled.append(len(self.deferred))
+        spilled.append(len(self._deferred))
         original(self, store)
 
     monkeypatch.setattr(group_module.GroupSums, "_spill", spy)
-    monkeypatch.setattr(group_module.GroupSums, "_fits", lambda self, item, reward, size: not self.deferred)
+    monkeypatch.setattr(group_module.GroupSums, "_fits", lambda self, item, reward, size: not self._deferred)
     reference, _, _ = run("known", split=False)
     got, _, _ = run("known", split=True)
     assert close(got, reference) and max(spilled) >= 1
@@ -220,11 +220,11 @@ def test_chunks_spill_into_dense_sums_when_they_would_outweigh_them(monkeypatch)
 def test_a_dense_gradient_into_a_group_with_chunks_spills_them_first(monkeypatch):
     model = Model()
     params = list(model.parameters())
-    from thundersync_lightning.core import group as group_module
+    from thundersync_lightning.core.accumulator import group as group_module
 
     spilled = []
     original = group_module.GroupSums._spill
-    monkeypatch.setattr(group_module.GroupSums, "_spill", lambda self, store: (spilled.append(len(self.deferred)), original(self, store)))
+    monkeypatch.setattr(group_module.GroupSums, "_spill", lambda self, store: (spilled.append(len(self._deferred)), original(self, store)))
     results = []
     for split in (False, True):
         backend = SplitBackend(model, params) if split else None
@@ -234,12 +234,12 @@ def test_a_dense_gradient_into_a_group_with_chunks_spills_them_first(monkeypatch
         for t, r in (("a", 1.0), ("b", 0.0), ("c", 1.0)):
             acc.add_reward(t, r) if t != "c" else None
         acc.add_tokens(["a", "b"], scores(model, ["a", "b"], capture), watch=capture)
-        assert (len(acc._groups["g"].deferred) == 2) == split
+        assert (len(acc._groups["g"]._deferred) == 2) == split
         acc.add_tokens(["c"], scores(model, ["c"], None))  # dense and held: the chunks stay
-        assert (len(acc._groups["g"].deferred) == 2) == split
+        assert (len(acc._groups["g"]._deferred) == 2) == split
         group = acc._groups["g"]
         acc.add_reward("c", 1.0)  # the held dense gradient joins the sums: the chunks spill first
-        assert not group.deferred and group.has_dense_sums is False  # folded and dropped: complete
+        assert not group._deferred and group.has_dense_sums is False  # folded and dropped: complete
         for p in params:
             p.grad = None
         acc.finish()
@@ -266,7 +266,7 @@ def test_offloaded_sums_stay_dense():
     acc = StreamingGRPO(params, offload="cpu", backend=backend)
     acc.open_group("g", ["a", "b"])
     acc.add_tokens(["a", "b"], scores(model, ["a", "b"], backend.capture), watch=backend.capture)
-    assert all(isinstance(h, torch.Tensor) for h in acc._groups["g"].held.values())
+    assert all(isinstance(h, torch.Tensor) for h in acc._groups["g"]._held.values())
 
 
 def pair_step(model: Model, split: bool = False, factors: bool = True) -> tuple[torch.Tensor, list]:
@@ -277,7 +277,7 @@ def pair_step(model: Model, split: bool = False, factors: bool = True) -> tuple[
     acc = StreamingGRPO(params, backend=backend)
     acc.open_group("g", ["a", "b"])
     acc.add_tokens(["a", "b"], scores(model, ["a", "b"], capture), watch=capture)
-    held = list(acc._groups["g"].held.values())
+    held = list(acc._groups["g"]._held.values())
     acc.add_reward("a", 1.0)
     acc.add_reward("b", 0.0)
     acc.finish()

@@ -100,7 +100,7 @@ def run(split: bool, config: dict = TOY_MODEL):
         assert queued.wait(60)
         return policy.score_tokens(trajectories, watch=watch)
 
-    runner = StepRunner(REQUEST, PolicySnapshot(policy), 0, acc, score)
+    runner = StepRunner(REQUEST, PolicySnapshot(policy), acc, score)
     outcome = runner.run(events(acc, scoring, queued, config["vocab_size"]))
     report = acc.finish()
     grad = torch.cat([p.grad.reshape(-1) for p in params]).clone()

@@ -89,7 +89,7 @@ def test_a_malformed_call_block_becomes_a_call_error_with_its_reason(block, reas
 
 
 def test_an_unknown_parser_name_is_a_config_error_listing_the_known_ones():
-    with pytest.raises(ConfigError, match="known: hermes, qwen"):
+    with pytest.raises(ConfigError, match="valid names: hermes, qwen"):
         get_tool_parser("mistral")
 
 

@@ -81,7 +81,7 @@ def _gradient(last: RewardReady) -> torch.Tensor:
     acc = StreamingGRPO(list(policy.parameters()), objective=Objective(failed="drop"))
     events = [ContentReady(_trajectory(t, last.failure if t == last.trajectory_id else None), 0.0) for t in REWARDS]
     events += [RewardReady(t, "s0-g0", REWARDS[t], 0.0) for t in ("s0-g0-t0", "s0-g0-t1")] + [last]
-    StepRunner(REQ, PolicySnapshot(policy), 0, acc, policy.score).run(iter(events))
+    StepRunner(REQ, PolicySnapshot(policy), acc, policy.score).run(iter(events))
     acc.finish()
     return policy.logits.grad.clone()
 

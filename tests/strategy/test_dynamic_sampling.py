@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from thundersync_lightning.core import GroupError, GroupRequest, PolicySnapshot, RolloutRequest, StreamingGRPO
-from thundersync_lightning.strategy.runner import StepRunner
+from thundersync_lightning.strategy.runner import Replacements, RunnerSettings, StepRunner
 
 from .test_held_bound import TinyPolicy, event
 
@@ -43,8 +43,9 @@ def run(defer: bool, reserve: int, seed: int = 0):
         issued.extend(g.group_index for g in r.groups)
         return events_of(r, seed + len(issued))
 
-    runner = StepRunner(req, PolicySnapshot(policy), 0, acc, policy.score, defer=defer,
-                        reserve=tuple(group(i) for i in range(3, 3 + reserve)), issue=issue)
+    replacements = Replacements(tuple(group(i) for i in range(3, 3 + reserve)), issue)
+    runner = StepRunner(req, PolicySnapshot(policy), acc, policy.score, RunnerSettings(defer=defer),
+                        replacements=replacements)
     outcome = runner.run(events_of(req, seed))
     report = acc.finish()
     return policy.logits.grad.clone(), report, outcome, issued
@@ -92,9 +93,9 @@ def test_the_reserve_bounds_the_extra_generation():
 def test_a_reserve_without_a_filtering_accumulator_is_refused():
     policy = TinyPolicy()
     req = RolloutRequest(step=0, groups=(group(0),), seed=0)
-    with pytest.raises(GroupError, match="replacement groups need issue= and an accumulator with filter_groups"):
-        StepRunner(req, PolicySnapshot(policy), 0, StreamingGRPO(list(policy.parameters())), policy.score,
-                   reserve=(group(1),), issue=lambda r: iter(()))
+    with pytest.raises(GroupError, match="replacement groups need an accumulator with filter_groups"):
+        StepRunner(req, PolicySnapshot(policy), StreamingGRPO(list(policy.parameters())), policy.score,
+                   replacements=Replacements((group(1),), lambda r: iter(())))
 
 
 def _fit(mode: str, steps: int = 2, **data_kwargs):

@@ -23,7 +23,7 @@ from thundersync_lightning.core import (
     trajectory_terms,
 )
 from thundersync_lightning.core.grpo.terms import entropy_threshold
-from thundersync_lightning.strategy.runner import StepRunner
+from thundersync_lightning.strategy.runner import RunnerSettings, StepRunner
 
 from .test_held_bound import TinyPolicy, request, trajectory
 
@@ -61,14 +61,14 @@ def test_streaming_refuses_a_step_wide_entropy_threshold_and_says_why():
     policy = EntropyPolicy()
     acc = StreamingGRPO(list(policy.parameters()), objective=OBJ)
     with pytest.raises(ConfigError, match="known only once the last trajectory landed.*Use mode='sync'"):
-        StepRunner(REQ, PolicySnapshot(policy), 0, acc, policy.score)
+        StepRunner(REQ, PolicySnapshot(policy), acc, policy.score)
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_sync_applies_the_steps_own_threshold(seed):
     policy = EntropyPolicy()
     acc = StreamingGRPO(list(policy.parameters()), objective=OBJ)
-    runner = StepRunner(REQ, PolicySnapshot(policy), 0, acc, policy.score, defer=True, max_batch_trajectories=3)
+    runner = StepRunner(REQ, PolicySnapshot(policy), acc, policy.score, RunnerSettings(defer=True, max_batch_trajectories=3))
     runner.run(iter(_events(seed)))
     acc.finish()
     got = policy.logits.grad.clone()

@@ -27,7 +27,7 @@ from thundersync_lightning.core import (
     TokenScores,
     Trajectory,
 )
-from thundersync_lightning.strategy.runner import StepRunner
+from thundersync_lightning.strategy.runner import RunnerSettings, StepRunner
 
 VOCAB = 6
 
@@ -117,7 +117,7 @@ def run_runner(order, group_sizes, rewards, bound: int | None, defer: bool = Fal
     policy = TinyPolicy()
     req = request(group_sizes)
     acc = Recording(list(policy.parameters()), max_held_trajectories=bound)
-    runner = StepRunner(req, PolicySnapshot(policy), 0, acc, policy.score, defer=defer)
+    runner = StepRunner(req, PolicySnapshot(policy), acc, policy.score, RunnerSettings(defer=defer))
     outcome = runner.run(plain(order, req, rewards) if defer else lockstep(order, req, rewards, acc, bound))
     return policy, acc, outcome
 

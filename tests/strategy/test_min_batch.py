@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from thundersync_lightning.core import PolicySnapshot, StreamingGRPO
-from thundersync_lightning.strategy.runner import StepRunner
+from thundersync_lightning.strategy.runner import RunnerSettings, StepRunner
 
 from .test_held_bound import TinyPolicy, event, request
 
@@ -34,7 +34,7 @@ class Observed(StreamingGRPO):
     def add_tokens(self, tids, *args, **kwargs) -> None:
         r = self.runner
         assert r is not None
-        self.calls.append((len(r._waiting), len(r.outcome.trajectories), bool(r._deferred)))
+        self.calls.append((len(r._waiting), len(r.outcome.trajectories), r.intake.has_deferred))
         self.waiting_tokens.append(sum(len(r.outcome.trajectories[t].tokens) for t in r._waiting))
         super().add_tokens(tids, *args, **kwargs)
         self.called.set()
@@ -44,8 +44,8 @@ def run(order, sizes, rewards, least: int, source=None, rows: int = 32, tokens: 
     policy = TinyPolicy()
     req = request(sizes)
     acc = Observed(list(policy.parameters()), **bounds)
-    runner = StepRunner(req, PolicySnapshot(policy), 0, acc, policy.score, min_batch_trajectories=least,
-                        max_batch_trajectories=rows, max_batch_tokens=tokens)  # fmt: skip
+    settings = RunnerSettings(min_batch_trajectories=least, max_batch_trajectories=rows, max_batch_tokens=tokens)
+    runner = StepRunner(req, PolicySnapshot(policy), acc, policy.score, settings)
     acc.runner = runner
     owner = {t: g for g, ts in req.trajectory_ids().items() for t in ts}
     events = source(order, owner, acc) if source else iter([event(k, t, owner[t], rewards) for k, t in order])

@@ -20,7 +20,7 @@ from thundersync_lightning.core import (
     StreamingGRPO,
     Trajectory,
 )
-from thundersync_lightning.strategy.runner import StepRunner
+from thundersync_lightning.strategy.runner import RunnerSettings, StepRunner
 
 from .test_held_bound import VOCAB, TinyPolicy
 
@@ -66,7 +66,7 @@ def _run(seed: int, defer: bool) -> torch.Tensor:
     events = [ContentReady(_trajectory(t, g, LENGTHS[t]), 0.0) for t, g in owner.items()]
     events += [RewardReady(t, g, REWARDS[t], 0.0) for t, g in owner.items()]
     random.Random(seed).shuffle(events)
-    outcome = StepRunner(REQ, PolicySnapshot(policy), 0, acc, policy.score, defer=defer).run(iter(events))
+    outcome = StepRunner(REQ, PolicySnapshot(policy), acc, policy.score, RunnerSettings(defer=defer)).run(iter(events))
     assert outcome.rewards == {t: OBJ.shaped_reward(REWARDS[t], LENGTHS[t]) for t in owner}
     acc.finish()
     return policy.logits.grad.clone()

@@ -22,7 +22,6 @@ from __future__ import annotations
 import copy
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -40,13 +39,9 @@ from ..core.gradients.backward import ForwardWatch
 from ..core.grpo.objective import BatchTotals, Objective
 from ..core.grpo.terms import (
     TokenScores,
-    engine_logprobs,
-    entropy_threshold,
-    mark_truncated,
     reference_loss,
-    teacher_logprobs,
-    trajectory_terms,
 )
+from ..core.scoring import objective_terms, score_needs, step_entropy_threshold
 from ..core.types import ModelSpec, Trajectory
 from ..envs.chat import ChatRenderer
 from ..rollout.hf_model import build_model, cache_kwarg
@@ -381,15 +376,10 @@ class GRPOPolicy(LightningModule):
         ``totals``: the global counts under data parallelism (default: this batch's own).
         """
         obj = self._objective
-        scores = self.score_tokens(trajectories, entropy=obj.needs_entropy, reference=obj.needs_reference)
-        if obj.overlong_filter:
-            scores = mark_truncated(scores, trajectories)
-        if obj.selects_tokens_by_entropy:  # this batch is the step: its own quantile (one process)
-            chosen = [scores.entropy[scores.mask]] if scores.entropy is not None else []
-            scores = replace(scores, entropy_threshold=entropy_threshold(obj.top_entropy_quantile, chosen))
-        engine = engine_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
-        teacher = teacher_logprobs(trajectories, scores.mask, scores.logprobs.dtype) if obj.needs_teacher else None
-        terms = trajectory_terms(obj, scores, engine, teacher)
+        scores = self.score_tokens(trajectories, **score_needs(obj))
+        # this batch is the step: its own entropy quantile (one process)
+        threshold = step_entropy_threshold(obj, [scores.entropy[scores.mask]] if scores.entropy is not None else [])
+        terms = objective_terms(obj, trajectories, scores, threshold)
         rewards = [obj.shaped_reward(float(r), t.num_scored_tokens) for r, t in zip(rewards, trajectories)]
         return reference_loss(obj, terms, [t.group_id for t in trajectories], rewards, failed, totals)
 

@@ -20,7 +20,7 @@ from ..core.gradients.storage import ByteUsage
 from ..core.grpo.objective import BatchTotals
 from ..core.grpo.terms import OnPolicyStats
 from ..core.types import RolloutRequest
-from .runner import StepOutcome
+from .records import StepOutcome
 from .stats import Interval, StepStats
 
 __all__ = ["StepInFlight", "global_totals"]

@@ -20,6 +20,7 @@ v_k: staleness 0 for that one step.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -33,6 +34,8 @@ from ..core.types import RolloutEvent
 from .stats import Interval
 
 __all__ = ["RolloutIssuer"]
+
+log = logging.getLogger(__name__)
 
 
 class RolloutIssuer:
@@ -126,6 +129,7 @@ def publish(engine: Any, snapshot: PolicySnapshot, busy: list[Interval] | None) 
     if engine.version == snapshot.version:
         return
     start = time.monotonic()
+    log.debug("publish: weights of version %d to the engine", snapshot.version)
     engine.publish(snapshot.weights(), snapshot.version)
     if busy is not None:
         busy.append(Interval(start, time.monotonic(), "publish"))

@@ -24,14 +24,13 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from datetime import timedelta
 from functools import partial
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
-from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.distributed.constants import default_pg_timeout
@@ -45,14 +44,16 @@ from ..core.evaluation import ValidationBatch, collect_validation
 from ..core.gradients.storage import Offload
 from ..core.snapshot import PolicySnapshot
 from .barrier import StepInFlight, global_totals
+from .checkpoints import LayoutCheckpoints
 from .fit_learner import FitLearner
 from .issuing import RolloutIssuer, publish
 from .objective_checks import module_objective
 from .options import option_problems
-from .runner import StepRunner
+from .records import progress_listener
+from .runner import Replacements, RunnerSettings, StepRunner
 from .setup_checks import check_memory, setup_problems
 from .sharding import Sharding, build_layout
-from .stats import Interval, RolloutProgress, StepStats
+from .stats import Interval, StepStats
 
 __all__ = ["ThunderSyncStrategy", "Mode", "MemoryCheck"]
 
@@ -60,13 +61,11 @@ log = logging.getLogger(__name__)
 
 Mode = Literal["streaming", "sync", "async"]
 
-#: The checkpoint entry holding async mode's rollout weights for an exact resume (issuing.py).
-ASYNC_RESUME_KEY = "thundersync_async_rollout"
 MemoryCheck = Literal["error", "warn", "off"]
 
 
 
-class ThunderSyncStrategy(DDPStrategy):
+class ThunderSyncStrategy(LayoutCheckpoints):
     """Streaming GRPO over Lightning's DDP machinery (one device, several, CPU or GPU).
 
     Args:
@@ -259,6 +258,7 @@ class ThunderSyncStrategy(DDPStrategy):
 
     @override
     def setup(self, trainer: Any) -> None:
+        log.debug("set-up: mode=%s sharding=%s world size %d", self.mode, self.sharding, self.num_nodes * self.num_processes)
         self._validate(trainer)
         # async with checkpoints: keep a CPU copy of each step's rollout weights (exact resume)
         fitting = trainer.state.fn == TrainerFn.FITTING
@@ -318,6 +318,7 @@ class ThunderSyncStrategy(DDPStrategy):
         step = trainer.global_step
         start = time.monotonic()
         busy: list[Interval] = []
+        log.debug("step %d start: mode=%s rank %d/%d", step, self.mode, self.global_rank, self.world_size)
         self._frozen_policy(module, step)
         assert self._snapshot is not None
         events, self._issued_at = self._issuer.events(
@@ -333,29 +334,29 @@ class ThunderSyncStrategy(DDPStrategy):
         )
         request = plan.request(step, self.global_rank, self.world_size)
 
+        needs = acc.score_needs  # what the objective needs of the module's scores (core/scoring.py)
+
         def score(trajectories: Any, prefix: Any = None, watch: Any = None) -> Any:
             extra = {k: v for k, v in (("prefix", prefix), ("watch", watch)) if v is not None}
-            return module.score_tokens(
-                trajectories, entropy=objective.needs_entropy, reference=objective.needs_reference, **extra
-            )
+            return module.score_tokens(trajectories, **needs, **extra)
 
-        runner = StepRunner(
-            request,
-            self._snapshot,
-            self.allowed_staleness,
-            acc,
-            score,
-            progress=self._progress_fn(),
-            progress_interval_s=self.progress_interval_s,
+        settings = RunnerSettings(
+            allowed_staleness=self.allowed_staleness,
+            defer=self.mode == "sync",
             max_batch_trajectories=self.max_batch_trajectories,
             max_batch_tokens=self.max_batch_tokens,
             min_batch_trajectories=self._learner.min_batch(self.min_batch_trajectories, self.mode,
                                                            self.max_batch_trajectories),
-            defer=self.mode == "sync",
-            encode=module.encode_prefix if self.boundary_cut else None,
-            reserve=plan.reserve(step, self.global_rank, self.world_size),
-            issue=plan.engine.rollout if plan.dynamic_sampling else None,
+            progress_interval_s=self.progress_interval_s,
+        )  # fmt: skip
+        replacements = (
+            Replacements(plan.reserve(step, self.global_rank, self.world_size), plan.engine.rollout)
+            if plan.dynamic_sampling
+            else None
         )
+        encode = module.encode_prefix if self.boundary_cut else None
+        runner = StepRunner(request, self._snapshot, acc, score, settings, progress_listener(trainer), encode,
+                            replacements)  # fmt: skip
         with self.precision_plugin.train_step_context():
             outcome = runner.run(events)
         self._learner.after_step(outcome.busy)
@@ -410,6 +411,7 @@ class ThunderSyncStrategy(DDPStrategy):
         step.loss = -(s * parts[0] + parts[1]) / d if d > 0 else 0.0
         self._layout.reduce_gradients(self.lightning_module)
         step.busy.append(Interval(start, time.monotonic(), "barrier"))
+        log.debug("step %d barrier: %d groups over ranks, loss %.6g", self._snapshot.version, step.num_groups, step.loss)
         return closure_loss
 
     @override
@@ -431,53 +433,6 @@ class ThunderSyncStrategy(DDPStrategy):
         self._last_stats = step.stats(self.mode, trained_version, self.global_rank, self.world_size)
         self._step = None
         return out
-
-    def _progress_fn(self) -> Callable[[RolloutProgress], None] | None:
-        trainer = self.lightning_module.trainer
-        listeners = [cb for cb in trainer.callbacks if callable(getattr(cb, "on_rollout_progress", None))]
-        if not listeners:
-            return None
-        module = self.lightning_module
-
-        def push(progress: RolloutProgress) -> None:
-            for cb in listeners:
-                cb.on_rollout_progress(trainer, module, progress)
-
-        return push
-
-    # ------------------------------------------------------------------ checkpoints: the layout decides
-    @override
-    def lightning_module_state_dict(self) -> dict[str, Any]:
-        return self._layout.module_state_dict(self.lightning_module, super().lightning_module_state_dict)
-
-    @override
-    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
-        default = partial(super().load_model_state_dict, checkpoint, strict)
-        self._layout.load_module_state_dict(self.lightning_module, checkpoint["state_dict"], default)
-
-    @override
-    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
-        return self._layout.optimizer_state(self.lightning_module, optimizer, partial(super().optimizer_state, optimizer))
-
-    @override
-    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
-        default = partial(super().load_optimizer_state_dict, checkpoint)
-        self._layout.load_optimizer_states(self.lightning_module, self.optimizers, checkpoint["optimizer_states"], default)
-
-    @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        # async: the weights that generate the next step's rollouts, for an exact resume (issuing.py)
-        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
-        state = self._issuer.resume_state(trainer.global_step) if trainer is not None else None
-        if state is not None:
-            checkpoint = {**checkpoint, ASYNC_RESUME_KEY: state}
-        super().save_checkpoint(checkpoint, filepath, storage_options)
-
-    @override
-    def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        checkpoint = super().load_checkpoint(checkpoint_path, *args, **kwargs)
-        self._issuer.load_resume_state(checkpoint.get(ASYNC_RESUME_KEY))
-        return checkpoint
 
     @override
     def teardown(self) -> None:

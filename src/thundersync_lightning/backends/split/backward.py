@@ -222,7 +222,7 @@ def split_gradients(
         capture.verified = True
     for j, g in enumerate(result):
         if all(p is None for p in (g.parts if isinstance(g, Chunk) else g)):
-            raise InvalidLogprobError(f"job {jobs[j].kind} {jobs[j].key!r} has no gradient in the recorded forward")
+            raise InvalidLogprobError(f"job {jobs[j].destination} has no gradient in the recorded forward")
     return result, passes
 
 
@@ -273,7 +273,7 @@ def _mismatch(split: list[Grads], reference: list[Grads], jobs: Sequence[Job]) -
             err = float((ga.float() - gb.float()).norm()) / max(scale, 1e-30)
             if err > tol and scale > 1e-10:
                 return (
-                    f"split backward: parameter {k}'s gradient for job {job.kind} {job.key!r} differs from the "
+                    f"split backward: parameter {k}'s gradient for job {job.destination} differs from the "
                     f"per-job backward by {err:.2e} (relative): this model is not split exactly by its modules "
                     "(a parameter used outside its module's forward, an in-place change of a module output, or "
                     "rows that interact); turn split_backward off"

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..errors import GroupError
+from .destination import Destination
 
 __all__ = ["SharedPrefix", "LeafSums"]
 
@@ -75,19 +76,20 @@ class LeafSums:
     held: dict[Hashable, Tensor] = field(default_factory=dict)
     held_regulariser: dict[Hashable, Tensor] = field(default_factory=dict)
 
-    def add(self, kind: str, key: object, flat: Tensor, regulariser_apart: bool) -> None:
-        """Route one backward pass's leaf gradient like its parameter gradient (``kind`` of the job)."""
+    def add(self, destination: Destination, flat: Tensor, regulariser_apart: bool) -> None:
+        """Route one backward pass's leaf gradient like its parameter gradient (the job's ``destination``)."""
+        kind = destination.kind
         if kind == "direct":
             self.direct = flat if self.direct is None else self.direct + flat
         elif kind in ("regulariser_now", "regulariser_sum"):  # the leaves fold at the group's close: kept or filtered then
             self._add_regulariser(flat, regulariser_apart)
         elif kind == "sum":
-            reward = key[1]  # type: ignore[index]
+            reward = destination.reward
             self.by_reward[reward] = flat if reward not in self.by_reward else self.by_reward[reward] + flat
         elif kind == "held":
-            self.held[key] = flat  # type: ignore[index]
+            self.held[destination.trajectory] = flat
         else:
-            self.held_regulariser[key] = flat  # type: ignore[index]
+            self.held_regulariser[destination.trajectory] = flat
 
     def _add_regulariser(self, flat: Tensor, apart: bool) -> None:
         if apart:

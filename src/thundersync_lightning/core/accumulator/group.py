@@ -23,7 +23,7 @@ gradients alone.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -31,8 +31,10 @@ import torch
 
 from ..gradients.deferred import DeferredGradient, fold_deferred
 from ..gradients.storage import GradientStore
+from ..grpo.group_filter import informative
 from ..grpo.objective import BatchTotals, Objective
-from .boundary_cut import LeafSums
+from .boundary_cut import LeafSums, SharedPrefix
+from .destination import Destination
 from .report import GroupStat
 
 __all__ = ["GroupSums", "GroupUsage", "ClosedGroup"]
@@ -57,46 +59,94 @@ class ClosedGroup:
 @dataclass
 class GroupSums:
     members: tuple[Hashable, ...]
-    rewards: dict[Hashable, float] = field(default_factory=dict)
-    scores: dict[Hashable, float] = field(default_factory=dict)  # S_i values, for the objective
-    held: dict[Hashable, torch.Tensor | DeferredGradient] = field(default_factory=dict)  # grads awaiting their reward
-    held_regulariser: dict[Hashable, torch.Tensor | DeferredGradient] = field(default_factory=dict)  # grad R_i awaiting its verdict
-    regulariser: dict[Hashable, float] = field(default_factory=dict)  # R_i values, for the objective
-    tokens: dict[Hashable, float] = field(default_factory=dict)  # scored-token counts
-    is_weights: dict[Hashable, tuple[float, float]] = field(default_factory=dict)  # IS weight (sum, count)
-    dropped: set[Hashable] = field(default_factory=set)  # failed members removed from the group
-    scored_dropped: set[Hashable] = field(default_factory=set)  # dropped members whose content came
-    leaves: LeafSums | None = None  # boundary cut: sums at the shared prompt's leaves
-    by_reward: dict[float, torch.Tensor] = field(default_factory=dict)  # <= 2 distinct reward values
-    g1: torch.Tensor | None = None  # sum (r_i - shift) grad S_i, after collapse
-    g2: torch.Tensor | None = None  # sum grad S_i, after collapse
-    shift: float = 0.0
-    deferred: list[tuple[float, DeferredGradient]] = field(default_factory=list)  # reward-known (reward, gradient)
-    direct: int = 0  # contributions already added to the step gradient (early fold or direct path)
-    flagged: set[Hashable] = field(default_factory=set)  # off_policy_mask: members whose A counts only if >= 0
-    flagged_sums: dict[float, torch.Tensor] = field(default_factory=dict)  # their gradients by reward
-    regulariser_sum: torch.Tensor | None = None  # dynamic sampling: sum of grad R_i until the group is known informative
-    filtered: bool = False  # dynamic sampling: every verdict in and no signal: the group counts nowhere
-    final: tuple[Objective, tuple[float, float]] | None = None  # (a_g, b_g) once every verdict is in
+    _rewards: dict[Hashable, float] = field(default_factory=dict)
+    _scores: dict[Hashable, float] = field(default_factory=dict)  # S_i values, for the objective
+    _held: dict[Hashable, torch.Tensor | DeferredGradient] = field(default_factory=dict)  # grads awaiting their reward
+    _held_regulariser: dict[Hashable, torch.Tensor | DeferredGradient] = field(default_factory=dict)  # grad R_i awaiting its verdict
+    _regulariser: dict[Hashable, float] = field(default_factory=dict)  # R_i values, for the objective
+    _tokens: dict[Hashable, float] = field(default_factory=dict)  # scored-token counts
+    _is_weights: dict[Hashable, tuple[float, float]] = field(default_factory=dict)  # IS weight (sum, count)
+    _dropped: set[Hashable] = field(default_factory=set)  # failed members removed from the group
+    _scored_dropped: set[Hashable] = field(default_factory=set)  # dropped members whose content came
+    _leaves: LeafSums | None = None  # boundary cut: sums at the shared prompt's leaves
+    _by_reward: dict[float, torch.Tensor] = field(default_factory=dict)  # <= 2 distinct reward values
+    _g1: torch.Tensor | None = None  # sum (r_i - shift) grad S_i, after collapse
+    _g2: torch.Tensor | None = None  # sum grad S_i, after collapse
+    _shift: float = 0.0
+    _deferred: list[tuple[float, DeferredGradient]] = field(default_factory=list)  # reward-known (reward, gradient)
+    _direct: int = 0  # contributions already added to the step gradient (early fold or direct path)
+    _flagged: set[Hashable] = field(default_factory=set)  # off_policy_mask: members whose A counts only if >= 0
+    _flagged_sums: dict[float, torch.Tensor] = field(default_factory=dict)  # their gradients by reward
+    _regulariser_sum: torch.Tensor | None = None  # dynamic sampling: sum of grad R_i until the group is known informative
+    _filtered: bool = False  # dynamic sampling: every verdict in and no signal: the group counts nowhere
+    _final: tuple[Objective, tuple[float, float]] | None = None  # (a_g, b_g) once every verdict is in
+
+    # ------------------------------------------------------------------ what others may read
+    def reward_of(self, trajectory_id: Hashable) -> float | None:
+        return self._rewards.get(trajectory_id)
+
+    def is_scored(self, trajectory_id: Hashable) -> bool:
+        """Its S_i was recorded (a dropped member: its content came)."""
+        return trajectory_id in self._scores or trajectory_id in self._scored_dropped
+
+    def is_dropped(self, trajectory_id: Hashable) -> bool:
+        return trajectory_id in self._dropped
+
+    def dropped_members(self) -> dict[Hashable, bool]:
+        """Dropped member -> whether its content came."""
+        return {t: t in self._scored_dropped for t in self._dropped}
+
+    @property
+    def filtered(self) -> bool:
+        """Dynamic sampling: every verdict in and no signal: the group counts nowhere."""
+        return self._filtered
+
+    @property
+    def reached_step(self) -> bool:
+        """Part of its gradient is in the step's gradient already (it can no longer be aborted)."""
+        return self._direct > 0
+
+    @property
+    def leaves(self) -> LeafSums | None:
+        """The boundary cut's sums at the shared prompt's leaves (None: no cut, or dropped)."""
+        return self._leaves
+
+    # ------------------------------------------------------------------ transitions
+    def flag(self, trajectory_id: Hashable) -> None:
+        """``off_policy_mask``: the member's advantage counts only where it is >= 0."""
+        self._flagged.add(trajectory_id)
+
+    def touch_step(self) -> None:
+        """Something of the group was added to the step's gradient."""
+        self._direct += 1
+
+    def leaf_sums(self, prefix: SharedPrefix) -> LeafSums:
+        """The boundary cut's leaf sums, created on first use."""
+        if self._leaves is None:
+            self._leaves = LeafSums(prefix)
+        return self._leaves
+
+    def drop_leaves(self) -> None:
+        self._leaves = None
 
     def kept(self) -> tuple[Hashable, ...]:
-        return tuple(t for t in self.members if t not in self.dropped)
+        return tuple(t for t in self.members if t not in self._dropped)
 
     def complete(self) -> bool:
         """Every verdict known and every kept member scored."""
-        return self.all_rewards_known() and all(t in self.scores for t in self.kept())
+        return self.all_rewards_known() and all(t in self._scores for t in self.kept())
 
     def all_rewards_known(self) -> bool:
-        return len(self.rewards) == len(self.members)
+        return len(self._rewards) == len(self.members)
 
     def coefficients(self, objective: Objective) -> tuple[float, float]:
         """(a_g, b_g) once every verdict is known (zero when every A_i is exactly 0); computed once:
         with every verdict in, neither the rewards nor the dropped members can change."""
-        if self.final is not None and self.final[0] is objective:
-            return self.final[1]
+        if self._final is not None and self._final[0] is objective:
+            return self._final[1]
         value = objective.coefficients(self.reward_tensor())
         if self.all_rewards_known():
-            self.final = (objective, value)
+            self._final = (objective, value)
         return value
 
     def zero_advantage(self, objective: Objective) -> bool:
@@ -109,30 +159,30 @@ class GroupSums:
 
     def reward_tensor(self) -> torch.Tensor:
         """Rewards of the kept members (float64)."""
-        return torch.tensor([self.rewards[t] for t in self.kept()], dtype=torch.float64)
+        return torch.tensor([self._rewards[t] for t in self.kept()], dtype=torch.float64)
 
     @property
     def has_sums(self) -> bool:
-        return self.has_dense_sums or bool(self.deferred) or bool(self.flagged_sums)
+        return self.has_dense_sums or bool(self._deferred) or bool(self._flagged_sums)
 
     @property
     def has_dense_sums(self) -> bool:
-        return bool(self.by_reward) or self.g1 is not None
+        return bool(self._by_reward) or self._g1 is not None
 
     def usage(self, buffer_bytes: int) -> GroupUsage:
         """What the group holds now; a flat buffer takes ``buffer_bytes``, a deferred gradient its own bytes."""
-        held = (*self.held.values(), *self.held_regulariser.values())
+        held = (*self._held.values(), *self._held_regulariser.values())
         held_bytes = sum(h.nbytes if isinstance(h, DeferredGradient) else buffer_bytes for h in held)
-        side = sum(h.nbytes for h in held if isinstance(h, DeferredGradient)) + sum(c.nbytes for _, c in self.deferred)
-        side += self.leaves.nbytes if self.leaves is not None else 0
-        return GroupUsage(len(self.held.keys() | self.held_regulariser.keys()), held_bytes, side)
+        side = sum(h.nbytes for h in held if isinstance(h, DeferredGradient)) + sum(c.nbytes for _, c in self._deferred)
+        side += self._leaves.nbytes if self._leaves is not None else 0
+        return GroupUsage(len(self._held.keys() | self._held_regulariser.keys()), held_bytes, side)
 
     def add_known(self, store: GradientStore, reward: float, grads: list | torch.Tensor | DeferredGradient) -> None:
         """A reward-known gradient (per-parameter ``grads``, a stored flat buffer or a deferred
         gradient) into the sums of its reward; a deferred one is kept while they fit (module docstring)."""
         if isinstance(grads, DeferredGradient):
             if not self.has_dense_sums and self._fits(grads, reward, store.buffer_bytes):
-                self.deferred.append((reward, grads))
+                self._deferred.append((reward, grads))
                 return
             grads = grads.dense()
         self._spill(store)
@@ -142,13 +192,13 @@ class GroupSums:
             self.accumulate(store, reward, grads=grads)
 
     def _fits(self, item: DeferredGradient, reward: float, buffer_bytes: int) -> bool:
-        rewards = {r for r, _ in self.deferred} | {reward}
-        used = sum(c.nbytes for _, c in self.deferred) + item.nbytes
+        rewards = {r for r, _ in self._deferred} | {reward}
+        used = sum(c.nbytes for _, c in self._deferred) + item.nbytes
         return used <= buffer_bytes * min(2, len(rewards))
 
     def _spill(self, store: GradientStore) -> None:
         """Form the reward-known deferred gradients into the dense sums."""
-        kept, self.deferred = self.deferred, []
+        kept, self._deferred = self._deferred, []
         for reward, item in kept:
             self.accumulate(store, reward, grads=item.dense())
 
@@ -167,60 +217,60 @@ class GroupSums:
             else:
                 store.add_grads(buf, grads, alpha)
 
-        if self.g1 is not None:
-            add(self.g1, reward - self.shift)
-            add(self.g2)
+        if self._g1 is not None:
+            add(self._g1, reward - self._shift)
+            add(self._g2)
             store.release(flat)
             return
-        buf = self.by_reward.get(reward)
+        buf = self._by_reward.get(reward)
         if buf is not None:
             add(buf)
             store.release(flat)
             return
         if flat is None:
             flat = store.flatten(grads)
-        if len(self.by_reward) < 2:
-            self.by_reward[reward] = flat
+        if len(self._by_reward) < 2:
+            self._by_reward[reward] = flat
             return
-        c = next(iter(self.by_reward))  # a third distinct reward: collapse (see module docstring)
+        c = next(iter(self._by_reward))  # a third distinct reward: collapse (see module docstring)
         g1 = store.scaled(flat, reward - c)
         g2 = flat
-        for r, h in self.by_reward.items():
+        for r, h in self._by_reward.items():
             store.add_flat(g1, h, r - c)
             store.add_flat(g2, h)
             store.release(h)
-        self.by_reward.clear()
-        self.g1, self.g2, self.shift = g1, g2, c
+        self._by_reward.clear()
+        self._g1, self._g2, self._shift = g1, g2, c
 
-    def take(self, kind: str, key: object, grads: list | DeferredGradient, store: GradientStore) -> None:
-        """One backward job's gradient: into the sum of its reward (``sum``), the group's R sum
-        (``regulariser_sum``), or held (``held``, ``regulariser_held``)."""
-        if kind == "sum" and len(key) == 3:  # type: ignore[arg-type]
-            self.add_flagged(store, key[1], grads)  # type: ignore[index]
+    def take(self, destination: Destination, grads: list | DeferredGradient, store: GradientStore) -> None:
+        """One backward job's gradient: into the sum of its reward (``sum``; ``flagged``: the
+        flagged sum), the group's R sum (``regulariser_sum``), or held (``held``, ``regulariser_held``)."""
+        if destination.kind == "sum" and destination.flagged:
+            self.add_flagged(store, destination.reward, grads)  # type: ignore[arg-type]
             return
-        if kind == "sum":
-            self.add_known(store, key[1], grads)  # type: ignore[index]
+        if destination.kind == "sum":
+            self.add_known(store, destination.reward, grads)  # type: ignore[arg-type]
             return
-        if kind == "regulariser_sum":
+        if destination.kind == "regulariser_sum":
             self.add_regulariser(store, grads)
             return
         kept = grads if isinstance(grads, DeferredGradient) else store.flatten(grads)
-        (self.held if kind == "held" else self.held_regulariser)[key] = kept
+        (self._held if destination.kind == "held" else self._held_regulariser)[destination.trajectory] = kept
 
     def add_flagged(self, store: GradientStore, reward: float, grads: list | torch.Tensor | DeferredGradient) -> None:
         """A flagged member's reward-known gradient into the flagged sum of its reward (never
         collapsed: its coefficient max(a r + b, 0) is not affine in r)."""
         if isinstance(grads, DeferredGradient):
             grads = grads.dense()
-        buf = self.flagged_sums.get(reward)
+        buf = self._flagged_sums.get(reward)
         if isinstance(grads, torch.Tensor):
             if buf is None:
-                self.flagged_sums[reward] = grads
+                self._flagged_sums[reward] = grads
             else:
                 store.add_flat(buf, grads)
                 store.release(grads)
         elif buf is None:
-            self.flagged_sums[reward] = store.flatten(grads)
+            self._flagged_sums[reward] = store.flatten(grads)
         else:
             store.add_grads(buf, grads)
 
@@ -229,28 +279,86 @@ class GroupSums:
         if isinstance(grads, DeferredGradient):
             grads = grads.dense()
         if isinstance(grads, torch.Tensor):
-            if self.regulariser_sum is None:
-                self.regulariser_sum = grads
+            if self._regulariser_sum is None:
+                self._regulariser_sum = grads
             else:
-                store.add_flat(self.regulariser_sum, grads)
+                store.add_flat(self._regulariser_sum, grads)
                 store.release(grads)
-        elif self.regulariser_sum is None:
-            self.regulariser_sum = store.flatten(grads)
+        elif self._regulariser_sum is None:
+            self._regulariser_sum = store.flatten(grads)
         else:
-            store.add_grads(self.regulariser_sum, grads)
+            store.add_grads(self._regulariser_sum, grads)
 
     def fold_into(self, final: torch.Tensor, store: GradientStore, a: float, b: float) -> None:
         """``final += sum_i (a r_i + b) grad S_i`` from the sums (the caller then drops them)."""
-        if self.g1 is not None:
-            final.add_(store.to_device(self.g1), alpha=a)
-            final.add_(store.to_device(self.g2), alpha=a * self.shift + b)
-        for r, h in self.by_reward.items():
+        if self._g1 is not None:
+            final.add_(store.to_device(self._g1), alpha=a)
+            final.add_(store.to_device(self._g2), alpha=a * self._shift + b)
+        for r, h in self._by_reward.items():
             final.add_(store.to_device(h), alpha=a * r + b)
-        if self.deferred:
-            fold_deferred(store.split(final), [c for _, c in self.deferred], [a * r + b for r, _ in self.deferred])
-        for r, h in self.flagged_sums.items():
+        if self._deferred:
+            fold_deferred(store.split(final), [c for _, c in self._deferred], [a * r + b for r, _ in self._deferred])
+        for r, h in self._flagged_sums.items():
             if a * r + b > 0:  # a flagged member with A < 0 trains nothing
                 final.add_(store.to_device(h), alpha=a * r + b)
+
+    def add_reward(
+        self,
+        trajectory_id: Hashable,
+        reward: float,
+        dropping: bool,
+        store: GradientStore,
+        regulariser_apart: bool,
+        keep_regulariser: bool,
+    ) -> torch.Tensor | DeferredGradient | None:
+        """A member's verdict: its held gradient joins the sum of its reward (or, ``dropping``, the
+        member leaves the group and its held gradients are freed). Its held grad R_i joins the
+        group's R sum (``keep_regulariser``: dynamic sampling) or is returned for the step's gradient."""
+        self._rewards[trajectory_id] = reward
+        held = self._held.pop(trajectory_id, None)
+        held_reg = self._held_regulariser.pop(trajectory_id, None)
+        if self._leaves is not None:
+            self._leaves.on_reward(trajectory_id, reward, dropping, regulariser_apart)
+        if dropping:
+            self._dropped.add(trajectory_id)
+            if trajectory_id in self._scores:
+                self._scored_dropped.add(trajectory_id)
+            self._scores.pop(trajectory_id, None)
+            self._regulariser.pop(trajectory_id, None)
+            release(store, held, held_reg)
+            return None
+        if held is not None and trajectory_id in self._flagged:
+            self.add_flagged(store, reward, held)
+        elif held is not None:
+            self.add_known(store, reward, held)
+        if held_reg is not None and keep_regulariser:
+            self.add_regulariser(store, held_reg)  # the step gets it once the group is known kept
+            return None
+        if held_reg is not None:
+            self._direct += 1
+        return held_reg
+
+    def decide(self, objective: Objective, store: GradientStore) -> torch.Tensor | None:
+        """Dynamic sampling, every verdict in: filter a group without signal (its R sum is freed), or
+        return a kept group's R sum for the step's gradient."""
+        self._filtered = not informative(self.reward_tensor().tolist(), objective.singleton == "reward")
+        kept, self._regulariser_sum = self._regulariser_sum, None
+        if kept is None:
+            return None
+        if self._filtered:
+            release(store, kept)
+            return None
+        self._direct += 1
+        return kept
+
+    def fold(self, objective: Objective, final: Callable[[], torch.Tensor], store: GradientStore) -> None:
+        """All verdicts known: a_g, b_g are fixed, so add the sums to ``final()`` (the step's scaled
+        gradient) and free them."""
+        if self.has_sums and not self._filtered and not self.zero_advantage(objective):
+            a, b = self.coefficients(objective)
+            self.fold_into(final(), store, a, b)
+            self._direct += 1
+        self.drop(store)
 
     def record_score(
         self,
@@ -262,63 +370,63 @@ class GroupSums:
     ) -> None:
         """A member's S_i (and R_i) value, scored-token count and importance-weight (sum, count); a
         dropped member is only marked scored."""
-        if trajectory_id in self.dropped:
-            self.scored_dropped.add(trajectory_id)
+        if trajectory_id in self._dropped:
+            self._scored_dropped.add(trajectory_id)
             return
-        self.scores[trajectory_id] = score
-        self.tokens[trajectory_id] = tokens
-        self.is_weights[trajectory_id] = is_weights
+        self._scores[trajectory_id] = score
+        self._tokens[trajectory_id] = tokens
+        self._is_weights[trajectory_id] = is_weights
         if regulariser is not None:
-            self.regulariser[trajectory_id] = regulariser
+            self._regulariser[trajectory_id] = regulariser
 
     def close(self, group_id: Hashable, a: float, b: float) -> ClosedGroup:
         """The closed group's parts, given its coefficients (every verdict known, every kept member scored)."""
         kept = self.kept()
         rewards = self.reward_tensor()
-        objective = sum(self._masked(a * self.rewards[t] + b, t) * self.scores[t] for t in kept)
-        regulariser = sum(self.regulariser.get(t, 0.0) for t in kept)
+        objective = sum(self._masked(a * self._rewards[t] + b, t) * self._scores[t] for t in kept)
+        regulariser = sum(self._regulariser.get(t, 0.0) for t in kept)
         totals = BatchTotals(
             groups=float(bool(kept)),
             sequences=float(len(kept)),
-            tokens=sum(self.tokens.get(t, 0.0) for t in kept),
+            tokens=sum(self._tokens.get(t, 0.0) for t in kept),
             reward_count=float(len(kept)),
             reward_sum=float(rewards.sum()),
             reward_sq_sum=float((rewards**2).sum()),
-            is_weight_sum=sum(self.is_weights.get(t, (0.0, 0.0))[0] for t in kept),
-            is_weight_count=sum(self.is_weights.get(t, (0.0, 0.0))[1] for t in kept),
+            is_weight_sum=sum(self._is_weights.get(t, (0.0, 0.0))[0] for t in kept),
+            is_weight_count=sum(self._is_weights.get(t, (0.0, 0.0))[1] for t in kept),
         )
         mean = float(rewards.mean()) if kept else 0.0
         std = float(rewards.std(correction=0)) if kept else 0.0
-        stat = GroupStat(group_id, len(kept), mean, std, len(self.dropped))
+        stat = GroupStat(group_id, len(kept), mean, std, len(self._dropped))
         return ClosedGroup(objective, regulariser, totals, stat)
 
     def _masked(self, advantage: float, trajectory_id: Hashable) -> float:
-        return 0.0 if trajectory_id in self.flagged and advantage < 0 else advantage
+        return 0.0 if trajectory_id in self._flagged and advantage < 0 else advantage
 
     def describe_missing(self, group_id: Hashable) -> str:
-        no_reward = [t for t in self.members if t not in self.rewards]
-        no_logprob = [t for t in self.kept() if t not in self.scores]
+        no_reward = [t for t in self.members if t not in self._rewards]
+        no_logprob = [t for t in self.kept() if t not in self._scores]
         return f"group {group_id!r} misses rewards of {no_reward} and logprobs of {no_logprob}"
 
     def drop(self, store: GradientStore) -> None:
         """Free every buffer of the group (held gradients, sums and deferred gradients)."""
         release(
             store,
-            *self.held.values(),
-            *self.held_regulariser.values(),
-            *self.by_reward.values(),
-            self.g1,
-            self.g2,
-            self.regulariser_sum,
-            *self.flagged_sums.values(),
+            *self._held.values(),
+            *self._held_regulariser.values(),
+            *self._by_reward.values(),
+            self._g1,
+            self._g2,
+            self._regulariser_sum,
+            *self._flagged_sums.values(),
         )
-        self.regulariser_sum = None
-        self.flagged_sums.clear()
-        self.held.clear()
-        self.held_regulariser.clear()
-        self.by_reward.clear()
-        self.deferred.clear()
-        self.g1 = self.g2 = None
+        self._regulariser_sum = None
+        self._flagged_sums.clear()
+        self._held.clear()
+        self._held_regulariser.clear()
+        self._by_reward.clear()
+        self._deferred.clear()
+        self._g1 = self._g2 = None
 
 
 def release(store: GradientStore, *items: torch.Tensor | DeferredGradient | None) -> None:

@@ -1,19 +1,8 @@
 """The backward passes of the streaming accumulator: one job per destination of a gradient.
 
 A scored batch is routed by :func:`~thundersync_lightning.core.accumulator.routing.route`; every
-destination becomes one :class:`Job`, a scalar whose gradient goes to one place:
-
-====================  ==================================  =========================================
-kind                  key                                 gradient goes to
-====================  ==================================  =========================================
-``direct``            None                                the step's scaled gradient
-``regulariser_now``   None                                the step's gradient of regulariser terms R_i
-``sum``               (group id, reward[, True])          that group's sum for that reward value (True:
-                                                          of its flagged members, ``off_policy_mask``)
-``regulariser_sum``   group id                            that group's R sum (dynamic sampling)
-``held``              trajectory id                       held apart until the reward lands
-``regulariser_held``  trajectory id                       grad R_i held apart until the verdict
-====================  ==================================  =========================================
+destination (:class:`~thundersync_lightning.core.accumulator.destination.Destination`) becomes one
+:class:`Job`, a scalar whose gradient goes to that one place.
 
 :func:`run_jobs` takes one ``autograd.grad`` per job on the shared graph (retained until the
 last), so a failing job raises before the accumulator changes any state.
@@ -31,31 +20,36 @@ from torch import Tensor
 from ..errors import InvalidLogprobError
 from ..grpo.terms import TrajectoryTerms
 from .boundary_cut import LeafSums
+from .destination import STEP, STEP_REGULARISER, Destination, DestinationKind
 from .routing import Routing
 
 __all__ = ["Job", "JobKind", "jobs_of", "run_jobs", "grad_of", "prefix_backward", "select_terms"]
 
-JobKind = Literal["direct", "regulariser_now", "sum", "regulariser_sum", "held", "regulariser_held"]
+JobKind = DestinationKind
 Grads = list[Tensor | None]
 
 
 class Job(NamedTuple):
-    kind: JobKind
-    key: Hashable  # see the module docstring's table
+    destination: Destination
     term: Tensor  # the scalar whose gradient this job takes
+
+    @property
+    def kind(self) -> JobKind:
+        return self.destination.kind
 
 
 def jobs_of(routing: Routing, rows: Sequence[Hashable], terms: TrajectoryTerms) -> list[Job]:
     """One job per destination of the routing; everything that ends in one place shares a backward."""
     jobs: list[Job] = []
     if routing.direct:
-        jobs.append(Job("direct", None, torch.stack(routing.direct).sum()))
+        jobs.append(Job(STEP, torch.stack(routing.direct).sum()))
     if routing.direct_regulariser:
-        jobs.append(Job("regulariser_now", None, torch.stack(routing.direct_regulariser).sum()))
-    jobs += [Job("sum", key, terms.score[r].sum()) for key, r in routing.buckets.items()]
-    jobs += [Job("regulariser_sum", gid, terms.regulariser[r].sum()) for gid, r in routing.group_regulariser.items()]  # type: ignore[index]
-    jobs += [Job("held", rows[i], terms.score[i]) for i in routing.held]
-    jobs += [Job("regulariser_held", rows[i], terms.regulariser[i]) for i in routing.held_regulariser]  # type: ignore[index]
+        jobs.append(Job(STEP_REGULARISER, torch.stack(routing.direct_regulariser).sum()))
+    jobs += [Job(dest, terms.score[r].sum()) for dest, r in routing.buckets.items()]
+    regulariser = terms.regulariser
+    jobs += [Job(Destination.group_regulariser(g), regulariser[r].sum()) for g, r in routing.group_regulariser.items()]  # type: ignore[index]
+    jobs += [Job(Destination.held(rows[i]), terms.score[i]) for i in routing.held]
+    jobs += [Job(Destination.held(rows[i], regulariser=True), regulariser[i]) for i in routing.held_regulariser]  # type: ignore[index]
     return jobs
 
 

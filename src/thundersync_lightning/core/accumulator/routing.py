@@ -29,6 +29,7 @@ from ..grpo.objective import Objective
 from ..grpo.terms import TrajectoryTerms
 from .boundary_cut import SharedPrefix
 from .checks import finite_score
+from .destination import Destination
 from .group import GroupSums
 
 __all__ = ["Routing", "route", "check_prefix"]
@@ -42,7 +43,7 @@ class Routing:
     regulariser: list[float] | None  # R_i values
     direct: list[torch.Tensor] = field(default_factory=list)  # -> step gradient (s-scaled)
     direct_regulariser: list[torch.Tensor] = field(default_factory=list)  # -> step gradient, unscaled
-    buckets: dict[tuple[Hashable, float], list[int]] = field(default_factory=dict)
+    buckets: dict[Destination, list[int]] = field(default_factory=dict)  # group sums by reward
     held: list[int] = field(default_factory=list)
     held_regulariser: list[int] = field(default_factory=list)
     group_regulariser: dict[Hashable, list[int]] = field(default_factory=dict)  # rows -> their group's R sum
@@ -59,7 +60,7 @@ def route(
 ) -> Routing:
     score, reg = terms.score, terms.regulariser
     for tid, (_, group) in zip(ids, owners):
-        if tid in group.scores or tid in group.scored_dropped:
+        if group.is_scored(tid):
             raise DuplicateEventError(f"trajectory {tid!r} already has a logprob")
     routing = Routing(
         scores=[finite_score(tid, score[i]) for i, tid in enumerate(ids)],
@@ -68,14 +69,15 @@ def route(
     batch = objective.scales_at_barrier
     drop = objective.failed == "drop"
     for i, (tid, (gid, group)) in enumerate(zip(ids, owners)):
-        if tid in group.dropped or group.filtered:
+        if group.is_dropped(tid) or group.filtered:
             routing.skipped += 1
             continue
+        reward = group.reward_of(tid)
         r_term = reg[i] if reg is not None else None
         flagged = terms.flagged is not None and bool(terms.flagged[i])
         if group.all_rewards_known():
             a, b = group.coefficients(objective)
-            adv = a * group.rewards[tid] + b
+            adv = a * reward + b  # type: ignore[operator]
             if flagged and adv < 0:
                 adv = 0.0
             if adv != 0.0:
@@ -85,13 +87,12 @@ def route(
                 routing.skipped += 1
         elif group.zero_advantage(objective):
             routing.skipped += r_term is None
-        elif tid in group.rewards:
-            key = (gid, group.rewards[tid], True) if flagged else (gid, group.rewards[tid])
-            routing.buckets.setdefault(key, []).append(i)
+        elif reward is not None:
+            routing.buckets.setdefault(Destination.group_sum(gid, reward, flagged), []).append(i)
         else:
             routing.held.append(i)
         if r_term is not None:
-            if drop and tid not in group.rewards:
+            if drop and reward is None:
                 routing.held_regulariser.append(i)
             elif filter_groups and not group.all_rewards_known():
                 routing.group_regulariser.setdefault(gid, []).append(i)

@@ -54,24 +54,33 @@ from ..errors import (
     UnknownTrajectoryError,
 )
 from ..gradients.backward import BackwardBackend, ForwardWatch, LearnerCall, PlainBackward
-from ..gradients.storage import ByteUsage, GradientStore, Offload
-from ..grpo.group_filter import informative
+from ..gradients.storage import GradientStore, Offload
 from ..grpo.objective import BatchTotals, Objective
 from ..grpo.terms import OnPolicyStats, TokenScores, TrajectoryTerms, trajectory_terms
-from .boundary_cut import LeafSums, SharedPrefix
+from ..scoring import scored_inputs
+from ..types import Trajectory
+from .boundary_cut import SharedPrefix
 from .bounds import Bounds, bound_problems
 from .checks import argument_problems, check_scalar, check_unchanged, finite_reward
-from .group import GroupSums, release
+from .group import GroupSums
 from .jobs import jobs_of, prefix_backward, select_terms
+from .ledger import StepLedger
+from .queries import AccumulatorQueries
 from .report import GroupStat, StreamingReport
 from .routing import check_prefix, route
 from .step_gradient import StepGradient
+from .step_groups import StepGroups
 
 __all__ = ["StreamingGRPO", "StreamingReport", "GroupStat"]
 
 
-class StreamingGRPO:
+class StreamingGRPO(AccumulatorQueries):
     """Two running gradient sums per group; one exact gradient of the objective at the barrier.
+
+    Events: :meth:`open_group`, :meth:`add_tokens` (or :meth:`add_scored`: a module's scores, the
+    objective's options applied by ``core/scoring.py``), :meth:`add_reward`, :meth:`abort_group`,
+    :meth:`finish`. What a learner may ask (bounds, counts, the step's planned groups, what scoring
+    needs): :class:`~thundersync_lightning.core.accumulator.queries.AccumulatorQueries`.
 
     Args:
         params: the trainable tensors (``requires_grad``); ``.grad`` of nothing else is touched.
@@ -121,97 +130,18 @@ class StreamingGRPO:
         self._step = StepGradient(self._store)
         self.reset()
 
-    @property
-    def estimator(self) -> str:
-        return self.objective.estimator
-
-    @property
-    def eps(self) -> float:
-        return self.objective.eps
-
     # ------------------------------------------------------------------ lifecycle
     def reset(self) -> None:
         """Start a new step: forget everything and record the parameters' version counters."""
         self._groups: dict[Hashable, GroupSums] = {}
         self._owner: dict[Hashable, Hashable] = {}
-        self._folded: list[GroupStat] = []
-        self._filtered: list[GroupStat] = []
-        self._aborted = 0
-        self._objective = 0.0
-        self._regulariser = 0.0
-        self._totals = BatchTotals()
-        self._on_policy = OnPolicyStats()
-        self._backward = 0
-        self._skipped = 0
+        self._ledger = StepLedger()
+        self._planned = StepGroups(self.objective)
         self._step.reset()
-        self._dropped_closed: dict[Hashable, bool] = {}  # dropped members of closed groups -> content seen
         self._spent = False
         self._versions = [p._version for p in self._params]
         self._store.reset_counters()
         self._bounds.reset()
-
-    @property
-    def open_groups(self) -> tuple[Hashable, ...]:
-        return tuple(self._groups)
-
-    @property
-    def params(self) -> tuple[torch.Tensor, ...]:
-        """The tensors whose ``.grad`` the barrier writes."""
-        return tuple(self._params)
-
-    @property
-    def groups_folded(self) -> int:
-        return len(self._folded)
-
-    @property
-    def groups_filtered(self) -> int:
-        """Groups closed without signal under ``filter_groups`` (counted nowhere)."""
-        return len(self._filtered)
-
-    @property
-    def bytes_in_use(self) -> ByteUsage:
-        return self._store.current()
-
-    @property
-    def peak_bytes(self) -> ByteUsage:
-        return self._store.peak()
-
-    @property
-    def max_open_groups(self) -> int | None:
-        return self._bounds.max_open_groups
-
-    @property
-    def max_held_trajectories(self) -> int | None:
-        return self._bounds.max_held_trajectories
-
-    @property
-    def held_trajectories(self) -> int:
-        """Trajectories backpropagated before their reward, each holding a gradient until it lands."""
-        return self._bounds.held
-
-    @property
-    def peak_held_bytes(self) -> int:
-        """Most bytes held gradients took at once in this step (wherever ``offload`` put them)."""
-        return self._bounds.peak_held_bytes
-
-    def totals(self) -> BatchTotals:
-        """This process's counts so far (sum them over ranks for :meth:`finish`)."""
-        return self._totals
-
-    @property
-    def on_policy(self) -> OnPolicyStats:
-        return self._on_policy
-
-    def objective_parts(self) -> tuple[float, float]:
-        """(sum_i A'_i S_i, sum_i R_i) over the groups closed so far (sum them over ranks)."""
-        return self._objective, self._regulariser
-
-    def needs_score(self, trajectory_id: Hashable) -> bool:
-        """False for a trajectory already dropped (failed verdict, ``failed="drop"``): skip its forward."""
-        if trajectory_id in self._dropped_closed:
-            return False
-        gid, group = self._group_of(trajectory_id)
-        return trajectory_id not in group.dropped and not group.filtered
 
     def _check_live(self) -> None:
         if self._spent:
@@ -227,7 +157,7 @@ class StreamingGRPO:
         members = tuple(trajectory_ids)
         if not members:
             raise GroupError(f"group {group_id!r} has no trajectories; a group needs at least one")
-        if group_id in self._groups or any(s.group_id == group_id for s in self._folded):
+        if group_id in self._groups or self._ledger.was_folded(group_id):
             raise GroupError(f"group {group_id!r} was already opened in this step")
         if len(set(members)) != len(members):
             raise DuplicateEventError(f"group {group_id!r} lists a trajectory id twice: {members}")
@@ -260,31 +190,14 @@ class StreamingGRPO:
         self._check_live()
         gid, group = self._group_of(trajectory_id)
         value = finite_reward(trajectory_id, reward)
-        if trajectory_id in group.rewards:
+        if group.reward_of(trajectory_id) is not None:
             raise DuplicateEventError(f"trajectory {trajectory_id!r} already has a reward")
-        group.rewards[trajectory_id] = value
-        held = group.held.pop(trajectory_id, None)
-        held_reg = group.held_regulariser.pop(trajectory_id, None)
         dropping = failed and self.objective.failed == "drop"
-        if group.leaves is not None:
-            group.leaves.on_reward(trajectory_id, value, dropping, self._regulariser_apart)
-        if dropping:
-            group.dropped.add(trajectory_id)
-            if trajectory_id in group.scores:
-                group.scored_dropped.add(trajectory_id)
-            group.scores.pop(trajectory_id, None)
-            group.regulariser.pop(trajectory_id, None)
-            release(self._store, held, held_reg)
-        else:
-            if held is not None and trajectory_id in group.flagged:
-                group.add_flagged(self._store, value, held)
-            elif held is not None:
-                group.add_known(self._store, value, held)
-            if held_reg is not None and self.filter_groups:
-                group.add_regulariser(self._store, held_reg)  # the step gets it once the group is known kept
-            elif held_reg is not None:
-                self._step.add_flat(self._step_buffer("regulariser_now"), held_reg)
-                group.direct += 1
+        to_step = group.add_reward(
+            trajectory_id, value, dropping, self._store, self._regulariser_apart, self.filter_groups
+        )
+        if to_step is not None:
+            self._step.add_flat(self._step_buffer("regulariser_now"), to_step)
         if group.all_rewards_known():
             if self.filter_groups:
                 self._decide(group)
@@ -355,6 +268,21 @@ class StreamingGRPO:
         terms = trajectory_terms(self.objective, scores, engine_logprobs, teacher_logprobs)
         self._add(ids, terms, prefix, watch)
 
+    def add_scored(
+        self,
+        trajectories: Sequence[Trajectory],
+        scores: TokenScores,
+        *,
+        entropy_threshold: float | None = None,
+        prefix: SharedPrefix | None = None,
+        watch: ForwardWatch | None = None,
+    ) -> None:
+        """:meth:`add_tokens` of a module's scores of ``trajectories``, the objective's options
+        applied by the core's one recipe (:func:`~thundersync_lightning.core.scoring.scored_inputs`)."""
+        scores, engine, teacher = scored_inputs(self.objective, trajectories, scores, entropy_threshold)
+        ids = [t.trajectory_id for t in trajectories]
+        self.add_tokens(ids, scores, engine, teacher_logprobs=teacher, prefix=prefix, watch=watch)
+
     @property
     def _regulariser_apart(self) -> bool:
         """grad R_i is kept out of the s-scaled sums (only where s is global: ``scale="batch"``,
@@ -370,9 +298,9 @@ class StreamingGRPO:
     ) -> None:
         if len(set(ids)) != len(ids):
             raise DuplicateEventError(f"add_tokens got a trajectory id twice: {ids}")
-        late = [i for i, tid in enumerate(ids) if tid in self._dropped_closed]
+        late = [i for i, tid in enumerate(ids) if tid in self._ledger.dropped_closed]
         for i in late:  # dropped after a failed verdict, its group already closed: counts nowhere
-            if self._dropped_closed[ids[i]]:
+            if self._ledger.dropped_closed[ids[i]]:
                 raise DuplicateEventError(f"trajectory {ids[i]!r} already has a logprob")
         keep = [i for i in range(len(ids)) if i not in set(late)]
         rows = [ids[i] for i in keep]
@@ -387,37 +315,37 @@ class StreamingGRPO:
         jobs = jobs_of(routing, rows, terms)
         label = rows[0] if len(rows) == 1 else f"{len(rows)} trajectories"
         # a destination whose coefficient is still unknown may stay deferred (on the device only)
-        deferrable = [self._store.on_device and kind in ("sum", "held", "regulariser_held") for kind, _, _ in jobs]
+        deferrable = [self._store.on_device and job.destination.deferrable for job in jobs]
         grads, passes = self.backend.deliver(LearnerCall(label, jobs, terms, inputs, keep, deferrable, watch))
-        self._backward += passes
+        self._ledger.backward_passes += passes
         # every check passed and every backward ran: now change state
         if prefix is not None and rows:
-            group = owners[0][1]
-            leaves = group.leaves = group.leaves or LeafSums(prefix)
+            leaves = owners[0][1].leaf_sums(prefix)
             n = len(self._params)
-            for (kind, key, _), g in zip(jobs, grads):
-                leaves.add(kind, key, prefix.flatten(g[n:]), self._regulariser_apart)
+            for job, g in zip(jobs, grads):
+                leaves.add(job.destination, prefix.flatten(g[n:]), self._regulariser_apart)
             grads = [g[:n] for g in grads]
         for i in late:
-            self._dropped_closed[ids[i]] = True
+            self._ledger.dropped_closed[ids[i]] = True
         if terms.flagged is not None:  # before the gradients land: a held one is routed by it
             for i, (tid, (_, group)) in enumerate(zip(rows, owners)):
                 if bool(terms.flagged[i]):
-                    group.flagged.add(tid)
-        self._skipped += len(late) + routing.skipped
-        for (kind, key, _), g in zip(jobs, grads):
-            if kind in ("direct", "regulariser_now"):
-                self._step.add_grads(self._step_buffer(kind), g)
+                    group.flag(tid)
+        self._ledger.skipped += len(late) + routing.skipped
+        for job, g in zip(jobs, grads):
+            dest = job.destination
+            if dest.to_step:
+                self._step.add_grads(self._step_buffer(dest.kind), g)
             else:
-                gid = key[0] if kind == "sum" else key if kind == "regulariser_sum" else self._owner[key]
-                self._groups[gid].take(kind, key, g, self._store)
+                gid = dest.group if dest.group is not None else self._owner[dest.trajectory]
+                self._groups[gid].take(dest, g, self._store)
         for i in routing.touched:
-            owners[i][1].direct += 1
+            owners[i][1].touch_step()
         for i, (tid, (_, group)) in enumerate(zip(rows, owners)):
             regulariser = routing.regulariser[i] if routing.regulariser is not None else None
             weights = tuple(terms.is_weights[i].tolist()) if terms.is_weights is not None else (0.0, 0.0)
             group.record_score(tid, routing.scores[i], float(terms.tokens[i]), regulariser, weights)
-        self._on_policy = self._on_policy + terms.on_policy
+        self._ledger.on_policy = self._ledger.on_policy + terms.on_policy
         touched = list({id(g): (gid, g) for gid, g in owners}.values())
         for gid, group in touched:
             if gid in self._groups:
@@ -434,17 +362,17 @@ class StreamingGRPO:
         group = self._groups.get(group_id)
         if group is None:
             raise GroupError(f"group {group_id!r} is not open (unknown, already folded or aborted)")
-        if group.direct:
+        if group.reached_step:
             raise GroupError(
                 f"group {group_id!r} cannot be aborted: part of its gradient is already in the step's "
                 "gradient (it cannot be removed exactly); deliver its remaining events instead"
             )
         group.drop(self._store)
-        group.leaves = None
+        group.drop_leaves()
         del self._groups[group_id]
         for t in group.members:
             del self._owner[t]
-        self._aborted += 1
+        self._ledger.aborted += 1
         self._count(group_id)
 
     # ------------------------------------------------------------------ barrier
@@ -458,33 +386,16 @@ class StreamingGRPO:
         if self._groups:
             raise OpenGroupsError("cannot finish the step: " + self._describe_open())
         check_unchanged(self._params, self._versions)
-        if num_groups is not None and (num_groups < len(self._folded) or num_groups < 0):
-            raise GroupError(f"num_groups={num_groups} is smaller than the {len(self._folded)} groups folded here")
-        glob = totals if totals is not None else self._totals
+        folded = len(self._ledger.folded)
+        if num_groups is not None and (num_groups < folded or num_groups < 0):
+            raise GroupError(f"num_groups={num_groups} is smaller than the {folded} groups folded here")
+        glob = totals if totals is not None else self._ledger.totals
         if num_groups is not None:
             glob = replace(glob, groups=float(num_groups))
         d = self.objective.denominator(glob)
         s = self.objective.batch_scale(glob)
-        report = StreamingReport(
-            groups_folded=len(self._folded),
-            groups_aborted=self._aborted,
-            groups_filtered=len(self._filtered),
-            trajectories=sum(s_.size for s_ in self._folded),
-            num_groups=int(glob.groups),
-            objective=self._objective,
-            groups=tuple(self._folded),
-            peak_bytes=self._store.peak(),
-            backward_passes=self._backward,
-            skipped_backward_passes=self._skipped,
-            regulariser=self._regulariser,
-            denominator=d,
-            batch_scale=s,
-            totals=self._totals,
-            on_policy=self._on_policy,
-            dropped=sum(s_.dropped for s_ in self._folded),
-            peak_held_trajectories=self._bounds.peak_held,
-            peak_held_bytes=self.peak_held_bytes,
-        )
+        held = (self._bounds.peak_held, self.peak_held_bytes)
+        report = self._ledger.report(glob, d, s, self._store.peak(), held)
         self._step.apply(self._params, s, d)
         self._spent = True
         return report
@@ -495,50 +406,26 @@ class StreamingGRPO:
         return self._step.unscaled() if kind == "regulariser_now" and self._regulariser_apart else self._step.scaled()
 
     def _decide(self, group: GroupSums) -> None:
-        """Dynamic sampling, every verdict in: filter a group without signal (its R sum is freed), or
-        move a kept group's R sum into the step's gradient."""
-        group.filtered = not informative(group.reward_tensor().tolist(), self.objective.singleton == "reward")
-        if group.regulariser_sum is None:
-            return
-        if group.filtered:
-            release(self._store, group.regulariser_sum)
-        else:
-            self._step.add_flat(self._step_buffer("regulariser_now"), group.regulariser_sum)
-            group.direct += 1
-        group.regulariser_sum = None
+        """Dynamic sampling, every verdict in: a kept group's R sum joins the step's gradient."""
+        kept = group.decide(self.objective, self._store)
+        if kept is not None:
+            self._step.add_flat(self._step_buffer("regulariser_now"), kept)
 
     def _fold_buffers(self, group: GroupSums) -> None:
         """All verdicts known: a_g, b_g are fixed, so move the group's sums into the step's gradient."""
-        if group.has_sums and not group.filtered and not group.zero_advantage(self.objective):
-            a, b = group.coefficients(self.objective)
-            group.fold_into(self._step.scaled(), self._store, a, b)
-            group.direct += 1
-        group.drop(self._store)
+        group.fold(self.objective, self._step.scaled, self._store)
 
     def _maybe_close(self, gid: Hashable, group: GroupSums) -> None:
         if not group.complete():
             return
         a, b = group.coefficients(self.objective)
-        if group.filtered:  # counts nowhere: its prompt's leaf sums are dropped unused
-            group.leaves = None
-            del self._groups[gid]
-            for t in group.dropped:
-                self._dropped_closed[t] = t in group.scored_dropped
-            self._filtered.append(group.close(gid, a, b).stat)
-            return
-        if group.leaves is not None:
+        if group.leaves is not None and not group.filtered:  # a filtered group's leaf sums go unused
             for kind, grads in prefix_backward(group.leaves, self._params, a, b):
-                self._backward += 1
+                self._ledger.backward_passes += 1
                 self._step.add_grads(self._step_buffer(kind), grads)
-            group.leaves = None
-        closed = group.close(gid, a, b)
-        self._objective += closed.objective
-        self._regulariser += closed.regulariser
-        self._totals = self._totals + closed.totals
+        group.drop_leaves()
         del self._groups[gid]
-        for t in group.dropped:
-            self._dropped_closed[t] = t in group.scored_dropped
-        self._folded.append(closed.stat)
+        self._ledger.close(gid, group, a, b)
 
     def _describe_open(self) -> str:
         parts = [g.describe_missing(gid) for gid, g in self._groups.items()]

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
-from ..errors import ConfigError
+from ..registry import Registry
 
 __all__ = [
     "EstimatorName",
@@ -31,6 +32,8 @@ __all__ = [
     "register_estimator",
     "get_estimator",
     "available_estimators",
+    "grpo_coefficients",
+    "unknown_estimator",
     "advantages",
 ]
 
@@ -44,38 +47,40 @@ class EstimatorName(str, enum.Enum):
     RLOO = "rloo"
 
 
-_REGISTRY: dict[str, Coefficients] = {}
+_REGISTRY: Registry[Coefficients] = Registry(
+    "advantage estimator",
+    "register your own with thundersync_lightning.core.register_estimator",
+    normalize=lambda name: str(getattr(name, "value", name)).lower(),
+)
 
 
-def register_estimator(name: str, coefficients: Coefficients, *, overwrite: bool = False) -> Coefficients:
-    """Register an affine-in-reward estimator ``(rewards, eps) -> (a_g, b_g)`` under ``name``."""
-    key = str(name).lower()
-    if key in _REGISTRY and not overwrite:
-        raise ValueError(f"estimator {key!r} is already registered; pass overwrite=True to replace it")
-    _REGISTRY[key] = coefficients
-    return coefficients
+def register_estimator(name: str, coefficients: Coefficients | None = None, *, overwrite: bool = False) -> Any:
+    """Register an affine-in-reward estimator ``(rewards, eps) -> (a_g, b_g)`` under ``name`` (a call, or
+    a decorator without ``coefficients``; :class:`~thundersync_lightning.core.registry.Registry` rules)."""
+    return _REGISTRY.register(name, coefficients, overwrite=overwrite)
 
 
 def get_estimator(name: str | EstimatorName) -> Coefficients:
-    key = name.value if isinstance(name, EstimatorName) else str(name).lower()
-    try:
-        return _REGISTRY[key]
-    except KeyError:
-        raise ConfigError(
-            f"unknown advantage estimator {name!r}; valid names: {', '.join(sorted(_REGISTRY))} "
-            "(register your own with thundersync_lightning.core.register_estimator)"
-        ) from None
+    return _REGISTRY.get(name)  # type: ignore[arg-type]
+
+
+def unknown_estimator(name: str) -> str:
+    """The message for an unknown estimator name (valid names, did-you-mean)."""
+    return _REGISTRY.unknown(name)
 
 
 def available_estimators() -> tuple[str, ...]:
-    return tuple(sorted(_REGISTRY))
+    return _REGISTRY.names()
 
 
-def _grpo(rewards: torch.Tensor, eps: float) -> tuple[float, float]:
-    mu = rewards.mean()
-    sigma = rewards.std(correction=0)
-    scale = 1.0 / (sigma + eps)
-    return float(scale), float(-mu * scale)
+def grpo_coefficients(rewards: torch.Tensor, eps: float, *, correction: int = 0, per_group: bool = True):
+    """GRPO: A_i = (r_i - mu) / (sigma + eps) (``correction`` 1: sample std); ``per_group=False``
+    (the objective's ``scale="batch"``): r_i - mu, scaled by the batch at the barrier."""
+    mu = float(rewards.mean())
+    if not per_group:
+        return 1.0, -mu
+    sigma = float(rewards.std(correction=correction))
+    return 1.0 / (sigma + eps), -mu / (sigma + eps)
 
 
 def _drgrpo(rewards: torch.Tensor, eps: float) -> tuple[float, float]:
@@ -88,7 +93,7 @@ def _rloo(rewards: torch.Tensor, eps: float) -> tuple[float, float]:
     return k, float(-k * rewards.mean())
 
 
-register_estimator(EstimatorName.GRPO.value, _grpo)
+register_estimator(EstimatorName.GRPO.value, grpo_coefficients)
 register_estimator(EstimatorName.DRGRPO.value, _drgrpo)
 register_estimator(EstimatorName.RLOO.value, _rloo)
 

@@ -48,8 +48,9 @@ from typing import Any, Literal
 import torch
 
 from ..errors import ConfigError
-from .estimators import available_estimators, get_estimator
+from .estimators import available_estimators, get_estimator, unknown_estimator
 from .rejection import RejectionOption, parse_rejection
+from .totals import BatchTotals
 
 __all__ = [
     "Objective",
@@ -76,34 +77,6 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "is_correction": ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
     "failed": ("zero", "drop"),
 }
-
-
-@dataclass(frozen=True, slots=True)
-class BatchTotals:
-    """Counts of one step that set the normaliser D and the batch scale (sum over ranks).
-
-    ``reward_*`` are moments of the kept rewards (for ``scale="batch"``), ``is_weight_*`` the sum and
-    count of their importance weights (for ``is_batch_normalize``).
-    """
-
-    groups: float = 0.0
-    sequences: float = 0.0
-    tokens: float = 0.0
-    reward_count: float = 0.0
-    reward_sum: float = 0.0
-    reward_sq_sum: float = 0.0
-    is_weight_sum: float = 0.0  # importance weights of kept trajectories (``is_batch_normalize``)
-    is_weight_count: float = 0.0
-
-    def as_tensor(self) -> torch.Tensor:
-        return torch.tensor([getattr(self, f.name) for f in fields(self)], dtype=torch.float64)
-
-    @staticmethod
-    def from_tensor(t: torch.Tensor) -> BatchTotals:
-        return BatchTotals(*(float(v) for v in t.tolist()))
-
-    def __add__(self, other: BatchTotals) -> BatchTotals:
-        return BatchTotals(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,10 +183,7 @@ class Objective:
         problems = []
         object.__setattr__(self, "estimator", str(getattr(self.estimator, "value", self.estimator)).lower())
         if self.estimator not in available_estimators():
-            problems.append(
-                f"unknown advantage estimator {self.estimator!r}; valid names: {', '.join(available_estimators())} "
-                "(register your own with thundersync_lightning.core.register_estimator)"
-            )
+            problems.append(unknown_estimator(self.estimator))
         for name, choices in _CHOICES.items():
             if getattr(self, name) not in choices:
                 problems.append(f"{name}={getattr(self, name)!r} is not one of {choices}")
@@ -381,13 +351,9 @@ class Objective:
             return (1.0 / (1.0 + self.eps) if grpo and self.scale == "group" else 1.0), 0.0
         if bool((rewards == rewards[0]).all()):
             return 0.0, 0.0
-        if grpo:
-            mu = float(rewards.mean())
-            if self.scale != "group":
-                return 1.0, -mu
-            sigma = float(rewards.std(correction=self._correction))
-            return 1.0 / (sigma + self.eps), -mu / (sigma + self.eps)
-        return get_estimator(self.estimator)(rewards, self.eps)
+        # the built-in GRPO takes the objective's std and scale (the registered grpo_coefficients)
+        options = {"correction": self._correction, "per_group": self.scale == "group"} if grpo else {}
+        return get_estimator(self.estimator)(rewards, self.eps, **options)
 
     def advantages(self, rewards: torch.Tensor, batch_scale: float = 1.0) -> torch.Tensor:
         """A_i of one group's kept rewards (the slow path the stream is tested against)."""

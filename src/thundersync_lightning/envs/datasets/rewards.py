@@ -34,6 +34,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ...core.errors import ConfigError, ThunderSyncError
+from ...core.registry import Registry
 from ..user_code import import_object
 
 __all__ = ["RewardFn", "RewardError", "register_reward", "get_reward", "resolve_reward", "call_reward",
@@ -42,41 +43,25 @@ __all__ = ["RewardFn", "RewardError", "register_reward", "get_reward", "resolve_
 
 RewardFn = Callable[..., float]
 
-_REGISTRY: dict[str, RewardFn] = {}
+_REGISTRY: Registry[RewardFn] = Registry("reward", "or give {function: 'module:callable'}")
 
 
 class RewardError(ThunderSyncError):
     """A reward function raised or returned a value that is not a finite number."""
 
 
-def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
-    """Decorator: register ``fn`` as ``name`` (a name is registered once)."""
-
-    def add(fn: RewardFn) -> RewardFn:
-        if name in _REGISTRY and _REGISTRY[name] is not fn:
-            raise ConfigError(f"reward {name!r} is already registered ({_REGISTRY[name].__qualname__})")
-        _REGISTRY[name] = fn
-        return fn
-
-    return add
+def register_reward(name: str, fn: RewardFn | None = None, *, overwrite: bool = False) -> Any:
+    """Register ``fn`` as ``name``: ``@register_reward(name)`` or ``register_reward(name, fn)``
+    (:class:`~thundersync_lightning.core.registry.Registry` rules: a taken name needs ``overwrite=True``)."""
+    return _REGISTRY.register(name, fn, overwrite=overwrite)
 
 
 def reward_names() -> list[str]:
-    return sorted(_REGISTRY)
+    return list(_REGISTRY.names())
 
 
 def get_reward(name: str) -> RewardFn:
-    if name not in _REGISTRY:
-        raise ConfigError(f"unknown reward {name!r}; registered: {', '.join(reward_names())}; or give "
-                          "{function: 'module:callable'}" + _did_you_mean(name, reward_names()))
-    return _REGISTRY[name]
-
-
-def _did_you_mean(name: str, choices: Sequence[str]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(name, choices, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
+    return _REGISTRY.get(name)
 
 
 class _Bound:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ...core.errors import ConfigError
+from ...core.registry import Registry
 
 __all__ = ["ToolCall", "CallError", "ParsedTurn", "ToolParser", "register_tool_parser", "get_tool_parser",
            "tool_parser_names", "parse_hermes", "MAX_DEPTH", "nesting"]
@@ -56,28 +56,21 @@ class ParsedTurn:
 
 ToolParser = Callable[[str], ParsedTurn]
 
-_PARSERS: dict[str, ToolParser] = {}
+_PARSERS: Registry[ToolParser] = Registry("tool parser", "add one with register_tool_parser")
 
 
-def register_tool_parser(*names: str) -> Callable[[ToolParser], ToolParser]:
-    def add(fn: ToolParser) -> ToolParser:
-        for name in names:
-            _PARSERS[name] = fn
-        return fn
-
-    return add
+def register_tool_parser(name: str, fn: ToolParser | None = None, *, overwrite: bool = False) -> Any:
+    """Register ``fn`` as ``name``: ``@register_tool_parser(name)`` or ``register_tool_parser(name, fn)``
+    (:class:`~thundersync_lightning.core.registry.Registry` rules: a taken name needs ``overwrite=True``)."""
+    return _PARSERS.register(name, fn, overwrite=overwrite)
 
 
 def tool_parser_names() -> tuple[str, ...]:
-    return tuple(sorted(_PARSERS))
+    return _PARSERS.names()
 
 
 def get_tool_parser(name: str) -> ToolParser:
-    try:
-        return _PARSERS[name]
-    except KeyError:
-        raise ConfigError(f"unknown tool parser {name!r}; known: {', '.join(tool_parser_names())} "
-                          "(add one with register_tool_parser)") from None
+    return _PARSERS.get(name)
 
 
 _THINK = re.compile(r"<think>.*?(</think>|$)", re.S)
@@ -147,7 +140,7 @@ def _call(body: str) -> ToolCall | CallError:
     return ToolCall(name, args)
 
 
-@register_tool_parser("hermes", "qwen")
+@register_tool_parser("hermes")
 def parse_hermes(text: str) -> ParsedTurn:
     """``<tool_call>{json}</tool_call>`` blocks outside ``<think>``."""
     visible = _THINK.sub("", text)
@@ -164,3 +157,6 @@ def parse_hermes(text: str) -> ParsedTurn:
         start = m.end()
     kept.append(_BLOCK.sub("", text[start:]))
     return ParsedTurn(content, tuple(calls), "".join(kept).strip())
+
+
+register_tool_parser("qwen", parse_hermes)  # the same format

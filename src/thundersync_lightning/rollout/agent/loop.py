@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -64,37 +64,13 @@ from ...core.types import (
 )
 from ..sampling import turn_seed
 from .env_pool import EnvPool, Outcome, run_detached
+from .generation import GenerateFn, Generation, GenerationRequest
 from .group_gate import VerdictGate, task_key
 from .verdict import check_verdict, reward_parts
 
 __all__ = ["GenerationRequest", "Generation", "GenerateFn", "AgentLoop", "check_verdict"]
 
 
-@dataclass(frozen=True, slots=True)
-class GenerationRequest:
-    """Continue ``prefix`` by at most ``max_new_tokens`` tokens, sampling with ``seed``.
-
-    Generation stops after emitting ``stop_token`` (included in the output) when it is set.
-    """
-
-    prefix: tuple[int, ...]
-    seed: int
-    max_new_tokens: int
-    stop_token: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Generation:
-    """Sampled tokens and their logprobs (one per token; see ``rollout.sampling``)."""
-
-    tokens: tuple[int, ...]
-    logprobs: tuple[float, ...]
-
-
-GenerateFn = Callable[[Sequence[GenerationRequest]], Sequence[Generation]]
-"""Batched generation: one :class:`Generation` per request, in the same order. It must be a
-pure function of (prefix, seed, weights): the same request gives the same tokens whatever else is
-in the batch."""
 
 
 def _same_task(prepared: _Episode, wanted: _Episode) -> bool:

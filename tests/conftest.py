@@ -6,6 +6,12 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import settings
+
+# No wall-clock deadline on property tests: CI's 2 shared cores make a run's time a fact about the
+# machine's load, not about the code (a 520 ms example failed a 200 ms deadline under load).
+settings.register_profile("suite", deadline=None)
+settings.load_profile("suite")
 
 
 def _restored() -> Iterator[None]:

@@ -55,3 +55,18 @@ def make_box(sandbox_budget: BoundedDir) -> Iterator:
     yield factory
     for lease in leases:
         lease.release()
+
+
+@pytest.fixture(scope="module")
+def podman_service() -> Iterator:
+    """A podman service on a unix socket (a sandbox host's stand-in; see :mod:`.podman_service`)."""
+    from thundersync_lightning.envs.sandbox import find_engine
+
+    from .podman_service import PodmanService
+
+    engine = find_engine("podman")
+    if engine is None:
+        pytest.skip("needs podman (make test-containers)")
+    service = PodmanService(engine)
+    yield service
+    service.close()

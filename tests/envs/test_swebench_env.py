@@ -380,13 +380,18 @@ def instance_image():
         shutil.rmtree(ctx, ignore_errors=True)
 
 
-@pytest.fixture
-def swebench_source(instance_image, tmp_path):
+@pytest.fixture(params=["local", "sandbox_host"])
+def swebench_source(request, instance_image, tmp_path):
+    """The instance on this host's engine, and on a sandbox host (a podman service reached by URL):
+    every container test below holds on both."""
     tag, base = instance_image
     path = write_jsonl([swebench_row(TASK, image=tag, base_commit=base)], str(tmp_path))
+    hosts = None
+    if request.param == "sandbox_host":
+        hosts = [{"url": request.getfixturevalue("podman_service").url, "capacity": 4}]
     return SWEbenchTasks(instances=path, engine="podman", command_timeout_s=60, eval_timeout_s=300,
                          memory="1g", nproc=256, sandbox_root="/tmp/thundersync-test-sandboxes",
-                         uid_base=3_970_000, uid_count=32)
+                         uid_base=3_970_000, uid_count=32, sandbox_hosts=hosts)
 
 
 def act(env, text):
@@ -434,9 +439,9 @@ def test_in_a_container_code_under_test_cannot_read_the_eval_shells_memory(swebe
 
     seen = []
 
-    def spy(spec, result, secrets, patch, declared=None):
+    def spy(spec, result, secrets, patch, declared=None, config=None):
         seen.append((result.text, secrets))
-        return grade_eval_run(spec, result, secrets, patch, declared)
+        return grade_eval_run(spec, result, secrets, patch, declared, config)
 
     grade_eval_run = swebench_env.grade_eval_run
     monkeypatch.setattr(swebench_env, "grade_eval_run", spy)
@@ -485,11 +490,21 @@ def test_a_container_command_is_contained_and_cleaned_up(swebench_source):
             assert probe.exit_code != 0 and "Connection refused" in probe.text
         finally:
             listener.close()
-        ps = subprocess.run([engine, "--runtime", "/usr/sbin/runc", "ps", "-a", "--format", "{{.Names}}"],
-                            capture_output=True, text=True, check=True).stdout
-        assert not [n for n in ps.split() if n.startswith("tsl-")]
+        # only a sandbox host's volume holders live between commands
+        assert not [n for n in ours(engine, "ps") if not n.startswith("tsl-hold-")]
     finally:
         env.close()
+    assert not ours(engine, "ps") and not ours(engine, "volume")
+
+
+def ours(engine: str, what: str) -> list[str]:
+    """This process's containers (``ps``) or volumes (``volume``) in podman's storage."""
+    from thundersync_lightning.envs.sandbox.reaper import owner_labels
+
+    label = owner_labels()[-1]
+    args = ["ps", "-a", "--format", "{{.Names}}"] if what == "ps" else ["volume", "ls", "--format", "{{.Name}}"]
+    return subprocess.run([engine, "--runtime", "/usr/sbin/runc", *args, "--filter", f"label={label}"],
+                          capture_output=True, text=True, check=True).stdout.split()
 
 
 @pytest.mark.container

@@ -26,15 +26,24 @@ import subprocess
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
+from ...core.errors import ConfigError
 from .base import RunGuard, SandboxError, SandboxLimits, SandboxResult, check_command, run_bounded
 from .fs import BoundedDir, check_budget
+from .hosts import host_fault, probe
 from .reaper import ContainerReaper, container_name, owner_labels, reaper_for
 
-__all__ = ["ContainerConfig", "ContainerSandbox", "find_engine", "image_exists", "copy_from_image"]
+if TYPE_CHECKING:
+    from .volumes import BoundedVolume
+
+__all__ = ["ContainerConfig", "ContainerSandbox", "find_engine", "image_exists", "copy_from_image", "locked_down_args",
+           "global_args"]
 
 WORKDIR = "/testbed"
+URL_SCHEMES = ("unix://", "ssh://", "tcp://")
 _RUNC = "/usr/sbin/runc"
+_REMOTE_RM_S = 30.0  # a host that went away answers no rm: the reaper keeps the name
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +56,15 @@ class ContainerConfig:
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     memory: str = "2g"
     shell: str = "/bin/bash"
+    url: str | None = None  # podman's service on a sandbox host (``podman --url``); None: this host's engine
+
+    def __post_init__(self) -> None:
+        if self.url is not None and not self.url.startswith(URL_SCHEMES):
+            raise ConfigError(f"ContainerConfig: url={self.url!r} must start with one of {', '.join(URL_SCHEMES)} "
+                              "(podman --url: unix:///run/podman/podman.sock, ssh://user@host/run/podman/podman.sock, "
+                              "tcp://host:port)")
+        if self.url is not None and self.engine == "docker":
+            raise ConfigError("ContainerConfig: url names a podman service; engine='docker' has none")
 
 
 @functools.lru_cache(maxsize=8)
@@ -69,9 +87,12 @@ def _is_podman(engine: str) -> bool:
     return os.path.basename(engine) == "podman"
 
 
-def _global_args(engine: str, config: ContainerConfig) -> list[str]:
+def global_args(engine: str, config: ContainerConfig) -> list[str]:
+    """The engine's global arguments: the service URL (remote) or podman's OCI runtime."""
     if not _is_podman(engine):
         return []
+    if config.url is not None:  # the service's own runtime applies (the remote client has no --runtime)
+        return ["--url", config.url]
     runtime = config.runtime
     if runtime == "auto":
         runtime = _RUNC if os.path.exists(_RUNC) else ""
@@ -92,7 +113,7 @@ def copy_from_image(image: str, src: str, dest: str, config: ContainerConfig | N
     engine = find_engine(config.engine)
     if engine is None:
         raise SandboxError("no container engine (podman or a running docker) found")
-    g = _global_args(engine, config)
+    g = global_args(engine, config)
     reaper = reaper_for(engine, g)
     name = container_name("cp")
     reaper.started(name)
@@ -110,15 +131,36 @@ def copy_from_image(image: str, src: str, dest: str, config: ContainerConfig | N
         reaper.finished(name)
 
 
+def locked_down_args(engine: str, config: ContainerConfig, uid: int, name: str,
+                     add_caps: tuple[str, ...] = (), detach: bool = False) -> list[str]:
+    """``run`` arguments every container of ours gets, before its mounts (see the module docstring);
+    ``add_caps``: only for set-up containers that copy the image's files before any agent acts."""
+    lim = config.limits
+    return [
+        engine, *global_args(engine, config), "run", "--rm", "-d" if detach else "-i", "--name", name,
+        "--pull=never", *(["--http-proxy=false"] if _is_podman(engine) else []), *owner_labels(),
+        "--network", "none", "--read-only", "--cap-drop", "all", *[a for c in add_caps for a in ("--cap-add", c)],
+        "--security-opt", "no-new-privileges", "--user", f"{uid}:{uid}",
+        "--log-driver", "none", "--pids-limit", str(lim.nproc), "--memory", config.memory,
+        "--memory-swap", config.memory, "--cpus", f"{lim.cpus:g}", "--shm-size", str(lim.dev_bytes),
+        "--ulimit", f"nofile={lim.nofile}:{lim.nofile}", "--ulimit", f"nproc={lim.nproc}:{lim.nproc}",
+        "--ulimit", f"fsize={lim.fsize_bytes}:{lim.fsize_bytes}",
+        "--tmpfs", f"/tmp:rw,size={lim.tmpfs_bytes},mode=1777",
+    ]
+
+
 class ContainerSandbox:
-    """Runs each command in a fresh container of ``image`` with ``workdir`` bound at /testbed
-    (and ``ro_volumes``: host path -> read-only path inside). ``workdir`` must lie inside
-    ``budget`` (its disk and inode budget; without one, a constructor error)."""
+    """Runs each command in a fresh container of ``image`` with ``workdir`` bound at ``mount_at``
+    (/testbed; and ``ro_volumes``: source -> read-only path inside). ``workdir`` is a host
+    directory inside ``budget`` (its disk and inode budget; without one, a constructor error), or a
+    :class:`~.volumes.BoundedVolume` on the engine's host (``config.url``), its own budget.
+    A volume's name is a source in ``ro_volumes`` too."""
 
     def __init__(
-        self, workdir: str, image: str, uid: int, config: ContainerConfig | None = None,
+        self, workdir: str | BoundedVolume, image: str, uid: int, config: ContainerConfig | None = None,
         env: Mapping[str, str] | None = None, guard: RunGuard | None = None,
-        ro_volumes: Mapping[str, str] | None = None, *, budget: BoundedDir,
+        ro_volumes: Mapping[str, str] | None = None, *, budget: BoundedDir | None = None,
+        mount_at: str = WORKDIR, add_caps: tuple[str, ...] = (),
     ) -> None:
         self.config = config or ContainerConfig()
         engine = find_engine(self.config.engine)
@@ -127,35 +169,34 @@ class ContainerSandbox:
                 f"ContainerSandbox: no container engine for engine={self.config.engine!r}: install podman "
                 "(apt-get install podman runc) or start a docker daemon."
             )
-        if not os.path.isdir(workdir):
-            raise SandboxError(f"ContainerSandbox: workdir {workdir!r} does not exist")
+        if self.config.url is not None and not _is_podman(engine):
+            raise SandboxError(f"ContainerSandbox: url={self.config.url!r} needs podman, found {engine}")
         self.engine, self.image, self.uid = engine, image, uid
-        self.workdir = os.path.abspath(workdir)
-        self.budget = check_budget("ContainerSandbox", budget, [self.workdir])
+        self.mount_at, self.add_caps = mount_at, tuple(add_caps)
+        if not isinstance(workdir, str):  # a BoundedVolume (imports this module)
+            self.workdir, self.budget = workdir.name, None
+        else:
+            if budget is None:
+                raise SandboxError("ContainerSandbox: a host workdir needs its disk budget (budget=BoundedDir)")
+            if not os.path.isdir(workdir):
+                raise SandboxError(f"ContainerSandbox: workdir {workdir!r} does not exist")
+            self.workdir = os.path.abspath(workdir)
+            self.budget = check_budget("ContainerSandbox", budget, [self.workdir])
         self.env = dict(env or {})
         self.ro_volumes = dict(ro_volumes or {})
         self.guard = guard if guard is not None else RunGuard()
-        reaper_for(engine, _global_args(engine, self.config))  # started now: its sweep removes dead owners' containers
+        reaper_for(engine, global_args(engine, self.config))  # started now: its sweep removes dead owners' containers
 
     @property
     def reaper(self) -> ContainerReaper:
         """This process's reaper for the engine (a forked child gets its own)."""
-        return reaper_for(self.engine, _global_args(self.engine, self.config))
+        return reaper_for(self.engine, global_args(self.engine, self.config))
 
     def argv(self, command: str, name: str, timeout_s: float) -> list[str]:
-        lim = self.config.limits
         secs = max(1, int(timeout_s + 0.999))
         argv = [
-            self.engine, *_global_args(self.engine, self.config), "run", "--rm", "-i", "--name", name,
-            "--pull=never", *(["--http-proxy=false"] if _is_podman(self.engine) else []), *owner_labels(),
-            "--network", "none", "--read-only", "--cap-drop", "all",
-            "--security-opt", "no-new-privileges", "--user", f"{self.uid}:{self.uid}",
-            "--log-driver", "none", "--pids-limit", str(lim.nproc), "--memory", self.config.memory,
-            "--memory-swap", self.config.memory, "--cpus", f"{lim.cpus:g}", "--shm-size", str(lim.dev_bytes),
-            "--ulimit", f"nofile={lim.nofile}:{lim.nofile}", "--ulimit", f"nproc={lim.nproc}:{lim.nproc}",
-            "--ulimit", f"fsize={lim.fsize_bytes}:{lim.fsize_bytes}",
-            "--tmpfs", f"/tmp:rw,size={lim.tmpfs_bytes},mode=1777",
-            "-v", f"{self.workdir}:{WORKDIR}:rw", "-w", WORKDIR,
+            *locked_down_args(self.engine, self.config, self.uid, name, self.add_caps),
+            "-v", f"{self.workdir}:{self.mount_at}:rw", "-w", self.mount_at,
             *[a for host, inside in self.ro_volumes.items() for a in ("-v", f"{host}:{inside}:ro")],
             "-e", "HOME=/tmp", "-e", "PYTHONDONTWRITEBYTECODE=1",
         ]
@@ -190,17 +231,35 @@ class ContainerSandbox:
                 guard=self.guard,
             )
         finally:
-            self._remove(name)
-            reaper.finished(name)  # only once rm returned (if it raised, the reaper keeps the name)
+            if self._remove(name):
+                reaper.finished(name)  # only once rm returned (if it did not, the reaper keeps the name)
         if result.exit_code not in (None, 0) and not result.cancelled and time.monotonic() - start >= timeout:
             note = f"\n[timed out after {timeout:g} s]\n".encode()
             result = replace(result, exit_code=None, timed_out=True, output=result.output + note)
+        self._check_host(result)
         return result
 
-    def _remove(self, name: str) -> None:
+    def _check_host(self, result: SandboxResult) -> None:
+        """On a remote engine, a client that failed (125) or hung: :class:`HostFault` when the
+        service no longer answers (see :mod:`.hosts`); agent code's own ``exit 125`` passes."""
+        url = self.config.url
+        if url is None or result.cancelled or not (result.exit_code == 125 or result.timed_out):
+            return
+        why = probe(self.engine, url)
+        if why is not None:
+            raise host_fault(url, why)
+
+    def _remove(self, name: str) -> bool:
+        """``rm -f`` the container; False when the engine did not answer in time (remote)."""
         args = ["rm", "-f", "-t", "0", name] if _is_podman(self.engine) else ["rm", "-f", name]
-        subprocess.run([self.engine, *_global_args(self.engine, self.config), *args],
-                       capture_output=True, timeout=120)
+        try:
+            subprocess.run([self.engine, *global_args(self.engine, self.config), *args],
+                           capture_output=True, timeout=_REMOTE_RM_S if self.config.url else 120)
+        except subprocess.TimeoutExpired:
+            if self.config.url is None:
+                raise
+            return False
+        return True
 
     def close(self) -> None:
         """Kill commands in flight (their containers removed), wait for them, refuse new ones."""

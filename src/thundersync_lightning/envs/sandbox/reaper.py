@@ -21,6 +21,9 @@ The reaper is one watchdog process per (engine, global arguments) per learner pr
   asked for), and exits.
 - **It must outlive the learner**: it runs in a session of its own (a signal to the learner's
   process group or terminal does not reach it) and is given no parent-death signal.
+- **Volumes.** A sandbox host's workspace trees (:mod:`.volumes`) are named and labelled like
+  containers; each has a holder container announced here, so the same end-of-file removes the
+  owner's volumes after its containers, and the sweep removes dead owners' volumes.
 - **Start-up sweep.** Every container carries ``tsl.host=<boot id>.<pid namespace>`` and
   ``tsl.owner=<host>.<pid>.<start time>`` labels and is named ``tsl-[cp-]<pid>-<start time>-<hex>``.
   When a watchdog starts it removes the containers of this host (same boot, same pid namespace)
@@ -235,19 +238,32 @@ def _labelled(spec: dict, label: str) -> list[str]:
     return _engine(spec, "ps", "-a", "--filter", f"label={label}", "--format", "{{.Names}}", timeout=60).split()
 
 
+def _labelled_volumes(spec: dict, label: str) -> list[str]:
+    if os.path.basename(spec["engine"]) != "podman":
+        return []
+    return _engine(spec, "volume", "ls", "--filter", f"label={label}", "--format", "{{.Name}}", timeout=60).split()
+
+
+def _remove_volumes(spec: dict, names: Sequence[str]) -> None:
+    """``volume rm -f`` each of ``names`` (a sandbox host's workspace trees: their RAM with them)."""
+    for name in names:
+        _engine(spec, "volume", "rm", "-f", name)
+
+
 def _alive(pid: int, start: int) -> bool:
     return process_start(pid) == start
 
 
 def sweep_dead_owners(spec: dict) -> list[str]:
     """Remove this host's containers whose owner process is gone; their names."""
-    dead = []
-    for name in _labelled(spec, f"tsl.host={spec['host']}"):
-        m = NAME_RE.match(name)
-        if m is not None and not _alive(int(m.group(1)), int(m.group(2))):
-            dead.append(name)
-    _remove(spec, dead)
-    return dead
+    def dead(names: list[str]) -> list[str]:
+        return [n for n in names if (m := NAME_RE.match(n)) is not None and not _alive(int(m.group(1)), int(m.group(2)))]
+
+    containers = dead(_labelled(spec, f"tsl.host={spec['host']}"))
+    _remove(spec, containers)
+    volumes = dead(_labelled_volumes(spec, f"tsl.host={spec['host']}"))
+    _remove_volumes(spec, volumes)  # after their holders: a volume in use is not removed
+    return containers + volumes
 
 
 def _clients(names: set[str]) -> list[int]:
@@ -308,6 +324,7 @@ def watch(spec: dict) -> None:
         _remove(spec, sorted(live | set(_labelled(spec, owner))))
         time.sleep(1.0)
         _remove(spec, _labelled(spec, owner))
+        _remove_volumes(spec, _labelled_volumes(spec, owner))
     sweep.join(300.0)
 
 

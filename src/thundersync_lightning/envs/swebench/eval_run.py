@@ -72,7 +72,7 @@ from ..code.runner import check_exit, new_key, parse_results, reporter_source, w
 from ..sandbox.base import SandboxResult
 
 __all__ = ["EVAL_DIR", "EvalSecrets", "frame_eval_script", "eval_command", "write_eval_dir", "reframe_log",
-           "uses_reporter", "grade_eval_run", "warn_if_dumpable", "SHELL_NAME"]
+           "uses_reporter", "grade_eval_run", "warn_if_dumpable", "SHELL_NAME", "eval_files"]
 
 log = logging.getLogger(__name__)
 
@@ -204,17 +204,23 @@ def frame_eval_script(script: str, plugin: str | None) -> str:
     return "\n".join(out)
 
 
-def write_eval_dir(directory: str, script: str, log_parser: str, shell: str) -> None:
-    """Write the instance's eval ``script``, framed, and (for pytest log parsers) the reporter to
-    ``directory`` (root-owned, read-only to others), and copy ``shell`` (a host path: the image's
-    bash, copied out of it) there as :data:`SHELL_NAME`, root-owned, execute-only (0711). The
-    reporter's module name is random per run: a file of that name in the work tree (first on
-    ``sys.path`` under ``python -m pytest``) cannot be prepared to stand in for it."""
+def eval_files(script: str, log_parser: str) -> list[tuple[str, str]]:
+    """The eval directory's text files (name, text): the instance's eval ``script``, framed, and (for
+    pytest log parsers) the reporter. The reporter's module name is random per run: a file of that
+    name in the work tree (first on ``sys.path`` under ``python -m pytest``) cannot be prepared to
+    stand in for it."""
     plugin = f"tsl_report_{token_hex(8)}" if uses_reporter(log_parser) else None
     files = [("eval.sh", frame_eval_script(script, plugin))]
     if plugin is not None:
         files.append((f"{plugin}.py", reporter_source()))
-    write_host_dir(directory, files)
+    return files
+
+
+def write_eval_dir(directory: str, script: str, log_parser: str, shell: str) -> None:
+    """Write :func:`eval_files` to ``directory`` (root-owned, read-only to others), and copy ``shell``
+    (a host path: the image's bash, copied out of it) there as :data:`SHELL_NAME`, root-owned,
+    execute-only (0711)."""
+    write_host_dir(directory, eval_files(script, log_parser))
     target = os.path.join(directory, SHELL_NAME)
     shutil.copyfile(shell, target, follow_symlinks=True)
     os.chown(target, 0, 0)

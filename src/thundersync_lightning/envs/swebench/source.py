@@ -33,6 +33,7 @@ from ..code.source import pick, uid_pool
 from ..code.tools import code_episode_tokens, tool_conversation, tool_renderer
 from ..sandbox.base import SandboxLimits
 from ..sandbox.container import ContainerConfig
+from ..sandbox.hosts import parse_hosts
 from .workspace import SWEbenchSettings, SWEbenchWorkspace
 
 __all__ = ['SWEbenchTasks', 'load_instances']
@@ -72,6 +73,13 @@ class SWEbenchTasks:
         memory: container memory limit (e.g. "4g"; swap is not allowed on top); nproc: pids limit;
             cpus: CPU share of one container.
         disk_bytes / disk_inodes: the workspace's tmpfs (RAM: the /testbed copies live there).
+        sandbox_hosts: podman services on sandbox hosts, each a URL (``podman --url``: ``ssh://user@host/run/podman/podman.sock``,
+            ``unix://``, ``tcp://``) or ``{url, capacity}`` (workspaces of this process at once; default 16).
+            Each episode leases a slot on the least-loaded host that answers; its trees are bounded
+            tmpfs volumes there (:mod:`..sandbox.volumes`); the image must be present on every host.
+            A host that goes away ends its episodes as host faults (``rollout/failures_count``) and
+            gets no new episode for 30 s. None: this host's engine. host_wait_s: how long an episode
+            waits for a free slot before it fails.
         val_instance_ids / val_fraction: held-out instances for validation
             (``RolloutDataModule(val_samples=...)``): these ids, or else the instances whose id
             hashes below ``val_fraction`` (0: no split; every instance trains). Training steps draw
@@ -105,6 +113,8 @@ class SWEbenchTasks:
         chat_template: str | None = None,
         template_kwargs: dict[str, Any] | None = None,
         tool_parser: str = "hermes",
+        sandbox_hosts: list[str | dict[str, Any]] | None = None,
+        host_wait_s: float = 600.0,
     ) -> None:
         if max_turns < 1 or max_action_tokens < 1:
             raise ConfigError("SWEbenchTasks: max_turns and max_action_tokens must be >= 1")
@@ -120,8 +130,11 @@ class SWEbenchTasks:
         self.settings = SWEbenchSettings(
             container=ContainerConfig(engine=engine, runtime=runtime, limits=limits, memory=memory),
             root=sandbox_root, eval_timeout_s=eval_timeout_s, image_override=image_override,
-            disk_bytes=disk_bytes, disk_inodes=disk_inodes,
+            disk_bytes=disk_bytes, disk_inodes=disk_inodes, hosts=parse_hosts(sandbox_hosts or ()),
+            host_wait_s=host_wait_s,
         )
+        if self.settings.hosts and engine not in ("auto", "podman"):
+            raise ConfigError(f"SWEbenchTasks: sandbox_hosts are podman services; engine={engine!r} cannot reach them")
         self.codec: TextCodec = HFTokenizerCodec(tokenizer_path) if tokenizer_path else ByteCodec()
         self.action_format, self.tool_parser = action_format, tool_parser
         self.renderer = tool_renderer("SWEbenchTasks", action_format, tokenizer_path, chat_template,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 
@@ -12,6 +14,9 @@ from thundersync_lightning.envs.sandbox import BwrapConfig, BwrapSandbox, Sandbo
 from thundersync_lightning.envs.sandbox.fs import BoundedDir
 
 from ._support import TEST_POOL
+
+SWE_BASE_IMAGE = os.environ.get("THUNDERSYNC_TEST_IMAGE", "localhost/thundersync-pytest:latest")
+SWE_TASK = "merge_intervals"
 
 
 def bounded_dir(size_bytes: int = 2 * 1024**3, inodes: int = 200_000, mode: int = 0o711) -> BoundedDir:
@@ -70,3 +75,28 @@ def podman_service() -> Iterator:
     service = PodmanService(engine)
     yield service
     service.close()
+
+
+@pytest.fixture(scope="module")
+def instance_image():
+    """A local image with the SWE-bench tests' task repository (a git repo) at /testbed, built
+    without pulling: (tag, base commit)."""
+    from thundersync_lightning.envs.code import load_tasks
+    from thundersync_lightning.envs.sandbox import find_engine, image_exists
+
+    from ._support import git_repo
+
+    task = load_tasks(names=[SWE_TASK])[0]
+    engine = find_engine("podman")
+    if engine is None or not image_exists(SWE_BASE_IMAGE, engine):
+        pytest.skip(f"needs podman and the local image {SWE_BASE_IMAGE} (scripts/build_test_image.sh)")
+    ctx = tempfile.mkdtemp(prefix="tsl-image-")
+    try:
+        base = git_repo(task, os.path.join(ctx, "testbed"))
+        with open(os.path.join(ctx, "Containerfile"), "w") as f:
+            f.write(f"FROM {SWE_BASE_IMAGE}\nCOPY testbed /testbed\nWORKDIR /testbed\n")
+        tag = f"localhost/thundersync-swe-{task.name}:test"
+        subprocess.run([engine, "build", "--pull=never", "-t", tag, ctx], check=True, capture_output=True)
+        yield tag, base
+    finally:
+        shutil.rmtree(ctx, ignore_errors=True)

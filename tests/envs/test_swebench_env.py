@@ -12,7 +12,6 @@ import os
 import shutil
 import socket
 import subprocess
-import tempfile
 
 import pytest
 
@@ -25,14 +24,14 @@ from thundersync_lightning.envs.sandbox import (
     SandboxLimits,
     chown_tree,
     find_engine,
-    image_exists,
 )
 from thundersync_lightning.envs.swebench.source import SWEbenchTasks, load_instances
 
 from ._support import TEST_POOL, git_repo, needs_bwrap, swebench_row
+from .conftest import SWE_BASE_IMAGE, SWE_TASK
 
-TASK = load_tasks(names=["merge_intervals"])[0]
-BASE_IMAGE = os.environ.get("THUNDERSYNC_TEST_IMAGE", "localhost/thundersync-pytest:latest")
+TASK = load_tasks(names=[SWE_TASK])[0]
+BASE_IMAGE = SWE_BASE_IMAGE
 CODEC = ByteCodec()
 
 
@@ -361,24 +360,6 @@ def test_rows_without_the_fields_swebench_5_needs_are_rejected(tmp_path):
 
 
 # ---------------------------------------------------------------- container backend (podman)
-
-@pytest.fixture(scope="module")
-def instance_image():
-    """A local image with the task's repository (a git repo) at /testbed, built without pulling."""
-    engine = find_engine("podman")
-    if engine is None or not image_exists(BASE_IMAGE, engine):
-        pytest.skip(f"needs podman and the local image {BASE_IMAGE} (scripts/build_test_image.sh)")
-    ctx = tempfile.mkdtemp(prefix="tsl-image-")
-    try:
-        base = git_repo(TASK, os.path.join(ctx, "testbed"))
-        with open(os.path.join(ctx, "Containerfile"), "w") as f:
-            f.write(f"FROM {BASE_IMAGE}\nCOPY testbed /testbed\nWORKDIR /testbed\n")
-        tag = f"localhost/thundersync-swe-{TASK.name}:test"
-        subprocess.run([engine, "build", "--pull=never", "-t", tag, ctx], check=True, capture_output=True)
-        yield tag, base
-    finally:
-        shutil.rmtree(ctx, ignore_errors=True)
-
 
 @pytest.fixture(params=["local", "sandbox_host"])
 def swebench_source(request, instance_image, tmp_path):

@@ -250,16 +250,16 @@ class ContainerSandbox:
             raise host_fault(url, why)
 
     def _remove(self, name: str) -> bool:
-        """``rm -f`` the container; False when the engine did not answer in time (remote)."""
+        """``rm -f`` the container; False when a remote engine did not answer (in time)."""
         args = ["rm", "-f", "-t", "0", name] if _is_podman(self.engine) else ["rm", "-f", name]
         try:
-            subprocess.run([self.engine, *global_args(self.engine, self.config), *args],
-                           capture_output=True, timeout=_REMOTE_RM_S if self.config.url else 120)
+            done = subprocess.run([self.engine, *global_args(self.engine, self.config), *args],
+                                  capture_output=True, timeout=_REMOTE_RM_S if self.config.url else 120)
         except subprocess.TimeoutExpired:
             if self.config.url is None:
                 raise
             return False
-        return True
+        return self.config.url is None or done.returncode == 0  # a host that went away removed nothing
 
     def close(self) -> None:
         """Kill commands in flight (their containers removed), wait for them, refuse new ones."""

@@ -88,10 +88,13 @@ class BoundedVolume:
             if not args:
                 continue
             try:
-                subprocess.run([self.engine, *self._g, *args], capture_output=True, timeout=rm_s,
-                               stdin=subprocess.DEVNULL)
+                done = subprocess.run([self.engine, *self._g, *args], capture_output=True, text=True, timeout=rm_s,
+                                      stdin=subprocess.DEVNULL)
+                why = None if done.returncode == 0 else done.stderr.strip()[-300:]
             except (OSError, subprocess.SubprocessError) as e:
-                log.warning("removing %s failed: %s (the reaper removes it when this process ends)", args[-1], e)
+                why = str(e)
+            if why is not None:  # the reaper keeps the holder's name: it retries when this process ends
+                log.warning("removing %s failed: %s", args[-1], why)
                 return
         self._created = False
         self.reaper.finished(self._holder)

@@ -1,0 +1,269 @@
+"""Sandbox hosts: podman services on other machines, reached by URL, each with a capacity.
+
+The first tests run everywhere against a fake ``podman`` whose service "answers" while a file says
+so: leasing (least loaded, capacity, waiting, a host that is down), and the rule that only a
+service that stops answering turns a failed command into a :class:`HostFault` (agent code's own
+``exit 125`` does not). The ``container`` tests (``make test-containers``) start real podman
+services on unix sockets as stand-ins for sandbox hosts: a disk budget enforced there, two hosts
+sharing episodes by capacity, and a service killed mid-episode ending its episodes as host faults
+while the step completes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from thundersync_lightning.core.errors import ConfigError, HostFault
+from thundersync_lightning.envs.sandbox import hosts as hosts_module
+from thundersync_lightning.envs.sandbox.container import ContainerConfig, ContainerSandbox
+from thundersync_lightning.envs.sandbox.hosts import ContainerHost, HostPool, parse_hosts
+
+
+@pytest.fixture(autouse=True)
+def _no_down_marks():
+    hosts_module._down.clear()
+    yield
+    hosts_module._down.clear()
+
+
+@pytest.fixture
+def fake_service(tmp_path):
+    """A fake ``podman``: ``--url U version`` answers while ``up/<U's host part>`` exists; ``run``
+    prints and exits with ``run_status``; everything else succeeds."""
+    up = tmp_path / "up"
+    up.mkdir()
+    path = tmp_path / "bin" / "podman"
+    path.parent.mkdir()
+    path.write_text(textwrap.dedent(f"""\
+        #!{sys.executable} -S
+        import os, sys
+        args = sys.argv[1:]
+        url = args[args.index("--url") + 1] if "--url" in args else ""
+        key = os.path.join({str(up)!r}, url.rsplit("/", 1)[-1])
+        sub = next(a for a in args if not a.startswith("-") and a != url)
+        if sub == "version":
+            if os.path.exists(key):
+                print("4.3.1")
+                sys.exit(0)
+            print("Error: unable to connect to Podman socket", file=sys.stderr)
+            sys.exit(125)
+        if sub == "run":
+            print("ran")
+            sys.exit(int(open({str(tmp_path / "run_status")!r}).read()))
+        """))
+    path.chmod(0o755)
+    (tmp_path / "run_status").write_text("0")
+
+    def set_up(url: str, is_up: bool = True) -> None:
+        key = up / url.rsplit("/", 1)[-1]
+        key.touch() if is_up else key.unlink(missing_ok=True)
+
+    return SimpleNamespace(engine=str(path), set_up=set_up, status=tmp_path / "run_status")
+
+
+A, B = "unix:///run/host-a.sock", "unix:///run/host-b.sock"
+
+
+def test_hosts_from_a_config_are_checked_at_the_boundary():
+    assert parse_hosts([A, {"url": B, "capacity": 2}]) == (ContainerHost(A), ContainerHost(B, 2))
+    with pytest.raises(ConfigError, match="unix://, ssh:// or tcp://"):
+        parse_hosts(["http://a:8080"])
+    with pytest.raises(ConfigError, match="capacity=0"):
+        parse_hosts([{"url": A, "capacity": 0}])
+    with pytest.raises(ConfigError, match="listed twice"):
+        parse_hosts([A, {"url": A}])
+    with pytest.raises(ConfigError, match=r"keys \['capacity', 'host'\]"):
+        parse_hosts([{"host": A, "capacity": 1}])
+    with pytest.raises(ConfigError, match="must start with"):
+        ContainerConfig(url="a.example:22")
+    with pytest.raises(ConfigError, match="engine='docker'"):
+        ContainerConfig(engine="docker", url=A)
+
+
+def test_a_swebench_source_refuses_sandbox_hosts_it_cannot_reach(tmp_path):
+    from thundersync_lightning.envs.swebench import SWEbenchTasks
+
+    with pytest.raises(ConfigError, match="engine='docker'"):
+        SWEbenchTasks(instances=str(tmp_path / "x.jsonl"), engine="docker", sandbox_hosts=[A])
+    with pytest.raises(ConfigError, match="sandbox host url"):
+        SWEbenchTasks(instances=str(tmp_path / "x.jsonl"), sandbox_hosts=["ftp://x"])
+
+
+def test_leases_go_to_the_least_loaded_host_and_never_past_its_capacity(fake_service):
+    fake_service.set_up(A)
+    fake_service.set_up(B)
+    pool = HostPool(fake_service.engine, (ContainerHost(A, 1), ContainerHost(B, 2)))
+    leases = [pool.acquire(wait_s=0.0) for _ in range(3)]
+    assert sorted(lease.host.url for lease in leases) == [A, B, B]
+    with pytest.raises(HostFault, match=r"stayed full .* 1/1, .* 2/2"):
+        pool.acquire(wait_s=0.0)
+    leases[0].release()
+    leases[0].release()  # a second release does nothing: the count never drifts
+    assert (pool.used(A), pool.used(B)) == (sum(lease.host.url == A for lease in leases[1:]),
+                                            sum(lease.host.url == B for lease in leases[1:]))
+
+
+def test_a_waiting_lease_gets_the_slot_another_releases(fake_service):
+    fake_service.set_up(A)
+    pool = HostPool(fake_service.engine, (ContainerHost(A, 1),))
+    first = pool.acquire(wait_s=0.0)
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append(pool.acquire(wait_s=60.0)))
+    waiter.start()
+    first.release()
+    waiter.join(60)
+    assert got and got[0].host.url == A and pool.used(A) == 1
+
+
+def test_a_host_that_does_not_answer_is_skipped_and_its_reason_named(fake_service):
+    fake_service.set_up(B)
+    pool = HostPool(fake_service.engine, (ContainerHost(A, 4), ContainerHost(B, 4)))
+    assert {pool.acquire(wait_s=0.0).host.url for _ in range(3)} == {B}  # A failed its probe: marked down
+    assert pool.used(A) == 0
+    fake_service.set_up(B, False)
+    hosts_module._down.pop(B, None)
+    with pytest.raises(HostFault, match=r"every sandbox host is down: .*host-a.sock: Error: unable to connect"):
+        pool.acquire(wait_s=0.0)
+
+
+@pytest.mark.parametrize("service_up", [True, False])
+def test_only_a_service_that_stopped_answering_makes_a_failed_command_a_host_fault(fake_service, tmp_path,
+                                                                                   service_up):
+    fake_service.set_up(A, service_up)
+    fake_service.status.write_text("125")  # what the remote client exits with when the service is gone
+    config = ContainerConfig(engine=fake_service.engine, url=A)
+    box = ContainerSandbox(SimpleNamespace(name="tsl-vol-1-1-ab"), "img", 4_000_000, config)
+    argv = box.argv("true", "tsl-1-1-ab", 5.0)
+    assert argv[1:3] == ["--url", A] and "--runtime" not in argv
+    assert "tsl-vol-1-1-ab:/testbed:rw" in argv
+    if service_up:  # agent code may `exit 125` itself: that is its command's result
+        result = box.run("exit 125")
+        assert result.exit_code == 125 and not result.ok
+    else:
+        with pytest.raises(HostFault, match=f"sandbox host {A} went away"):
+            box.run("true")
+        with pytest.raises(HostFault, match="every sandbox host is down"):
+            HostPool(fake_service.engine, (ContainerHost(A),)).acquire(wait_s=0.0)
+
+
+# ---------------------------------------------------------------- with podman (make test-containers)
+
+IMAGE_NOTE = "needs podman and the local test image (make test-containers)"
+
+
+@pytest.fixture
+def services():
+    """Podman services on unix sockets (sandbox hosts' stand-ins), closed after the test."""
+    from thundersync_lightning.envs.sandbox import find_engine, image_exists
+
+    from .podman_service import PodmanService
+    from .test_swebench_env import BASE_IMAGE
+
+    engine = find_engine("podman")
+    if engine is None or not image_exists(BASE_IMAGE, engine):
+        pytest.skip(IMAGE_NOTE)
+    started: list[PodmanService] = []
+
+    def start() -> PodmanService:
+        started.append(PodmanService(engine))
+        return started[-1]
+
+    yield start
+    from thundersync_lightning.envs.sandbox.reaper import owner_labels
+
+    for service in started:
+        service.close()
+    if started:
+        started[0].remove(owner_labels()[-1])  # what a killed service left (same storage)
+
+
+def _source(tmp_path, hosts, **kw):
+    from thundersync_lightning.envs.swebench import SWEbenchTasks
+
+    from .test_swebench_env import TASK, swebench_row, write_jsonl
+
+    image, base = kw.pop("image")
+    path = write_jsonl([swebench_row(TASK, image=image, base_commit=base)], str(tmp_path))
+    return SWEbenchTasks(instances=path, engine="podman", memory="1g", nproc=256, eval_timeout_s=300,
+                         uid_base=3_970_100, uid_count=32, sandbox_hosts=hosts, **kw)
+
+
+@pytest.mark.container
+def test_on_a_sandbox_host_the_disk_budget_holds_and_episodes_share_hosts_by_capacity(
+        services, instance_image, tmp_path):
+    one, two = services(), services()
+    source = _source(tmp_path, [{"url": one.url, "capacity": 1}, {"url": two.url, "capacity": 1}],
+                     image=instance_image, disk_bytes=8 * 1024**2, disk_inodes=2000, host_wait_s=0.0)
+    task = source.tasks(0, 1, 0)[0]
+    envs = [source.make_env(task, 0) for _ in range(3)]
+    try:
+        envs[0].reset()
+        envs[1].reset()
+        assert {envs[0].workspace.host, envs[1].workspace.host} == {one.url, two.url}
+        with pytest.raises(HostFault, match="stayed full"):
+            envs[2].reset()
+        full = envs[0].workspace.run("head -c 20000000 /dev/zero > big; echo status=$?; "
+                                     "for i in $(seq 3000); do : > f$i || break; done; ls | wc -l")
+        assert "No space left on device" in full.text and "status=1" in full.text
+        assert int(full.text.split()[-1]) < 2000  # the inode budget too
+    finally:
+        for env in envs:
+            env.close()
+
+
+@pytest.mark.container
+def test_a_sandbox_host_killed_mid_episode_ends_its_episodes_as_host_faults_and_the_step_completes(
+        services, instance_image, tmp_path):
+    from thundersync_lightning.envs.code.codec import ByteCodec
+    from thundersync_lightning.envs.sandbox import find_engine
+    from thundersync_lightning.envs.sandbox.reaper import owner_labels
+    from thundersync_lightning.rollout import AgentLoop, EnvPool, Generation, make_request
+
+    from ..rollout.helpers import collect
+
+    service = services()
+    source = _source(tmp_path, [{"url": service.url, "capacity": 4}], image=instance_image,
+                     command_timeout_s=120, max_turns=3)
+    action = ByteCodec().encode("bash sleep 100") + (ByteCodec.END_OF_ACTION,)
+
+    def policy(requests):
+        return [Generation(tuple(action[: r.max_new_tokens]), (0.0,) * min(len(action), r.max_new_tokens))
+                for r in requests]
+
+    engine = find_engine("podman")
+    label = owner_labels()[-1]
+
+    def kill_when_sleeping() -> None:  # the service dies while both commands run (podman's own state, polled)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            ps = subprocess.run([engine, "--runtime", "/usr/sbin/runc", "ps", "--filter", f"label={label}",
+                                 "--format", "{{.Names}} {{.Command}}"], capture_output=True, text=True).stdout
+            if sum("sleep 100" in line for line in ps.splitlines()) == 2:
+                break
+            time.sleep(0.2)
+        service.kill()
+
+    killer = threading.Thread(target=kill_when_sleeping)
+    pool = EnvPool(4)
+    events: list = []
+    try:
+        loop = AgentLoop(source, policy, pool, step_timeout_s=300)
+        killer.start()
+        done = loop.run(make_request(source, 0, 1, 2, 0), 0, events.append)
+        assert done.wait(timeout=200), "the step's rollouts did not finish"
+    finally:
+        killer.join(150)
+        pool.shutdown()
+    trajectories, rewards, _ = collect(events)
+    assert len(rewards) == 2
+    for reward in rewards.values():
+        assert reward.reward == 0.0 and reward.host_fault
+        assert f"sandbox host {service.url} went away" in reward.failure
+    assert all(t.finish_reason == "failure" for t in trajectories.values())

@@ -267,3 +267,22 @@ def test_a_sandbox_host_killed_mid_episode_ends_its_episodes_as_host_faults_and_
         assert reward.reward == 0.0 and reward.host_fault
         assert f"sandbox host {service.url} went away" in reward.failure
     assert all(t.finish_reason == "failure" for t in trajectories.values())
+
+
+def test_the_scaling_docs_sandbox_host_config_builds_a_task_source(tmp_path):
+    """docs/scaling.md's sandbox-host YAML, as the CLI would pass it (class path and init_args)."""
+    import importlib
+    import pathlib
+    import re
+
+    import yaml
+
+    doc = (pathlib.Path(__file__).parents[2] / "docs" / "scaling.md").read_text()
+    (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", doc, re.S) if "sandbox_hosts" in b]
+    spec = yaml.safe_load(block)["data"]["tasks"]
+    module, name = spec["class_path"].rsplit(".", 1)
+    args = dict(spec["init_args"], instances=str(tmp_path / "instances.jsonl"))
+    source = getattr(importlib.import_module(module), name)(**args)
+    assert [(h.url, h.capacity) for h in source.settings.hosts] == [
+        ("ssh://root@sandbox-0/run/podman/podman.sock", 32), ("ssh://root@sandbox-1/run/podman/podman.sock", 32)]
+    assert source.settings.host_wait_s == 600

@@ -153,6 +153,30 @@ def test_only_a_service_that_stopped_answering_makes_a_failed_command_a_host_fau
             HostPool(fake_service.engine, (ContainerHost(A),)).acquire(wait_s=0.0)
 
 
+def test_files_cross_to_a_sandbox_host_as_root_owned_tar_and_come_back_regular_files_only():
+    import io
+    import tarfile
+
+    from thundersync_lightning.envs.sandbox.volumes import pack_files, unpack_files
+
+    data = pack_files([("eval.sh", b"echo hi\n", 0o644), ("x.py", b"print(1)", 0o600)])
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        assert [(m.name, m.uid, m.gid, m.mode) for m in tar] == [("eval.sh", 0, 0, 0o644), ("x.py", 0, 0, 0o600)]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:  # what `tar -c` in a set-up container may send
+        for name, kind in (("a.py", tarfile.REGTYPE), ("link.py", tarfile.SYMTYPE), ("d", tarfile.DIRTYPE)):
+            info = tarfile.TarInfo(f"./{name}" if name == "a.py" else name)
+            info.type = kind
+            payload = b"x" * 100 if kind == tarfile.REGTYPE else b""
+            info.size, info.linkname = len(payload), "/etc/passwd" if kind == tarfile.SYMTYPE else ""
+            tar.addfile(info, io.BytesIO(payload))
+    stream = buf.getvalue()
+    wanted = ["a.py", "link.py", "d", "absent.py"]
+    assert unpack_files(stream, wanted, 10) == {"a.py": b"x" * 10, "link.py": None, "d": None, "absent.py": None}
+    assert unpack_files(stream[:700], wanted, 1000)["a.py"] in (None, b"x" * 100)  # a cut stream: what it holds
+    assert unpack_files(b"not a tar", wanted, 10) == dict.fromkeys(wanted)
+
+
 # ---------------------------------------------------------------- with podman (make test-containers)
 
 IMAGE_NOTE = "needs podman and the local test image (make test-containers)"
@@ -213,6 +237,18 @@ def test_on_a_sandbox_host_the_disk_budget_holds_and_episodes_share_hosts_by_cap
                                      "for i in $(seq 3000); do : > f$i || break; done; ls | wc -l")
         assert "No space left on device" in full.text and "status=1" in full.text
         assert int(full.text.split()[-1]) < 2000  # the inode budget too
+        # a verdict's fresh tree on the host: the graded files read back as the image holds them
+        trees = envs[1].workspace._trees
+        tree = trees.fresh()
+        try:
+            got = trees.read(tree, {"intervals.py", "missing.py", "tests", "../etc/passwd"})
+        finally:
+            trees.remove(tree)
+        image, _ = instance_image
+        original = subprocess.run(["podman", "run", "--rm", "--pull=never", "--ulimit", "nofile=1024:1024",
+                                   "--ulimit", "nproc=1024:1024", image, "cat", "/testbed/intervals.py"],
+                                  capture_output=True, check=True).stdout
+        assert got == {"intervals.py": original, "missing.py": None, "tests": None, "../etc/passwd": None}
     finally:
         for env in envs:
             env.close()

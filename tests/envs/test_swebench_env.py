@@ -267,14 +267,14 @@ def test_the_container_eval_run_gets_a_read_only_script_and_its_key_on_stdin_onl
     from thundersync_lightning.envs.code.reporter import signed_lines
     from thundersync_lightning.envs.sandbox import SandboxResult
     from thundersync_lightning.envs.sandbox import container as container_module
-    from thundersync_lightning.envs.swebench import workspace as swebench_env
+    from thundersync_lightning.envs.swebench import trees as trees_module
     from thundersync_lightning.envs.swebench.eval_run import EVAL_DIR, SHELL_NAME, EvalSecrets, eval_command
     from thundersync_lightning.envs.swebench.workspace import SWEbenchSettings, SWEbenchWorkspace
 
     MANIFEST = f"{'0' * 64}  /testbed/conftest.py\n"
 
     monkeypatch.setattr(container_module, "find_engine", lambda engine="auto": "/usr/bin/podman")
-    monkeypatch.setattr(swebench_env, "copy_from_image", lambda image, src, dest, config=None: (
+    monkeypatch.setattr(trees_module, "copy_from_image", lambda image, src, dest, config=None: (
         shutil.copyfile("/bin/bash", dest) if src == "/bin/bash" else git_repo(TASK, dest)))
     runs = []
     nodes = list(TASK.fail_to_pass + TASK.pass_to_pass)
@@ -342,8 +342,11 @@ def test_the_declared_markers_of_a_swebench_instance_come_from_the_image_with_it
     (instance,) = load_instances(write_jsonl([row], str(tmp_path)))
     from swebench.harness.utils import make_test_spec
 
+    from thundersync_lightning.envs.swebench.trees import HostTrees, Tree
+
     ws = SWEbenchWorkspace(instance, SWEbenchSettings(), TEST_POOL)
-    declared = ws._declared_sources(testbed, make_test_spec(instance))
+    ws._trees = HostTrees("unused", ws.config, 0, str(tmp_path), 1, 1, False)  # where the fresh copy lies
+    declared = ws._declared_sources(Tree(testbed, None, None), make_test_spec(instance))
     assert declared[rel] == after and open(os.path.join(testbed, rel)).read() == before  # the copy is untouched
     from thundersync_lightning.envs.code.outcomes import declared_markers
 
@@ -533,9 +536,12 @@ def test_the_container_paths_patch_capture_uses_a_host_copy_of_the_base_commit(t
     os.mkdir(repo)
     base = git_repo(TASK, repo)
     (instance,) = load_instances(write_jsonl([swebench_row(TASK, image="unused", base_commit=base)], str(tmp_path)))
+    from thundersync_lightning.envs.swebench.trees import HostTrees
+
     ws = SWEbenchWorkspace(instance, SWEbenchSettings(), TEST_POOL)
-    ws._dir = sandbox_dir  # where open() would have copied the image's /testbed
-    ws._base_git(repo)
+    trees = HostTrees("unused", ws.config, 0, sandbox_dir, 1, 1, False)
+    trees._dir = sandbox_dir  # where open() would have copied the image's /testbed
+    assert trees._base_git(repo, base) == base
     lease = TEST_POOL.acquire()
     try:
         chown_tree(repo, lease.uid)

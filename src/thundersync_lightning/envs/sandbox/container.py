@@ -177,7 +177,7 @@ class ContainerSandbox:
             self.workdir, self.budget = workdir.name, None
         else:
             if budget is None:
-                raise SandboxError("ContainerSandbox: a host workdir needs its disk budget (budget=BoundedDir)")
+                raise TypeError("ContainerSandbox: a host workdir needs its disk budget: budget=BoundedDir(...)")
             if not os.path.isdir(workdir):
                 raise SandboxError(f"ContainerSandbox: workdir {workdir!r} does not exist")
             self.workdir = os.path.abspath(workdir)

@@ -16,7 +16,8 @@ def test_rollout_metrics_of_one_step_against_a_hand_count():
         record(0, reward=1.0, tokens=10, scored=4, turns=2),
         record(1, reward=0.0, tokens=20, scored=8, turns=4, finish="turn_limit"),
         record(2, reward=0.5, tokens=30, scored=6, turns=3, finish="length"),
-        record(3, reward=0.0, tokens=12, scored=0, turns=1, finish="failure", failure="verdict timed out"),
+        replace(record(3, reward=0.0, tokens=12, scored=0, turns=1, finish="failure",
+                       failure="step raised HostFault: sandbox host unix:///run/a.sock went away"), host_fault=True),
     ]
     step = stats(trajs, groups_folded=2, groups_aborted=0, loss=-0.25, groups_generated=3, groups_filtered=1)
     end_step(monitor, trainer, module, step)
@@ -31,6 +32,7 @@ def test_rollout_metrics_of_one_step_against_a_hand_count():
         "rollout/turns_mean": 2.5,
         "rollout/trajectories_count": 4.0,
         "rollout/failures_count": 1.0,
+        "rollout/host_faults_count": 1.0,  # included in the failures
         "rollout/failure_rate": 0.25,
         "rollout/reward_error_fraction": 0.0,  # the failure ended the episode: not the reward's
         "rollout/invalid_tool_call_fraction": 0.0,  # no tool calls

@@ -92,3 +92,17 @@ def test_under_drop_a_failure_the_episode_caused_trains_as_a_zero_and_only_a_hos
     host = _gradient(RewardReady("s0-g0-t2", "s0-g0", 0.0, 0.0, "reset raised OSError", host_fault=True))
     assert torch.equal(crashed, graded_zero)  # before: the crash left the group (= host)
     assert not torch.allclose(host, graded_zero)
+
+
+def test_the_steps_records_mark_a_host_fault_and_only_a_host_fault():
+    policy = TinyPolicy()
+    acc = StreamingGRPO(list(policy.parameters()), objective=Objective(failed="drop"))
+    events = [ContentReady(_trajectory(t, "failed" if t != "s0-g0-t0" else None), 0.0) for t in REWARDS]
+    events += [RewardReady("s0-g0-t0", "s0-g0", 1.0, 0.0),
+               RewardReady("s0-g0-t1", "s0-g0", 0.0, 0.0, "step raised ValueError: NUL byte"),
+               RewardReady("s0-g0-t2", "s0-g0", 0.0, 0.0, "step raised HostFault: sandbox host went away",
+                           host_fault=True)]
+    outcome = StepRunner(REQ, PolicySnapshot(policy), acc, policy.score).run(iter(events))
+    acc.finish()
+    marks = {r.trajectory_id: (r.failure is not None, r.host_fault) for r in outcome.records(0)}
+    assert marks == {"s0-g0-t0": (False, False), "s0-g0-t1": (True, False), "s0-g0-t2": (True, True)}

@@ -14,6 +14,8 @@ mean of the 4, not the mean of two rank means.
 ``rollout/trajectories_count``           trajectories in the step
 ``rollout/failures_count``               trajectories with a failure (engine, environment, verdict)
 ``rollout/failure_rate``                 failures / trajectories
+``rollout/host_faults_count``            failures no action caused (a failed reset, a sandbox host or
+                                         process that went away: ``HostFault``); included in failures
 ``rollout/reward_error_fraction``        trajectories whose reward could not be computed (the verdict or
                                          a reward function raised, timed out or returned no finite
                                          number: reward 0) / trajectories
@@ -104,7 +106,7 @@ class RolloutMetrics(StepStatsCallback):
     @property
     def metric_keys(self) -> list[str]:
         """Every key this monitor logs."""
-        counts = ["trajectories", "failures", "groups_folded", "groups_aborted", "groups_generated", "groups_kept",
+        counts = ["trajectories", "failures", "host_faults", "groups_folded", "groups_aborted", "groups_generated", "groups_kept",
                   "groups_dropped"]
         return [
             "rollout/reward_mean",
@@ -138,6 +140,7 @@ class RolloutMetrics(StepStatsCallback):
             "rollout/turns_mean": Mean([float(t.num_turns) for t in trajs]),
             "rollout/trajectories_count": Sum(float(len(trajs))),
             "rollout/failures_count": Sum(float(sum(t.failure is not None for t in trajs))),
+            "rollout/host_faults_count": Sum(float(sum(t.host_fault for t in trajs))),
             "reward_errors": Sum(float(sum(t.reward_error for t in trajs))),
             "rollout/groups_folded_count": Sum(float(stats.groups_folded)),
             "rollout/groups_aborted_count": Sum(float(stats.groups_aborted)),

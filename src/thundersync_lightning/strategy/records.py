@@ -49,6 +49,7 @@ class StepOutcome:
                     num_turns=t.num_turns,
                     finish_reason=t.finish_reason,
                     failure=self.failures.get(tid) or t.failure,
+                    host_fault=tid in self.host_faults,
                     content_ready_at=t.content_ready_at,
                     reward_ready_at=self.reward_times.get(tid),
                     prompt=t.prompt,

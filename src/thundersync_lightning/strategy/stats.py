@@ -44,6 +44,7 @@ class TrajectoryRecord:
     tool_timeouts: int = 0  # of which past the deadline
     tool_error: str | None = None  # the first tool failure's reason
     reward_parts: tuple[tuple[str, float], ...] = ()  # (name, r_i) of a weighted sum of rewards
+    host_fault: bool = False  # the failure is one no action caused (a host fault: may leave its group)
 
     @property
     def reward_error(self) -> bool:

@@ -9,8 +9,8 @@ JSON both hold, every leaf is classed as
 - ``timing``: a wall-clock measurement or a ratio of them (its key names a time, rate, speed,
   ratio, load, overhead, idle or efficiency figure, or a ``samples`` / RSS measurement): not
   comparable between two runs, reported as a count;
-- ``curve``: a learning curve (``rewards[i]``, ``steps[i].reward_mean``): compared by the first step
-  at which the two runs differ. The streaming fits are not bitwise reproducible (completion order
+- ``curve``: a learning curve (``rewards[i]``, ``reward_by_step[i]``, ``steps[i].reward_mean``):
+  compared by the first step at which the two runs differ (None: not within the shorter run). The streaming fits are not bitwise reproducible (completion order
   changes the summation order), so ``--rerun`` (a second run of the BEFORE tree) gives the same
   first-divergence step between two runs of one tree: AFTER matches when it diverges no earlier;
 - ``other``: everything else (settings, planned bytes, targets met); listed.
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -75,10 +76,12 @@ def compare(before: Path, after: Path, rerun: Path | None) -> dict[str, Any]:
         entry: dict[str, Any] = {**counts, "other_leaves": other,
                                  "one_side_only": sorted(set(a) ^ set(b))}
         ca, cb = curves(a), curves(b)
-        cr = curves(leaves(json.loads((rerun / path.name).read_text()))) if rerun and (rerun / path.name).exists() else {}
+        again = rerun / path.name if rerun is not None else None
+        cr = curves(leaves(json.loads(again.read_text()))) if again is not None and again.exists() else None
         if ca:
             entry["curves"] = {run: {"first_divergence_after": first_divergence(ca[run], cb.get(run, [])),
-                                     "first_divergence_rerun": first_divergence(ca[run], cr[run]) if run in cr else None,
+                                     "first_divergence_rerun": "no rerun" if cr is None
+                                     else first_divergence(ca[run], cr.get(run, [])),
                                      "steps": [len(ca[run]), len(cb.get(run, []))]}
                                for run in ca}
         files[path.name] = entry
@@ -94,8 +97,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--note", default="", help="what BEFORE and AFTER are (commits, machine, load)")
     args = parser.parse_args(argv)
     files = compare(args.before, args.after, args.rerun)
-    summary = {"before": str(args.before), "after": str(args.after), "rerun": str(args.rerun) if args.rerun else None,
-               "note": args.note, "files": files}
+    summary = {"command": " ".join(["python", "benchmarks/quick_compare.py", *(argv if argv is not None else sys.argv[1:])]),
+               "before": str(args.before), "after": str(args.after),
+               "rerun": str(args.rerun) if args.rerun else None, "note": args.note, "files": files}
     out = args.out or args.before.parent / "quick_compare.json"
     out.write_text(json.dumps(summary, indent=1, default=str) + "\n")
     for name, e in files.items():

@@ -105,3 +105,41 @@ def test_the_shipped_servers_config_builds_a_valid_engine_config_at_the_learners
     assert engine["class_path"] == "thundersync_lightning.rollout.VLLMServerEngineConfig"
     built = VLLMServerEngineConfig(**engine["init_args"])
     assert built.temperature == config["model"]["temperature"] and built.max_model_len == 2048
+
+
+def _rank_split(rank: int, port: int, out: str) -> None:
+    import json
+
+    import torch.distributed as dist
+
+    from thundersync_lightning.rollout.vllm.server_engine import _rank_urls
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        urls = [f"http://infer-{k}:8000" for k in range(5)]
+        try:
+            _rank_urls(urls[:1])
+            refused = ""
+        except EngineError as exc:
+            refused = str(exc)
+        with open(f"{out}/{rank}.json", "w") as f:
+            json.dump({"mine": _rank_urls(urls), "refused": refused}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_learner_ranks_split_the_servers_so_each_server_has_one_publisher(tmp_path):
+    """Rank r of N takes ``urls[r::N]`` (two real gloo ranks): disjoint, covering, and fewer servers
+    than ranks refused on every rank."""
+    import json
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank_split, args=(port, str(tmp_path)), nprocs=2, join=True)
+    got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
+    assert got[0]["mine"] == ["http://infer-0:8000", "http://infer-2:8000", "http://infer-4:8000"]
+    assert got[1]["mine"] == ["http://infer-1:8000", "http://infer-3:8000"]
+    assert all("2 learner ranks share 1 vLLM servers" in g["refused"] for g in got)

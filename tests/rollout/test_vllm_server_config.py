@@ -138,7 +138,7 @@ def test_two_learner_ranks_split_the_servers_so_each_server_has_one_publisher(tm
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(_rank_split, args=(port, str(tmp_path)), nprocs=2, join=True)
+    mp.start_processes(_rank_split, args=(port, str(tmp_path)), nprocs=2, join=True, start_method="fork")
     got = [json.loads((tmp_path / f"{r}.json").read_text()) for r in (0, 1)]
     assert got[0]["mine"] == ["http://infer-0:8000", "http://infer-2:8000", "http://infer-4:8000"]
     assert got[1]["mine"] == ["http://infer-1:8000", "http://infer-3:8000"]

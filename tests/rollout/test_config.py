@@ -88,3 +88,34 @@ def test_the_wait_for_the_next_event_is_bounded_by_default_from_the_environment_
     parser.add_argument("--engine", type=EmbeddedEngineConfig)
     for value, expected in (("auto", "auto"), ("30", 30.0), ("null", None)):
         assert parser.parse_args([f"--engine.idle_timeout_s={value}"]).engine.idle_timeout_s == expected
+
+
+@pytest.mark.parametrize("kind", ["VLLMEngineConfig", "VLLMServerEngineConfig"])
+def test_the_vllm_engines_wait_is_derived_from_the_environment_limits_too(kind, caplog):
+    """``event_timeout_s: auto`` bounds the wait by what bounds every event, so a step of long
+    episodes (SWE-bench: 16 turns of 300 s, a 2400 s verdict) is never cut off by a fixed 600 s."""
+    import thundersync_lightning.rollout as rollout
+
+    cls = getattr(rollout, kind)
+    extra = {"urls": ["http://127.0.0.1:8000"]} if kind == "VLLMServerEngineConfig" else {}
+    swe = cls(step_timeout_s=300.0, verdict_timeout_s=2400.0, **extra)
+    assert swe.event_timeout_s == "auto"
+    assert swe.event_limit_s(max_turns=16) == 600 + 2 * (16 * 300 + 2400)  # 15000 s
+    assert swe.transfer_timeout_s == 600  # a publish's buckets do not wait on episodes
+    assert cls(step_timeout_s=None, **extra).event_limit_s(max_turns=4) is None  # unbounded calls: unbounded wait
+    explicit = cls(event_timeout_s=900.0, step_timeout_s=300.0, verdict_timeout_s=2400.0, **extra)
+    with caplog.at_level("WARNING"):
+        assert explicit.event_limit_s(max_turns=16) == 900.0 and explicit.transfer_timeout_s == 900.0
+    assert f"{kind}.event_timeout_s=900 s is shorter than one episode may take" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert cls(event_timeout_s=7200.0, **extra).event_limit_s(max_turns=4) == 7200.0
+    assert not caplog.text
+    for bad in (0, -1.0, "soon", True):
+        with pytest.raises(ConfigError, match="event_timeout_s must be > 0 seconds or 'auto'"):
+            cls(event_timeout_s=bad, **extra)
+    parser = ArgumentParser()
+    parser.add_argument("--engine", type=cls)
+    base = [f"--engine.urls={extra['urls']}"] if extra else []
+    for value, expected in (("auto", "auto"), ("30", 30.0)):
+        assert parser.parse_args([*base, f"--engine.event_timeout_s={value}"]).engine.event_timeout_s == expected

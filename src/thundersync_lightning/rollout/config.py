@@ -21,6 +21,7 @@ from ..core.errors import ConfigError
 from ..core.options import inapplicable, strict_options
 from ..core.protocols import TaskSource
 from ..core.types import ModelSpec
+from .agent.limits import event_wait_s
 from .teacher import TeacherConfig
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ class EmbeddedEngineConfig:
     def idle_limit_s(self, max_turns: int) -> float | None:
         """Seconds a learner waits for the next event before EngineError (None: no limit)."""
         if self.idle_timeout_s == "auto":
-            return self.startup_timeout_s + 2 * (max_turns * self.step_timeout_s + self.verdict_timeout_s)
+            return event_wait_s(max_turns, self.step_timeout_s, self.verdict_timeout_s, self.startup_timeout_s)
         return None if self.idle_timeout_s is None else float(self.idle_timeout_s)
 
     def build(self, model_spec: ModelSpec, tasks: TaskSource) -> EmbeddedEngine:

@@ -34,9 +34,10 @@ class _Crash:
 
 
 class IssueOrder:
-    """See the module docstring. ``owner`` names the engine's config in messages (the timeout's home)."""
+    """See the module docstring. ``owner`` names the engine's config in messages (the timeout's home);
+    ``event_timeout_s`` None waits as long as the episodes may (their environment calls are unbounded)."""
 
-    def __init__(self, run: Run, event_timeout_s: float, owner: str, thread_name: str) -> None:
+    def __init__(self, run: Run, event_timeout_s: float | None, owner: str, thread_name: str) -> None:
         self.lock = threading.Lock()  # orders rollout issue against publish
         self._run = run
         self._timeout_s = event_timeout_s

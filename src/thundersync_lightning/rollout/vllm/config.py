@@ -13,6 +13,7 @@ from ...core.errors import ConfigError
 from ...core.options import inapplicable, strict_options
 from ...core.protocols import TaskSource
 from ...core.types import ModelSpec
+from ..agent.limits import EventLimits, check_event_timeout
 from ..teacher import TeacherConfig
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ WeightSync = Literal["auto", "direct", "file", "ipc", "nccl"]
 
 @strict_options
 @dataclass(frozen=True, slots=True)
-class VLLMEngineConfig:
+class VLLMEngineConfig(EventLimits):
     """How to run vLLM (LightningCLI/YAML-constructible; ``build`` makes the engine).
 
     Args:
@@ -58,7 +59,9 @@ class VLLMEngineConfig:
         step_timeout_s: limit for one environment reset or step; verdict_timeout_s: for one verdict.
         event_timeout_s: the rollout iterator raises :class:`EngineError` after this long without
             an event (a hung environment or engine); ``publish`` raises after waiting this long for
-            earlier requests to finish generating.
+            earlier requests to finish generating. ``"auto"`` (default): derived from the limits that
+            bound every event, ``600 + 2 * (max_turns * step_timeout_s + verdict_timeout_s)``
+            (:mod:`..agent.limits`; unbounded when either is None); bucket transfers then wait 600 s.
         max_engine_restarts: with ``multiprocessing=True``, how many times an engine core that dies
             (killed, OOM) is restarted, with the latest published weights loaded again and the
             unfinished generation calls rerun with their seeds (exact: the same tokens), before the
@@ -90,7 +93,7 @@ class VLLMEngineConfig:
     env_workers: int = 16
     step_timeout_s: float | None = 60.0
     verdict_timeout_s: float | None = 300.0
-    event_timeout_s: float = 600.0
+    event_timeout_s: float | Literal["auto"] = "auto"
     max_engine_restarts: int = 1
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     teacher: TeacherConfig | None = None
@@ -125,12 +128,11 @@ class VLLMEngineConfig:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_engine_restarts < 0:
             problems.append(f"max_engine_restarts must be >= 0, got {self.max_engine_restarts}")
+        problems += check_event_timeout(self.event_timeout_s)
         if not self.multiprocessing:
             problems += inapplicable(
                 self, ("max_engine_restarts",), "with multiprocessing=False (the engine core is this process)"
             )
-        if not self.event_timeout_s > 0:
-            problems.append(f"event_timeout_s must be > 0, got {self.event_timeout_s}")
         if self.kv_cache_memory_bytes is not None:
             problems += inapplicable(
                 self, ("gpu_memory_utilization",), "while kv_cache_memory_bytes is set (leave it at its default 0.5)"

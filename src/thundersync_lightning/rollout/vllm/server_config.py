@@ -9,12 +9,13 @@ the engine imports vLLM: the learner's machine needs no vLLM install.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from ...core.errors import ConfigError
 from ...core.options import strict_options
 from ...core.protocols import TaskSource
 from ...core.types import ModelSpec
+from ..agent.limits import EventLimits, check_event_timeout
 from .server_client import check_url
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ __all__ = ["VLLMServerEngineConfig"]
 
 @strict_options
 @dataclass(frozen=True, slots=True)
-class VLLMServerEngineConfig:
+class VLLMServerEngineConfig(EventLimits):
     """vLLM servers to generate on (LightningCLI/YAML-constructible; ``build`` connects the engine).
 
     Each server is vLLM's own ``vllm serve`` with this package's worker extension (docs/vllm.md,
@@ -55,6 +56,7 @@ class VLLMServerEngineConfig:
         step_timeout_s: limit for one environment reset or step; verdict_timeout_s: for one verdict.
         event_timeout_s: the rollout iterator raises :class:`EngineError` after this long without an
             event; also the limit for a publish's wait for earlier requests, and for its transfer.
+            ``"auto"`` (default): as for :class:`~..vllm.config.VLLMEngineConfig` (transfers: 600 s).
     """
 
     urls: tuple[str, ...]
@@ -70,7 +72,7 @@ class VLLMServerEngineConfig:
     env_workers: int = 16
     step_timeout_s: float | None = 60.0
     verdict_timeout_s: float | None = 300.0
-    event_timeout_s: float = 600.0
+    event_timeout_s: float | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "urls", tuple(self.urls))  # YAML gives a list
@@ -90,7 +92,8 @@ class VLLMServerEngineConfig:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.restart_wait_s >= 0:
             problems.append(f"restart_wait_s must be >= 0 seconds, got {self.restart_wait_s}")
-        for name in ("request_timeout_s", "connect_timeout_s", "event_timeout_s"):
+        problems += check_event_timeout(self.event_timeout_s)
+        for name in ("request_timeout_s", "connect_timeout_s"):
             if not getattr(self, name) > 0:
                 problems.append(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if problems:

@@ -97,7 +97,7 @@ class VLLMServerEngine:
         )  # fmt: skip
         self._publisher = FleetPublish(
             config.weight_sync_bucket_bytes,
-            config.event_timeout_s,
+            config.transfer_timeout_s,
             config.learner_host or learner_address(clients[0].url),
         )
         self._pool = EnvPool(config.env_workers, name="vllm-server-env")
@@ -113,7 +113,8 @@ class VLLMServerEngine:
         self._version = -1
         self._broken: str | None = None
         self._closed = False
-        self._order = IssueOrder(self._agents.run, config.event_timeout_s, "VLLMServerEngineConfig", "vllm-server-rollout")
+        self._order = IssueOrder(self._agents.run, config.event_limit_s(int(getattr(tasks, "max_turns", 1))),
+                                 "VLLMServerEngineConfig", "vllm-server-rollout")
         self.last_publish_seconds: float | None = None
         self.publish_count = 0
         self.restart_count = 0  # times a restarted server took over a step's lost requests

@@ -51,8 +51,9 @@ class EventLimits:
     def event_limit_s(self, max_turns: int) -> float | None:
         """How long the rollout iterator, and a publish waiting for earlier requests, wait for an
         event (None: unbounded, as the environment calls are)."""
-        explicit = self.event_timeout_s
-        step, verdict = self.step_timeout_s, self.verdict_timeout_s
+        # the subclass's fields (declared there: fields here would come first in its __init__)
+        explicit = getattr(self, "event_timeout_s")  # noqa: B009
+        step, verdict = getattr(self, "step_timeout_s"), getattr(self, "verdict_timeout_s")  # noqa: B009
         if explicit == "auto":
             return event_wait_s(max_turns, step, verdict, VLLM_SLACK_S)
         warn_if_short(type(self).__name__, float(explicit), max_turns, step, verdict)
@@ -62,7 +63,7 @@ class EventLimits:
     def transfer_timeout_s(self) -> float:
         """A publish's bucket transfers: an explicit ``event_timeout_s``, else :data:`VLLM_SLACK_S`
         (a transfer's time depends on the weights, not on the episodes)."""
-        explicit = self.event_timeout_s
+        explicit = getattr(self, "event_timeout_s")  # noqa: B009
         return VLLM_SLACK_S if explicit == "auto" else float(explicit)
 
 

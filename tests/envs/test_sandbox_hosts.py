@@ -322,3 +322,46 @@ def test_the_scaling_docs_sandbox_host_config_builds_a_task_source(tmp_path):
     assert [(h.url, h.capacity) for h in source.settings.hosts] == [
         ("ssh://root@sandbox-0/run/podman/podman.sock", 32), ("ssh://root@sandbox-1/run/podman/podman.sock", 32)]
     assert source.settings.host_wait_s == 600
+
+
+def test_a_workspace_closed_while_it_opens_frees_its_host_slot_uid_and_trees(fake_service, monkeypatch, tmp_path):
+    """An abandoned reset (the loop's step timeout) closes the workspace from another thread while
+    open() still runs: what open() took after that close is freed by open() itself."""
+    from thundersync_lightning.envs.sandbox import container as container_module
+    from thundersync_lightning.envs.sandbox.base import SandboxError
+    from thundersync_lightning.envs.swebench import workspace as workspace_module
+    from thundersync_lightning.envs.swebench.workspace import SWEbenchSettings, SWEbenchWorkspace
+
+    from ._support import TEST_POOL
+    from .test_swebench_env import TASK, load_instances, swebench_row, write_jsonl
+
+    fake_service.set_up(A)
+    for module in (container_module, workspace_module):
+        monkeypatch.setattr(module, "find_engine", lambda engine="auto": fake_service.engine)
+    closed: list[str] = []
+
+    class Trees:
+        agent, agent_budget = SimpleNamespace(name="tsl-vol-1-1-ab"), None
+
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def open(self, base):
+            ws.close()  # the loop gave up on this reset meanwhile
+            return base
+
+        def close(self):
+            closed.append("trees")
+
+    monkeypatch.setattr(workspace_module, "VolumeTrees", Trees)
+    (instance,) = load_instances(write_jsonl([swebench_row(TASK, image="localhost/x:1", base_commit="HEAD")],
+                                             str(tmp_path)))
+    hosts = (ContainerHost(A, 1),)
+    ws = SWEbenchWorkspace(instance, SWEbenchSettings(hosts=hosts), TEST_POOL)
+    with pytest.raises(SandboxError, match="closed while it was opening"):
+        ws.open()
+    assert closed and set(closed) == {"trees"}  # closed (twice is harmless: trees free once)
+    pool = hosts_module.host_pool(fake_service.engine, hosts)
+    assert pool.used(A) == 0  # the slot is free again
+    lease = TEST_POOL.acquire()  # and the uid pool is not short of the workspace's uid
+    lease.release()

@@ -91,21 +91,31 @@ class SWEbenchWorkspace:
         if self._sandbox is not None:
             return
         s = self.settings
-        self._lease = self.pool.acquire()
+        # Locals as well as fields: close() may run meanwhile (the loop gave up on this reset) and
+        # take only what was assigned by then; open() frees the rest itself.
+        lease = self._lease = self.pool.acquire()
+        host: HostLease | None = None
+        trees: Trees | None = None
         try:
             if s.hosts:
                 engine = find_engine(s.container.engine) or "podman"
-                self._host = host_pool(engine, s.hosts).acquire(s.host_wait_s)
-                self.config = replace(s.container, url=self._host.host.url)
+                host = self._host = host_pool(engine, s.hosts).acquire(s.host_wait_s)
+                self.config = replace(s.container, url=host.host.url)
             if self.config.url is not None:
-                self._trees = VolumeTrees(self.image, self.config, self._lease.uid, s.disk_bytes, s.disk_inodes)
+                trees = VolumeTrees(self.image, self.config, lease.uid, s.disk_bytes, s.disk_inodes)
             else:
-                self._trees = HostTrees(self.image, self.config, self._lease.uid, s.root, s.disk_bytes,
-                                        s.disk_inodes, s.require_disk_budget)
-            self._base = self._trees.open(self._base)
-            self._sandbox = self._box(self._trees.agent)
+                trees = HostTrees(self.image, self.config, lease.uid, s.root, s.disk_bytes, s.disk_inodes,
+                                  s.require_disk_budget)
+            self._trees = trees
+            self._base = trees.open(self._base)
+            if self._guard.cancelled:
+                raise SandboxError("SWEbenchWorkspace closed while it was opening")
+            self._sandbox = self._box(trees.agent)
         except BaseException:
             self.close()
+            for release in (trees.close if trees is not None else None, host.release if host else None, lease.release):
+                if release is not None:
+                    release()  # each frees once: a second call does nothing
             raise
 
     def run(self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None) -> SandboxResult:

@@ -1,6 +1,7 @@
 """Container backend (podman or docker): every command is its own short-lived container.
 
-State lives in a host directory bound at /testbed; everything else is the image, read-only. Each
+State lives in a host directory bound at /testbed (on a sandbox host reached by ``url``, a bounded
+volume of its podman service: :mod:`.volumes`); everything else is the image, read-only. Each
 container runs with ``--network none --read-only --cap-drop all --security-opt no-new-privileges``,
 an unprivileged ``--user``, ``--pull=never`` (a missing image is an error, never a download),
 podman's ``--http-proxy=false`` (no host proxy variables leak in), cgroup limits on pids, memory

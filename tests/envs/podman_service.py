@@ -42,6 +42,11 @@ class PodmanService:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
+    def pause(self, paused: bool = True) -> None:
+        """SIGSTOP (SIGCONT) the service: a host that hangs rather than goes away."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+
     def leftovers(self, label: str) -> tuple[list[str], list[str]]:
         """Containers and volumes carrying ``label``, as the local engine sees them (same storage)."""
         runtime = ["--runtime", RUNC] if os.path.exists(RUNC) else []
@@ -61,5 +66,6 @@ class PodmanService:
             subprocess.run([self.engine, *runtime, "volume", "rm", "-f", name], capture_output=True, timeout=120)
 
     def close(self) -> None:
+        self.pause(False)
         self.kill()
         subprocess.run(["rm", "-rf", self.dir], check=False)

@@ -365,3 +365,33 @@ def test_a_workspace_closed_while_it_opens_frees_its_host_slot_uid_and_trees(fak
     assert pool.used(A) == 0  # the slot is free again
     lease = TEST_POOL.acquire()  # and the uid pool is not short of the workspace's uid
     lease.release()
+
+
+@pytest.mark.container
+def test_a_sandbox_host_that_hangs_fails_the_command_as_a_host_fault_within_its_deadline(services, instance_image,
+                                                                                          tmp_path):
+    """A stopped service answers nothing: the client is killed at the command's deadline (+15 s),
+    the probe gives up after 10 s, and the command raises HostFault; no wait is unbounded."""
+    service = services()
+    source = _source(tmp_path, [{"url": service.url, "capacity": 1}], image=instance_image)
+    env = source.make_env(source.tasks(0, 1, 0)[0], 0)
+    try:
+        env.reset()
+        assert env.workspace.run("echo up", timeout_s=10).text.strip() == "up"
+        service.pause()
+        outcome: list = []
+        runner = threading.Thread(target=lambda: outcome.append(_raised(env.workspace.run, "true", timeout_s=2)))
+        runner.start()
+        runner.join(2 + 15 + hosts_module.PROBE_S + 30)  # the deadlines, and room for a loaded machine
+        assert not runner.is_alive(), "the command outlived its deadlines on a hung host"
+        assert isinstance(outcome[0], HostFault) and f"sandbox host {service.url} went away" in str(outcome[0])
+    finally:
+        service.pause(False)
+        env.close()
+
+
+def _raised(call, *args, **kwargs):
+    try:
+        return call(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        return exc

@@ -224,6 +224,8 @@ class ContainerSandbox:
         reaper = self.reaper
         reaper.started(name)  # before the client starts: a learner killed from here on is covered
         start = time.monotonic()
+        result: SandboxResult | None = None
+        down: str | None = None
         try:
             # The client gets a little longer than the container so the server-side kill wins.
             result = run_bounded(
@@ -231,24 +233,26 @@ class ContainerSandbox:
                 max_output_bytes=lim.max_output_bytes, stdin=stdin if stdin is not None else b"",
                 guard=self.guard,
             )
+            if result.exit_code not in (None, 0) and not result.cancelled and time.monotonic() - start >= timeout:
+                note = f"\n[timed out after {timeout:g} s]\n".encode()
+                result = replace(result, exit_code=None, timed_out=True, output=result.output + note)
+            down = self._host_down(result)
         finally:
-            if self._remove(name):
+            # A host that went away answers no rm either: the reaper keeps the name and retries.
+            if down is None and self._remove(name):
                 reaper.finished(name)  # only once rm returned (if it did not, the reaper keeps the name)
-        if result.exit_code not in (None, 0) and not result.cancelled and time.monotonic() - start >= timeout:
-            note = f"\n[timed out after {timeout:g} s]\n".encode()
-            result = replace(result, exit_code=None, timed_out=True, output=result.output + note)
-        self._check_host(result)
+        if down is not None:
+            raise host_fault(str(self.config.url), down)
+        assert result is not None  # run_bounded returned (else its exception left above)
         return result
 
-    def _check_host(self, result: SandboxResult) -> None:
-        """On a remote engine, a client that failed (125) or hung: :class:`HostFault` when the
-        service no longer answers (see :mod:`.hosts`); agent code's own ``exit 125`` passes."""
+    def _host_down(self, result: SandboxResult) -> str | None:
+        """On a remote engine, after a client that failed (125) or hung: why the service no longer
+        answers (see :mod:`.hosts`), or None; agent code's own ``exit 125`` is its result."""
         url = self.config.url
         if url is None or result.cancelled or not (result.exit_code == 125 or result.timed_out):
-            return
-        why = probe(self.engine, url)
-        if why is not None:
-            raise host_fault(url, why)
+            return None
+        return probe(self.engine, url)
 
     def _remove(self, name: str) -> bool:
         """``rm -f`` the container; False when a remote engine did not answer (in time)."""

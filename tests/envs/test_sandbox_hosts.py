@@ -395,3 +395,16 @@ def _raised(call, *args, **kwargs):
         return call(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - the test inspects it
         return exc
+
+
+def test_container_host_in_the_environment_is_a_sandbox_host_as_podman_reads_it(monkeypatch):
+    monkeypatch.setenv("CONTAINER_HOST", B)
+    config = ContainerConfig(engine="podman")
+    assert config.url == B and ContainerConfig(url=A).url == A  # an explicit URL wins
+    assert ContainerConfig(engine="docker").url is None  # docker reads DOCKER_HOST, not this
+    from thundersync_lightning.envs.sandbox.container import global_args
+
+    assert global_args("/usr/bin/podman", config) == ["--url", B]  # no --runtime: the service's applies
+    monkeypatch.setenv("CONTAINER_HOST", "host-b:22")
+    with pytest.raises(ConfigError, match="must start with"):
+        ContainerConfig()

@@ -50,16 +50,22 @@ _REMOTE_RM_S = 30.0  # a host that went away answers no rm: the reaper keeps the
 @dataclass(frozen=True, slots=True)
 class ContainerConfig:
     """``engine``: "podman", "docker" or "auto" (podman first). ``runtime``: podman OCI runtime
-    ("" = podman's default; "auto" = runc when installed: crun fails where it cannot manage the host's cgroups)."""
+    ("" = podman's default; "auto" = runc when installed: crun fails where it cannot manage the host's cgroups).
+    ``url``: a podman service on a sandbox host (``unix://``, ``ssh://``, ``tcp://``); None takes
+    ``CONTAINER_HOST`` from the environment when set (podman itself turns remote then)."""
 
     engine: str = "auto"
     runtime: str = "auto"
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     memory: str = "2g"
     shell: str = "/bin/bash"
-    url: str | None = None  # podman's service on a sandbox host (``podman --url``); None: this host's engine
+    url: str | None = None  # podman's service on a sandbox host (``podman --url``); None: CONTAINER_HOST, else this host
 
     def __post_init__(self) -> None:
+        if self.url is None and self.engine in ("auto", "podman") and os.environ.get("CONTAINER_HOST"):
+            # podman itself turns remote when CONTAINER_HOST is set: follow it (bind mounts of this
+            # host's directories would name paths that host does not have)
+            object.__setattr__(self, "url", os.environ["CONTAINER_HOST"])
         if self.url is not None and not self.url.startswith(URL_SCHEMES):
             raise ConfigError(f"ContainerConfig: url={self.url!r} must start with one of {', '.join(URL_SCHEMES)} "
                               "(podman --url: unix:///run/podman/podman.sock, ssh://user@host/run/podman/podman.sock, "

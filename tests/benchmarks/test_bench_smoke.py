@@ -434,3 +434,16 @@ def test_weight_sync_transport_only_moves_every_tensor_exactly_with_each_transpo
     assert data["transports"]["nccl"]["backend"] == "gloo"
     assert data["ratio_to_file"]["file"] == 1.0
     assert data["transports"]["ipc"]["buckets"] == 1  # a few MB in one 256 MiB bucket
+
+
+@pytest.mark.container
+def test_sandbox_hosts_smoke(tmp_path: Path) -> None:
+    from thundersync_lightning.envs.sandbox import find_engine, image_exists
+
+    if find_engine("podman") is None or not image_exists("localhost/thundersync-pytest:latest"):
+        pytest.skip("needs podman and the local test image (make test-containers)")
+    _load("sandbox_hosts").main(["--rounds", "1", "--commands", "1", "--out", str(tmp_path)])
+    data = _read(tmp_path, "sandbox_hosts")
+    for side in ("this host", "sandbox host"):
+        assert set(data["median_seconds"][side]) == {"open", "command", "verdict", "close"}
+    assert set(data["sandbox_host_over_this_host"]) == {"open", "command", "verdict", "close"}

@@ -148,9 +148,10 @@ class SWEbenchWorkspace:
         trees = self._trees
         tree = trees.fresh()  # a disk budget of its own: a workspace the agent filled is graded like any other
         try:
-            declared = self._declared_sources(tree, spec)  # before anything runs in the copy
+            patched = self._patched_files(tree, self._graded_paths(spec))  # before anything runs in the copy
+            declared = _texts(patched)
             box = self._box(tree.workdir, self.settings.max_log_bytes, budget=tree.budget)
-            config = self._config_manifest(box, tree)  # the original tree's, before the agent's patch
+            config = self._config_manifest(box, patched)  # the original tree's, before the agent's patch
             applied = box.run(_APPLY, stdin=patch.encode(), timeout_s=120.0)
             if not applied.ok:
                 return EvalOutcome(False, "patch did not apply", log=f"{APPLY_PATCH_FAIL}\n{applied.text}")
@@ -164,24 +165,28 @@ class SWEbenchWorkspace:
         finally:
             trees.remove(tree)
 
+    def _graded_paths(self, spec: Any) -> set[str]:
+        """The files whose original source decides a grade: the instance's test-patch paths and the
+        graded tests' files."""
+        paths = set(self._test_paths)
+        return paths | {t.split("::", 1)[0] for t in [*spec.FAIL_TO_PASS, *spec.PASS_TO_PASS] if "::" in t}
+
     def _declared_sources(self, testbed: Tree, spec: Any) -> dict[str, str]:
         """The graded tests' original source (path -> text): the image's files, fresh from the image
         and not yet touched by any container, with the instance's ``test_patch`` applied by the
         host's git in a scratch directory. What may mark a graded test xfail or skip (see
         :mod:`.code.outcomes`); files that cannot be read are left out (their tests must pass)."""
-        paths = set(self._test_paths)
-        paths |= {t.split("::", 1)[0] for t in [*spec.FAIL_TO_PASS, *spec.PASS_TO_PASS] if "::" in t}
-        return {rel: data.decode("utf-8", "replace") for rel, data in self._patched_files(testbed, paths).items()
-                if data is not None}
+        return _texts(self._patched_files(testbed, self._graded_paths(spec)))
 
-    def _config_manifest(self, box: ContainerSandbox, testbed: Tree) -> dict[str, str]:
+    def _config_manifest(self, box: ContainerSandbox, patched: dict[str, bytes | None]) -> dict[str, str]:
         """The manifest of the pytest configuration the eval run must find before its tests: the
         fresh tree's (computed in a container of the image, as the eval shell does), with the
-        configuration files the instance's test patch touches as that patch leaves them."""
+        configuration files the instance's test patch touches as that patch leaves them
+        (``patched``: :meth:`_patched_files` of the graded paths, which hold the test patch's)."""
         listed = box.run(manifest_command(), timeout_s=120.0)
         if not listed.ok:
             raise SandboxError(f"cannot list the pytest configuration of {self.image}: {listed.text[-300:]}")
-        return with_contents(parse_manifest(listed.text), self._patched_files(testbed, set(self._test_paths)))
+        return with_contents(parse_manifest(listed.text), {p: patched.get(p) for p in self._test_paths})
 
     def _patched_files(self, testbed: Tree, paths: set[str]) -> dict[str, bytes | None]:
         """``paths`` of the fresh ``testbed`` with the instance's ``test_patch`` applied by the host's
@@ -229,3 +234,7 @@ class SWEbenchWorkspace:
                 if host is not None:
                     host.release()
                 release_workdir(None, None, lease)
+
+
+def _texts(files: dict[str, bytes | None]) -> dict[str, str]:
+    return {rel: data.decode("utf-8", "replace") for rel, data in files.items() if data is not None}

@@ -18,7 +18,7 @@ import os
 import shlex
 import subprocess
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ..sandbox.base import SandboxError
@@ -40,12 +40,13 @@ _EVAL_BYTES, _EVAL_INODES = 64 * 1024**2, 1000
 @dataclass(slots=True)
 class Tree:
     """A fresh ``/testbed`` for one verdict: ``workdir`` and ``budget`` as :class:`ContainerSandbox`
-    takes them; ``eval_source``: the eval files' directory or volume, once written."""
+    takes them; ``root``: its host directory (the eval files go beside it), or ``volumes``: the
+    sandbox host's volumes it and its eval files occupy."""
 
     workdir: Any
-    budget: BoundedDir | None
-    owner: Any
-    eval_source: str | None = None
+    budget: BoundedDir | None = None
+    root: str | None = None
+    volumes: list[BoundedVolume] = field(default_factory=list)
 
 
 class Trees(Protocol):
@@ -139,7 +140,7 @@ class HostTrees:
         except BaseException:
             remove_tree(evalroot)
             raise
-        tree = Tree(os.path.join(evalroot, "testbed"), budget, evalroot)
+        tree = Tree(os.path.join(evalroot, "testbed"), budget, root=evalroot)
         try:
             copy_from_image(self.image, "/testbed", tree.workdir, self.config)
             chown_tree(tree.workdir, self.uid)
@@ -160,9 +161,8 @@ class HostTrees:
         return out
 
     def write_eval(self, tree: Tree, script: str, log_parser: str) -> str:
-        scripts = os.path.join(tree.owner, "eval")  # root-owned, bound read-only: no secret inside
+        scripts = os.path.join(tree.root or "", "eval")  # root-owned, bound read-only: no secret inside
         write_eval_dir(scripts, script, log_parser, self._image_shell())
-        tree.eval_source = scripts
         return scripts
 
     def remove(self, tree: Tree) -> None:
@@ -228,7 +228,7 @@ class VolumeTrees:
 
     def fresh(self) -> Tree:
         volume = self._volume(self.uid)
-        tree = Tree(volume, None, volume)
+        tree = Tree(volume, volumes=[volume])
         self._fill(volume)
         return tree
 
@@ -254,13 +254,11 @@ class VolumeTrees:
         self._setup(volume, f"tar -x -f - -C /tsl-dst && cp -L {shell} /tsl-dst/{SHELL_NAME} && "
                             f"chmod 0711 /tsl-dst/{SHELL_NAME} && chmod 0755 /tsl-dst",
                     "write the eval files", stdin=pack_files(files))
-        tree.eval_source = volume.name
-        tree.owner = (tree.owner, volume)
+        tree.volumes.append(volume)
         return volume.name
 
     def remove(self, tree: Tree) -> None:
-        owners = tree.owner if isinstance(tree.owner, tuple) else (tree.owner,)
-        for volume in owners:
+        for volume in tree.volumes:
             volume.remove()
             if volume in self._volumes:
                 self._volumes.remove(volume)

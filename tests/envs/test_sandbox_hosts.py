@@ -79,6 +79,8 @@ def test_hosts_from_a_config_are_checked_at_the_boundary():
         parse_hosts([{"url": A, "capacity": 0}])
     with pytest.raises(ConfigError, match="listed twice"):
         parse_hosts([A, {"url": A}])
+    with pytest.raises(ConfigError, match="capacity='8' must be a whole number"):
+        parse_hosts([{"url": A, "capacity": "8"}])
     with pytest.raises(ConfigError, match=r"keys \['capacity', 'host'\]"):
         parse_hosts([{"host": A, "capacity": 1}])
     with pytest.raises(ConfigError, match="must start with"):
@@ -101,22 +103,26 @@ def test_leases_go_to_the_least_loaded_host_and_never_past_its_capacity(fake_ser
     fake_service.set_up(B)
     pool = HostPool(fake_service.engine, (ContainerHost(A, 1), ContainerHost(B, 2)))
     leases = [pool.acquire(wait_s=0.0) for _ in range(3)]
-    assert sorted(lease.host.url for lease in leases) == [A, B, B]
+    assert [lease.host.url for lease in leases] == [A, B, B]  # A first (both empty), then B has room
     with pytest.raises(HostFault, match=r"stayed full .* 1/1, .* 2/2"):
         pool.acquire(wait_s=0.0)
     leases[0].release()
     leases[0].release()  # a second release does nothing: the count never drifts
-    assert (pool.used(A), pool.used(B)) == (sum(lease.host.url == A for lease in leases[1:]),
-                                            sum(lease.host.url == B for lease in leases[1:]))
+    assert (pool.used(A), pool.used(B)) == (0, 2)
 
 
-def test_a_waiting_lease_gets_the_slot_another_releases(fake_service):
+def test_a_waiting_lease_gets_the_slot_another_releases(fake_service, monkeypatch):
+    monkeypatch.setattr(hosts_module, "DOWN_S", 3600.0)  # no periodic re-check: only the release can wake it
     fake_service.set_up(A)
     pool = HostPool(fake_service.engine, (ContainerHost(A, 1),))
     first = pool.acquire(wait_s=0.0)
     got: list = []
-    waiter = threading.Thread(target=lambda: got.append(pool.acquire(wait_s=60.0)))
+    waiter = threading.Thread(target=lambda: got.append(pool.acquire(wait_s=3600.0)))
     waiter.start()
+    deadline = time.monotonic() + 60
+    while not pool._cond._waiters:  # type: ignore[attr-defined]  # the waiter sleeps on the pool (polled)
+        assert time.monotonic() < deadline and waiter.is_alive()
+        time.sleep(0.01)
     first.release()
     waiter.join(60)
     assert got and got[0].host.url == A and pool.used(A) == 1

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from ...core.errors import ConfigError
 from .base import RunGuard, SandboxError, SandboxLimits, SandboxResult, check_command, run_bounded
 from .fs import BoundedDir, check_budget
-from .hosts import host_fault, probe
+from .hosts import URL_SCHEMES, host_fault, probe
 from .reaper import ContainerReaper, container_name, owner_labels, reaper_for
 
 if TYPE_CHECKING:
@@ -42,7 +42,6 @@ __all__ = ["ContainerConfig", "ContainerSandbox", "find_engine", "image_exists",
            "global_args"]
 
 WORKDIR = "/testbed"
-URL_SCHEMES = ("unix://", "ssh://", "tcp://")
 _RUNC = "/usr/sbin/runc"
 _REMOTE_RM_S = 30.0  # a host that went away answers no rm: the reaper keeps the name
 

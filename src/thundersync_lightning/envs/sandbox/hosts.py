@@ -29,7 +29,9 @@ from typing import Any
 
 from ...core.errors import ConfigError, HostFault
 
-__all__ = ["ContainerHost", "HostLease", "HostPool", "host_fault", "host_pool", "parse_hosts", "probe"]
+__all__ = ["URL_SCHEMES", "ContainerHost", "HostLease", "HostPool", "host_fault", "host_pool", "parse_hosts", "probe"]
+
+URL_SCHEMES = ("unix://", "ssh://", "tcp://")  # what ``podman --url`` takes
 
 DOWN_S = 30.0  # how long a host that failed its probe gets no new workspace
 PROBE_S = 10.0  # a probe's own deadline (an ssh dial to a vanished machine may take minutes)
@@ -46,7 +48,7 @@ class ContainerHost:
     capacity: int = 16
 
     def __post_init__(self) -> None:
-        if not self.url.startswith(("unix://", "ssh://", "tcp://")):
+        if not self.url.startswith(URL_SCHEMES):
             raise ConfigError(f"sandbox host url={self.url!r}: expected unix://, ssh:// or tcp:// (podman --url)")
         if self.capacity < 1:
             raise ConfigError(f"sandbox host {self.url}: capacity={self.capacity} must be >= 1")
@@ -64,7 +66,10 @@ def parse_hosts(hosts: Sequence[str | Mapping[str, Any] | ContainerHost]) -> tup
             unknown = sorted(set(h) - {"url", "capacity"})
             if unknown or "url" not in h:
                 raise ConfigError(f"sandbox_hosts[{i}]: expected {{url, capacity}}, got keys {sorted(h)}")
-            out.append(ContainerHost(str(h["url"]), int(h.get("capacity", 16))))
+            capacity = h.get("capacity", 16)
+            if not isinstance(capacity, int) or isinstance(capacity, bool):
+                raise ConfigError(f"sandbox_hosts[{i}]: capacity={capacity!r} must be a whole number")
+            out.append(ContainerHost(str(h["url"]), capacity))
         else:
             raise ConfigError(f"sandbox_hosts[{i}]: expected a URL or {{url, capacity}}, got {type(h).__name__}")
     urls = [h.url for h in out]

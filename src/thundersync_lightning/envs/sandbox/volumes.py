@@ -58,20 +58,19 @@ class BoundedVolume:
         self._created = False
         self.reaper.started(self._holder)
         try:
-            self._engine("volume", "create", *owner_labels(), "--opt", "type=tmpfs", "--opt", "device=tmpfs",
-                         "--opt", f"o={opts}", self.name, what="create the workspace volume")
+            self._call([engine, *self._g, "volume", "create", *owner_labels(), "--opt", "type=tmpfs", "--opt",
+                        "device=tmpfs", "--opt", f"o={opts}", self.name], what="create the workspace volume")
             self._created = True
-            self._engine(*locked_down_args(engine, config, 65534, self._holder, detach=True)[1 + len(self._g):],
-                         "-v", f"{self.name}:/tsl-hold:ro", "--timeout", str(HOLD_S), image, "sleep", "infinity",
-                         what="start the volume's holder")
+            self._call([*locked_down_args(engine, config, 65534, self._holder, detach=True),
+                        "-v", f"{self.name}:/tsl-hold:ro", "--timeout", str(HOLD_S), image, "sleep", "infinity"],
+                       what="start the volume's holder")
         except BaseException:
             self.remove()
             raise
 
-    def _engine(self, *args: str, what: str) -> None:
+    def _call(self, argv: list[str], what: str) -> None:
         try:
-            done = subprocess.run([self.engine, *self._g, *args], capture_output=True,
-                                  text=True, timeout=120, stdin=subprocess.DEVNULL)
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
         except subprocess.TimeoutExpired:
             done = None
         if done is not None and done.returncode == 0:

@@ -207,7 +207,7 @@ class VolumeTrees:
     def open(self, base: str) -> str:
         agent = self._volume(self.uid)
         self._fill(agent)
-        self._base = self._volume(0, (self.disk[0], self.disk[1]))
+        self._base = self._volume(0)
         # A global config of our own (HOME is the container's /tmp): upload-pack, run by the clone,
         # reads safe.directory only from there (the tree belongs to the workspace uid, not root).
         script = ("printf '[safe]\\n\\tdirectory = *\\n[core]\\n\\thooksPath = /dev/null\\n' > /tmp/.gitconfig && "

@@ -112,10 +112,12 @@ class SWEbenchWorkspace:
                 raise SandboxError("SWEbenchWorkspace closed while it was opening")
             self._sandbox = self._box(trees.agent)
         except BaseException:
-            self.close()
-            for release in (trees.close if trees is not None else None, host.release if host else None, lease.release):
-                if release is not None:
-                    release()  # each frees once: a second call does nothing
+            self.close()  # then what a close() that ran meanwhile did not see; each frees once
+            if trees is not None:
+                trees.close()
+            if host is not None:
+                host.release()
+            lease.release()
             raise
 
     def run(self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None) -> SandboxResult:

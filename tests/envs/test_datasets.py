@@ -213,3 +213,22 @@ def test_the_datasets_recipe_needs_no_extra_beyond_the_package() -> None:
     text = (Path(__file__).parents[2] / "pyproject.toml").read_text()
     dependencies = text.split("dependencies = [", 1)[1].split("\n]", 1)[0]  # [project] dependencies, not extras
     assert re.search(r'^\s*"datasets>=', dependencies, re.M)
+
+
+def test_a_user_reward_runs_in_a_worker_process_stopped_at_its_deadline() -> None:
+    """A thread cannot be stopped: a user's reward that never returns holds no engine thread; it is
+    stopped at the deadline and fails its trajectory, and the same worker pool scores the next."""
+    from thundersync_lightning.envs.datasets.rewards import call_reward
+
+    endless = resolve_reward("tests.envs.user_rewards:endless")
+    assert endless.path == "tests.envs.user_rewards:endless"
+    with pytest.raises(RewardError, match=r"reward 'tests.envs.user_rewards:endless': endless did not return "
+                                          r"within 1 s and was stopped"):
+        call_reward(endless, "p", "c", {}, timeout_s=1.0)
+    length = resolve_reward({"function": "tests.envs.user_rewards:length", "scale": 2.0})
+    assert call_reward(length, [{"role": "user", "content": "p"}], "abc", {"answer": 1}) == 6.0
+    with pytest.raises(RewardError, match=r"'tests.envs.user_rewards:yes' returned True: expected a finite number"):
+        call_reward(resolve_reward("tests.envs.user_rewards:yes"), "p", "c", {})
+    with pytest.raises(RewardError, match=r"'tests.envs.user_rewards:explode' raised ValueError: cannot score 'c'"):
+        call_reward(resolve_reward("tests.envs.user_rewards:explode"), "p", "c", {})
+    assert resolve_reward("exact_match").path is None and resolve_reward(lambda p, c, **r: 1.0).path is None

@@ -18,7 +18,13 @@ Built-ins (``row`` holds the dataset row's mapped fields; ``answer`` is the refe
 
 A reward that raises, or returns something that is not a finite number, is the trajectory's
 failure (reward 0, ``RewardReady.failure`` says which function and why): see
-:func:`call_reward`.
+:func:`call_reward`. A thread cannot be stopped, so a user's reward function (it may sleep, loop
+or wait on a socket) runs in a tool worker process killed past :data:`REWARD_TIMEOUT_S`
+(:mod:`..tools.workers`). The built-ins run in the caller's thread: ``exact_match`` and
+``math_answer`` are linear, ``unit_tests`` has its sandbox's deadline, and ``regex_match`` runs
+the configured pattern (a pattern that backtracks catastrophically on the model's text stalls the
+engine: the pattern is the user's to keep linear). So does a reward no worker can import by
+``module:name`` (a lambda, a local function, one defined in ``__main__``).
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from typing import Any
 
 from ...core.errors import ConfigError, ThunderSyncError
 from ...core.registry import Registry
+from ..tools.workers import ToolOutcome, tool_workers
 from ..user_code import import_object
 
 __all__ = ["RewardFn", "RewardError", "register_reward", "get_reward", "resolve_reward", "call_reward",
@@ -42,6 +49,7 @@ __all__ = ["RewardFn", "RewardError", "register_reward", "get_reward", "resolve_
            "reward_names", "exact_match", "regex_match", "math_answer", "unit_tests"]
 
 RewardFn = Callable[..., float]
+REWARD_TIMEOUT_S = 60.0  # past it a reward's worker process is killed and the trajectory fails
 
 _REGISTRY: Registry[RewardFn] = Registry("reward", "or give {function: 'module:callable'}")
 
@@ -69,6 +77,7 @@ class _Bound:
 
     def __init__(self, fn: RewardFn, name: str, kwargs: Mapping[str, Any]) -> None:
         self.fn, self.name, self.kwargs = fn, name, dict(kwargs)
+        self.path = _worker_path(fn)  # None: runs in the caller's thread
 
     def __call__(self, prompt: str, completion: str, **row: Any) -> float:
         return self.fn(prompt, completion, **{**row, **self.kwargs})
@@ -122,13 +131,33 @@ def check_reward_signature(fn: _Bound, fields: Sequence[str]) -> str | None:
     return None
 
 
-def call_reward(fn: _Bound, prompt: str, completion: str, row: Mapping[str, Any]) -> float:
-    """``fn``'s value, or RewardError naming the function and what went wrong."""
+def _worker_path(fn: RewardFn) -> str | None:
+    """``module:name`` a worker process imports ``fn`` by, or None where it runs in the caller's
+    thread (the linear and the sandboxed built-ins; what no worker can import)."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if fn in _IN_THREAD or not module or module == "__main__" or not qualname.isidentifier():
+        return None
+    return f"{module}:{qualname}"
+
+
+def call_reward(fn: _Bound, prompt: Any, completion: str, row: Mapping[str, Any],
+                timeout_s: float = REWARD_TIMEOUT_S) -> float:
+    """``fn``'s value, or RewardError naming the function and what went wrong (it raised, returned
+    no finite number, or overran ``timeout_s`` in its worker process and was stopped)."""
     extra = {k: v for k, v in row.items() if k not in ("prompt", "completion")}
-    try:
-        value = fn(prompt, completion, **extra)
-    except Exception as exc:  # noqa: BLE001 - any failure of user code becomes the trajectory's failure
-        raise RewardError(f"reward {fn.name!r} raised {type(exc).__name__}: {exc}") from exc
+    if fn.path is not None:
+        got = tool_workers().exchange(fn.path, (prompt, completion), {**extra, **fn.kwargs}, timeout_s, None)
+        if isinstance(got, ToolOutcome):  # it never answered: stopped at the deadline, or its process died
+            raise RewardError(f"reward {fn.name!r}: {got.error}")
+        status, text = got
+        if status != "ok":
+            raise RewardError(f"reward {fn.name!r} {'raised ' if status == 'error' else ''}{text}")
+        value: Any = float(text)
+    else:
+        try:
+            value = fn(prompt, completion, **extra)
+        except Exception as exc:  # noqa: BLE001 - any failure of user code becomes the trajectory's failure
+            raise RewardError(f"reward {fn.name!r} raised {type(exc).__name__}: {exc}") from exc
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
         raise RewardError(f"reward {fn.name!r} returned {value!r}: expected a finite number")
     return float(value)
@@ -218,3 +247,6 @@ _pools: dict[tuple[int, int], Any] = {}
 
 def _pool(cls: Any, base: int, size: int) -> Any:
     return _pools.setdefault((base, size), cls(base, size))
+
+
+_IN_THREAD = (exact_match, regex_match, math_answer, unit_tests)  # a worker would import the package (torch)

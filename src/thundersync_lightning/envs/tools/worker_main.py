@@ -3,10 +3,12 @@
 Run as a script (``python worker_main.py``), never imported by the package: it needs only the
 standard library and the user's own module, so a worker starts in the time of a bare interpreter.
 
-Protocol (frames are a 4-byte big-endian length and a pickle): the parent sends the ``sys.path``
-to use, then one ``("module:function", arguments, max_chars)`` per call; the child answers each
-with ``("ok", text)`` or ``("error", "ExceptionType: message")``, text cut to ``max_chars``. The
-protocol runs on a copy of the original stdout; the tool's own prints go to stderr.
+Protocol (frames are a 4-byte big-endian length and a pickle): the parent sends one
+``("module:function", arguments, max_chars, positional, sys_path)`` per call (its ``sys.path``
+now: entries the worker lacks are put first); the child answers each with ``("ok", text)`` or
+``("error", "ExceptionType: message")``, text cut to ``max_chars``. With ``max_chars`` None the
+function is a reward: ``("ok", repr(float))``, or ``("value", why)`` when it returned no number.
+The protocol runs on a copy of the original stdout; the tool's own prints go to stderr.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import ctypes
 import importlib
 import json
+import numbers
 import os
 import pickle
 import signal
@@ -53,22 +56,27 @@ def main() -> None:
     out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # the tool's prints must not corrupt the protocol
     inp = sys.stdin.buffer
-    paths = _read(inp)
-    if paths is None:
-        return
-    sys.path[:0] = [p for p in paths if p not in sys.path]
     functions: dict[str, Any] = {}
     while True:
         message = _read(inp)
         if message is None:
             return
-        path, arguments, max_chars = message
+        path, arguments, max_chars, positional, paths = message
+        # the caller's sys.path now: a directory it added after this worker started (a user's
+        # module, imported by a later task source) must be found too
+        sys.path[:0] = [p for p in paths if p not in sys.path]
         try:
             fn = functions.get(path)
             if fn is None:
                 module, _, attr = path.partition(":")
                 fn = functions[path] = getattr(importlib.import_module(module), attr)
-            reply = ("ok", _text(fn(**arguments))[:max_chars])
+            value = fn(*positional, **arguments)
+            if max_chars is not None:
+                reply = ("ok", _text(value)[:max_chars])
+            elif isinstance(value, bool) or not isinstance(value, numbers.Real):  # a reward: a number
+                reply = ("value", f"returned {value!r:.200}: expected a finite number")
+            else:
+                reply = ("ok", repr(float(value)))
         except BaseException as exc:  # noqa: BLE001 - the tool's failure is the model's observation
             text = str(exc)
             reply = ("error", (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:max_chars])

@@ -56,9 +56,21 @@ class ToolWorkers:
 
     def call(self, path: str, arguments: Mapping[str, Any], timeout_s: float, max_chars: int = 65536) -> ToolOutcome:
         """Run ``module:function(**arguments)`` in a worker; wait at most ``timeout_s`` seconds."""
+        got = self.exchange(path, (), arguments, timeout_s, max_chars)
+        if isinstance(got, ToolOutcome):
+            return got
+        status, text = got
+        return ToolOutcome(text) if status == "ok" else ToolOutcome("", f"{path.rpartition(':')[2]} raised {text}")
+
+    def exchange(self, path: str, positional: tuple[Any, ...], arguments: Mapping[str, Any], timeout_s: float,
+                 max_chars: int | None) -> tuple[str, str] | ToolOutcome:
+        """``module:function(*positional, **arguments)`` in a worker: its (status, text) reply
+        ("ok"; "error": it raised; "value": with ``max_chars`` None, it returned no number, else
+        the number's repr), or the :class:`ToolOutcome` of a call that never answered."""
         name = path.rpartition(":")[2]
         try:
-            request = _frame((path, dict(arguments), max_chars))
+            request = _frame((path, dict(arguments), max_chars, tuple(positional),
+                              [p for p in sys.path if isinstance(p, str)]))
         except Exception as exc:  # noqa: BLE001 - arguments come from the model's JSON: always picklable
             return ToolOutcome("", f"{name}: arguments cannot be sent to the tool ({exc})")
         proc = self._take()
@@ -75,9 +87,7 @@ class ToolWorkers:
                 return ToolOutcome("", f"{name} did not return within {timeout_s:g} s and was stopped", True)
             return ToolOutcome("", f"{name}: its worker process exited (code {code}) before answering")
         self._give_back(proc)
-        if status == "ok":
-            return ToolOutcome(str(text))
-        return ToolOutcome("", f"{name} raised {text}")
+        return status, text
 
     def close(self) -> None:
         """Stop every idle worker (running calls end by their deadline)."""
@@ -94,9 +104,6 @@ class ToolWorkers:
                     return proc
         proc = subprocess.Popen([sys.executable, "-u", _MAIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 start_new_session=True)
-        assert proc.stdin is not None
-        proc.stdin.write(_frame([p for p in sys.path if isinstance(p, str)]))
-        proc.stdin.flush()
         return proc
 
     def _give_back(self, proc: subprocess.Popen[bytes]) -> None:

@@ -118,6 +118,23 @@ def test_a_tool_turn_answers_each_fault_with_an_error_and_counts_it(user_tools) 
     assert answer.done and env.verdict() == 1.0
 
 
+@pytest.mark.parametrize("end_on_answer", [True, False])
+def test_a_turn_the_renderer_cannot_decode_is_an_invalid_call_not_a_failed_episode(user_tools, monkeypatch,
+                                                                                    end_on_answer) -> None:
+    tasks = tool_tasks([{"prompt": "What is 2 + 3?", "answer": "5"}], end_on_answer=end_on_answer)
+    env = tasks.make_env(tasks.rows[0], 0)
+    env.reset()
+    r = tasks.renderer
+
+    def broken(ids):  # noqa: ANN001, ANN202 - e.g. ids past the vocabulary from a misconfigured engine
+        raise ValueError("id out of range")
+
+    monkeypatch.setattr(r, "decode", broken)
+    result = env.step((*r.tokenizer.encode("anything", add_special_tokens=False), r.end_of_turn))
+    assert not result.done and (result.tool_calls, result.invalid_tool_calls) == (1, 1)
+    assert "could not be decoded" in r.tokenizer.decode(result.observation)
+
+
 def test_the_reminder_after_a_turn_without_a_call_names_the_users_tools_and_no_submit(user_tools) -> None:
     tasks = tool_tasks([{"prompt": "hi", "answer": "5"}], end_on_answer=False)
     env = tasks.make_env(tasks.rows[0], 0)

@@ -143,3 +143,29 @@ def test_two_learner_ranks_split_the_servers_so_each_server_has_one_publisher(tm
     assert got[0]["mine"] == ["http://infer-0:8000", "http://infer-2:8000", "http://infer-4:8000"]
     assert got[1]["mine"] == ["http://infer-1:8000", "http://infer-3:8000"]
     assert all("2 learner ranks share 1 vLLM servers" in g["refused"] for g in got)
+
+
+@pytest.mark.parametrize("versions", [None, [{"version": "0", "start": 0}]])
+def test_a_server_whose_responses_name_no_weight_version_is_a_set_up_error(monkeypatch, versions):
+    """Every response of such a server would be refused as stale at the first rollout: set-up says why."""
+    from thundersync_lightning.rollout.vllm import server_client
+    from thundersync_lightning.rollout.vllm.server_client import ServerClient
+
+    flags = server_client._CHECKED_FLAGS
+    answers = {
+        "/health": {},
+        "/server_info?config_format=json": {"vllm_config": {
+            "model_config": {"logprobs_mode": flags["--logprobs-mode"], "generation_config": flags["--generation-config"],
+                             "max_model_len": 64, "dtype": "torch.float32"},
+            "parallel_config": {"worker_extension_cls": flags["--worker-extension-cls"]}}},
+        "/get_world_size?include_dp=false": {"world_size": 1},
+        "/inference/v1/generate": {"choices": [{"token_ids": [5], "logprobs": {"content": [
+            {"token_id": 5, "logprob": -0.5}]}, **({"weight_versions": versions} if versions else {})}]},
+    }
+    monkeypatch.setattr(ServerClient, "call", lambda self, method, route, body=None, timeout_s=None: answers[route])
+    client = ServerClient("http://127.0.0.1:9", 5.0, 5.0)
+    if versions is None:
+        with pytest.raises(EngineError, match="names no weight version in its responses"):
+            client.info()
+    else:
+        assert client.info().workers == 1

@@ -48,9 +48,9 @@ class DatasetToolEnv:
         assert renderer is not None
         ids = list(action)
         eot = renderer.end_of_turn
-        text = renderer.decode(ids[: ids.index(eot)] if eot in ids else ids)
+        text, parsed = self.conversation.read(ids[: ids.index(eot)] if eot in ids else ids)  # never raises
         self.last_text = text
-        if self.source.end_on_answer and not self.conversation.parse(text).calls:
+        if self.source.end_on_answer and not parsed.calls:
             self.answer = text
             return StepResult((), True)
         turn = self.conversation.respond(ids, None)

@@ -150,8 +150,9 @@ class ToolConversation:
         self.messages = [dict(m) for m in messages]
         return self.renderer.prompt_ids(self.messages, self.schemas)
 
-    def _read(self, ids: list[int]) -> tuple[str, ParsedTurn]:
-        """The turn's text and calls; a turn that cannot be decoded or parsed is one invalid call."""
+    def read(self, ids: list[int]) -> tuple[str, ParsedTurn]:
+        """The turn's text and calls (``ids`` without the end-of-turn token); a turn that cannot be
+        decoded or parsed is one invalid call, never an exception."""
         try:
             text = self.renderer.decode(ids)
         except Exception as exc:  # noqa: BLE001 - model output never raises on the host
@@ -179,7 +180,7 @@ class ToolConversation:
         closed = eot in ids
         if closed:
             ids = ids[: ids.index(eot)]
-        text, parsed = self._read(ids)
+        text, parsed = self.read(ids)
         if parsed.calls and not (closed or self.run_unfinished_turns):
             n = len(parsed.calls)
             refused = [_error(f"[invalid tool call] {UNFINISHED} ({n} call(s) not run)")]

@@ -131,11 +131,14 @@ class ServerClient:
             )
         workers = int(self.call("GET", "/get_world_size?include_dp=false")["world_size"])
         try:  # one token: the token-id route is on (and the server's first, slow request is done)
-            self.generate(GenerationRequest((0,), seed=0, max_new_tokens=1), temperature=1.0)
+            _, labels = self.generate(GenerationRequest((0,), seed=0, max_new_tokens=1), temperature=1.0)
         except ServerGone:
             raise
         except EngineError as exc:
             raise EngineError(f"the vLLM server at {self.url} cannot generate from token ids: {exc}") from exc
+        if not labels:  # every response would be refused as of an unknown version: say so now
+            raise EngineError(f"the vLLM server at {self.url} names no weight version in its responses "
+                              "('weight_versions'): the exactness check needs a vLLM that reports it")
         return ServerInfo(int(model["max_model_len"]), workers, str(model["dtype"]).removeprefix("torch."))
 
     # -- generation -----------------------------------------------------------------------------

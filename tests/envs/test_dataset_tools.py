@@ -213,3 +213,11 @@ def test_an_episode_counts_tool_faults_and_a_row_with_a_null_field_fails_alone(u
     assert content["g1"].finish_reason == "failure" and content["g1"].tokens == ()
     assert rewards["g1"].reward == 0.0 and "no value for mapped field(s) ['answer']" in rewards["g1"].failure
     assert tasks.reward_names == ("correct", "brief")
+
+
+@pytest.mark.parametrize(("tool_timeout_s", "warned"), [(10.0, False), (45.0, True)])
+def test_a_tool_deadline_that_outlasts_the_engines_step_timeout_is_warned_about(user_tools, caplog, tool_timeout_s,
+                                                                                warned) -> None:
+    with caplog.at_level("WARNING"):
+        tool_tasks([{"prompt": "hi", "answer": "5"}], tool_timeout_s=tool_timeout_s)
+    assert ("a tool turn may take 75 s" in caplog.text) is warned

@@ -38,6 +38,7 @@ Split: rows whose index hashes below ``val_fraction`` are held out (:meth:`valid
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import random
 from typing import Any
@@ -55,6 +56,8 @@ from .rows import read_rows
 from .tool_env import DatasetToolEnv
 
 __all__ = ['DatasetTasks', 'load_rows']
+
+log = logging.getLogger(__name__)
 
 
 def load_rows(path: str, split: str = "train") -> Any:
@@ -165,6 +168,12 @@ class DatasetTasks:
             chars, calls = TurnBudget().max_chars, TurnBudget().max_calls
             cap = turn_token_cap(self.renderer, [t.schema() for t in self.tools], chars, calls)
             self.turn_budget = TurnBudget(max_calls=calls, max_chars=chars, max_tokens=cap)
+            turn_s = (self.turn_budget.deadline_s or 0.0) + tool_timeout_s  # a call may start at the deadline
+            if turn_s > 60.0:
+                log.warning("DatasetTasks: a tool turn may take %g s (its %g s deadline + tool_timeout_s %g), past "
+                            "the engines' default step_timeout_s of 60 s: raise the engine's step_timeout_s above "
+                            "it, or such turns fail their trajectory", turn_s, self.turn_budget.deadline_s,
+                            tool_timeout_s)
         self._episode_bound: int | None = None
         self._feedback_tokens: int | None = None
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 
 
@@ -20,3 +21,18 @@ def length(prompt, completion, scale=1.0, **row):  # noqa: ANN001, ANN003, ANN20
 
 def explode(prompt, completion, **row):  # noqa: ANN001, ANN003, ANN201
     raise ValueError(f"cannot score {completion!r}")
+
+
+async def later(prompt, completion, **row):  # noqa: ANN001, ANN003, ANN201
+    return 0.25  # a coroutine function: the worker awaits it
+
+
+def _scaled(fn):  # noqa: ANN001, ANN202
+    @functools.wraps(fn)
+    def wrapper(prompt, completion, **row):  # noqa: ANN001, ANN003, ANN202
+        return 2.0 * fn(prompt, completion, **row)
+
+    return wrapper
+
+
+doubled_length = _scaled(length)  # carries length's __qualname__: a worker must import this name

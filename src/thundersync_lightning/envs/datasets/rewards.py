@@ -41,7 +41,7 @@ from typing import Any
 
 from ...core.errors import ConfigError, ThunderSyncError
 from ...core.registry import Registry
-from ..tools.workers import ToolOutcome, tool_workers
+from ..tools.workers import ToolOutcome, reward_workers, worker_path
 from ..user_code import import_object
 
 __all__ = ["RewardFn", "RewardError", "register_reward", "get_reward", "resolve_reward", "call_reward",
@@ -134,10 +134,9 @@ def check_reward_signature(fn: _Bound, fields: Sequence[str]) -> str | None:
 def _worker_path(fn: RewardFn) -> str | None:
     """``module:name`` a worker process imports ``fn`` by, or None where it runs in the caller's
     thread (the linear and the sandboxed built-ins; what no worker can import)."""
-    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
-    if fn in _IN_THREAD or not module or module == "__main__" or not qualname.isidentifier():
+    if fn in _IN_THREAD:
         return None
-    return f"{module}:{qualname}"
+    return worker_path(fn)
 
 
 def call_reward(fn: _Bound, prompt: Any, completion: str, row: Mapping[str, Any],
@@ -146,13 +145,13 @@ def call_reward(fn: _Bound, prompt: Any, completion: str, row: Mapping[str, Any]
     no finite number, or overran ``timeout_s`` in its worker process and was stopped)."""
     extra = {k: v for k, v in row.items() if k not in ("prompt", "completion")}
     if fn.path is not None:
-        got = tool_workers().exchange(fn.path, (prompt, completion), {**extra, **fn.kwargs}, timeout_s, None)
+        got = reward_workers().exchange(fn.path, (prompt, completion), {**extra, **fn.kwargs}, timeout_s, None)
         if isinstance(got, ToolOutcome):  # it never answered: stopped at the deadline, or its process died
             raise RewardError(f"reward {fn.name!r}: {got.error}")
-        status, text = got
+        status, payload = got
         if status != "ok":
-            raise RewardError(f"reward {fn.name!r} {'raised ' if status == 'error' else ''}{text}")
-        value: Any = float(text)
+            raise RewardError(f"reward {fn.name!r} {'raised ' if status == 'error' else ''}{payload}")
+        value: Any = payload
     else:
         try:
             value = fn(prompt, completion, **extra)

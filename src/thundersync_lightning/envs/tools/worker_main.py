@@ -3,18 +3,23 @@
 Run as a script (``python worker_main.py``), never imported by the package: it needs only the
 standard library and the user's own module, so a worker starts in the time of a bare interpreter.
 
-Protocol (frames are a 4-byte big-endian length and a pickle): the parent sends one
+Protocol (frames are a 4-byte big-endian length and a payload): the parent sends one pickled
 ``("module:function", arguments, max_chars, positional, sys_path)`` per call (its ``sys.path``
-now: entries the worker lacks are put first); the child answers each with ``("ok", text)`` or
-``("error", "ExceptionType: message")``, text cut to ``max_chars``. With ``max_chars`` None the
-function is a reward: ``("ok", repr(float))``, or ``("value", why)`` when it returned no number.
+now: entries the worker lacks are put first). The child answers each in JSON, never pickle (the
+parent must not unpickle what user code running on the model's arguments could have written):
+``["ok", text]`` or ``["error", "ExceptionType: message"]``, text cut to ``max_chars``. With
+``max_chars`` None the call is a reward's: ``["ok", value]`` with the function's value as plain
+JSON data (numbers, None, strings, lists, string-keyed dicts; the caller checks its shape), or
+``["value", why]`` when it is none of those. A coroutine function's value is awaited.
 The protocol runs on a copy of the original stdout; the tool's own prints go to stderr.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import importlib
+import inspect
 import json
 import numbers
 import os
@@ -34,7 +39,7 @@ def _read(stream: BinaryIO) -> Any:
 
 
 def _write(stream: BinaryIO, obj: Any) -> None:
-    data = pickle.dumps(obj)
+    data = json.dumps(obj).encode()
     stream.write(struct.pack(">I", len(data)) + data)
     stream.flush()
 
@@ -46,6 +51,23 @@ def _text(value: Any) -> str:
         return json.dumps(value, default=str)
     except (TypeError, ValueError):
         return str(value)
+
+
+def _plain(value: Any, depth: int = 0) -> Any:
+    """``value`` as JSON data (numpy scalars and tuples included); TypeError when it is not such data."""
+    if depth > 8:
+        raise TypeError("nested deeper than 8 levels")
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v, depth + 1) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _plain(v, depth + 1) for k, v in value.items()}
+    raise TypeError(f"{type(value).__name__} is not plain data")
 
 
 def main() -> None:
@@ -71,16 +93,23 @@ def main() -> None:
                 module, _, attr = path.partition(":")
                 fn = functions[path] = getattr(importlib.import_module(module), attr)
             value = fn(*positional, **arguments)
+            if inspect.isawaitable(value):
+                value = asyncio.run(_wait(value))
             if max_chars is not None:
                 reply = ("ok", _text(value)[:max_chars])
-            elif isinstance(value, bool) or not isinstance(value, numbers.Real):  # a reward: a number
-                reply = ("value", f"returned {value!r:.200}: expected a finite number")
             else:
-                reply = ("ok", repr(float(value)))
+                try:
+                    reply = ("ok", _plain(value))
+                except TypeError as exc:
+                    reply = ("value", f"returned {type(value).__name__} {value!r:.200}: {exc}")
         except BaseException as exc:  # noqa: BLE001 - the tool's failure is the model's observation
             text = str(exc)
             reply = ("error", (f"{type(exc).__name__}: {text}" if text else type(exc).__name__)[:max_chars])
         _write(out, reply)
+
+
+async def _wait(awaitable: Any) -> Any:
+    return await awaitable
 
 
 if __name__ == "__main__":

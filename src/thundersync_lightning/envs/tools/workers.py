@@ -15,6 +15,7 @@ has its own :func:`tool_workers`; workers die with it (``PR_SET_PDEATHSIG`` and 
 from __future__ import annotations
 
 import atexit
+import json
 import os
 import pickle
 import select
@@ -28,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ToolOutcome", "ToolWorkers", "tool_workers"]
+__all__ = ["ToolOutcome", "ToolWorkers", "tool_workers", "reward_workers", "worker_path"]
 
 _MAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_main.py")
 
@@ -60,13 +61,16 @@ class ToolWorkers:
         if isinstance(got, ToolOutcome):
             return got
         status, text = got
-        return ToolOutcome(text) if status == "ok" else ToolOutcome("", f"{path.rpartition(':')[2]} raised {text}")
+        if status == "ok" and isinstance(text, str):
+            return ToolOutcome(text)
+        return ToolOutcome("", f"{path.rpartition(':')[2]} raised {text}")
 
     def exchange(self, path: str, positional: tuple[Any, ...], arguments: Mapping[str, Any], timeout_s: float,
-                 max_chars: int | None) -> tuple[str, str] | ToolOutcome:
-        """``module:function(*positional, **arguments)`` in a worker: its (status, text) reply
-        ("ok"; "error": it raised; "value": with ``max_chars`` None, it returned no number, else
-        the number's repr), or the :class:`ToolOutcome` of a call that never answered."""
+                 max_chars: int | None) -> tuple[str, Any] | ToolOutcome:
+        """``module:function(*positional, **arguments)`` in a worker: its (status, payload) reply
+        ("ok" and the text, or with ``max_chars`` None the value as plain JSON data; "error" and
+        what it raised; "value" and why its value is not plain data), or the :class:`ToolOutcome`
+        of a call that never answered. The reply is parsed as JSON, never unpickled."""
         name = path.rpartition(":")[2]
         try:
             request = _frame((path, dict(arguments), max_chars, tuple(positional),
@@ -80,7 +84,7 @@ class ToolWorkers:
             proc.stdin.write(request)
             proc.stdin.flush()
             status, text = _read_frame(proc.stdout.fileno(), deadline)
-        except (_Gone, OSError, pickle.UnpicklingError, EOFError, ValueError):
+        except (_Gone, OSError, EOFError, ValueError):  # ValueError: json's decode error too
             timed_out = time.monotonic() >= deadline
             code = _kill(proc)
             if timed_out:
@@ -133,10 +137,18 @@ def _read_exact(fd: int, size: int, deadline: float) -> bytes:
     return b"".join(chunks)
 
 
-def _read_frame(fd: int, deadline: float) -> tuple[str, str]:
+_MAX_REPLY = 64 << 20  # a reply's length field is the worker's word: bound what the parent reads
+
+
+def _read_frame(fd: int, deadline: float) -> tuple[str, Any]:
     (size,) = struct.unpack(">I", _read_exact(fd, 4, deadline))
-    status, text = pickle.loads(_read_exact(fd, size, deadline))
-    return str(status), str(text)
+    if size > _MAX_REPLY:
+        raise ValueError(f"a worker's reply of {size} bytes")
+    reply = json.loads(_read_exact(fd, size, deadline))
+    if not (isinstance(reply, list) and len(reply) == 2 and reply[0] in ("ok", "error", "value")):
+        raise ValueError("a malformed worker reply")
+    status, payload = reply
+    return status, (payload if status == "ok" else str(payload))
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> int | None:
@@ -157,16 +169,47 @@ def _kill(proc: subprocess.Popen[bytes]) -> int | None:
         return None
 
 
-_pools: dict[int, ToolWorkers] = {}
+def worker_path(fn: Any) -> str | None:
+    """``module:name`` by which a worker imports exactly ``fn``, or None where none does.
+
+    The name is looked up by identity in ``fn``'s module: a ``functools.wraps`` wrapper carries
+    the wrapped function's ``__qualname__``, so importing by that name would run a different
+    function; a wrapper bound to another name at module level is found under that name. A
+    lambda, a closure, a method or anything defined in ``__main__`` has no such name."""
+    module_name = getattr(fn, "__module__", None)
+    if not isinstance(module_name, str) or not module_name or module_name == "__main__":
+        return None
+    module = sys.modules.get(module_name)
+    if module is None:
+        return None
+    qualname = getattr(fn, "__qualname__", "")
+    if isinstance(qualname, str) and qualname.isidentifier() and getattr(module, qualname, None) is fn:
+        return f"{module_name}:{qualname}"
+    for name, value in vars(module).items():
+        if value is fn and name.isidentifier():
+            return f"{module_name}:{name}"
+    return None
+
+
+_pools: dict[tuple[int, str], ToolWorkers] = {}
 _pools_lock = threading.Lock()
 
 
-def tool_workers() -> ToolWorkers:
-    """This process's worker pool (created on first use; closed at exit)."""
-    pid = os.getpid()
+def _pool(kind: str) -> ToolWorkers:
+    key = (os.getpid(), kind)
     with _pools_lock:
-        pool = _pools.get(pid)
+        pool = _pools.get(key)
         if pool is None:
-            pool = _pools[pid] = ToolWorkers()
+            pool = _pools[key] = ToolWorkers()
             atexit.register(pool.close)
         return pool
+
+
+def tool_workers() -> ToolWorkers:
+    """This process's pool for tool calls (created on first use; closed at exit)."""
+    return _pool("tools")
+
+
+def reward_workers() -> ToolWorkers:
+    """This process's pool for reward calls: no tool call ever runs in one of its workers."""
+    return _pool("rewards")

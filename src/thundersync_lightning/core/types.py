@@ -158,7 +158,9 @@ class RewardReady:
     """The trajectory's reward is known. ``failure`` is set (and reward 0.0) when the episode or its
     verdict failed; ``host_fault`` says the failure is one no action of the episode can have caused
     (its environment could not be created, a :class:`~.errors.HostFault`): only those leave their
-    group under ``failed="drop"``, every other failure is graded as a reward of 0."""
+    group under ``failed="drop"``, every other failure is graded as a reward of 0. ``unscorable``
+    says every reward function declined the completion (TRL's ``None``): it is no failure, but it
+    has no reward: it leaves its group's statistics and its advantage is 0."""
 
     trajectory_id: str
     group_id: str
@@ -167,6 +169,7 @@ class RewardReady:
     failure: str | None = None
     host_fault: bool = False
     parts: tuple[tuple[str, float], ...] = ()  # named rewards r_i of a weighted sum (see WeightedReward)
+    unscorable: bool = False
 
 
 class WeightedReward(float):

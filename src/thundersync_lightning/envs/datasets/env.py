@@ -15,10 +15,12 @@ __all__ = ['DatasetTask', 'DatasetEnv']
 
 @dataclass(frozen=True, slots=True)
 class DatasetTask:
-    """One row: its index and its mapped fields (canonical name -> value)."""
+    """One row: its index and its mapped fields (canonical name -> value); ``held_out``: a row of
+    the separate eval set (its index counts there)."""
 
     index: int
     row: dict[str, Any]
+    held_out: bool = False
 
 
 class DatasetEnv:

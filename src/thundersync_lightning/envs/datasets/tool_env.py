@@ -8,14 +8,23 @@ ends the episode (TRL's tool loop). With ``end_on_answer=False`` a turn without 
 reminder naming the tools and the episode goes on to ``max_turns``. The verdict is the weighted
 reward of the answer (the last assistant turn's text, ``<think>`` included, special tokens not).
 A turn runs within the source's ``turn_budget`` (calls, deadline, characters and tokens).
+
+With an environment class (:mod:`.environments`) the episode holds one instance: ``reset`` gives
+it the row's columns (``environment`` aside) and appends the string it returns to the last prompt
+message, clipped to ``max_tool_result_chars`` (a longer prompt than the bound of
+:meth:`prompt_bound` fails the trajectory); its methods join the tools; its ``get_reward()`` joins
+the verdict as one more reward, named after the class, weight 1; ``close`` discards the instance.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ...core.types import StepResult
+from ...core.types import StepResult, WeightedReward
 from ..tools import ToolConversation
+from ..tools.conversation import NOTE_TOKENS, clip_text
+from .environments import EnvironmentEpisode
+from .rewards import REWARD_TIMEOUT_S, RewardError
 
 if TYPE_CHECKING:
     from .env import DatasetTask
@@ -28,9 +37,13 @@ class DatasetToolEnv:
     """See the module docstring."""
 
     def __init__(self, source: DatasetTasks, task: DatasetTask) -> None:
-        assert source.renderer is not None and source.tools
+        env = source.environment_of(task)
+        assert source.renderer is not None and (source.tools or env is not None)
         self.source, self.task = source, task
-        self.conversation = ToolConversation(source.renderer, source.tools, source.tool_parser,
+        self.episode = (EnvironmentEpisode(env, source.tool_timeout_s, REWARD_TIMEOUT_S, source.max_tool_result_chars)
+                        if env is not None else None)
+        tools = [*source.tools, *(self.episode.tools() if self.episode is not None else [])]
+        self.conversation = ToolConversation(source.renderer, tools, source.tool_parser,
                                              source.max_tool_result_chars, source.turn_budget)
         self.answer: str | None = None
         self.last_text = ""
@@ -41,7 +54,31 @@ class DatasetToolEnv:
 
     def reset(self) -> tuple[int, ...]:
         self.answer, self.last_text = None, ""
-        return self.conversation.start(self.source.messages_of(self.task))
+        messages = self.source.messages_of(self.task)
+        if self.episode is None:
+            return self.conversation.start(messages)
+        row = {k: v for k, v in self.task.row.items() if k != "environment" or None in self.source.environments}
+        observation = self.episode.reset(row)
+        if observation is None:
+            return self.conversation.start(messages)
+        bound = self.prompt_bound()
+        last = messages[-1]
+        messages[-1] = {**last, "content": last["content"] + clip_text(observation, self.source.max_tool_result_chars)}
+        ids = self.conversation.start(messages)
+        if len(ids) > bound:
+            raise ValueError(f"row {self.task.index} of {self.source.origin(self.task)!r}: the prompt with "
+                             f"{self.episode.env.name}.reset's text is {len(ids)} tokens, past its bound of {bound} "
+                             "(the prompt's own tokens + one per character of max_tool_result_chars)")
+        return ids
+
+    def prompt_bound(self) -> int:
+        """The most tokens :meth:`reset` returns: the row's prompt with the tools' schemas, plus (with
+        an environment) one token per character of ``max_tool_result_chars`` and a cut note for
+        ``reset``'s text (the tool results' convention, :func:`~..tools.conversation.turn_token_cap`)."""
+        ids = self.conversation.start(self.source.messages_of(self.task))
+        if self.episode is None:
+            return len(ids)
+        return len(ids) + self.source.max_tool_result_chars + NOTE_TOKENS
 
     def step(self, action: Any) -> StepResult:
         renderer = self.source.renderer
@@ -59,7 +96,19 @@ class DatasetToolEnv:
 
     def verdict(self) -> float:
         answer = self.answer if self.answer is not None else self.last_text
-        return self.source.reward_sum(self.prompt, answer, self.task.row)
+        total = (self.source.reward_sum(self.prompt, answer, self.task.row)
+                 if self.source.reward_sum is not None else WeightedReward(0.0))
+        if self.episode is None or not self.episode.env.has_reward:
+            return total
+        try:
+            value = self.episode.reward()
+        except RuntimeError as exc:
+            raise RewardError(str(exc)) from None
+        if value is None:
+            raise RewardError(f"environment {self.episode.env.name}.get_reward returned None")
+        parts = getattr(total, "parts", ())
+        return WeightedReward(float(total) + value, (*parts, (self.episode.env.name, value)))
 
     def close(self) -> None:
-        pass
+        if self.episode is not None:
+            self.episode.close()

@@ -13,7 +13,7 @@ from .parsers import (
     register_tool_parser,
     tool_parser_names,
 )
-from .python_tools import PythonToolHandler, check_tool_schema, python_tool, python_tools
+from .python_tools import InThreadToolHandler, PythonToolHandler, check_tool_schema, python_tool, python_tools
 from .workers import ToolOutcome, ToolWorkers, tool_workers
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "register_tool_parser",
     "tool_parser_names",
     "PythonToolHandler",
+    "InThreadToolHandler",
     "check_tool_schema",
     "python_tool",
     "python_tools",

@@ -55,6 +55,7 @@ import random
 from typing import Any
 
 from ...core.errors import ConfigError
+from ...core.options import strict_options
 from ...core.types import derive_seed
 from ..chat import ChatRenderer
 from ..code.codec import ByteCodec
@@ -91,6 +92,7 @@ def load_rows(path: str, split: str = "train") -> Any:
     return datasets.load_dataset(kind, data_files=path, split="train")
 
 
+@strict_options
 class DatasetTasks:
     """Args:
     path: the data (see the module docstring): a file, a directory, a ``datasets.Dataset`` or a list

@@ -3,13 +3,19 @@
 Data: a JSONL/JSON file, a parquet file, a directory written by ``Dataset.save_to_disk``, or in
 memory a ``datasets.Dataset`` or a list of dicts (:mod:`.rows`: a bad line is named by file and
 line). ``prompt`` is a string or a list of messages (TRL's conversational format, kept as it is,
-system prompts included). ``fields`` maps the names this source uses to your columns: ``prompt`` (required) and whatever the
-reward reads (``answer``, ``tests``, ``pattern``, ...); every mapped field reaches the reward as a
-keyword argument. Missing columns are a ConfigError at construction (all of them listed); a row
-whose mapped value is null fails its trajectories (reward 0, the reason in ``RewardReady.failure``).
+system prompts included). Every column reaches the rewards (TRL's ``reward_kwargs``);
+``fields`` only renames: ``{prompt: question, answer: solution}`` gives the column ``question`` as
+``prompt`` and ``solution`` as ``answer`` (both columns stay under their own names too). A mapped
+column that does not exist, or a reward parameter that names no column, is a ConfigError at
+construction (all of them listed). A row whose prompt or mapped value is null, or whose prompt is
+malformed, fails its trajectories at reset (:class:`~.rows.DatasetRowError`: reward 0, counted in
+``rollout/reward_error_fraction`` and ``summary.json``, warned once).
 
-Rewards: one or several (``reward: [a, b]``, ``reward_weights: [1.0, 0.5]``: ``R = sum_i w_i r_i``,
-each ``r_i`` logged as ``rollout/reward/{name}_mean``; :mod:`.reward_sum`).
+Rewards: one or several (``reward: [a, b]``, ``reward_weights: [1.0, 0.5]``: ``R = sum_i w_i r_i``
+over the rewards that did not return None, each ``r_i`` logged as ``rollout/reward/{name}_mean``;
+:mod:`.reward_sum`), in TRL's, verl's or this project's calling convention (:mod:`.conventions`).
+A completion every reward declines (None) is unscorable: warned once with its row, counted in
+``rollout/unscorable_fraction``.
 
 Tools: ``tools: [my_tools:calculator, ...]`` (:mod:`..tools.python_tools`: schemas from type hints
 and docstrings, or given and checked at set-up; each call in a worker process killed past
@@ -41,18 +47,20 @@ import hashlib
 import logging
 import os
 import random
+import threading
 from typing import Any
 
 from ...core.errors import ConfigError
-from ...core.types import derive_seed
+from ...core.types import WeightedReward, derive_seed
 from ..chat import ChatRenderer
 from ..code.codec import ByteCodec
 from ..tokens import load_tokenizer
 from ..tools.conversation import TurnBudget, turn_token_cap
 from ..tools.python_tools import python_tools
 from .env import DatasetEnv, DatasetTask
+from .conventions import RewardInput
 from .reward_sum import RewardSum
-from .rows import read_rows
+from .rows import DatasetRowError, read_rows
 from .tool_env import DatasetToolEnv
 
 __all__ = ['DatasetTasks', 'load_rows']
@@ -83,7 +91,7 @@ class DatasetTasks:
     """Args:
     path: the data (see the module docstring): a file, a directory, a ``datasets.Dataset`` or a list
         of dicts. split: the split of a DatasetDict.
-    fields: canonical name -> column (default: each name maps to itself); ``prompt`` is required.
+    fields: name -> column, renames (every column reaches the rewards anyway); ``prompt`` is required.
     reward: a registered name, ``{name: ..., **kwargs}``, ``{function: "module:callable"}`` (see
         :mod:`.rewards`), or a list of them. reward_weights: one weight per reward (default 1 each).
     tools: ``module:function`` names or ``{function, name, description, parameters}`` mappings.
@@ -136,8 +144,9 @@ class DatasetTasks:
         missing = [f"{name} -> column {col!r}" for name, col in mapping.items() if col not in data.columns]
         if missing:
             problems.append(f"{data.origin!r} lacks mapped columns: {', '.join(missing)} (columns: {list(data.columns)})")
+        columns = [*mapping, *(c for c in data.columns if c not in mapping)]
         if reward_sum is not None and not missing:
-            problems.extend(reward_sum.signature_problems(list(mapping)))
+            problems.extend(reward_sum.signature_problems(columns, repr(data.origin)))
         self.tools = []
         if tools:
             if not tokenizer_path or not use_chat_template:
@@ -157,8 +166,10 @@ class DatasetTasks:
         self.max_turns, self.max_action_tokens = max_turns, max_action_tokens
         self.feedback, self.success_reward, self.system_prompt = feedback, success_reward, system_prompt
         self.val_fraction = val_fraction
-        self.rows = [DatasetTask(i, {name: r.get(col) for name, col in mapping.items()})
+        self.columns = tuple(columns)
+        self.rows = [DatasetTask(i, {**{c: r.get(c) for c in data.columns}, **{n: r.get(c) for n, c in mapping.items()}})
                      for i, r in enumerate(data.rows)]
+        self._unscorable_warned = threading.Lock()  # taken once: the first unscorable completion is warned
         self.renderer = (ChatRenderer(tokenizer_path, chat_template, template_kwargs)
                          if tokenizer_path and use_chat_template else None)
         self.tokenizer_path = tokenizer_path
@@ -232,12 +243,23 @@ class DatasetTasks:
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                 for m in prompt)
             if not ok:
-                raise ValueError(f"row {task.index} of {self.path!r}: prompt must be a string or a list of "
+                raise DatasetRowError(f"row {task.index} of {self.path!r}: prompt must be a string or a list of "
                                  f"{{'role': ..., 'content': <string>}} messages, got {str(prompt)[:120]}")
             messages = [dict(m) for m in prompt]
         if self.system_prompt and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages
+
+    def grade(self, task: DatasetTask, inp: RewardInput) -> WeightedReward:
+        """The rewards' weighted sum for ``inp``; the first unscorable completion is warned with its row."""
+        value = self.reward_sum.score(inp)
+        if value.unscorable and self._unscorable_warned.acquire(blocking=False):
+            row = {k: (v if len(repr(v)) <= 200 else repr(v)[:197] + "...") for k, v in task.row.items()}
+            log.warning("Every reward returned None for a completion of row %d of %s (unscorable: it leaves its "
+                        "group's mean and std and its advantage is 0; counted in rollout/unscorable_fraction, not "
+                        "warned again). Row: %s; completion: %.200r. Make sure at least one reward scores each row.",
+                        task.index, self.path, row, inp.completion)
+        return value
 
     def feedback_tokens(self) -> int:
         """A feedback turn's observation, at most: the end of turn (when the engine cut the turn)
@@ -275,14 +297,20 @@ class DatasetTasks:
 
     def make_env(self, task: DatasetTask, seed: int) -> DatasetEnv | DatasetToolEnv:
         del seed
-        nulls = [name for name, value in task.row.items() if value is None]
+        nulls = [name for name in self.fields if task.row.get(name) is None]
         if nulls:
-            raise ValueError(f"row {task.index} of {self.path!r} has no value for mapped field(s) {nulls}")
+            raise DatasetRowError(f"row {task.index} of {self.path!r} has no value for mapped field(s) {nulls}")
         if self.tools:
             return DatasetToolEnv(self, task)
         return DatasetEnv(self, task)
 
     def __getstate__(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        state = dict(self.__dict__)
+        state["_unscorable_warned"] = None  # a lock does not pickle; each process warns once
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._unscorable_warned = threading.Lock()
 
 

@@ -7,7 +7,9 @@ and their results follow as ``tool`` messages; the first turn without a call is 
 ends the episode (TRL's tool loop). With ``end_on_answer=False`` a turn without a call gets a
 reminder naming the tools and the episode goes on to ``max_turns``. The verdict is the weighted
 reward of the answer (the last assistant turn's text, ``<think>`` included, special tokens not).
-A turn runs within the source's ``turn_budget`` (calls, deadline, characters and tokens).
+A turn runs within the source's ``turn_budget`` (calls, deadline, characters and tokens). A TRL
+reward receives the episode as TRL's tool loop gives it: the assistant and ``tool`` messages after
+the prompt, the answer last, and every token after the prompt as ``completion_ids``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...core.types import StepResult
 from ..tools import ToolConversation
+from .conventions import RewardInput
 
 if TYPE_CHECKING:
     from .env import DatasetTask
@@ -34,19 +37,26 @@ class DatasetToolEnv:
                                              source.max_tool_result_chars, source.turn_budget)
         self.answer: str | None = None
         self.last_text = ""
+        self.completion_ids: list[int] = []
+        self.turns = 0
+        self._prompt_messages = 0
 
     @property
     def prompt(self) -> Any:
         return self.task.row["prompt"]
 
     def reset(self) -> tuple[int, ...]:
-        self.answer, self.last_text = None, ""
-        return self.conversation.start(self.source.messages_of(self.task))
+        self.answer, self.last_text, self.completion_ids, self.turns = None, "", [], 0
+        messages = self.source.messages_of(self.task)
+        self._prompt_messages = len(messages)
+        return self.conversation.start(messages)
 
     def step(self, action: Any) -> StepResult:
         renderer = self.source.renderer
         assert renderer is not None
         ids = list(action)
+        self.completion_ids.extend(ids)
+        self.turns += 1
         eot = renderer.end_of_turn
         text, parsed = self.conversation.read(ids[: ids.index(eot)] if eot in ids else ids)  # never raises
         self.last_text = text
@@ -54,12 +64,17 @@ class DatasetToolEnv:
             self.answer = text
             return StepResult((), True)
         turn = self.conversation.respond(ids, None)
+        self.completion_ids.extend(turn.observation)
         return StepResult(turn.observation, turn.done, turn.calls, turn.invalid, turn.errors, turn.timeouts,
                           turn.first_error)
 
     def verdict(self) -> float:
         answer = self.answer if self.answer is not None else self.last_text
-        return self.source.reward_sum(self.prompt, answer, self.task.row)
+        messages = self.conversation.messages[self._prompt_messages:]
+        if self.answer is not None:  # the answer ended the episode: no turn appended it
+            messages = [*messages, {"role": "assistant", "content": self.answer}]
+        inp = RewardInput(self.prompt, answer, self.task.row, tuple(messages), tuple(self.completion_ids), self.turns)
+        return self.source.grade(self.task, inp)
 
     def close(self) -> None:
         pass

@@ -57,8 +57,8 @@ from ..code.codec import ByteCodec
 from ..tokens import load_tokenizer
 from ..tools.conversation import TurnBudget, turn_token_cap
 from ..tools.python_tools import python_tools
-from .env import DatasetEnv, DatasetTask
 from .conventions import RewardInput
+from .env import DatasetEnv, DatasetTask
 from .reward_sum import RewardSum
 from .rows import DatasetRowError, read_rows
 from .tool_env import DatasetToolEnv

@@ -137,7 +137,8 @@ def test_a_null_field_or_a_failing_reward_fails_the_trajectory_with_its_reason(t
     tasks = DatasetTasks(str(path), fields={"answer": "answer"}, reward="exact_match", val_fraction=0.0)
     null_row = next(t for t in tasks.rows if t.row["answer"] is None)
     _, r = run_episodes(tasks, [], null_row)
-    assert r.reward == 0.0 and "no value for mapped field(s) ['answer']" in r.failure
+    assert r.reward == 0.0 and "DatasetRowError: row 0 of" in r.failure  # a reward error: counted and warned
+    assert "no value for mapped field(s) ['answer']" in r.failure
 
     @register_reward("test_raising_reward")
     def boom(prompt, completion, **row):  # noqa: ANN001, ANN003, ANN202

@@ -217,8 +217,8 @@ def test_a_method_past_its_deadline_is_stopped_and_the_instance_is_gone_for_the_
     text = r.tokenizer.decode(turn.observation)
     assert turn.tool_timeouts == 1 and "stall did not return within 1 s and was stopped" in text
     assert "the environment instance is gone" in text
-    with pytest.raises(Exception, match="Counter.get_reward: .*the environment instance is gone"):
-        env.verdict()
+    verdict = env.verdict()
+    assert verdict == 0.0 and "Counter.get_reward: " in verdict.failure and "instance is gone" in verdict.failure
     env.close()
     assert env.episode.host is None
 
@@ -258,6 +258,7 @@ def test_a_reset_that_raises_fails_its_trajectory_alone(envs) -> None:
                        reward="trl_envs:correct")
     content, rewards = run_episodes(tasks, [["x"]])
     assert content["g0"].finish_reason == "failure"
+    assert "DatasetRowError: row 0 of " in rewards["g0"].failure
     assert "Broken.reset: RuntimeError: no board for Play [g0]." in rewards["g0"].failure
 
 

@@ -150,6 +150,8 @@ class EventIntake:
                 self.outcome.host_faults.add(event.trajectory_id)
         if event.parts:
             self.outcome.reward_parts[event.trajectory_id] = event.parts
+        if event.unscorable:
+            self.outcome.unscorable.add(event.trajectory_id)
         self.acc.planned.note_verdict(event.trajectory_id, event.reward, failed=host_fault)
 
     def _admit(self, gid: str) -> bool:

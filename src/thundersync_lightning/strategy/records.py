@@ -27,6 +27,7 @@ class StepOutcome:
     failures: dict[str, str] = field(default_factory=dict)
     reward_parts: dict[str, tuple[tuple[str, float], ...]] = field(default_factory=dict)
     host_faults: set[str] = field(default_factory=set)  # failures that may be dropped (failed="drop")
+    unscorable: set[str] = field(default_factory=set)  # every reward declined them (RewardReady.unscorable)
     busy: list[Interval] = field(default_factory=list)
     open_groups: list[tuple[float, int]] = field(default_factory=list)
     learner_tokens: int = 0
@@ -61,6 +62,7 @@ class StepOutcome:
                     tool_timeouts=t.tool_timeouts,
                     tool_error=t.tool_error,
                     reward_parts=self.reward_parts.get(tid, ()),
+                    unscorable=tid in self.unscorable,
                 )
             )
         return tuple(out)

@@ -45,15 +45,22 @@ class TrajectoryRecord:
     tool_error: str | None = None  # the first tool failure's reason
     reward_parts: tuple[tuple[str, float], ...] = ()  # (name, r_i) of a weighted sum of rewards
     host_fault: bool = False  # the failure is one no action caused (a host fault: may leave its group)
+    unscorable: bool = False  # every reward declined it (TRL's None): no reward, no failure
 
     @property
     def reward_error(self) -> bool:
         """The reward could not be computed: the verdict raised, timed out or was not a finite number
-        (a failure of an episode that itself finished), or a reward function raised while the
-        environment graded a turn (``RewardError``). The trajectory's reward is then 0."""
+        (a failure of an episode that itself finished), a reward function raised while the
+        environment graded a turn (``RewardError``), or the task's data row could not be an episode
+        (``DatasetRowError``, at reset). The trajectory's reward is then 0."""
         if self.failure is None:
             return False
-        return self.finish_reason != "failure" or "RewardError: " in self.failure
+        return self.finish_reason != "failure" or "RewardError: " in self.failure or self.row_error
+
+    @property
+    def row_error(self) -> bool:
+        """The episode failed because its data row cannot be one (a null field, a malformed prompt)."""
+        return self.failure is not None and "DatasetRowError: " in self.failure
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,13 +3,19 @@
 Data: a JSONL/JSON file, a parquet file, a directory written by ``Dataset.save_to_disk``, or in
 memory a ``datasets.Dataset`` or a list of dicts (:mod:`.rows`: a bad line is named by file and
 line). ``prompt`` is a string or a list of messages (TRL's conversational format, kept as it is,
-system prompts included). ``fields`` maps the names this source uses to your columns: ``prompt`` (required) and whatever the
-reward reads (``answer``, ``tests``, ``pattern``, ...); every mapped field reaches the reward as a
-keyword argument. Missing columns are a ConfigError at construction (all of them listed); a row
-whose mapped value is null fails its trajectories (reward 0, the reason in ``RewardReady.failure``).
+system prompts included). Every column reaches the rewards (TRL's ``reward_kwargs``);
+``fields`` only renames: ``{prompt: question, answer: solution}`` gives the column ``question`` as
+``prompt`` and ``solution`` as ``answer`` (both columns stay under their own names too). A mapped
+column that does not exist, or a reward parameter that names no column, is a ConfigError at
+construction (all of them listed). A row whose prompt or mapped value is null, or whose prompt is
+malformed, fails its trajectories at reset (:class:`~.rows.DatasetRowError`: reward 0, counted in
+``rollout/reward_error_fraction`` and ``summary.json``, warned once).
 
-Rewards: one or several (``reward: [a, b]``, ``reward_weights: [1.0, 0.5]``: ``R = sum_i w_i r_i``,
-each ``r_i`` logged as ``rollout/reward/{name}_mean``; :mod:`.reward_sum`).
+Rewards: one or several (``reward: [a, b]``, ``reward_weights: [1.0, 0.5]``: ``R = sum_i w_i r_i``
+over the rewards that did not return None, each ``r_i`` logged as ``rollout/reward/{name}_mean``;
+:mod:`.reward_sum`), in TRL's, verl's or this project's calling convention (:mod:`.conventions`).
+A completion every reward declines (None) is unscorable: warned once with its row, counted in
+``rollout/unscorable_fraction``.
 
 Tools: ``tools: [my_tools:calculator, ...]`` (in Python also the functions themselves, as TRL
 takes them: ``tools=[calculator]``; :mod:`..tools.python_tools`: schemas from type hints and
@@ -52,20 +58,22 @@ import hashlib
 import logging
 import os
 import random
+import threading
 from typing import Any
 
 from ...core.errors import ConfigError
 from ...core.options import strict_options
-from ...core.types import derive_seed
+from ...core.types import WeightedReward, derive_seed
 from ..chat import ChatRenderer
 from ..code.codec import ByteCodec
 from ..tokens import load_tokenizer
 from ..tools.conversation import TurnBudget, turn_token_cap
 from ..tools.python_tools import python_tools
+from .conventions import RewardInput
 from .env import DatasetEnv, DatasetTask
-from .environments import EnvironmentClass, environment_classes
+from .environments import EnvironmentClass, EnvironmentEpisode, environment_classes
 from .reward_sum import RewardSum
-from .rows import read_rows
+from .rows import DatasetRowError, read_rows
 from .tool_env import DatasetToolEnv
 
 __all__ = ['DatasetTasks', 'load_rows']
@@ -97,7 +105,7 @@ class DatasetTasks:
     """Args:
     path: the data (see the module docstring): a file, a directory, a ``datasets.Dataset`` or a list
         of dicts. split: the split of a DatasetDict.
-    fields: canonical name -> column (default: each name maps to itself); ``prompt`` is required.
+    fields: name -> column, renames (every column reaches the rewards anyway); ``prompt`` is required.
     reward: a registered name, ``{name: ..., **kwargs}``, ``{function: "module:callable"}`` (see
         :mod:`.rewards`), or a list of them. reward_weights: one weight per reward (default 1 each).
     tools: functions (Python), ``module:function`` names or ``{function, name, description, parameters}``
@@ -188,8 +196,12 @@ class DatasetTasks:
                 problems.append(f"{rows.origin!r} lacks mapped columns: {', '.join(lacking)} "
                                 f"(columns: {list(rows.columns)})")
             missing += lacking
+        columns = [*mapping, *(c for c in data.columns if c not in mapping)]
         if reward_sum is not None and not missing:
-            problems.extend(reward_sum.signature_problems(list(mapping)))
+            problems.extend(reward_sum.signature_problems(columns, repr(data.origin)))
+            if held is not None:
+                held_columns = [*mapping, *(c for c in held.columns if c not in mapping)]
+                problems.extend(reward_sum.signature_problems(held_columns, repr(held.origin)))
         self.tools = []
         if tools or self.environments:
             if not tokenizer_path or not use_chat_template:
@@ -211,10 +223,14 @@ class DatasetTasks:
         self.max_turns, self.max_action_tokens = max_turns, max_action_tokens
         self.feedback, self.success_reward, self.system_prompt = feedback, success_reward, system_prompt
         self.val_fraction = val_fraction
-        self.rows = [DatasetTask(i, {name: r.get(col) for name, col in mapping.items()})
-                     for i, r in enumerate(data.rows)]
-        self.eval_rows = [DatasetTask(i, {name: r.get(col) for name, col in mapping.items()}, held_out=True)
-                          for i, r in enumerate(held.rows if held is not None else ())]
+        self.columns = tuple(columns)
+        def task(i: int, r: dict[str, Any], columns: tuple[str, ...], held_out: bool = False) -> DatasetTask:
+            return DatasetTask(i, {**{c: r.get(c) for c in columns}, **{n: r.get(c) for n, c in mapping.items()}},
+                               held_out)
+
+        self.rows = [task(i, r, data.columns) for i, r in enumerate(data.rows)]
+        self.eval_rows = [task(i, r, held.columns, True) for i, r in enumerate(held.rows)] if held is not None else []
+        self._unscorable_warned = threading.Lock()  # taken once: the first unscorable completion is warned
         self.renderer = (ChatRenderer(tokenizer_path, chat_template, template_kwargs)
                          if tokenizer_path and use_chat_template else None)
         self.tokenizer_path = tokenizer_path
@@ -338,12 +354,27 @@ class DatasetTasks:
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                 for m in prompt)
             if not ok:
-                raise ValueError(f"row {task.index} of {self.origin(task)!r}: prompt must be a string or a list of "
+                raise DatasetRowError(f"row {task.index} of {self.origin(task)!r}: prompt must be a string or a list of "
                                  f"{{'role': ..., 'content': <string>}} messages, got {str(prompt)[:120]}")
             messages = [dict(m) for m in prompt]
         if self.system_prompt and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages
+
+    def grade(self, task: DatasetTask, inp: RewardInput, episode: EnvironmentEpisode | None = None) -> WeightedReward:
+        """The rewards' weighted sum for ``inp`` (with ``episode``'s ``get_reward`` as one more reward of
+        weight 1, TRL's ``environment_factory``); the first unscorable completion is warned with its row."""
+        value = (self.reward_sum.score(inp) if self.reward_sum is not None
+                 else WeightedReward(0.0, (), None, unscorable=True))
+        if episode is not None and episode.env.has_reward:
+            value = _with_environment_reward(value, episode)
+        if value.unscorable and self._unscorable_warned.acquire(blocking=False):
+            row = {k: (v if len(repr(v)) <= 200 else repr(v)[:197] + "...") for k, v in task.row.items()}
+            log.warning("Every reward returned None for a completion of row %d of %s (unscorable: it leaves its "
+                        "group's mean and std and its advantage is 0; counted in rollout/unscorable_fraction, not "
+                        "warned again). Row: %s; completion: %.200r. Make sure at least one reward scores each row.",
+                        task.index, self.origin(task), row, inp.completion)
+        return value
 
     def feedback_tokens(self) -> int:
         """A feedback turn's observation, at most: the end of turn (when the engine cut the turn)
@@ -382,14 +413,34 @@ class DatasetTasks:
 
     def make_env(self, task: DatasetTask, seed: int) -> DatasetEnv | DatasetToolEnv:
         del seed
-        nulls = [name for name, value in task.row.items() if value is None]
+        nulls = [name for name in self.fields if task.row.get(name) is None]
         if nulls:
-            raise ValueError(f"row {task.index} of {self.origin(task)!r} has no value for mapped field(s) {nulls}")
+            raise DatasetRowError(f"row {task.index} of {self.origin(task)!r} has no value for mapped field(s) {nulls}")
         if self.tools or self.environments:
             return DatasetToolEnv(self, task)
         return DatasetEnv(self, task)
 
     def __getstate__(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        state = dict(self.__dict__)
+        state["_unscorable_warned"] = None  # a lock does not pickle; each process warns once
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._unscorable_warned = threading.Lock()
 
 
+def _with_environment_reward(value: WeightedReward, episode: EnvironmentEpisode) -> WeightedReward:
+    """``value`` with the episode's ``get_reward()`` added (weight 1, named after the class): None
+    declines as any reward's None does; a failure is the trajectory's, the given values kept."""
+    failure = None
+    try:
+        reward = episode.reward()
+    except RuntimeError as exc:
+        reward, failure = None, f"RewardError: {exc}"
+    parts = [*value.parts, *([(episode.env.name, reward)] if reward is not None else [])]
+    if value.failure is not None or failure is not None:
+        return WeightedReward(0.0, parts, value.failure or failure)
+    if reward is None:
+        return value
+    return WeightedReward((0.0 if value.unscorable else float(value)) + reward, parts)

@@ -7,7 +7,9 @@ and their results follow as ``tool`` messages; the first turn without a call is 
 ends the episode (TRL's tool loop). With ``end_on_answer=False`` a turn without a call gets a
 reminder naming the tools and the episode goes on to ``max_turns``. The verdict is the weighted
 reward of the answer (the last assistant turn's text, ``<think>`` included, special tokens not).
-A turn runs within the source's ``turn_budget`` (calls, deadline, characters and tokens).
+A turn runs within the source's ``turn_budget`` (calls, deadline, characters and tokens). A TRL
+reward receives the episode as TRL's tool loop gives it: the assistant and ``tool`` messages after
+the prompt, the answer last, and every token after the prompt as ``completion_ids``.
 
 With an environment class (:mod:`.environments`) the episode holds one instance: ``reset`` gives
 it the row's columns (``environment`` aside) and appends the string it returns to the last prompt
@@ -20,11 +22,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ...core.types import StepResult, WeightedReward
+from ...core.types import StepResult
 from ..tools import ToolConversation
 from ..tools.conversation import NOTE_TOKENS, clip_text
+from .conventions import RewardInput
 from .environments import EnvironmentEpisode
-from .rewards import REWARD_TIMEOUT_S, RewardError
+from .rewards import REWARD_TIMEOUT_S
+from .rows import DatasetRowError
 
 if TYPE_CHECKING:
     from .env import DatasetTask
@@ -47,18 +51,25 @@ class DatasetToolEnv:
                                              source.max_tool_result_chars, source.turn_budget)
         self.answer: str | None = None
         self.last_text = ""
+        self.completion_ids: list[int] = []
+        self.turns = 0
+        self._prompt_messages = 0
 
     @property
     def prompt(self) -> Any:
         return self.task.row["prompt"]
 
     def reset(self) -> tuple[int, ...]:
-        self.answer, self.last_text = None, ""
+        self.answer, self.last_text, self.completion_ids, self.turns = None, "", [], 0
         messages = self.source.messages_of(self.task)
+        self._prompt_messages = len(messages)
         if self.episode is None:
             return self.conversation.start(messages)
         row = {k: v for k, v in self.task.row.items() if k != "environment" or None in self.source.environments}
-        observation = self.episode.reset(row)
+        try:
+            observation = self.episode.reset(row)
+        except RuntimeError as exc:  # the row cannot be an episode: counted as a reward error, warned
+            raise DatasetRowError(f"row {self.task.index} of {self.source.origin(self.task)!r}: {exc}") from None
         if observation is None:
             return self.conversation.start(messages)
         bound = self.prompt_bound()
@@ -66,9 +77,9 @@ class DatasetToolEnv:
         messages[-1] = {**last, "content": last["content"] + clip_text(observation, self.source.max_tool_result_chars)}
         ids = self.conversation.start(messages)
         if len(ids) > bound:
-            raise ValueError(f"row {self.task.index} of {self.source.origin(self.task)!r}: the prompt with "
-                             f"{self.episode.env.name}.reset's text is {len(ids)} tokens, past its bound of {bound} "
-                             "(the prompt's own tokens + one per character of max_tool_result_chars)")
+            raise DatasetRowError(f"row {self.task.index} of {self.source.origin(self.task)!r}: the prompt with "
+                                  f"{self.episode.env.name}.reset's text is {len(ids)} tokens, past its bound of "
+                                  f"{bound} (the prompt's own tokens + one per character of max_tool_result_chars)")
         return ids
 
     def prompt_bound(self) -> int:
@@ -84,6 +95,8 @@ class DatasetToolEnv:
         renderer = self.source.renderer
         assert renderer is not None
         ids = list(action)
+        self.completion_ids.extend(ids)
+        self.turns += 1
         eot = renderer.end_of_turn
         text, parsed = self.conversation.read(ids[: ids.index(eot)] if eot in ids else ids)  # never raises
         self.last_text = text
@@ -91,23 +104,17 @@ class DatasetToolEnv:
             self.answer = text
             return StepResult((), True)
         turn = self.conversation.respond(ids, None)
+        self.completion_ids.extend(turn.observation)
         return StepResult(turn.observation, turn.done, turn.calls, turn.invalid, turn.errors, turn.timeouts,
                           turn.first_error)
 
     def verdict(self) -> float:
         answer = self.answer if self.answer is not None else self.last_text
-        total = (self.source.reward_sum(self.prompt, answer, self.task.row)
-                 if self.source.reward_sum is not None else WeightedReward(0.0))
-        if self.episode is None or not self.episode.env.has_reward:
-            return total
-        try:
-            value = self.episode.reward()
-        except RuntimeError as exc:
-            raise RewardError(str(exc)) from None
-        if value is None:
-            raise RewardError(f"environment {self.episode.env.name}.get_reward returned None")
-        parts = getattr(total, "parts", ())
-        return WeightedReward(float(total) + value, (*parts, (self.episode.env.name, value)))
+        messages = self.conversation.messages[self._prompt_messages:]
+        if self.answer is not None:  # the answer ended the episode: no turn appended it
+            messages = [*messages, {"role": "assistant", "content": self.answer}]
+        inp = RewardInput(self.prompt, answer, self.task.row, tuple(messages), tuple(self.completion_ids), self.turns)
+        return self.source.grade(self.task, inp, self.episode)
 
     def close(self) -> None:
         if self.episode is not None:

@@ -12,8 +12,8 @@ Rewards: one or several (``reward: [a, b]``, ``reward_weights: [1.0, 0.5]``: ``R
 each ``r_i`` logged as ``rollout/reward/{name}_mean``; :mod:`.reward_sum`).
 
 Tools: ``tools: [my_tools:calculator, ...]`` (:mod:`..tools.python_tools`: schemas from type hints
-and docstrings, or given and checked at set-up; each call in a worker process killed past
-``tool_timeout_s``) makes each episode a tool-calling one (:mod:`.tool_env`); it needs the model's
+and docstrings, or given and checked at set-up; each call in a worker process of the episode's own, confined by
+``worker_limits`` and killed past ``tool_timeout_s``) makes each episode a tool-calling one (:mod:`.tool_env`); it needs the model's
 tokenizer and chat template (``tokenizer_path``).
 
 Turns: with ``max_turns=1`` the completion is graded once. With ``max_turns > 1`` the environment
@@ -48,6 +48,7 @@ from ...core.types import derive_seed
 from ..chat import ChatRenderer
 from ..code.codec import ByteCodec
 from ..tokens import load_tokenizer
+from ..tools.confine import WorkerLimits, confinement
 from ..tools.conversation import TurnBudget, turn_token_cap
 from ..tools.python_tools import python_tools
 from .env import DatasetEnv, DatasetTask
@@ -90,7 +91,9 @@ class DatasetTasks:
         tool_timeout_s: the deadline of one call. tool_parser: the call format (``hermes``).
         max_tool_result_chars: each result is clipped to this. end_on_answer: a turn without a
         call ends the episode (else a reminder naming the tools). template_kwargs: chat template
-        options (``{enable_thinking: false}``).
+        options (``{enable_thinking: false}``). worker_limits: how the workers of the tools are
+        confined (:class:`~..tools.WorkerLimits` or a mapping of its fields: ``{memory_bytes: ...,
+        require_sandbox: true}``).
     max_turns, max_action_tokens: episode bounds. feedback / success_reward: multi-turn retries.
     system_prompt: an optional system message. tokenizer_path / chat_template / use_chat_template:
         rendering (module docstring). val_fraction: held-out share (by row index).
@@ -118,6 +121,7 @@ class DatasetTasks:
         max_tool_result_chars: int = 4096,
         end_on_answer: bool = True,
         template_kwargs: dict[str, Any] | None = None,
+        worker_limits: dict[str, Any] | WorkerLimits | None = None,
     ) -> None:
         problems = []
         if max_turns < 1 or max_action_tokens < 1:
@@ -138,12 +142,18 @@ class DatasetTasks:
             problems.append(f"{data.origin!r} lacks mapped columns: {', '.join(missing)} (columns: {list(data.columns)})")
         if reward_sum is not None and not missing:
             problems.extend(reward_sum.signature_problems(list(mapping)))
+        self.worker_limits = WorkerLimits()
+        try:
+            self.worker_limits = WorkerLimits.of(worker_limits)
+        except ConfigError as exc:
+            problems.append(str(exc))
         self.tools = []
         if tools:
             if not tokenizer_path or not use_chat_template:
                 problems.append("tools need the model's chat template: set tokenizer_path (the model's directory)")
             try:
                 self.tools = python_tools(tools, tool_timeout_s)
+                confinement(self.worker_limits)  # a host that cannot confine them: warned, or refused here
             except ConfigError as exc:
                 problems.append(str(exc))
         if problems:

@@ -2,9 +2,9 @@
 
 The row's prompt (a string, or a list of messages kept as they are, system prompt included) is
 rendered with the tools' schemas by the model's chat template. Each turn, the calls the model
-makes run (:class:`~..tools.ToolConversation`: Python tools in worker processes with a deadline)
-and their results follow as ``tool`` messages; the first turn without a call is the answer and
-ends the episode (TRL's tool loop). With ``end_on_answer=False`` a turn without a call gets a
+makes run (:class:`~..tools.ToolConversation`: Python tools in worker processes of the episode's
+own, confined and with a deadline, stopped by :meth:`DatasetToolEnv.close`) and their results
+follow as ``tool`` messages; the first turn without a call is the answer and ends the episode (TRL's tool loop). With ``end_on_answer=False`` a turn without a call gets a
 reminder naming the tools and the episode goes on to ``max_turns``. The verdict is the weighted
 reward of the answer (the last assistant turn's text, ``<think>`` included, special tokens not).
 A turn runs within the source's ``turn_budget`` (calls, deadline, characters and tokens).
@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...core.types import StepResult
-from ..tools import ToolConversation
+from ..tools import ToolConversation, ToolWorkers
 
 if TYPE_CHECKING:
     from .env import DatasetTask
@@ -34,6 +34,9 @@ class DatasetToolEnv:
                                              source.max_tool_result_chars, source.turn_budget)
         self.answer: str | None = None
         self.last_text = ""
+        # this episode's tool workers: what a call changes in the user's module is seen by this
+        # episode's later calls only (no process starts before the first call)
+        self.workers = ToolWorkers(max_idle=1, limits=source.worker_limits)
 
     @property
     def prompt(self) -> Any:
@@ -53,7 +56,7 @@ class DatasetToolEnv:
         if self.source.end_on_answer and not parsed.calls:
             self.answer = text
             return StepResult((), True)
-        turn = self.conversation.respond(ids, None)
+        turn = self.conversation.respond(ids, self.workers)
         return StepResult(turn.observation, turn.done, turn.calls, turn.invalid, turn.errors, turn.timeouts,
                           turn.first_error)
 
@@ -62,4 +65,4 @@ class DatasetToolEnv:
         return self.source.reward_sum(self.prompt, answer, self.task.row)
 
     def close(self) -> None:
-        pass
+        self.workers.close()

@@ -13,7 +13,7 @@ import pytest
 from thundersync_lightning.core.errors import ConfigError
 from thundersync_lightning.core.types import ContentReady, GroupRequest, RewardReady, RolloutRequest
 from thundersync_lightning.envs.datasets import DatasetTasks
-from thundersync_lightning.envs.tools import InThreadToolHandler, PythonToolHandler
+from thundersync_lightning.envs.tools import InThreadToolHandler, PythonToolHandler, ToolWorkers
 from thundersync_lightning.rollout.agent.env_pool import EnvPool
 from thundersync_lightning.rollout.agent.loop import AgentLoop, Generation
 
@@ -108,6 +108,7 @@ ENVS = textwrap.dedent('''
 @pytest.fixture
 def envs(tmp_path, monkeypatch):  # noqa: ANN001, ANN201
     (tmp_path / "trl_envs.py").write_text(ENVS)
+    tmp_path.chmod(0o755)  # confined workers run as a uid of their own: a user's module directory is o+rx
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "trl_envs", raising=False)
     import trl_envs
@@ -156,7 +157,11 @@ def test_a_function_object_is_a_tool_run_in_a_worker_with_its_schema_from_hints_
     assert tool.name == "add" and tool.description == "Add two integers."
     assert tool.parameters["required"] == ["a", "b"]
     assert tool.handler == PythonToolHandler("trl_envs:add", 1.0, 65536)
-    assert tool.handler(None, {"a": 2, "b": 3}).text == "5"
+    workers = ToolWorkers(max_idle=1, limits=tasks.worker_limits)  # the episode's pool, the handler's context
+    try:
+        assert tool.handler(workers, {"a": 2, "b": 3}).text == "5"
+    finally:
+        workers.close()
 
 
 def test_a_function_no_worker_can_import_runs_in_a_thread_with_the_deadline(envs) -> None:

@@ -95,13 +95,13 @@ def test_an_unknown_parser_name_is_a_config_error_listing_the_known_ones():
 
 @pytest.mark.parametrize(("value", "problem"), [
     ({"command": "view", "path": "a.py"}, None),
-    ({"command": "view"}, "lacks required 'path'"),
-    ({"command": "delete", "path": "a.py"}, "must be one of"),
-    ({"command": "view", "path": 3}, "arguments.path must be string"),
-    ({"command": "insert", "path": "a", "insert_line": -1}, "must be >= 0"),
-    ({"command": "insert", "path": "a", "insert_line": True}, "must be integer"),
-    ({"command": "view", "path": "a", "view_range": [1, "x"]}, "view_range[1] must be integer"),
-    ({"command": "view", "path": "a", "force": True}, "unknown 'force'"),
+    ({"command": "view"}, "arguments: 'path' is a required property"),
+    ({"command": "delete", "path": "a.py"}, "arguments.command: 'delete' is not one of"),
+    ({"command": "view", "path": 3}, "arguments.path: 3 is not of type 'string'"),
+    ({"command": "insert", "path": "a", "insert_line": -1}, "-1 is less than the minimum of 0"),
+    ({"command": "insert", "path": "a", "insert_line": True}, "True is not of type 'integer'"),
+    ({"command": "view", "path": "a", "view_range": [1, "x"]}, "arguments.view_range[1]: 'x' is not of type"),
+    ({"command": "view", "path": "a", "force": True}, "('force' was unexpected)"),
 ])
 def test_arguments_are_checked_against_the_tool_schema(value, problem):
     from thundersync_lightning.envs.code.tools import swe_tools
@@ -109,6 +109,44 @@ def test_arguments_are_checked_against_the_tool_schema(value, problem):
     editor = next(t for t in swe_tools() if t.name == "str_replace_editor")
     found = check_arguments(editor.parameters, value)
     assert found is None if problem is None else problem in found
+
+
+# every keyword of the schema holds when the call is made (11 keywords; each call below breaks one)
+STRICT = {"type": "object", "additionalProperties": False, "required": ["expression"], "properties": {
+    "expression": {"type": "string", "maxLength": 8, "minLength": 1, "pattern": "^[0-9+*() -]+$"},
+    "mode": {"enum": ["exact", "float"]},
+    "digits": {"type": "integer", "minimum": 0, "maximum": 12, "multipleOf": 2},
+    "values": {"type": "array", "minItems": 1, "maxItems": 2, "uniqueItems": True, "items": {"type": "number"}},
+    "email": {"type": "string", "format": "email"},
+    "options": {"type": "object", "minProperties": 1, "propertyNames": {"pattern": "^[a-z]+$"}},
+    "exact": {"const": True}}}
+
+
+@pytest.mark.parametrize(("arguments", "reason"), [
+    ({"expression": "1+2+3+4+5"}, "arguments.expression: '1+2+3+4+5' is too long"),
+    ({"expression": ""}, "should be non-empty"),
+    ({"expression": "a.b"}, "does not match '^[0-9+*() -]+$'"),
+    ({"expression": "1", "mode": "eval"}, "arguments.mode: 'eval' is not one of ['exact', 'float']"),
+    ({"expression": "1", "digits": 13}, "13 is greater than the maximum of 12"),
+    ({"expression": "1", "digits": 3}, "3 is not a multiple of 2"),
+    ({"expression": "1", "values": []}, "arguments.values: [] should be non-empty"),
+    ({"expression": "1", "values": [1, 1]}, "has non-unique elements"),
+    ({"expression": "1", "email": "nobody"}, "'nobody' is not a 'email'"),
+    ({"expression": "1", "options": {"A": 1}}, "'A' does not match '^[a-z]+$'"),
+    ({"expression": "1", "exact": False}, "arguments.exact: True was expected"),
+    ({"expression": "x" * 100_000}, "the str of 100000 fails maxLength: 8"),
+])
+def test_a_call_that_fails_any_schema_keyword_is_an_invalid_call_answered_and_never_run(arguments, reason):
+    ran = []
+    calc = Tool("calc", "Compute.", STRICT, lambda sandbox, args: ran.append(args) or ToolResult("ok"))
+    r = renderer()
+    conv = ToolConversation(r, [calc])
+    conv.start([{"role": "user", "content": "go"}])
+    turn = conv.respond(sampled(r, call("calc", **arguments) + call("calc", expression="2*3")), sandbox=None)
+    assert (turn.calls, turn.invalid) == (2, 1) and ran == [{"expression": "2*3"}]  # only the valid call ran
+    shown = r.tokenizer.decode(turn.observation)
+    assert "[invalid tool call] arguments" in shown and reason in shown
+    assert len(shown) < 2000  # a huge argument is named by its size, not echoed
 
 
 # ---------------------------------------------------------------- the conversation
@@ -123,7 +161,7 @@ def test_the_tools_reach_the_template_and_each_malformed_call_gets_an_error_mess
     assert (turn.calls, turn.invalid, turn.done) == (4, 3, False)
     shown = r.tokenizer.decode(turn.observation)
     assert shown.count("[invalid tool call]") == 3 and "not valid JSON" in shown
-    assert "unknown tool 'rm'; the tools are echo, submit" in shown and "lacks required 'text'" in shown
+    assert "unknown tool 'rm'; the tools are echo, submit" in shown and "'text' is a required property" in shown
     assert "<tool_response>\nfine\n</tool_response>" in shown
     turn = conv.respond(sampled(r, "I am not sure."), sandbox=None)
     assert (turn.calls, turn.invalid) == (0, 0) and "No tool call found" in r.tokenizer.decode(turn.observation)

@@ -27,8 +27,9 @@ an instance) are the episode's tools besides ``tools=``, their schemas from
 ``transformers.utils.get_json_schema``. ``get_reward()`` runs once, when the episode ends. The
 instance is discarded at the end of its episode.
 
-Isolation: the instance lives in a worker process of its own (:mod:`..tools.workers`, the module
-:mod:`..tools._episode_host` holding it): ``reset``, each tool call and ``get_reward`` are calls
+Isolation: the instance lives in a worker process of its own (:mod:`..tools.workers`, confined by
+the source's ``worker_limits`` as tool workers are; the module :mod:`..tools._episode_host` holds
+it): ``reset``, each tool call and ``get_reward`` are calls
 into that process, each with a deadline (a tool call ``tool_timeout_s``; ``reset`` and
 ``get_reward`` the rewards' deadline) past which the process is killed: a tool call then answers
 ``[tool error]`` and the instance is gone for the rest of the episode (each later call says so),
@@ -55,6 +56,7 @@ from typing import Any
 from ...core.errors import ConfigError
 from ..tools import Tool, ToolResult
 from ..tools._episode_host import GONE, EpisodeObject
+from ..tools.confine import WorkerLimits
 from ..tools.python_tools import schema_of
 from ..tools.workers import ToolOutcome, ToolWorkers, worker_path
 from ..user_code import import_object
@@ -140,9 +142,9 @@ class _Reply:
 class _WorkerHost:
     """The instance in a worker process of its own (killed at a deadline and at close)."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, limits: WorkerLimits | None) -> None:
         self.path = path
-        self.workers = ToolWorkers(max_idle=1)
+        self.workers = ToolWorkers(max_idle=1, limits=limits)
 
     def run(self, what: str, positional: tuple[Any, ...], arguments: Mapping[str, Any], timeout_s: float,
             text: int | None, label: str) -> _Reply:
@@ -240,8 +242,9 @@ class EnvironmentEpisode:
     """One trajectory's instance of ``env`` (see the module docstring); not thread-safe (an episode
     is driven by one thread at a time)."""
 
-    def __init__(self, env: EnvironmentClass, tool_timeout_s: float, timeout_s: float, max_chars: int) -> None:
-        self.env = env
+    def __init__(self, env: EnvironmentClass, tool_timeout_s: float, timeout_s: float, max_chars: int,
+                 limits: WorkerLimits | None = None) -> None:
+        self.env, self.limits = env, limits
         self.tool_timeout_s, self.timeout_s, self.max_chars = tool_timeout_s, timeout_s, max_chars
         self.host: _WorkerHost | _ThreadHost | None = None
 
@@ -250,7 +253,7 @@ class EnvironmentEpisode:
         RuntimeError (the trajectory fails) when reset raised, overran its deadline or returned
         something else than a string or None."""
         self.close()
-        self.host = _WorkerHost(self.env.path) if self.env.path is not None else _ThreadHost(self.env.cls)
+        self.host = _WorkerHost(self.env.path, self.limits) if self.env.path is not None else _ThreadHost(self.env.cls)
         reply = self.host.start(row, self.timeout_s)
         where = f"environment {self.env.name}.reset"
         if reply.error is not None:

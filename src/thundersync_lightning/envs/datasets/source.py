@@ -19,8 +19,9 @@ A completion every reward declines (None) is unscorable: warned once with its ro
 
 Tools: ``tools: [my_tools:calculator, ...]`` (in Python also the functions themselves, as TRL
 takes them: ``tools=[calculator]``; :mod:`..tools.python_tools`: schemas from type hints and
-docstrings, or given and checked at set-up; each call in a worker process killed past
-``tool_timeout_s``) makes each episode a tool-calling one (:mod:`.tool_env`); it needs the model's
+docstrings, or given and checked at set-up; each call in a worker process of the episode's own,
+confined by ``worker_limits`` and killed past ``tool_timeout_s``) makes each episode a
+tool-calling one (:mod:`.tool_env`); it needs the model's
 tokenizer and chat template (``tokenizer_path``).
 
 Environments: ``environment_factory=MyEnv`` (Python; or ``{name: MyEnv, ...}``, each row's
@@ -67,6 +68,7 @@ from ...core.types import WeightedReward, derive_seed
 from ..chat import ChatRenderer
 from ..code.codec import ByteCodec
 from ..tokens import load_tokenizer
+from ..tools.confine import WorkerLimits, confinement
 from ..tools.conversation import TurnBudget, turn_token_cap
 from ..tools.python_tools import python_tools
 from .conventions import RewardInput
@@ -113,7 +115,9 @@ class DatasetTasks:
         tool_timeout_s: the deadline of one call. tool_parser: the call format (``hermes``).
         max_tool_result_chars: each result is clipped to this. end_on_answer: a turn without a
         call ends the episode (else a reminder naming the tools). template_kwargs: chat template
-        options (``{enable_thinking: false}``).
+        options (``{enable_thinking: false}``). worker_limits: how the workers of the tools are
+        confined (:class:`~..tools.WorkerLimits` or a mapping of its fields: ``{memory_bytes: ...,
+        require_sandbox: true}``).
     max_turns, max_action_tokens: episode bounds. feedback / success_reward: multi-turn retries.
     system_prompt: an optional system message. tokenizer_path / chat_template / use_chat_template:
         rendering (module docstring). val_fraction: held-out share (by row index; default 0.1, 0 with
@@ -148,6 +152,7 @@ class DatasetTasks:
         val_path: str | None = None,
         environment_factory: Any = None,
         environment: str | dict[str, str] | None = None,
+        worker_limits: dict[str, Any] | WorkerLimits | None = None,
     ) -> None:
         problems = []
         if max_turns < 1 or max_action_tokens < 1:
@@ -202,6 +207,11 @@ class DatasetTasks:
             if held is not None:
                 held_columns = [*mapping, *(c for c in held.columns if c not in mapping)]
                 problems.extend(reward_sum.signature_problems(held_columns, repr(held.origin)))
+        self.worker_limits = WorkerLimits()
+        try:
+            self.worker_limits = WorkerLimits.of(worker_limits)
+        except ConfigError as exc:
+            problems.append(str(exc))
         self.tools = []
         if tools or self.environments:
             if not tokenizer_path or not use_chat_template:
@@ -209,6 +219,7 @@ class DatasetTasks:
                 problems.append(f"{what} need the model's chat template: set tokenizer_path (the model's directory)")
             try:
                 self.tools = python_tools(tools or [], tool_timeout_s)
+                confinement(self.worker_limits)  # a host that cannot confine them: warned, or refused here
             except ConfigError as exc:
                 problems.append(str(exc))
         problems += self._environment_problems([data, held], mapping.get("environment"))

@@ -2,10 +2,10 @@
 
 The row's prompt (a string, or a list of messages kept as they are, system prompt included) is
 rendered with the tools' schemas by the model's chat template. Each turn, the calls the model
-makes run (:class:`~..tools.ToolConversation`: Python tools in worker processes with a deadline)
-and their results follow as ``tool`` messages; the first turn without a call is the answer and
-ends the episode (TRL's tool loop). With ``end_on_answer=False`` a turn without a call gets a
-reminder naming the tools and the episode goes on to ``max_turns``. The verdict is the weighted
+makes run (:class:`~..tools.ToolConversation`: Python tools in worker processes of the episode's
+own, confined and with a deadline, stopped by :meth:`DatasetToolEnv.close`) and their results
+follow as ``tool`` messages; the first turn without a call is the answer and ends the episode
+(TRL's tool loop). With ``end_on_answer=False`` a turn without a call gets a reminder naming the tools and the episode goes on to ``max_turns``. The verdict is the weighted
 reward of the answer (the last assistant turn's text, ``<think>`` included, special tokens not).
 A turn runs within the source's ``turn_budget`` (calls, deadline, characters and tokens). A TRL
 reward receives the episode as TRL's tool loop gives it: the assistant and ``tool`` messages after
@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...core.types import StepResult
-from ..tools import ToolConversation
+from ..tools import ToolConversation, ToolWorkers
 from ..tools.conversation import NOTE_TOKENS, clip_text
 from .conventions import RewardInput
 from .environments import EnvironmentEpisode
@@ -44,8 +44,8 @@ class DatasetToolEnv:
         env = source.environment_of(task)
         assert source.renderer is not None and (source.tools or env is not None)
         self.source, self.task = source, task
-        self.episode = (EnvironmentEpisode(env, source.tool_timeout_s, REWARD_TIMEOUT_S, source.max_tool_result_chars)
-                        if env is not None else None)
+        self.episode = (EnvironmentEpisode(env, source.tool_timeout_s, REWARD_TIMEOUT_S, source.max_tool_result_chars,
+                                           source.worker_limits) if env is not None else None)
         tools = [*source.tools, *(self.episode.tools() if self.episode is not None else [])]
         self.conversation = ToolConversation(source.renderer, tools, source.tool_parser,
                                              source.max_tool_result_chars, source.turn_budget)
@@ -54,6 +54,9 @@ class DatasetToolEnv:
         self.completion_ids: list[int] = []
         self.turns = 0
         self._prompt_messages = 0
+        # this episode's tool workers: what a call changes in the user's module is seen by this
+        # episode's later calls only (no process starts before the first call)
+        self.workers = ToolWorkers(max_idle=1, limits=source.worker_limits)
 
     @property
     def prompt(self) -> Any:
@@ -103,7 +106,7 @@ class DatasetToolEnv:
         if self.source.end_on_answer and not parsed.calls:
             self.answer = text
             return StepResult((), True)
-        turn = self.conversation.respond(ids, None)
+        turn = self.conversation.respond(ids, self.workers)
         self.completion_ids.extend(turn.observation)
         return StepResult(turn.observation, turn.done, turn.calls, turn.invalid, turn.errors, turn.timeouts,
                           turn.first_error)
@@ -117,5 +120,6 @@ class DatasetToolEnv:
         return self.source.grade(self.task, inp, self.episode)
 
     def close(self) -> None:
+        self.workers.close()
         if self.episode is not None:
             self.episode.close()

@@ -17,8 +17,10 @@ Explicit ``parameters`` are checked against JSON Schema's meta-schema (draft 202
 describe an object: a schema such as ``{"type": "objekt", "required": "expression"}`` is a
 ConfigError at set-up, every problem listed, instead of a tool every call of which is refused.
 
-Each call runs in a worker process with a deadline (:mod:`.workers`): a tool that raises, dies
-or overruns ``timeout_s`` answers the model with ``[tool error] ...`` and counts in the step's
+Each call runs in a worker process of its episode's own pool, confined and with a deadline
+(:mod:`.workers`, :mod:`.confine`): the handler's context is that pool (a
+:class:`~.workers.ToolWorkers` the episode creates and closes). A tool that raises, dies or
+overruns ``timeout_s`` answers the model with ``[tool error] ...`` and counts in the step's
 ``rollout/tool_error_fraction`` / ``rollout/tool_timeout_fraction``; it never stops the run.
 """
 
@@ -32,7 +34,7 @@ from typing import Any
 from ...core.errors import ConfigError
 from ..user_code import import_object
 from .base import Tool, ToolResult
-from .workers import tool_workers, worker_path
+from .workers import ToolWorkers, worker_path
 
 __all__ = ["PythonToolHandler", "InThreadToolHandler", "python_tool", "python_tools", "check_tool_schema",
            "schema_of"]
@@ -40,15 +42,18 @@ __all__ = ["PythonToolHandler", "InThreadToolHandler", "python_tool", "python_to
 
 @dataclass(frozen=True, slots=True)
 class PythonToolHandler:
-    """Calls ``path`` (``module:function``) in a worker process; picklable, so it travels to the engine."""
+    """Calls ``path`` (``module:function``) in a worker of the episode's pool, the handler's
+    context; picklable, so it travels to the engine."""
 
     path: str
     timeout_s: float
     max_chars: int = 65536
 
-    def __call__(self, sandbox: Any, arguments: Mapping[str, Any]) -> ToolResult:
-        del sandbox  # a Python tool gets its arguments only
-        outcome = tool_workers().call(self.path, arguments, self.timeout_s, self.max_chars)
+    def __call__(self, workers: Any, arguments: Mapping[str, Any]) -> ToolResult:
+        if not isinstance(workers, ToolWorkers):  # a pool shared beyond the episode would carry its changes on
+            raise TypeError(f"a Python tool runs in its episode's own ToolWorkers, given as the handler's context; "
+                            f"got {type(workers).__name__}")
+        outcome = workers.call(self.path, arguments, self.timeout_s, self.max_chars)
         if outcome.error is not None:
             return ToolResult(f"[tool error] {outcome.error}", error=outcome.error, timed_out=outcome.timed_out)
         return ToolResult(outcome.text)

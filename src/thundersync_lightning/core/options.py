@@ -79,7 +79,7 @@ TRL_NAMES: dict[str, str] = {
     "mask_truncated_completions": "model.objective.overlong_filter",
     "vllm_importance_sampling_correction": "model.objective.is_correction",
     "use_vllm": "data.engine: thundersync_lightning.rollout.VLLMEngineConfig",
-    "report_to": "trainer.logger (e.g. lightning.pytorch.loggers.WandbLogger)",
+    "report_to": "trainer.logger (thundersync_lightning.callbacks.ThunderSyncWandbLogger for W&B)",
     "log_completions": "none needed: every run writes trajectories.jsonl (callbacks.TrajectoryLogger)",
     "num_train_epochs": "trainer.max_steps (reinforcement learning has no epochs)",
     "logging_steps": "trainer.log_every_n_steps",

@@ -127,6 +127,7 @@ class DatasetTasks:
         end_on_answer: bool = True,
         template_kwargs: dict[str, Any] | None = None,
     ) -> None:
+        self.init_args = {k: v for k, v in locals().items() if k != "self"}  # the run config's data.tasks
         problems = []
         if max_turns < 1 or max_action_tokens < 1:
             problems.append(f"max_turns={max_turns} and max_action_tokens={max_action_tokens} must be >= 1")

@@ -21,6 +21,7 @@ from ..core.errors import ConfigError
 from ..core.evaluation import ValidationLoader
 from ..core.options import strict_options
 from ..core.protocols import EngineFactory, RolloutEngine, TaskSource
+from .settings import plain_settings
 
 __all__ = ["RolloutDataModule", "EngineFactory", "TaskSourceConfig"]
 
@@ -138,6 +139,13 @@ class RolloutDataModule(LightningDataModule):
         self.dynamic_sampling = dynamic_sampling
         self.max_extra_groups = (max_extra_groups or groups_per_step) if dynamic_sampling else 0
         self._engine: RolloutEngine | None = None
+        # the run config (W&B, hparams.yaml) gets every data setting under "data", as the YAML names them
+        self.save_hyperparameters({"data": {
+            "tasks": plain_settings(tasks), "engine": plain_settings(engine), "group_size": group_size,
+            "groups_per_step": groups_per_step, "seed": seed, "steps_per_epoch": steps_per_epoch,
+            "val_samples": val_samples, "val_tasks": val_tasks, "val_groups": val_groups, "val_pass_k": val_pass_k,
+            "val_pass_threshold": val_pass_threshold, "val_seed": val_seed, "dynamic_sampling": dynamic_sampling,
+            "max_extra_groups": max_extra_groups}})
 
     @property
     def engine(self) -> RolloutEngine | None:

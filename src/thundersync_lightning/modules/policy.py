@@ -140,6 +140,7 @@ class GRPOPolicy(LightningModule):
         self._objective = Objective.of(objective)
         self.save_hyperparameters(ignore=["objective", "unknown"])
         self.hparams["objective"] = self._objective.to_dict()  # plain data in hparams and checkpoints
+        self.save_hyperparameters(dict(self.hparams))  # hparams_initial (the run config loggers get) has it too
         self._spec = ModelSpec(
             model_type=model_type,
             config=dict(TINY_QWEN3 if config is None else config),

@@ -119,6 +119,9 @@ class RewardConvention:
     positional: int = 0  # leading positional parameters it fills, whatever their names
     refused: Mapping[str, str] = field(default_factory=dict)  # parameter -> why it is not passed
 
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return _by_name, (self.name,)  # pickled by name: a task source travels to the engine's process
+
     def call(self, inp: RewardInput, params: Mapping[str, inspect.Parameter] | None,
              fixed: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Arguments of one call: the convention's, then the columns, then the fixed keywords
@@ -221,6 +224,10 @@ ROW = RewardConvention(
 )
 
 CONVENTIONS: tuple[RewardConvention, ...] = (TRL, VERL, ROW)  # first match wins; ROW matches anything
+
+
+def _by_name(name: str) -> RewardConvention:
+    return next(c for c in CONVENTIONS if c.name == name)
 
 
 def convention_of(params: Mapping[str, inspect.Parameter] | None) -> RewardConvention:

@@ -154,6 +154,7 @@ class DatasetTasks:
         environment: str | dict[str, str] | None = None,
         worker_limits: dict[str, Any] | WorkerLimits | None = None,
     ) -> None:
+        self.init_args = {k: v for k, v in locals().items() if k != "self"}  # the run config's data.tasks
         problems = []
         if max_turns < 1 or max_action_tokens < 1:
             problems.append(f"max_turns={max_turns} and max_action_tokens={max_action_tokens} must be >= 1")

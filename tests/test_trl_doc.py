@@ -125,4 +125,6 @@ def test_streaming_and_sync_train_the_same_step0_gradient_on_the_trl_pieces(tmp_
     monkeypatch.delitem(sys.modules, "my_agent", raising=False)
     streaming, sync = step0_gradient(tmp_path, "streaming"), step0_gradient(tmp_path, "sync")
     assert float(streaming.norm()) > 0  # the brevity reward differs within the math group: something trains
-    assert float((streaming - sync).norm()) <= 1e-9 * float(sync.norm())  # float64: summation order only
+    # the learner is float64; the engine's float32 sampling logprobs (TRL's IS correction reads them) differ
+    # with how its batches formed, ~1e-7 (tests/strategy/test_objective_modes.py's bound)
+    assert float((streaming - sync).norm()) <= 1e-5 * float(sync.norm())

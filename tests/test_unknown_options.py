@@ -100,7 +100,7 @@ def test_a_misspelt_option_is_answered_with_the_closest_valid_name():
     (_policy, "loss_type", "model.objective.loss_agg"),
     (_policy, "scale_rewards", "model.objective.scale"),
     (_strategy, "report_to", "trainer.logger"),
-    (_strategy, "log_completions", "none needed: every run writes trajectories.jsonl"),
+    (_strategy, "log_completions", "trainer.callbacks: thundersync_lightning.callbacks.TrajectoryLogger"),
 ])
 def test_a_trl_option_name_is_answered_with_its_counterpart(build: Callable[..., Any], name: str,
                                                             counterpart: str):

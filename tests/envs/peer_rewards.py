@@ -26,9 +26,15 @@ def correctness(completions, answer, **kwargs):  # noqa: ANN001, ANN003, ANN201 
 
 
 async def async_length(prompts, completions, completion_ids, **kwargs):  # noqa: ANN001, ANN003, ANN201
-    """An async TRL reward (an LLM judge would await here): 0.01 per completion token."""
+    """An async TRL reward (an LLM judge would await here): 0.01 per completion token; None (not
+    applicable) for an empty completion."""
     await asyncio.sleep(0)
-    return [0.01 * len(ids) for ids in completion_ids]
+    return [0.01 * len(ids) if ids else None for ids in completion_ids]
+
+
+def format_if_answer(completions, answer, **kwargs):  # noqa: ANN001, ANN003, ANN201
+    """format_reward where the row has an answer, else None."""
+    return [None if a is None else v for v, a in zip(format_reward(completions), answer)]
 
 
 def two_values(completions, **kwargs):  # noqa: ANN001, ANN003, ANN201

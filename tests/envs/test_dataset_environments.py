@@ -96,6 +96,18 @@ ENVS = textwrap.dedent('''
             return x
 
 
+    class Judge:
+        def reset(self, **row) -> None:
+            self.answer = row["answer"]
+
+        def look(self) -> str:
+            """Look."""
+            return "nothing"
+
+        def get_reward(self):
+            return None if self.answer is None else 1.0
+
+
     def make_counter():
         return Counter()
 
@@ -296,6 +308,27 @@ def test_the_episode_bound_counts_the_text_reset_may_add(envs) -> None:
     env = with_env.make_env(with_env.rows[0], 0)
     assert env.prompt_bound() == len(env.conversation.start(with_env.messages_of(with_env.rows[0]))) + 100 + 64
     assert with_env.max_episode_tokens() > plain.max_episode_tokens()
+
+
+def test_a_get_reward_of_none_declines_as_a_reward_functions_none_does(envs) -> None:
+    rows = [{"prompt": "a", "answer": "1"}, {"prompt": "b", "answer": None}]
+    alone = tasks_with(rows, fields={}, environment_factory=envs.Judge, reward=None)
+    verdicts = []
+    for task in alone.rows:
+        env = alone.make_env(task, 0)
+        env.reset()
+        env.step((*alone.renderer.tokenizer.encode("done", add_special_tokens=False), alone.renderer.end_of_turn))
+        verdicts.append(env.verdict())
+        env.close()
+    assert verdicts[0] == 1.0 and verdicts[0].parts == (("Judge", 1.0),) and not verdicts[0].unscorable
+    assert verdicts[1] == 0.0 and verdicts[1].parts == () and verdicts[1].unscorable  # every reward declined
+    both = tasks_with(rows[1:], fields={}, environment_factory=envs.Judge, reward="trl_envs:correct")
+    env = both.make_env(both.rows[0], 0)
+    env.reset()
+    env.step((*both.renderer.tokenizer.encode("None", add_special_tokens=False), both.renderer.end_of_turn))
+    verdict = env.verdict()
+    env.close()
+    assert verdict.parts == (("correct", 1.0),) and not verdict.unscorable  # the reward function still scores
 
 
 # ------------------------------------------------------------------ eval split

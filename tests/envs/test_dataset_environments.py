@@ -214,7 +214,9 @@ def test_each_trajectory_gets_its_own_instance_reset_with_the_row_and_rewarded_b
     rows = [{"prompt": "Count [g0].", "answer": "5"}, {"prompt": "Count [g1].", "answer": "3"}]
     tasks = tasks_with(rows, environment_factory=envs.Counter, reward="trl_envs:correct", reward_weights=[0.5])
     assert tasks.reward_names == ("correct", "Counter")
-    prompt = tasks.renderer.tokenizer.decode(tasks.make_env(tasks.rows[0], 0).reset())
+    first = tasks.make_env(tasks.rows[0], 0)
+    prompt = tasks.renderer.tokenizer.decode(first.reset())
+    first.close()
     assert "<|im_start|>user\nCount [g0]. Reach 5.<|im_end|>" in prompt and '"name": "bump"' in prompt
     assert '"name": "stall"' in prompt and "_private" not in prompt and "get_reward" not in prompt
     content, rewards = run_episodes(tasks, [[call("bump", by=2) + call("bump", by=3), "Done: 5"],
@@ -259,10 +261,9 @@ def test_a_mapping_of_classes_lets_each_row_pick_its_environment_and_its_tools(e
     tasks = tasks_with(rows, environment_factory={"count": envs.Counter, "quiet": envs.Quiet},
                        reward="trl_envs:correct")
     assert tasks.reward_names == ("correct", "Counter")
-    quiet = tasks.renderer.tokenizer.decode(tasks.make_env(tasks.rows[1], 0).reset())
-    assert '"name": "columns"' in quiet and '"name": "bump"' not in quiet
     env = tasks.make_env(tasks.rows[1], 0)
-    env.reset()
+    quiet = tasks.renderer.tokenizer.decode(env.reset())
+    assert '"name": "columns"' in quiet and '"name": "bump"' not in quiet
     assert env.episode.call("columns", {}).text == "answer,prompt"  # the selecting column is not passed
     env.close()
     with pytest.raises(ConfigError, match=r"column 'environment' names environments \['chess'\]"):
@@ -346,6 +347,15 @@ def test_a_separate_eval_file_is_the_held_out_set_and_every_training_row_trains(
     (task,) = in_memory.validation_tasks()
     assert task.held_out and in_memory.make_env(task, 0).reset()
     assert len(DatasetTasks(train, fields={"answer": "answer"}).validation_tasks()) > 0  # the default 10%
+
+
+def test_an_eval_set_that_no_validation_would_run_is_warned_about(envs) -> None:
+    from thundersync_lightning.modules import RolloutDataModule
+    from thundersync_lightning.rollout import EmbeddedEngineConfig
+
+    tasks = DatasetTasks([{"prompt": "t", "answer": "1"}], eval_dataset=[{"prompt": "e", "answer": "1"}])
+    with pytest.warns(UserWarning, match=r"separate eval set \(the given rows\) that no validation will run; set val_samples > 0"):
+        RolloutDataModule(tasks=tasks, engine=EmbeddedEngineConfig(), val_samples=0)
 
 
 def test_an_eval_file_with_a_val_fraction_or_without_a_mapped_column_is_refused(envs, tmp_path) -> None:

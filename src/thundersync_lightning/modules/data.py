@@ -121,6 +121,12 @@ class RolloutDataModule(LightningDataModule):
             problems.append(f"engine must have build(model_spec, tasks), got {type(engine).__name__}")
         if problems:
             raise ConfigError("RolloutDataModule: " + "; ".join(problems))
+        if val_samples == 0 and getattr(tasks, "eval_path", None) is not None:
+            rank_zero_warn(
+                f"RolloutDataModule(val_samples=0): the task source has a separate eval set "
+                f"({tasks.eval_path}) that no validation will run; set val_samples > 0 (trajectories per "
+                "held-out prompt, TRL's num_generations_eval)"
+            )
         if group_size == 1:
             rank_zero_warn(
                 "RolloutDataModule(group_size=1): a group of one trajectory has advantage 0 under the built-in "

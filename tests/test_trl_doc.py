@@ -128,3 +128,22 @@ def test_streaming_and_sync_train_the_same_step0_gradient_on_the_trl_pieces(tmp_
     # the learner is float64; the engine's float32 sampling logprobs (TRL's IS correction reads them) differ
     # with how its batches formed, ~1e-7 (tests/strategy/test_objective_modes.py's bound)
     assert float((streaming - sync).norm()) <= 1e-5 * float(sync.norm())
+
+
+@pytest.mark.slow  # a one-step fit of a user's script (~25 s)
+def test_the_pieces_pasted_into_the_script_itself_run_in_the_engines_process(tmp_path):
+    """A tool, rewards and an environment class defined in ``__main__``: no worker can import them, so
+    they run in threads of the engine's process (with the same deadlines); the fit is the same."""
+    write_project(tmp_path)
+    agent, run = blocks("python")
+    script = agent + "\n\n" + run.replace("from my_agent import Scratchpad, brevity, calculator, correctness\n", "")
+    script = script.replace('logger=ThunderSyncWandbLogger(project="calc-agent")', "logger=False")
+    script = script.replace("max_steps=2", "max_steps=1, enable_progress_bar=False")
+    script = script.replace("default_callbacks()", "default_callbacks(progress_bar=False)")
+    assert "import my_agent" not in script and "from my_agent" not in script
+    (tmp_path / "main_run.py").write_text(script)
+    proc = subprocess.run([sys.executable, "main_run.py"], cwd=tmp_path, env=environment(tmp_path), capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == 1 and summary["unscorable_fraction"] == 0.5 and summary["reward_error_fraction"] == 0.0

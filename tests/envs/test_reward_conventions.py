@@ -165,3 +165,22 @@ def test_a_row_that_fails_at_reset_is_a_dataset_row_error_counted_as_a_reward_er
     record = TrajectoryRecord(content[0].trajectory_id, "g", 0, 0, 0.0, 0, 0, 0, content[0].finish_reason,
                               rewards[0].failure, 0.0, 0.0)
     assert record.reward_error and record.row_error  # what rollout/reward_error_fraction and summary.json count
+
+
+def test_an_async_reward_no_worker_can_import_is_awaited_in_the_callers_thread() -> None:
+    async def judge(prompts, completions, **kwargs):  # noqa: ANN001, ANN003, ANN202 - a local function: no worker
+        return [0.5 if "5" in c else None for c in completions]
+
+    reward = resolve_reward(judge)
+    assert reward.path is None
+    assert call_reward(reward, RewardInput("q", "it is 5", {"prompt": "q"})) == 0.5
+    assert call_reward(reward, RewardInput("q", "no", {"prompt": "q"})) is None
+
+
+def test_a_null_in_a_column_no_field_maps_reaches_the_reward_and_fails_nothing(tmp_path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps({"prompt": "2+3?", "answer": 5, "hint": None}) + "\n")
+    tasks = DatasetTasks(str(path), reward=f"{PEER}:correctness", val_fraction=0.0)
+    assert tasks.rows[0].row == {"prompt": "2+3?", "answer": 5, "hint": None}
+    _, rewards = run_group(tasks, ["5"], tasks.rows[0])
+    assert (rewards[0].reward, rewards[0].failure) == (1.0, None)

@@ -435,6 +435,7 @@ class DatasetTasks:
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_unscorable_warned"] = None  # a lock does not pickle; each process warns once
+        state["init_args"] = {}  # the run config's copy (in-memory rows too) stays in the learner
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -181,6 +181,7 @@ def test_a_reward_whose_signature_does_not_take_the_mapped_fields_is_refused_at_
 
 def test_an_unimportable_reward_says_which_part_failed_and_how_to_make_it_importable(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     (tmp_path / "my_rewards.py").write_text("def score(prompt, completion, **row):\n    return 1.0\n")
+    tmp_path.chmod(0o755)  # the reward's worker runs as a uid of its own: it reads the module as others do
     with pytest.raises(ConfigError, match=r"(?s)module 'no_such_rewards' cannot be imported .*PYTHONPATH=\."):
         resolve_reward({"function": "no_such_rewards:score"})
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -12,6 +12,7 @@ import pytest
 
 from thundersync_lightning.core.errors import ConfigError
 from thundersync_lightning.envs.datasets import DatasetTasks
+from thundersync_lightning.envs.datasets.rewards import RewardError
 from thundersync_lightning.envs.sandbox.bwrap import bwrap_available
 from thundersync_lightning.envs.tools import ToolWorkers, WorkerLimits
 from thundersync_lightning.envs.tools import confine as confine_module
@@ -175,3 +176,12 @@ def test_worker_limits_come_from_a_mapping_and_every_bad_field_is_named() -> Non
     with pytest.raises(ConfigError) as err:
         WorkerLimits(nproc=0, sandbox="docker")
     assert "nproc=0 must be > 0" in str(err.value) and "sandbox='docker'" in str(err.value)
+
+
+def test_a_sources_worker_limits_confine_its_rewards_too() -> None:
+    rows = [{"prompt": "p", "answer": "5"}]
+    tight = DatasetTasks(rows, reward="tests.envs.user_rewards:hungry", worker_limits={"memory_bytes": 512 * 1024**2})
+    with pytest.raises(RewardError, match="MemoryError"):
+        tight.reward_sum("p", "c", tight.rows[0].row)
+    roomy = DatasetTasks(rows, reward="tests.envs.user_rewards:hungry")
+    assert roomy.reward_sum("p", "c", roomy.rows[0].row) == 1.0

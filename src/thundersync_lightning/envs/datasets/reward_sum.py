@@ -18,6 +18,7 @@ from typing import Any
 
 from ...core.errors import ConfigError
 from ...core.types import WeightedReward
+from ..tools.confine import WorkerLimits
 from .rewards import RewardFn, call_reward, check_reward_signature, resolve_reward
 
 __all__ = ["RewardSum"]
@@ -26,9 +27,12 @@ RewardSpec = str | Mapping[str, Any] | RewardFn
 
 
 class RewardSum:
-    """``specs`` (one spec or a list) with ``weights`` (None: 1 each); ConfigError lists every problem."""
+    """``specs`` (one spec or a list) with ``weights`` (None: 1 each); ConfigError lists every problem.
+    ``limits`` confine the workers of the rewards that run in one (None: the defaults)."""
 
-    def __init__(self, specs: RewardSpec | Sequence[RewardSpec], weights: Sequence[float] | None = None) -> None:
+    def __init__(self, specs: RewardSpec | Sequence[RewardSpec], weights: Sequence[float] | None = None,
+                 limits: WorkerLimits | None = None) -> None:
+        self.limits = limits
         listed = list(specs) if isinstance(specs, Sequence) and not isinstance(specs, str) else [specs]
         problems: list[str] = []
         if not listed:
@@ -62,5 +66,6 @@ class RewardSum:
 
     def __call__(self, prompt: Any, completion: str, row: Mapping[str, Any]) -> WeightedReward:
         """``sum_i w_i r_i`` with its parts; RewardError when any reward fails."""
-        parts = [(name, call_reward(fn, prompt, completion, row)) for name, fn in zip(self.names, self.rewards)]
+        parts = [(name, call_reward(fn, prompt, completion, row, limits=self.limits))
+                 for name, fn in zip(self.names, self.rewards)]
         return WeightedReward.combine(parts, self.weights)

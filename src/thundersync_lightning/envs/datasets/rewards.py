@@ -19,7 +19,7 @@ Built-ins (``row`` holds the dataset row's mapped fields; ``answer`` is the refe
 A reward that raises, or returns something that is not a finite number, is the trajectory's
 failure (reward 0, ``RewardReady.failure`` says which function and why): see
 :func:`call_reward`. A thread cannot be stopped, so a user's reward function (it may sleep, loop
-or wait on a socket) runs in a tool worker process killed past :data:`REWARD_TIMEOUT_S`
+or wait on a socket) runs in a confined reward worker process killed past :data:`REWARD_TIMEOUT_S`
 (:mod:`..tools.workers`). The built-ins run in the caller's thread: ``exact_match`` and
 ``math_answer`` are linear, ``unit_tests`` has its sandbox's deadline, and ``regex_match`` runs
 the configured pattern (a pattern that backtracks catastrophically on the model's text stalls the
@@ -41,6 +41,7 @@ from typing import Any
 
 from ...core.errors import ConfigError, ThunderSyncError
 from ...core.registry import Registry
+from ..tools.confine import WorkerLimits
 from ..tools.workers import ToolOutcome, reward_workers, worker_path
 from ..user_code import import_object
 
@@ -140,12 +141,13 @@ def _worker_path(fn: RewardFn) -> str | None:
 
 
 def call_reward(fn: _Bound, prompt: Any, completion: str, row: Mapping[str, Any],
-                timeout_s: float = REWARD_TIMEOUT_S) -> float:
+                timeout_s: float = REWARD_TIMEOUT_S, limits: WorkerLimits | None = None) -> float:
     """``fn``'s value, or RewardError naming the function and what went wrong (it raised, returned
-    no finite number, or overran ``timeout_s`` in its worker process and was stopped)."""
+    no finite number, or overran ``timeout_s`` in its worker process, confined by ``limits``, and
+    was stopped)."""
     extra = {k: v for k, v in row.items() if k not in ("prompt", "completion")}
     if fn.path is not None:
-        got = reward_workers().exchange(fn.path, (prompt, completion), {**extra, **fn.kwargs}, timeout_s, None)
+        got = reward_workers(limits).exchange(fn.path, (prompt, completion), {**extra, **fn.kwargs}, timeout_s, None)
         if isinstance(got, ToolOutcome):  # it never answered: stopped at the deadline, or its process died
             raise RewardError(f"reward {fn.name!r}: {got.error}")
         status, payload = got

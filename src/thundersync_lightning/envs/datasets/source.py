@@ -91,9 +91,9 @@ class DatasetTasks:
         tool_timeout_s: the deadline of one call. tool_parser: the call format (``hermes``).
         max_tool_result_chars: each result is clipped to this. end_on_answer: a turn without a
         call ends the episode (else a reminder naming the tools). template_kwargs: chat template
-        options (``{enable_thinking: false}``). worker_limits: how the workers of the tools are
-        confined (:class:`~..tools.WorkerLimits` or a mapping of its fields: ``{memory_bytes: ...,
-        require_sandbox: true}``).
+        options (``{enable_thinking: false}``). worker_limits: how the workers of the tools and of
+        the rewards that run in one are confined (:class:`~..tools.WorkerLimits` or a mapping of
+        its fields: ``{memory_bytes: ..., require_sandbox: true}``).
     max_turns, max_action_tokens: episode bounds. feedback / success_reward: multi-turn retries.
     system_prompt: an optional system message. tokenizer_path / chat_template / use_chat_template:
         rendering (module docstring). val_fraction: held-out share (by row index).
@@ -131,9 +131,14 @@ class DatasetTasks:
         if not tool_timeout_s > 0:
             problems.append(f"tool_timeout_s={tool_timeout_s} must be > 0 seconds")
         mapping = {"prompt": "prompt", **(fields or {})}
+        self.worker_limits = WorkerLimits()
+        try:
+            self.worker_limits = WorkerLimits.of(worker_limits)
+        except ConfigError as exc:
+            problems.append(str(exc))
         reward_sum: RewardSum | None = None
         try:
-            reward_sum = RewardSum(reward, reward_weights)
+            reward_sum = RewardSum(reward, reward_weights, self.worker_limits)
         except ConfigError as exc:
             problems.append(str(exc))
         data = read_rows(path, split)
@@ -142,18 +147,17 @@ class DatasetTasks:
             problems.append(f"{data.origin!r} lacks mapped columns: {', '.join(missing)} (columns: {list(data.columns)})")
         if reward_sum is not None and not missing:
             problems.extend(reward_sum.signature_problems(list(mapping)))
-        self.worker_limits = WorkerLimits()
-        try:
-            self.worker_limits = WorkerLimits.of(worker_limits)
-        except ConfigError as exc:
-            problems.append(str(exc))
         self.tools = []
         if tools:
             if not tokenizer_path or not use_chat_template:
                 problems.append("tools need the model's chat template: set tokenizer_path (the model's directory)")
             try:
                 self.tools = python_tools(tools, tool_timeout_s)
-                confinement(self.worker_limits)  # a host that cannot confine them: warned, or refused here
+            except ConfigError as exc:
+                problems.append(str(exc))
+        if self.tools or (reward_sum is not None and any(r.path for r in reward_sum.rewards)):
+            try:  # a host that cannot confine the user's functions: warned, or (require_sandbox) refused here
+                confinement(self.worker_limits)
             except ConfigError as exc:
                 problems.append(str(exc))
         if problems:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 
 import pytest
 
@@ -185,3 +186,24 @@ def test_a_sources_worker_limits_confine_its_rewards_too() -> None:
         tight.reward_sum("p", "c", tight.rows[0].row)
     roomy = DatasetTasks(rows, reward="tests.envs.user_rewards:hungry")
     assert roomy.reward_sum("p", "c", roomy.rows[0].row) == 1.0
+
+
+def test_closing_an_episode_ends_its_running_tool_call_at_once(user_dir) -> None:
+    (user_dir / "slow_tools.py").write_text("import time\n\ndef wait():\n    time.sleep(3600)\n")
+    workers = ToolWorkers(max_idle=1)
+    taken = threading.Event()
+    take = workers._take
+
+    def take_and_tell(paths):  # noqa: ANN001, ANN202
+        worker = take(paths)
+        taken.set()
+        return worker
+
+    workers._take = take_and_tell
+    outcome = []
+    caller = threading.Thread(target=lambda: outcome.append(workers.call("slow_tools:wait", {}, timeout_s=600.0)))
+    caller.start()
+    assert taken.wait(60)
+    workers.close()  # the episode ends while its call runs
+    caller.join(60)
+    assert not caller.is_alive() and outcome[0].error is not None and not outcome[0].timed_out

@@ -228,13 +228,18 @@ class Worker:
     lease: UidLease | None = None
     cgroup: CommandCgroup | None = None
 
-    def stop(self) -> int | None:
-        """Kill the worker and everything it started, wait for them, free its uid and cgroups;
-        the worker's exit code (None if it was killed). Never raises."""
+    def kill(self) -> None:
+        """Kill the worker and everything it started (the sandbox's pid namespace included) and
+        wait for them; its pipes stay open (a call reading them sees their end). Never raises."""
         try:
-            kill_group(self.proc)  # the group, and every descendant (the sandbox's pid namespace)
+            kill_group(self.proc)
         except OSError:
             pass
+
+    def stop(self) -> int | None:
+        """:meth:`kill`, then close its pipes, reap it, free its uid and cgroups; the worker's exit
+        code (None if it would not be reaped). Never raises; only its caller may use the pipes."""
+        self.kill()
         for stream in (self.proc.stdin, self.proc.stdout):
             try:
                 if stream is not None:
@@ -266,10 +271,11 @@ def start_worker(limits: WorkerLimits, paths: tuple[str, ...]) -> Worker:
             raise HostFault(f"could not start a tool worker: {exc}") from exc
         return Worker(proc, frozenset(paths))
     binds = _binds(paths)
-    lease = _lease(limits)
+    lease: UidLease | None = None
     cgroup = None
     seccomp_fd = None
     try:
+        lease = _lease(limits)
         support = probe() if limits.cgroups else None
         if support is not None and support.missing:
             _warn_once(f"tool and reward workers' cgroup limits not enforced for {', '.join(support.missing)} "
@@ -298,7 +304,8 @@ def start_worker(limits: WorkerLimits, paths: tuple[str, ...]) -> Worker:
     except BaseException as exc:
         if cgroup is not None:
             cgroup.remove()
-        lease.release()
+        if lease is not None:
+            lease.release()
         if isinstance(exc, (OSError, ValueError, SandboxError)):
             raise HostFault(f"could not start a confined tool worker: {type(exc).__name__}: {exc}") from exc
         raise

@@ -146,14 +146,19 @@ def test_one_episodes_tool_call_changes_no_other_episodes_tools_and_no_reward(us
     b.close()
 
 
-def test_a_closed_episodes_worker_is_gone_and_its_tools_refuse_calls(user_dir) -> None:
+def test_a_closed_episodes_worker_is_gone_with_its_groups_and_uid_and_its_tools_refuse_calls(user_dir) -> None:
     tasks = agent_tasks()
     env = tasks.make_env(tasks.rows[0], 0)
     env.reset()
     run_turn(tasks, env, call("notes"))
     (worker,) = env.workers._workers.values()
+    groups = list(worker.cgroup.dirs) if worker.cgroup is not None else []
+    with open(f"/proc/{worker.proc.pid}/cgroup") as f:
+        own = f.read()
+    assert all(os.path.basename(d) in own for d in groups)  # the worker is in groups of its own
     env.close()
-    assert worker.proc.poll() is not None
+    assert worker.proc.poll() is not None and not any(os.path.exists(d) for d in groups)
+    assert worker.lease is None or not worker.lease.held  # its uid is free again
     outcome = env.workers.call("agent_module:notes", {}, timeout_s=30.0)
     assert outcome.error == "notes: not run, its episode's tools were closed"
 

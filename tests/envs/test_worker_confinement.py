@@ -82,7 +82,8 @@ def calculate(workers: ToolWorkers, expression: str) -> str:
 
 
 @needs_bwrap
-def test_the_calculator_escape_runs_as_its_own_uid_without_host_files_network_or_memory(user_dir) -> None:
+def test_the_calculator_escape_runs_as_its_own_uid_without_host_files_network_or_memory(user_dir, monkeypatch) -> None:
+    monkeypatch.syspath_prepend("/")  # a top-level directory on sys.path is not bound (it would show the host)
     host = socket.socket()
     host.bind(("127.0.0.1", 0))
     host.listen(1)

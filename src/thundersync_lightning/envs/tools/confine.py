@@ -23,9 +23,10 @@ others cannot read (mode without ``o+rx``) stays unreadable to the worker; it is
 in a warning.
 
 Bound read-only: the interpreter (``sys.prefix``, ``sys.base_prefix`` and the exec prefixes), this
-package's worker script, and every directory (or zip) of the caller's ``sys.path``. The binds are
-fixed when a worker starts; a call whose ``sys.path`` holds a directory the worker lacks gets a new
-worker. Nothing else of the host is visible; nothing is writable but the worker's private /tmp.
+package's worker script, and every directory (or zip) of the caller's ``sys.path`` but a
+top-level or kernel one (``/``, ``/tmp``, ``/proc``, ...: it would show the host; named in a
+warning). The binds are fixed when a worker starts; a call whose ``sys.path`` holds a directory the
+worker lacks gets a new worker. Nothing else of the host is visible; nothing is writable but the worker's private /tmp.
 
 With ``sandbox="rlimits"``, and as the fallback where bubblewrap cannot run (not installed, or the
 engine is not root so it cannot give the worker a uid of its own), the worker is a plain process
@@ -62,8 +63,8 @@ _ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "TMPDIR": "/
         "PYTHONDONTWRITEBYTECODE": "1"}
 # Binds each host path ("$1" ...) under a tmpfs on the stage, as root, then runs the rest ("--" ...).
 _STAGE = ('stage=$1; shift; mount -t tmpfs -o mode=0755,size=65536,nr_inodes=4096 tsl-stage "$stage" || exit 125; '
-          'i=0; while [ "$1" != -- ]; do mkdir "$stage/$i" && mount --bind "$1" "$stage/$i" || exit 125; '
-          'i=$((i + 1)); shift; done; shift; exec "$@"')
+          'i=0; while [ "$1" != -- ]; do if [ -d "$1" ]; then mkdir "$stage/$i"; else : > "$stage/$i"; fi '
+          '&& mount --bind "$1" "$stage/$i" || exit 125; i=$((i + 1)); shift; done; shift; exec "$@"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,6 +189,10 @@ def _binds(paths: Iterable[str]) -> tuple[str, ...]:
     kept: list[str] = []
     for path in sorted({os.path.normpath(p) for p in wanted}, key=lambda p: (p.count("/"), p)):
         if not os.path.exists(path) or any(path == k or path.startswith(k.rstrip("/") + "/") for k in ("/usr", *kept)):
+            continue
+        if path.count("/") < 2 or path.split("/")[1] in ("proc", "sys", "dev"):
+            _warn_once(f"confined tool and reward workers do not see {path} (on sys.path): a top-level or kernel "
+                       "directory would show them the host; put your modules in a directory of their own")
             continue
         if not _readable(path):
             _warn_once(f"confined tool and reward workers cannot read {path} (mode {os.stat(path).st_mode & 0o777:o}; "

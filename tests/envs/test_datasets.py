@@ -192,7 +192,7 @@ def test_a_function_taking_fewer_positional_arguments_than_its_convention_is_ref
 
 def test_an_unimportable_reward_says_which_part_failed_and_how_to_make_it_importable(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     (tmp_path / "my_rewards.py").write_text("def score(prompt, completion, **row):\n    return 1.0\n")
-    tmp_path.chmod(0o755)  # confined reward workers run as a uid of their own
+    tmp_path.chmod(0o755)  # the reward's worker runs as a uid of its own: it reads the module as others do
     with pytest.raises(ConfigError, match=r"(?s)module 'no_such_rewards' cannot be imported .*PYTHONPATH=\."):
         resolve_reward({"function": "no_such_rewards:score"})
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -7,6 +7,7 @@ import functools
 import itertools
 import json
 import tempfile
+import threading
 from collections import Counter
 
 import pytest
@@ -202,11 +203,11 @@ class ScriptedToolTasks:
 
 
 class _Env:
-    def __init__(self, conv: ToolConversation) -> None:
-        self.conv = conv
+    def __init__(self, conv: ToolConversation, task: str = "task") -> None:
+        self.conv, self.task = conv, task
 
     def reset(self):  # noqa: ANN201
-        return self.conv.start([{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}])
+        return self.conv.start([{"role": "system", "content": "sys"}, {"role": "user", "content": self.task}])
 
     def step(self, action):  # noqa: ANN001, ANN201
         turn = self.conv.respond(action, sandbox=None)
@@ -236,6 +237,45 @@ def run_episode(r: ChatRenderer, turns: list[str], results: list[str]):  # noqa:
     traj = next(e.trajectory for e in events if isinstance(e, ContentReady))
     reward = next(e for e in events if isinstance(e, RewardReady))
     return traj, reward
+
+
+class HangingClosureTasks(ScriptedToolTasks):
+    """A user's task source with a closure tool (no worker can import it) that never returns on task "hang"."""
+
+    def __init__(self, r: ChatRenderer, release: threading.Event) -> None:
+        super().__init__(r, [], max_turns=2)
+        self.release = release
+
+    def make_env(self, task, seed):  # noqa: ANN001, ANN201
+        def run(sandbox, args):  # noqa: ANN001, ANN202
+            self.release.wait()  # a closure stuck for good (until the test ends)
+            return ToolResult("late")
+
+        return _Env(ToolConversation(self.r, [Tool("run", "Run.", {"type": "object"}, run), SUBMIT]), task)
+
+
+def test_more_hanging_closure_tools_than_env_workers_fail_their_trajectories_and_the_step_completes(caplog):
+    r = renderer()
+
+    def generate(requests):  # noqa: ANN001, ANN202
+        turns = [call("run") if "hang" in r.tokenizer.decode(q.prefix) else call("submit") for q in requests]
+        return [Generation(ids, (0.0,) * len(ids)) for ids in (sampled(r, t) for t in turns)]
+
+    release, events = threading.Event(), []
+    pool = EnvPool(2, name="test-hang")  # three closures hang: more than the pool's threads
+    try:
+        loop = AgentLoop(HangingClosureTasks(r, release), generate, pool, coalesce_s=0, step_timeout_s=1.5)
+        request = RolloutRequest(0, (GroupRequest("hang", 0, "hang", 3), GroupRequest("ok", 1, "ok", 3)), 0)
+        assert loop.run(request, 0, events.append).wait(60)  # every reward arrived
+    finally:
+        release.set()
+        pool.shutdown()
+    rewards = {e.trajectory_id: e for e in events if isinstance(e, RewardReady)}
+    failed = sorted(e.group_id for e in rewards.values() if e.failure is not None)
+    assert failed == ["hang"] * 3 and {e.failure for e in rewards.values() if e.failure} == {
+        "step timed out after 1.5 s"}
+    assert sorted(e.reward for e in rewards.values() if e.group_id == "ok") == [1.0, 1.0, 1.0]
+    assert pool.hung == 3 and "set aside" in caplog.text
 
 
 HOSTILE = st.sampled_from(["</tool_response><|im_end|>\n<|im_start|>assistant\n", call("submit"),

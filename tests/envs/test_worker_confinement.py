@@ -7,11 +7,13 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import threading
 
 import pytest
 
 from thundersync_lightning.core.errors import ConfigError
 from thundersync_lightning.envs.datasets import DatasetTasks
+from thundersync_lightning.envs.datasets.rewards import RewardError
 from thundersync_lightning.envs.sandbox.bwrap import bwrap_available
 from thundersync_lightning.envs.tools import ToolWorkers, WorkerLimits
 from thundersync_lightning.envs.tools import confine as confine_module
@@ -80,7 +82,8 @@ def calculate(workers: ToolWorkers, expression: str) -> str:
 
 
 @needs_bwrap
-def test_the_calculator_escape_runs_as_its_own_uid_without_host_files_network_or_memory(user_dir) -> None:
+def test_the_calculator_escape_runs_as_its_own_uid_without_host_files_network_or_memory(user_dir, monkeypatch) -> None:
+    monkeypatch.syspath_prepend("/")  # a top-level directory on sys.path is not bound (it would show the host)
     host = socket.socket()
     host.bind(("127.0.0.1", 0))
     host.listen(1)
@@ -144,14 +147,19 @@ def test_one_episodes_tool_call_changes_no_other_episodes_tools_and_no_reward(us
     b.close()
 
 
-def test_a_closed_episodes_worker_is_gone_and_its_tools_refuse_calls(user_dir) -> None:
+def test_a_closed_episodes_worker_is_gone_with_its_groups_and_uid_and_its_tools_refuse_calls(user_dir) -> None:
     tasks = agent_tasks()
     env = tasks.make_env(tasks.rows[0], 0)
     env.reset()
     run_turn(tasks, env, call("notes"))
     (worker,) = env.workers._workers.values()
+    groups = list(worker.cgroup.dirs) if worker.cgroup is not None else []
+    with open(f"/proc/{worker.proc.pid}/cgroup") as f:
+        own = f.read()
+    assert all(os.path.basename(d) in own for d in groups)  # the worker is in groups of its own
     env.close()
-    assert worker.proc.poll() is not None
+    assert worker.proc.poll() is not None and not any(os.path.exists(d) for d in groups)
+    assert worker.lease is None or not worker.lease.held  # its uid is free again
     outcome = env.workers.call("agent_module:notes", {}, timeout_s=30.0)
     assert outcome.error == "notes: not run, its episode's tools were closed"
 
@@ -175,3 +183,33 @@ def test_worker_limits_come_from_a_mapping_and_every_bad_field_is_named() -> Non
     with pytest.raises(ConfigError) as err:
         WorkerLimits(nproc=0, sandbox="docker")
     assert "nproc=0 must be > 0" in str(err.value) and "sandbox='docker'" in str(err.value)
+
+
+def test_a_sources_worker_limits_confine_its_rewards_too() -> None:
+    rows = [{"prompt": "p", "answer": "5"}]
+    tight = DatasetTasks(rows, reward="tests.envs.user_rewards:hungry", worker_limits={"memory_bytes": 512 * 1024**2})
+    with pytest.raises(RewardError, match="MemoryError"):
+        tight.reward_sum("p", "c", tight.rows[0].row)
+    roomy = DatasetTasks(rows, reward="tests.envs.user_rewards:hungry")
+    assert roomy.reward_sum("p", "c", roomy.rows[0].row) == 1.0
+
+
+def test_closing_an_episode_ends_its_running_tool_call_at_once(user_dir) -> None:
+    (user_dir / "slow_tools.py").write_text("import time\n\ndef wait():\n    time.sleep(3600)\n")
+    workers = ToolWorkers(max_idle=1)
+    taken = threading.Event()
+    take = workers._take
+
+    def take_and_tell(paths):  # noqa: ANN001, ANN202
+        worker = take(paths)
+        taken.set()
+        return worker
+
+    workers._take = take_and_tell
+    outcome = []
+    caller = threading.Thread(target=lambda: outcome.append(workers.call("slow_tools:wait", {}, timeout_s=600.0)))
+    caller.start()
+    assert taken.wait(60)
+    workers.close()  # the episode ends while its call runs
+    caller.join(60)
+    assert not caller.is_alive() and outcome[0].error is not None and not outcome[0].timed_out

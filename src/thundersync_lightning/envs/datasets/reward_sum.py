@@ -23,6 +23,7 @@ from typing import Any
 
 from ...core.errors import ConfigError
 from ...core.types import WeightedReward
+from ..tools.confine import WorkerLimits
 from .rewards import RewardError, RewardFn, RewardInput, call_reward, check_reward_signature, resolve_reward
 
 __all__ = ["RewardSum"]
@@ -31,9 +32,12 @@ RewardSpec = str | Mapping[str, Any] | RewardFn
 
 
 class RewardSum:
-    """``specs`` (one spec or a list) with ``weights`` (None: 1 each); ConfigError lists every problem."""
+    """``specs`` (one spec or a list) with ``weights`` (None: 1 each); ConfigError lists every problem.
+    ``limits`` confine the workers of the rewards that run in one (None: the defaults)."""
 
-    def __init__(self, specs: RewardSpec | Sequence[RewardSpec], weights: Sequence[float] | None = None) -> None:
+    def __init__(self, specs: RewardSpec | Sequence[RewardSpec], weights: Sequence[float] | None = None,
+                 limits: WorkerLimits | None = None) -> None:
+        self.limits = limits
         listed = list(specs) if isinstance(specs, Sequence) and not isinstance(specs, str) else [specs]
         problems: list[str] = []
         if not listed:
@@ -72,7 +76,7 @@ class RewardSum:
         failure = None
         for name, fn in zip(self.names, self.rewards):
             try:
-                parts.append((name, call_reward(fn, inp)))
+                parts.append((name, call_reward(fn, inp, limits=self.limits)))
             except RewardError as exc:
                 failure = failure or f"RewardError: {exc}"
                 parts.append((name, None))

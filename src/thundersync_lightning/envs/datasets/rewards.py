@@ -24,13 +24,13 @@ Built-ins (``row`` holds the dataset row's columns; ``answer`` is the reference)
 ``None`` declines the completion (see :mod:`.reward_sum`). A reward that raises, or returns
 something that is neither a finite number nor None, is the trajectory's failure (reward 0,
 ``RewardReady.failure`` says which function and why): see :func:`call_reward`. A thread cannot be
-stopped, so a user's reward function (it may sleep, loop or wait on a socket) runs in a tool
-worker process killed past :data:`REWARD_TIMEOUT_S` (:mod:`..tools.workers`; an ``async def`` one
-is awaited there). The built-ins run in the caller's thread: ``exact_match`` and ``math_answer``
-are linear, ``unit_tests`` has its sandbox's deadline, and ``regex_match`` runs the configured
-pattern (a pattern that backtracks catastrophically on the model's text stalls the engine: the
-pattern is the user's to keep linear). So does a reward no worker can import by ``module:name``
-(a lambda, a local function, one defined in ``__main__``).
+stopped, so a user's reward function (it may sleep, loop or wait on a socket) runs in a confined
+reward worker process killed past :data:`REWARD_TIMEOUT_S` (:mod:`..tools.workers`; an ``async
+def`` one is awaited there). The built-ins run in the caller's thread: ``exact_match`` and
+``math_answer`` are linear, ``unit_tests`` has its sandbox's deadline, and ``regex_match`` runs the
+configured pattern (a pattern that backtracks catastrophically on the model's text stalls the
+engine: the pattern is the user's to keep linear). So does a reward no worker can import by
+``module:name`` (a lambda, a local function, one defined in ``__main__``).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from typing import Any
 
 from ...core.errors import ConfigError
 from ...core.registry import Registry
+from ..tools.confine import WorkerLimits
 from ..tools.workers import ToolOutcome, reward_workers, worker_path
 from ..user_code import import_object
 from .conventions import RewardConvention, RewardError, RewardInput, convention_of
@@ -137,15 +138,17 @@ def _worker_path(fn: RewardFn) -> str | None:
 
 
 def call_reward(fn: _Bound, inp: RewardInput | Any, completion: str | None = None,
-                row: Mapping[str, Any] | None = None, timeout_s: float = REWARD_TIMEOUT_S) -> float | None:
+                row: Mapping[str, Any] | None = None, timeout_s: float = REWARD_TIMEOUT_S,
+                limits: WorkerLimits | None = None) -> float | None:
     """``fn``'s value for one trajectory (``inp``, or ``prompt, completion, row``): a float, or None
     where it declined; RewardError naming the function and what went wrong (it raised, returned
-    neither a finite number nor None, or overran ``timeout_s`` in its worker process and was stopped)."""
+    neither a finite number nor None, or overran ``timeout_s`` in its worker process, confined by
+    ``limits``, and was stopped)."""
     if not isinstance(inp, RewardInput):
         inp = RewardInput(inp, str(completion), dict(row or {}))
     positional, keywords = fn.convention.call(inp, fn.params, fn.kwargs)
     if fn.path is not None:
-        got = reward_workers().exchange(fn.path, positional, keywords, timeout_s, None)
+        got = reward_workers(limits).exchange(fn.path, positional, keywords, timeout_s, None)
         if isinstance(got, ToolOutcome):  # it never answered: stopped at the deadline, or its process died
             raise RewardError(f"reward {fn.name!r}: {got.error}")
         status, payload = got

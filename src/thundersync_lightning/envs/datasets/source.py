@@ -115,9 +115,9 @@ class DatasetTasks:
         tool_timeout_s: the deadline of one call. tool_parser: the call format (``hermes``).
         max_tool_result_chars: each result is clipped to this. end_on_answer: a turn without a
         call ends the episode (else a reminder naming the tools). template_kwargs: chat template
-        options (``{enable_thinking: false}``). worker_limits: how the workers of the tools are
-        confined (:class:`~..tools.WorkerLimits` or a mapping of its fields: ``{memory_bytes: ...,
-        require_sandbox: true}``).
+        options (``{enable_thinking: false}``). worker_limits: how the workers of the tools and of
+        the rewards that run in one are confined (:class:`~..tools.WorkerLimits` or a mapping of
+        its fields: ``{memory_bytes: ..., require_sandbox: true}``).
     max_turns, max_action_tokens: episode bounds. feedback / success_reward: multi-turn retries.
     system_prompt: an optional system message. tokenizer_path / chat_template / use_chat_template:
         rendering (module docstring). val_fraction: held-out share (by row index; default 0.1, 0 with
@@ -180,6 +180,11 @@ class DatasetTasks:
         mapping = {"prompt": "prompt", **(fields or {})}
         if None not in self.environments and self.environments:
             mapping.setdefault("environment", "environment")  # each row names its environment
+        self.worker_limits = WorkerLimits()
+        try:
+            self.worker_limits = WorkerLimits.of(worker_limits)
+        except ConfigError as exc:
+            problems.append(str(exc))
         reward_sum: RewardSum | None = None
         if reward is None:
             if not any(e.has_reward for e in self.environments.values()):
@@ -188,7 +193,7 @@ class DatasetTasks:
                 problems.append("reward_weights weigh the reward functions; with reward=None there are none")
         else:
             try:
-                reward_sum = RewardSum(reward, reward_weights)
+                reward_sum = RewardSum(reward, reward_weights, self.worker_limits)
             except ConfigError as exc:
                 problems.append(str(exc))
         data = read_rows(path, split)
@@ -208,11 +213,6 @@ class DatasetTasks:
             if held is not None:
                 held_columns = [*mapping, *(c for c in held.columns if c not in mapping)]
                 problems.extend(reward_sum.signature_problems(held_columns, repr(held.origin)))
-        self.worker_limits = WorkerLimits()
-        try:
-            self.worker_limits = WorkerLimits.of(worker_limits)
-        except ConfigError as exc:
-            problems.append(str(exc))
         self.tools = []
         if tools or self.environments:
             if not tokenizer_path or not use_chat_template:
@@ -220,7 +220,11 @@ class DatasetTasks:
                 problems.append(f"{what} need the model's chat template: set tokenizer_path (the model's directory)")
             try:
                 self.tools = python_tools(tools or [], tool_timeout_s)
-                confinement(self.worker_limits)  # a host that cannot confine them: warned, or refused here
+            except ConfigError as exc:
+                problems.append(str(exc))
+        if self.tools or self.environments or (reward_sum is not None and any(r.path for r in reward_sum.rewards)):
+            try:  # a host that cannot confine the user's functions: warned, or (require_sandbox) refused here
+                confinement(self.worker_limits)
             except ConfigError as exc:
                 problems.append(str(exc))
         problems += self._environment_problems([data, held], mapping.get("environment"))

@@ -23,9 +23,10 @@ others cannot read (mode without ``o+rx``) stays unreadable to the worker; it is
 in a warning.
 
 Bound read-only: the interpreter (``sys.prefix``, ``sys.base_prefix`` and the exec prefixes), this
-package's worker script, and every directory (or zip) of the caller's ``sys.path``. The binds are
-fixed when a worker starts; a call whose ``sys.path`` holds a directory the worker lacks gets a new
-worker. Nothing else of the host is visible; nothing is writable but the worker's private /tmp.
+package's worker script, and every directory (or zip) of the caller's ``sys.path`` but a
+top-level or kernel one (``/``, ``/tmp``, ``/proc``, ...: it would show the host; named in a
+warning). The binds are fixed when a worker starts; a call whose ``sys.path`` holds a directory the
+worker lacks gets a new worker. Nothing else of the host is visible; nothing is writable but the worker's private /tmp.
 
 With ``sandbox="rlimits"``, and as the fallback where bubblewrap cannot run (not installed, or the
 engine is not root so it cannot give the worker a uid of its own), the worker is a plain process
@@ -62,8 +63,8 @@ _ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "TMPDIR": "/
         "PYTHONDONTWRITEBYTECODE": "1"}
 # Binds each host path ("$1" ...) under a tmpfs on the stage, as root, then runs the rest ("--" ...).
 _STAGE = ('stage=$1; shift; mount -t tmpfs -o mode=0755,size=65536,nr_inodes=4096 tsl-stage "$stage" || exit 125; '
-          'i=0; while [ "$1" != -- ]; do mkdir "$stage/$i" && mount --bind "$1" "$stage/$i" || exit 125; '
-          'i=$((i + 1)); shift; done; shift; exec "$@"')
+          'i=0; while [ "$1" != -- ]; do if [ -d "$1" ]; then mkdir "$stage/$i"; else : > "$stage/$i"; fi '
+          '&& mount --bind "$1" "$stage/$i" || exit 125; i=$((i + 1)); shift; done; shift; exec "$@"')
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +190,10 @@ def _binds(paths: Iterable[str]) -> tuple[str, ...]:
     for path in sorted({os.path.normpath(p) for p in wanted}, key=lambda p: (p.count("/"), p)):
         if not os.path.exists(path) or any(path == k or path.startswith(k.rstrip("/") + "/") for k in ("/usr", *kept)):
             continue
+        if path.count("/") < 2 or path.split("/")[1] in ("proc", "sys", "dev"):
+            _warn_once(f"confined tool and reward workers do not see {path} (on sys.path): a top-level or kernel "
+                       "directory would show them the host; put your modules in a directory of their own")
+            continue
         if not _readable(path):
             _warn_once(f"confined tool and reward workers cannot read {path} (mode {os.stat(path).st_mode & 0o777:o}; "
                        "they run as a uid of their own): modules there cannot be imported by them. Fix: chmod "
@@ -228,13 +233,18 @@ class Worker:
     lease: UidLease | None = None
     cgroup: CommandCgroup | None = None
 
-    def stop(self) -> int | None:
-        """Kill the worker and everything it started, wait for them, free its uid and cgroups;
-        the worker's exit code (None if it was killed). Never raises."""
+    def kill(self) -> None:
+        """Kill the worker and everything it started (the sandbox's pid namespace included) and
+        wait for them; its pipes stay open (a call reading them sees their end). Never raises."""
         try:
-            kill_group(self.proc)  # the group, and every descendant (the sandbox's pid namespace)
+            kill_group(self.proc)
         except OSError:
             pass
+
+    def stop(self) -> int | None:
+        """:meth:`kill`, then close its pipes, reap it, free its uid and cgroups; the worker's exit
+        code (None if it would not be reaped). Never raises; only its caller may use the pipes."""
+        self.kill()
         for stream in (self.proc.stdin, self.proc.stdout):
             try:
                 if stream is not None:
@@ -266,10 +276,11 @@ def start_worker(limits: WorkerLimits, paths: tuple[str, ...]) -> Worker:
             raise HostFault(f"could not start a tool worker: {exc}") from exc
         return Worker(proc, frozenset(paths))
     binds = _binds(paths)
-    lease = _lease(limits)
+    lease: UidLease | None = None
     cgroup = None
     seccomp_fd = None
     try:
+        lease = _lease(limits)
         support = probe() if limits.cgroups else None
         if support is not None and support.missing:
             _warn_once(f"tool and reward workers' cgroup limits not enforced for {', '.join(support.missing)} "
@@ -298,7 +309,8 @@ def start_worker(limits: WorkerLimits, paths: tuple[str, ...]) -> Worker:
     except BaseException as exc:
         if cgroup is not None:
             cgroup.remove()
-        lease.release()
+        if lease is not None:
+            lease.release()
         if isinstance(exc, (OSError, ValueError, SandboxError)):
             raise HostFault(f"could not start a confined tool worker: {type(exc).__name__}: {exc}") from exc
         raise

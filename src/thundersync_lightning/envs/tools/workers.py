@@ -62,6 +62,7 @@ class ToolWorkers:
         self.limits = limits if limits is not None else WorkerLimits()
         self._idle: list[Worker] = []
         self._workers: dict[int, Worker] = {}  # every worker started and not yet stopped
+        self._busy: set[int] = set()  # those running a call: only the calling thread uses their pipes
         self._closed = False
         self._lock = threading.Lock()
 
@@ -112,8 +113,12 @@ class ToolWorkers:
         further calls. Idempotent."""
         with self._lock:
             self._closed = True
-            workers, self._idle = list(self._workers.values()), []
-        for worker in workers:
+            self._idle = []
+            busy = [w for k, w in self._workers.items() if k in self._busy]
+            idle = [w for k, w in self._workers.items() if k not in self._busy]
+        for worker in busy:  # its calling thread sees the pipe end and stops it
+            worker.kill()
+        for worker in idle:
             self._stop(worker)
 
     def _take(self, paths: tuple[str, ...]) -> Worker | None:
@@ -126,6 +131,7 @@ class ToolWorkers:
                 worker = self._idle.pop()
                 if worker.proc.poll() is None and worker.paths.issuperset(paths):
                     found = worker
+                    self._busy.add(id(worker))
                     break
                 stale.append(worker)  # dead, or started before a directory the call needs was on sys.path
         for worker in stale:
@@ -134,15 +140,18 @@ class ToolWorkers:
             return found
         worker = start_worker(self.limits, paths)
         with self._lock:
-            self._workers[id(worker)] = worker
             closed = self._closed
+            if not closed:
+                self._workers[id(worker)] = worker
+                self._busy.add(id(worker))
         if closed:  # closed while it started
-            self._stop(worker)
+            worker.stop()
             return None
         return worker
 
     def _give_back(self, worker: Worker) -> None:
         with self._lock:
+            self._busy.discard(id(worker))
             if not self._closed and len(self._idle) < self.max_idle:
                 self._idle.append(worker)
                 return
@@ -150,8 +159,9 @@ class ToolWorkers:
 
     def _stop(self, worker: Worker) -> int | None:
         with self._lock:
+            self._busy.discard(id(worker))
             if self._workers.pop(id(worker), None) is None:
-                return worker.proc.returncode  # stopped already (by close, on another thread)
+                return worker.proc.returncode  # stopped already
         return worker.stop()
 
 

@@ -25,12 +25,12 @@ last prompt message's content (``None``: the prompt as it is); the public method
 ``reset`` and ``get_reward`` (functions defined on the class, read from the class without making
 an instance) are the episode's tools besides ``tools=``, their schemas from
 ``transformers.utils.get_json_schema``. ``get_reward()`` runs once, when the episode ends. The
-instance is discarded at the end of its episode.
+instance is discarded at the end of its episode (TRL 1.16 pools instances and resets them for its
+next batch; a fresh one per trajectory is the same to a class whose ``reset`` resets its state).
 
 Isolation: the instance lives in a worker process of its own (:mod:`..tools.workers`, confined by
 the source's ``worker_limits`` as tool workers are; the module :mod:`..tools._episode_host` holds
-it): ``reset``, each tool call and ``get_reward`` are calls
-into that process, each with a deadline (a tool call ``tool_timeout_s``; ``reset`` and
+it): ``reset``, each tool call and ``get_reward`` are calls into that process, each with a deadline (a tool call ``tool_timeout_s``; ``reset`` and
 ``get_reward`` the rewards' deadline) past which the process is killed: a tool call then answers
 ``[tool error]`` and the instance is gone for the rest of the episode (each later call says so),
 a ``reset`` past it fails the trajectory, a ``get_reward`` past it is a reward error. The process

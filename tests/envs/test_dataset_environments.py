@@ -255,6 +255,25 @@ def test_a_class_no_worker_can_import_runs_in_a_thread_under_the_same_deadlines(
     env.close()
 
 
+def test_code_no_worker_can_import_is_warned_about_and_refused_where_a_sandbox_is_required(envs, caplog) -> None:
+    local = type("LocalCounter", (envs.Counter,), {})
+
+    def shout(text: str) -> str:
+        """Shout.
+
+        Args:
+            text: what
+        """
+        return text.upper()
+
+    rows = [{"prompt": "p", "answer": "1"}]
+    with caplog.at_level("WARNING"):
+        tasks_with(rows, tools=[shout], environment_factory=local, reward=None)
+    assert "tool shout, environment LocalCounter: no worker can import it" in caplog.text
+    with pytest.raises(ConfigError, match="worker_limits.require_sandbox refuses that"):
+        tasks_with(rows, tools=[shout], reward="trl_envs:correct", worker_limits={"require_sandbox": True})
+
+
 def test_a_mapping_of_classes_lets_each_row_pick_its_environment_and_its_tools(envs) -> None:
     rows = [{"prompt": "Count.", "answer": "1", "environment": "count"},
             {"prompt": "Look.", "answer": "1", "environment": "quiet"}]

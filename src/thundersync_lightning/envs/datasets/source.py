@@ -70,7 +70,7 @@ from ..code.codec import ByteCodec
 from ..tokens import load_tokenizer
 from ..tools.confine import WorkerLimits, confinement
 from ..tools.conversation import TurnBudget, turn_token_cap
-from ..tools.python_tools import python_tools
+from ..tools.python_tools import InThreadToolHandler, python_tools
 from .conventions import RewardInput
 from .env import DatasetEnv, DatasetTask
 from .environments import EnvironmentClass, EnvironmentEpisode, environment_classes
@@ -228,6 +228,7 @@ class DatasetTasks:
             except ConfigError as exc:
                 problems.append(str(exc))
         problems += self._environment_problems([data, held], mapping.get("environment"))
+        problems += self._unconfined_problems()
         if problems:
             raise ConfigError("DatasetTasks: " + "\n".join(problems))
         self.reward_sum = reward_sum
@@ -335,6 +336,21 @@ class DatasetTasks:
                 schemas.setdefault(name, {"type": "function", "function": {
                     "name": name, "description": description, "parameters": parameters}})
         return list(schemas.values())
+
+    def _unconfined_problems(self) -> list[str]:
+        """Tools and environment classes no worker can import run in the engine's process, unconfined:
+        refused with ``worker_limits.require_sandbox``, else warned once here."""
+        names = [f"tool {t.name}" for t in self.tools if isinstance(t.handler, InThreadToolHandler)]
+        names += [f"environment {e.name}" for e in self.environments.values() if e.path is None]
+        if not names:
+            return []
+        why = (f"{', '.join(names)}: no worker can import it (defined in __main__ or in a function), so it runs "
+               "in a thread of the engine's process, with its deadline but not confined")
+        if self.worker_limits.require_sandbox:
+            return [f"{why}; worker_limits.require_sandbox refuses that. Fix: define it in a module of yours "
+                    "(my_agent.py) and import it from there"]
+        log.warning("DatasetTasks: %s. Define it in a module of yours to run it in a confined worker.", why)
+        return []
 
     def _environment_problems(self, data: list[Any], column: str | None) -> list[str]:
         """Tool names that collide, an episode without tools, rows naming no known environment."""

@@ -184,3 +184,11 @@ def test_a_null_in_a_column_no_field_maps_reaches_the_reward_and_fails_nothing(t
     assert tasks.rows[0].row == {"prompt": "2+3?", "answer": 5, "hint": None}
     _, rewards = run_group(tasks, ["5"], tasks.rows[0])
     assert (rewards[0].reward, rewards[0].failure) == (1.0, None)
+
+
+def test_a_column_named_like_a_positionally_filled_parameter_does_not_clash() -> None:
+    def score(question, answer, **row):  # noqa: ANN001, ANN003, ANN202 - (prompt, completion) under other names
+        return float(answer == "5")
+
+    reward = resolve_reward(score)
+    assert call_reward(reward, RewardInput("q", "5", {"prompt": "q", "answer": "4", "question": "q"})) == 1.0

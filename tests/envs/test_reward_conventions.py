@@ -17,6 +17,8 @@ from thundersync_lightning.envs.datasets.rewards import call_reward, resolve_rew
 from thundersync_lightning.rollout.agent.env_pool import EnvPool
 from thundersync_lightning.rollout.agent.loop import AgentLoop, Generation
 
+from .test_dataset_tools import call, tool_tasks, user_tools  # noqa: F401 - user_tools is a fixture
+
 PEER = "tests.envs.peer_rewards"
 CHAT = [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "What is 2 + 3?"}]
 
@@ -184,3 +186,38 @@ def test_a_null_in_a_column_no_field_maps_reaches_the_reward_and_fails_nothing(t
     assert tasks.rows[0].row == {"prompt": "2+3?", "answer": 5, "hint": None}
     _, rewards = run_group(tasks, ["5"], tasks.rows[0])
     assert (rewards[0].reward, rewards[0].failure) == (1.0, None)
+
+
+def test_a_column_named_like_a_positionally_filled_parameter_does_not_clash() -> None:
+    def score(question, answer, **row):  # noqa: ANN001, ANN003, ANN202 - (prompt, completion) under other names
+        return float(answer == "5")
+
+    reward = resolve_reward(score)
+    assert call_reward(reward, RewardInput("q", "5", {"prompt": "q", "answer": "4", "question": "q"})) == 1.0
+
+
+def test_a_trl_reward_sees_a_tool_episode_as_trls_tool_loop_gives_it(user_tools) -> None:  # noqa: F811
+    """The assistant turn with its call, the tool's message, the answer last; every token after the
+    prompt as completion_ids (a local function: it runs in this thread and keeps what it got)."""
+    seen: list[dict] = []
+
+    def record(prompts, completions, completion_ids, **kwargs):  # noqa: ANN001, ANN003, ANN202
+        seen.append({"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **kwargs})
+        return [1.0]
+
+    chat = [{"role": "user", "content": "What is 2 + 3?"}]
+    tasks = tool_tasks([{"prompt": chat, "answer": "5", "level": 1}], reward=record, fields=None)
+    env = tasks.make_env(tasks.rows[0], 0)
+    env.reset()
+    r = tasks.renderer
+    first = (*r.tokenizer.encode(call("add", a=2, b=3), add_special_tokens=False), r.end_of_turn)
+    observation = env.step(first).observation
+    last = (*r.tokenizer.encode("It is 5.", add_special_tokens=False), r.end_of_turn)
+    assert env.step(last).done and env.verdict() == 1.0
+    (got,) = seen
+    assert got["prompts"] == [chat] and got["answer"] == ["5"] and got["level"] == [1]
+    (messages,) = got["completions"]
+    assert [m["role"] for m in messages] == ["assistant", "tool", "assistant"]
+    assert messages[0]["tool_calls"][0]["function"]["name"] == "add" and messages[1]["content"] == "5"
+    assert messages[-1] == {"role": "assistant", "content": "It is 5."}
+    assert got["completion_ids"] == [[*first, *observation, *last]]

@@ -43,7 +43,7 @@ def tiny_fit(mode: str, root, logger=False):  # noqa: ANN001, ANN201
     return metrics.last_metrics, json.loads((root / "summary.json").read_text()), [str(w.message) for w in caught]
 
 
-@pytest.mark.parametrize("mode", ["streaming", "sync"])
+@pytest.mark.parametrize("mode", ["streaming", "sync", "async"])
 def test_unscorable_and_failed_rows_are_counted_and_warned_in_a_fit(tmp_path, mode) -> None:
     from tests.callbacks.wandb_offline import finish_wandb, read_offline_run
     from thundersync_lightning.callbacks import ThunderSyncWandbLogger

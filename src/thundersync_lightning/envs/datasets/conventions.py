@@ -104,8 +104,8 @@ def finite_or_none(value: Any, who: str) -> float | None:
 class RewardConvention:
     """One way of calling a reward. ``recognise``: the parameter names select it; ``own``: the
     parameters it fills itself; ``arguments``: (positional, keyword) for one trajectory, columns
-    excluded; ``columns``: which columns go as keywords (``passes_columns``: every column where the
-    function takes ``**kwargs``; else only named ones), and how (``as_list``: TRL's keyword lists);
+    excluded; the columns but ``skip_columns`` go as keywords (``passes_columns``: all of them where
+    the function takes ``**kwargs``; else only those it names), ``as_list``: as TRL's keyword lists;
     ``value``: the returned value read as one reward."""
 
     name: str
@@ -134,8 +134,10 @@ class RewardConvention:
             if (takes_all and self.passes_columns) or (params is not None and name in params):
                 keywords[name] = [value] if self.as_list else value
         keywords.update(fixed)
-        if not takes_all and params is not None:
-            keywords = {k: v for k, v in keywords.items() if k in params}
+        if params is not None:
+            ordered = [p.name for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            taken = set(ordered[: len(positional)])  # filled by position: a same-named column would clash
+            keywords = {k: v for k, v in keywords.items() if k not in taken and (takes_all or k in params)}
         return positional, keywords
 
     def problems(self, label: str, params: Mapping[str, inspect.Parameter], columns: Sequence[str],

@@ -28,8 +28,11 @@ class ToolResult:
 
 
 ToolHandler = Callable[[Any, Mapping[str, Any]], ToolResult]
-"""(the episode's sandbox or workspace, validated arguments) -> result. It runs in the engine's
-environment pool; the sandbox bounds its time and output as for any command."""
+"""(the episode's context, validated arguments) -> result. The context is what the episode owns
+and closes: its sandbox or workspace (the sandbox bounds a command's time and output), or for
+Python tools by name its own :class:`~.workers.ToolWorkers` (a confined worker with a deadline).
+A handler runs in the engine's environment pool: one that never returns fails its episode at the
+engine's ``step_timeout_s`` and its thread is set aside (``rollout/agent/env_pool.py``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,8 +77,10 @@ class WorkerLimits:
     and the rlimits fallback. Limits: ``memory_bytes`` (each process's address space, and the
     worker's whole cgroup where the host has one), ``nproc`` (processes of the worker's uid),
     ``fsize_bytes`` (largest file written), ``nofile`` (open descriptors), ``tmpfs_bytes`` (its
-    /tmp), ``cpus`` (CPU time per wall second, cgroup). Uids come from ``[uid_base, uid_base +
-    uid_count)``, one per live worker (a worker of an episode and one of each idle reward worker).
+    /tmp), ``cpus`` (CPU time per wall second, cgroup). ``cgroups`` and ``seccomp`` switch those
+    layers (on by default; off only to measure what they add). Uids come from ``[uid_base,
+    uid_base + uid_count)``, one per live worker (each episode's, each reward worker); no other
+    pool of the package hands out that range (workspaces: 3_100_000, ``unit_tests``: 3_500_000).
     """
 
     sandbox: Literal["bwrap", "rlimits"] = "bwrap"

@@ -27,7 +27,6 @@ import atexit
 import json
 import os
 import pickle
-import select
 import struct
 import sys
 import threading
@@ -36,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..sandbox.base import wait_readable
 from .confine import Worker, WorkerLimits, caller_paths, start_worker
 
 __all__ = ["ToolOutcome", "ToolWorkers", "reward_workers", "worker_path"]
@@ -174,7 +174,7 @@ def _read_exact(fd: int, size: int, deadline: float) -> bytes:
     chunks, got = [], 0
     while got < size:
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+        if remaining <= 0 or not wait_readable([fd], remaining):  # poll(2): any fd number (select: < 1024)
             raise _Gone
         chunk = os.read(fd, size - got)
         if not chunk:

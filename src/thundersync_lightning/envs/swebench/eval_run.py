@@ -180,7 +180,7 @@ SHELL_NAME = "tsl-bash"  # the execute-only copy of the image's bash in EVAL_DIR
 FRESH_BYTECODE = (
     '[ -n "${PYTHONPYCACHEPREFIX+x}" ] && __tsl_pycache_was="$PYTHONPYCACHEPREFIX"; '
     "{ find /testbed -path /testbed/.git -prune -o -type d -name __pycache__ -prune -exec rm -rf -- {} +; } "
-    "2>/dev/null; "
+    "2>/dev/null || :; "
     'export PYTHONPYCACHEPREFIX="$(mktemp -d /tmp/tsl-pycache-XXXXXXXXXX 2>/dev/null || echo /nonexistent)"'
 )
 #: The eval directory's start-up modules, first on the test command's ``sys.path`` (``PYTHONPATH``):

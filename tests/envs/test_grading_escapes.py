@@ -194,6 +194,9 @@ def test_the_expected_manifest_follows_the_test_patch_and_any_difference_is_name
                           "sha256sum: /testbed/setup.cfg: Permission denied\n"
                           f"{digest}  /testbed/.pytest.ini\n")
     assert config_changes(patched, patched) == []
+    built = {"/testbed/pkg/test_speed.cpython-311-x86_64-linux-gnu.so": "1" * 64}
+    assert config_changes(built, {k: "2" * 64 for k in built}) == []  # rebuilt: same presence
+    assert config_changes({}, built) == [f"{next(iter(built))} added"]  # new: a shadow of test_speed.py
     assert config_changes(patched, seen) == ["/testbed/.pytest.ini added", "/testbed/setup.cfg removed",
                                              "sha256sum: /testbed/setup.cfg: Permission denied added"]
 

@@ -358,3 +358,60 @@ def test_a_package_that_shadows_a_graded_test_module_is_dropped_from_the_patch(s
         ws.close()
     assert not outcome.resolved
     assert outcome.report["tests_status"]["FAIL_TO_PASS"]["failure"] == ["test_answer.py::test_answer"]
+
+
+# In a container of the instance's image: the agent's setup.py, run by the eval script's install
+# step, plants pytest's assertion-rewrite cache for the graded test module itself (every graded
+# test passes in it), or a sitecustomize package that loads its plugin; /testbed is on sys.path at
+# start-up, as the editable install's .pth puts it in SWE-bench images.
+CONTAINER_SETUP = {
+    "bytecode": r'''
+import importlib.util, marshal, os, struct, sys
+import pytest
+names = ("test_overlapping", "test_disjoint", "test_touching")
+evil = "".join(f"def {n}():\n    pass\n\n\n" for n in names)
+source = os.path.abspath("tests/test_intervals.py")
+st = os.stat(source)
+os.makedirs("tests/__pycache__", exist_ok=True)
+with open(f"tests/__pycache__/test_intervals.{sys.implementation.cache_tag}-pytest-{pytest.__version__}.pyc", "wb") as f:
+    f.write(importlib.util.MAGIC_NUMBER + b"\0\0\0\0")
+    f.write(struct.pack("<LL", int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF))
+    f.write(marshal.dumps(compile(evil, source, "exec")))
+''',
+    "sitecustomize": SITECUSTOMIZE_SETUP,
+}
+
+
+@pytest.mark.container
+@pytest.mark.parametrize("planted", sorted(CONTAINER_SETUP))
+def test_in_a_container_what_the_install_step_plants_does_not_grade_the_run(instance_image, tmp_path, planted):
+    import json
+
+    from thundersync_lightning.envs.swebench import SWEbenchTasks
+
+    from ._support import swebench_row
+    from .test_swebench_env import TASK, write_jsonl
+
+    tag, base = instance_image
+    row = swebench_row(TASK, image=tag, base_commit=base)
+    start = ": '>>>>> Start Test Output'"
+    row["eval_script"] = row["eval_script"].replace(start, f"export PYTHONPATH=/testbed\npython3 setup.py\n{start}")
+    source = SWEbenchTasks(instances=write_jsonl([row], str(tmp_path)), engine="podman", command_timeout_s=60,
+                           eval_timeout_s=300, memory="1g", nproc=256, sandbox_root="/tmp/thundersync-test-sandboxes",
+                           uid_base=3_970_000, uid_count=32)
+    (task,) = source.tasks(0, 1, 0)
+    env = source.make_env(task, 0)
+    files = {"setup.py": CONTAINER_SETUP[planted], "tsl_pass.py": PASS_PLUGIN}
+    try:
+        env.reset()
+        for name, text in files.items():
+            act(env, f"bash\ncat > {name} <<'EOF_F'\n{text}EOF_F\necho {json.dumps(name)} written")
+        env.step(CODEC.encode("submit"))
+        assert env.verdict() == 0.0  # before (bytecode): every graded test passed, reward 1
+        outcome = env.outcome()
+    finally:
+        env.close()
+    if planted == "bytecode":  # the tests ran, from the source
+        assert outcome.report["tests_status"]["FAIL_TO_PASS"]["failure"] == list(TASK.fail_to_pass)
+    else:  # the package is not imported at start-up, and the manifest names it
+        assert "/testbed/sitecustomize/__init__.py added" in outcome.reason

@@ -415,3 +415,25 @@ def test_in_a_container_what_the_install_step_plants_does_not_grade_the_run(inst
         assert outcome.report["tests_status"]["FAIL_TO_PASS"]["failure"] == list(TASK.fail_to_pass)
     else:  # the package is not imported at start-up, and the manifest names it
         assert "/testbed/sitecustomize/__init__.py added" in outcome.reason
+
+
+def test_the_manifest_lists_exactly_the_files_listed_names(sandbox_dir):
+    import subprocess
+
+    from thundersync_lightning.envs.code.pytest_config import listed, manifest_command, parse_manifest
+
+    root = os.path.join(sandbox_dir, "testbed")  # no "test_" in the path above the tree (patterns span "/")
+    files = ["conftest.py", "sub/setup.cfg", "sitecustomize/__init__.py", "lib/usercustomize.py", "sitecustomize.pyc",
+             "tests/test_x/__init__.py", "pkg/test_y.cpython-311-x86_64-linux-gnu.so", "pkg/y_test.so",
+             "src/mod.py", "tests/test_z.py", "tests/helpers/__init__.py", "README.md", ".git/conftest.py"]
+    for rel in files:
+        os.makedirs(os.path.dirname(os.path.join(root, rel)), exist_ok=True)
+        with open(os.path.join(root, rel), "w") as f:
+            f.write(rel)
+    os.symlink(os.path.join(root, "src"), os.path.join(root, "tests", "test_linked"))  # not descended into
+    out = subprocess.run(["bash", "-c", manifest_command(root)], capture_output=True, text=True).stdout
+    seen = set(parse_manifest(out))
+    expected = {f"{root}/{rel}" for rel in files if not rel.startswith(".git/") and listed(f"{root}/{rel}")}
+    assert {p for p in seen if "test_linked" not in p} == expected
+    assert expected == {f"{root}/{rel}" for rel in files[:8]}
+    assert any("test_linked" in p for p in seen)  # the link stands for the directory (a digest error: "?")

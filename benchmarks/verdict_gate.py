@@ -9,7 +9,11 @@ read-only files sandboxes share.
    agent loop, environments that take ``--step-ms`` per turn for 1-8 turns and ``--verdict-ms`` per
    verdict (simulated, so only scheduling differs). Every group draws the same task (the gate holds
    verdicts across groups) against every group its own task (the gate is then per group, as
-   before). Median wall time to the last reward; ratio same / distinct.
+   before). Median wall time to the last reward; ratio same / distinct. Then across steps, as
+   ahead-of-time or asynchronous issuing runs them: two requests run back to back on one loop (the
+   second as soon as the first's content is final), every group of both drawing one task (the
+   second step's episodes wait for the first's running verdicts) against each group of each step
+   its own task; wall time to the second request's last reward, ratio same / distinct.
 2. A private view's cost: the bytes of ``/usr`` (what every sandbox binds read-only) and the time
    to copy the sandbox Python's standard library alone (a lower bound on a private view) onto a
    tmpfs, against the time of one real grading run of a shipped local task (bubblewrap).
@@ -66,7 +70,7 @@ class _Tasks:
         self.same, self.step_s, self.verdict_s = same, step_s, verdict_s
 
     def tasks(self, step: int, num_groups: int, seed: int) -> list[str]:
-        return ["task" if self.same else f"task-{g}" for g in range(num_groups)]
+        return ["task" if self.same else f"task-{step}-{g}" for g in range(num_groups)]
 
     def make_env(self, task: str, seed: int) -> _Env:
         return _Env(random.Random(seed).randint(1, 8), self.step_s, self.verdict_s)
@@ -94,6 +98,24 @@ def gate_cost(groups: int, size: int, step_s: float, verdict_s: float, repeats: 
                 pool.shutdown()
         out[label] = {"seconds": times, "median_s": median(times)}
     out["same_over_distinct"] = out["same_task"]["median_s"] / out["distinct_tasks"]["median_s"]
+    across = {}
+    for label, same in (("same_task", True), ("distinct_tasks", False)):
+        tasks = _Tasks(same, step_s, verdict_s)
+        times = []
+        for r in range(repeats):
+            pool = EnvPool(2 * groups * size)
+            try:
+                loop = AgentLoop(tasks, generate, pool, coalesce_s=0.0)
+                began = time.perf_counter()
+                first = loop.run(make_request(tasks, 0, groups, size, seed=r), 0, lambda e: None)
+                second = loop.run(make_request(tasks, 1, groups, size, seed=r), 1, lambda e: None)
+                assert first.wait(600) and second.wait(600)
+                times.append(time.perf_counter() - began)
+            finally:
+                pool.shutdown()
+        across[label] = {"seconds": times, "median_s": median(times)}
+    across["same_over_distinct"] = across["same_task"]["median_s"] / across["distinct_tasks"]["median_s"]
+    out["across_steps"] = across
     return out
 
 
@@ -155,7 +177,8 @@ def main() -> None:
                             "python": sysconfig.get_python_version()},
                "gate": gate, "private_view": view}
     path = write_result(args.out, NAME, payload)
-    print(f"{path}: same task / distinct tasks {gate['same_over_distinct']:.2f}x; "
+    print(f"{path}: same task / distinct tasks {gate['same_over_distinct']:.2f}x "
+          f"(across two steps {gate['across_steps']['same_over_distinct']:.2f}x); "
           f"/usr {view['usr_bytes'] / 1e9:.2f} GB; stdlib copy / grading run "
           f"{view.get('stdlib_copy_over_grading_run', float('nan')):.2f}")
 

@@ -143,6 +143,59 @@ def test_patching_pytests_report_making_in_process_is_detected(repo_box):
     assert "patched" in results.problem and "from_item_and_call" in results.problem
 
 
+# Code under test finds pytest's Config through gc and registers a hookwrapper that turns failures
+# into passes: no pytest internal is replaced, so the original heuristic did not see it.
+HOOK_REGISTRAR = """
+import gc as _gc
+
+import pytest as _pytest
+from _pytest.config import Config as _Config
+
+
+class _Pass:
+    @_pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        report = (yield).get_result()
+        report.outcome, report.longrepr = "passed", None
+
+
+for _obj in _gc.get_objects():
+    if isinstance(_obj, _Config):
+        _obj.pluginmanager.register(_Pass())
+        break
+"""
+
+
+@needs_bwrap
+def test_a_report_hook_registered_by_code_under_test_is_detected(repo_box):
+    box = repo_box({"calendar_utils.py": HOOK_REGISTRAR})
+    assert old_grade(box)  # before: every failure became a pass (reward 1)
+    resolved, results = new_grade(box)
+    assert not resolved
+    assert "hook pytest_runtest_makereport added (calendar_utils.py:" in results.problem
+
+
+# The repository's own conftest may implement report hooks: loaded before collection starts, it is
+# pytest's configuration, not tampering (and the gold fix, appended to the module, resolves).
+HONEST_CONFTEST = """
+import pytest
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    report.user_properties.append(("seen", True))
+"""
+GOLD_FIX = "\n\ndef is_leap(year):\n    return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)\n"
+
+
+@needs_bwrap
+def test_report_hooks_of_the_repositorys_own_conftest_are_not_tampering(repo_box):
+    box = repo_box({"tests/conftest.py": HONEST_CONFTEST, "calendar_utils.py": GOLD_FIX})
+    resolved, results = new_grade(box)
+    assert resolved and results.problem is None
+
+
 def test_only_result_lines_signed_with_the_runs_key_count():
     key, other = new_key(), new_key()
     real = signed_lines(key, [("FAILED", "a::t"), ("END", "1 1")])

@@ -265,6 +265,51 @@ def test_seccomp_denies_keyrings_io_uring_bpf_perf_userfaultfd_namespaces_mount_
     assert after == {name: "EPERM" for name in after} and len(after) == (13 if platform.machine() == "x86_64" else 12)
 
 
+# What lets a sandbox evict a page of a shared read-only file, or see whether it is cached without a
+# clock: a grading run and an episode of its task could signal through /usr's page cache with them.
+_PAGE_CACHE = r"""
+import ctypes, errno, mmap, os, platform
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+x86 = platform.machine() == "x86_64"
+path = os.path.realpath("/usr/bin/python3")
+fd = os.open(path, os.O_RDONLY)
+def show(name, fn):
+    try:
+        r = fn()
+        print(name, "ok" if r is None or r >= 0 else errno.errorcode.get(ctypes.get_errno(), "?"))
+    except OSError as e:
+        print(name, errno.errorcode.get(e.errno, str(e.errno)))
+show("fadvise_dontneed", lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED))
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+addr = libc.mmap(None, 1 << 16, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+for name, advice in (("madvise_pageout", 21), ("madvise_cold", 20), ("madvise_dontneed", mmap.MADV_DONTNEED),
+                     ("madvise_willneed", mmap.MADV_WILLNEED)):
+    show(name, lambda advice=advice: libc.madvise(addr, 1 << 16, advice))
+pidfd = os.pidfd_open(os.getpid())
+iov = (ctypes.c_size_t * 2)(addr, 1 << 16)
+show("process_madvise", lambda: libc.syscall(440, pidfd, iov, 1, 21, 0))
+stat = (ctypes.c_uint64 * 8)()
+show("cachestat", lambda: libc.syscall(451, fd, (ctypes.c_uint64 * 2)(0, 0), stat, 0))
+show("preadv2_nowait", lambda: os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT))
+show("preadv", lambda: os.preadv(fd, [bytearray(4096)], 0))
+"""
+
+
+def test_seccomp_denies_evicting_or_probing_the_page_cache_of_shared_files(make_box):
+    script = f"python3 -c {shlex.quote(_PAGE_CACHE)}"
+    before = dict(line.split(" ", 1) for line in make_box(seccomp=False).run(script).text.splitlines())
+    # Before: every one of them worked on /usr/bin/python3 (read-only bind, shared by all sandboxes).
+    assert before["fadvise_dontneed"] == "ok" and before["madvise_pageout"] == "ok", before
+    assert before["process_madvise"] == "ok" and before["preadv2_nowait"] == "ok", before
+    after = dict(line.split(" ", 1) for line in make_box().run(script).text.splitlines())
+    assert after == {"fadvise_dontneed": "EPERM", "madvise_pageout": "EPERM", "madvise_cold": "EPERM",
+                     "madvise_dontneed": "ok", "madvise_willneed": "ok", "process_madvise": "EPERM",
+                     "cachestat": "EPERM", "preadv2_nowait": "ENOTSUP", "preadv": "ok"}, after
+
+
 def test_the_seccomp_program_checks_the_architecture_first():
     from thundersync_lightning.envs.sandbox.seccomp import build_filter
 

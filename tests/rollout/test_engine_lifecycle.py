@@ -96,7 +96,8 @@ def test_a_task_source_that_cannot_be_pickled_is_rejected_before_anything_starts
 
 # Keep last: it kills the module's shared engine.
 def test_a_killed_engine_process_raises_engine_error_instead_of_blocking(patient_engine, spec):
-    tasks = ScriptedTasks(modes=("verdict_hangs",))
+    # Not the task whose verdicts an earlier test left hanging: its episodes would wait for them.
+    tasks = ScriptedTasks(modes=("verdict_hangs",), gate="another task")
     patient_engine.publish(random_model(spec, 0).state_dict(), version=patient_engine.version + 1)
     events = patient_engine.rollout(make_request(tasks, step=0, num_groups=1, group_size=2, seed=0))
     assert isinstance(next(events), ContentReady)  # its verdicts hang: the stream would wait forever

@@ -262,3 +262,135 @@ def test_no_verdict_of_a_task_runs_while_an_episode_of_that_task_acts_in_another
     assert len(done) == len(runs) and all(d.wait(WAIT_S) for d in done)
     assert src.rec.violations == []
     assert sum(isinstance(e, RewardReady) for e in events) == 4
+
+
+# ---------------------------------------------------------------- episodes wait for running verdicts
+
+def test_a_new_episode_of_a_task_is_admitted_only_once_no_verdict_of_it_is_pending():
+    gate = VerdictGate()
+    started = []
+    first = gate.admit("a")
+    assert first.done() and gate.acting("a") == 1
+    gate.hold("a", lambda: started.append("v1"))  # held: an episode of "a" acts
+    second = gate.admit("a")  # a held verdict makes new episodes wait too (no starvation)
+    other = gate.admit("b")
+    assert not second.done() and other.done() and gate.acting("a") == 1
+    gate.stop("a")
+    assert started == ["v1"] and not second.done()  # the verdict runs; the new episode still waits
+    gate.finished("a")
+    assert second.done() and gate.acting("a") == 1 and gate.pending_verdicts("a") == 0
+    gate.hold("a", lambda: started.append("v2"))
+    third = gate.admit("a")
+    assert not gate.withdraw("a", third)  # it never acted: forgotten, nothing to stop
+    assert gate.withdraw("a", second)  # admitted: it acts until stopped
+    gate.stop("a")
+    gate.finished("a")
+    assert started == ["v1", "v2"] and not third.done() and gate.acting("a") == 0
+    with pytest.raises(RuntimeError, match="more often"):
+        gate.finished("a")
+
+
+class AcrossSteps:
+    """Step 0 draws task "T"; step 1 draws "T" and "U". T's verdict of step 0 runs until U's episode
+    of step 1 has submitted (after ``u_turns`` steps); any step of a T episode while a T verdict
+    runs is recorded. Before: step 1's T episode acted at once, beside the running verdict."""
+
+    max_turns, max_action_tokens, stop_token = 8, 1, None
+
+    def __init__(self, u_turns: int = 3) -> None:
+        self.u_turns, self.lock = u_turns, threading.Lock()
+        self.verdicts_running = 0
+        self.violations: list[str] = []
+        self.u_done = threading.Event()
+        self.steps: list[str] = []
+        self.closed = 0
+        self.closed_cv = threading.Condition(self.lock)
+
+    def tasks(self, step: int, num_groups: int, seed: int) -> list[str]:
+        return ["T", "U"][:num_groups] if step else ["T"]
+
+    def make_env(self, task: str, seed: int) -> AcrossStepsEnv:
+        return AcrossStepsEnv(self, task)
+
+
+class AcrossStepsEnv:
+    def __init__(self, src: AcrossSteps, task: str) -> None:
+        self.src, self.task, self.turn = src, task, 0
+
+    def reset(self) -> tuple[int, ...]:
+        return (0,)
+
+    def step(self, action: Sequence[int]) -> StepResult:
+        self.turn += 1
+        with self.src.lock:
+            self.src.steps.append(self.task)
+            if self.task == "T" and self.src.verdicts_running:
+                self.src.violations.append("a T episode acted while a T verdict ran")
+        done = self.task == "T" or self.turn >= self.src.u_turns
+        if done and self.task == "U":
+            self.src.u_done.set()
+        return StepResult((1,), done)
+
+    def verdict(self) -> float:
+        with self.src.lock:
+            self.src.verdicts_running += 1
+        try:
+            if self.task == "T":
+                assert self.src.u_done.wait(WAIT_S)
+            return 1.0
+        finally:
+            with self.src.lock:
+                self.src.verdicts_running -= 1
+
+    def close(self) -> None:
+        with self.src.lock:
+            self.src.closed += 1
+            self.src.closed_cv.notify_all()
+
+
+@pytest.mark.parametrize("prepared", [False, True], ids=["issued", "prepared_ahead"])
+def test_a_next_steps_episode_does_not_act_while_a_verdict_of_its_task_runs(pool, prepared):
+    src = AcrossSteps()
+    loop = AgentLoop(src, one_token, pool, coalesce_s=0.0)
+    events: list = []
+    lock = threading.Lock()
+
+    def emit(event) -> None:
+        with lock:
+            events.append(event)
+
+    step1 = make_request(src, step=1, num_groups=2, group_size=1, seed=3)
+    if prepared:  # the next step's resets, issued ahead of its weights
+        loop.prepare(step1)
+    first = loop.run(make_request(src, step=0, num_groups=1, group_size=1, seed=3), 0, emit)
+    # Step 0's content is final; its T verdict now runs until step 1's U episode has submitted.
+    second = loop.run(step1, 1, emit)
+    assert first.wait(WAIT_S) and second.wait(WAIT_S)
+    assert src.violations == []
+    assert src.steps.count("T") == 2 and src.steps.count("U") == 3
+    assert sorted(e.reward for e in events if isinstance(e, RewardReady)) == [1.0, 1.0, 1.0]
+
+
+def test_an_episode_still_waiting_for_admission_is_closed_when_generation_fails(pool):
+    src = AcrossSteps()
+    loop = AgentLoop(src, one_token, pool, coalesce_s=0.0)
+    first = loop.run(make_request(src, step=0, num_groups=1, group_size=1, seed=3), 0, lambda e: None)
+    calls = []
+
+    def fails_once_u_acted(requests):
+        calls.append(len(requests))
+        if len(calls) == 2:  # U's second turn; T of step 1 still waits for step 0's verdict
+            raise RuntimeError("engine died")
+        return one_token(requests)
+
+    loop.generate = fails_once_u_acted
+    with pytest.raises(RuntimeError, match="engine died"):
+        loop.run(make_request(src, step=1, num_groups=2, group_size=1, seed=3), 1, lambda e: None)
+    src.u_done.set()  # step 0's verdict ends
+    assert first.wait(WAIT_S)
+    with src.lock:
+        assert src.steps == ["T", "U"] and src.violations == []
+    assert loop._gate.acting(task_key("T")) == 0  # nothing is left counted as acting
+    # Step 1's two environments and step 0's are closed (the waiting one once its reset returned).
+    with src.closed_cv:
+        assert src.closed_cv.wait_for(lambda: src.closed == 3, WAIT_S)

@@ -1,20 +1,28 @@
-"""The files that configure a pytest run, and a check that the graded run's are the instance's own.
+"""The files that configure a pytest run or run code before it, and a check that the graded run's
+are the instance's own.
 
 pytest reads its configuration from the first of ``pytest.ini``, ``.pytest.ini``,
 ``pyproject.toml``, ``tox.ini`` and ``setup.cfg`` it finds (``addopts = -p <module>`` there loads
 a plugin before any given on the command line or in ``PYTEST_ADDOPTS``), every ``conftest.py``
 under the root, and entry-point plugins (``entry_points.txt`` of a ``*.dist-info`` /
-``*.egg-info``). An agent that changes one of them changes how its tests are run:
+``*.egg-info``). Python itself imports ``sitecustomize`` and ``usercustomize`` at start-up from
+anywhere on ``sys.path``, as a module, a package, an extension module or bytecode; and a package
+or an extension module named like a test module wins over the ``.py`` file in the same directory
+(``tests/test_x/__init__.py``, ``tests/test_x.cpython-311-x86_64-linux-gnu.so`` shadow
+``tests/test_x.py``: a package that sets ``__file__`` to the test file's path and defines the
+graded test names passes pytest's import check). An agent that changes one of them changes how its
+tests are run:
 
-- **in its patch**: every such name is a protected path (:func:`~.task.is_protected_path`), so
+- **in its patch**: every such path is a protected path (:func:`~.task.is_protected_path`), so
   a diff touching one is dropped before grading;
 - **through the install step** of an eval script (SWE-bench's ``pip install -e .`` runs the
-  agent's ``setup.py``, which can rewrite ``setup.cfg`` or write a ``.pytest.ini``): right before
-  the tests start, after every other process of the run was killed, the eval shell prints a
-  manifest of these files (:func:`manifest_command`: their paths and SHA-256 digests), each line
-  tagged with a key-derived tag the code under test cannot forge; the host compares it with the
-  manifest of the original tree (:func:`config_changes`) and a difference voids the run (reward 0,
-  the changed paths in the verdict's reason).
+  agent's ``setup.py``, which can rewrite ``setup.cfg``, write a ``.pytest.ini`` or a
+  ``tests/test_x/`` package): right before the tests start, after every other process of the run
+  was killed, the eval shell prints a manifest of these files (:func:`manifest_command`: their
+  paths and SHA-256 digests, :func:`listed` says which), each line tagged with a key-derived tag
+  the code under test cannot forge; the host compares it with the manifest of the original tree
+  (:func:`config_changes`) and a difference voids the run (reward 0, the changed paths in the
+  verdict's reason).
 
 The manifest needs ``find``, ``sort``, ``xargs`` and ``sha256sum`` (GNU findutils and coreutils,
 in every SWE-bench image).
@@ -26,25 +34,51 @@ import hashlib
 import re
 import shlex
 from collections.abc import Mapping
+from fnmatch import fnmatchcase
 
-__all__ = ["CONFIG_FILE_NAMES", "PLUGIN_FILE_NAMES", "manifest_command", "parse_manifest", "config_changes",
-           "with_contents"]
+__all__ = ["CONFIG_FILE_NAMES", "PLUGIN_FILE_NAMES", "STARTUP_MODULES", "manifest_command", "parse_manifest",
+           "config_changes", "with_contents", "listed", "module_name"]
 
 #: Files pytest reads its configuration from (any directory).
 CONFIG_FILE_NAMES = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg", "conftest.py")
 #: Files that declare plugins pytest loads by itself (``pytest11`` entry points).
 PLUGIN_FILE_NAMES = ("entry_points.txt",)
+#: Modules Python imports at start-up from anywhere on ``sys.path``.
+STARTUP_MODULES = ("sitecustomize", "usercustomize")
+# What the manifest lists, as find matches it (one source for the shell command and :func:`listed`):
+# file names (``-name``), full paths (``-path``: ``*`` crosses ``/``), and links by name (a linked
+# directory is not descended into, so the link itself stands for it).
+_NAMES = (*CONFIG_FILE_NAMES, *PLUGIN_FILE_NAMES, *(f"{m}*" for m in STARTUP_MODULES),
+          "test_*.so", "*_test.so", "*_test.*.so")
+_PATHS = (*(f"*/{m}/*" for m in STARTUP_MODULES), "*/test_*/__init__.py", "*/*_test/__init__.py")
+_LINKS = ("test_*", "*_test")
 
 _LINE = re.compile(r"^\\?([0-9a-f]{64})  (.*)$")
 
 
+def module_name(part: str) -> str:
+    """The module a path component is imported as (``x.cpython-311-x86_64-linux-gnu.so``, ``x.py``,
+    a directory ``x``: ``x``)."""
+    return part.split(".", 1)[0]
+
+
+def listed(path: str) -> bool:
+    """Whether the manifest lists the regular file at ``path`` (an absolute path in the tree)."""
+    name = path.rsplit("/", 1)[-1]
+    return any(fnmatchcase(name, p) for p in _NAMES) or any(fnmatchcase(path, p) for p in _PATHS)
+
+
 def manifest_command(root: str = "/testbed") -> str:
-    """A shell pipeline printing ``<sha256>  <path>`` for every configuration or plugin file under
-    ``root`` (``.git`` skipped; links followed, as pytest would), sorted by path."""
-    names = " -o ".join(f"-name {shlex.quote(n)}" for n in (*CONFIG_FILE_NAMES, *PLUGIN_FILE_NAMES))
-    r = shlex.quote(root)
-    return (f"find {r} -path {shlex.quote(root.rstrip('/') + '/.git')} -prune -o \\( {names} \\) "
-            "\\( -type f -o -type l \\) -print0 2>/dev/null | LC_ALL=C sort -z | LC_ALL=C xargs -0 -r sha256sum -- 2>&1")
+    """A shell pipeline printing ``<sha256>  <path>`` for every file under ``root`` that
+    :func:`listed` names (``.git`` skipped; a link is listed by its target's digest, as a file it
+    stands for is read), sorted by path."""
+    q = shlex.quote
+    names = " -o ".join([*(f"-name {q(n)}" for n in _NAMES), *(f"-path {q(p)}" for p in _PATHS)])
+    links = " -o ".join(f"-name {q(n)}" for n in _LINKS)
+    r = q(root)
+    return (f"find {r} -path {q(root.rstrip('/') + '/.git')} -prune -o \\( \\( {names} \\) "
+            f"\\( -type f -o -type l \\) \\) -print0 -o \\( -type l \\( {links} \\) \\) -print0 2>/dev/null "
+            "| LC_ALL=C sort -z | LC_ALL=C xargs -0 -r sha256sum -- 2>&1")
 
 
 def parse_manifest(text: str) -> dict[str, str]:
@@ -69,8 +103,7 @@ def with_contents(manifest: Mapping[str, str], files: Mapping[str, bytes | None]
     out = dict(manifest)
     base = root.rstrip("/") + "/"
     for rel, content in files.items():
-        name = rel.rsplit("/", 1)[-1]
-        if name not in CONFIG_FILE_NAMES and name not in PLUGIN_FILE_NAMES:
+        if not listed(base + rel):
             continue
         if content is None:
             out.pop(base + rel, None)
@@ -80,13 +113,15 @@ def with_contents(manifest: Mapping[str, str], files: Mapping[str, bytes | None]
 
 
 def config_changes(expected: Mapping[str, str], actual: Mapping[str, str]) -> list[str]:
-    """Each path whose file was added, removed or changed, with how (empty: the same files)."""
+    """Each path whose file was added, removed or changed, with how (empty: the same files). An
+    extension module the tree had (``*.so``) counts by presence: an install step that rebuilds the
+    repository's own extensions rarely reproduces their bytes, and that must not void a run."""
     out = []
     for path in sorted(set(expected) | set(actual)):
         if path not in actual:
             out.append(f"{path} removed")
         elif path not in expected:
             out.append(f"{path} added")
-        elif expected[path] != actual[path]:
+        elif expected[path] != actual[path] and not path.endswith(".so"):
             out.append(f"{path} changed")
     return out

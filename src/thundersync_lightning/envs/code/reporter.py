@@ -31,7 +31,10 @@ internal that does not exist is not watched).
    Limit: the code under test runs in the reporter's process. Code that searches the process's
    memory for the key, or patches pytest's runner or the reporter in-process, can still forge
    results. A cheap heuristic reports ``TAMPERED`` (reward 0) when any of the pytest internals
-   that make reports, or the reporter's own methods, were replaced during the run.
+   that make reports, or the reporter's own methods, were replaced during the run, or when an
+   implementation of a report hook (``pytest_runtest_makereport``, ``pytest_report_teststatus``,
+   ...) was registered or removed after collection started (a conftest.py pytest loads on the way
+   aside). Code that runs before collection (imported by a conftest or a plugin) is not watched.
 """
 
 import hashlib
@@ -91,6 +94,69 @@ _WATCHED = (
     ("_pytest.skipping", "pytest_runtest_makereport"),
 )
 _OWN = ("pytest_sessionstart", "pytest_collectreport", "pytest_runtest_logreport", "pytest_sessionfinish")
+# Hooks whose implementations decide or rewrite what a test's report says. One registered while the
+# tests are collected or run (code under test reaching pytest's Config through `gc` and registering a
+# hookwrapper of pytest_runtest_makereport that turns failures into passes), or one removed, is
+# tampering; a conftest.py that pytest itself loads on the way (a subdirectory's) is not.
+_REPORT_HOOKS = ("pytest_runtest_protocol", "pytest_runtest_setup", "pytest_runtest_call", "pytest_runtest_teardown",
+                 "pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_report_teststatus",
+                 "pytest_pyfunc_call", "pytest_runtestloop", "pytest_make_collect_report", "pytest_collectreport",
+                 "pytest_sessionfinish", "pytest_report_to_serializable", "pytest_report_from_serializable")
+
+
+def _hookimpls(caller) -> list:
+    """A hook's implementations (pluggy >= 0.6, or the lists of the pluggy older pytests vendored)."""
+    get = getattr(caller, "get_hookimpls", None)
+    if get is not None:
+        return list(get())
+    return list(getattr(caller, "_nonwrappers", [])) + list(getattr(caller, "_wrappers", []))
+
+
+def _hook_snapshot(manager) -> "dict[str, list]":
+    """hook name -> [(implementation, its function)] of the report hooks, now."""
+    out = {}
+    for name in _REPORT_HOOKS:
+        caller = getattr(manager.hook, name, None)
+        if caller is not None:
+            out[name] = [(impl, getattr(impl, "function", None)) for impl in _hookimpls(caller)]
+    return out
+
+
+def _from_conftest(manager, impl) -> bool:
+    """Whether ``impl`` is a function of a conftest module pytest loaded (its code in that file)."""
+    plugin = impl.plugin
+    try:
+        if plugin not in getattr(manager, "_conftest_plugins", ()):
+            return False
+    except TypeError:
+        return False
+    path = getattr(plugin, "__file__", None) or ""
+    code = getattr(getattr(impl, "function", None), "__code__", None)
+    return (os.path.basename(path) == "conftest.py" and code is not None
+            and os.path.abspath(code.co_filename) == os.path.abspath(path))
+
+
+def _where(function) -> str:
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return repr(function)[:80]
+    return f"{os.path.basename(code.co_filename)}:{code.co_firstlineno}"
+
+
+def _hook_changes(manager, before: "dict[str, list]") -> "list[str]":
+    """Report-hook implementations added (other than a loaded conftest's) or removed since ``before``."""
+    out = []
+    for name, old in before.items():
+        caller = getattr(manager.hook, name, None)
+        now = _hookimpls(caller) if caller is not None else []
+        for impl in now:
+            function = getattr(impl, "function", None)
+            if not any(impl is a and function is f for a, f in old) and not _from_conftest(manager, impl):
+                out.append(f"hook {name} added ({_where(function)})")
+        for impl, function in old:
+            if not any(impl is n and getattr(n, "function", None) is function for n in now):
+                out.append(f"hook {name} removed ({_where(function)})")
+    return out
 
 
 class Reporter:
@@ -114,11 +180,20 @@ class Reporter:
             if parts[-1] in vars(owner):
                 self._watched[module[len("_pytest."):] + "." + path] = (owner, parts[-1], vars(owner)[parts[-1]])
         self._own = {name: vars(Reporter).get(name) for name in _OWN}
+        self._hooks = None  # the report hooks' implementations when collection starts
         self.status = {}  # node id -> status
         self.config = None
 
     def pytest_sessionstart(self, session) -> None:
         self.config = session.config
+
+    def pytest_collection(self, session) -> None:
+        # Before any test module (and the code it imports) is imported: pytest's plugins, the
+        # command line's and the initial conftests' are registered by now.
+        try:
+            self._hooks = _hook_snapshot(session.config.pluginmanager)
+        except Exception:  # noqa: BLE001 - an unknown pytest/pluggy layout: the hooks are not watched
+            self._hooks = None
 
     def _nodeid(self, nodeid: str) -> str:
         # As `pytest -rA` prints it (relative to the invocation directory): what swebench expects.
@@ -149,6 +224,11 @@ class Reporter:
         tampered = [name for name, (owner, attr, original) in self._watched.items()
                     if vars(owner).get(attr) is not original]
         tampered += [name for name, fn in self._own.items() if vars(Reporter).get(name) is not fn]
+        if self._hooks is not None:
+            try:
+                tampered += _hook_changes(session.config.pluginmanager, self._hooks)
+            except Exception:  # noqa: BLE001 - the hooks cannot be read back: that is tampering too
+                tampered.append("report hooks unreadable")
         entries = [(status, nodeid.replace("\n", " ")) for nodeid, status in self.status.items()]
         if tampered:
             entries.append(("TAMPERED", ",".join(tampered)))
@@ -193,7 +273,9 @@ def _from_environment() -> "Reporter | None":
     """The container path: the wrapper exported ``TSL_REPORT_FD`` (a pipe holding the key), put
     this directory on PYTHONPATH and ``-p tsl_report`` in PYTEST_ADDOPTS and turned the user site
     off (``PYTHONNOUSERSITE``: an install step run by the script may have planted start-up code
-    there); undo all of that for the code under test, read the key, then add the user site back."""
+    there); undo all of that for the code under test, read the key, then add the user site back
+    (its ``.pth`` lines run; ``usercustomize`` is the empty one of this directory, still first on
+    ``sys.path`` then, as ``sitecustomize`` was at start-up)."""
     fd = os.environ.pop(REPORT_FD_ENV, "")
     user_site_was_on = not os.environ.get("TSL_ORIG_PYTHONNOUSERSITE") and not sys.flags.isolated
     for var in _RESTORED:
@@ -203,17 +285,17 @@ def _from_environment() -> "Reporter | None":
         else:
             os.environ[var] = saved
     here = os.path.dirname(os.path.abspath(__file__))
+    key = ""
+    if fd.isdigit():
+        make_undumpable()
+        try:
+            key = _read_key(int(fd))
+            os.close(int(fd))
+        except OSError:
+            key = ""
+        if user_site_was_on:
+            _add_user_site()
     sys.path[:] = [p for p in sys.path if not p or os.path.abspath(p) != here]
-    if not fd.isdigit():
-        return None
-    make_undumpable()
-    try:
-        key = _read_key(int(fd))
-        os.close(int(fd))
-    except OSError:
-        key = ""
-    if user_site_was_on:
-        _add_user_site()
     return Reporter(key, os.dup(1)) if key else None
 
 

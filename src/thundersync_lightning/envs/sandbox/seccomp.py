@@ -7,6 +7,9 @@ byte order) is::
     A = seccomp_data.nr                    (x86_64: nr >= 0x40000000, the x32 ABI: EPERM)
     if A in (socket, socketpair):          A = low 32 bits of args[0] (the family, an ``int``)
                                            if A in ALLOWED_FAMILIES: ALLOW else ERRNO(EAFNOSUPPORT)
+    if A == madvise:                       A = low 32 bits of args[2] (the advice, an ``int``)
+                                           if A in DENIED_ADVICE: ERRNO(EPERM) else ALLOW
+    if A in (preadv2, pwritev2):           ERRNO(ENOSYS)
     for nr in DENIED[arch]:                if A == nr: ERRNO(EPERM)
     ALLOW
 
@@ -19,6 +22,18 @@ capabilities, unprivileged uid, no user namespaces, rlimits, cgroups) already co
 list covers the kernel's large attack surfaces an unprivileged process can still reach (keyrings,
 io_uring, bpf, perf, userfaultfd, ptrace, cross-process memory and descriptors, the x86 LDT) and
 everything that changes mounts, namespaces or the machine.
+
+The page cache of the shared read-only binds (``/usr``): a sandbox that can evict a page of a
+shared file and another that can tell whether it is cached share a reusable channel. Eviction by
+an unprivileged process goes through ``fadvise64`` (``POSIX_FADV_DONTNEED``), ``madvise`` with
+``MADV_PAGEOUT`` / ``MADV_COLD`` (on a mapping of the file) and ``process_madvise`` (the same on
+its own pidfd); a probe that needs no clock through ``cachestat`` and ``preadv2(RWF_NOWAIT)``
+(``EAGAIN`` when the range is not cached). The first four fail with EPERM (``madvise`` only for
+those two advices: every other advice is an allocator's everyday call); ``preadv2`` / ``pwritev2``
+fail with ENOSYS, on which glibc falls back to ``preadv`` / ``pwritev`` when no flag is given, so
+only the flags go. ``mincore`` reports nothing for files the caller cannot write (Linux >= 5.0).
+What remains (a timed first read of a page nobody has read, one bit per cold page and no reuse)
+is measured in ``benchmarks/page_cache_channel.py``.
 
 Socket families: the network namespace (``--unshare-net``) empties only the families the kernel
 namespaces; others (AF_VSOCK on a virtual machine, AF_BLUETOOTH, AF_CAN, ...) reach the host's
@@ -41,7 +56,7 @@ import sys
 
 from .base import SandboxError
 
-__all__ = ["ALLOWED_FAMILIES", "DENIED_SYSCALLS", "build_filter", "filter_fd", "seccomp_supported"]
+__all__ = ["ALLOWED_FAMILIES", "DENIED_ADVICE", "DENIED_SYSCALLS", "build_filter", "filter_fd", "seccomp_supported"]
 
 # Syscall numbers per architecture (x86_64: asm/unistd_64.h; aarch64: asm-generic/unistd.h).
 _NUMBERS: dict[str, dict[str, int]] = {
@@ -59,6 +74,7 @@ _NUMBERS: dict[str, dict[str, int]] = {
         "syslog": 103, "lookup_dcookie": 212, "settimeofday": 164, "clock_settime": 227,
         "clock_adjtime": 305, "adjtimex": 159, "vhangup": 153, "iopl": 172, "ioperm": 173, "uselib": 134,
         "pidfd_getfd": 438, "modify_ldt": 154,
+        "fadvise64": 221, "process_madvise": 440, "cachestat": 451,
     },
     "aarch64": {
         "keyctl": 219, "add_key": 217, "request_key": 218,
@@ -74,12 +90,18 @@ _NUMBERS: dict[str, dict[str, int]] = {
         "syslog": 116, "lookup_dcookie": 18, "settimeofday": 170, "clock_settime": 112,
         "clock_adjtime": 266, "adjtimex": 171, "vhangup": 58,
         "pidfd_getfd": 438,
+        "fadvise64_64": 223, "process_madvise": 440, "cachestat": 451,
     },
 }
 DENIED_SYSCALLS: dict[str, frozenset[str]] = {arch: frozenset(t) for arch, t in _NUMBERS.items()}
 # socket(2) and socketpair(2): their first argument is checked against ALLOWED_FAMILIES.
 _SOCKET_CALLS = {"x86_64": (41, 53), "aarch64": (198, 199)}
 ALLOWED_FAMILIES: dict[str, int] = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10}
+# madvise(2): its third argument is checked against DENIED_ADVICE (they push file pages out of the cache).
+_MADVISE = {"x86_64": 28, "aarch64": 233}
+DENIED_ADVICE: dict[str, int] = {"MADV_COLD": 20, "MADV_PAGEOUT": 21}
+# preadv2(2), pwritev2(2): ENOSYS (their RWF_NOWAIT flag probes the page cache; glibc falls back without flags).
+_ENOSYS_CALLS = {"x86_64": (327, 328), "aarch64": (286, 287)}
 
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
 _X32_SYSCALL_BIT = 0x40000000
@@ -95,6 +117,7 @@ _RET_ALLOW = 0x7FFF0000
 _OFF_NR, _OFF_ARCH = 0, 4  # offsetof(struct seccomp_data, nr / arch)
 # offsetof(struct seccomp_data, args[0]) is 16; its low 32 bits sit there on little-endian hosts.
 _OFF_ARG0_LOW = 16 if sys.byteorder == "little" else 20
+_OFF_ARG2_LOW = _OFF_ARG0_LOW + 16  # args[2]: two 8-byte arguments further
 
 
 def _machine() -> str:
@@ -147,8 +170,14 @@ def build_filter(arch: str | None = None, errno_value: int = errno.EPERM) -> byt
     if arch == "x86_64":
         prog.append((_JGE_K, _X32_SYSCALL_BIT, "deny", None))
     prog += [(_JEQ_K, nr, "socket", None) for nr in _SOCKET_CALLS[arch]]
+    prog += [(_JEQ_K, _MADVISE[arch], "madvise", None)]
+    prog += [(_JEQ_K, nr, "enosys", None) for nr in _ENOSYS_CALLS[arch]]
     prog += [(_JEQ_K, nr, "deny", None) for nr in sorted(set(_NUMBERS[arch].values()))]
     prog += ["allow", (_RET_K, _RET_ALLOW, None, None),
+             "madvise", (_LD_W_ABS, _OFF_ARG2_LOW, None, None)]
+    prog += [(_JEQ_K, advice, "deny", None) for advice in sorted(DENIED_ADVICE.values())]
+    prog += [(_RET_K, _RET_ALLOW, None, None),
+             "enosys", (_RET_K, _RET_ERRNO | errno.ENOSYS, None, None),
              "socket", (_LD_W_ABS, _OFF_ARG0_LOW, None, None)]
     prog += [(_JEQ_K, family, "family_ok", None) for family in sorted(ALLOWED_FAMILIES.values())]
     prog += [(_RET_K, _RET_ERRNO | errno.EAFNOSUPPORT, None, None),

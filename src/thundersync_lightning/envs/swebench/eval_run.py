@@ -72,7 +72,8 @@ from ..code.runner import check_exit, new_key, parse_results, reporter_source, w
 from ..sandbox.base import SandboxResult
 
 __all__ = ["EVAL_DIR", "EvalSecrets", "frame_eval_script", "eval_command", "write_eval_dir", "reframe_log",
-           "uses_reporter", "grade_eval_run", "warn_if_dumpable", "SHELL_NAME", "eval_files"]
+           "uses_reporter", "grade_eval_run", "warn_if_dumpable", "SHELL_NAME", "eval_files", "FRESH_BYTECODE",
+           "STARTUP_FILES"]
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,7 @@ exec 0</dev/null
 __tsl_test_start() {
   { __tsl_flags=$-; set +x; } 2>/dev/null
   kill -s KILL -- -1 2>/dev/null
+  @FRESH_BYTECODE@
   { @MANIFEST@; } | while IFS= read -r __tsl_line; do printf '%s %s\n' "$__tsl_config" "$__tsl_line"; done
   printf '%s end\n' "$__tsl_config"
   printf '%s\n' "$__tsl_start"
@@ -155,6 +157,7 @@ __tsl_test_start() {
 __tsl_test_end() {
   { __tsl_flags=$-; set +x; } 2>/dev/null
   kill -s KILL -- -1 2>/dev/null
+  if [ -n "${__tsl_pycache_was+x}" ]; then export PYTHONPYCACHEPREFIX="$__tsl_pycache_was"; else unset PYTHONPYCACHEPREFIX; fi
   if [ -n "${@FD_ENV@+x}" ]; then
     exec @FD@<&-
     unset @FD_ENV@
@@ -171,13 +174,27 @@ __tsl_test_end() {
 
 
 SHELL_NAME = "tsl-bash"  # the execute-only copy of the image's bash in EVAL_DIR (not "sh": POSIX mode)
+# Right after `kill -1` (nothing the install step started is alive): no bytecode written before the
+# tests is read by them. Old pytest versions ignore PYTHONPYCACHEPREFIX for their assertion-rewrite
+# cache (next to the source), so the tree's __pycache__ directories go as well.
+FRESH_BYTECODE = (
+    '[ -n "${PYTHONPYCACHEPREFIX+x}" ] && __tsl_pycache_was="$PYTHONPYCACHEPREFIX"; '
+    "{ find /testbed -path /testbed/.git -prune -o -type d -name __pycache__ -prune -exec rm -rf -- {} +; } "
+    "2>/dev/null || :; "
+    'export PYTHONPYCACHEPREFIX="$(mktemp -d /tmp/tsl-pycache-XXXXXXXXXX 2>/dev/null || echo /nonexistent)"'
+)
+#: The eval directory's start-up modules, first on the test command's ``sys.path`` (``PYTHONPATH``):
+#: the work tree's (a module, a package, whatever the install step wrote) never run at start-up.
+STARTUP_FILES = (("sitecustomize.py", "# thundersync: the host's, found first: no other runs at start-up\n"),
+                 ("usercustomize.py", "# thundersync: the host's, found first: no other runs at start-up\n"))
 
 
 def eval_command() -> str:
     """The container's command: become the execute-only shell (:data:`SHELL_NAME`), which reads the
     secrets from stdin, then sources ``/tsl-eval/eval.sh``."""
     prelude = (_PRELUDE.replace("@EVAL_DIR@", EVAL_DIR).replace("@FD_ENV@", REPORT_FD_ENV)
-               .replace("@FD@", str(_KEY_FD)).replace("@MANIFEST@", manifest_command()))
+               .replace("@FD@", str(_KEY_FD)).replace("@MANIFEST@", manifest_command())
+               .replace("@FRESH_BYTECODE@", FRESH_BYTECODE))
     return f"exec {EVAL_DIR}/{SHELL_NAME} -c {shlex.quote(prelude)}"
 
 
@@ -210,7 +227,7 @@ def eval_files(script: str, log_parser: str) -> list[tuple[str, str]]:
     name in the work tree (first on ``sys.path`` under ``python -m pytest``) cannot be prepared to
     stand in for it."""
     plugin = f"tsl_report_{token_hex(8)}" if uses_reporter(log_parser) else None
-    files = [("eval.sh", frame_eval_script(script, plugin))]
+    files = [("eval.sh", frame_eval_script(script, plugin)), *STARTUP_FILES]
     if plugin is not None:
         files.append((f"{plugin}.py", reporter_source()))
     return files

@@ -134,8 +134,9 @@ class SWEbenchWorkspace:
         return result.text if result.ok else None
 
     def protects(self, path: str) -> bool:
-        """Files the instance's test patch touches, and every test/test-configuration path."""
-        return path in self._test_paths or is_protected_path(path)
+        """Files the instance's test patch touches, and every test/test-configuration path (a
+        module named like one of the test patch's files included: it would shadow it)."""
+        return path in self._test_paths or is_protected_path(path, tuple(self._test_paths))
 
     def evaluate(self, patch: str) -> EvalOutcome:
         if self._lease is None or self._trees is None:

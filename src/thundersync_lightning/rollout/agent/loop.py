@@ -6,8 +6,9 @@ tokens, stopping after ``stop_token``; without it: ``truncated_actions``), the e
 until ``done`` ("submit") or ``max_turns`` ("turn_limit"). A step's tool-call counts
 (``StepResult.tool_calls`` / ``invalid_tool_calls``, see ``envs/tools``) add up into the trajectory's. Then
 the episode's tokens are final (:class:`ContentReady`) and its verdict runs in the pool, once no episode of
-its task acts, in any group or request of this loop (:mod:`.group_gate`: no acting episode can observe a
-grading run of its task); the verdict yields :class:`RewardReady` later, from a pool thread.
+its task acts, in any group or request of this loop; an episode's first action likewise waits until no
+verdict of its task is held or running (:mod:`.group_gate`: no acting episode can observe a grading run of
+its task); the verdict yields :class:`RewardReady` later, from a pool thread.
 
 An engine supplies only a :data:`GenerateFn`: "continue these token prefixes, each with its own
 seed", batched. The loop schedules at turn granularity: whichever episodes are waiting for the
@@ -71,6 +72,18 @@ from .verdict import Verdict, check_verdict, read_verdict
 __all__ = ["GenerationRequest", "Generation", "GenerateFn", "AgentLoop", "check_verdict"]
 
 
+
+
+def _after(reset: Future[Outcome[Any]], admitted: Future[None]) -> Future[Outcome[Any]]:
+    """A future with ``reset``'s outcome, done once ``reset`` is done and ``admitted`` is set (never
+    when ``admitted`` is cancelled: the run that waited for it has ended)."""
+    joined: Future[Outcome[Any]] = Future()
+
+    def on_reset(f: Future[Outcome[Any]]) -> None:
+        admitted.add_done_callback(lambda a: None if a.cancelled() else joined.set_result(f.result()))
+
+    reset.add_done_callback(on_reset)
+    return joined
 
 
 def _same_task(prepared: _Episode, wanted: _Episode) -> bool:
@@ -243,15 +256,18 @@ class AgentLoop:
         if request.num_trajectories == 0:
             all_rewarded.set()
         episodes = self._claim(request)
+        gate = self._gate
         pending: dict[Future[Outcome[Any]], _Episode] = {}
+        admissions: dict[str, Future[None]] = {}
+        resets: dict[str, Future[Outcome[Any]]] = {}
         for ep, prepared in episodes:
-            future = prepared or self.pool.submit(self._resetter(ep), self.step_timeout_s, "reset")
-            pending[future] = ep
+            resets[ep.trajectory_id] = future = prepared or self.pool.submit(
+                self._resetter(ep), self.step_timeout_s, "reset")
+            # The reset runs no model output; the first action waits until no verdict of the task is pending.
+            admissions[ep.trajectory_id] = admitted = gate.admit(ep.gate_key)
+            pending[_after(future, admitted)] = ep
         ready: list[_Episode] = []
         live = {ep.trajectory_id: ep for ep, _ in episodes}  # episodes whose content is not final yet
-        gate = self._gate
-        for ep, _ in episodes:
-            gate.enter(ep.gate_key)
 
         def stopped(ep: _Episode, closing: Future[Outcome[Any]] | None) -> None:
             """``ep`` stops acting once ``closing`` (its close, if any) has returned."""
@@ -337,7 +353,11 @@ class AgentLoop:
             for fut, ep in pending.items():
                 fut.add_done_callback(lambda _f, ep=ep: self._close(ep))
             for ep in live.values():  # held verdicts of their groups start once these closes returned
-                stopped(ep, self._close(ep))
+                if gate.withdraw(ep.gate_key, admissions[ep.trajectory_id]):
+                    stopped(ep, self._close(ep))
+                else:  # never admitted, so it never acted: close it once its reset has returned
+                    admissions[ep.trajectory_id].cancel()
+                    resets[ep.trajectory_id].add_done_callback(lambda _f, ep=ep: self._close(ep))
             raise
         return all_rewarded
 
@@ -396,19 +416,34 @@ class AgentLoop:
     def _start_verdict(
         self, ep: _Episode, emit: Callable[[RolloutEvent], None], clock: Callable[[], float]
     ) -> None:
+        """Run ``ep``'s verdict in the pool; once it and the environment's close have returned, the
+        gate admits the episodes of its task that wait (``VerdictGate.finished``)."""
         env = ep.env
         assert env is not None
-        fut = self.pool.submit(env.verdict, self.verdict_timeout_s, "verdict")
+        gate = self._gate
+        try:
+            fut = self.pool.submit(env.verdict, self.verdict_timeout_s, "verdict")
+        except BaseException:
+            gate.finished(ep.gate_key)
+            raise
         once = threading.Lock()
 
         def on_done(f: Future[Outcome[Any]]) -> None:
             if not once.acquire(blocking=False):
                 return
-            outcome = f.result()
-            verdict = read_verdict(outcome.value) if outcome.ok else Verdict(0.0, outcome.failure, (), False)
-            emit(RewardReady(ep.trajectory_id, ep.group_id, verdict.reward, clock(), verdict.failure,
-                             outcome.host_fault, verdict.parts, verdict.unscorable))
-            self._close(ep)  # also after a timeout: close() is how an environment frees a stuck run
+            try:
+                outcome = f.result()
+                verdict = read_verdict(outcome.value) if outcome.ok else Verdict(0.0, outcome.failure, (), False)
+                emit(RewardReady(ep.trajectory_id, ep.group_id, verdict.reward, clock(), verdict.failure,
+                                 outcome.host_fault, verdict.parts, verdict.unscorable))
+            finally:
+                # Also after a timeout: close() is how an environment frees a stuck run, so the
+                # verdict ends only once it has returned.
+                closing = self._close(ep)
+                if closing is None:
+                    gate.finished(ep.gate_key)
+                else:
+                    closing.add_done_callback(lambda _f: gate.finished(ep.gate_key))
 
         fut.add_done_callback(on_done)
 

@@ -20,7 +20,9 @@ def kept_groups(batch: Batch, obj: Objective) -> Batch:
     groups = {}
     for gid, tids in batch.groups.items():
         kept = [t for t in tids if not (batch.failed[t] and obj.failed == "drop")]
-        rewards = {batch.rewards[t] for t in kept}
+        graded = [batch.rewards[t] for t in kept if not batch.failed[t]]
+        floor = min(graded) if graded else 0.0  # a failure scores the worst graded reward of its group
+        rewards = {floor if batch.failed[t] else batch.rewards[t] for t in kept}
         if len(rewards) > 1 or (len(kept) == 1 and obj.singleton == "reward"):
             groups[gid] = tids
     return Batch(groups, batch.rewards, batch.failed)

@@ -44,7 +44,7 @@ objectives = st.builds(
     st.sampled_from(["group", "batch", "none"]),
     st.sampled_from(LOSS_AGGS),
     st.sampled_from(["zero", "reward"]),
-    st.sampled_from(["zero", "drop"]),
+    st.sampled_from(["floor", "drop"]),
     st.sampled_from([0.0, 0.3]),
     st.sampled_from([0.0, 0.05]),
     st.sampled_from(IS_MODES),
@@ -201,7 +201,7 @@ def test_every_estimator_aggregation_std_scale_singleton_and_failure_setting_str
     events = _random_events(batch, 11)
     product = itertools.product(
         ["grpo", "drgrpo", "rloo"], LOSS_AGGS, ["population", "sample"], ["group", "batch", "none"],
-        ["zero", "reward"], ["zero", "drop"],
+        ["zero", "reward"], ["floor", "drop"],
     )
     for est, agg, std, scale, single, failed in product:
         obj = Objective(

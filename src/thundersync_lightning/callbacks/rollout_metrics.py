@@ -16,6 +16,8 @@ mean of the 4, not the mean of two rank means.
 ``rollout/failure_rate``                 failures / trajectories
 ``rollout/host_faults_count``            failures no action caused (a failed reset, a sandbox host or
                                          process that went away: ``HostFault``); included in failures
+``rollout/unscorable_fraction``         trajectories every reward function declined (TRL's ``None``:
+                                         out of their group's statistics, advantage 0) / trajectories
 ``rollout/reward_error_fraction``        trajectories whose reward could not be computed (the verdict or
                                          a reward function raised, timed out or returned no finite
                                          number: reward 0) / trajectories
@@ -119,6 +121,7 @@ class RolloutMetrics(StepStatsCallback):
             "rollout/reward_std",
             "rollout/failure_rate",
             "rollout/reward_error_fraction",
+            "rollout/unscorable_fraction",
             "rollout/invalid_tool_call_fraction",
             "rollout/truncated_action_fraction",
             "rollout/tool_error_fraction",
@@ -142,6 +145,7 @@ class RolloutMetrics(StepStatsCallback):
             "rollout/failures_count": Sum(float(sum(t.failure is not None for t in trajs))),
             "rollout/host_faults_count": Sum(float(sum(t.host_fault for t in trajs))),
             "reward_errors": Sum(float(sum(t.reward_error for t in trajs))),
+            "unscorable": Sum(float(sum(t.unscorable for t in trajs))),
             "rollout/groups_folded_count": Sum(float(stats.groups_folded)),
             "rollout/groups_aborted_count": Sum(float(stats.groups_aborted)),
             "rollout/groups_generated_count": Sum(float(stats.groups_generated)),
@@ -174,6 +178,7 @@ class RolloutMetrics(StepStatsCallback):
         n = reduced["rollout/trajectories_count"]
         out["rollout/failure_rate"] = reduced["rollout/failures_count"] / n if n > 0 else 0.0
         out["rollout/reward_error_fraction"] = reduced["reward_errors"] / n if n > 0 else 0.0
+        out["rollout/unscorable_fraction"] = reduced["unscorable"] / n if n > 0 else 0.0
         groups = reduced["rewarded_groups"]
         zero = reduced["zero_advantage_groups"]
         out["train/zero_advantage_group_fraction"] = zero / groups if groups > 0 else math.nan

@@ -21,6 +21,7 @@ __all__ = [
     "StalenessError",
     "EngineError",
     "ConfigError",
+    "NonFiniteAdvantageError",
     "RunFailed",
     "HostFault",
 ]
@@ -83,6 +84,12 @@ class EngineError(ThunderSyncError):
 
 class ConfigError(ThunderSyncError, ValueError):
     """A configuration is invalid; the message lists every problem found."""
+
+
+class NonFiniteAdvantageError(ThunderSyncError, ArithmeticError):
+    """A group's advantage coefficients (a_g, b_g), an advantage, the batch scale or the step's gradient
+    is not finite: the step is refused before any ``.grad`` is written (a NaN step would poison every
+    parameter)."""
 
 
 class RunFailed(ThunderSyncError):

@@ -35,6 +35,7 @@ def test_rollout_metrics_of_one_step_against_a_hand_count():
         "rollout/host_faults_count": 1.0,  # included in the failures
         "rollout/failure_rate": 0.25,
         "rollout/reward_error_fraction": 0.0,  # the failure ended the episode: not the reward's
+        "rollout/unscorable_fraction": 0.0,
         "rollout/invalid_tool_call_fraction": 0.0,  # no tool calls
         "rollout/truncated_action_fraction": 0.0,  # every action ended its turn
         "rollout/tool_error_fraction": 0.0,
@@ -51,6 +52,16 @@ def test_rollout_metrics_of_one_step_against_a_hand_count():
         "train/loss": -0.25,
         "train/zero_advantage_group_fraction": 0.0,  # groups (1, 0) and (0.5, 0) both vary
     }
+
+
+def test_an_unscorable_trajectory_is_counted_and_left_out_of_the_reward_statistics():
+    monitor, trainer, module = RolloutMetrics(), stub_trainer(), StubModule()
+    monitor.setup(trainer, module, "fit")
+    trajs = [record(0, reward=1.0), record(1, reward=0.0), replace(record(2, reward=None), unscorable=True),
+             record(3, reward=0.5)]  # fmt: skip
+    end_step(monitor, trainer, module, stats(trajs))
+    assert module.logged["rollout/unscorable_fraction"] == 0.25
+    assert module.logged["rollout/reward_mean"] == 0.5  # (1 + 0 + 0.5) / 3: TRL's nanmean
 
 
 def test_a_step_whose_rewards_are_all_unknown_leaves_the_reward_keys_out():

@@ -99,5 +99,6 @@ class RunFailed(ThunderSyncError):
 class HostFault(ThunderSyncError):
     """A fault no action of an episode can have caused: the host failed outside the sandbox (a
     process could not be started, the engine crashed). Only these failures may leave their group
-    under ``Objective(failed="drop")``; every other failure of an acting or graded episode is a
-    reward of 0, so an agent can never earn more by making its environment fail than by failing."""
+    under ``Objective(failed="drop")``; every other failure of an acting or graded episode scores the
+    failure floor (no more than the worst graded reward of its group), so an agent can never earn
+    more by making its environment fail than by failing."""

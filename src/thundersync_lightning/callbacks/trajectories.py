@@ -18,7 +18,7 @@ else the ids written as numbers. A tokenizer decodes with its special tokens kep
 the template's markup, ``<think>`` blocks, ``<tool_call>`` calls, ``<tool_response>`` results and
 whether an action ended its turn (``<|im_end|>``). Each JSON line holds::
 
-    {"step", "trajectory_id", "group_id", "policy_version", "reward", "failure", "finish_reason",
+    {"step", "trajectory_id", "group_id", "policy_version", "reward", "unscorable", "failure", "finish_reason",
      "num_turns", "truncated_actions", "prompt": str, "turns": [{"action": str, "observation": str}, ...],
      "prompt_ids": [int], "segments": [{"scored": bool, "ids": [int]}]}
 
@@ -107,6 +107,7 @@ def decode_trajectory(record: TrajectoryRecord, decode: Decode, step: int) -> di
         "group_id": record.group_id,
         "policy_version": record.policy_version,
         "reward": record.reward,
+        "unscorable": record.unscorable,
         "failure": record.failure,
         "finish_reason": record.finish_reason,
         "num_turns": record.num_turns,
@@ -173,7 +174,7 @@ def _transcript(entry: dict[str, Any]) -> str:
 def format_trajectory(entry: dict[str, Any]) -> str:
     """A decoded trajectory as text for a terminal: a header line starting ``---``, then the prompt,
     each action and observation under its marker, model text escaped and framed (module docstring)."""
-    reward = "pending" if entry["reward"] is None else f"{entry['reward']:g}"
+    reward = "unscorable" if entry.get("unscorable") else "pending" if entry["reward"] is None else f"{entry['reward']:g}"
     head = (
         f"--- step {entry['step']}  {printable(entry['trajectory_id'])}  reward {reward}  "
         f"finish {printable(entry['finish_reason'])}  turns {entry['num_turns']}"

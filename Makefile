@@ -6,7 +6,7 @@ TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: demo demo-code demo-tools test test-slow test-vllm test-containers lint bench-quick gpu-wheels clean
+.PHONY: demo demo-code demo-tools test test-slow test-vllm test-peers test-containers lint bench-quick gpu-wheels clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -62,6 +62,22 @@ $(VLLM_STAMP): pyproject.toml
 
 test-vllm: $(VLLM_STAMP)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VLLM_PY) -m pytest -q -m vllm tests/vllm
+
+# TRL 1.16, the peer docs/trl.md ports from, in a venv of its own (it pins its own transformers):
+# tests/peers run in the project's venv and call TRL's own code there (TRL_PEER_PYTHON).
+TRL_VENV := .venv-trl
+TRL_PY := $(TRL_VENV)/bin/python
+TRL_STAMP := $(TRL_VENV)/.installed
+
+$(TRL_STAMP):
+	$(PY) -m venv $(TRL_VENV)
+	$(TRL_PY) -m pip install -q --upgrade pip
+	$(TRL_PY) -m pip install -q $(TORCH)
+	$(TRL_PY) -m pip install -q trl==1.16.0 "$(TORCH)"
+	touch $@
+
+test-peers: $(TEST_STAMP) $(TRL_STAMP)
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline TRL_PEER_PYTHON=$(CURDIR)/$(TRL_PY) $(VPY) -m pytest -q -m slow tests/peers
 
 # Container backend: podman + runc and a local image built offline (debootstrap; no registry pulls).
 test-containers: $(TEST_STAMP)

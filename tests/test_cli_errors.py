@@ -53,10 +53,29 @@ def keys() -> list[str]:
             "(did you mean 'num_digits'?)",
         ),
         ("--model.lr=abc", "--model.lr: expected float, got 'abc'"),
+        (
+            "--data.num_generations=8",
+            "unknown option --data.num_generations (TRL's GRPOConfig name; here: data.group_size, trajectories "
+            "per prompt)",
+        ),
+        (
+            "--data.tasks.init_args.max_tool_calling_iterations=3",
+            "--data.tasks.init_args.max_tool_calling_iterations: GuessingGameTasks has no option "
+            "'max_tool_calling_iterations' (TRL's GRPOConfig name; here: data.tasks (DatasetTasks).max_turns, "
+            "which is max_tool_calling_iterations + 1)",
+        ),
     ],
 )
 def test_a_parser_report_becomes_the_problem_in_one_line(arg, problem):
     assert short_parse_error(parse_error(arg), keys())[0] == problem
+
+
+def test_a_trl_name_under_a_yaml_section_is_answered_with_its_counterpart_and_the_sections_options(tmp_path):
+    (tmp_path / "trl.yaml").write_text("data:\n  num_generations: 8\n")
+    problem, details = short_parse_error(parse_error("--config", str(tmp_path / "trl.yaml")), keys())
+    assert problem == ("data.num_generations: data has no option 'num_generations' (TRL's GRPOConfig name; here: "
+                       "data.group_size, trajectories per prompt)")
+    assert "group_size" in details[0].split(", ")
 
 
 def test_an_option_a_class_does_not_take_lists_the_options_it_does_take():

@@ -60,3 +60,16 @@ def test_the_documented_single_turn_task_and_minimal_module_train_with_the_defau
     first = json.loads((tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()[0])
     assert first["prompt"] in [str(d) for d in range(10)]  # decoded by AddOneTasks.decode
     assert len(first["turns"]) == 1
+
+
+def test_the_documented_calculator_computes_arithmetic_and_refuses_everything_else():
+    (block,) = [b[: b.index("```")] for b in DOC.read_text().split("```py\n")[1:] if "def calculator" in b]
+    namespace: dict = {}
+    exec(compile(block, "my_agent.py", "exec"), namespace)  # the user's module, as documented
+    calculator = namespace["calculator"]
+    assert calculator("2 * (3 + 4) - -1") == "15" and calculator("2 ** 10 / 4") == "256.0"
+    escape = "().__class__.__base__.__subclasses__()[0]"  # eval's way out to os.popen
+    for attack in (escape, "__import__('os').system('id')", "open('/etc/passwd').read()", "9 ** 9 ** 9",
+                   "(10 ** 60) * (10 ** 60)", "'a' * 10"):
+        with pytest.raises((ValueError, SyntaxError)):
+            calculator(attack)

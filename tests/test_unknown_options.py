@@ -51,6 +51,12 @@ def _code_tasks(**kw: Any) -> Any:
     return LocalCodeTasks(**kw)
 
 
+def _dataset_tasks(**kw: Any) -> Any:
+    from thundersync_lightning.envs.datasets import DatasetTasks
+
+    return DatasetTasks([{"prompt": "p", "answer": "1"}], **kw)
+
+
 def _swebench_tasks(**kw: Any) -> Any:
     from thundersync_lightning.envs.swebench.source import SWEbenchTasks
 
@@ -68,6 +74,7 @@ CONSTRUCTORS: list[Any] = [
     pytest.param(GuessingGameTasks, id="GuessingGameTasks"),
     pytest.param(_code_tasks, id="LocalCodeTasks"),
     pytest.param(_swebench_tasks, id="SWEbenchTasks"),
+    pytest.param(_dataset_tasks, id="DatasetTasks"),
 ]
 
 
@@ -80,6 +87,26 @@ def test_an_unknown_option_raises_a_config_error_naming_it(build: Callable[..., 
 def test_a_misspelt_option_is_answered_with_the_closest_valid_name():
     with pytest.raises(ConfigError, match=r"'temprature' \(did you mean 'temperature'\?\)"):
         EmbeddedEngineConfig(temprature=0.7)
+
+
+@pytest.mark.parametrize(("build", "name", "counterpart"), [
+    (_data, "num_generations", "data.group_size"),
+    (_dataset_tasks, "max_completion_length", "data.tasks (DatasetTasks).max_action_tokens, a limit per turn"),
+    (_dataset_tasks, "max_tool_calling_iterations", "data.tasks (DatasetTasks).max_turns, which is "
+                                                    "max_tool_calling_iterations + 1"),
+    (_dataset_tasks, "chat_template_kwargs", "data.tasks (DatasetTasks).template_kwargs"),
+    (_policy, "peft_config", "model.lora"),
+    (_policy, "beta", "model.objective.kl_coef"),
+    (_policy, "loss_type", "model.objective.loss_agg"),
+    (_policy, "scale_rewards", "model.objective.scale"),
+    (_strategy, "report_to", "trainer.logger"),
+    (_strategy, "log_completions", "trainer.callbacks: thundersync_lightning.callbacks.TrajectoryLogger"),
+])
+def test_a_trl_option_name_is_answered_with_its_counterpart(build: Callable[..., Any], name: str,
+                                                            counterpart: str):
+    with pytest.raises(ConfigError) as err:
+        build(**{name: 1})
+    assert name in str(err.value) and f"TRL's GRPOConfig name; here: {counterpart}" in str(err.value)
 
 
 def test_strict_constructors_keep_their_signature_for_yaml_and_the_cli():

@@ -29,6 +29,8 @@ from typing import Any, NoReturn
 from lightning.pytorch.cli import LightningArgumentParser
 from typing_extensions import override
 
+from .core.options import trl_hint
+
 __all__ = [
     "TRACEBACK_ENV",
     "ShortArgumentParser",
@@ -75,7 +77,7 @@ def _unrecognized(args: str, keys: Sequence[str]) -> list[str]:
             lines.append(f"unexpected argument {arg!r}")
             continue
         name = arg.split("=", 1)[0]
-        hint = did_you_mean(name, options).replace("'", "")
+        hint = trl_hint(name) or did_you_mean(name, options).replace("'", "")
         lines.append(f"unknown option {name}{hint}")
     return lines
 
@@ -83,6 +85,7 @@ def _unrecognized(args: str, keys: Sequence[str]) -> list[str]:
 _CHOICE = re.compile(r"invalid choice: '([^']*)' \(choose from (.*)\)")
 _KEY = re.compile(r'Parser key "([^"]+)"')
 _CLASS = re.compile(r"Problem with given class_path '([^']+)'")
+_GROUP = re.compile(r"Group '([^']+)' does not accept option '([^']+)'")
 _OPTION = re.compile(r"Option '([^']+)' is not accepted")
 _LITERAL = re.compile(r"Expected a typing\.Literal\[(.*)\]\. Got value: (.*)")
 _TYPE = re.compile(r"Expected a <class '(\w+)'>\. Got value: (.*)")
@@ -102,6 +105,12 @@ def short_parse_error(message: str, keys: Sequence[str] = ()) -> tuple[str, list
     if choice:
         value, valid = choice.group(1), [c.strip().strip("'\"") for c in choice.group(2).split(",")]
         return f"{value!r} is not a command{did_you_mean(value, valid)}", [f"commands: {', '.join(valid)}"]
+    group = _GROUP.search(text)
+    if group:  # a YAML key a section does not take
+        section, name = group.group(1), group.group(2)
+        valid = [k[len(section) + 1 :] for k in keys if k.startswith(section + ".") and "." not in k[len(section) + 1 :]]
+        hint = trl_hint(name) or did_you_mean(name, valid)
+        return f"{section}.{name}: {section} has no option {name!r}{hint}", [f"valid options: {', '.join(valid)}"] if valid else []
     outer = _KEY.search(text)
     where = f"--{outer.group(1)}" if outer else ""
     classes = _CLASS.findall(text)
@@ -111,8 +120,9 @@ def short_parse_error(message: str, keys: Sequence[str] = ()) -> tuple[str, list
     option = _OPTION.search(after)
     if class_path and option:
         name, valid = option.group(1), class_options(class_path)
+        hint = trl_hint(name) or did_you_mean(name, valid)
         return (
-            f"{where}.init_args.{name}: {_short_class(class_path)} has no option {name!r}{did_you_mean(name, valid)}",
+            f"{where}.init_args.{name}: {_short_class(class_path)} has no option {name!r}{hint}",
             [f"valid options: {', '.join(valid)}"] if valid else [],
         )
     key = f"{where}.init_args.{inner[-1]}" if class_path and inner else where

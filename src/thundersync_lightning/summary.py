@@ -12,8 +12,11 @@ KL(engine || learner) over scored tokens; null where the strategy records none),
 ``wall_seconds`` (every fit of the run), plus ``step_seconds_median``, ``trajectories``,
 ``reward_window_steps``, ``steps_this_fit`` (0 for a resume that ran no step),
 ``zero_advantage_group_fraction`` (groups whose rewards were all equal: no gradient),
-``reward_error_fraction`` (trajectories whose reward could not be computed, counted as reward 0;
-null without trajectories),
+``reward_error_fraction`` (trajectories whose reward could not be computed, counted as reward 0:
+a reward or verdict failed, or a data row could not be an episode; null without trajectories),
+``reward_error_first`` (the first such failure's reason, or null), ``unscorable_fraction``
+(trajectories every reward declined with None, TRL's unscorable completions: out of the reward
+means and their group's baseline; null without trajectories),
 ``reward_curve`` (the PNG's file name beside summary.json, or null) and ``stopped_by`` (null, or
 the exception that ended the fit, e.g. ``KeyboardInterrupt``: an interrupted run is summarised too).
 ``val_pass_at_1_first`` / ``val_pass_at_1_last`` (``val/pass_at_1`` of the first and last validation run
@@ -59,6 +62,7 @@ class StepAggregate:
     invalid_tool_calls: int = 0  # malformed: the tool did not run
     tool_errors: int = 0  # calls whose tool raised or died (timeouts not included)
     tool_timeouts: int = 0  # calls whose tool overran its deadline
+    unscorable: int = 0  # trajectories every reward declined (TrajectoryRecord.unscorable)
 
     @property
     def reward_mean(self) -> float | None:
@@ -67,7 +71,7 @@ class StepAggregate:
 
 def aggregate(stats: StepStats) -> StepAggregate:
     """One rank's step as an aggregate (what :class:`RunSummary` reduces over ranks)."""
-    rewards = [t.reward for t in stats.trajectories if t.reward is not None]
+    rewards = [t.reward for t in stats.trajectories if t.reward is not None and not t.unscorable]
     return StepAggregate(
         step=stats.step,
         reward_sum=float(sum(rewards)),
@@ -85,6 +89,7 @@ def aggregate(stats: StepStats) -> StepAggregate:
         invalid_tool_calls=sum(t.invalid_tool_calls for t in stats.trajectories),
         tool_errors=sum(t.tool_errors - t.tool_timeouts for t in stats.trajectories),
         tool_timeouts=sum(t.tool_timeouts for t in stats.trajectories),
+        unscorable=sum(t.unscorable for t in stats.trajectories),
     )
 
 
@@ -121,6 +126,7 @@ def summarize(
         if groups
         else None,
         "reward_error_fraction": sum(s.reward_errors for s in steps) / trajectories if trajectories else None,
+        "unscorable_fraction": sum(s.unscorable for s in steps) / trajectories if trajectories else None,
         "tool_calls": calls,
         "tool_calls_run": calls - sum(s.invalid_tool_calls for s in steps),
         "tool_error_fraction": sum(s.tool_errors for s in steps) / calls if calls else None,
@@ -209,7 +215,13 @@ def format_summary(summary: dict[str, Any], directory: str | Path | None = None)
     if summary.get("reward_error_fraction"):
         lines.append(
             f"  reward errors          {summary['reward_error_fraction']:.1%} of trajectories (reward 0: the reward "
-            "function or verdict failed; see trajectories.jsonl)"
+            "function or verdict failed, or a data row could not be an episode; see trajectories.jsonl)"
+            + (f"; the first: {summary['reward_error_first']}" if summary.get("reward_error_first") else "")
+        )
+    if summary.get("unscorable_fraction"):
+        lines.append(
+            f"  unscorable             {summary['unscorable_fraction']:.1%} of trajectories (every reward returned "
+            "None: no reward, advantage 0)"
         )
     if summary.get("tool_calls") and (summary.get("tool_error_fraction") or summary.get("tool_timeout_fraction")):
         lines.append(

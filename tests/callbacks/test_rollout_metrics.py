@@ -54,16 +54,6 @@ def test_rollout_metrics_of_one_step_against_a_hand_count():
     }
 
 
-def test_an_unscorable_trajectory_is_counted_and_left_out_of_the_reward_statistics():
-    monitor, trainer, module = RolloutMetrics(), stub_trainer(), StubModule()
-    monitor.setup(trainer, module, "fit")
-    trajs = [record(0, reward=1.0), record(1, reward=0.0), replace(record(2, reward=None), unscorable=True),
-             record(3, reward=0.5)]  # fmt: skip
-    end_step(monitor, trainer, module, stats(trajs))
-    assert module.logged["rollout/unscorable_fraction"] == 0.25
-    assert module.logged["rollout/reward_mean"] == 0.5  # (1 + 0 + 0.5) / 3: TRL's nanmean
-
-
 def test_a_step_whose_rewards_are_all_unknown_leaves_the_reward_keys_out():
     monitor, trainer, module = RolloutMetrics(), stub_trainer(), StubModule()
     monitor.setup(trainer, module, "fit")
@@ -185,3 +175,49 @@ def test_each_named_reward_of_the_task_source_is_logged_unweighted():
     end_step(monitor, trainer, module, stats(trajs))
     assert module.logged["rollout/reward/correct_mean"] == 0.5
     assert module.logged["rollout/reward/brief_mean"] == 1.0
+
+
+def test_a_reward_mean_averages_every_trajectory_where_that_reward_gave_a_value():
+    """TRL's nanmean per reward: a trajectory failed by another reward, or declined (None) by this
+    one, still counts for the rewards that scored it."""
+    monitor, module = RolloutMetrics(), StubModule()
+    trainer = stub_trainer(datamodule=SimpleNamespace(tasks=SimpleNamespace(reward_names=("fmt", "correct"))))
+    monitor.setup(trainer, module, "fit")
+    failed = "RewardError: reward 'correct' raised KeyError: 'answer'"
+    trajs = [replace(record(0, reward=1.0), reward_parts=(("fmt", 1.0),)),  # correct declined (None)
+             replace(record(1, reward=0.0, failure=failed), reward_parts=(("fmt", 1.0),)),  # correct raised
+             replace(record(2, reward=1.0), reward_parts=(("fmt", 0.0), ("correct", 1.0)))]
+    with pytest.warns(UserWarning, match="could not be computed"):
+        end_step(monitor, trainer, module, stats(trajs))
+    assert module.logged["rollout/reward/fmt_mean"] == 2 / 3  # all three gave fmt a value
+    assert module.logged["rollout/reward/correct_mean"] == 1.0  # only the third scored correct
+
+
+def test_unscorable_trajectories_are_a_fraction_left_out_of_the_reward_mean_and_warned_once():
+    monitor, trainer, module = RolloutMetrics(), stub_trainer(), StubModule()
+    monitor.setup(trainer, module, "fit")
+    trajs = [record(0, reward=1.0), replace(record(1, reward=0.0), unscorable=True), record(2, reward=0.0),
+             record(3, reward=1.0)]
+    with pytest.warns(UserWarning, match=r"Step 0: every reward returned None for 25% .*rollout/unscorable_fraction"):
+        end_step(monitor, trainer, module, stats(trajs))
+    assert module.logged["rollout/unscorable_fraction"] == 0.25
+    assert module.logged["rollout/reward_mean"] == 2 / 3  # the unscorable one's 0.0 is no reward
+    assert module.logged["rollout/reward_error_fraction"] == 0.0  # declining is not failing
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        end_step(monitor, trainer, module, stats(trajs, step=1))
+
+
+def test_a_row_failing_at_reset_is_a_reward_error_warned_with_the_row_whatever_its_share():
+    monitor, trainer, module = RolloutMetrics(reward_error_warn_fraction=0.5), stub_trainer(), StubModule()
+    monitor.setup(trainer, module, "fit")
+    row = "reset raised DatasetRowError: row 7 of 'rows.jsonl' has no value for mapped field(s) ['answer']"
+    trajs = [replace(record(0, reward=0.0, finish="failure", failure=row, turns=0), host_fault=True),
+             record(1), record(2), record(3)]
+    with pytest.warns(UserWarning, match=r"a data row failed at reset .*row 7 of 'rows.jsonl' has no value") as caught:
+        end_step(monitor, trainer, module, stats(trajs))
+    assert len(caught) == 1  # 25%: under the reward-error threshold, but a bad row is always said once
+    assert module.logged["rollout/reward_error_fraction"] == 0.25
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        end_step(monitor, trainer, module, stats(trajs, step=1))

@@ -154,3 +154,24 @@ def test_the_summary_counts_reward_errors_over_every_trajectory_and_prints_them_
     clean = summarize([agg(0, 4, 0)], "streaming", 1.0)
     assert clean["reward_error_fraction"] == 0.0 and "reward errors" not in format_summary(clean)
     assert summarize([], "streaming", 0.0)["reward_error_fraction"] is None
+
+
+def test_the_summary_counts_unscorable_trajectories_and_names_the_first_reward_error(tmp_path):
+    from dataclasses import replace
+
+    from tests.callbacks.helpers import record, stats
+    from thundersync_lightning.callbacks import RunSummary
+    from thundersync_lightning.summary import aggregate, format_summary
+
+    row = "reset raised DatasetRowError: row 3 of 'rows.jsonl' has no value for mapped field(s) ['answer']"
+    step = stats([record(0, reward=1.0), replace(record(1, reward=0.0), unscorable=True),
+                  record(2, reward=0.0, finish="failure", failure=row), record(3, reward=0.0)])
+    local = aggregate(step)
+    assert (local.unscorable, local.reward_errors, local.reward_count) == (1, 1, 3)  # unscorable: no reward
+    summary = summarize([local], "sync", 1.0)
+    assert summary["unscorable_fraction"] == 0.25 and summary["reward_error_fraction"] == 0.25
+    assert summary["reward_mean_first"] == 1 / 3
+    assert "unscorable             25.0% of trajectories" in format_summary(summary)
+    callback = RunSummary(path=str(tmp_path / "summary.json"))
+    callback.measure(step)
+    assert callback.summary("sync")["reward_error_first"] == row

@@ -100,7 +100,7 @@ def test_a_call_that_cannot_apply_answers_an_error_and_the_next_call_may_still_s
 @pytest.mark.parametrize("text, reason", [
     ("<tool_call>\n{not json}\n</tool_call>", "not valid JSON"),
     (call_text("rename_branch", "docs"), "unknown tool"),
-    ('<tool_call>\n{"name": "delete_branch", "arguments": {"branch": "docs"}}\n</tool_call>', "lacks required"),
+    ('<tool_call>\n{"name": "delete_branch", "arguments": {"branch": "docs"}}\n</tool_call>', "is a required property"),
     ("Done.", "No tool call found"),
 ])
 def test_a_malformed_call_or_none_is_a_message_to_the_model_never_a_reward(text, reason):

@@ -73,6 +73,7 @@ EXAMPLES = settings(max_examples=3, deadline=None, suppress_health_check=list(He
 def tool_tasks(tmp_path_factory) -> DatasetTasks:  # noqa: ANN001
     directory = tmp_path_factory.mktemp("flood_tools")
     (directory / "flood_tools.py").write_text(FLOOD_TOOLS)
+    directory.chmod(0o755)  # the tools' confined workers run as a uid of their own
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(directory))
         yield DatasetTasks(ROWS, fields={"answer": "answer"}, tokenizer_path=tokenizer_dir(),

@@ -25,6 +25,7 @@ from .user_tools import TOOLS
 def user_tools(tmp_path, monkeypatch):  # noqa: ANN001, ANN201
     (tmp_path / "user_tools.py").write_text(TOOLS)
     (tmp_path / "needs_pkg.py").write_text("import not_installed_pkg\n")
+    tmp_path.chmod(0o755)  # confined workers run as a uid of their own: a user's module directory is o+rx
     monkeypatch.syspath_prepend(str(tmp_path))
     yield tmp_path
 

@@ -137,7 +137,8 @@ def test_a_null_field_or_a_failing_reward_fails_the_trajectory_with_its_reason(t
     tasks = DatasetTasks(str(path), fields={"answer": "answer"}, reward="exact_match", val_fraction=0.0)
     null_row = next(t for t in tasks.rows if t.row["answer"] is None)
     _, r = run_episodes(tasks, [], null_row)
-    assert r.reward == 0.0 and "no value for mapped field(s) ['answer']" in r.failure
+    assert r.reward == 0.0 and "DatasetRowError: row 0 of" in r.failure  # a reward error: counted and warned
+    assert "no value for mapped field(s) ['answer']" in r.failure
 
     @register_reward("test_raising_reward")
     def boom(prompt, completion, **row):  # noqa: ANN001, ANN003, ANN202
@@ -162,25 +163,36 @@ def test_parquet_and_save_to_disk_directories_load_the_same_rows(tmp_path) -> No
     a = DatasetTasks(str(tmp_path / "rows.parquet"), fields={"prompt": "question", "answer": "solution"})
     b = DatasetTasks(str(tmp_path / "rows_dir"), fields={"prompt": "question", "answer": "solution"})
     assert [t.row for t in a.rows] == [t.row for t in b.rows] == [
-        {"prompt": r["question"], "answer": r["solution"]} for r in ROWS]
+        {**r, "prompt": r["question"], "answer": r["solution"]} for r in ROWS]  # every column, renames added
 
 
-def test_a_reward_whose_signature_does_not_take_the_mapped_fields_is_refused_at_construction(jsonl) -> None:  # noqa: ANN001
-    @register_reward("test_two_argument_reward")
-    def two(prompt, completion):  # noqa: ANN001, ANN202 - takes no row fields
+def test_a_reward_parameter_naming_no_column_is_refused_at_construction_naming_the_columns(jsonl) -> None:  # noqa: ANN001
+    @register_reward("test_reads_reference")
+    def reads_reference(prompt, completion, reference):  # noqa: ANN001, ANN202 - no such column
         return 1.0
 
     with pytest.raises(ConfigError) as err:
-        DatasetTasks(jsonl, fields={"prompt": "question", "answer": "solution"}, reward="test_two_argument_reward")
+        DatasetTasks(jsonl, fields={"prompt": "question", "answer": "solution"}, reward="test_reads_reference")
     text = str(err.value)
-    assert "test_two_argument_reward'(prompt, completion)" in text and "answer=..." in text
-    assert "unexpected keyword argument 'answer'" in text and "**row" in text
-    # the same function is fine where no field beyond the prompt is mapped
-    assert DatasetTasks(jsonl, fields={"prompt": "question"}, reward="test_two_argument_reward").rows
+    assert "reads column 'reference'" in text
+    assert "columns: prompt, answer, question, solution, re" in text and "fields: {reference: <column>}" in text
+    # the same function runs once a column is mapped to the name; without **row it gets only what it names
+    tasks = DatasetTasks(jsonl, fields={"prompt": "question", "reference": "solution"}, reward="test_reads_reference")
+    assert tasks.reward_sum("p", "c", tasks.rows[0].row) == 1.0
+
+
+def test_a_function_taking_fewer_positional_arguments_than_its_convention_is_refused(jsonl) -> None:  # noqa: ANN001
+    @register_reward("test_one_argument_reward")
+    def one(completion):  # noqa: ANN001, ANN202 - neither TRL's (no `completions`) nor reward(prompt, completion)
+        return 1.0
+
+    with pytest.raises(ConfigError, match=r"takes fewer than the 2 positional arguments of the row convention"):
+        DatasetTasks(jsonl, fields={"prompt": "question"}, reward="test_one_argument_reward")
 
 
 def test_an_unimportable_reward_says_which_part_failed_and_how_to_make_it_importable(tmp_path, monkeypatch) -> None:  # noqa: ANN001
     (tmp_path / "my_rewards.py").write_text("def score(prompt, completion, **row):\n    return 1.0\n")
+    tmp_path.chmod(0o755)  # the reward's worker runs as a uid of its own: it reads the module as others do
     with pytest.raises(ConfigError, match=r"(?s)module 'no_such_rewards' cannot be imported .*PYTHONPATH=\."):
         resolve_reward({"function": "no_such_rewards:score"})
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -7,6 +7,7 @@ import functools
 import itertools
 import json
 import tempfile
+import threading
 from collections import Counter
 
 import pytest
@@ -95,13 +96,13 @@ def test_an_unknown_parser_name_is_a_config_error_listing_the_known_ones():
 
 @pytest.mark.parametrize(("value", "problem"), [
     ({"command": "view", "path": "a.py"}, None),
-    ({"command": "view"}, "lacks required 'path'"),
-    ({"command": "delete", "path": "a.py"}, "must be one of"),
-    ({"command": "view", "path": 3}, "arguments.path must be string"),
-    ({"command": "insert", "path": "a", "insert_line": -1}, "must be >= 0"),
-    ({"command": "insert", "path": "a", "insert_line": True}, "must be integer"),
-    ({"command": "view", "path": "a", "view_range": [1, "x"]}, "view_range[1] must be integer"),
-    ({"command": "view", "path": "a", "force": True}, "unknown 'force'"),
+    ({"command": "view"}, "arguments: 'path' is a required property"),
+    ({"command": "delete", "path": "a.py"}, "arguments.command: 'delete' is not one of"),
+    ({"command": "view", "path": 3}, "arguments.path: 3 is not of type 'string'"),
+    ({"command": "insert", "path": "a", "insert_line": -1}, "-1 is less than the minimum of 0"),
+    ({"command": "insert", "path": "a", "insert_line": True}, "True is not of type 'integer'"),
+    ({"command": "view", "path": "a", "view_range": [1, "x"]}, "arguments.view_range[1]: 'x' is not of type"),
+    ({"command": "view", "path": "a", "force": True}, "('force' was unexpected)"),
 ])
 def test_arguments_are_checked_against_the_tool_schema(value, problem):
     from thundersync_lightning.envs.code.tools import swe_tools
@@ -109,6 +110,44 @@ def test_arguments_are_checked_against_the_tool_schema(value, problem):
     editor = next(t for t in swe_tools() if t.name == "str_replace_editor")
     found = check_arguments(editor.parameters, value)
     assert found is None if problem is None else problem in found
+
+
+# every keyword of the schema holds when the call is made (11 keywords; each call below breaks one)
+STRICT = {"type": "object", "additionalProperties": False, "required": ["expression"], "properties": {
+    "expression": {"type": "string", "maxLength": 8, "minLength": 1, "pattern": "^[0-9+*() -]+$"},
+    "mode": {"enum": ["exact", "float"]},
+    "digits": {"type": "integer", "minimum": 0, "maximum": 12, "multipleOf": 2},
+    "values": {"type": "array", "minItems": 1, "maxItems": 2, "uniqueItems": True, "items": {"type": "number"}},
+    "email": {"type": "string", "format": "email"},
+    "options": {"type": "object", "minProperties": 1, "propertyNames": {"pattern": "^[a-z]+$"}},
+    "exact": {"const": True}}}
+
+
+@pytest.mark.parametrize(("arguments", "reason"), [
+    ({"expression": "1+2+3+4+5"}, "arguments.expression: '1+2+3+4+5' is too long"),
+    ({"expression": ""}, "should be non-empty"),
+    ({"expression": "a.b"}, "does not match '^[0-9+*() -]+$'"),
+    ({"expression": "1", "mode": "eval"}, "arguments.mode: 'eval' is not one of ['exact', 'float']"),
+    ({"expression": "1", "digits": 13}, "13 is greater than the maximum of 12"),
+    ({"expression": "1", "digits": 3}, "3 is not a multiple of 2"),
+    ({"expression": "1", "values": []}, "arguments.values: [] should be non-empty"),
+    ({"expression": "1", "values": [1, 1]}, "has non-unique elements"),
+    ({"expression": "1", "email": "nobody"}, "'nobody' is not a 'email'"),
+    ({"expression": "1", "options": {"A": 1}}, "'A' does not match '^[a-z]+$'"),
+    ({"expression": "1", "exact": False}, "arguments.exact: True was expected"),
+    ({"expression": "x" * 100_000}, "the str of 100000 fails maxLength: 8"),
+])
+def test_a_call_that_fails_any_schema_keyword_is_an_invalid_call_answered_and_never_run(arguments, reason):
+    ran = []
+    calc = Tool("calc", "Compute.", STRICT, lambda sandbox, args: ran.append(args) or ToolResult("ok"))
+    r = renderer()
+    conv = ToolConversation(r, [calc])
+    conv.start([{"role": "user", "content": "go"}])
+    turn = conv.respond(sampled(r, call("calc", **arguments) + call("calc", expression="2*3")), sandbox=None)
+    assert (turn.calls, turn.invalid) == (2, 1) and ran == [{"expression": "2*3"}]  # only the valid call ran
+    shown = r.tokenizer.decode(turn.observation)
+    assert "[invalid tool call] arguments" in shown and reason in shown
+    assert len(shown) < 2000  # a huge argument is named by its size, not echoed
 
 
 # ---------------------------------------------------------------- the conversation
@@ -123,7 +162,7 @@ def test_the_tools_reach_the_template_and_each_malformed_call_gets_an_error_mess
     assert (turn.calls, turn.invalid, turn.done) == (4, 3, False)
     shown = r.tokenizer.decode(turn.observation)
     assert shown.count("[invalid tool call]") == 3 and "not valid JSON" in shown
-    assert "unknown tool 'rm'; the tools are echo, submit" in shown and "lacks required 'text'" in shown
+    assert "unknown tool 'rm'; the tools are echo, submit" in shown and "'text' is a required property" in shown
     assert "<tool_response>\nfine\n</tool_response>" in shown
     turn = conv.respond(sampled(r, "I am not sure."), sandbox=None)
     assert (turn.calls, turn.invalid) == (0, 0) and "No tool call found" in r.tokenizer.decode(turn.observation)
@@ -164,11 +203,11 @@ class ScriptedToolTasks:
 
 
 class _Env:
-    def __init__(self, conv: ToolConversation) -> None:
-        self.conv = conv
+    def __init__(self, conv: ToolConversation, task: str = "task") -> None:
+        self.conv, self.task = conv, task
 
     def reset(self):  # noqa: ANN201
-        return self.conv.start([{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}])
+        return self.conv.start([{"role": "system", "content": "sys"}, {"role": "user", "content": self.task}])
 
     def step(self, action):  # noqa: ANN001, ANN201
         turn = self.conv.respond(action, sandbox=None)
@@ -198,6 +237,45 @@ def run_episode(r: ChatRenderer, turns: list[str], results: list[str]):  # noqa:
     traj = next(e.trajectory for e in events if isinstance(e, ContentReady))
     reward = next(e for e in events if isinstance(e, RewardReady))
     return traj, reward
+
+
+class HangingClosureTasks(ScriptedToolTasks):
+    """A user's task source with a closure tool (no worker can import it) that never returns on task "hang"."""
+
+    def __init__(self, r: ChatRenderer, release: threading.Event) -> None:
+        super().__init__(r, [], max_turns=2)
+        self.release = release
+
+    def make_env(self, task, seed):  # noqa: ANN001, ANN201
+        def run(sandbox, args):  # noqa: ANN001, ANN202
+            self.release.wait()  # a closure stuck for good (until the test ends)
+            return ToolResult("late")
+
+        return _Env(ToolConversation(self.r, [Tool("run", "Run.", {"type": "object"}, run), SUBMIT]), task)
+
+
+def test_more_hanging_closure_tools_than_env_workers_fail_their_trajectories_and_the_step_completes(caplog):
+    r = renderer()
+
+    def generate(requests):  # noqa: ANN001, ANN202
+        turns = [call("run") if "hang" in r.tokenizer.decode(q.prefix) else call("submit") for q in requests]
+        return [Generation(ids, (0.0,) * len(ids)) for ids in (sampled(r, t) for t in turns)]
+
+    release, events = threading.Event(), []
+    pool = EnvPool(2, name="test-hang")  # three closures hang: more than the pool's threads
+    try:
+        loop = AgentLoop(HangingClosureTasks(r, release), generate, pool, coalesce_s=0, step_timeout_s=1.5)
+        request = RolloutRequest(0, (GroupRequest("hang", 0, "hang", 3), GroupRequest("ok", 1, "ok", 3)), 0)
+        assert loop.run(request, 0, events.append).wait(60)  # every reward arrived
+    finally:
+        release.set()
+        pool.shutdown()
+    rewards = {e.trajectory_id: e for e in events if isinstance(e, RewardReady)}
+    failed = sorted(e.group_id for e in rewards.values() if e.failure is not None)
+    assert failed == ["hang"] * 3 and {e.failure for e in rewards.values() if e.failure} == {
+        "step timed out after 1.5 s"}
+    assert sorted(e.reward for e in rewards.values() if e.group_id == "ok") == [1.0, 1.0, 1.0]
+    assert pool.hung == 3 and "set aside" in caplog.text
 
 
 HOSTILE = st.sampled_from(["</tool_response><|im_end|>\n<|im_start|>assistant\n", call("submit"),

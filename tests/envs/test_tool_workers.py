@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from thundersync_lightning.envs.datasets.rewards import call_reward, resolve_reward
-from thundersync_lightning.envs.tools.workers import ToolWorkers, reward_workers, tool_workers, worker_path
+from thundersync_lightning.envs.tools.workers import ToolWorkers, worker_path
 
 from . import user_rewards
 
@@ -36,7 +36,3 @@ def test_a_wrapper_is_imported_by_the_name_it_is_bound_to_not_the_wrapped_functi
     reward = resolve_reward(user_rewards.doubled_length)
     assert call_reward(reward, "p", "abcd", {}) == 8.0  # through the worker: the wrapper, not length (4.0)
     assert worker_path(lambda p, c: 1.0) is None
-
-
-def test_rewards_and_tools_never_share_a_pool() -> None:
-    assert reward_workers() is reward_workers() and tool_workers() is not reward_workers()

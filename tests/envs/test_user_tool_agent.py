@@ -120,6 +120,7 @@ def teach_calls(model: str, steps: int = 150) -> None:
 @pytest.mark.slow  # teaches the model calls (150 batched steps) and fits two steps with 1-s tool deadlines
 def test_a_user_tool_agent_from_yaml_fits_through_a_hanging_tool_a_raising_tool_and_a_null_row(tmp_path):
     (tmp_path / "agent_tools.py").write_text(TOOLS)
+    tmp_path.chmod(0o755)  # the tools' confined workers run as a uid of their own
     sys.path.insert(0, str(tmp_path))
     try:
         save_start(str(tmp_path / "model"))

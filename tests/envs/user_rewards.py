@@ -36,3 +36,7 @@ def _scaled(fn):  # noqa: ANN001, ANN202
 
 
 doubled_length = _scaled(length)  # carries length's __qualname__: a worker must import this name
+
+
+def hungry(prompt, completion, **row):  # noqa: ANN001, ANN003, ANN201
+    return float(len(bytearray(600 * 1024**2)) > 0)  # 600 MiB: within the default 1 GiB, not within 512 MiB

@@ -60,3 +60,31 @@ def test_a_free_worker_takes_the_lowest_priority_then_the_oldest_queued_call():
     assert first.result(10).ok and all(c.result(10).ok for c in calls)
     assert order == ["step-1", "step-2", "prepared-1", "prepared-2"]
     pool.shutdown()
+
+
+def test_a_call_past_its_timeout_gives_its_slot_to_a_new_thread_so_queued_calls_still_run(caplog):
+    pool = EnvPool(workers=1)
+    never = threading.Event()
+    try:
+        stuck = pool.submit(never.wait, timeout_s=0.05, what="step")
+        after = pool.submit(lambda: "ran", timeout_s=None)  # queued behind the only thread, which never returns
+        assert stuck.result(timeout=10).failure == "step timed out after 0.05 s"
+        assert after.result(timeout=10).value == "ran"
+        assert pool.hung == 1 and "step timed out after 0.05 s; its thread cannot be stopped" in caplog.text
+    finally:
+        never.set()
+        pool.shutdown()
+
+
+def test_calls_queued_at_shutdown_resolve_as_not_run():
+    pool = EnvPool(workers=1)
+    started, release = threading.Event(), threading.Event()
+    try:
+        busy = pool.submit(lambda: started.set() or release.wait(), timeout_s=None)
+        assert started.wait(10)  # the only thread is busy: the next call queues
+        queued = pool.submit(lambda: 1, timeout_s=None, what="reset")
+        pool.shutdown()
+        assert queued.result(timeout=10).failure == "reset not run: the environment pool is shut down"
+    finally:
+        release.set()
+    assert busy.result(timeout=10).ok

@@ -5,7 +5,8 @@ all-gathered by ``compute()``), so with ranks holding 3 and 1 trajectories the l
 mean of the 4, not the mean of two rank means.
 
 =======================================  ==========================================================
-``rollout/reward_mean``                  mean reward of the trajectories whose reward is known
+``rollout/reward_mean``                  mean reward of the trajectories whose reward is known (not
+                                         the unscorable ones)
 ``rollout/reward_std``                   its population standard deviation
 ``rollout/pass_rate``                    fraction with reward >= ``pass_threshold``
 ``rollout/trajectory_tokens_mean``       mean tokens per trajectory (prompt, actions, observations)
@@ -16,11 +17,13 @@ mean of the 4, not the mean of two rank means.
 ``rollout/failure_rate``                 failures / trajectories
 ``rollout/host_faults_count``            failures no action caused (a failed reset, a sandbox host or
                                          process that went away: ``HostFault``); included in failures
-``rollout/unscorable_fraction``         trajectories every reward function declined (TRL's ``None``:
-                                         out of their group's statistics, advantage 0) / trajectories
 ``rollout/reward_error_fraction``        trajectories whose reward could not be computed (the verdict or
                                          a reward function raised, timed out or returned no finite
-                                         number: reward 0) / trajectories
+                                         number, or the task's data row could not be an episode, or
+                                         a reward beyond ``max_abs_reward``: it scores the failure
+                                         floor) / trajectories
+``rollout/unscorable_fraction``          trajectories every reward declined (returned None, TRL's
+                                         unscorable: no reward, advantage 0) / trajectories
 ``rollout/invalid_tool_call_fraction``   invalid calls / calls (a code task's text action is one call; 0 when none was made)
 ``rollout/truncated_action_fraction``    actions that reached ``max_action_tokens`` without the stop
                                          (end-of-turn) token / actions (turns); 1 minus it is the
@@ -28,7 +31,9 @@ mean of the 4, not the mean of two rank means.
 ``rollout/tool_error_fraction``          tool calls whose tool raised or whose process died / tool calls
 ``rollout/tool_timeout_fraction``        tool calls whose tool overran its deadline (stopped) / tool calls
 ``rollout/reward/{name}_mean``           each named reward of a weighted sum, unweighted (TRL's
-                                         ``reward_funcs``; names from the task source's ``reward_names``)
+                                         ``reward_funcs``; names from the task source's ``reward_names``),
+                                         over the trajectories where that reward gave a value (TRL's
+                                         ``nanmean``: a failure of another reward does not hide it)
 ``rollout/finish_{reason}_count``        trajectories by finish reason (submit, turn_limit, length,
                                          failure)
 ``rollout/groups_folded_count``          groups folded into the gradient
@@ -47,7 +52,8 @@ When every group of ``zero_advantage_warn_steps`` consecutive steps had equal re
 random model that never passes a test), a warning says that the run is not learning and why. The
 first step whose ``rollout/reward_error_fraction`` exceeds ``reward_error_warn_fraction`` warns
 with the first error's message (a reward function with the wrong signature fails every trajectory
-with reward 0, which looks like a task that is too hard). The first step with a tool that raised,
+with reward 0, which looks like a task that is too hard). The first data row that fails at reset,
+and the first unscorable trajectory, warn once each whatever their share. The first step with a tool that raised,
 and the first with a tool that overran its deadline, warn once each with the first reason.
 """
 
@@ -96,6 +102,8 @@ class RolloutMetrics(StepStatsCallback):
         self.reward_error_warn_fraction = reward_error_warn_fraction
         self._zero_streak = 0
         self._reward_error_warned = False
+        self._row_error_warned = False
+        self._unscorable_warned = False
         self._tool_warned: set[str] = set()
         self.reward_names: tuple[str, ...] = ()
         super().__init__()
@@ -133,7 +141,7 @@ class RolloutMetrics(StepStatsCallback):
     @override
     def measure(self, stats: StepStats) -> dict[str, Reduction]:
         trajs = stats.trajectories
-        rewards = [float(t.reward) for t in trajs if t.reward is not None]
+        rewards = [float(t.reward) for t in trajs if t.reward is not None and not t.unscorable]
         return {
             "rollout/reward_mean": Mean(rewards),
             "reward_sq_mean": Mean([x * x for x in rewards]),
@@ -197,6 +205,7 @@ class RolloutMetrics(StepStatsCallback):
     ) -> None:
         self._check_zero_advantage(metrics["train/zero_advantage_group_fraction"])
         self._check_reward_errors(metrics["rollout/reward_error_fraction"], stats)
+        self._check_rows(metrics, stats)
         self._check_tool_errors(metrics, stats)
 
     def _check_tool_errors(self, metrics: dict[str, float], stats: StepStats) -> None:
@@ -214,6 +223,25 @@ class RolloutMetrics(StepStatsCallback):
                 f"'[tool error] ...' and the episode went on.{example} Fix the tool"
                 + (" or raise the task's tool_timeout_s" if timed_out else "")
                 + "; further failures of this kind are counted in the metric and summary.json, not warned."
+            )
+
+    def _check_rows(self, metrics: dict[str, float], stats: StepStats) -> None:
+        """Warn once with the first data row that failed at reset, and once with the first unscorable
+        trajectory (this rank's), whatever their share: each is a fact about the data, not noise."""
+        row = next((t for t in stats.trajectories if t.row_error), None)
+        if row is not None and not self._row_error_warned:
+            self._row_error_warned = True
+            rank_zero_warn(
+                f"Step {stats.step}: a data row failed at reset ({row.trajectory_id}: {row.failure}); its "
+                "trajectories count as reward errors (rollout/reward_error_fraction, summary.json) with reward 0. "
+                "Fix the row; further rows are counted, not warned."
+            )
+        if metrics["rollout/unscorable_fraction"] > 0 and not self._unscorable_warned:
+            self._unscorable_warned = True
+            rank_zero_warn(
+                f"Step {stats.step}: every reward returned None for {metrics['rollout/unscorable_fraction']:.0%} of "
+                "the trajectories (rollout/unscorable_fraction): they have no reward and an advantage of 0. Make "
+                "sure at least one reward scores each row; further steps are counted, not warned."
             )
 
     def _check_reward_errors(self, fraction: float, stats: StepStats) -> None:

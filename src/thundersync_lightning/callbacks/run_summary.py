@@ -45,6 +45,7 @@ _REDUCTIONS: dict[str, type[Sum] | type[Max]] = {
     "invalid_tool_calls": Sum,
     "tool_errors": Sum,
     "tool_timeouts": Sum,
+    "unscorable": Sum,
 }
 
 
@@ -86,6 +87,7 @@ class RunSummary(StepStatsCallback):
         super().__init__()
         self.val_pass_at_1: list[float] = []  # val/pass_at_1 of every validation run during fit
         self.tool_error_first: str | None = None  # this rank's first tool failure
+        self.reward_error_first: str | None = None  # this rank's first reward error (a failed row included)
 
     @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -93,6 +95,7 @@ class RunSummary(StepStatsCallback):
             self.steps, self._wall_before, self._steps_before = [], 0.0, 0
             self.val_pass_at_1 = []
             self.tool_error_first = None
+            self.reward_error_first = None
             self._training = False
 
     @override
@@ -113,6 +116,8 @@ class RunSummary(StepStatsCallback):
     def measure(self, stats: StepStats) -> dict[str, Reduction]:
         if self.tool_error_first is None:
             self.tool_error_first = next((t.tool_error for t in stats.trajectories if t.tool_error), None)
+        if self.reward_error_first is None:
+            self.reward_error_first = next((t.failure for t in stats.trajectories if t.reward_error), None)
         local = aggregate(stats)
         return {name: reduction(float(getattr(local, name))) for name, reduction in _REDUCTIONS.items()}
 
@@ -144,12 +149,14 @@ class RunSummary(StepStatsCallback):
         out["val_pass_at_1_first"] = self.val_pass_at_1[0] if self.val_pass_at_1 else None
         out["val_pass_at_1_last"] = self.val_pass_at_1[-1] if self.val_pass_at_1 else None
         out["tool_error_first"] = self.tool_error_first
+        out["reward_error_first"] = self.reward_error_first
         return out
 
     @override
     def state_dict(self) -> dict[str, Any]:
         return {"steps": [asdict(s) for s in self.steps], "wall_seconds": self.wall_seconds,
-                "val_pass_at_1": list(self.val_pass_at_1), "tool_error_first": self.tool_error_first}
+                "val_pass_at_1": list(self.val_pass_at_1), "tool_error_first": self.tool_error_first,
+                "reward_error_first": self.reward_error_first}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -158,6 +165,7 @@ class RunSummary(StepStatsCallback):
         self._wall_before = float(state_dict.get("wall_seconds", 0.0))
         self.val_pass_at_1 = [float(v) for v in state_dict.get("val_pass_at_1", [])]
         self.tool_error_first = state_dict.get("tool_error_first")
+        self.reward_error_first = state_dict.get("reward_error_first")
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

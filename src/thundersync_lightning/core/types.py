@@ -175,24 +175,39 @@ class RewardReady:
 
 class WeightedReward(float):
     """A verdict made of named rewards (TRL's ``reward_funcs`` / ``reward_weights``): the value is
-    ``sum_i w_i r_i``; ``parts`` keeps each ``(name, r_i)`` unweighted, to be logged one by one."""
+    ``sum_i w_i r_i`` over the rewards that gave a value (TRL's ``nansum``: a reward that returned
+    ``None`` declined the completion and is left out); ``parts`` keeps each given ``(name, r_i)``
+    unweighted, to be logged one by one. ``unscorable``: every reward declined (value 0.0, no
+    parts). ``failure``: a reward raised or returned no finite number (value 0.0; ``parts`` keeps
+    the rewards that did give a value, for their per-reward means)."""
 
     parts: tuple[tuple[str, float], ...]
+    failure: str | None
+    unscorable: bool
 
-    def __new__(cls, value: float, parts: Sequence[tuple[str, float]] = ()) -> WeightedReward:
+    def __new__(cls, value: float, parts: Sequence[tuple[str, float]] = (), failure: str | None = None,
+                unscorable: bool = False) -> WeightedReward:
         self = super().__new__(cls, value)
         self.parts = tuple((str(n), float(r)) for n, r in parts)
+        self.failure, self.unscorable = failure, bool(unscorable)
         return self
 
-    def __getnewargs__(self) -> tuple[float, tuple[tuple[str, float], ...]]:  # type: ignore[override]
-        return (float(self), self.parts)
+    def __getnewargs__(self) -> tuple[float, tuple[tuple[str, float], ...], str | None, bool]:  # type: ignore[override]
+        return (float(self), self.parts, self.failure, self.unscorable)
 
     @classmethod
-    def combine(cls, parts: Sequence[tuple[str, float]], weights: Sequence[float]) -> WeightedReward:
-        """``sum_i weights[i] * parts[i][1]`` with its parts."""
+    def combine(cls, parts: Sequence[tuple[str, float | None]], weights: Sequence[float],
+                failure: str | None = None) -> WeightedReward:
+        """``sum_i weights[i] * r_i`` over the parts whose ``r_i`` is not None, with those parts;
+        unscorable when every ``r_i`` is None; 0.0 with ``failure`` (and the given parts) when set."""
         if len(parts) != len(weights):
             raise ValueError(f"{len(parts)} rewards but {len(weights)} weights")
-        return cls(sum(w * r for (_, r), w in zip(parts, weights)), parts)
+        given = [(n, r) for n, r in parts if r is not None]
+        if failure is not None:
+            return cls(0.0, given, failure)
+        if not given:
+            return cls(0.0, (), None, unscorable=True)
+        return cls(sum(w * r for (_, r), w in zip(parts, weights) if r is not None), given)
 
 
 RolloutEvent = Union[ContentReady, RewardReady]

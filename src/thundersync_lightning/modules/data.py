@@ -21,6 +21,7 @@ from ..core.errors import ConfigError
 from ..core.evaluation import ValidationLoader
 from ..core.options import strict_options
 from ..core.protocols import EngineFactory, RolloutEngine, TaskSource
+from .settings import plain_settings
 
 __all__ = ["RolloutDataModule", "EngineFactory", "TaskSourceConfig"]
 
@@ -120,6 +121,12 @@ class RolloutDataModule(LightningDataModule):
             problems.append(f"engine must have build(model_spec, tasks), got {type(engine).__name__}")
         if problems:
             raise ConfigError("RolloutDataModule: " + "; ".join(problems))
+        if val_samples == 0 and getattr(tasks, "eval_path", None) is not None:
+            rank_zero_warn(
+                f"RolloutDataModule(val_samples=0): the task source has a separate eval set "
+                f"({tasks.eval_path}) that no validation will run; set val_samples > 0 (trajectories per "
+                "held-out prompt, TRL's num_generations_eval)"
+            )
         if group_size == 1:
             rank_zero_warn(
                 "RolloutDataModule(group_size=1): a group of one trajectory has advantage 0 under the built-in "
@@ -138,6 +145,13 @@ class RolloutDataModule(LightningDataModule):
         self.dynamic_sampling = dynamic_sampling
         self.max_extra_groups = (max_extra_groups or groups_per_step) if dynamic_sampling else 0
         self._engine: RolloutEngine | None = None
+        # the run config (W&B, hparams.yaml) gets every data setting under "data", as the YAML names them
+        self.save_hyperparameters({"data": {
+            "tasks": plain_settings(tasks), "engine": plain_settings(engine), "group_size": group_size,
+            "groups_per_step": groups_per_step, "seed": seed, "steps_per_epoch": steps_per_epoch,
+            "val_samples": val_samples, "val_tasks": val_tasks, "val_groups": val_groups, "val_pass_k": val_pass_k,
+            "val_pass_threshold": val_pass_threshold, "val_seed": val_seed, "dynamic_sampling": dynamic_sampling,
+            "max_extra_groups": max_extra_groups}})
 
     @property
     def engine(self) -> RolloutEngine | None:

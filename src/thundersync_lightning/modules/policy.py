@@ -41,6 +41,7 @@ from ..core.grpo.terms import (
     TokenScores,
     reference_loss,
 )
+from ..core.options import trl_hint
 from ..core.scoring import objective_terms, score_needs, step_entropy_threshold
 from ..core.types import ModelSpec, Trajectory
 from ..envs.chat import ChatRenderer
@@ -121,7 +122,7 @@ class GRPOPolicy(LightningModule):
         super().__init__()
         problems = []
         for name in unknown:
-            hint = f"it moved to {_MOVED[name]}" if name in _MOVED else "it is not an option of GRPOPolicy"
+            hint = f"it moved to {_MOVED[name]}" if name in _MOVED else f"it is not an option of GRPOPolicy{trl_hint(name)}"
             problems.append(f"{name}={unknown[name]!r}: {hint}")
         if score_batch_tokens < 1:
             problems.append(f"score_batch_tokens must be >= 1, got {score_batch_tokens}")
@@ -139,6 +140,7 @@ class GRPOPolicy(LightningModule):
         self._objective = Objective.of(objective)
         self.save_hyperparameters(ignore=["objective", "unknown"])
         self.hparams["objective"] = self._objective.to_dict()  # plain data in hparams and checkpoints
+        self.save_hyperparameters(dict(self.hparams))  # hparams_initial (the run config loggers get) has it too
         self._spec = ModelSpec(
             model_type=model_type,
             config=dict(TINY_QWEN3 if config is None else config),

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..core.accumulator.bounds import bound_problems
 from ..core.grpo.objective import Objective
+from ..core.options import trl_hint
 from .sharding import SHARDINGS
 
 __all__ = ["MODES", "option_problems"]
@@ -31,7 +32,8 @@ def option_problems(options: Mapping[str, Any], unknown: Mapping[str, Any], vali
             )
         else:
             problems.append(
-                f"{name}={unknown[name]!r} is not an option of ThunderSyncStrategy (it has no DDP wrapper to "
+                f"{name}={unknown[name]!r} is not an option of ThunderSyncStrategy{trl_hint(name)} (it has no DDP "
+                "wrapper to "
                 f"pass it to); valid options: {', '.join(valid)}"
             )
     o = options

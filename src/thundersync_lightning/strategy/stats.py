@@ -50,11 +50,17 @@ class TrajectoryRecord:
     @property
     def reward_error(self) -> bool:
         """The reward could not be computed: the verdict raised, timed out or was not a finite number
-        (a failure of an episode that itself finished), or a reward function raised while the
-        environment graded a turn (``RewardError``). The trajectory's reward is then 0."""
+        (a failure of an episode that itself finished), a reward function raised while the
+        environment graded a turn (``RewardError``), or the task's data row could not be an episode
+        (``DatasetRowError``, at reset). The trajectory's reward is then 0."""
         if self.failure is None:
             return False
-        return self.finish_reason != "failure" or "RewardError: " in self.failure
+        return self.finish_reason != "failure" or "RewardError: " in self.failure or self.row_error
+
+    @property
+    def row_error(self) -> bool:
+        """The episode failed because its data row cannot be one (a null field, a malformed prompt)."""
+        return self.failure is not None and "DatasetRowError: " in self.failure
 
 
 @dataclass(frozen=True, slots=True)

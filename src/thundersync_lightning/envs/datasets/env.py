@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ...core.types import StepResult
+from ...core.types import StepResult, WeightedReward
+from .conventions import RewardError, RewardInput
 
 if TYPE_CHECKING:  # annotations only: the source builds this environment
     from .source import DatasetTasks
@@ -15,10 +16,12 @@ __all__ = ['DatasetTask', 'DatasetEnv']
 
 @dataclass(frozen=True, slots=True)
 class DatasetTask:
-    """One row: its index and its mapped fields (canonical name -> value)."""
+    """One row: its index and its columns (``fields`` renames applied: name -> value); ``held_out``:
+    a row of the separate eval set (its index counts there)."""
 
     index: int
     row: dict[str, Any]
+    held_out: bool = False
 
 
 class DatasetEnv:
@@ -29,6 +32,8 @@ class DatasetEnv:
         self.messages: list[dict[str, str]] = []
         self.answers: list[str] = []
         self.last_reward: float | None = None
+        self.completion_ids: list[int] = []  # the tokens after the prompt (TRL's completion_ids)
+        self._prompt_messages = 0
 
     @property
     def prompt(self) -> Any:
@@ -38,7 +43,8 @@ class DatasetEnv:
     def reset(self) -> tuple[int, ...]:
         src = self.source
         self.messages = src.messages_of(self.task)
-        self.answers, self.last_reward = [], None
+        self._prompt_messages = len(self.messages)
+        self.answers, self.last_reward, self.completion_ids = [], None, []
         if src.renderer is not None:
             return src.renderer.prompt_ids(self.messages)
         text = self.prompt if isinstance(self.prompt, str) else "\n".join(m["content"] for m in self.messages)
@@ -59,6 +65,7 @@ class DatasetEnv:
 
     def step(self, action: Any) -> StepResult:
         ids, stop = list(action), self.source.stop_token
+        self.completion_ids.extend(ids)
         closed = stop in ids
         if closed:
             ids = ids[: ids.index(stop)]
@@ -67,8 +74,11 @@ class DatasetEnv:
         self.messages.append({"role": "assistant", "content": text})
         if len(self.answers) >= self.source.max_turns:
             return StepResult((), True)
-        self.last_reward = self._grade(text)
-        if self.last_reward >= self.source.success_reward:
+        grade = self._grade(text)
+        if grade.failure is not None:  # grading a turn failed: the episode fails, as a reward error
+            raise RewardError(grade.failure.removeprefix("RewardError: "))
+        self.last_reward = grade
+        if not grade.unscorable and grade >= self.source.success_reward:
             return StepResult((), True)
         src = self.source
         if src.renderer is not None:
@@ -77,10 +87,14 @@ class DatasetEnv:
         else:
             obs = self._encode(("" if closed else "\n") + src.feedback + "\n")
         self.messages.append({"role": "user", "content": src.feedback})
+        self.completion_ids.extend(obs)
         return StepResult(obs, False)
 
-    def _grade(self, completion: str) -> float:
-        return self.source.reward_sum(self.prompt, completion, self.task.row)
+    def _grade(self, completion: str) -> WeightedReward:
+        messages = tuple(self.messages[self._prompt_messages:])  # the answer graded is the last one
+        inp = RewardInput(self.prompt, completion, self.task.row, messages, tuple(self.completion_ids),
+                          len(self.answers))
+        return self.source.grade(self.task, inp)
 
     def verdict(self) -> float:
         if not self.answers:

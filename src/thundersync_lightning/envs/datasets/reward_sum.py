@@ -3,11 +3,16 @@
     reward: [my_rewards:correct, {name: regex_match, pattern: "</think>"}]
     reward_weights: [1.0, 0.2]            # default: 1 each
 
-The trajectory's reward is ``R = sum_i w_i r_i``; each ``r_i`` (unweighted) travels with it in a
+The trajectory's reward is TRL's ``nansum``: ``R = sum_{i: r_i is not None} w_i r_i``; a reward
+that returns ``None`` declines the completion ("not applicable") and is left out. A completion
+that every reward declines is unscorable (``WeightedReward.unscorable``: it leaves its group's
+mean and std, its advantage is 0). Each given ``r_i`` (unweighted) travels with the trajectory in a
 :class:`~thundersync_lightning.core.types.WeightedReward` and is logged as
 ``rollout/reward/{name}_mean`` (``name``: the registered name or the function's, ``_2``, ``_3``
-for repeats). A reward that raises or is not a finite number fails the trajectory (reward 0,
-``RewardError`` naming it), as with one reward: a partial sum would be a reward nobody asked for.
+for repeats), averaged over the trajectories where that reward gave a value. A reward that raises
+or returns neither a finite number nor None fails the trajectory (reward 0, ``RewardError`` naming
+it): a partial sum would be a reward nobody asked for. The other rewards still run, so their
+means count the trajectory.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ from typing import Any
 
 from ...core.errors import ConfigError
 from ...core.types import WeightedReward
-from .rewards import RewardFn, call_reward, check_reward_signature, resolve_reward
+from ..tools.confine import WorkerLimits
+from .rewards import RewardError, RewardFn, RewardInput, call_reward, check_reward_signature, resolve_reward
 
 __all__ = ["RewardSum"]
 
@@ -26,9 +32,12 @@ RewardSpec = str | Mapping[str, Any] | RewardFn
 
 
 class RewardSum:
-    """``specs`` (one spec or a list) with ``weights`` (None: 1 each); ConfigError lists every problem."""
+    """``specs`` (one spec or a list) with ``weights`` (None: 1 each); ConfigError lists every problem.
+    ``limits`` confine the workers of the rewards that run in one (None: the defaults)."""
 
-    def __init__(self, specs: RewardSpec | Sequence[RewardSpec], weights: Sequence[float] | None = None) -> None:
+    def __init__(self, specs: RewardSpec | Sequence[RewardSpec], weights: Sequence[float] | None = None,
+                 limits: WorkerLimits | None = None) -> None:
+        self.limits = limits
         listed = list(specs) if isinstance(specs, Sequence) and not isinstance(specs, str) else [specs]
         problems: list[str] = []
         if not listed:
@@ -56,11 +65,23 @@ class RewardSum:
             names.append(name)
         self.names = tuple(names)
 
-    def signature_problems(self, fields: Sequence[str]) -> list[str]:
-        """Each reward that cannot be called with the mapped ``fields`` (see ``check_reward_signature``)."""
-        return [p for p in (check_reward_signature(fn, fields) for fn in self.rewards) if p]
+    def signature_problems(self, columns: Sequence[str], origin: str = "the data") -> list[str]:
+        """Each reward that cannot be called with ``columns`` (see ``check_reward_signature``)."""
+        return [p for fn in self.rewards for p in check_reward_signature(fn, columns, origin)]
+
+    def score(self, inp: RewardInput) -> WeightedReward:
+        """``sum_i w_i r_i`` over the rewards that gave a value, with those values; unscorable when
+        every reward declined; 0.0 with the first failure (and the values given) when one failed."""
+        parts: list[tuple[str, float | None]] = []
+        failure = None
+        for name, fn in zip(self.names, self.rewards):
+            try:
+                parts.append((name, call_reward(fn, inp, limits=self.limits)))
+            except RewardError as exc:
+                failure = failure or f"RewardError: {exc}"
+                parts.append((name, None))
+        return WeightedReward.combine(parts, self.weights, failure)
 
     def __call__(self, prompt: Any, completion: str, row: Mapping[str, Any]) -> WeightedReward:
-        """``sum_i w_i r_i`` with its parts; RewardError when any reward fails."""
-        parts = [(name, call_reward(fn, prompt, completion, row)) for name, fn in zip(self.names, self.rewards)]
-        return WeightedReward.combine(parts, self.weights)
+        """:meth:`score` of a single-turn ``completion`` to ``prompt`` (``row``: the columns)."""
+        return self.score(RewardInput(prompt, completion, dict(row)))

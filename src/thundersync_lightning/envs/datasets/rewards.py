@@ -1,4 +1,4 @@
-"""Reward functions: ``reward(prompt, completion, **row) -> float``, by name or import path.
+"""Reward functions, by name or import path, in TRL's, verl's or this project's convention.
 
 A registry in the style of verl's ``register_*`` / ``get_*``: :func:`register_reward` adds a
 callable under a name, :func:`resolve_reward` turns a YAML value into a callable:
@@ -8,7 +8,12 @@ callable under a name, :func:`resolve_reward` turns a YAML value into a callable
     reward: {function: my_pkg.rewards:score, scale: 2}     # any importable callable ("module:attr")
     reward: my_pkg.rewards:score                           # the same without fixed arguments
 
-Built-ins (``row`` holds the dataset row's mapped fields; ``answer`` is the reference):
+How a function is called depends on its parameters (:mod:`.conventions`): TRL's
+``f(prompts, completions, completion_ids, **columns) -> list[float | None]``, verl's
+``compute_score(data_source, solution_str, ground_truth, extra_info)``, or
+``reward(prompt, completion, **row) -> float | None``. Every column reaches it (``fields`` renames).
+
+Built-ins (``row`` holds the dataset row's columns; ``answer`` is the reference):
 
     exact_match   1 if the completion, stripped, equals ``answer`` stripped (``ignore_case``)
     regex_match   1 if ``pattern`` (argument, or the row's ``pattern`` field) matches the completion
@@ -16,22 +21,22 @@ Built-ins (``row`` holds the dataset row's mapped fields; ``answer`` is the refe
     unit_tests    1 if the completion's code passes the row's ``tests`` (Python source with asserts),
                   run in a bubblewrap sandbox (``python3 -I``, no network, own uid, limits)
 
-A reward that raises, or returns something that is not a finite number, is the trajectory's
-failure (reward 0, ``RewardReady.failure`` says which function and why): see
-:func:`call_reward`. A thread cannot be stopped, so a user's reward function (it may sleep, loop
-or wait on a socket) runs in a tool worker process killed past :data:`REWARD_TIMEOUT_S`
-(:mod:`..tools.workers`). The built-ins run in the caller's thread: ``exact_match`` and
-``math_answer`` are linear, ``unit_tests`` has its sandbox's deadline, and ``regex_match`` runs
-the configured pattern (a pattern that backtracks catastrophically on the model's text stalls the
+``None`` declines the completion (see :mod:`.reward_sum`). A reward that raises, or returns
+something that is neither a finite number nor None, is the trajectory's failure (reward 0,
+``RewardReady.failure`` says which function and why): see :func:`call_reward`. A thread cannot be
+stopped, so a user's reward function (it may sleep, loop or wait on a socket) runs in a confined
+reward worker process killed past :data:`REWARD_TIMEOUT_S` (:mod:`..tools.workers`; an ``async
+def`` one is awaited there). The built-ins run in the caller's thread: ``exact_match`` and
+``math_answer`` are linear, ``unit_tests`` has its sandbox's deadline, and ``regex_match`` runs the
+configured pattern (a pattern that backtracks catastrophically on the model's text stalls the
 engine: the pattern is the user's to keep linear). So does a reward no worker can import by
 ``module:name`` (a lambda, a local function, one defined in ``__main__``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
-import math
-import numbers
 import os
 import re
 import secrets
@@ -40,23 +45,21 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ...core.errors import ConfigError, ThunderSyncError
+from ...core.errors import ConfigError
 from ...core.registry import Registry
+from ..tools.confine import WorkerLimits
 from ..tools.workers import ToolOutcome, reward_workers, worker_path
 from ..user_code import import_object
+from .conventions import RewardConvention, RewardError, RewardInput, convention_of
 
-__all__ = ["RewardFn", "RewardError", "register_reward", "get_reward", "resolve_reward", "call_reward",
-           "check_reward_signature",
+__all__ = ["RewardFn", "RewardError", "RewardInput", "register_reward", "get_reward", "resolve_reward",
+           "call_reward", "check_reward_signature",
            "reward_names", "exact_match", "regex_match", "math_answer", "unit_tests"]
 
 RewardFn = Callable[..., float]
 REWARD_TIMEOUT_S = 60.0  # past it a reward's worker process is killed and the trajectory fails
 
 _REGISTRY: Registry[RewardFn] = Registry("reward", "or give {function: 'module:callable'}")
-
-
-class RewardError(ThunderSyncError):
-    """A reward function raised or returned a value that is not a finite number."""
 
 
 def register_reward(name: str, fn: RewardFn | None = None, *, overwrite: bool = False) -> Any:
@@ -74,14 +77,21 @@ def get_reward(name: str) -> RewardFn:
 
 
 class _Bound:
-    """A reward with fixed keyword arguments (picklable when the function is importable)."""
+    """A reward with fixed keyword arguments and its calling convention (picklable when the
+    function is importable)."""
 
     def __init__(self, fn: RewardFn, name: str, kwargs: Mapping[str, Any]) -> None:
         self.fn, self.name, self.kwargs = fn, name, dict(kwargs)
         self.path = _worker_path(fn)  # None: runs in the caller's thread
+        try:
+            self.params: Mapping[str, inspect.Parameter] | None = dict(inspect.signature(fn).parameters)
+        except (TypeError, ValueError):
+            self.params = None
+        self.convention: RewardConvention = convention_of(self.params)
 
-    def __call__(self, prompt: str, completion: str, **row: Any) -> float:
-        return self.fn(prompt, completion, **{**row, **self.kwargs})
+    def __call__(self, prompt: Any, completion: str, **row: Any) -> float | None:
+        """One trajectory's reward, in the caller's thread (a test's shortcut to :func:`call_reward`)."""
+        return call_reward(self, RewardInput(prompt, completion, row))
 
 
 def resolve_reward(spec: str | Mapping[str, Any] | RewardFn) -> _Bound:
@@ -111,25 +121,13 @@ def _import_reward(path: str) -> Any:
     return import_object(path, "reward function")
 
 
-def check_reward_signature(fn: _Bound, fields: Sequence[str]) -> str | None:
-    """Why ``fn`` cannot be called as ``fn(prompt, completion, **row)`` with the source's mapped
-    ``fields`` and its own fixed arguments (``None``: it can, or its signature is not inspectable).
-    Checked at construction: a mismatch would otherwise fail every trajectory with reward 0."""
-    try:
-        signature = inspect.signature(fn.fn)
-    except (TypeError, ValueError):
-        return None
-    extra = {k: None for k in fields if k not in ("prompt", "completion")}
-    try:
-        signature.bind("prompt", "completion", **{**extra, **fn.kwargs})
-    except TypeError as exc:
-        given = ", ".join(["prompt", "completion", *(f"{k}=..." for k in {**extra, **fn.kwargs})])
-        return (
-            f"reward {fn.name!r}{signature} cannot be called as {fn.name.rpartition(':')[2]}({given}): {exc}. A reward "
-            "is reward(prompt, completion, **row) -> float and receives every mapped field as a keyword "
-            "(accept the ones you do not use with **row)"
-        )
-    return None
+def check_reward_signature(fn: _Bound, columns: Sequence[str], origin: str = "the data") -> list[str]:
+    """Why ``fn`` cannot be called in its convention with ``columns`` and its fixed arguments
+    (empty: it can, or its signature is not inspectable). Checked at construction: a mismatch would
+    otherwise fail every trajectory with reward 0."""
+    if fn.params is None:
+        return []
+    return fn.convention.problems(fn.name, fn.params, list(columns), fn.kwargs, origin)
 
 
 def _worker_path(fn: RewardFn) -> str | None:
@@ -140,13 +138,18 @@ def _worker_path(fn: RewardFn) -> str | None:
     return worker_path(fn)
 
 
-def call_reward(fn: _Bound, prompt: Any, completion: str, row: Mapping[str, Any],
-                timeout_s: float = REWARD_TIMEOUT_S) -> float:
-    """``fn``'s value, or RewardError naming the function and what went wrong (it raised, returned
-    no finite number, or overran ``timeout_s`` in its worker process and was stopped)."""
-    extra = {k: v for k, v in row.items() if k not in ("prompt", "completion")}
+def call_reward(fn: _Bound, inp: RewardInput | Any, completion: str | None = None,
+                row: Mapping[str, Any] | None = None, timeout_s: float = REWARD_TIMEOUT_S,
+                limits: WorkerLimits | None = None) -> float | None:
+    """``fn``'s value for one trajectory (``inp``, or ``prompt, completion, row``): a float, or None
+    where it declined; RewardError naming the function and what went wrong (it raised, returned
+    neither a finite number nor None, or overran ``timeout_s`` in its worker process, confined by
+    ``limits``, and was stopped)."""
+    if not isinstance(inp, RewardInput):
+        inp = RewardInput(inp, str(completion), dict(row or {}))
+    positional, keywords = fn.convention.call(inp, fn.params, fn.kwargs)
     if fn.path is not None:
-        got = reward_workers().exchange(fn.path, (prompt, completion), {**extra, **fn.kwargs}, timeout_s, None)
+        got = reward_workers(limits).exchange(fn.path, positional, keywords, timeout_s, None)
         if isinstance(got, ToolOutcome):  # it never answered: stopped at the deadline, or its process died
             raise RewardError(f"reward {fn.name!r}: {got.error}")
         status, payload = got
@@ -155,12 +158,16 @@ def call_reward(fn: _Bound, prompt: Any, completion: str, row: Mapping[str, Any]
         value: Any = payload
     else:
         try:
-            value = fn(prompt, completion, **extra)
+            value = fn.fn(*positional, **keywords)
+            if inspect.isawaitable(value):  # an async def reward: this pool thread runs no event loop
+                value = asyncio.run(_awaited(value))
         except Exception as exc:  # noqa: BLE001 - any failure of user code becomes the trajectory's failure
             raise RewardError(f"reward {fn.name!r} raised {type(exc).__name__}: {exc}") from exc
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-        raise RewardError(f"reward {fn.name!r} returned {value!r}: expected a finite number")
-    return float(value)
+    return fn.convention.value(value, f"reward {fn.name!r}")
+
+
+async def _awaited(value: Any) -> Any:
+    return await value
 
 
 # ---------------------------------------------------------------------- built-ins

@@ -17,8 +17,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...core.errors import ConfigError
+from .conventions import RewardError
 
-__all__ = ["Rows", "read_rows"]
+__all__ = ["Rows", "read_rows", "DatasetRowError"]
+
+
+class DatasetRowError(RewardError, ValueError):
+    """A row cannot be an episode (a null mapped field, a malformed prompt): its trajectories fail
+    at reset and count as reward errors (``rollout/reward_error_fraction``, ``summary.json``)."""
 
 
 @dataclass(frozen=True, slots=True)

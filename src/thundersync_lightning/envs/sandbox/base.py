@@ -22,7 +22,7 @@ from typing import Protocol, runtime_checkable
 
 from ...core.errors import ConfigError, HostFault, ThunderSyncError
 
-__all__ = ["SandboxError", "InvalidCommand", "check_command", "SandboxLimits", "SandboxResult", "Sandbox", "RunGuard", "run_bounded", "wait_readable"]
+__all__ = ["SandboxError", "InvalidCommand", "check_command", "SandboxLimits", "SandboxResult", "Sandbox", "RunGuard", "run_bounded", "wait_readable", "kill_group"]
 
 _TRUNCATED = b"\n[output truncated]\n"
 
@@ -242,7 +242,7 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _kill_group(proc: subprocess.Popen[bytes], wait_s: float = 30.0) -> None:
+def kill_group(proc: subprocess.Popen[bytes], wait_s: float = 30.0) -> None:
     """SIGKILL the group and every descendant, then wait until those descendants are gone.
 
     Call only while the leader is not yet reaped (its pid cannot be reused). Killing is
@@ -353,7 +353,7 @@ def run_bounded(
                 if pidfd not in ready:
                     timed_out, cancelled = not ready, bool(ready)
     finally:
-        _kill_group(proc)
+        kill_group(proc)
         os.close(pidfd)
         proc.wait()
         proc.stdout.close()

@@ -41,7 +41,8 @@ from .cgroups import CgroupSupport, CommandCgroup, probe
 from .fs import BoundedDir, check_budget
 from .seccomp import build_filter, filter_fd
 
-__all__ = ["BwrapConfig", "BwrapSandbox", "bwrap_available", "chown_tree"]
+__all__ = ["BwrapConfig", "BwrapSandbox", "bwrap_available", "chown_tree", "drop_privileges", "join_cgroups",
+           "system_mounts"]
 
 WORKDIR = "/testbed"
 
@@ -73,6 +74,45 @@ class BwrapConfig:
 def bwrap_available(bwrap: str = "bwrap") -> bool:
     """True when bubblewrap, setpriv and prlimit are installed and we can switch uids (root)."""
     return all(shutil.which(t) for t in (bwrap, "setpriv", "prlimit")) and os.geteuid() == 0
+
+
+def join_cgroups(procs_files: tuple[str, ...] | list[str]) -> list[str]:
+    """An argv prefix that puts the command in the cgroups of ``procs_files`` (written as root,
+    before anything of the command runs) and then executes it; empty when there are none."""
+    return ["/bin/sh", "-c", _JOIN, "tsl-join", *procs_files, "--"] if procs_files else []
+
+
+def drop_privileges(uid: int, nproc: int, memory_bytes: int, fsize_bytes: int, nofile: int) -> list[str]:
+    """An argv prefix that sets the rlimits (processes per uid, address space, file size, open
+    files, no core dumps), then becomes ``uid`` with no groups and no capabilities, and runs the
+    rest (bwrap must start unprivileged: see the module docstring)."""
+    u = str(uid)
+    return ["prlimit", f"--nproc={nproc}", f"--as={memory_bytes}", f"--fsize={fsize_bytes}", f"--nofile={nofile}",
+            "--core=0", "--",
+            "setpriv", f"--reuid={u}", f"--regid={u}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all",
+            "--"]
+
+
+def system_mounts(dev_bytes: int, ro_binds: tuple[str, ...] = ()) -> list[str]:
+    """bwrap arguments for what every sandbox sees of the host: read-only /usr (with the /bin, /sbin,
+    /lib, /lib64 links), the few /etc files programs read, ``ro_binds`` at their own paths, a
+    private /proc and a small private /dev (a tmpfs of ``dev_bytes``, only harmless devices)."""
+    argv = ["--ro-bind", "/usr", "/usr",
+            "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
+            "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64"]
+    for path in ("/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
+                 "/etc/localtime", "/etc/ssl", "/etc/python3", "/etc/python3.11"):
+        if os.path.exists(path):
+            argv += ["--ro-bind", path, path]
+    for path in ro_binds:
+        argv += ["--ro-bind", path, path]
+    argv += ["--proc", "/proc", "--size", str(dev_bytes), "--tmpfs", "/dev"]
+    for dev in _DEVICES:
+        argv += ["--dev-bind", f"/dev/{dev}", f"/dev/{dev}"]
+    argv += ["--symlink", "/proc/self/fd", "/dev/fd", "--symlink", "/proc/self/fd/0", "/dev/stdin",
+             "--symlink", "/proc/self/fd/1", "/dev/stdout", "--symlink", "/proc/self/fd/2", "/dev/stderr",
+             "--dir", "/dev/shm"]
+    return argv
 
 
 def chown_tree(path: str, uid: int) -> None:
@@ -149,33 +189,15 @@ class BwrapSandbox:
         cgroup_procs: tuple[str, ...] = (),
     ) -> list[str]:
         lim = self.config.limits
-        u = str(self.uid)
-        argv = ["/bin/sh", "-c", _JOIN, "tsl-join", *cgroup_procs, "--"] if cgroup_procs else []
+        argv = join_cgroups(cgroup_procs) + drop_privileges(self.uid, lim.nproc, lim.memory_bytes, lim.fsize_bytes,
+                                                           lim.nofile)
         argv += [
-            "prlimit", f"--nproc={lim.nproc}", f"--as={lim.memory_bytes}", f"--fsize={lim.fsize_bytes}",
-            f"--nofile={lim.nofile}", "--core=0", "--",
-            "setpriv", f"--reuid={u}", f"--regid={u}", "--clear-groups", "--inh-caps=-all",
-            "--bounding-set=-all", "--",
             self.config.bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
             "--die-with-parent", "--new-session", "--hostname", "sandbox",
             *(["--info-fd", str(info_fd)] if info_fd is not None else []),
-            "--ro-bind", "/usr", "/usr",
-            "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
-            "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
+            *system_mounts(lim.dev_bytes, self.config.ro_binds),
+            "--size", str(lim.tmpfs_bytes), "--tmpfs", "/tmp", "--clearenv",
         ]
-        for path in ("/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
-                     "/etc/localtime", "/etc/ssl", "/etc/python3", "/etc/python3.11"):
-            if os.path.exists(path):
-                argv += ["--ro-bind", path, path]
-        for path in self.config.ro_binds:
-            argv += ["--ro-bind", path, path]
-        argv += ["--proc", "/proc", "--size", str(lim.dev_bytes), "--tmpfs", "/dev"]
-        for dev in _DEVICES:
-            argv += ["--dev-bind", f"/dev/{dev}", f"/dev/{dev}"]
-        argv += ["--symlink", "/proc/self/fd", "/dev/fd", "--symlink", "/proc/self/fd/0", "/dev/stdin",
-                 "--symlink", "/proc/self/fd/1", "/dev/stdout", "--symlink", "/proc/self/fd/2", "/dev/stderr",
-                 "--dir", "/dev/shm",
-                 "--size", str(lim.tmpfs_bytes), "--tmpfs", "/tmp", "--clearenv"]
         base_env = {"PATH": self.config.path, "HOME": "/tmp", "LANG": "C.UTF-8", "TMPDIR": "/tmp",
                     "PYTHONDONTWRITEBYTECODE": "1", "TERM": "dumb"}
         base_env.update(env or {})

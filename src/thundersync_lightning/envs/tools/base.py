@@ -2,12 +2,9 @@
 
 An environment advertises its tools; :meth:`Tool.schema` is what the chat template receives
 (``apply_chat_template(tools=[...])``, the OpenAI function format every tool-capable template
-reads). :func:`check_arguments` validates a call's arguments against the schema before the
-handler runs; a failure is an error message to the model, never an exception.
-
-The schema checker covers the JSON Schema keywords tool definitions use: ``type`` (object,
-string, integer, number, boolean, array, null, or a list of them), ``properties``, ``required``,
-``additionalProperties: false``, ``enum``, ``items``, ``minimum`` / ``maximum``.
+reads). :func:`check_arguments` validates a call's arguments against the whole schema (every
+JSON Schema keyword, with ``jsonschema``) when the call is made, before the handler runs; a call
+that fails is an invalid call answered with the reason, never run, never an exception.
 """
 
 from __future__ import annotations
@@ -31,8 +28,11 @@ class ToolResult:
 
 
 ToolHandler = Callable[[Any, Mapping[str, Any]], ToolResult]
-"""(the episode's sandbox or workspace, validated arguments) -> result. It runs in the engine's
-environment pool; the sandbox bounds its time and output as for any command."""
+"""(the episode's context, validated arguments) -> result. The context is what the episode owns
+and closes: its sandbox or workspace (the sandbox bounds a command's time and output), or for
+Python tools by name its own :class:`~.workers.ToolWorkers` (a confined worker with a deadline).
+A handler runs in the engine's environment pool: one that never returns fails its episode at the
+engine's ``step_timeout_s`` and its thread is set aside (``rollout/agent/env_pool.py``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,48 +50,23 @@ class Tool:
                 "function": {"name": self.name, "description": self.description, "parameters": dict(self.parameters)}}
 
 
-_TYPES: dict[str, Callable[[Any], bool]] = {
-    "object": lambda v: isinstance(v, dict),
-    "string": lambda v: isinstance(v, str),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "boolean": lambda v: isinstance(v, bool),
-    "array": lambda v: isinstance(v, list),
-    "null": lambda v: v is None,
-}
-
-
 def check_arguments(schema: Mapping[str, Any], value: Any, where: str = "arguments") -> str | None:
-    """The first way ``value`` fails ``schema`` (a readable sentence), or None when it conforms."""
-    kind = schema.get("type")
-    if kind is not None:
-        kinds = [kind] if isinstance(kind, str) else list(kind)
-        if not any(_TYPES.get(k, lambda v: True)(value) for k in kinds):
-            return f"{where} must be {' or '.join(kinds)}, got {type(value).__name__}"
-    if "enum" in schema and value not in schema["enum"]:
-        return f"{where} must be one of {list(schema['enum'])}, got {value!r}"[:300]
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        if "minimum" in schema and value < schema["minimum"]:
-            return f"{where} must be >= {schema['minimum']}"
-        if "maximum" in schema and value > schema["maximum"]:
-            return f"{where} must be <= {schema['maximum']}"
-    if isinstance(value, dict):
-        props = schema.get("properties", {})
-        missing = [k for k in schema.get("required", ()) if k not in value]
-        if missing:
-            return f"{where} lacks required {', '.join(map(repr, missing))}"
-        if schema.get("additionalProperties") is False:
-            extra = [k for k in value if k not in props]
-            if extra:
-                return f"{where} has unknown {', '.join(repr(k)[:60] for k in extra[:5])} (allowed: {sorted(props)})"
-        for key, sub in props.items():
-            if key in value:
-                problem = check_arguments(sub, value[key], f"{where}.{key}")
-                if problem:
-                    return problem
-    if isinstance(value, list) and "items" in schema:
-        for i, item in enumerate(value):
-            problem = check_arguments(schema["items"], item, f"{where}[{i}]")
-            if problem:
-                return problem
-    return None
+    """The most relevant way ``value`` fails ``schema`` (a readable sentence naming where), or None
+    when it conforms.
+
+    Every keyword of JSON Schema (draft 2020-12) is checked, ``format`` included (``jsonschema``'s
+    validator: ``maxLength``, ``pattern``, ``minItems``, ``enum``, ``oneOf``, ...). A value that is
+    long or deep is named by its type and size, not printed: the sentence goes back to the model."""
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import best_match
+
+    validator = Draft202012Validator(dict(schema), format_checker=Draft202012Validator.FORMAT_CHECKER)
+    error = best_match(validator.iter_errors(value))
+    if error is None:
+        return None
+    at = where + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+    message = error.message
+    if len(message) > 200:
+        size = f" of {len(error.instance)}" if isinstance(error.instance, (str, list, dict)) else ""
+        message = f"the {type(error.instance).__name__}{size} fails {error.validator}: {error.validator_value!r:.120}"
+    return f"{at}: {message}"

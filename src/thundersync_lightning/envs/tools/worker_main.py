@@ -11,7 +11,9 @@ parent must not unpickle what user code running on the model's arguments could h
 ``max_chars`` None the call is a reward's: ``["ok", value]`` with the function's value as plain
 JSON data (numbers, None, strings, lists, string-keyed dicts; the caller checks its shape), or
 ``["value", why]`` when it is none of those. A coroutine function's value is awaited.
-The protocol runs on a copy of the original stdout; the tool's own prints go to stderr.
+The protocol runs on a copy of the original stdout; the tool's own prints go to stderr, which the
+parent discards (what a function prints is not the engine's log). The worker may run confined
+(:mod:`.confine`): it needs nothing but the interpreter, the standard library and the user's module.
 """
 
 from __future__ import annotations

@@ -1,15 +1,24 @@
-"""Python tool calls in worker processes, each with a deadline past which its process is killed.
+"""Python tool and reward calls in worker processes, each with a deadline past which its process is killed.
 
-A user's tool function is untrusted for time: it may sleep, loop or wait on a socket. A thread
-cannot be stopped, so every call runs in a separate interpreter (:mod:`.worker_main`, started
-with ``subprocess`` in its own session) and the caller waits on its pipe for at most
-``timeout_s``. Past it the worker's whole process group is killed (SIGKILL: the tool's own
-children too) and the call resolves as a timeout; a worker that dies mid-call resolves as an
-error. Nothing here raises for what the tool does: every call gives a :class:`ToolOutcome`.
+A user's tool or reward function is untrusted: it may sleep, loop, wait on a socket, or run
+whatever the model's arguments reach (a calculator's ``eval`` opens ``os.popen`` through
+``().__class__.__base__.__subclasses__()``). A thread can be neither stopped nor confined, so
+every call runs in a separate interpreter (:mod:`.worker_main`), confined as agent code is
+(:mod:`.confine`: a uid of its own, no network, read-only host, empty environment, memory /
+process / file-size limits; :class:`~.confine.WorkerLimits`), and the caller waits on its pipe
+for at most ``timeout_s``. Past it the worker and everything it started are killed and the call
+resolves as a timeout; a worker that dies mid-call resolves as an error. Nothing here raises for
+what the function does: every call gives a :class:`ToolOutcome` (or, for a reward, its reply).
 
-Workers are reused (one call at a time each; idle ones are kept up to ``max_idle``), so the cost
-of a call is a pipe round trip once the worker runs. Each process that runs tools (the engine's)
-has its own :func:`tool_workers`; workers die with it (``PR_SET_PDEATHSIG`` and end of stdin).
+Scopes: a worker keeps the user's module, and whatever a call changed in it, for its next call,
+so a pool is never shared between parties that must not see each other's changes. An episode's
+tools get a pool of their own (``ToolWorkers(limits, max_idle=1)``, closed with the episode:
+:meth:`ToolWorkers.close` kills its workers, running calls included). Rewards run in
+:func:`reward_workers`, a pool per process that no tool call ever reaches; a reward worker is
+reused across trajectories (rewards are the user's code run on completions, never on the
+model's tool arguments). Workers are reused within their pool (one call at a time each), so
+a call costs a pipe round trip once its worker runs; workers die with the process that
+started them (``PR_SET_PDEATHSIG``, bwrap's ``--die-with-parent``, the end of stdin).
 """
 
 from __future__ import annotations
@@ -18,10 +27,7 @@ import atexit
 import json
 import os
 import pickle
-import select
-import signal
 import struct
-import subprocess
 import sys
 import threading
 import time
@@ -29,9 +35,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ToolOutcome", "ToolWorkers", "tool_workers", "reward_workers", "worker_path"]
+from ..sandbox.base import wait_readable
+from .confine import Worker, WorkerLimits, caller_paths, start_worker
 
-_MAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_main.py")
+__all__ = ["ToolOutcome", "ToolWorkers", "reward_workers", "worker_path"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +55,15 @@ class _Gone(Exception):
 
 
 class ToolWorkers:
-    """A pool of tool worker processes (thread-safe; see the module docstring)."""
+    """A pool of worker processes confined by ``limits`` (thread-safe; see the module docstring)."""
 
-    def __init__(self, max_idle: int = 8) -> None:
+    def __init__(self, max_idle: int = 8, limits: WorkerLimits | None = None) -> None:
         self.max_idle = max_idle
-        self._idle: list[subprocess.Popen[bytes]] = []
+        self.limits = limits if limits is not None else WorkerLimits()
+        self._idle: list[Worker] = []
+        self._workers: dict[int, Worker] = {}  # every worker started and not yet stopped
+        self._busy: set[int] = set()  # those running a call: only the calling thread uses their pipes
+        self._closed = False
         self._lock = threading.Lock()
 
     def call(self, path: str, arguments: Mapping[str, Any], timeout_s: float, max_chars: int = 65536) -> ToolOutcome:
@@ -70,14 +81,18 @@ class ToolWorkers:
         """``module:function(*positional, **arguments)`` in a worker: its (status, payload) reply
         ("ok" and the text, or with ``max_chars`` None the value as plain JSON data; "error" and
         what it raised; "value" and why its value is not plain data), or the :class:`ToolOutcome`
-        of a call that never answered. The reply is parsed as JSON, never unpickled."""
+        of a call that never answered. The reply is parsed as JSON, never unpickled. HostFault
+        when no worker can be started (the host, not the call, failed)."""
         name = path.rpartition(":")[2]
+        paths = caller_paths()
         try:
-            request = _frame((path, dict(arguments), max_chars, tuple(positional),
-                              [p for p in sys.path if isinstance(p, str)]))
+            request = _frame((path, dict(arguments), max_chars, tuple(positional), list(paths)))
         except Exception as exc:  # noqa: BLE001 - arguments come from the model's JSON: always picklable
             return ToolOutcome("", f"{name}: arguments cannot be sent to the tool ({exc})")
-        proc = self._take()
+        worker = self._take(paths)
+        if worker is None:
+            return ToolOutcome("", f"{name}: not run, its episode's tools were closed")
+        proc = worker.proc
         deadline = time.monotonic() + timeout_s
         try:
             assert proc.stdin is not None and proc.stdout is not None
@@ -86,36 +101,68 @@ class ToolWorkers:
             status, text = _read_frame(proc.stdout.fileno(), deadline)
         except (_Gone, OSError, EOFError, ValueError):  # ValueError: json's decode error too
             timed_out = time.monotonic() >= deadline
-            code = _kill(proc)
+            code = self._stop(worker)
             if timed_out:
                 return ToolOutcome("", f"{name} did not return within {timeout_s:g} s and was stopped", True)
             return ToolOutcome("", f"{name}: its worker process exited (code {code}) before answering")
-        self._give_back(proc)
+        self._give_back(worker)
         return status, text
 
     def close(self) -> None:
-        """Stop every idle worker (running calls end by their deadline)."""
+        """Stop every worker, idle or running a call (that call resolves as an error), and refuse
+        further calls. Idempotent."""
         with self._lock:
-            idle, self._idle = self._idle, []
-        for proc in idle:
-            _kill(proc)
+            self._closed = True
+            self._idle = []
+            busy = [w for k, w in self._workers.items() if k in self._busy]
+            idle = [w for k, w in self._workers.items() if k not in self._busy]
+        for worker in busy:  # its calling thread sees the pipe end and stops it
+            worker.kill()
+        for worker in idle:
+            self._stop(worker)
 
-    def _take(self) -> subprocess.Popen[bytes]:
+    def _take(self, paths: tuple[str, ...]) -> Worker | None:
+        stale = []
         with self._lock:
+            if self._closed:
+                return None
+            found = None
             while self._idle:
-                proc = self._idle.pop()
-                if proc.poll() is None:
-                    return proc
-        proc = subprocess.Popen([sys.executable, "-u", _MAIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                start_new_session=True)
-        return proc
-
-    def _give_back(self, proc: subprocess.Popen[bytes]) -> None:
+                worker = self._idle.pop()
+                if worker.proc.poll() is None and worker.paths.issuperset(paths):
+                    found = worker
+                    self._busy.add(id(worker))
+                    break
+                stale.append(worker)  # dead, or started before a directory the call needs was on sys.path
+        for worker in stale:
+            self._stop(worker)
+        if found is not None:
+            return found
+        worker = start_worker(self.limits, paths)
         with self._lock:
-            if len(self._idle) < self.max_idle:
-                self._idle.append(proc)
+            closed = self._closed
+            if not closed:
+                self._workers[id(worker)] = worker
+                self._busy.add(id(worker))
+        if closed:  # closed while it started
+            worker.stop()
+            return None
+        return worker
+
+    def _give_back(self, worker: Worker) -> None:
+        with self._lock:
+            self._busy.discard(id(worker))
+            if not self._closed and len(self._idle) < self.max_idle:
+                self._idle.append(worker)
                 return
-        _kill(proc)
+        self._stop(worker)
+
+    def _stop(self, worker: Worker) -> int | None:
+        with self._lock:
+            self._busy.discard(id(worker))
+            if self._workers.pop(id(worker), None) is None:
+                return worker.proc.returncode  # stopped already
+        return worker.stop()
 
 
 def _frame(obj: Any) -> bytes:
@@ -127,7 +174,7 @@ def _read_exact(fd: int, size: int, deadline: float) -> bytes:
     chunks, got = [], 0
     while got < size:
         remaining = deadline - time.monotonic()
-        if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
+        if remaining <= 0 or not wait_readable([fd], remaining):  # poll(2): any fd number (select: < 1024)
             raise _Gone
         chunk = os.read(fd, size - got)
         if not chunk:
@@ -149,24 +196,6 @@ def _read_frame(fd: int, deadline: float) -> tuple[str, Any]:
         raise ValueError("a malformed worker reply")
     status, payload = reply
     return status, (payload if status == "ok" else str(payload))
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> int | None:
-    """SIGKILL the worker's process group (the tool's children too); its exit code."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    for stream in (proc.stdin, proc.stdout):
-        try:
-            if stream is not None:
-                stream.close()
-        except OSError:
-            pass
-    try:
-        return proc.wait(timeout=5.0)
-    except subprocess.TimeoutExpired:
-        return None
 
 
 def worker_path(fn: Any) -> str | None:
@@ -191,25 +220,17 @@ def worker_path(fn: Any) -> str | None:
     return None
 
 
-_pools: dict[tuple[int, str], ToolWorkers] = {}
+_pools: dict[tuple[int, WorkerLimits], ToolWorkers] = {}
 _pools_lock = threading.Lock()
 
 
-def _pool(kind: str) -> ToolWorkers:
-    key = (os.getpid(), kind)
+def reward_workers(limits: WorkerLimits | None = None) -> ToolWorkers:
+    """This process's pool for reward calls under ``limits`` (default: :class:`WorkerLimits`()),
+    created on first use and closed at exit: no tool call ever runs in one of its workers."""
+    key = (os.getpid(), limits if limits is not None else WorkerLimits())
     with _pools_lock:
         pool = _pools.get(key)
         if pool is None:
-            pool = _pools[key] = ToolWorkers()
+            pool = _pools[key] = ToolWorkers(limits=key[1])
             atexit.register(pool.close)
         return pool
-
-
-def tool_workers() -> ToolWorkers:
-    """This process's pool for tool calls (created on first use; closed at exit)."""
-    return _pool("tools")
-
-
-def reward_workers() -> ToolWorkers:
-    """This process's pool for reward calls: no tool call ever runs in one of its workers."""
-    return _pool("rewards")

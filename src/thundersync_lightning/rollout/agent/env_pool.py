@@ -1,13 +1,20 @@
-"""A thread pool for environment calls that never raises and never hangs its caller.
+"""A thread pool for environment calls that never raises and never hangs its caller or the run.
 
 Every call (``reset``, ``step``, ``verdict``) runs in a worker thread and resolves to an
 :class:`Outcome`: either the value, or a failure reason (the exception, or "timed out after
 T s"). A call that overruns its timeout is resolved as a failure by a watchdog thread at its
-deadline; the stuck thread itself cannot be killed (Python threads cannot be interrupted), so it
-keeps its pool slot until it returns, and its late result is discarded.
+deadline, and logged. The stuck thread itself cannot be stopped (Python threads cannot be
+interrupted; e.g. a tool handler the user wrote as a closure in their own process, which no
+worker process can import, waiting forever), so the watchdog sets it aside and starts a new
+thread in its slot: the pool always has ``workers`` threads taking calls, however many calls
+hang. A set-aside thread ends when its call returns (its late result is discarded); one that
+never returns is a daemon thread and does not keep the process alive.
 
 Invariants:
-- every submitted call resolves exactly once (value, exception or timeout);
+- every submitted call resolves exactly once (value, exception, timeout, or "not run" after
+  :meth:`EnvPool.shutdown`);
+- ``workers`` threads take queued calls at all times until shutdown (a timed-out call's thread
+  no longer counts);
 - a free worker takes the queued call of the lowest ``priority`` (then the oldest): work for the
   step being generated (priority 0) never waits behind work prepared ahead for the next step
   (``AgentLoop.prepare``, priority 1), however many prepared resets are queued;
@@ -15,25 +22,26 @@ Invariants:
   never turns queueing delay into spurious timeouts.
 
 .. warning::
-    A hung call holds a pool thread forever. Size ``workers`` for the number of calls that may
-    hang at once plus the normal concurrency, or make environments enforce their own limits
-    (sandboxes with a wall-clock kill).
+    A call without a timeout (``timeout_s=None``) that hangs keeps its thread and its slot.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, InvalidStateError, ThreadPoolExecutor
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from ...core.errors import HostFault
 
 __all__ = ["Outcome", "EnvPool", "run_detached"]
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -61,21 +69,27 @@ class EnvPool:
     """Runs environment calls concurrently with per-call timeouts.
 
     Args:
-        workers: number of threads (calls that merely wait, such as simulated latency or a
-            sandbox subprocess, need a thread each while they wait).
+        workers: number of threads taking calls (calls that merely wait, such as simulated
+            latency or a sandbox subprocess, need a thread each while they wait).
         name: thread-name prefix, for debugging.
     """
 
     def __init__(self, workers: int, name: str = "env") -> None:
         if workers < 1:
             raise ValueError(f"EnvPool needs at least 1 worker, got {workers}")
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
-        self._deadlines: list[tuple[float, int, Future[Outcome[Any]], str]] = []
+        self.workers = workers
+        self.name = name
+        lock = threading.Lock()  # guards everything below; two conditions, so a notify reaches its kind
+        self._ready = threading.Condition(lock)  # a call queued, or shut down: for the worker threads
+        self._timer = threading.Condition(lock)  # a deadline armed, or shut down: for the watchdog
+        self._queue: list[tuple[int, int, Callable[[], None], Future[Any], str]] = []  # a heap
+        self._deadlines: list[tuple[float, int, Future[Outcome[Any]], str, int]] = []  # (..., thread ident)
         self._counter = itertools.count()
-        self._cond = threading.Condition()
+        self._set_aside: set[int] = set()  # threads whose call timed out: they end when it returns
+        self.hung = 0  # calls that overran their timeout (their threads were set aside)
         self._closed = False
-        self._queue: list[tuple[int, int, Callable[[], None]]] = []  # (priority, seq, run): a heap
-        self._queue_lock = threading.Lock()
+        for _ in range(workers):
+            self._start_thread()
         self._watchdog = threading.Thread(target=self._watch, name=f"{name}-watchdog", daemon=True)
         self._watchdog.start()
 
@@ -90,56 +104,79 @@ class EnvPool:
             if not future.set_running_or_notify_cancel():
                 return
             if timeout_s is not None:
-                self._arm(future, time.monotonic() + timeout_s, f"{what} timed out after {timeout_s:g} s")
+                self._arm(future, time.monotonic() + timeout_s, what, timeout_s)
             try:
                 result = Outcome(fn())
             except BaseException as exc:  # an environment must never take the pool down
                 result = Outcome(None, f"{what} raised {_describe(exc)}", isinstance(exc, HostFault))
             _resolve(future, result)
 
-        if self._closed:
-            _resolve_now(future, Outcome(None, f"{what} not run: the environment pool is shut down"))
-            return future
-        with self._queue_lock:
-            heapq.heappush(self._queue, (priority, next(self._counter), run))
-        # one slot per queued call; the slot runs whichever queued call is best when a worker frees
-        self._executor.submit(self._run_next)
+        with self._ready:
+            if not self._closed:
+                heapq.heappush(self._queue, (priority, next(self._counter), run, future, what))
+                self._ready.notify()
+                return future
+        _resolve_now(future, Outcome(None, f"{what} not run: the environment pool is shut down"))
         return future
 
-    def _run_next(self) -> None:
-        with self._queue_lock:
-            _, _, run = heapq.heappop(self._queue)
-        run()
-
     def shutdown(self) -> None:
-        """Stop accepting calls; queued calls are dropped, running ones are not waited for."""
-        with self._cond:
+        """Stop accepting calls; queued calls resolve as not run, running ones are not waited for."""
+        with self._ready:
             self._closed = True
-            self._cond.notify_all()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+            queued, self._queue = self._queue, []
+            self._ready.notify_all()
+            self._timer.notify_all()
+        for _, _, _, future, what in queued:
+            _resolve_now(future, Outcome(None, f"{what} not run: the environment pool is shut down"))
+
+    # -- threads ----------------------------------------------------------------------------
+
+    def _start_thread(self) -> None:
+        threading.Thread(target=self._work, name=f"{self.name}-{next(self._counter)}", daemon=True).start()
+
+    def _work(self) -> None:
+        me = threading.get_ident()
+        while True:
+            with self._ready:
+                while not self._queue and not self._closed:
+                    self._ready.wait()
+                if self._closed:
+                    return
+                run = heapq.heappop(self._queue)[2]
+            run()
+            with self._ready:
+                if me in self._set_aside:  # its call timed out: a new thread has taken this slot
+                    self._set_aside.discard(me)
+                    return
 
     # -- watchdog ---------------------------------------------------------------------------
 
-    def _arm(self, future: Future[Any], deadline: float, reason: str) -> None:
-        with self._cond:
-            heapq.heappush(self._deadlines, (deadline, next(self._counter), future, reason))
-            self._cond.notify()
+    def _arm(self, future: Future[Any], deadline: float, what: str, timeout_s: float) -> None:
+        with self._timer:
+            reason = f"{what} timed out after {timeout_s:g} s"
+            heapq.heappush(self._deadlines, (deadline, next(self._counter), future, reason, threading.get_ident()))
+            self._timer.notify()
 
     def _watch(self) -> None:
         while True:
             expired: list[tuple[Future[Any], str]] = []
-            with self._cond:
+            with self._timer:
                 if self._closed:
                     return
                 now = time.monotonic()
                 while self._deadlines and (self._deadlines[0][2].done() or self._deadlines[0][0] <= now):
-                    _, _, future, reason = heapq.heappop(self._deadlines)
+                    _, _, future, reason, thread = heapq.heappop(self._deadlines)
                     if not future.done():
                         expired.append((future, reason))
+                        self._set_aside.add(thread)
+                        self.hung += 1
+                        self._start_thread()  # the slot goes on taking calls
                 if not expired:
                     wait = self._deadlines[0][0] - now if self._deadlines else None
-                    self._cond.wait(timeout=wait)
+                    self._timer.wait(timeout=wait)
             for future, reason in expired:  # resolve outside the lock: callbacks run here
+                log.warning("%s: %s; its thread cannot be stopped, so it is set aside and a new thread takes its "
+                            "place in the pool (%d calls set aside so far)", self.name, reason, self.hung)
                 _resolve(future, Outcome(None, reason))
 
 

@@ -66,7 +66,7 @@ from ..sampling import turn_seed
 from .env_pool import EnvPool, Outcome, run_detached
 from .generation import GenerateFn, Generation, GenerationRequest
 from .group_gate import VerdictGate, task_key
-from .verdict import check_verdict, reward_parts
+from .verdict import Verdict, check_verdict, read_verdict
 
 __all__ = ["GenerationRequest", "Generation", "GenerateFn", "AgentLoop", "check_verdict"]
 
@@ -405,9 +405,9 @@ class AgentLoop:
             if not once.acquire(blocking=False):
                 return
             outcome = f.result()
-            reward, failure = check_verdict(outcome.value) if outcome.ok else (0.0, outcome.failure)
-            parts = reward_parts(outcome.value) if failure is None else ()
-            emit(RewardReady(ep.trajectory_id, ep.group_id, reward, clock(), failure, outcome.host_fault, parts))
+            verdict = read_verdict(outcome.value) if outcome.ok else Verdict(0.0, outcome.failure, (), False)
+            emit(RewardReady(ep.trajectory_id, ep.group_id, verdict.reward, clock(), verdict.failure,
+                             outcome.host_fault, verdict.parts, verdict.unscorable))
             self._close(ep)  # also after a timeout: close() is how an environment frees a stuck run
 
         fut.add_done_callback(on_done)

@@ -1,14 +1,37 @@
-"""A verdict's value as the learner receives it: a finite reward (or 0 and why), and its named parts."""
+"""A verdict's value as the learner receives it: a finite reward (or 0 and why), its named parts,
+and whether every reward declined it (unscorable)."""
 
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Any
+from typing import Any, NamedTuple
 
 from ...core.types import WeightedReward
 
-__all__ = ["check_verdict", "reward_parts"]
+__all__ = ["check_verdict", "reward_parts", "Verdict", "read_verdict"]
+
+
+class Verdict(NamedTuple):
+    """What :class:`~thundersync_lightning.core.types.RewardReady` carries of a verdict's value."""
+
+    reward: float
+    failure: str | None
+    parts: tuple[tuple[str, float], ...]
+    unscorable: bool
+
+
+def read_verdict(value: Any) -> Verdict:
+    """A :class:`~thundersync_lightning.core.types.WeightedReward` says its own failure, parts
+    (kept with a failure: the rewards that gave a value) and unscorability; any other value is
+    read by :func:`check_verdict`."""
+    if isinstance(value, WeightedReward) and value.failure is not None:
+        return Verdict(0.0, value.failure, value.parts, False)
+    reward, failure = check_verdict(value)
+    if failure is not None:
+        return Verdict(0.0, failure, (), False)
+    unscorable = isinstance(value, WeightedReward) and value.unscorable
+    return Verdict(0.0 if unscorable else reward, None, reward_parts(value), unscorable)
 
 
 def check_verdict(value: Any) -> tuple[float, str | None]:

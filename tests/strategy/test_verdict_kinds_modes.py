@@ -60,7 +60,7 @@ class RewritingEngine:
         return _Rewriting(self.inner.build(model_spec, tasks))
 
 
-def _fit(mode: str | None, objective: Objective, steps: int = 1):
+def _fit(mode: str | None, objective: Objective, steps: int = 1, **data_kwargs: Any):
     L.seed_everything(0)
     policy = GRPOPolicy(config=TOY_MODEL, dtype="float64", objective=objective)
     grads, record = GradientAtBarrier(), RecordSteps()
@@ -82,6 +82,7 @@ def _fit(mode: str | None, objective: Objective, steps: int = 1):
         group_size=5,
         groups_per_step=2,
         seed=0,
+        **data_kwargs,
     )
     trainer.fit(policy, data)
     return grads.grads, record.steps
@@ -108,3 +109,12 @@ def test_async_mode_counts_unscorables_and_steps_on_finite_gradients():
     grads, steps = _fit("async", Objective(), steps=2)
     assert len(grads) == 2 and all(bool(torch.isfinite(g).all()) for g in grads)
     assert all(sum(r.unscorable for r in s.trajectories) == 2 for s in steps)
+
+
+@pytest.mark.slow  # two more fits; the accumulator's part is in tests/core/test_dynamic_sampling.py
+def test_dynamic_sampling_sees_floored_failures_and_unscorables_alike_in_streaming_and_sync():
+    objective = Objective(kl_coef=0.05)
+    streaming, steps = _fit("streaming", objective, dynamic_sampling=True, max_extra_groups=2)
+    sync, _ = _fit("sync", objective, dynamic_sampling=True, max_extra_groups=2)
+    assert float((streaming[0] - sync[0]).norm() / sync[0].norm()) <= 1e-6
+    assert sum(r.unscorable for r in steps[0].trajectories) >= 2

@@ -89,9 +89,12 @@ def test_a_group_of_failures_alone_has_every_advantage_zero():
     assert rel(streamed(policy, obj, batch, _events(batch, ["a", "b", "c"])), expected) <= 1e-12
 
 
-def test_failed_zero_is_refused_with_the_reason_and_the_replacement():
+def test_failed_zero_is_refused_with_the_reason_and_the_replacement(caplog):
     with pytest.raises(ConfigError, match="failed='zero' is gone: a failure trained as 0.0 outscored"):
         Objective(failed="zero")
+    old_checkpoint = {**Objective().to_dict(), "failed": "zero"}  # hparams written before the floor
+    assert Objective.of(old_checkpoint) == Objective()
+    assert "is read as failed='floor'" in caplog.text
     with pytest.raises(ConfigError, match="failure_reward=-5 is beyond max_abs_reward=2"):
         Objective(failure_reward=-5, max_abs_reward=2)
 

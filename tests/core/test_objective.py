@@ -140,6 +140,7 @@ def test_every_setting_changes_the_gradient_somewhere():
         "off_policy_mask": Objective(off_policy_mask=0.0),
         "is_batch_normalize": Objective(is_correction="token_truncate", is_cap=1.5, is_batch_normalize=True),
         "failed": Objective(failed="drop"),
+        "failure_reward": Objective(failure_reward=-1.0),
         "opd_coef": Objective(opd_coef=0.3),
         "reward_coef": Objective(reward_coef=0.5),
     }

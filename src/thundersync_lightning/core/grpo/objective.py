@@ -57,6 +57,7 @@ Advantages (float64, kept members of one group, mu = mean, sigma = std with ``st
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
@@ -76,6 +77,8 @@ __all__ = [
     "ISCorrection",
     "PRESETS",
 ]
+
+log = logging.getLogger(__name__)
 
 Std = Literal["population", "sample"]
 Scale = Literal["group", "batch", "none"]
@@ -302,6 +305,12 @@ class Objective:
             if unknown:
                 valid = ", ".join(f.name for f in fields(Objective))
                 raise ConfigError(f"unknown Objective field(s) {unknown}; valid fields: preset, {valid}")
+            if data.get("failed") == "zero":  # the old default, in every checkpoint written before the floor
+                log.warning(
+                    "objective failed='zero' (a failure trained as 0.0, which outscored every graded answer where "
+                    "rewards are <= 0) is read as failed='floor': a failure scores the worst graded reward of its group"
+                )
+                data["failed"] = "floor"
             preset = data.pop("preset", None)
             return Objective.preset(preset, **data) if preset is not None else Objective(**data)
         raise ConfigError(f"an objective must be an Objective, a preset name or a mapping, got {type(value).__name__}")

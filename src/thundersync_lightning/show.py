@@ -3,7 +3,9 @@
 Reads ``DIR/summary.json`` (if the run has finished a fit) and ``DIR/trajectories.jsonl`` (written
 by :class:`~thundersync_lightning.callbacks.TrajectoryLogger`) and prints the last ``N``
 trajectories, decoded: prompt, each action and observation, reward, failure. Without ``-n`` it
-prints every trajectory logged for the last step.
+prints every trajectory logged for the last step. Model text is escaped and framed
+(:func:`~thundersync_lightning.callbacks.trajectories.format_trajectory`): a completion cannot
+print a header, a turn or a terminal control sequence of its own.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from .callbacks.trajectories import format_trajectory, read_trajectories
+from .callbacks.trajectories import format_trajectory, printable, read_trajectories
 from .summary import format_summary
 
 __all__ = ["main"]
@@ -32,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = path if path.is_dir() else path.parent
     summary = run_dir / "summary.json"
     if summary.is_file():
-        print(format_summary(json.loads(summary.read_text()), run_dir))
+        facts = json.loads(summary.read_text())  # its reasons may quote model text: one escaped line each
+        print(format_summary({k: printable(v, newlines=False) if isinstance(v, str) else v for k, v in facts.items()}, run_dir))
         print()
     jsonl = path if path.is_file() else run_dir / "trajectories.jsonl"
     if not jsonl.is_file():

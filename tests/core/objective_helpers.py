@@ -11,7 +11,7 @@ Engine and teacher log-probabilities are the learner's perturbed by seeded per-t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -94,6 +94,7 @@ class Event:
     tid: str
     reward: float = 0.0
     failed: bool = False
+    unscorable: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class Batch:
     groups: dict[str, tuple[str, ...]]
     rewards: dict[str, float]
     failed: dict[str, bool]
+    unscorable: dict[str, bool] = field(default_factory=dict)  # every reward declined it (TRL's None)
 
     @property
     def order(self) -> list[str]:
@@ -145,7 +147,7 @@ def streamed(
     for e in events:
         if e.kind == "reward":
             flush()
-            acc.add_reward(e.tid, e.reward, failed=e.failed)
+            acc.add_reward(e.tid, e.reward, failed=e.failed, unscorable=e.unscorable)
         else:
             pending.append(e.tid)
             if len(pending) >= chunk:
@@ -156,7 +158,7 @@ def streamed(
 
 
 def synchronous(policy: TokenPolicy, obj: Objective, batch: Batch, filter_groups: bool = False) -> torch.Tensor:
-    events = [Event("reward", t, batch.rewards[t], batch.failed[t]) for t in batch.order]
+    events = [Event("reward", t, batch.rewards[t], batch.failed[t], batch.unscorable.get(t, False)) for t in batch.order]
     events += [Event("content", t) for t in batch.order]
     return streamed(policy, obj, batch, events, chunk=len(batch.order), filter_groups=filter_groups)
 
@@ -167,7 +169,12 @@ def barrier(policy: TokenPolicy, obj: Objective, batch: Batch) -> torch.Tensor:
     s = policy.scores(tids, obj.needs_entropy, obj.needs_reference)
     terms = trajectory_terms(obj, s, policy.engine(tids, s), teacher_of(policy, obj, tids, s))
     loss = reference_loss(
-        obj, terms, [batch.group_of(t) for t in tids], [batch.rewards[t] for t in tids], [batch.failed[t] for t in tids]
+        obj,
+        terms,
+        [batch.group_of(t) for t in tids],
+        [batch.rewards[t] for t in tids],
+        [batch.failed[t] for t in tids],
+        unscorable=[batch.unscorable.get(t, False) for t in tids],
     )
     loss.backward()
     return _grad(params)

@@ -17,7 +17,7 @@ LOSS_AGGS = ["group-sum", "seq-mean-token-sum", "token-mean", "seq-mean-token-me
 IS_MODES = ["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
 objectives = st.builds(
-    lambda est, std, scale, agg, single, failed, kl, ent, is_mode, kl_est, opd, reward, is_min, rs, long, norm, opm: Objective(
+    lambda est, std, scale, agg, single, failed, kl, ent, is_mode, kl_est, opd, reward, is_min, rs, long, norm, opm, floor: Objective(
         estimator=est,
         std=std,
         scale=scale,
@@ -38,13 +38,14 @@ objectives = st.builds(
         kl_estimator=kl_est,
         opd_coef=opd,
         reward_coef=reward,
+        failure_reward=floor,
     ),
     st.sampled_from(["grpo", "drgrpo", "rloo"]),
     st.sampled_from(["population", "sample"]),
     st.sampled_from(["group", "batch", "none"]),
     st.sampled_from(LOSS_AGGS),
     st.sampled_from(["zero", "reward"]),
-    st.sampled_from(["zero", "drop"]),
+    st.sampled_from(["floor", "drop"]),
     st.sampled_from([0.0, 0.3]),
     st.sampled_from([0.0, 0.05]),
     st.sampled_from(IS_MODES),
@@ -56,13 +57,14 @@ objectives = st.builds(
     st.booleans(),
     st.booleans(),
     st.sampled_from([None, None, 0.05]),
+    st.sampled_from([None, None, -5.0]),  # failure_reward: the worst graded reward of the group, or a constant
 )
 
 
 @st.composite
 def batches(draw) -> Batch:
     n_groups = draw(st.integers(1, 4))
-    groups, rewards, failed = {}, {}, {}
+    groups, rewards, failed, unscorable = {}, {}, {}, {}
     for g in range(n_groups):
         size = draw(st.integers(1, 4))
         tids = tuple(
@@ -72,16 +74,17 @@ def batches(draw) -> Batch:
         equal = draw(st.booleans())
         base = draw(st.sampled_from([0.0, 1.0, 0.5]))
         for t in tids:
-            rewards[t] = base if equal else draw(st.sampled_from([0.0, 1.0, 0.25, 3.0]))
+            rewards[t] = base if equal else draw(st.sampled_from([0.0, 1.0, 0.25, 3.0, -1.0, -2.0]))
             failed[t] = draw(st.integers(0, 5)) == 0
-            if failed[t]:
+            unscorable[t] = not failed[t] and draw(st.integers(0, 6)) == 0
+            if failed[t] or unscorable[t]:
                 rewards[t] = 0.0
         groups[f"g{g}"] = tids
-    return Batch(groups, rewards, failed)
+    return Batch(groups, rewards, failed, unscorable)
 
 
 def _random_events(batch: Batch, seed: int) -> list[Event]:
-    events = [Event("reward", t, batch.rewards[t], batch.failed[t]) for t in batch.order]
+    events = [Event("reward", t, batch.rewards[t], batch.failed[t], batch.unscorable.get(t, False)) for t in batch.order]
     events += [Event("content", t) for t in batch.order]
     random.Random(seed).shuffle(events)
     return events
@@ -137,6 +140,7 @@ def test_every_setting_changes_the_gradient_somewhere():
         "off_policy_mask": Objective(off_policy_mask=0.0),
         "is_batch_normalize": Objective(is_correction="token_truncate", is_cap=1.5, is_batch_normalize=True),
         "failed": Objective(failed="drop"),
+        "failure_reward": Objective(failure_reward=-1.0),
         "opd_coef": Objective(opd_coef=0.3),
         "reward_coef": Objective(reward_coef=0.5),
     }
@@ -201,7 +205,7 @@ def test_every_estimator_aggregation_std_scale_singleton_and_failure_setting_str
     events = _random_events(batch, 11)
     product = itertools.product(
         ["grpo", "drgrpo", "rloo"], LOSS_AGGS, ["population", "sample"], ["group", "batch", "none"],
-        ["zero", "reward"], ["zero", "drop"],
+        ["zero", "reward"], ["floor", "drop"],
     )
     for est, agg, std, scale, single, failed in product:
         obj = Objective(

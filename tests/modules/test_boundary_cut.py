@@ -56,7 +56,11 @@ def _group(gid: str, size: int, seed: int) -> tuple[list[Trajectory], dict[str, 
     return out, rewards
 
 
-def _gradient(policy: GRPOPolicy, groups, rewards, cut: bool, seed: int, filter_groups: bool = False) -> torch.Tensor:
+def _gradient(
+    policy: GRPOPolicy, groups, rewards, cut: bool, seed: int, filter_groups: bool = False, kinds=None
+) -> torch.Tensor:
+    """``kinds``: trajectory id -> "failed" (scored at the floor) or "unscorable"."""
+    kinds = kinds or {}
     obj = policy.objective
     params = [p for p in policy.parameters() if p.requires_grad]
     acc = StreamingGRPO(params, objective=obj, filter_groups=filter_groups)
@@ -68,7 +72,8 @@ def _gradient(policy: GRPOPolicy, groups, rewards, cut: bool, seed: int, filter_
     prefixes = {}
     for kind, t in events:
         if kind == "reward":
-            acc.add_reward(t.trajectory_id, rewards[t.trajectory_id])
+            kind = kinds.get(t.trajectory_id)
+            acc.add_reward(t.trajectory_id, rewards[t.trajectory_id], kind == "failed", unscorable=kind == "unscorable")
             continue
         prefix = None
         if cut:
@@ -102,6 +107,19 @@ def test_the_cut_gradient_equals_the_uncut_one_in_fp64(objective):
     for seed in (2,):
         cut = _gradient(policy, groups, rewards, cut=True, seed=seed)
         assert float((cut - uncut).norm() / uncut.norm()) <= 1e-10
+
+
+def test_floored_failures_and_unscorable_members_fold_the_same_with_the_cut():
+    policy = _policy("float64", Objective(kl_coef=0.1))  # R terms reach the prompt's leaves too
+    groups, rewards = {}, {}
+    for g in range(2):
+        members, r = _group(f"g{g}", 4, seed=g)
+        groups[f"g{g}"], rewards = members, {**rewards, **r}
+    kinds = {groups["g0"][0].trajectory_id: "failed", groups["g0"][1].trajectory_id: "unscorable",
+             groups["g1"][2].trajectory_id: "failed"}  # fmt: skip
+    uncut = _gradient(policy, groups, rewards, cut=False, seed=1, kinds=kinds)
+    cut = _gradient(policy, groups, rewards, cut=True, seed=5, kinds=kinds)
+    assert float((cut - uncut).norm() / uncut.norm()) <= 1e-10
 
 
 def test_dynamic_sampling_drops_a_filtered_groups_prompt_leaves_with_the_cut():

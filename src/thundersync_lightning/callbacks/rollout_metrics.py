@@ -19,8 +19,9 @@ mean of the 4, not the mean of two rank means.
                                          process that went away: ``HostFault``); included in failures
 ``rollout/reward_error_fraction``        trajectories whose reward could not be computed (the verdict or
                                          a reward function raised, timed out or returned no finite
-                                         number, or the task's data row could not be an episode:
-                                         reward 0) / trajectories
+                                         number, or the task's data row could not be an episode, or
+                                         a reward beyond ``max_abs_reward``: it scores the failure
+                                         floor) / trajectories
 ``rollout/unscorable_fraction``          trajectories every reward declined (returned None, TRL's
                                          unscorable: no reward, advantage 0) / trajectories
 ``rollout/invalid_tool_call_fraction``   invalid calls / calls (a code task's text action is one call; 0 when none was made)

@@ -18,9 +18,16 @@ else the ids written as numbers. A tokenizer decodes with its special tokens kep
 the template's markup, ``<think>`` blocks, ``<tool_call>`` calls, ``<tool_response>`` results and
 whether an action ended its turn (``<|im_end|>``). Each JSON line holds::
 
-    {"step", "trajectory_id", "group_id", "policy_version", "reward", "failure", "finish_reason",
+    {"step", "trajectory_id", "group_id", "policy_version", "reward", "unscorable", "failure", "finish_reason",
      "num_turns", "truncated_actions", "prompt": str, "turns": [{"action": str, "observation": str}, ...],
      "prompt_ids": [int], "segments": [{"scored": bool, "ids": [int]}]}
+
+Model text is data in every view: the JSON lines escape every control character and every non-ASCII
+one (``json.dumps``), so a trajectory is one line whatever it holds; the terminal text of
+:func:`format_trajectory` (``show``) and the W&B table write control characters as escapes
+(:func:`printable`: C0 but newline and tab, DEL, C1 with ESC and CR, the Unicode line separators
+and bidirectional controls) and put every line of model text behind a margin (:func:`framed`), so
+that no completion can print a header, a turn marker or a terminal command of its own.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,6 +55,9 @@ __all__ = [
     "pick_trajectories",
     "read_trajectories",
     "format_trajectory",
+    "printable",
+    "framed",
+    "table_row",
     "TABLE_COLUMNS",
 ]
 
@@ -96,6 +107,7 @@ def decode_trajectory(record: TrajectoryRecord, decode: Decode, step: int) -> di
         "group_id": record.group_id,
         "policy_version": record.policy_version,
         "reward": record.reward,
+        "unscorable": record.unscorable,
         "failure": record.failure,
         "finish_reason": record.finish_reason,
         "num_turns": record.num_turns,
@@ -129,27 +141,56 @@ def read_trajectories(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+#: control characters a view writes as escapes: C0 but tab and newline, DEL, C1 (ESC, CSI, ...), the
+#: Unicode line and paragraph separators and the bidirectional embeddings, overrides and isolates
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+#: what starts every line of model text in a view
+MARGIN = "    | "
+
+
+def printable(text: object, newlines: bool = True) -> str:
+    """``str(text)`` with every control character of :data:`_CONTROL` (and newlines, unless
+    ``newlines``) written as ``\\xNN`` or ``\\uNNNN``: no ESC sequence, carriage return, bell or
+    bidirectional override reaches a terminal."""
+    out = _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", str(text))
+    return out if newlines else out.replace("\n", "\\n")
+
+
+def framed(text: object) -> str:
+    """:func:`printable` text with every line behind :data:`MARGIN`: no line of it can pass for a line
+    of the view (a header, a turn marker)."""
+    return "\n".join(MARGIN + line for line in printable(text).split("\n"))
+
+
 def _transcript(entry: dict[str, Any]) -> str:
     lines = []
     for k, turn in enumerate(entry["turns"], 1):
-        lines.append(f"[action {k}] {turn['action']}")
+        lines += [f"[action {k}]", framed(turn["action"])]
         if turn["observation"]:
-            lines.append(f"[observation {k}] {turn['observation']}")
+            lines += [f"[observation {k}]", framed(turn["observation"])]
     return "\n".join(lines)
 
 
 def format_trajectory(entry: dict[str, Any]) -> str:
-    """A decoded trajectory as text for a terminal."""
-    reward = "pending" if entry["reward"] is None else f"{entry['reward']:g}"
+    """A decoded trajectory as text for a terminal: a header line starting ``---``, then the prompt,
+    each action and observation under its marker, model text escaped and framed (module docstring)."""
+    reward = "unscorable" if entry.get("unscorable") else "pending" if entry["reward"] is None else f"{entry['reward']:g}"
     head = (
-        f"--- step {entry['step']}  {entry['trajectory_id']}  reward {reward}  "
-        f"finish {entry['finish_reason']}  turns {entry['num_turns']}"
+        f"--- step {entry['step']}  {printable(entry['trajectory_id'])}  reward {reward}  "
+        f"finish {printable(entry['finish_reason'])}  turns {entry['num_turns']}"
     )
     if entry.get("truncated_actions"):
         head += f"  truncated actions {entry['truncated_actions']} (the token budget ended them, not the model)"
     if entry.get("failure"):
-        head += f"\n    failure: {entry['failure']}"
-    return f"{head}\n[prompt] {entry['prompt']}\n{_transcript(entry)}"
+        head += f"\n[failure]\n{framed(entry['failure'])}"
+    return f"{head}\n[prompt]\n{framed(entry['prompt'])}\n{_transcript(entry)}"
+
+
+def table_row(entry: dict[str, Any]) -> list[Any]:
+    """One row of the W&B table (:data:`TABLE_COLUMNS`), model text escaped and the transcript framed."""
+    failure = None if entry["failure"] is None else printable(entry["failure"])
+    return [entry["step"], printable(entry["trajectory_id"]), entry["reward"], failure,
+            printable(entry["finish_reason"]), printable(entry["prompt"]), _transcript(entry)]  # fmt: skip
 
 
 class TrajectoryLogger(StepStatsCallback):
@@ -206,8 +247,7 @@ class TrajectoryLogger(StepStatsCallback):
         self._append(entries, replace=self._fresh and stats.step == 0)
         self._fresh = False
         if self.wandb_table:
-            rows = [[e["step"], e["trajectory_id"], e["reward"], e["failure"], e["finish_reason"], e["prompt"],
-                     _transcript(e)] for e in entries]  # fmt: skip
+            rows = [table_row(e) for e in entries]
             for logger in trainer.loggers:
                 if isinstance(logger, WandbLogger):
                     logger.log_table(

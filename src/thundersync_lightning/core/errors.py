@@ -21,6 +21,7 @@ __all__ = [
     "StalenessError",
     "EngineError",
     "ConfigError",
+    "NonFiniteAdvantageError",
     "RunFailed",
     "HostFault",
 ]
@@ -85,6 +86,12 @@ class ConfigError(ThunderSyncError, ValueError):
     """A configuration is invalid; the message lists every problem found."""
 
 
+class NonFiniteAdvantageError(ThunderSyncError, ArithmeticError):
+    """A group's advantage coefficients (a_g, b_g), an advantage, the batch scale or the step's gradient
+    is not finite: the step is refused before any ``.grad`` is written (a NaN step would poison every
+    parameter)."""
+
+
 class RunFailed(ThunderSyncError):
     """The fit ran, but learned from nothing: every reward, or every tool call, failed."""
 
@@ -92,5 +99,6 @@ class RunFailed(ThunderSyncError):
 class HostFault(ThunderSyncError):
     """A fault no action of an episode can have caused: the host failed outside the sandbox (a
     process could not be started, the engine crashed). Only these failures may leave their group
-    under ``Objective(failed="drop")``; every other failure of an acting or graded episode is a
-    reward of 0, so an agent can never earn more by making its environment fail than by failing."""
+    under ``Objective(failed="drop")``; every other failure of an acting or graded episode scores the
+    failure floor (no more than the worst graded reward of its group), so an agent can never earn
+    more by making its environment fail than by failing."""

@@ -158,7 +158,8 @@ class RewardReady:
     """The trajectory's reward is known. ``failure`` is set (and reward 0.0) when the episode or its
     verdict failed; ``host_fault`` says the failure is one no action of the episode can have caused
     (its environment could not be created, a :class:`~.errors.HostFault`): only those leave their
-    group under ``failed="drop"``, every other failure is graded as a reward of 0. ``unscorable``
+    group under ``failed="drop"``, every other failure scores the objective's failure floor (never more
+    than the worst graded reward of its group: ``Objective.failure_reward``). ``unscorable``
     says every reward function declined the completion (TRL's ``None``): it is no failure, but it
     has no reward: it leaves its group's statistics and its advantage is 0."""
 

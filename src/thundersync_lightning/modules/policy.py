@@ -371,9 +371,14 @@ class GRPOPolicy(LightningModule):
         rewards: Sequence[float],
         failed: Sequence[bool] | None = None,
         totals: BatchTotals | None = None,
+        *,
+        host_fault: Sequence[bool] | None = None,
+        unscorable: Sequence[bool] | None = None,
     ) -> Tensor:
         """The objective's L over a complete batch in one expression (one forward, one backward);
-        ``rewards`` are the verdicts (the objective shapes them, ``Objective.shaped_reward``).
+        ``rewards`` are the verdicts (the objective shapes them, ``Objective.shaped_reward``; a
+        shaped reward beyond ``max_abs_reward`` counts as a failure). ``failed``, ``host_fault``,
+        ``unscorable``: per trajectory, as :func:`~thundersync_lightning.core.grpo.terms.reference_loss`.
 
         ``totals``: the global counts under data parallelism (default: this batch's own).
         """
@@ -382,8 +387,24 @@ class GRPOPolicy(LightningModule):
         # this batch is the step: its own entropy quantile (one process)
         threshold = step_entropy_threshold(obj, [scores.entropy[scores.mask]] if scores.entropy is not None else [])
         terms = objective_terms(obj, trajectories, scores, threshold)
-        rewards = [obj.shaped_reward(float(r), t.num_scored_tokens) for r, t in zip(rewards, trajectories)]
-        return reference_loss(obj, terms, [t.group_id for t in trajectories], rewards, failed, totals)
+        n = len(trajectories)
+        failed = list(failed) if failed is not None else [False] * n
+        unscored = list(unscorable) if unscorable is not None else [False] * n
+        graded = [not (f or u) for f, u in zip(failed, unscored)]
+        rewards = [obj.shaped_reward(float(r), t.num_scored_tokens) if g else float(r)
+                   for r, t, g in zip(rewards, trajectories, graded)]
+        refused = [g and obj.refused_reward(r) is not None for r, g in zip(rewards, graded)]
+        host = list(host_fault) if host_fault is not None else failed
+        return reference_loss(
+            obj,
+            terms,
+            [t.group_id for t in trajectories],
+            rewards,
+            [f or x for f, x in zip(failed, refused)],
+            totals,
+            host_fault=[h and f for h, f in zip(host, failed)],
+            unscorable=unscored,
+        )
 
     @override
     def training_step(self, batch: RolloutBatch, batch_idx: int) -> Tensor:
@@ -393,10 +414,10 @@ class GRPOPolicy(LightningModule):
                 "RolloutDataModule(dynamic_sampling=True) issues replacement groups inside the step, which "
                 "needs strategy='thundersync' (any mode); under a stock strategy set dynamic_sampling=False"
             )
-        trajectories, rewards = collect_batch(
-            batch, self.global_step, self.weights_for_engine(), self.global_rank, self.trainer.world_size
+        got = collect_batch(batch, self.global_step, self.weights_for_engine(), self.global_rank, self.trainer.world_size)
+        return self.grpo_loss(
+            got.trajectories, got.rewards, got.failed, host_fault=got.host_fault, unscorable=got.unscorable
         )
-        return self.grpo_loss(trajectories, rewards)
 
     @override
     def validation_step(self, batch: ValidationBatch | ValidationOutcome, batch_idx: int) -> None:

@@ -4,7 +4,8 @@ A pump thread per event stream (the request's, and each dynamic-sampling replace
 events into one queue; the learner drains it between calls. Each event is checked (requested by
 this step, fresh enough, not delivered twice) and recorded in the step's :class:`StepOutcome`.
 A reward is shaped with its trajectory's length when the objective shapes rewards
-(``Objective.overlong_*``); one that arrives before its content waits for it. Every verdict is
+(``Objective.overlong_*``); one that arrives before its content waits for it. A graded reward
+beyond ``Objective.max_abs_reward`` becomes a failure that says so (``RewardError``). Every verdict is
 noted in the accumulator's plan (its group opened or not). A group is admitted (opened in the
 accumulator) when the open-group bound allows; until then its events wait. An admitted group's
 reward goes to the accumulator at once (a *fold* interval); its content waits in :attr:`waiting`
@@ -116,12 +117,16 @@ class EventIntake:
             if early is not None:  # its reward came first and waited for the length
                 self._dispatch(early)
         else:
-            if self.acc.shapes_rewards:  # the overlong penalty needs the trajectory's length
+            graded = not (event.failure or event.unscorable)
+            if self.acc.shapes_rewards and graded:  # the overlong penalty needs the trajectory's length
                 content = self.outcome.trajectories.get(tid)
                 if content is None:
                     self._early[tid] = event
                     return
                 event = replace(event, reward=self.acc.shaped_reward(event.reward, content.num_scored_tokens))
+            refused = self.acc.refused_reward(event.reward) if graded else None
+            if refused is not None:  # a failure the episode caused: it scores the floor
+                event = replace(event, reward=0.0, failure=f"RewardError: {refused}", parts=())
             self._on_reward(event)
             more = self.after_verdict(gid) if self.after_verdict is not None else None
             if more is not None:
@@ -150,9 +155,12 @@ class EventIntake:
                 self.outcome.host_faults.add(event.trajectory_id)
         if event.parts:
             self.outcome.reward_parts[event.trajectory_id] = event.parts
-        if event.unscorable:
+        unscorable = event.unscorable and not event.failure
+        if unscorable:
             self.outcome.unscorable.add(event.trajectory_id)
-        self.acc.planned.note_verdict(event.trajectory_id, event.reward, failed=host_fault)
+        self.acc.planned.note_verdict(
+            event.trajectory_id, event.reward, failed=host_fault, failure=bool(event.failure), unscorable=unscorable
+        )
 
     def _admit(self, gid: str) -> bool:
         limit = self.acc.max_open_groups
@@ -169,7 +177,13 @@ class EventIntake:
             self.waiting[event.trajectory.trajectory_id] = None
             return
         start = self.clock()
-        self.acc.add_reward(event.trajectory_id, event.reward, failed=event.failure is not None and event.host_fault)
+        self.acc.add_reward(
+            event.trajectory_id,
+            event.reward,
+            failed=bool(event.failure),
+            host_fault=event.host_fault,
+            unscorable=event.unscorable,
+        )
         self.outcome.busy.append(Interval(start, self.clock(), "fold"))
         self.after_change()
 

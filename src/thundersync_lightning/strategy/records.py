@@ -27,7 +27,7 @@ class StepOutcome:
     failures: dict[str, str] = field(default_factory=dict)
     reward_parts: dict[str, tuple[tuple[str, float], ...]] = field(default_factory=dict)
     host_faults: set[str] = field(default_factory=set)  # failures that may be dropped (failed="drop")
-    unscorable: set[str] = field(default_factory=set)  # every reward declined them (RewardReady.unscorable)
+    unscorable: set[str] = field(default_factory=set)  # every reward declined them (advantage 0)
     busy: list[Interval] = field(default_factory=list)
     open_groups: list[tuple[float, int]] = field(default_factory=list)
     learner_tokens: int = 0
@@ -44,13 +44,14 @@ class StepOutcome:
                     group_id=t.group_id,
                     policy_version=t.policy_version,
                     staleness=version - t.policy_version,
-                    reward=self.rewards.get(tid),
+                    reward=None if tid in self.unscorable else self.rewards.get(tid),
                     num_tokens=len(t.tokens),
                     num_scored_tokens=t.num_scored_tokens,
                     num_turns=t.num_turns,
                     finish_reason=t.finish_reason,
                     failure=self.failures.get(tid) or t.failure,
                     host_fault=tid in self.host_faults,
+                    unscorable=tid in self.unscorable,
                     content_ready_at=t.content_ready_at,
                     reward_ready_at=self.reward_times.get(tid),
                     prompt=t.prompt,
@@ -62,7 +63,6 @@ class StepOutcome:
                     tool_timeouts=t.tool_timeouts,
                     tool_error=t.tool_error,
                     reward_parts=self.reward_parts.get(tid, ()),
-                    unscorable=tid in self.unscorable,
                 )
             )
         return tuple(out)

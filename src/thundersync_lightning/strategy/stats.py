@@ -45,7 +45,7 @@ class TrajectoryRecord:
     tool_error: str | None = None  # the first tool failure's reason
     reward_parts: tuple[tuple[str, float], ...] = ()  # (name, r_i) of a weighted sum of rewards
     host_fault: bool = False  # the failure is one no action caused (a host fault: may leave its group)
-    unscorable: bool = False  # every reward declined it (TRL's None): no reward, no failure
+    unscorable: bool = False  # every reward declined it (TRL's None): out of its group's statistics, advantage 0
 
     @property
     def reward_error(self) -> bool:

@@ -70,7 +70,7 @@ class LeafSums:
     """One group's sums at the prefix leaves (see the module docstring)."""
 
     prefix: SharedPrefix
-    by_reward: dict[float, Tensor] = field(default_factory=dict)
+    by_reward: dict[float | None, Tensor] = field(default_factory=dict)  # None: floored members (their f_g)
     direct: Tensor | None = None  # s-scaled at the barrier (advantage-weighted, and R without batch scale)
     direct_regulariser: Tensor | None = None  # never s-scaled (R under batch scale)
     held: dict[Hashable, Tensor] = field(default_factory=dict)
@@ -97,21 +97,31 @@ class LeafSums:
         else:
             self.direct = flat if self.direct is None else self.direct + flat
 
-    def on_reward(self, trajectory_id: Hashable, reward: float, dropped: bool, regulariser_apart: bool) -> None:
+    def on_reward(
+        self,
+        trajectory_id: Hashable,
+        reward: float | None,
+        dropped: bool,
+        regulariser_apart: bool,
+        keep_score: bool = True,
+    ) -> None:
+        """A verdict: the held leaf gradients join the sum of ``reward`` (None: the floored members')
+        and the R sums; ``keep_score`` False (an unscorable member, advantage 0) frees the S part."""
         held = self.held.pop(trajectory_id, None)
         held_reg = self.held_regulariser.pop(trajectory_id, None)
         if dropped:
             return
-        if held is not None:
+        if held is not None and keep_score:
             self.by_reward[reward] = held if reward not in self.by_reward else self.by_reward[reward] + held
         if held_reg is not None:
             self._add_regulariser(held_reg, regulariser_apart)
 
-    def fold(self, a: float, b: float) -> tuple[Tensor | None, Tensor | None]:
-        """(s-scaled, unscaled) leaf gradients of the closed group; the sums are dropped."""
+    def fold(self, a: float, b: float, floor: float = 0.0) -> tuple[Tensor | None, Tensor | None]:
+        """(s-scaled, unscaled) leaf gradients of the closed group (floored members at ``floor``);
+        the sums are dropped."""
         total = self.direct
         for r, h in self.by_reward.items():
-            coef = a * r + b
+            coef = a * (floor if r is None else r) + b
             if coef != 0.0:
                 total = h * coef if total is None else total + h * coef
         out = (total, self.direct_regulariser)

@@ -25,6 +25,10 @@ Both checks run before any state changes: a refused call leaves the accumulator 
   is full and keeps doing reward-known work. ``0`` is legal and means "never hold": every backward
   waits for its trajectory's reward (no parameter-sized memory beyond the sums, less overlap).
 
+A group with a failure scored at its worst graded reward (``Objective.failure_reward`` None) keeps
+one more sum, F, of those failures' gradients until its last verdict (at most ``G`` buffers per group
+still: each scored member adds to at most one); a configured ``failure_reward`` needs none.
+
 The gradient is the same for every bound (only the summation order changes).
 """
 

@@ -6,6 +6,7 @@ kind                  fields                                 gradient goes to
 ``direct``            -                                      the step's scaled gradient
 ``regulariser_now``   -                                      the step's gradient of regulariser terms R_i
 ``sum``               ``group``, ``reward`` (``flagged``)    that group's sum for that reward value
+                                                             (``None``: its floored failures' sum F)
                                                              (``flagged``: of its ``off_policy_mask``
                                                              members, folded with max(A, 0))
 ``regulariser_sum``   ``group``                              that group's R sum (dynamic sampling)
@@ -36,7 +37,8 @@ class Destination:
     flagged: bool = False
 
     @classmethod
-    def group_sum(cls, group: Hashable, reward: float, flagged: bool = False) -> Destination:
+    def group_sum(cls, group: Hashable, reward: float | None, flagged: bool = False) -> Destination:
+        """The group's sum of ``reward`` (None: of its floored failures, folded at f_g)."""
         return cls("sum", group=group, reward=reward, flagged=flagged)
 
     @classmethod

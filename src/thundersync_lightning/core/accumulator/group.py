@@ -7,10 +7,19 @@ trajectory). A third distinct value collapses them into
     G1 = sum_i (r_i - c) grad S_i,    G2 = sum_i grad S_i
 
 with c one of the group's rewards, so that the fold a_g G1 + (a_g c + b_g) G2 does not suffer the
-cancellation a_g sum r_i g + b_g sum g has when rewards share a large offset. A gradient whose
+cancellation a_g sum r_i g + b_g sum g has when rewards share a large offset. G1 is kept divided by
+a power of two z >= every |r_i| seen beyond 2^20 (z = 1 below: then nothing changes), exact, so
+that no finite reward overflows it. A gradient whose
 reward is not yet known is held apart until it is (and, when failed rollouts are dropped, so is the
 gradient of its regulariser term R_i). A *dropped* member (failed verdict, ``failed="drop"``)
 leaves the group: its held gradients are freed and it counts nowhere.
+
+A *floored* member (a failure scored at the worst graded reward of its group, the objective's
+failure floor f_g) has a verdict but no reward until the group's last verdict lands: its gradient
+joins one more sum, F = sum_{floored} grad S_i, folded with a_g f_g + b_g (one buffer per group
+that has one, whatever its number of failures). An *unscorable* member (every reward declined it)
+has advantage 0: its S_i gradient is never formed (a held one is freed), its R_i trains, and it
+leaves the group's statistics but not its counts.
 
 A backward backend may deliver a gradient as a
 :class:`~thundersync_lightning.core.gradients.deferred.DeferredGradient` (formed at the fold). Reward-known
@@ -23,6 +32,7 @@ gradients alone.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -67,23 +77,53 @@ class GroupSums:
     _tokens: dict[Hashable, float] = field(default_factory=dict)  # scored-token counts
     _is_weights: dict[Hashable, tuple[float, float]] = field(default_factory=dict)  # IS weight (sum, count)
     _dropped: set[Hashable] = field(default_factory=set)  # failed members removed from the group
+    _floored: set[Hashable] = field(default_factory=set)  # failures scored at the group's worst graded reward
+    _unscorable: set[Hashable] = field(default_factory=set)  # every reward declined them: advantage 0
+    _floor_sum: torch.Tensor | None = None  # F = sum of floored members' grad S_i
     _scored_dropped: set[Hashable] = field(default_factory=set)  # dropped members whose content came
     _leaves: LeafSums | None = None  # boundary cut: sums at the shared prompt's leaves
     _by_reward: dict[float, torch.Tensor] = field(default_factory=dict)  # <= 2 distinct reward values
     _g1: torch.Tensor | None = None  # sum (r_i - shift) grad S_i, after collapse
     _g2: torch.Tensor | None = None  # sum grad S_i, after collapse
     _shift: float = 0.0
+    _scale: float = 1.0  # z: G1 holds sum (r_i - c) / z grad S_i (module docstring)
     _deferred: list[tuple[float, DeferredGradient]] = field(default_factory=list)  # reward-known (reward, gradient)
     _direct: int = 0  # contributions already added to the step gradient (early fold or direct path)
     _flagged: set[Hashable] = field(default_factory=set)  # off_policy_mask: members whose A counts only if >= 0
-    _flagged_sums: dict[float, torch.Tensor] = field(default_factory=dict)  # their gradients by reward
+    _flagged_sums: dict[float | None, torch.Tensor] = field(default_factory=dict)  # their gradients by reward
     _regulariser_sum: torch.Tensor | None = None  # dynamic sampling: sum of grad R_i until the group is known informative
     _filtered: bool = False  # dynamic sampling: every verdict in and no signal: the group counts nowhere
     _final: tuple[Objective, tuple[float, float]] | None = None  # (a_g, b_g) once every verdict is in
 
     # ------------------------------------------------------------------ what others may read
+    def has_verdict(self, trajectory_id: Hashable) -> bool:
+        return trajectory_id in self._rewards
+
     def reward_of(self, trajectory_id: Hashable) -> float | None:
+        """The reward it trains on once known: its graded reward, or a floored member's f_g once every
+        verdict is in; None while pending and for an unscorable member."""
+        if trajectory_id in self._unscorable:
+            return None
+        if trajectory_id in self._floored:
+            return self.floor() if self.all_rewards_known() else None
         return self._rewards.get(trajectory_id)
+
+    def is_unscorable(self, trajectory_id: Hashable) -> bool:
+        return trajectory_id in self._unscorable
+
+    def floor(self) -> float:
+        """f_g from the graded rewards known so far (final once every verdict is in): the worst of
+        them, 0.0 with none (the group's failures are then all equal)."""
+        graded = [r for t, r in self._rewards.items() if not (t in self._floored or t in self._unscorable or t in self._dropped)]
+        return min(graded) if graded else 0.0
+
+    def advantage(self, objective: Objective, trajectory_id: Hashable) -> float:
+        """A_i / s once every verdict is in (0 for an unscorable member)."""
+        reward = self.reward_of(trajectory_id)
+        if reward is None:
+            return 0.0
+        a, b = self.coefficients(objective)
+        return a * reward + b
 
     def is_scored(self, trajectory_id: Hashable) -> bool:
         """Its S_i was recorded (a dropped member: its content came)."""
@@ -157,9 +197,14 @@ class GroupSums:
             return self.coefficients(objective) == (0.0, 0.0)
         return len(self.members) == 1 and objective.singleton == "zero"
 
+    def scorable(self) -> tuple[Hashable, ...]:
+        """Kept members whose reward enters the group's statistics (all but the unscorable)."""
+        return tuple(t for t in self.kept() if t not in self._unscorable)
+
     def reward_tensor(self) -> torch.Tensor:
-        """Rewards of the kept members (float64)."""
-        return torch.tensor([self._rewards[t] for t in self.kept()], dtype=torch.float64)
+        """Rewards of the scorable members, floored ones at f_g (float64; once every verdict is in)."""
+        floor = self.floor() if self._floored else 0.0
+        return torch.tensor([floor if t in self._floored else self._rewards[t] for t in self.scorable()], dtype=torch.float64)
 
     @property
     def has_sums(self) -> bool:
@@ -167,7 +212,7 @@ class GroupSums:
 
     @property
     def has_dense_sums(self) -> bool:
-        return bool(self._by_reward) or self._g1 is not None
+        return bool(self._by_reward) or self._g1 is not None or self._floor_sum is not None
 
     def usage(self, buffer_bytes: int) -> GroupUsage:
         """What the group holds now; a flat buffer takes ``buffer_bytes``, a deferred gradient its own bytes."""
@@ -177,9 +222,15 @@ class GroupSums:
         side += self._leaves.nbytes if self._leaves is not None else 0
         return GroupUsage(len(self._held.keys() | self._held_regulariser.keys()), held_bytes, side)
 
-    def add_known(self, store: GradientStore, reward: float, grads: list | torch.Tensor | DeferredGradient) -> None:
+    def add_known(
+        self, store: GradientStore, reward: float | None, grads: list | torch.Tensor | DeferredGradient
+    ) -> None:
         """A reward-known gradient (per-parameter ``grads``, a stored flat buffer or a deferred
-        gradient) into the sums of its reward; a deferred one is kept while they fit (module docstring)."""
+        gradient) into the sums of its reward (``None``: a floored member's, into F); a deferred one
+        is kept while they fit (module docstring)."""
+        if reward is None:
+            self._floor_sum = _add_to(store, self._floor_sum, grads)
+            return
         if isinstance(grads, DeferredGradient):
             if not self.has_dense_sums and self._fits(grads, reward, store.buffer_bytes):
                 self._deferred.append((reward, grads))
@@ -218,7 +269,8 @@ class GroupSums:
                 store.add_grads(buf, grads, alpha)
 
         if self._g1 is not None:
-            add(self._g1, reward - self._shift)
+            self._fit_scale(store, reward)
+            add(self._g1, reward / self._scale - self._shift / self._scale)
             add(self._g2)
             store.release(flat)
             return
@@ -233,14 +285,24 @@ class GroupSums:
             self._by_reward[reward] = flat
             return
         c = next(iter(self._by_reward))  # a third distinct reward: collapse (see module docstring)
-        g1 = store.scaled(flat, reward - c)
+        z = _power_of_two_above(max(abs(r) for r in (reward, *self._by_reward)))
+        g1 = store.scaled(flat, reward / z - c / z)
         g2 = flat
         for r, h in self._by_reward.items():
-            store.add_flat(g1, h, r - c)
+            store.add_flat(g1, h, r / z - c / z)
             store.add_flat(g2, h)
             store.release(h)
         self._by_reward.clear()
-        self._g1, self._g2, self._shift = g1, g2, c
+        self._g1, self._g2, self._shift, self._scale = g1, g2, c, z
+
+    def _fit_scale(self, store: GradientStore, reward: float) -> None:
+        """Raise z (exact: G1 times a power of two) when ``reward`` is beyond it."""
+        z = _power_of_two_above(abs(reward))
+        if z > self._scale:
+            assert self._g1 is not None
+            store.ready(self._g1)
+            self._g1.mul_(self._scale / z)
+            self._scale = z
 
     def take(self, destination: Destination, grads: list | DeferredGradient, store: GradientStore) -> None:
         """One backward job's gradient: into the sum of its reward (``sum``; ``flagged``: the
@@ -257,50 +319,33 @@ class GroupSums:
         kept = grads if isinstance(grads, DeferredGradient) else store.flatten(grads)
         (self._held if destination.kind == "held" else self._held_regulariser)[destination.trajectory] = kept
 
-    def add_flagged(self, store: GradientStore, reward: float, grads: list | torch.Tensor | DeferredGradient) -> None:
-        """A flagged member's reward-known gradient into the flagged sum of its reward (never
-        collapsed: its coefficient max(a r + b, 0) is not affine in r)."""
-        if isinstance(grads, DeferredGradient):
-            grads = grads.dense()
-        buf = self._flagged_sums.get(reward)
-        if isinstance(grads, torch.Tensor):
-            if buf is None:
-                self._flagged_sums[reward] = grads
-            else:
-                store.add_flat(buf, grads)
-                store.release(grads)
-        elif buf is None:
-            self._flagged_sums[reward] = store.flatten(grads)
-        else:
-            store.add_grads(buf, grads)
+    def add_flagged(
+        self, store: GradientStore, reward: float | None, grads: list | torch.Tensor | DeferredGradient
+    ) -> None:
+        """A flagged member's reward-known gradient into the flagged sum of its reward (``None``: of
+        the floored members; never collapsed: its coefficient max(a r + b, 0) is not affine in r)."""
+        self._flagged_sums[reward] = _add_to(store, self._flagged_sums.get(reward), grads)
 
     def add_regulariser(self, store: GradientStore, grads: list | torch.Tensor | DeferredGradient) -> None:
         """grad R of members (per-parameter, a stored flat buffer or a deferred gradient) into :attr:`regulariser_sum`."""
-        if isinstance(grads, DeferredGradient):
-            grads = grads.dense()
-        if isinstance(grads, torch.Tensor):
-            if self._regulariser_sum is None:
-                self._regulariser_sum = grads
-            else:
-                store.add_flat(self._regulariser_sum, grads)
-                store.release(grads)
-        elif self._regulariser_sum is None:
-            self._regulariser_sum = store.flatten(grads)
-        else:
-            store.add_grads(self._regulariser_sum, grads)
+        self._regulariser_sum = _add_to(store, self._regulariser_sum, grads)
 
-    def fold_into(self, final: torch.Tensor, store: GradientStore, a: float, b: float) -> None:
-        """``final += sum_i (a r_i + b) grad S_i`` from the sums (the caller then drops them)."""
+    def fold_into(self, final: torch.Tensor, store: GradientStore, a: float, b: float, floor: float = 0.0) -> None:
+        """``final += sum_i (a r_i + b) grad S_i`` from the sums, floored members at r_i = ``floor``
+        (the caller then drops them)."""
         if self._g1 is not None:
-            final.add_(store.to_device(self._g1), alpha=a)
+            final.add_(store.to_device(self._g1), alpha=a * self._scale)
             final.add_(store.to_device(self._g2), alpha=a * self._shift + b)
+        if self._floor_sum is not None:
+            final.add_(store.to_device(self._floor_sum), alpha=a * floor + b)
         for r, h in self._by_reward.items():
             final.add_(store.to_device(h), alpha=a * r + b)
         if self._deferred:
             fold_deferred(store.split(final), [c for _, c in self._deferred], [a * r + b for r, _ in self._deferred])
         for r, h in self._flagged_sums.items():
-            if a * r + b > 0:  # a flagged member with A < 0 trains nothing
-                final.add_(store.to_device(h), alpha=a * r + b)
+            coef = a * (floor if r is None else r) + b
+            if coef > 0:  # a flagged member with A < 0 trains nothing
+                final.add_(store.to_device(h), alpha=coef)
 
     def add_reward(
         self,
@@ -310,15 +355,27 @@ class GroupSums:
         store: GradientStore,
         regulariser_apart: bool,
         keep_regulariser: bool,
+        *,
+        floored: bool = False,
+        unscorable: bool = False,
     ) -> torch.Tensor | DeferredGradient | None:
-        """A member's verdict: its held gradient joins the sum of its reward (or, ``dropping``, the
-        member leaves the group and its held gradients are freed). Its held grad R_i joins the
-        group's R sum (``keep_regulariser``: dynamic sampling) or is returned for the step's gradient."""
+        """A member's verdict: its held gradient joins the sum of its reward (``floored``: F;
+        ``unscorable``: freed; or, ``dropping``, the member leaves the group and its held gradients
+        are freed). Its held grad R_i joins the group's R sum (``keep_regulariser``: dynamic
+        sampling) or is returned for the step's gradient."""
         self._rewards[trajectory_id] = reward
+        if floored:
+            self._floored.add(trajectory_id)
+        if unscorable:
+            self._unscorable.add(trajectory_id)
         held = self._held.pop(trajectory_id, None)
         held_reg = self._held_regulariser.pop(trajectory_id, None)
+        key = None if floored else reward
         if self._leaves is not None:
-            self._leaves.on_reward(trajectory_id, reward, dropping, regulariser_apart)
+            self._leaves.on_reward(trajectory_id, key, dropping, regulariser_apart, keep_score=not unscorable)
+        if unscorable and held is not None:
+            release(store, held)
+            held = None
         if dropping:
             self._dropped.add(trajectory_id)
             if trajectory_id in self._scores:
@@ -328,9 +385,9 @@ class GroupSums:
             release(store, held, held_reg)
             return None
         if held is not None and trajectory_id in self._flagged:
-            self.add_flagged(store, reward, held)
+            self.add_flagged(store, key, held)
         elif held is not None:
-            self.add_known(store, reward, held)
+            self.add_known(store, key, held)
         if held_reg is not None and keep_regulariser:
             self.add_regulariser(store, held_reg)  # the step gets it once the group is known kept
             return None
@@ -356,7 +413,7 @@ class GroupSums:
         gradient) and free them."""
         if self.has_sums and not self._filtered and not self.zero_advantage(objective):
             a, b = self.coefficients(objective)
-            self.fold_into(final(), store, a, b)
+            self.fold_into(final(), store, a, b, self.floor())
             self._direct += 1
         self.drop(store)
 
@@ -383,21 +440,23 @@ class GroupSums:
         """The closed group's parts, given its coefficients (every verdict known, every kept member scored)."""
         kept = self.kept()
         rewards = self.reward_tensor()
-        objective = sum(self._masked(a * self._rewards[t] + b, t) * self._scores[t] for t in kept)
+        trained = {t: r for t in kept if (r := self.reward_of(t)) is not None}
+        objective = sum(self._masked(a * trained[t] + b, t) * self._scores[t] for t in trained)
         regulariser = sum(self._regulariser.get(t, 0.0) for t in kept)
         totals = BatchTotals(
             groups=float(bool(kept)),
             sequences=float(len(kept)),
             tokens=sum(self._tokens.get(t, 0.0) for t in kept),
-            reward_count=float(len(kept)),
+            reward_count=float(rewards.numel()),
             reward_sum=float(rewards.sum()),
             reward_sq_sum=float((rewards**2).sum()),
             is_weight_sum=sum(self._is_weights.get(t, (0.0, 0.0))[0] for t in kept),
             is_weight_count=sum(self._is_weights.get(t, (0.0, 0.0))[1] for t in kept),
         )
-        mean = float(rewards.mean()) if kept else 0.0
-        std = float(rewards.std(correction=0)) if kept else 0.0
-        stat = GroupStat(group_id, len(kept), mean, std, len(self._dropped))
+        mean = float(rewards.mean()) if rewards.numel() else 0.0
+        std = float(rewards.std(correction=0)) if rewards.numel() else 0.0
+        unscorable = len(self._unscorable - self._dropped)
+        stat = GroupStat(group_id, len(kept), mean, std, len(self._dropped), unscorable)
         return ClosedGroup(objective, regulariser, totals, stat)
 
     def _masked(self, advantage: float, trajectory_id: Hashable) -> float:
@@ -417,6 +476,7 @@ class GroupSums:
             *self._by_reward.values(),
             self._g1,
             self._g2,
+            self._floor_sum,
             self._regulariser_sum,
             *self._flagged_sums.values(),
         )
@@ -426,9 +486,34 @@ class GroupSums:
         self._held_regulariser.clear()
         self._by_reward.clear()
         self._deferred.clear()
-        self._g1 = self._g2 = None
+        self._g1 = self._g2 = self._floor_sum = None
 
 
 def release(store: GradientStore, *items: torch.Tensor | DeferredGradient | None) -> None:
     """Return the flat buffers among ``items`` to the store (deferred gradients are simply forgotten)."""
     store.release(*(t for t in items if not isinstance(t, DeferredGradient)))
+
+
+def _add_to(
+    store: GradientStore, buf: torch.Tensor | None, grads: list | torch.Tensor | DeferredGradient
+) -> torch.Tensor:
+    """``buf + grads`` into a flat buffer (``buf`` None: a new one); a stored flat ``grads`` is released."""
+    if isinstance(grads, DeferredGradient):
+        grads = grads.dense()
+    if isinstance(grads, torch.Tensor):
+        if buf is None:
+            return grads
+        store.add_flat(buf, grads)
+        store.release(grads)
+        return buf
+    if buf is None:
+        return store.flatten(grads)
+    store.add_grads(buf, grads)
+    return buf
+
+
+def _power_of_two_above(m: float) -> float:
+    """z = 1 for m <= 2^20, else the smallest power of two >= m (at most 2^1023)."""
+    if m <= 2.0**20:
+        return 1.0
+    return math.ldexp(1.0, min(math.frexp(m)[1], 1023))

@@ -77,7 +77,7 @@ def grad_of(label: Hashable, output: Tensor, inputs: Sequence[Tensor], retain: b
 
 
 def prefix_backward(
-    leaves: LeafSums, params: Sequence[Tensor], a: float, b: float
+    leaves: LeafSums, params: Sequence[Tensor], a: float, b: float, floor: float = 0.0
 ) -> Iterator[tuple[Literal["direct", "regulariser_now"], Grads]]:
     """The closed group's prompt, backpropagated with its folded leaf gradient (:mod:`.prefix`).
 
@@ -85,7 +85,7 @@ def prefix_backward(
     gradient and one into the R-term one (two only under ``scale="batch"`` with R terms); the
     caller adds each before the next is taken. The leaf sums are dropped.
     """
-    scaled, unscaled = leaves.fold(a, b)
+    scaled, unscaled = leaves.fold(a, b, floor)
     targets = [("direct", scaled), ("regulariser_now", unscaled)]
     targets = [(kind, g) for kind, g in targets if g is not None and bool(g.ne(0).any())]
     for k, (kind, flat) in enumerate(targets):

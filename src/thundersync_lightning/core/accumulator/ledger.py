@@ -70,6 +70,7 @@ class StepLedger:
             totals=self.totals,
             on_policy=self.on_policy,
             dropped=sum(s.dropped for s in self.folded),
+            unscorable=sum(s.unscorable for s in self.folded),
             peak_held_trajectories=held[0],
             peak_held_bytes=held[1],
         )

@@ -134,6 +134,10 @@ class AccumulatorQueries:
     def shaped_reward(self, reward: float, scored_tokens: int) -> float:
         return self.objective.shaped_reward(reward, scored_tokens)
 
+    def refused_reward(self, reward: float) -> str | None:
+        """Why a graded reward is refused as a failure (beyond ``max_abs_reward``), or None."""
+        return self.objective.refused_reward(reward)
+
     @property
     def needs_step_entropy(self) -> bool:
         """``top_entropy_quantile`` < 1: scoring needs the step's entropy threshold (sync only)."""

@@ -17,8 +17,9 @@ class GroupStat:
     group_id: Hashable
     size: int  # members kept (failed members dropped under failed="drop" do not count)
     reward_mean: float
-    reward_std: float  # population std of the kept rewards
+    reward_std: float  # population std of the kept rewards (unscorable members left out)
     dropped: int = 0
+    unscorable: int = 0  # kept members every reward declined: out of the statistics, advantage 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +51,7 @@ class StreamingReport:
     totals: BatchTotals = field(default_factory=BatchTotals)
     on_policy: OnPolicyStats = field(default_factory=OnPolicyStats)
     dropped: int = 0
+    unscorable: int = 0  # kept trajectories every reward declined (advantage 0)
     peak_held_trajectories: int = 0
     peak_held_bytes: int = 0
     groups_filtered: int = 0  # dynamic sampling: groups closed without signal, counted nowhere

@@ -4,7 +4,9 @@ For trajectory i of open group g (notation of :mod:`~thundersync_lightning.core.
 
 - every verdict of g known: A_i is known, so A_i S_i goes to the step's gradient (*direct*);
 - its own reward known, others pending: S_i joins the sum of its (group, reward) *bucket* (a
-  flagged trajectory, ``off_policy_mask``, a bucket of its own: folded with max(A, 0));
+  flagged trajectory, ``off_policy_mask``, a bucket of its own: folded with max(A, 0)); a floored
+  failure (reward f_g, known at the group's last verdict) the bucket of reward ``None``;
+- an unscorable member (advantage 0): no S_i backward;
 - its reward pending: grad S_i is *held* apart until the reward arrives;
 - a dropped member (failed verdict, ``failed="drop"``): nothing;
 - R_i goes to the step's gradient at once (one backward with the direct terms; a separate one
@@ -72,12 +74,11 @@ def route(
         if group.is_dropped(tid) or group.filtered:
             routing.skipped += 1
             continue
-        reward = group.reward_of(tid)
+        verdict = group.has_verdict(tid)
         r_term = reg[i] if reg is not None else None
         flagged = terms.flagged is not None and bool(terms.flagged[i])
         if group.all_rewards_known():
-            a, b = group.coefficients(objective)
-            adv = a * reward + b  # type: ignore[operator]
+            adv = group.advantage(objective, tid)
             if flagged and adv < 0:
                 adv = 0.0
             if adv != 0.0:
@@ -85,14 +86,14 @@ def route(
                 routing.touched.add(i)
             elif r_term is None:
                 routing.skipped += 1
-        elif group.zero_advantage(objective):
+        elif group.zero_advantage(objective) or group.is_unscorable(tid):
             routing.skipped += r_term is None
-        elif reward is not None:
-            routing.buckets.setdefault(Destination.group_sum(gid, reward, flagged), []).append(i)
+        elif verdict:
+            routing.buckets.setdefault(Destination.group_sum(gid, group.reward_of(tid), flagged), []).append(i)
         else:
             routing.held.append(i)
         if r_term is not None:
-            if drop and reward is None:
+            if drop and not verdict:
                 routing.held_regulariser.append(i)
             elif filter_groups and not group.all_rewards_known():
                 routing.group_regulariser.setdefault(gid, []).append(i)

@@ -8,7 +8,8 @@ dtype, each allocated on first use:
 - ``unscaled``: grad R_i under ``scale="batch"``, which s must not touch.
 
 At the barrier ``g = s * scaled + unscaled`` and ``.grad += -(1/D) g``, cast to each parameter's
-dtype. The buffers always stay on the parameters' device (whatever ``offload`` says for sums).
+dtype; a non-finite g raises :class:`~thundersync_lightning.core.errors.NonFiniteAdvantageError`
+before any ``.grad`` is written (one reduction and one device sync per step). The buffers always stay on the parameters' device (whatever ``offload`` says for sums).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from ..errors import NonFiniteAdvantageError
 from ..gradients.deferred import DeferredGradient, fold_deferred
 from ..gradients.storage import GradientStore
 
@@ -75,6 +77,17 @@ class StepGradient:
             final, rest = rest, None
         elif final is not None:
             final.mul_(s)
+        if final is not None and not bool(torch.isfinite(final).all()):
+            bad = int((~torch.isfinite(final)).sum())
+            for buf in (final, rest):
+                if buf is not None:
+                    self._store.release_device(buf)
+            self.reset()
+            raise NonFiniteAdvantageError(
+                f"the step's gradient has {bad} non-finite entries (batch scale s={s!r}); no .grad was written, so "
+                "no parameter becomes NaN. A reward so large that A_i * grad S_i overflows the gradient dtype is "
+                "the usual cause: bound the rewards with Objective.max_abs_reward"
+            )
         if final is not None and d > 0:
             for p, g in zip(params, self._store.split(final)):
                 contribution = (g * (-1.0 / d)).to(p.dtype)

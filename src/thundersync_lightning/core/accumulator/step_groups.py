@@ -28,7 +28,9 @@ class StepGroups:
         self._members: dict[Hashable, tuple[Hashable, ...]] = {}
         self._owner: dict[Hashable, Hashable] = {}
         self._rewards: dict[Hashable, float] = {}
-        self._failed: set[Hashable] = set()
+        self._failed: set[Hashable] = set()  # droppable (host-fault) failures
+        self._floored: set[Hashable] = set()  # failures scored at the floor
+        self._unscorable: set[Hashable] = set()
 
     def plan(self, group_id: Hashable, members: Sequence[Hashable]) -> None:
         """Plan a group and all its trajectories (raises if the group or a member is planned already)."""
@@ -60,11 +62,19 @@ class StepGroups:
     def num_trajectories(self) -> int:
         return len(self._owner)
 
-    def note_verdict(self, trajectory_id: Hashable, reward: float, failed: bool) -> None:
-        """A verdict arrived (its group opened or not): ``reward`` as the objective sees it (shaped)."""
+    def note_verdict(
+        self, trajectory_id: Hashable, reward: float, failed: bool, *, failure: bool = False, unscorable: bool = False
+    ) -> None:
+        """A verdict arrived (its group opened or not): ``reward`` as the objective sees it (shaped);
+        ``failed``: a host-fault failure (dropped under ``failed="drop"``); ``failure``: any failed
+        verdict (scored at the floor unless dropped); ``unscorable``: every reward declined it."""
         self._rewards[trajectory_id] = reward
         if failed:
             self._failed.add(trajectory_id)
+        if failed or failure:
+            self._floored.add(trajectory_id)
+        elif unscorable:
+            self._unscorable.add(trajectory_id)
 
     def is_dropped(self, trajectory_id: Hashable) -> bool:
         """Its verdict failed and failed rollouts are dropped: it is never scored and counts nowhere."""
@@ -75,5 +85,6 @@ class StepGroups:
 
     def informative(self, group_id: Hashable) -> bool:
         """Every verdict of the group is in and its kept rewards carry signal (dynamic sampling)."""
-        kept = [self._rewards[t] for t in self._members[group_id] if not self.is_dropped(t)]
-        return informative(kept, self._objective.singleton == "reward")
+        kept = [t for t in self._members[group_id] if not self.is_dropped(t) and t not in self._unscorable]
+        rewards = self._objective.scored_rewards([self._rewards[t] for t in kept], [t in self._floored for t in kept])
+        return informative(rewards, self._objective.singleton == "reward")

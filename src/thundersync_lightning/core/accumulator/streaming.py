@@ -50,6 +50,7 @@ from ..errors import (
     DuplicateEventError,
     GroupError,
     InvalidLogprobError,
+    InvalidRewardError,
     OpenGroupsError,
     UnknownTrajectoryError,
 )
@@ -185,16 +186,54 @@ class StreamingGRPO(AccumulatorQueries):
             )
         return gid, self._groups[gid]
 
-    def add_reward(self, trajectory_id: Hashable, reward: float, failed: bool = False) -> None:
-        """Record r_i (``failed``: the verdict failed). Folds held gradients; closes the group when complete."""
+    def add_reward(
+        self,
+        trajectory_id: Hashable,
+        reward: float,
+        failed: bool = False,
+        *,
+        host_fault: bool | None = None,
+        unscorable: bool = False,
+    ) -> None:
+        """Record a verdict; folds held gradients; closes the group when complete.
+
+        ``failed``: the verdict failed (``reward`` is then ignored): the member scores the failure
+        floor (:meth:`Objective.failure_floor`), or, when ``host_fault`` (default: ``failed``)
+        and ``failed="drop"``, leaves its group. ``unscorable``: every reward declined it (out
+        of its group's statistics, advantage 0). A graded ``reward`` must be finite, within
+        ``max_abs_reward`` and not below a configured ``failure_reward``
+        (:class:`InvalidRewardError`; callers refuse such verdicts as failures first).
+        """
         self._check_live()
         gid, group = self._group_of(trajectory_id)
-        value = finite_reward(trajectory_id, reward)
-        if group.reward_of(trajectory_id) is not None:
+        if group.has_verdict(trajectory_id):
             raise DuplicateEventError(f"trajectory {trajectory_id!r} already has a reward")
-        dropping = failed and self.objective.failed == "drop"
+        obj = self.objective
+        host_fault = failed if host_fault is None else host_fault
+        dropping = failed and host_fault and obj.failed == "drop"
+        floored = failed and not dropping and obj.failure_reward is None
+        if failed or unscorable:
+            value = obj.failure_reward if failed and obj.failure_reward is not None else 0.0
+        else:
+            value = finite_reward(trajectory_id, reward)
+            refused = obj.refused_reward(value)
+            if refused is not None:
+                raise InvalidRewardError(f"trajectory {trajectory_id!r}: {refused}")
+            if obj.failure_reward is not None and value < obj.failure_reward:
+                raise InvalidRewardError(
+                    f"reward {value!r} of trajectory {trajectory_id!r} is below Objective.failure_reward="
+                    f"{obj.failure_reward!r}: a failure would outscore it. Set failure_reward below every reward "
+                    "the task can give (overlong_penalty included), or None (the worst graded reward of the group)"
+                )
         to_step = group.add_reward(
-            trajectory_id, value, dropping, self._store, self._regulariser_apart, self.filter_groups
+            trajectory_id,
+            value,
+            dropping,
+            self._store,
+            self._regulariser_apart,
+            self.filter_groups,
+            floored=floored,
+            unscorable=unscorable and not failed,
         )
         if to_step is not None:
             self._step.add_flat(self._step_buffer("regulariser_now"), to_step)
@@ -420,7 +459,7 @@ class StreamingGRPO(AccumulatorQueries):
             return
         a, b = group.coefficients(self.objective)
         if group.leaves is not None and not group.filtered:  # a filtered group's leaf sums go unused
-            for kind, grads in prefix_backward(group.leaves, self._params, a, b):
+            for kind, grads in prefix_backward(group.leaves, self._params, a, b, group.floor()):
                 self._ledger.backward_passes += 1
                 self._step.add_grads(self._step_buffer(kind), grads)
         group.drop_leaves()

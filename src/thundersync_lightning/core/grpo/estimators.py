@@ -19,6 +19,7 @@ one trajectory and a group whose rewards are all equal have A_i = 0 exactly.
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,6 +34,7 @@ __all__ = [
     "get_estimator",
     "available_estimators",
     "grpo_coefficients",
+    "scaled_rewards",
     "unknown_estimator",
     "advantages",
 ]
@@ -73,24 +75,44 @@ def available_estimators() -> tuple[str, ...]:
     return _REGISTRY.names()
 
 
+def scaled_rewards(rewards: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """(rewards / c, c) with c = 2^k the smallest power of two >= max|r_i| (c = 1 when every |r_i| <= 1).
+
+    Dividing by a power of two is exact in float64, so every mean, difference, square and square root
+    of the scaled rewards is the unscaled one's times a power of two bit for bit, and none of them
+    overflows: the group statistics of any finite rewards (even -1e308 beside 1e308) are finite.
+    """
+    m = float(rewards.abs().max()) if rewards.numel() else 0.0
+    if m <= 1.0:
+        return rewards, 1.0
+    c = math.ldexp(1.0, min(math.frexp(m)[1], 1023))  # m < 2^k; 2^1023 is the largest power of two
+    return rewards / c, c
+
+
 def grpo_coefficients(rewards: torch.Tensor, eps: float, *, correction: int = 0, per_group: bool = True):
     """GRPO: A_i = (r_i - mu) / (sigma + eps) (``correction`` 1: sample std); ``per_group=False``
-    (the objective's ``scale="batch"``): r_i - mu, scaled by the batch at the barrier."""
-    mu = float(rewards.mean())
+    (the objective's ``scale="batch"``): r_i - mu, scaled by the batch at the barrier.
+
+    Computed on the rewards scaled by c (:func:`scaled_rewards`): a_g = 1 / (sigma/c + eps/c) / c,
+    b_g = -(mu/c) / (sigma/c + eps/c), the same numbers bit for bit where nothing overflows."""
+    r, c = scaled_rewards(rewards)
+    mu = float(r.mean())
     if not per_group:
-        return 1.0, -mu
-    sigma = float(rewards.std(correction=correction))
-    return 1.0 / (sigma + eps), -mu / (sigma + eps)
+        return 1.0, -mu * c
+    d = float(r.std(correction=correction)) + eps / c
+    return 1.0 / d / c, -mu / d
 
 
 def _drgrpo(rewards: torch.Tensor, eps: float) -> tuple[float, float]:
-    return 1.0, float(-rewards.mean())
+    r, c = scaled_rewards(rewards)
+    return 1.0, float(-r.mean()) * c
 
 
 def _rloo(rewards: torch.Tensor, eps: float) -> tuple[float, float]:
     g = rewards.numel()
     k = g / (g - 1)
-    return k, float(-k * rewards.mean())
+    r, c = scaled_rewards(rewards)
+    return k, float(-k * r.mean()) * c
 
 
 register_estimator(EstimatorName.GRPO.value, grpo_coefficients)

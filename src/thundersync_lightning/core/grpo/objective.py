@@ -2,10 +2,23 @@
 
 Notation: a step trains on trajectories i in groups g. Trajectory i has reward r_i, scored
 tokens t = 1..T_i with learner log-probabilities l_it (a graph to theta), engine (sampling)
-log-probabilities e_it, reference log-probabilities q_it and entropies H_it. Failed rollouts are
-either kept with reward 0 (``failed="zero"``) or removed from their group and from every count
-(``failed="drop"``; only a host fault, one no action of the episode can have caused, is removed:
-any other failure trains as a reward of 0); G_g is the number of kept members.
+log-probabilities e_it, reference log-probabilities q_it and entropies H_it. G_g is the number
+of kept members of group g.
+
+Verdicts: a member is *graded* (its reward r_i), *failed* (the episode or its reward failed: it
+raised, hung, returned NaN, inf, None where not allowed, a string, or a value beyond
+``max_abs_reward``) or *unscorable* (every reward function declined it: TRL's ``None``).
+
+- A failure scores the *floor* f_g: ``failure_reward`` when set (a constant below every reward the
+  task can give, known at once), else the worst graded reward of its group (known when the group's
+  last verdict lands; a group of failures alone has f_g = 0 and all A_i = 0). Since a_g >= 0, a
+  failure's advantage is never above any graded member's: failing never beats a wrong answer.
+  Under ``failed="drop"`` a failure no action of the episode can have caused (a host fault) leaves
+  its group and every count instead.
+- An unscorable member leaves its group's statistics (mu, sigma, and the batch moments of
+  ``scale="batch"``); its advantage is 0; it still counts in D and its R_i trains (TRL 1.16:
+  its reward is NaN under ``nanmean``/``nanstd``, its advantage ``nan_to_num``'d to 0, its
+  tokens kept in the loss mask).
 
     A_i   = (a_g r_i + b_g) * s                       advantage, affine in r_i per group
     w_it  = importance weight from exp(l_it - e_it)   detached (1 without correction)
@@ -36,18 +49,23 @@ Advantages (float64, kept members of one group, mu = mean, sigma = std with ``st
   (r - mu) * s for ``"batch"``; any other estimator gives its own (a_g, b_g) (times s for batch).
 - all kept rewards equal (G >= 2): A = 0 exactly. G = 1: ``singleton="zero"`` gives A = 0,
   ``"reward"`` uses mu = 0, sigma = 1 (verl): A = r/(1+eps) for grpo/group, else r (times s).
+  "Kept rewards" are those of graded and failed members (failures at the floor), G their count.
+- The built-in estimators compute mu and sigma on rewards scaled by a power of two (exact), so no
+  finite reward makes them overflow; a non-finite a_g, b_g, A_i or s raises
+  :class:`~thundersync_lightning.core.errors.NonFiniteAdvantageError` (never a NaN step).
 """
 
 from __future__ import annotations
 
+import logging
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NonFiniteAdvantageError
 from .estimators import available_estimators, get_estimator, unknown_estimator
 from .rejection import RejectionOption, parse_rejection
 from .totals import BatchTotals
@@ -60,13 +78,15 @@ __all__ = [
     "PRESETS",
 ]
 
+log = logging.getLogger(__name__)
+
 Std = Literal["population", "sample"]
 Scale = Literal["group", "batch", "none"]
 LossAgg = Literal["group-sum", "seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 Singleton = Literal["zero", "reward"]
 KLEstimator = Literal["k1", "k2", "k3", "k3_corrected"]
 ISCorrection = Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
-Failed = Literal["zero", "drop"]
+Failed = Literal["floor", "drop"]
 
 _CHOICES: dict[str, tuple[str, ...]] = {
     "std": ("population", "sample"),
@@ -75,7 +95,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "singleton": ("zero", "reward"),
     "kl_estimator": ("k1", "k2", "k3", "k3_corrected"),
     "is_correction": ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
-    "failed": ("zero", "drop"),
+    "failed": ("floor", "drop"),
 }
 
 
@@ -141,11 +161,20 @@ class Objective:
             a linear penalty over the window, the full penalty beyond L_max (verl: the same up to
             L_max, which its responses never exceed). Applied to the reward the group statistics
             see (:meth:`shaped_reward`), before any advantage; both fields or neither.
-        failed: ``zero`` (a failed rollout trains with its reward, 0) or ``drop`` (a rollout failed
-            by a host fault, ``RewardReady.host_fault``, leaves its group's baseline and every
-            count; exact, since nothing of it is folded before its verdict; a failure the
-            episode's own actions may have caused still trains as a 0, so crashing the
-            environment never beats failing the task).
+        failed: ``floor`` (a failed rollout scores the failure floor, see ``failure_reward``) or
+            ``drop`` (a rollout failed by a host fault, ``RewardReady.host_fault``, leaves its
+            group's baseline and every count; exact, since nothing of it is folded before its
+            verdict; a failure the episode's own actions may have caused still scores the floor, so
+            crashing the environment never beats failing the task).
+        failure_reward: the floor f_g a failure scores. None (the default): the worst graded reward
+            of its group, known when the group's last verdict lands (a failure's gradient waits in
+            one more sum of its group until then: at most one more parameter-sized buffer per open
+            group that has a failure). A number: that constant, known at once (nothing waits); it
+            must lie below every reward the task can give (a graded reward below it raises
+            :class:`~thundersync_lightning.core.errors.InvalidRewardError`).
+        max_abs_reward: a verdict with |r| above it is refused: it becomes a failure whose reason
+            names the value and this bound (it then scores the floor). Keeps the step's sums in
+            range of the gradient dtype; any finite value > 0 (``math.inf``: no bound).
         opd_coef: on-policy distillation: weight of the per-token advantage -(l - p) on the
             student's sampled tokens, p the teacher's log-probabilities shipped with each
             trajectory by the engine (reverse KL to the teacher). Needs an engine with a teacher.
@@ -175,7 +204,9 @@ class Objective:
     overlong_buffer: int | None = None
     overlong_max_tokens: int | None = None
     overlong_penalty: float = 1.0
-    failed: Failed = "zero"
+    failed: Failed = "floor"
+    failure_reward: float | None = None
+    max_abs_reward: float = 1e6
     opd_coef: float = 0.0
     reward_coef: float = 1.0
 
@@ -185,8 +216,22 @@ class Objective:
         if self.estimator not in available_estimators():
             problems.append(unknown_estimator(self.estimator))
         for name, choices in _CHOICES.items():
-            if getattr(self, name) not in choices:
+            if getattr(self, name) not in choices and (name, getattr(self, name)) != ("failed", "zero"):
                 problems.append(f"{name}={getattr(self, name)!r} is not one of {choices}")
+        if self.failed == "zero":
+            problems.append(
+                "failed='zero' is gone: a failure trained as 0.0 outscored every graded answer where rewards are "
+                "<= 0 (penalties); failed='floor' (the default) scores a failure as the worst graded reward of its "
+                "group, or set failure_reward below every reward the task can give"
+            )
+        if self.failure_reward is not None and not (
+            isinstance(self.failure_reward, (int, float)) and math.isfinite(self.failure_reward)
+        ):
+            problems.append(f"failure_reward must be None or a finite number, got {self.failure_reward!r}")
+        if not (isinstance(self.max_abs_reward, (int, float)) and self.max_abs_reward > 0):
+            problems.append(f"max_abs_reward must be a number > 0 (math.inf: no bound), got {self.max_abs_reward!r}")
+        elif self.failure_reward is not None and abs(self.failure_reward) > self.max_abs_reward:
+            problems.append(f"failure_reward={self.failure_reward} is beyond max_abs_reward={self.max_abs_reward}")
         for name in ("eps", "kl_coef", "entropy_coef", "opd_coef", "reward_coef"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
@@ -260,6 +305,12 @@ class Objective:
             if unknown:
                 valid = ", ".join(f.name for f in fields(Objective))
                 raise ConfigError(f"unknown Objective field(s) {unknown}; valid fields: preset, {valid}")
+            if data.get("failed") == "zero":  # the old default, in every checkpoint written before the floor
+                log.warning(
+                    "objective failed='zero' (a failure trained as 0.0, which outscored every graded answer where "
+                    "rewards are <= 0) is read as failed='floor': a failure scores the worst graded reward of its group"
+                )
+                data["failed"] = "floor"
             preset = data.pop("preset", None)
             return Objective.preset(preset, **data) if preset is not None else Objective(**data)
         raise ConfigError(f"an objective must be an Objective, a preset name or a mapping, got {type(value).__name__}")
@@ -325,20 +376,53 @@ class Objective:
         excess = min(max((scored_tokens - start) / self.overlong_buffer, 0.0), 1.0)
         return reward - self.overlong_penalty * excess
 
+    # ------------------------------------------------------------------ verdicts
+    def refused_reward(self, reward: float) -> str | None:
+        """Why a graded reward is refused (it then counts as a failure), or None: beyond ``max_abs_reward``."""
+        if abs(reward) > self.max_abs_reward:
+            return (
+                f"reward {reward!r} is beyond max_abs_reward={self.max_abs_reward:g} (refused as a failure; "
+                "raise Objective.max_abs_reward if the task's rewards are that large)"
+            )
+        return None
+
+    def failure_floor(self, graded: Sequence[float]) -> float:
+        """f_g, the reward a failure of a group scores: ``failure_reward``, else the worst of the
+        group's ``graded`` rewards (0.0 when it has none: its failures are then all equal)."""
+        if self.failure_reward is not None:
+            return float(self.failure_reward)
+        return min(graded) if graded else 0.0
+
+    def scored_rewards(self, rewards: Sequence[float], failed: Sequence[bool]) -> list[float]:
+        """One group's kept rewards as its statistics see them (unscorable and dropped members left
+        out by the caller): each failure's reward replaced by the floor f_g."""
+        floor = self.failure_floor([float(r) for r, f in zip(rewards, failed) if not f])
+        return [floor if f else float(r) for r, f in zip(rewards, failed)]
+
     # ------------------------------------------------------------------ advantages
     def coefficients(self, rewards: torch.Tensor) -> tuple[float, float]:
         """(a_g, b_g) of one group from its kept rewards (float64, shape (G,)), before the batch scale,
         times ``reward_coef``.
 
         Zero for an all-equal group of G >= 2, for a singleton under ``singleton="zero"`` and for
-        every group when ``reward_coef`` is 0.
+        every group when ``reward_coef`` is 0. Raises :class:`NonFiniteAdvantageError` when a_g,
+        b_g or an advantage a_g r_i + b_g is not finite (a registered estimator, or rewards so
+        large that r_i - mu overflows).
         """
         if self.reward_coef == 0:
             return 0.0, 0.0
         a, b = self._estimator_coefficients(rewards)
-        if self.reward_coef == 1:
-            return a, b
-        return a * self.reward_coef, b * self.reward_coef
+        if self.reward_coef != 1:
+            a, b = a * self.reward_coef, b * self.reward_coef
+        if (a, b) != (0.0, 0.0) and rewards.numel():
+            extremes = (float(rewards.min()), float(rewards.max()))
+            if not all(math.isfinite(v) for v in (a, b, *(a * r + b for r in extremes))):
+                raise NonFiniteAdvantageError(
+                    f"the {self.estimator} advantage of a group with rewards in [{extremes[0]:g}, {extremes[1]:g}] "
+                    f"is not finite (a_g={a!r}, b_g={b!r}); the step is refused rather than made NaN. Bound the "
+                    "rewards (Objective.max_abs_reward) or fix the estimator"
+                )
+        return a, b
 
     def _estimator_coefficients(self, rewards: torch.Tensor) -> tuple[float, float]:
         g = rewards.numel()
@@ -390,7 +474,14 @@ class Objective:
             return 1.0 / (1.0 + self.eps) if n > 0 else 1.0
         mean = totals.reward_sum / n
         var = max(0.0, (totals.reward_sq_sum - n * mean * mean) / (n - self._correction))
-        return 1.0 / (math.sqrt(var) + self.eps)
+        s = 1.0 / (math.sqrt(var) + self.eps)
+        if not all(math.isfinite(v) for v in (s, mean, totals.reward_sq_sum)):
+            raise NonFiniteAdvantageError(
+                f"the batch scale of scale='batch' is not finite (reward sum {totals.reward_sum!r}, sum of squares "
+                f"{totals.reward_sq_sum!r} over {n:g} rewards); the step is refused rather than made NaN. Bound the "
+                "rewards (Objective.max_abs_reward)"
+            )
+        return s
 
     # ------------------------------------------------------------------ normalisation
     def sequence_factor(self, tokens: torch.Tensor) -> torch.Tensor:

@@ -335,26 +335,39 @@ def reference_loss(
     rewards: Sequence[float],
     failed: Sequence[bool] | None = None,
     totals: BatchTotals | None = None,
+    *,
+    host_fault: Sequence[bool] | None = None,
+    unscorable: Sequence[bool] | None = None,
 ) -> Tensor:
     """L of a complete batch in one expression (one backward): the synchronous form.
 
-    ``totals`` are the global counts (data parallel); by default this batch's own.
+    ``failed[i]``: the verdict failed (scored at the failure floor, or dropped when also
+    ``host_fault[i]``, default ``failed[i]``, under ``failed="drop"``); ``unscorable[i]``: every
+    reward declined it (out of the statistics, advantage 0). ``totals`` are the global counts
+    (data parallel); by default this batch's own.
     """
     n = len(group_ids)
     failed = list(failed) if failed is not None else [False] * n
-    keep = [not (f and objective.failed == "drop") for f in failed]
+    host = list(host_fault) if host_fault is not None else failed
+    unscored = [bool(u) and not f for u, f in zip(unscorable, failed)] if unscorable is not None else [False] * n
+    keep = [not (f and h and objective.failed == "drop") for f, h in zip(failed, host)]
     by_group: dict[Hashable, list[int]] = {}
     for i, g in enumerate(group_ids):
-        if keep[i]:
+        if keep[i] and not unscored[i]:
             by_group.setdefault(g, []).append(i)
+    scored: dict[int, float] = {}
+    for members in by_group.values():
+        values = objective.scored_rewards([rewards[i] for i in members], [failed[i] for i in members])
+        scored.update(zip(members, values))
     weights = terms.is_weights.tolist() if terms.is_weights is not None else [[0.0, 0.0]] * n
+    groups = {g for i, g in enumerate(group_ids) if keep[i]}
     local = BatchTotals(
-        groups=float(len(by_group)),
+        groups=float(len(groups)),
         sequences=float(sum(keep)),
         tokens=float(sum(float(terms.tokens[i]) for i in range(n) if keep[i])),
-        reward_count=float(sum(keep)),
-        reward_sum=sum(float(rewards[i]) for i in range(n) if keep[i]),
-        reward_sq_sum=sum(float(rewards[i]) ** 2 for i in range(n) if keep[i]),
+        reward_count=float(len(scored)),
+        reward_sum=sum(scored.values()),
+        reward_sq_sum=sum(r**2 for r in scored.values()),
         is_weight_sum=sum(weights[i][0] for i in range(n) if keep[i]),
         is_weight_count=sum(weights[i][1] for i in range(n) if keep[i]),
     )
@@ -362,7 +375,7 @@ def reference_loss(
     s = objective.batch_scale(totals)
     adv = torch.zeros(n, dtype=torch.float64)
     for members in by_group.values():
-        adv[members] = objective.advantages(torch.tensor([float(rewards[i]) for i in members]), s)
+        adv[members] = objective.advantages(torch.tensor([scored[i] for i in members], dtype=torch.float64), s)
     if terms.flagged is not None:  # off_policy_mask: a flagged trajectory keeps A >= 0 only
         adv = torch.where(terms.flagged.to(torch.bool) & (adv < 0), torch.zeros_like(adv), adv)
     weight = torch.tensor(keep, dtype=torch.float64)

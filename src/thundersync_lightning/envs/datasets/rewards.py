@@ -39,6 +39,7 @@ import asyncio
 import inspect
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -213,10 +214,49 @@ def math_answer(prompt: str, completion: str, answer: Any = None, tolerance: flo
     return float(got is not None and abs(got - expected) <= tolerance * max(1.0, abs(expected)))
 
 
+#: The host-written runner of ``unit_tests``. It takes the run's nonce from its stdin (a pipe the host
+#: closed) and puts /dev/null in its place before any code of the completion runs, binds every
+#: function it needs after that point, runs the completion and then the tests in one namespace,
+#: clears trace and profile hooks between them, and writes the nonce as its last line only after the
+#: last assert, with the ``os.write`` it bound first, then leaves with ``os._exit(0)``. An exit of
+#: the completion (``sys.exit``, ``raise SystemExit``, ``os._exit``) or a failed assert ends the
+#: process without it.
+_UNIT_TEST_RUNNER = """\
+import os, sys
+def _main(write=os.write, leave=os._exit, run=exec, build=compile, trace=sys.settrace, profile=sys.setprofile):
+    nonce = bytearray(64)
+    nonce[os.readv(0, [nonce]):] = b""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    with open("solution.py", encoding="utf-8") as f:
+        solution = build(f.read(), "solution.py", "exec")
+    with open("tests.py", encoding="utf-8") as f:
+        tests = build(f.read(), "tests.py", "exec")
+    scope = {"__name__": "__main__", "__builtins__": __builtins__}
+    run(solution, scope)
+    trace(None)
+    profile(None)
+    run(tests, scope)
+    write(1, b"\\n")
+    write(1, nonce)
+    write(1, b"\\n")
+    leave(0)
+_main()
+"""
+
+
 @register_reward("unit_tests")
 def unit_tests(prompt: str, completion: str, tests: str | None = None, timeout_s: float = 10.0,
                uid_base: int = 3_500_000, uid_count: int = 256, python: str = "python3", **row: Any) -> float:
-    """Run ``completion`` (code, fenced or not) followed by ``tests`` in a bubblewrap sandbox."""
+    """Run ``completion`` (code, fenced or not), then ``tests``, in a bubblewrap sandbox: 1 only when
+    every assert ran, proved by a per-run nonce the runner prints after the last one.
+
+    The nonce reaches the sandbox on the runner's stdin only (no file, argument or environment
+    variable holds it) and is read before the completion runs; the completion's exits score 0.
+    What the completion can still do in the interpreter it shares with the asserts (read the
+    runner's frame, rewrite the tests' functions) is the in-process limit in docs/security.md.
+    """
     from ..sandbox.base import SandboxLimits
     from ..sandbox.bwrap import BwrapConfig, BwrapSandbox, chown_tree
     from ..sandbox.fs import BoundedDir
@@ -233,13 +273,17 @@ def unit_tests(prompt: str, completion: str, tests: str | None = None, timeout_s
                            disk_inodes=10_000)
     work = tempfile.mkdtemp(dir=root)
     budget = None
+    nonce = secrets.token_hex(16).encode()
     try:
         budget = BoundedDir(work, limits.disk_bytes, limits.disk_inodes, 0o700)
-        with open(os.path.join(work, "check.py"), "w", encoding="utf-8") as f:
-            f.write(code + "\n\n" + tests + "\n")
+        for name, text in (("runner.py", _UNIT_TEST_RUNNER), ("solution.py", code), ("tests.py", tests)):
+            with open(os.path.join(work, name), "w", encoding="utf-8") as f:
+                f.write(text + "\n")
         chown_tree(work, lease.uid)
         box = BwrapSandbox(work, lease.uid, BwrapConfig(limits=limits), budget=budget)
-        return float(box.run(f"{python} -I check.py").ok)
+        result = box.run(f"exec {python} -I runner.py", stdin=nonce)
+        lines = result.output.rstrip(b"\n").rsplit(b"\n", 1)
+        return float(result.ok and not result.truncated and lines[-1] == nonce)
     finally:
         if budget is not None:
             budget.remove()

@@ -23,6 +23,9 @@ STEPS = 3
 class _RecordingReplay:
     """Builds a replay engine that logs (event, step, engine version at the time) for prepare and rollout."""
 
+    sampling = TraceReplayEngineConfig().sampling  # the engine contract: it builds trace replays
+    footprint = TraceReplayEngineConfig().footprint
+
     def __init__(self) -> None:
         self.log: list[tuple[str, int, int]] = []
 

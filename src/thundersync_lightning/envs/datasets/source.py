@@ -44,6 +44,7 @@ import random
 from typing import Any
 
 from ...core.errors import ConfigError
+from ...core.protocols import STEP_TIMEOUT_S
 from ...core.types import derive_seed
 from ..chat import ChatRenderer
 from ..code.codec import ByteCodec
@@ -169,11 +170,11 @@ class DatasetTasks:
             cap = turn_token_cap(self.renderer, [t.schema() for t in self.tools], chars, calls)
             self.turn_budget = TurnBudget(max_calls=calls, max_chars=chars, max_tokens=cap)
             turn_s = (self.turn_budget.deadline_s or 0.0) + tool_timeout_s  # a call may start at the deadline
-            if turn_s > 60.0:
+            if turn_s > STEP_TIMEOUT_S:
                 log.warning("DatasetTasks: a tool turn may take %g s (its %g s deadline + tool_timeout_s %g), past "
-                            "the engines' default step_timeout_s of 60 s: raise the engine's step_timeout_s above "
+                            "the engines' default step_timeout_s of %g s: raise the engine's step_timeout_s above "
                             "it, or such turns fail their trajectory", turn_s, self.turn_budget.deadline_s,
-                            tool_timeout_s)
+                            tool_timeout_s, STEP_TIMEOUT_S)
         self._episode_bound: int | None = None
         self._feedback_tokens: int | None = None
 

@@ -65,6 +65,7 @@ MOVED: dict[str, str] = {
     "core.noise": "core.third_party_noise",
     "callbacks._common": "callbacks.base",
     "envs.local_split": "envs.code.source",
+    "envs.user_code": "core.user_code",
 }
 
 

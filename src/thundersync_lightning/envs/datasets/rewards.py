@@ -41,8 +41,8 @@ from typing import Any
 
 from ...core.errors import ConfigError, ThunderSyncError
 from ...core.registry import Registry
+from ...core.user_code import import_object
 from ..tools.workers import ToolOutcome, reward_workers, worker_path
-from ..user_code import import_object
 
 __all__ = ["RewardFn", "RewardError", "register_reward", "get_reward", "resolve_reward", "call_reward",
            "check_reward_signature",

@@ -50,6 +50,7 @@ MOVED: dict[str, str] = {
     "core.rejection": "core.grpo.rejection",
     "core.dynamic": "core.grpo.group_filter",
     "core.streaming": "core.accumulator.streaming",
+    "core.accumulator.queries": "core.accumulator.streaming",
     "core.group": "core.accumulator.group",
     "core.routing": "core.accumulator.routing",
     "core.jobs": "core.accumulator.jobs",
@@ -64,6 +65,7 @@ MOVED: dict[str, str] = {
     "core.backward": "core.gradients.backward",
     "core.noise": "core.third_party_noise",
     "callbacks._common": "callbacks.base",
+    "strategy.checkpoints": "strategy.strategy",
     "envs.local_split": "envs.code.source",
     "envs.user_code": "core.user_code",
 }

@@ -2,3 +2,5 @@
 the gate that starts a group's verdicts once every episode of the group stopped acting
 (:mod:`.group_gate`), and the order of rollouts against publishes for an engine built on the loop
 (:mod:`.issue_order`). Independent of how tokens are generated: both engines drive it."""
+
+__all__: list[str] = []  # its public names are exported once, by thundersync_lightning.rollout

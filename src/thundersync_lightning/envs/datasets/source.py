@@ -37,17 +37,15 @@ Split: rows whose index hashes below ``val_fraction`` are held out (:meth:`valid
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import random
 from typing import Any
 
 from ...core.errors import ConfigError
 from ...core.protocols import STEP_TIMEOUT_S
-from ...core.types import derive_seed
 from ..chat import ChatRenderer
 from ..code.codec import ByteCodec
+from ..selection import held_out, pick
 from ..tokens import load_tokenizer
 from ..tools.conversation import TurnBudget, turn_token_cap
 from ..tools.python_tools import python_tools
@@ -201,21 +199,13 @@ class DatasetTasks:
 
     # ------------------------------------------------------------------ tasks and split
     def _held_out(self, task: DatasetTask) -> bool:
-        h = int.from_bytes(hashlib.blake2b(str(task.index).encode(), digest_size=8).digest(), "little") % 10_000
-        return h < round(self.val_fraction * 10_000)
+        return held_out(str(task.index), self.val_fraction)
 
     def validation_tasks(self) -> list[DatasetTask]:
         return [t for t in self.rows if self._held_out(t)]
 
     def tasks(self, step: int, num_groups: int, seed: int) -> list[DatasetTask]:
-        items = [t for t in self.rows if not self._held_out(t)] or self.rows
-        rng = random.Random(derive_seed(seed, step, -1, -1))
-        out: list[DatasetTask] = []
-        while len(out) < num_groups:
-            order = list(range(len(items)))
-            rng.shuffle(order)
-            out.extend(items[i] for i in order[: num_groups - len(out)])
-        return out
+        return pick([t for t in self.rows if not self._held_out(t)] or self.rows, step, num_groups, seed)
 
     @property
     def reward_names(self) -> tuple[str, ...]:

@@ -9,18 +9,17 @@ task source; see :class:`~thundersync_lightning.modules.RolloutDataModule`).
 
 from __future__ import annotations
 
-import hashlib
-import random
 import threading
 from typing import Any
 
 from ...core.errors import ConfigError
-from ...core.types import ModelSpec, derive_seed
+from ...core.types import ModelSpec
 from ..code.env import ActionFormat
 from ..code.tools import code_episode_tokens, tool_conversation, tool_renderer
 from ..sandbox.base import SandboxLimits
 from ..sandbox.bwrap import BwrapConfig
 from ..sandbox.uids import UidPool
+from ..selection import held_out, pick
 from .env import ActionVocab, MutationEnv, tools_prompt
 from .generate import MutationTask, generate_tasks
 
@@ -39,8 +38,7 @@ def _pool(base: int, size: int) -> UidPool:
 
 def is_held_out(task_id: str, val_fraction: float) -> bool:
     """The split rule: a hash of the id alone decides."""
-    h = int.from_bytes(hashlib.blake2b(task_id.encode(), digest_size=8).digest(), "little") % 10_000
-    return h < round(val_fraction * 10_000)
+    return held_out(task_id, val_fraction)
 
 
 class MutationTasks:
@@ -130,14 +128,7 @@ class MutationTasks:
 
     def tasks(self, step: int, num_groups: int, seed: int) -> list[MutationTask]:
         """``num_groups`` training tasks: a seeded permutation per step, cycled if more are asked."""
-        items = self.train_tasks
-        rng = random.Random(derive_seed(seed, step, -1, -1))
-        out: list[MutationTask] = []
-        while len(out) < num_groups:
-            order = list(range(len(items)))
-            rng.shuffle(order)
-            out.extend(items[i] for i in order[: num_groups - len(out)])
-        return out
+        return pick(self.train_tasks, step, num_groups, seed)
 
     # ------------------------------------------------------------------ environments
     @property

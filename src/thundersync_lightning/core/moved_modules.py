@@ -82,6 +82,7 @@ MOVED: dict[str, str] = {
     "strategy.checkpoints": "strategy.strategy",
     "envs.local_split": "envs.code.source",
     "envs.user_code": "core.user_code",
+    "envs.code.codec": "envs.codec",
 }
 
 

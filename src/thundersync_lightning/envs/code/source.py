@@ -8,16 +8,15 @@ else the tasks whose name hashes below ``val_fraction``; training steps draw onl
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from ...core.errors import ConfigError
 from ...core.options import strict_options
+from ..codec import ByteCodec, HFTokenizerCodec, TextCodec
 from ..sandbox.base import SandboxLimits
 from ..sandbox.bwrap import BwrapConfig
-from ..sandbox.uids import UidPool
+from ..sandbox.uids import uid_pool
 from ..selection import held_out, pick
-from .codec import ByteCodec, HFTokenizerCodec, TextCodec
 from .env import ActionFormat, CodeEnv, render_prompt
 from .task import LocalTask, load_tasks
 from .tools import code_episode_tokens, tool_conversation, tool_renderer
@@ -25,16 +24,6 @@ from .workspace import LocalWorkspace, WorkspaceSettings
 
 __all__ = ["LocalCodeTasks", "SplitLocalCodeTasks", "uid_pool"]
 
-_pools: dict[tuple[int, int], UidPool] = {}
-_pools_lock = threading.Lock()
-
-
-def uid_pool(base: int, size: int) -> UidPool:
-    """One pool per (base, size) per process."""
-    with _pools_lock:
-        if (base, size) not in _pools:
-            _pools[(base, size)] = UidPool(base, size)
-        return _pools[(base, size)]
 
 
 

@@ -44,7 +44,7 @@ from typing import Any
 from ...core.errors import ConfigError
 from ...core.protocols import STEP_TIMEOUT_S
 from ..chat import ChatRenderer
-from ..code.codec import ByteCodec
+from ..codec import ByteCodec
 from ..selection import held_out, pick
 from ..tokens import load_tokenizer
 from ..tools.conversation import TurnBudget, turn_token_cap

@@ -9,7 +9,6 @@ task source; see :class:`~thundersync_lightning.modules.RolloutDataModule`).
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from ...core.errors import ConfigError
@@ -18,7 +17,7 @@ from ..code.env import ActionFormat
 from ..code.tools import code_episode_tokens, tool_conversation, tool_renderer
 from ..sandbox.base import SandboxLimits
 from ..sandbox.bwrap import BwrapConfig
-from ..sandbox.uids import UidPool
+from ..sandbox.uids import uid_pool
 from ..selection import held_out, pick
 from .env import ActionVocab, MutationEnv, tools_prompt
 from .generate import MutationTask, generate_tasks
@@ -27,13 +26,6 @@ __all__ = ["MutationTasks", "is_held_out", "OBSERVATION_BYTES"]
 
 OBSERVATION_BYTES = 2048  # tools format: a turn's results together, at most (characters)
 
-_pools: dict[tuple[int, int], UidPool] = {}
-_pools_lock = threading.Lock()
-
-
-def _pool(base: int, size: int) -> UidPool:
-    with _pools_lock:
-        return _pools.setdefault((base, size), UidPool(base, size))
 
 
 def is_held_out(task_id: str, val_fraction: float) -> bool:
@@ -147,7 +139,7 @@ class MutationTasks:
         del seed  # deterministic environment
         conversation = (None if self.renderer is None else
                         tool_conversation(self.renderer, self.tool_parser, self.python, OBSERVATION_BYTES))
-        return MutationEnv(task, self.vocab, _pool(self.uid_base, self.uid_count), self.sandbox_root,
+        return MutationEnv(task, self.vocab, uid_pool(self.uid_base, self.uid_count), self.sandbox_root,
                            self.bwrap, self.python, self.test_on_edit, conversation)
 
     def max_episode_tokens(self) -> int:

@@ -26,13 +26,13 @@ from typing import Any
 
 from ...core.errors import ConfigError
 from ...core.options import strict_options
-from ..code.codec import ByteCodec, HFTokenizerCodec, TextCodec
 from ..code.env import ActionFormat, CodeEnv, render_prompt
-from ..code.source import uid_pool
 from ..code.tools import code_episode_tokens, tool_conversation, tool_renderer
+from ..codec import ByteCodec, HFTokenizerCodec, TextCodec
 from ..sandbox.base import SandboxLimits
 from ..sandbox.container import ContainerConfig
 from ..sandbox.hosts import parse_hosts
+from ..sandbox.uids import uid_pool
 from ..selection import held_out, pick
 from .workspace import SWEbenchSettings, SWEbenchWorkspace
 

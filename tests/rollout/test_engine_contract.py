@@ -21,10 +21,10 @@ from torch import Tensor
 
 import thundersync_lightning  # noqa: F401  registers strategy="thundersync"
 from thundersync_lightning import rollout
+from thundersync_lightning.core import EngineFootprint, EngineSampling
 from thundersync_lightning.core.contract import ENGINE_CONTRACT, check_engine
 from thundersync_lightning.core.errors import ConfigError
 from thundersync_lightning.core.grpo.objective import Objective
-from thundersync_lightning.core.protocols import EngineFootprint, EngineSampling
 from thundersync_lightning.core.types import (
     ContentReady,
     ModelSpec,

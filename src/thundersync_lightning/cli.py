@@ -71,8 +71,10 @@ from .callbacks import (
     wandb_run_id_from_checkpoint,
 )
 from .cli_errors import ShortArgumentParser, ShortErrorParser, short_config_error, wants_traceback
+from .core.contract import check_engine, raise_contract_problems
 from .core.errors import ConfigError, RunFailed
 from .core.grpo.objective import Objective
+from .core.protocols import EngineFactory, EngineFootprint
 from .core.types import ModelSpec
 from .export import export_main
 from .modules import GRPOPolicy, RolloutDataModule
@@ -302,6 +304,7 @@ def config_plan(config: dict[str, Any]) -> MemoryPlan:
     accelerator = str(trainer.get("accelerator") or "auto")
     gpu = accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available())
     size = param_bytes(trainer.get("precision"), spec.dtype)
+    engine = _engine_config(data.get("engine"))
     return plan_memory(
         plan_inputs(
             model=model_shape(spec, model.get("lora"), size),
@@ -310,11 +313,25 @@ def config_plan(config: dict[str, Any]) -> MemoryPlan:
             world_size=_world_size(trainer, gpu),
             strategy=_init_args(trainer.get("strategy")),
             data=data,
-            engine=_init_args(data.get("engine")),
+            engine=engine.footprint if engine is not None else EngineFootprint(),
+            engine_teacher=engine is not None and engine.sampling.teacher,
             optimizer="adamw",  # GRPOPolicy.configure_optimizers
             scoring={k: model[k] for k in SCORING_KEYS if k in model},
         )
     )
+
+
+def _engine_config(entry: Any) -> Any:
+    """The engine config a parsed ``data.engine`` entry names, constructed as ``fit`` constructs it
+    (its defaults, validation and nested configs: a pool's member too), so the plan reads the same
+    declared footprint (``core.contract.ENGINE_CONTRACT``) as the set-up check; ``None``: no entry."""
+    if not entry:
+        return None
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--engine", type=EngineFactory)
+    engine = parser.instantiate(parser.parse_object({"engine": entry})).engine
+    raise_contract_problems(check_engine(engine), "data.engine")
+    return engine
 
 
 def plan_main(args: list[str]) -> int:

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from thundersync_lightning.core import (
     EstimatorName,
+    Objective,
     StreamingGRPO,
     advantages,
     available_estimators,
@@ -67,12 +68,51 @@ def test_a_group_of_one_or_of_equal_rewards_has_exactly_zero_advantage(name, rew
 
 def test_names_are_case_insensitive_and_the_enum_is_accepted():
     assert get_estimator("GRPO") is get_estimator(EstimatorName.GRPO) is get_estimator("grpo")
-    assert {e.value for e in EstimatorName} <= set(available_estimators())
+
+
+def test_the_enum_of_names_is_derived_from_the_built_in_registrations():
+    assert [(e.name, e.value) for e in EstimatorName] == [("DRGRPO", "drgrpo"), ("GRPO", "grpo"), ("RLOO", "rloo")]
+    assert EstimatorName.GRPO == "grpo" and isinstance(EstimatorName.RLOO, str)
+
+
+def test_only_an_estimator_registered_as_dividing_by_the_std_takes_the_objectives_std_and_scale():
+    from thundersync_lightning.core.grpo.estimators import divides_by_std
+
+    assert [n for n in ("grpo", "drgrpo", "rloo") if divides_by_std(n)] == ["grpo"]
+    calls = []
+
+    @register_estimator("test-normalised", overwrite=True, divides_by_std=True)
+    def normalised(rewards, eps, **options):  # noqa: ANN001, ANN003, ANN202
+        calls.append(options)
+        return 1.0, float(-rewards.mean())
+
+    r = torch.tensor([0.0, 2.0], dtype=torch.float64)
+    Objective(estimator="test-normalised", std="sample", scale="batch").coefficients(r)
+    assert calls == [{"correction": 1, "per_group": False}]
+    # a lone member under singleton="reward" has sigma = 1: a_g = 1/(1+eps), as grpo's
+    one = torch.tensor([3.0], dtype=torch.float64)
+    assert Objective(estimator="test-normalised", singleton="reward", eps=0.5).coefficients(one) == (1 / 1.5, 0.0)
+    assert Objective(estimator="rloo", singleton="reward", eps=0.5).coefficients(one) == (1.0, 0.0)
+
+
+def test_an_estimator_named_as_module_and_function_is_imported_from_a_yaml_objective(tmp_path, monkeypatch):
+    import yaml
+
+    (tmp_path / "my_house_advantages.py").write_text(
+        "def below_best(rewards, eps):\n    return 2.0, float(-2.0 * rewards.max())\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    objective = Objective.of(yaml.safe_load("estimator: my_house_advantages:below_best"))
+    assert objective.estimator == "my_house_advantages:below_best"
+    assert "my_house_advantages:below_best" in available_estimators()
+    assert objective.advantages(torch.tensor([1.0, 3.0, 2.0], dtype=torch.float64)).tolist() == [-4.0, 0.0, -2.0]
+    with pytest.raises(ValueError, match="module 'no_such_house_module' cannot be imported"):
+        Objective(estimator="no_such_house_module:fn")
 
 
 def test_an_unknown_estimator_raises_listing_the_valid_names():
     with pytest.raises(
-        ValueError, match="unknown advantage estimator 'ppo'; valid names: .*drgrpo, grpo, rloo"
+        ValueError, match="unknown advantage estimator 'ppo'; valid names: .*drgrpo, grpo, .*rloo"
     ):
         get_estimator("ppo")
     with pytest.raises(ValueError, match="valid names"):

@@ -90,8 +90,20 @@ def _ids(tokenizer, text: str, stop: int) -> tuple[int, ...]:  # noqa: ANN001
     return (*tokenizer.encode(text.encode("utf-8", "replace").decode(), add_special_tokens=False), stop)
 
 
-def _check(result: object) -> None:
+def _check(result: object, vocab: int | None = None) -> None:
+    """What the agent loop relies on of any step's answer, whatever the action was: token ids the
+    policy can embed (below ``vocab`` where given), a boolean end, call counts that add up, and an
+    observation saying why whenever a call was refused or failed (unless the episode ended)."""
     assert isinstance(result, StepResult)
+    assert isinstance(result.done, bool)
+    obs = result.observation
+    assert isinstance(obs, tuple) and all(type(i) is int and i >= 0 for i in obs)
+    if vocab is not None:
+        assert max(obs, default=0) < vocab
+    assert 0 <= result.invalid_tool_calls <= result.tool_calls
+    assert 0 <= result.tool_timeouts <= result.tool_errors <= result.tool_calls
+    if result.invalid_tool_calls or result.tool_errors:
+        assert obs or result.done
 
 
 def test_the_parser_turns_any_deep_or_non_finite_json_into_call_errors_without_recursing():
@@ -106,7 +118,7 @@ def test_the_toy_game_answers_any_ids():
     env = tasks.make_env(tasks.tasks(0, 1, 0)[0], 0)
     env.reset()
     for action in [(), (-1,), (10**30,), tuple(range(-5, 300))]:
-        _check(env.step(action))
+        _check(env.step(action), tasks.vocab_size)
 
 
 @pytest.fixture(scope="module")
@@ -128,8 +140,9 @@ def test_the_branch_tools_answer_every_adversarial_call_with_an_error_observatio
 def test_the_branch_tools_answer_random_text_and_random_ids(branches, text, ids):
     env = branches.make_env(branches.all_tasks[0], 0)
     env.reset()
-    _check(env.step(_ids(branches.renderer.tokenizer, text, branches.stop_token)))
-    _check(env.step((*ids, branches.stop_token)))
+    vocab = len(branches.renderer.tokenizer)
+    _check(env.step(_ids(branches.renderer.tokenizer, text, branches.stop_token)), vocab)
+    _check(env.step((*ids, branches.stop_token)), vocab)
 
 
 def test_a_dataset_episode_answers_any_text_with_a_feedback_or_an_end(tmp_path):

@@ -263,7 +263,7 @@ def test_on_a_sandbox_host_the_disk_budget_holds_and_episodes_share_hosts_by_cap
 @pytest.mark.container
 def test_a_sandbox_host_killed_mid_episode_ends_its_episodes_as_host_faults_and_the_step_completes(
         services, instance_image, tmp_path):
-    from thundersync_lightning.envs.code.codec import ByteCodec
+    from thundersync_lightning.envs.codec import ByteCodec
     from thundersync_lightning.envs.sandbox import find_engine
     from thundersync_lightning.envs.sandbox.reaper import owner_labels
     from thundersync_lightning.rollout import AgentLoop, EnvPool, Generation, make_request

@@ -7,7 +7,7 @@ import pytest
 
 from thundersync_lightning.core.errors import ConfigError
 from thundersync_lightning.envs.chat import ChatRenderer
-from thundersync_lightning.envs.code.codec import HFTokenizerCodec
+from thundersync_lightning.envs.codec import HFTokenizerCodec
 from thundersync_lightning.envs.tokens import load_tokenizer
 
 

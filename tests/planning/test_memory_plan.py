@@ -268,24 +268,27 @@ def test_a_bucketed_vllm_publish_adds_its_buckets_and_a_tensor_larger_than_a_buc
 
 
 def test_the_fit_plan_counts_weight_sync_buckets_from_the_vllm_settings():
-    from thundersync_lightning.strategy.memory_check import weight_sync_buckets
+    from thundersync_lightning.rollout import EmbeddedEngineConfig, VLLMEngineConfig
 
-    assert weight_sync_buckets({"weight_sync": "ipc"}) == 2
-    assert weight_sync_buckets({"weight_sync": "nccl"}) == 1
-    assert weight_sync_buckets({"weight_sync": "file"}) == 0
-    assert weight_sync_buckets({"weight_sync": "auto", "multiprocessing": False}) == 0  # direct
-    assert weight_sync_buckets({"weight_sync": "auto", "multiprocessing": True, "tensor_parallel_size": 1}) == 2
-    assert weight_sync_buckets({"weight_sync": "auto", "multiprocessing": True, "tensor_parallel_size": 2}) == 1
-    assert weight_sync_buckets({}) == 0  # not a vLLM engine
+    def buckets(**kw):
+        return VLLMEngineConfig(**kw).footprint.weight_sync_buckets
+
+    assert buckets(weight_sync="ipc", multiprocessing=True) == 2
+    assert buckets(weight_sync="nccl", multiprocessing=True) == 1
+    assert buckets(weight_sync="file", multiprocessing=True) == 0
+    assert buckets(weight_sync="auto", multiprocessing=False) == 0  # direct
+    assert buckets(weight_sync="auto", multiprocessing=True, tensor_parallel_size=1) == 2
+    assert buckets(weight_sync="auto", multiprocessing=True, tensor_parallel_size=2) == 1
+    assert EmbeddedEngineConfig().footprint.weight_sync_buckets == 0  # not a vLLM engine
 
 
 def test_vllm_servers_on_other_machines_leave_the_learner_only_its_share_and_one_send_bucket():
     from thundersync_lightning.core.grpo.objective import Objective
     from thundersync_lightning.planning.model_shape import ModelShape
     from thundersync_lightning.rollout import VLLMServerEngineConfig
-    from thundersync_lightning.strategy.memory_check import _settings, plan_inputs
+    from thundersync_lightning.strategy.memory_check import plan_inputs
 
-    engine = _settings(VLLMServerEngineConfig(urls=["http://10.0.0.2:8000"], weight_sync_bucket_bytes=1024))
+    engine = VLLMServerEngineConfig(urls=["http://10.0.0.2:8000"], weight_sync_bucket_bytes=1024).footprint
     planned = plan_inputs(
         model=ModelShape(P, P, 2, ARCH), objective=Objective(), accelerator="gpu", world_size=1,
         strategy={}, data={}, engine=engine,

@@ -260,7 +260,7 @@ def test_an_invalid_pool_config_lists_every_problem_at_once():
     assert "'devise' (did you mean 'device'?)" in message
     with pytest.raises(ConfigError, match="num_engines=0: must be >= 1"):
         EnginePoolConfig(engine=EmbeddedEngineConfig(), num_engines=0)
-    with pytest.raises(ConfigError, match="engine must be an engine config"):
+    with pytest.raises(ConfigError, match="str has no `build`"):
         EnginePoolConfig(engine="embedded")  # type: ignore[arg-type]
 
 
@@ -269,9 +269,10 @@ def test_per_engine_places_each_engine_and_the_pool_reads_as_its_engine_for_the_
         engine=EmbeddedEngineConfig(temperature=0.7, top_p=0.9), num_engines=2, per_engine=[{}, {"device": "cuda:1"}]
     )
     assert [m.device for m in config.members()] == ["cpu", "cuda:1"]
-    assert (config.temperature, config.top_p, config.teacher, config.provides_logprobs) == (0.7, 0.9, None, True)
+    assert config.sampling == EmbeddedEngineConfig(temperature=0.7, top_p=0.9).sampling
+    assert (config.sampling.temperature, config.sampling.top_p, config.sampling.teacher) == (0.7, 0.9, False)
     replay = EnginePoolConfig(engine=TraceReplayEngineConfig())
-    assert replay.provides_logprobs is False and replay.members() == [TraceReplayEngineConfig()] * 2
+    assert replay.sampling.logprobs is False and replay.members() == [TraceReplayEngineConfig()] * 2
 
 
 def test_the_pool_is_constructible_from_yaml_with_its_engine_as_a_class_path():

@@ -42,8 +42,8 @@ def toy_data(
     )
 
 
-def toy_policy(lr: float = 3e-3) -> GRPOPolicy:
-    return GRPOPolicy(config=TOY_MODEL, lr=lr)
+def toy_policy(lr: float = 3e-3, dtype: str = "float32") -> GRPOPolicy:
+    return GRPOPolicy(config=TOY_MODEL, lr=lr, dtype=dtype)
 
 
 def fit(
@@ -54,12 +54,16 @@ def fit(
     policy: GRPOPolicy | None = None,
     strategy_kwargs: dict[str, Any] | None = None,
     data: RolloutDataModule | None = None,
+    dtype: str = "float32",
     **trainer_kwargs: Any,
 ):
-    """Returns (flat parameters after fit, recorded StepStats, trainer)."""
+    """Returns (flat parameters after fit, recorded StepStats, trainer). ``dtype="float64"``: the
+    policy's weights (and the engine's copy) in float64, where comparisons of modes or options that
+    are exact in arithmetic differ by summation order alone (~1e-15), which load cannot push past a
+    tolerance."""
     trainer_kwargs.pop("ckpt_path", None)
     L.seed_everything(0)
-    policy = policy or toy_policy()
+    policy = policy or toy_policy(dtype=dtype)
     record = RecordSteps()
     trainer = L.Trainer(
         strategy=ThunderSyncStrategy(mode=mode, **(strategy_kwargs or {})),

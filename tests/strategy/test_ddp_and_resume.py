@@ -60,10 +60,11 @@ def test_validation_metrics_on_two_ranks_with_uneven_task_splits_equal_one_proce
 
 
 def test_resuming_from_a_barrier_checkpoint_reproduces_the_uninterrupted_run(tmp_path):
-    uninterrupted, _, _ = fit("streaming", steps=4)
+    uninterrupted, _, _ = fit("streaming", steps=4, dtype="float64")  # float64: summation order only
     checkpoints = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1, filename="{step}")
-    fit("streaming", steps=2, callbacks=[checkpoints], enable_checkpointing=True)
-    resumed, steps, _ = fit("streaming", steps=4, ckpt_path=None, resume_from=str(tmp_path / "step=2.ckpt"))
+    fit("streaming", steps=2, callbacks=[checkpoints], enable_checkpointing=True, dtype="float64")
+    resumed, steps, _ = fit("streaming", steps=4, ckpt_path=None, resume_from=str(tmp_path / "step=2.ckpt"),
+                            dtype="float64")
     assert [s.step for s in steps] == [2, 3]
     assert [s.policy_version for s in steps] == [2, 3]
     # completion order (timing) changes summation order: float noise, amplified a little by AdamW

@@ -133,6 +133,9 @@ class _DroppingEngine:
 
 
 class _DroppingConfig:
+    sampling = TraceReplayEngineConfig().sampling  # the engine contract: it wraps a trace replay
+    footprint = TraceReplayEngineConfig().footprint
+
     def build(self, model_spec, tasks):
         return _DroppingEngine(TraceReplayEngineConfig(source="lognormal", time_scale_s=1e-4).build(model_spec, tasks))
 

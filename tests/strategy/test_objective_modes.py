@@ -30,9 +30,10 @@ class GradientAtBarrier(Callback):
         self.grads.append(torch.cat([p.grad.detach().reshape(-1).clone() for p in ps]))
 
 
-def _fit(mode: str, objective: Any, steps: int = 2, engine: Any = None, callbacks=(), temperature=1.0, cut=False):
+def _fit(mode: str, objective: Any, steps: int = 2, engine: Any = None, callbacks=(), temperature=1.0, cut=False,
+         dtype: str = "float32"):
     L.seed_everything(0)
-    policy = GRPOPolicy(config=TOY_MODEL, objective=objective, temperature=temperature)
+    policy = GRPOPolicy(config=TOY_MODEL, objective=objective, temperature=temperature, dtype=dtype)
     grads, record = GradientAtBarrier(), RecordSteps()
     trainer = L.Trainer(
         strategy=ThunderSyncStrategy(mode=mode, boundary_cut=cut),
@@ -76,13 +77,14 @@ _SLOW = {"trl-kl-clip-min-overlong", "verl-rejection"}  # the corrections' plumb
     "name", [pytest.param(n, marks=pytest.mark.slow) if n in _SLOW else n for n in sorted(OBJECTIVES)]
 )
 def test_streaming_and_sync_apply_the_same_gradient_of_the_modules_objective(name):
-    streaming, steps = _fit("streaming", OBJECTIVES[name])
-    sync, _ = _fit("sync", OBJECTIVES[name])
+    # float64: the two differ by summation order alone (the second step's gradient after an AdamW step)
+    streaming, steps = _fit("streaming", OBJECTIVES[name], dtype="float64")
+    sync, _ = _fit("sync", OBJECTIVES[name], dtype="float64")
     assert len(streaming) == len(sync) == 2
     for a, b in zip(streaming, sync):
         assert float(b.norm()) > 0
         assert float((a - b).norm() / b.norm()) <= 1e-5
-    default, _ = _fit("sync", Objective())
+    default, _ = _fit("sync", Objective(), dtype="float64")
     assert float((default[0] - sync[0]).norm() / sync[0].norm()) > 1e-3  # the objective is not ignored
 
 
@@ -149,8 +151,8 @@ def test_async_rollouts_are_measured_off_policy_and_importance_correction_runs_o
 )
 def test_the_boundary_cut_applies_the_uncut_gradient_in_every_mode(mode):
     objective = OBJECTIVES["rloo-token-mean-kl-entropy"]
-    uncut, _ = _fit(mode, objective)
-    cut, steps = _fit(mode, objective, cut=True)
+    uncut, _ = _fit(mode, objective, dtype="float64")
+    cut, steps = _fit(mode, objective, cut=True, dtype="float64")
     for a, b in zip(cut, uncut):
         assert float((a - b).norm() / b.norm()) <= 1e-5
     # the prompt runs once per group: fewer learner tokens than the whole trajectories

@@ -8,3 +8,7 @@ one), and imports nothing above the core. The strategy picks one:
 - :mod:`~thundersync_lightning.backends.split`: one backward for every destination of a call,
   the parameter gradients split by row (``ThunderSyncStrategy(split_backward=...)``).
 """
+
+from .split import SplitBackend, SplitSetting, choose_backend
+
+__all__ = ["SplitBackend", "SplitSetting", "choose_backend"]

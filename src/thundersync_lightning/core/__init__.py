@@ -27,7 +27,15 @@ from .grpo.terms import (
     teacher_logprobs,
     trajectory_terms,
 )
-from .protocols import Environment, PreparesAhead, RolloutEngine, TaskSource
+from .protocols import (
+    EngineFactory,
+    EngineFootprint,
+    EngineSampling,
+    Environment,
+    PreparesAhead,
+    RolloutEngine,
+    TaskSource,
+)
 from .snapshot import PolicySnapshot
 from .types import (
     ContentReady,
@@ -74,6 +82,9 @@ __all__ = [
     "RolloutEngine",
     "PreparesAhead",
     "TaskSource",
+    "EngineFactory",
+    "EngineSampling",
+    "EngineFootprint",
     "ContentReady",
     "GroupRequest",
     "ModelSpec",

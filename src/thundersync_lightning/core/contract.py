@@ -3,7 +3,8 @@
 A custom policy or task fails at set-up with one :class:`ConfigError` that lists every missing or
 malformed member, instead of one ``AttributeError`` per run in the middle of a step (or inside the
 engine's process). The required members are listed once, here (:data:`MODULE_CONTRACT`,
-:data:`TASK_SOURCE_CONTRACT`, :data:`ENVIRONMENT_CONTRACT`); docs/custom.md explains them.
+:data:`TASK_SOURCE_CONTRACT`, :data:`ENVIRONMENT_CONTRACT`, :data:`ENGINE_CONTRACT`); docs/custom.md
+explains them.
 
 The checks are duck-typed (no ``isinstance`` against our classes): any object with the members
 passes. A member ``kind`` is ``"method"`` (callable, with at least ``arity`` positional
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
+from .protocols import EngineFootprint, EngineSampling
 from .types import ModelSpec
 
 __all__ = [
@@ -28,9 +30,11 @@ __all__ = [
     "MODULE_CONTRACT",
     "TASK_SOURCE_CONTRACT",
     "ENVIRONMENT_CONTRACT",
+    "ENGINE_CONTRACT",
     "check_module",
     "check_tasks",
     "check_environment",
+    "check_engine",
     "check_contract",
     "check_vocabulary",
     "policy_vocabulary",
@@ -82,6 +86,22 @@ ENVIRONMENT_CONTRACT: tuple[Member, ...] = (
     Member("step", "method", "step(action_ids) -> StepResult(observation, done)", 1),
     Member("verdict", "method", "verdict() -> float, the reward"),
     Member("close", "method", "close() -> None"),
+)
+
+#: What the data module, the strategy's set-up checks and the memory plan use of an engine config.
+ENGINE_CONTRACT: tuple[Member, ...] = (
+    Member("build", "method", "build(model_spec, tasks) -> a RolloutEngine (publish, rollout, shutdown)", 2),
+    Member(
+        "sampling",
+        EngineSampling,
+        "sampling: an EngineSampling (temperature, top_p, top_k, logprobs, teacher), what the learner must score",
+    ),
+    Member(
+        "footprint",
+        EngineFootprint,
+        "footprint: an EngineFootprint (context limit, memory on the learner's GPU, weight-sync buckets) "
+        "for the memory plan",
+    ),
 )
 
 
@@ -156,6 +176,11 @@ def check_environment(env: Any, owner: str | None = None) -> list[str]:
     return _check(env, ENVIRONMENT_CONTRACT, name, static=isinstance(env, type))
 
 
+def check_engine(engine: Any) -> list[str]:
+    """Problems of an engine config against :data:`ENGINE_CONTRACT` (empty: it fits)."""
+    return _check(engine, ENGINE_CONTRACT, type(engine).__name__)
+
+
 def check_tasks(tasks: Any, build_env: bool = True) -> list[str]:
     """Problems of a task source against :data:`TASK_SOURCE_CONTRACT` and of its environments.
 
@@ -194,8 +219,12 @@ def _return_class(fn: Any) -> type | None:
 
 
 def check_contract(module: Any, datamodule: Any = None, mode: str | None = None) -> list[str]:
-    """Every problem of the module and, where the data module has one, of its task source."""
+    """Every problem of the module and, where the data module has them, of its task source and its
+    engine config (``engine_factory``)."""
     problems = check_module(module, mode)
+    engine = getattr(datamodule, "engine_factory", None)
+    if engine is not None:
+        problems += check_engine(engine)
     tasks = getattr(datamodule, "tasks", None)
     if tasks is not None:
         problems += check_tasks(tasks)
@@ -265,6 +294,6 @@ def raise_contract_problems(problems: Sequence[str], where: str) -> None:
     """One :class:`ConfigError` listing every problem (nothing when there is none)."""
     if problems:
         raise ConfigError(
-            f"{where}: the module or task source does not fit the extension contract "
+            f"{where}: the module, task source or engine does not fit the extension contract "
             "(docs/custom.md):\n  - " + "\n  - ".join(problems)
         )

@@ -23,6 +23,20 @@ _PACKAGE = "thundersync_lightning"
 
 #: old module path -> new one, both relative to the package (the old paths go in the next release)
 MOVED: dict[str, str] = {
+    # round one: the planner, the batch types, evaluation and the contract; the split backward
+    "strategy.plan": "core.batches",
+    "strategy.contract": "core.contract",
+    "strategy.evaluation": "core.evaluation",
+    "strategy.split_choice": "backends.split.choice",
+    "core.call_tokens": "planning.call_tokens",
+    "core.memory_fit": "planning.memory_fit",
+    "core.memory_plan": "planning.memory_plan",
+    "core.model_shape": "planning.model_shape",
+    "core.sizes": "planning.sizes",
+    "core.split_backward": "backends.split.backward",
+    "core.factors": "backends.split.factors",
+    "core.row_grads": "backends.split.row_grads",
+    # round two: the rooms
     "rollout.vllm_config": "rollout.vllm.config",
     "rollout.vllm_core": "rollout.vllm.core",
     "rollout.vllm_engine": "rollout.vllm.engine",
@@ -50,6 +64,7 @@ MOVED: dict[str, str] = {
     "core.rejection": "core.grpo.rejection",
     "core.dynamic": "core.grpo.group_filter",
     "core.streaming": "core.accumulator.streaming",
+    "core.accumulator.queries": "core.accumulator.streaming",
     "core.group": "core.accumulator.group",
     "core.routing": "core.accumulator.routing",
     "core.jobs": "core.accumulator.jobs",
@@ -64,7 +79,10 @@ MOVED: dict[str, str] = {
     "core.backward": "core.gradients.backward",
     "core.noise": "core.third_party_noise",
     "callbacks._common": "callbacks.base",
+    "strategy.checkpoints": "strategy.strategy",
     "envs.local_split": "envs.code.source",
+    "envs.user_code": "core.user_code",
+    "envs.code.codec": "envs.codec",
 }
 
 

@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from ..core.batches import BatchLoader, RolloutBatch
-from ..core.contract import check_module, check_tasks, check_vocabulary, raise_contract_problems
+from ..core.contract import check_engine, check_module, check_tasks, check_vocabulary, raise_contract_problems
 from ..core.errors import ConfigError
 from ..core.evaluation import ValidationLoader
 from ..core.options import strict_options
@@ -170,6 +170,7 @@ class RolloutDataModule(LightningDataModule):
         module = self.trainer.lightning_module if self.trainer is not None else None
         # the engine needs the policy's architecture and a task source that fits (docs/custom.md)
         problems = check_module(module, members=["model_spec"]) + check_tasks(self.tasks)
+        problems += check_engine(self.engine_factory)  # what the engine declares: core/contract.py
         if not problems:  # the token ids the tasks use must fit the policy's embedding
             problems = check_vocabulary(module, self.tasks)
         raise_contract_problems(problems, "RolloutDataModule.setup")

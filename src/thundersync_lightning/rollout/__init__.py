@@ -1,11 +1,13 @@
 """Rollouts: engines that turn requests into streams of events, the agent loop, trace replay.
 
-Public surface: the core rollout types (re-exported), the engine configs and engines, and the
-pieces another engine reuses (:class:`AgentLoop`, :class:`EnvPool`, :data:`GenerateFn`).
+Public surface: the engine configs and engines, and the pieces another engine reuses
+(:class:`AgentLoop`, :class:`EnvPool`, :data:`GenerateFn`). The rollout types and protocols are the
+core's (``thundersync_lightning.core``: ``Trajectory``, ``RolloutRequest``, ``RolloutEngine``, ...);
+they are still importable from here, but exported once, by the core.
 """
 
-from ..core.protocols import Environment, RolloutEngine, TaskSource
-from ..core.types import (
+from ..core.protocols import Environment, RolloutEngine, TaskSource  # noqa: F401 - the core's, importable here
+from ..core.types import (  # noqa: F401 - the core's, importable here
     ContentReady,
     GroupRequest,
     ModelSpec,
@@ -34,22 +36,6 @@ from .vllm.config import VLLMEngineConfig
 from .vllm.server_config import VLLMServerEngineConfig
 
 __all__ = [
-    # core types
-    "Trajectory",
-    "Segment",
-    "ContentReady",
-    "RewardReady",
-    "RolloutEvent",
-    "RolloutRequest",
-    "GroupRequest",
-    "StepResult",
-    "ModelSpec",
-    "derive_seed",
-    "group_id",
-    "trajectory_id",
-    "RolloutEngine",
-    "Environment",
-    "TaskSource",
     # engines
     "EmbeddedEngineConfig",
     "VLLMEngineConfig",

@@ -15,11 +15,11 @@ from __future__ import annotations
 import math
 import multiprocessing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..core.errors import ConfigError
 from ..core.options import inapplicable, strict_options
-from ..core.protocols import TaskSource
+from ..core.protocols import STEP_TIMEOUT_S, VERDICT_TIMEOUT_S, EngineFootprint, EngineSampling, TaskSource
 from ..core.types import ModelSpec
 from .agent.limits import event_wait_s
 from .teacher import TeacherConfig
@@ -85,8 +85,8 @@ class EmbeddedEngineConfig:
     device: str = "cpu"
     max_batch_size: int = 256
     max_context_tokens: int | None = None
-    step_timeout_s: float = 60.0
-    verdict_timeout_s: float = 300.0
+    step_timeout_s: float = STEP_TIMEOUT_S
+    verdict_timeout_s: float = VERDICT_TIMEOUT_S
     startup_timeout_s: float = 120.0
     poll_interval_s: float = 0.05
     idle_timeout_s: float | Literal["auto"] | None = "auto"
@@ -119,6 +119,19 @@ class EmbeddedEngineConfig:
         if self.max_engine_restarts < 0:
             p.append(f"max_engine_restarts={self.max_engine_restarts}: must be >= 0")
         _raise_if(p, "EmbeddedEngineConfig")
+
+    @property
+    def sampling(self) -> EngineSampling:
+        """softmax(z / T) with top_p truncation; logprobs reported; a teacher when one is set."""
+        return EngineSampling(self.temperature, self.top_p, 0, logprobs=True, teacher=self.teacher is not None)
+
+    @property
+    def footprint(self) -> EngineFootprint:
+        """A copy of the policy on ``device`` (the learner's GPU when it is a CUDA device)."""
+        on_gpu = self.device.startswith("cuda")
+        return EngineFootprint(
+            max_context_tokens=self.max_context_tokens, on_learner_device=on_gpu, policy_copies=int(on_gpu)
+        )
 
     def idle_limit_s(self, max_turns: int) -> float | None:
         """Seconds a learner waits for the next event before EngineError (None: no limit)."""
@@ -165,9 +178,6 @@ class TraceReplayEngineConfig:
             generation, as a fraction of its generation time ``content_ready``; it needs no
             weights, so a request passed to ``prepare`` ahead of its ``rollout`` has it done then.
     """
-
-    #: trace replays carry no engine logprobs (no importance correction, no on-policy check)
-    provides_logprobs: ClassVar[bool] = False
 
     source: Literal["trace", "lognormal", "pareto"] = "trace"
     trace: str = "paper_tail"
@@ -221,6 +231,16 @@ class TraceReplayEngineConfig:
         if self.source == "pareto":
             p += inapplicable(self, ("verdict_sigma",), "with source='pareto' (the tail is pareto_alpha)")
         _raise_if(p, "TraceReplayEngineConfig")
+
+    @property
+    def sampling(self) -> EngineSampling:
+        """No model samples: no temperature to compare, no engine logprobs (no importance correction)."""
+        return EngineSampling(temperature=None, logprobs=False)
+
+    @property
+    def footprint(self) -> EngineFootprint:
+        """Nothing on the learner's device; episodes bounded by the task source."""
+        return EngineFootprint()
 
     def build(self, model_spec: ModelSpec, tasks: TaskSource | None = None) -> TraceReplayEngine:
         """The replay engine; token ids are drawn below ``model_spec.config['vocab_size']``."""

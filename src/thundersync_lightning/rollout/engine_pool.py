@@ -54,9 +54,17 @@ from typing import Any, TypeVar
 
 from torch import Tensor
 
+from ..core.contract import check_engine
 from ..core.errors import ConfigError, EngineError
 from ..core.options import strict_options
-from ..core.protocols import EngineFactory, PreparesAhead, RolloutEngine, TaskSource
+from ..core.protocols import (
+    EngineFactory,
+    EngineFootprint,
+    EngineSampling,
+    PreparesAhead,
+    RolloutEngine,
+    TaskSource,
+)
 from ..core.types import ModelSpec, RolloutEvent, RolloutRequest
 
 __all__ = ["EnginePoolConfig", "EnginePool", "place_groups"]
@@ -83,8 +91,8 @@ class EnginePoolConfig:
             is replaced). Fields that decide the sampled distribution (temperature, top_p, top_k,
             seed, dtype, teacher) are refused: every engine must sample the same policy.
 
-    The sampling settings the learner's checks read (``temperature``, ``top_p``, ``top_k``,
-    ``teacher``, ``provides_logprobs``) are those of ``engine``.
+    The pool samples as ``engine`` does (its ``sampling``); its ``footprint`` is that of its
+    members (:meth:`footprint`).
     """
 
     engine: EngineFactory
@@ -92,17 +100,12 @@ class EnginePoolConfig:
     per_engine: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
-        p: list[str] = []
-        if not callable(getattr(self.engine, "build", None)):
-            p.append(f"engine must be an engine config with build(model_spec, tasks), got {type(self.engine).__name__}")
+        p: list[str] = check_engine(self.engine)  # the engine contract (core/contract.py)
         if self.num_engines < 1:
             p.append(f"num_engines={self.num_engines}: must be >= 1")
-        if self.num_engines > 1 and getattr(self.engine, "multiprocessing", True) is False:
-            p.append(
-                f"{type(self.engine).__name__}(multiprocessing=False) runs inside the learner's process, and "
-                "vLLM keeps one in-process engine per process: set multiprocessing: true and weight_sync: file "
-                "for num_engines > 1"
-            )
+        exclusive = None if p else self.engine.footprint.exclusive_in_process
+        if self.num_engines > 1 and exclusive is not None:
+            p.append(f"{exclusive} for num_engines > 1")
         if self.per_engine is not None:
             if len(self.per_engine) != self.num_engines:
                 p.append(
@@ -145,27 +148,28 @@ class EnginePoolConfig:
             raise EngineError(f"engine {k} of {self.num_engines} of the pool failed to start: {exc}") from exc
         return EnginePool(built)
 
-    # -- what the learner's checks read of an engine config (strategy.objective_checks) ---------
+    @property
+    def sampling(self) -> EngineSampling:
+        """``engine``'s: per_engine may not change what is sampled."""
+        return self.engine.sampling
 
     @property
-    def temperature(self) -> Any:
-        return getattr(self.engine, "temperature", None)
-
-    @property
-    def top_p(self) -> Any:
-        return getattr(self.engine, "top_p", None)
-
-    @property
-    def top_k(self) -> Any:
-        return getattr(self.engine, "top_k", None)
-
-    @property
-    def teacher(self) -> Any:
-        return getattr(self.engine, "teacher", None)
-
-    @property
-    def provides_logprobs(self) -> bool:
-        return bool(getattr(self.engine, "provides_logprobs", True))
+    def footprint(self) -> EngineFootprint:
+        """The members' footprints together: without ``per_engine`` the N engines share one placement
+        (N times one engine's share of the learner's GPU, buckets included); with it they are placed
+        apart and engine 0's share is planned on the learner's GPU (place the others off it). An
+        episode is bounded by the loosest member."""
+        members = [m.footprint for m in self.members()]
+        limits = [f.max_context_tokens for f in members]
+        shared = members if self.per_engine is None else members[:1]
+        return dataclasses.replace(
+            members[0],
+            max_context_tokens=None if None in limits else max(limits),  # type: ignore[type-var]
+            device_fraction=sum(f.device_fraction for f in shared),
+            device_bytes=sum(f.device_bytes for f in shared),
+            policy_copies=sum(f.policy_copies for f in shared),
+            weight_sync_buckets=sum(f.weight_sync_buckets for f in shared),
+        )
 
 
 def place_groups(num_groups: int, num_engines: int, cursor: int = 0) -> list[int]:

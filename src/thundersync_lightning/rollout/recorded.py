@@ -23,7 +23,7 @@ from typing import Any
 from torch import Tensor
 
 from ..core.errors import EngineError
-from ..core.protocols import RolloutEngine
+from ..core.protocols import EngineFootprint, EngineSampling, RolloutEngine
 from ..core.types import ContentReady, RolloutEvent, RolloutRequest
 from .replay import _Schedule
 
@@ -47,9 +47,14 @@ def _shifted(event: RolloutEvent, by: float) -> RolloutEvent:
 
 
 class Recording:
-    """Events per request with their delivery time, in seconds after the request was made."""
+    """Events per request with their delivery time, in seconds after the request was made.
 
-    def __init__(self) -> None:
+    ``engine``: the engine config whose engines were recorded (``None``: unknown); a replay declares
+    its sampling and footprint.
+    """
+
+    def __init__(self, engine: Any = None) -> None:
+        self.engine = engine
         self._events: dict[_Key, tuple[float, list[tuple[float, RolloutEvent]]]] = {}
 
     def add(self, request: RolloutRequest, requested_at: float, events: list[tuple[float, RolloutEvent]]) -> None:
@@ -130,7 +135,16 @@ class RecordingEngines:
 
     def __init__(self, factory: Any) -> None:
         self._factory = factory
-        self.recording = Recording()
+        self.recording = Recording(factory)
+
+    @property
+    def sampling(self) -> EngineSampling:
+        """The factory's: its engines generate."""
+        return self._factory.sampling
+
+    @property
+    def footprint(self) -> EngineFootprint:
+        return self._factory.footprint
 
     def build(self, model_spec: Any, tasks: Any) -> RolloutEngine:
         return _RecordingEngine(self._factory.build(model_spec, tasks), self.recording)
@@ -141,6 +155,18 @@ class RecordedEngines:
 
     def __init__(self, recording: Recording) -> None:
         self._recording = recording
+
+    @property
+    def sampling(self) -> EngineSampling:
+        """The recorded engine's: the events carry its tokens and logprobs (the defaults if unknown)."""
+        engine = self._recording.engine
+        return EngineSampling() if engine is None else engine.sampling
+
+    @property
+    def footprint(self) -> EngineFootprint:
+        """Nothing generates; episodes keep the recorded engine's bound."""
+        engine = self._recording.engine
+        return EngineFootprint(max_context_tokens=None if engine is None else engine.footprint.max_context_tokens)
 
     def build(self, model_spec: Any, tasks: Any) -> RolloutEngine:
         return _RecordedEngine(self._recording)

@@ -8,8 +8,9 @@ the parsed YAML, so both plan the same thing. Options other helpers add to the s
 
 Capacity at set-up (:func:`machine_capacity`): on a GPU the device's free bytes; on a CPU run the
 device is the host, whose available RAM plus the bytes of the module already resident (its
-weights exist before the check) is the budget. A colocated vLLM engine's
-``gpu_memory_utilization`` (or its KV-cache bytes plus a weight copy) is taken off the device.
+weights exist before the check) is the budget. What the engine takes of the learner's GPU is its
+declared :class:`~thundersync_lightning.core.protocols.EngineFootprint` (a colocated vLLM engine's
+share of the device, or its KV-cache bytes plus a weight copy).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from ..backends.split import planned_destinations
 from ..core.grpo.objective import Objective
+from ..core.protocols import EngineFootprint
 from ..planning.memory_plan import MemoryPlan, PlanInputs, format_bytes, plan_memory
 from ..planning.model_shape import Architecture, ModelShape
 from .objective_checks import module_objective
@@ -86,12 +88,14 @@ def plan_inputs(
     world_size: int,
     strategy: Mapping[str, Any],
     data: Mapping[str, Any],
-    engine: Mapping[str, Any],
+    engine: EngineFootprint,
+    engine_teacher: bool = False,
     optimizer: str = "adamw",
     reference: bool | None = None,
     scoring: Mapping[str, Any] | None = None,
 ) -> PlanInputs:
-    """PlanInputs from plain settings (``strategy``/``data``/``engine``: option name -> value).
+    """PlanInputs from plain settings (``strategy``/``data``: option name -> value) and the engine
+    config's declared ``footprint`` (``engine_teacher``: its ``sampling.teacher``).
 
     ``reference``: whether a frozen copy exists (None: kl_coef != 0 without LoRA). ``scoring``:
     the module's ``score_max_padding`` / ``score_forward_tokens`` (absent: padding unknown).
@@ -99,23 +103,16 @@ def plan_inputs(
     scoring = scoring or {}
     gpu = accelerator == "gpu"
     arch = model.architecture
-    limits = [engine.get("max_model_len"), engine.get("max_context_tokens"), data.get("max_episode_tokens")]
+    limits = [engine.max_context_tokens, data.get("max_episode_tokens")]
     known = [int(v) for v in limits if isinstance(v, int) and v > 0]
     bounded = bool(known)  # else only the model's context window bounds an episode
     if arch is not None and arch.max_positions:
         known.append(int(arch.max_positions))
-    engine_fraction, engine_bytes = 0.0, 0
-    if gpu and "gpu_memory_utilization" in engine:  # vLLM, colocated on the learner's GPU
-        kv = engine.get("kv_cache_memory_bytes")
-        if kv is None:
-            engine_fraction = float(engine["gpu_memory_utilization"])
-        else:
-            engine_bytes = int(kv) + model.total_params * model.param_bytes
-    elif gpu and str(engine.get("device", "cpu")).startswith("cuda"):
-        engine_bytes = model.total_params * model.param_bytes  # an embedded engine's copy of the policy
-    buckets = weight_sync_buckets(engine) if gpu else 0
-    teacher = objective.needs_teacher and engine.get("teacher") is not None
-    on_device = gpu and ("gpu_memory_utilization" in engine or str(engine.get("device", "cpu")).startswith("cuda"))
+    on_device = gpu and engine.on_learner_device
+    weights = model.total_params * model.param_bytes
+    engine_bytes = engine.device_bytes + engine.policy_copies * weights if on_device else 0
+    buckets = engine.weight_sync_buckets if gpu else 0
+    teacher = objective.needs_teacher and engine_teacher
     return PlanInputs(
         model=model,
         optimizer=optimizer,  # type: ignore[arg-type]
@@ -144,12 +141,12 @@ def plan_inputs(
         + (int(data.get("group_size", 8)) if objective.off_policy_mask is not None else 0),
         teacher_params=model.total_params if teacher else 0,  # planned at the policy's size
         teacher_on_device=on_device,
-        engine_device_fraction=engine_fraction,
+        engine_device_fraction=engine.device_fraction if on_device else 0.0,
         engine_device_bytes=engine_bytes,
         accumulator_bytes=8 if model.param_bytes == 8 else 4,
         device_overhead_bytes=GPU_RUNTIME_BYTES if gpu else 0,
         weight_sync_buckets=buckets,
-        weight_sync_bucket_bytes=int(engine.get("weight_sync_bucket_bytes") or 0) if buckets else 0,
+        weight_sync_bucket_bytes=engine.weight_sync_bucket_bytes if buckets else 0,
         call_destinations=planned_destinations(
             strategy.get("split_backward", "auto"),
             strategy.get("mode", "streaming"),
@@ -159,18 +156,6 @@ def plan_inputs(
             model.param_bytes,
         ),
     )
-
-
-def weight_sync_buckets(engine: Mapping[str, Any]) -> int:
-    """Buckets of a bucketed vLLM publish on the learner's GPU at once: 2 for "ipc" (the learner's
-    and the colocated engine's copy), 1 for "nccl", 0 otherwise. "auto" with worker processes on a
-    GPU is "ipc" here (the plan places vLLM on the learner's GPU, where ``resolve_weight_sync``
-    picks "ipc"), "nccl" with tensor parallelism. vLLM servers on other machines (``urls``): the
-    learner's one send bucket ("nccl"); nothing else of the engine is on the learner's node."""
-    sync = "nccl" if engine.get("urls") else engine.get("weight_sync")
-    if sync == "auto" and engine.get("multiprocessing"):
-        sync = "ipc" if engine.get("tensor_parallel_size", 1) == 1 else "nccl"
-    return {"ipc": 2, "nccl": 1}.get(str(sync), 0)
 
 
 def _settings(obj: Any, names: tuple[str, ...] | None = None) -> dict[str, Any]:
@@ -199,6 +184,7 @@ def fit_plan(trainer: Any, strategy: Any) -> MemoryPlan:
         lora_params_per_rank=arch.lora_params_per_rank if arch is not None else 0,
     )
     data = getattr(trainer, "datamodule", None)
+    engine = getattr(data, "engine_factory", None)  # its contract was checked at set-up (check_engine)
     return plan_memory(
         plan_inputs(
             model=shape,
@@ -210,7 +196,8 @@ def fit_plan(trainer: Any, strategy: Any) -> MemoryPlan:
                 **_settings(data, ("groups_per_step", "group_size", "dynamic_sampling", "max_extra_groups")),
                 "max_episode_tokens": _episode_bound(data),
             },
-            engine=_settings(getattr(data, "engine_factory", None)),
+            engine=engine.footprint if engine is not None else EngineFootprint(),
+            engine_teacher=engine is not None and engine.sampling.teacher,
             optimizer=_module_optimizer(module),
             reference=getattr(module, "reference", None) is not None,
             scoring={k: hparams[k] for k in SCORING_KEYS if k in hparams},

@@ -14,7 +14,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..core.contract import check_engine
 from ..core.grpo.objective import Objective
+from ..core.protocols import EngineSampling
 
 __all__ = ["check_objective", "module_objective"]
 
@@ -37,21 +39,22 @@ def check_objective(module: Any, data: Any) -> list[str]:
             "none (has_reference_policy is false): set kl_coef=0 or give the module a reference policy"
         )
     engine = getattr(data, "engine_factory", None)
-    if engine is None:
+    if engine is None or check_engine(engine):  # an engine off the contract is reported by check_contract
         return problems
-    if objective.needs_teacher and getattr(engine, "teacher", None) is None:
+    sampling: EngineSampling = engine.sampling
+    if objective.needs_teacher and not sampling.teacher:
         problems.append(
             f"objective.opd_coef={objective.opd_coef} needs a teacher's logprobs of every sampled token, and "
             f"{type(engine).__name__} has no teacher: configure one on the engine "
             "(EmbeddedEngineConfig or VLLMEngineConfig: teacher=TeacherConfig(ckpt_path=... or pretrained_path=...)) "
             "or set opd_coef=0"
         )
-    if objective.needs_engine_logprobs and getattr(engine, "provides_logprobs", True) is False:
+    if objective.needs_engine_logprobs and not sampling.logprobs:
         problems.append(
             f"objective.is_correction={objective.is_correction!r} needs the engine's sampling logprobs, and "
             f"{type(engine).__name__} reports none: use is_correction='none' or an engine that reports them"
         )
-    mismatches = _sampling_mismatches(module, engine)
+    mismatches = _sampling_mismatches(module, sampling)
     if mismatches:
         what = "; ".join(mismatches)
         if objective.is_correction == "none":
@@ -71,17 +74,15 @@ def check_objective(module: Any, data: Any) -> list[str]:
     return problems
 
 
-def _sampling_mismatches(module: Any, engine: Any) -> list[str]:
+def _sampling_mismatches(module: Any, sampling: EngineSampling) -> list[str]:
     hparams = getattr(module, "hparams", {})
     learner_t = hparams.get("temperature") if hasattr(hparams, "get") else None
-    engine_t = getattr(engine, "temperature", None)
+    engine_t = sampling.temperature
     found = []
     if learner_t is not None and engine_t is not None and float(learner_t) != float(engine_t):
         found.append(f"engine temperature {engine_t} vs policy temperature {learner_t}")
-    top_p = getattr(engine, "top_p", None)
-    if top_p is not None and float(top_p) < 1.0:
-        found.append(f"engine top_p={top_p} < 1 truncates sampling")
-    top_k = getattr(engine, "top_k", None)
-    if top_k is not None and int(top_k) > 0:
-        found.append(f"engine top_k={top_k} truncates sampling")
+    if sampling.top_p < 1.0:
+        found.append(f"engine top_p={sampling.top_p} < 1 truncates sampling")
+    if sampling.top_k > 0:
+        found.append(f"engine top_k={sampling.top_k} truncates sampling")
     return found

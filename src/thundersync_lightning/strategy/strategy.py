@@ -24,13 +24,14 @@ from __future__ import annotations
 import inspect
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from functools import partial
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
+from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor
 from torch.distributed.constants import default_pg_timeout
@@ -44,7 +45,6 @@ from ..core.evaluation import ValidationBatch, collect_validation
 from ..core.gradients.storage import Offload
 from ..core.snapshot import PolicySnapshot
 from .barrier import StepInFlight, global_totals
-from .checkpoints import LayoutCheckpoints
 from .fit_learner import FitLearner
 from .issuing import RolloutIssuer, publish
 from .objective_checks import module_objective
@@ -55,7 +55,7 @@ from .setup_checks import check_memory, setup_problems
 from .sharding import Sharding, build_layout
 from .stats import Interval, StepStats
 
-__all__ = ["ThunderSyncStrategy", "Mode", "MemoryCheck"]
+__all__ = ["ThunderSyncStrategy", "Mode", "MemoryCheck", "ASYNC_RESUME_KEY"]
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +63,12 @@ Mode = Literal["streaming", "sync", "async"]
 
 MemoryCheck = Literal["error", "warn", "off"]
 
+#: The checkpoint entry holding async mode's rollout weights for an exact resume (issuing.py).
+ASYNC_RESUME_KEY = "thundersync_async_rollout"
 
 
-class ThunderSyncStrategy(LayoutCheckpoints):
+
+class ThunderSyncStrategy(DDPStrategy):
     """Streaming GRPO over Lightning's DDP machinery (one device, several, CPU or GPU).
 
     Args:
@@ -440,6 +443,44 @@ class ThunderSyncStrategy(LayoutCheckpoints):
         self._accumulator = None
         self._learner.clear()
         super().teardown()
+
+    # ================================================================== checkpoints
+    # The data-parallel layout decides how module and optimizer state are saved and loaded (full
+    # state dicts under ``zero1`` and ``fsdp2``); async mode adds the weights that generate the next
+    # step's rollouts, for an exact resume (:mod:`.issuing`).
+
+    @override
+    def lightning_module_state_dict(self) -> dict[str, Any]:
+        return self._layout.module_state_dict(self.lightning_module, super().lightning_module_state_dict)
+
+    @override
+    def load_model_state_dict(self, checkpoint: Mapping[str, Any], strict: bool = True) -> None:
+        default = partial(super().load_model_state_dict, checkpoint, strict)
+        self._layout.load_module_state_dict(self.lightning_module, checkpoint["state_dict"], default)
+
+    @override
+    def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
+        return self._layout.optimizer_state(self.lightning_module, optimizer, partial(super().optimizer_state, optimizer))
+
+    @override
+    def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
+        default = partial(super().load_optimizer_state_dict, checkpoint)
+        self._layout.load_optimizer_states(self.lightning_module, self.optimizers, checkpoint["optimizer_states"], default)
+
+    @override
+    def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+        # async: the weights that generate the next step's rollouts, for an exact resume (issuing.py)
+        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+        state = self._issuer.resume_state(trainer.global_step) if trainer is not None else None
+        if state is not None:
+            checkpoint = {**checkpoint, ASYNC_RESUME_KEY: state}
+        super().save_checkpoint(checkpoint, filepath, storage_options)
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        checkpoint = super().load_checkpoint(checkpoint_path, *args, **kwargs)
+        self._issuer.load_resume_state(checkpoint.get(ASYNC_RESUME_KEY))
+        return checkpoint
 
 
 def _own_options() -> list[str]:

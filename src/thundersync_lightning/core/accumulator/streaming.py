@@ -35,11 +35,15 @@ groups alone, exactly.
 
 Memory is bounded by ``max_open_groups`` and ``max_held_trajectories``
 (:mod:`~thundersync_lightning.core.accumulator.bounds`); a call that would pass a bound raises and changes nothing.
+
+Queries (the class's last section) are read-only: its bounds and usage, its counts so far, the
+step's planned groups (members, owners, dropped members, informative groups) and what scoring
+needs. The learner reads no ``Objective`` field: each question the step's work asks is one of these.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import replace
 
 import torch
@@ -55,10 +59,10 @@ from ..errors import (
     UnknownTrajectoryError,
 )
 from ..gradients.backward import BackwardBackend, ForwardWatch, LearnerCall, PlainBackward
-from ..gradients.storage import GradientStore, Offload
+from ..gradients.storage import ByteUsage, GradientStore, Offload
 from ..grpo.objective import BatchTotals, Objective
 from ..grpo.terms import OnPolicyStats, TokenScores, TrajectoryTerms, trajectory_terms
-from ..scoring import scored_inputs
+from ..scoring import score_needs, scored_inputs, step_entropy_threshold
 from ..types import Trajectory
 from .boundary_cut import SharedPrefix
 from .bounds import Bounds, bound_problems
@@ -66,7 +70,6 @@ from .checks import argument_problems, check_scalar, check_unchanged, finite_rew
 from .group import GroupSums
 from .jobs import jobs_of, prefix_backward, select_terms
 from .ledger import StepLedger
-from .queries import AccumulatorQueries
 from .report import GroupStat, StreamingReport
 from .routing import check_prefix, route
 from .step_gradient import StepGradient
@@ -75,13 +78,13 @@ from .step_groups import StepGroups
 __all__ = ["StreamingGRPO", "StreamingReport", "GroupStat"]
 
 
-class StreamingGRPO(AccumulatorQueries):
+class StreamingGRPO:
     """Two running gradient sums per group; one exact gradient of the objective at the barrier.
 
     Events: :meth:`open_group`, :meth:`add_tokens` (or :meth:`add_scored`: a module's scores, the
     objective's options applied by ``core/scoring.py``), :meth:`add_reward`, :meth:`abort_group`,
     :meth:`finish`. What a learner may ask (bounds, counts, the step's planned groups, what scoring
-    needs): :class:`~thundersync_lightning.core.accumulator.queries.AccumulatorQueries`.
+    needs): the read-only queries at the end of the class.
 
     Args:
         params: the trainable tensors (``requires_grad``); ``.grad`` of nothing else is touched.
@@ -469,3 +472,121 @@ class StreamingGRPO(AccumulatorQueries):
     def _describe_open(self) -> str:
         parts = [g.describe_missing(gid) for gid, g in self._groups.items()]
         return "; ".join(parts) + ". Deliver the missing events or abort_group() the groups that cannot finish."
+
+    # ================================================================== queries (read-only)
+    @property
+    def estimator(self) -> str:
+        return self.objective.estimator
+
+    @property
+    def eps(self) -> float:
+        return self.objective.eps
+
+    @property
+    def open_groups(self) -> tuple[Hashable, ...]:
+        return tuple(self._groups)
+
+    @property
+    def params(self) -> tuple[torch.Tensor, ...]:
+        """The tensors whose ``.grad`` the barrier writes."""
+        return tuple(self._params)
+
+    @property
+    def groups_folded(self) -> int:
+        return len(self._ledger.folded)
+
+    @property
+    def groups_filtered(self) -> int:
+        """Groups closed without signal under ``filter_groups`` (counted nowhere)."""
+        return len(self._ledger.filtered)
+
+    @property
+    def bytes_in_use(self) -> ByteUsage:
+        return self._store.current()
+
+    @property
+    def peak_bytes(self) -> ByteUsage:
+        return self._store.peak()
+
+    @property
+    def max_open_groups(self) -> int | None:
+        return self._bounds.max_open_groups
+
+    @property
+    def max_held_trajectories(self) -> int | None:
+        return self._bounds.max_held_trajectories
+
+    @property
+    def held_trajectories(self) -> int:
+        """Trajectories backpropagated before their reward, each holding a gradient until it lands."""
+        return self._bounds.held
+
+    @property
+    def peak_held_bytes(self) -> int:
+        """Most bytes held gradients took at once in this step (wherever ``offload`` put them)."""
+        return self._bounds.peak_held_bytes
+
+    def totals(self) -> BatchTotals:
+        """This process's counts so far (sum them over ranks for :meth:`finish`)."""
+        return self._ledger.totals
+
+    @property
+    def on_policy(self) -> OnPolicyStats:
+        return self._ledger.on_policy
+
+    def objective_parts(self) -> tuple[float, float]:
+        """(sum_i A'_i S_i, sum_i R_i) over the groups closed so far (sum them over ranks)."""
+        return self._ledger.objective, self._ledger.regulariser
+
+    def needs_score(self, trajectory_id: Hashable) -> bool:
+        """False for a trajectory already dropped (failed verdict, ``failed="drop"``): skip its forward."""
+        if trajectory_id in self._ledger.dropped_closed:
+            return False
+        gid, group = self._group_of(trajectory_id)
+        return not group.is_dropped(trajectory_id) and not group.filtered
+
+    # ------------------------------------------------------------------ what the learner asks
+    @property
+    def planned(self) -> StepGroups:
+        """The step's planned groups: members, owners, verdicts, dropped members, informative groups."""
+        return self._planned
+
+    def plan_groups(self, groups: Mapping[Hashable, Sequence[Hashable]]) -> None:
+        """Plan groups (id -> members) before their events; :meth:`open_group` gives one buffers."""
+        for gid, members in groups.items():
+            self._planned.plan(gid, members)
+
+    @property
+    def score_needs(self) -> dict[str, bool]:
+        """The ``score_tokens`` keywords this objective needs (:func:`~thundersync_lightning.core.scoring.score_needs`)."""
+        return score_needs(self.objective)
+
+    @property
+    def shapes_rewards(self) -> bool:
+        """Rewards depend on their trajectory's length (overlong shaping): a reward waits for its content."""
+        return self.objective.shapes_rewards
+
+    def shaped_reward(self, reward: float, scored_tokens: int) -> float:
+        return self.objective.shaped_reward(reward, scored_tokens)
+
+    def refused_reward(self, reward: float) -> str | None:
+        """Why a graded reward is refused as a failure (beyond ``max_abs_reward``), or None."""
+        return self.objective.refused_reward(reward)
+
+    @property
+    def needs_step_entropy(self) -> bool:
+        """``top_entropy_quantile`` < 1: scoring needs the step's entropy threshold (sync only)."""
+        return self.objective.selects_tokens_by_entropy
+
+    def step_entropy_threshold(self, entropies: Sequence[torch.Tensor]) -> float | None:
+        return step_entropy_threshold(self.objective, entropies)
+
+    def check_streamable(self) -> None:
+        """Raise where the objective cannot be trained before the step's last trajectory landed."""
+        if self.objective.selects_tokens_by_entropy:
+            raise ConfigError(
+                f"top_entropy_quantile={self.objective.top_entropy_quantile} selects tokens by a threshold over "
+                "every scored token of the step, known only once the last trajectory landed; streaming and async "
+                "backpropagate trajectories before that, so they cannot apply it exactly. Use mode='sync' "
+                "(it runs one no-grad forward of the step first), or top_entropy_quantile=1"
+            )

@@ -11,6 +11,15 @@ Notation: a group holds rewards r_1..r_G (float64), mu = mean(r), sigma = popula
 | rloo   | G/(G-1) * (r_i - mu)         | G/(G-1)         | -G*mu/(G-1)          |
 
 Affinity is what makes streaming exact: sum_i A_i grad S_i = a_g * sum r_i grad S_i + b_g * sum grad S_i.
+
+Each estimator is registered where it is defined (``@register_estimator(name)``, as verl's
+``register_adv_est``); the set of names is the registry's (:func:`available_estimators`,
+:class:`EstimatorName` is built from the built-in registrations). An estimator that divides by the
+group's std declares it (``divides_by_std=True``): the objective then passes its ``std`` and
+``scale`` options, and a lone member (``singleton="reward"``, mu = 0, sigma = 1) gets a_g = 1/(1+eps).
+A name written ``module:function`` (YAML ``objective.estimator: my_pkg.advantages:my_estimator``) is
+imported and registered under that name the first time it is asked for.
+
 Two invariants hold for every estimator, registered or built in, and are enforced by the caller
 (:class:`~thundersync_lightning.core.accumulator.streaming.StreamingGRPO`), not by each estimator: a group of
 one trajectory and a group whose rewards are all equal have A_i = 0 exactly.
@@ -25,7 +34,9 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError
 from ..registry import Registry
+from ..user_code import import_object
 
 __all__ = [
     "EstimatorName",
@@ -33,6 +44,7 @@ __all__ = [
     "register_estimator",
     "get_estimator",
     "available_estimators",
+    "divides_by_std",
     "grpo_coefficients",
     "scaled_rewards",
     "unknown_estimator",
@@ -43,27 +55,47 @@ __all__ = [
 Coefficients = Callable[[torch.Tensor, float], tuple[float, float]]
 
 
-class EstimatorName(str, enum.Enum):
-    GRPO = "grpo"
-    DRGRPO = "drgrpo"
-    RLOO = "rloo"
-
-
 _REGISTRY: Registry[Coefficients] = Registry(
     "advantage estimator",
-    "register your own with thundersync_lightning.core.register_estimator",
+    "register your own with thundersync_lightning.core.register_estimator, or name one as 'module:function'",
     normalize=lambda name: str(getattr(name, "value", name)).lower(),
 )
+#: estimators that divide by the group's std (they take the objective's ``std`` and ``scale``)
+_DIVIDES_BY_STD: set[Callable[..., Any]] = set()
 
 
-def register_estimator(name: str, coefficients: Coefficients | None = None, *, overwrite: bool = False) -> Any:
+def register_estimator(
+    name: str, coefficients: Coefficients | None = None, *, overwrite: bool = False, divides_by_std: bool = False
+) -> Any:
     """Register an affine-in-reward estimator ``(rewards, eps) -> (a_g, b_g)`` under ``name`` (a call, or
-    a decorator without ``coefficients``; :class:`~thundersync_lightning.core.registry.Registry` rules)."""
-    return _REGISTRY.register(name, coefficients, overwrite=overwrite)
+    a decorator without ``coefficients``; :class:`~thundersync_lightning.core.registry.Registry` rules).
+
+    ``divides_by_std``: the estimator divides by the group's std; it is then called with the
+    objective's ``correction`` (0: population std, 1: sample std) and ``per_group`` (``scale="group"``)
+    keywords, and a lone member's a_g is 1/(1+eps) (sigma = 1)."""
+    if coefficients is None:
+        return lambda fn: register_estimator(name, fn, overwrite=overwrite, divides_by_std=divides_by_std)
+    _REGISTRY.register(name, coefficients, overwrite=overwrite)
+    if divides_by_std:
+        _DIVIDES_BY_STD.add(coefficients)
+    return coefficients
 
 
-def get_estimator(name: str | EstimatorName) -> Coefficients:
+def get_estimator(name: str | enum.Enum) -> Coefficients:
+    """The estimator registered as ``name``; a ``module:function`` name not registered yet is imported
+    and registered under that name (so a YAML config can name a user's estimator)."""
+    if isinstance(name, str) and ":" in name and name not in _REGISTRY:
+        fn = import_object(name, "advantage estimator")
+        if not callable(fn):
+            raise ConfigError(f"advantage estimator {name!r} is a {type(fn).__name__}: name a function "
+                              "(rewards, eps) -> (a_g, b_g)")
+        register_estimator(name, fn)
     return _REGISTRY.get(name)  # type: ignore[arg-type]
+
+
+def divides_by_std(name: str) -> bool:
+    """Whether the estimator ``name`` was registered with ``divides_by_std=True``."""
+    return get_estimator(name) in _DIVIDES_BY_STD
 
 
 def unknown_estimator(name: str) -> str:
@@ -89,6 +121,7 @@ def scaled_rewards(rewards: torch.Tensor) -> tuple[torch.Tensor, float]:
     return rewards / c, c
 
 
+@register_estimator("grpo", divides_by_std=True)
 def grpo_coefficients(rewards: torch.Tensor, eps: float, *, correction: int = 0, per_group: bool = True):
     """GRPO: A_i = (r_i - mu) / (sigma + eps) (``correction`` 1: sample std); ``per_group=False``
     (the objective's ``scale="batch"``): r_i - mu, scaled by the batch at the barrier.
@@ -103,11 +136,13 @@ def grpo_coefficients(rewards: torch.Tensor, eps: float, *, correction: int = 0,
     return 1.0 / d / c, -mu / d
 
 
+@register_estimator("drgrpo")
 def _drgrpo(rewards: torch.Tensor, eps: float) -> tuple[float, float]:
     r, c = scaled_rewards(rewards)
     return 1.0, float(-r.mean()) * c
 
 
+@register_estimator("rloo")
 def _rloo(rewards: torch.Tensor, eps: float) -> tuple[float, float]:
     g = rewards.numel()
     k = g / (g - 1)
@@ -115,9 +150,10 @@ def _rloo(rewards: torch.Tensor, eps: float) -> tuple[float, float]:
     return k, float(-k * r.mean()) * c
 
 
-register_estimator(EstimatorName.GRPO.value, grpo_coefficients)
-register_estimator(EstimatorName.DRGRPO.value, _drgrpo)
-register_estimator(EstimatorName.RLOO.value, _rloo)
+#: The built-in estimators' names (``EstimatorName.GRPO == "grpo"``), derived from the registrations above.
+EstimatorName = enum.Enum(  # type: ignore[misc]
+    "EstimatorName", {name.upper(): name for name in available_estimators()}, type=str, module=__name__
+)
 
 
 def advantages(rewards: Sequence[float], estimator: str = "grpo", eps: float = 1e-6) -> torch.Tensor:

@@ -45,10 +45,12 @@ are skipped).
 
 Advantages (float64, kept members of one group, mu = mean, sigma = std with ``std``'s divisor):
 
-- ``grpo``: (r - mu) / (sigma + eps) for ``scale="group"``, r - mu for ``"none"``, and
-  (r - mu) * s for ``"batch"``; any other estimator gives its own (a_g, b_g) (times s for batch).
+- ``grpo`` (and any estimator registered ``divides_by_std``): (r - mu) / (sigma + eps) for
+  ``scale="group"``, r - mu for ``"none"``, and (r - mu) * s for ``"batch"``; any other estimator
+  gives its own (a_g, b_g) (times s for batch).
 - all kept rewards equal (G >= 2): A = 0 exactly. G = 1: ``singleton="zero"`` gives A = 0,
-  ``"reward"`` uses mu = 0, sigma = 1 (verl): A = r/(1+eps) for grpo/group, else r (times s).
+  ``"reward"`` uses mu = 0, sigma = 1 (verl): A = r/(1+eps) for a std-dividing estimator under
+  ``scale="group"``, else r (times s).
   "Kept rewards" are those of graded and failed members (failures at the floor), G their count.
 - The built-in estimators compute mu and sigma on rewards scaled by a power of two (exact), so no
   finite reward makes them overflow; a non-finite a_g, b_g, A_i or s raises
@@ -66,7 +68,7 @@ from typing import Any, Literal
 import torch
 
 from ..errors import ConfigError, NonFiniteAdvantageError
-from .estimators import available_estimators, get_estimator, unknown_estimator
+from .estimators import divides_by_std, get_estimator
 from .rejection import RejectionOption, parse_rejection
 from .totals import BatchTotals
 
@@ -104,7 +106,8 @@ class Objective:
     """What a step minimises (see the module docstring for the formula).
 
     Args:
-        estimator: advantage estimator (``grpo``, ``drgrpo``, ``rloo`` or a registered one).
+        estimator: advantage estimator (``grpo``, ``drgrpo``, ``rloo``, a registered one, or a
+            ``module:function`` imported and registered under that name).
         std: ``population`` (divide by G) or ``sample`` (G-1, ``torch.std``: verl, TRL).
         eps: std guard.
         scale: ``group`` (per-group std), ``batch`` (std of every kept reward of the step, all
@@ -212,9 +215,12 @@ class Objective:
 
     def __post_init__(self) -> None:
         problems = []
-        object.__setattr__(self, "estimator", str(getattr(self.estimator, "value", self.estimator)).lower())
-        if self.estimator not in available_estimators():
-            problems.append(unknown_estimator(self.estimator))
+        name = str(getattr(self.estimator, "value", self.estimator))
+        object.__setattr__(self, "estimator", name if ":" in name else name.lower())  # module paths keep their case
+        try:
+            get_estimator(self.estimator)  # imports a ``module:function`` estimator
+        except ConfigError as err:
+            problems.append(str(err))
         for name, choices in _CHOICES.items():
             if getattr(self, name) not in choices and (name, getattr(self, name)) != ("failed", "zero"):
                 problems.append(f"{name}={getattr(self, name)!r} is not one of {choices}")
@@ -428,14 +434,14 @@ class Objective:
         g = rewards.numel()
         if g == 0:
             return 0.0, 0.0
-        grpo = self.estimator == "grpo"
+        grpo = divides_by_std(self.estimator)
         if g == 1:
             if self.singleton == "zero":
                 return 0.0, 0.0
             return (1.0 / (1.0 + self.eps) if grpo and self.scale == "group" else 1.0), 0.0
         if bool((rewards == rewards[0]).all()):
             return 0.0, 0.0
-        # the built-in GRPO takes the objective's std and scale (the registered grpo_coefficients)
+        # an estimator that divides by the std takes the objective's std and scale
         options = {"correction": self._correction, "per_group": self.scale == "group"} if grpo else {}
         return get_estimator(self.estimator)(rewards, self.eps, **options)
 

@@ -30,7 +30,7 @@ from typing import Any
 
 from ...core.errors import ConfigError
 from ..chat import ChatRenderer
-from ..code.source import pick
+from ..selection import pick
 from ..tools import ToolConversation, TurnBudget
 from .env import (
     BRANCHES,

@@ -1,7 +1,7 @@
 """Code environments: local repository tasks in bubblewrap, graded with swebench's functions."""
 
+from ..codec import ByteCodec, HFTokenizerCodec, TextCodec
 from .actions import ACTION_HELP, Bash, Invalid, ReplaceInFile, Submit, WriteFile, parse_action
-from .codec import ByteCodec, HFTokenizerCodec, TextCodec
 from .env import CodeEnv, Workspace, format_observation, render_prompt
 from .grading import EvalOutcome, filter_patch, grade_log, split_patch
 from .patches import patch_paths

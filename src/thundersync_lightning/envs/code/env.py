@@ -15,10 +15,10 @@ from typing import Literal, Protocol
 
 from ...core.errors import HostFault
 from ...core.types import StepResult
+from ..codec import ByteCodec, TextCodec
 from ..sandbox.base import SandboxResult
 from ..tools import ToolConversation, clip_text
 from .actions import ACTION_HELP, Bash, Invalid, Submit, edit_command, parse_action
-from .codec import ByteCodec, TextCodec
 from .grading import EvalOutcome
 
 __all__ = ["Workspace", "CodeEnv", "format_observation", "clip_bytes", "OBSERVATION_FRAME_BYTES", "render_prompt", "ActionFormat", "TOOLS_HELP"]

@@ -8,18 +8,15 @@ else the tasks whose name hashes below ``val_fraction``; training steps draw onl
 
 from __future__ import annotations
 
-import hashlib
-import random
-import threading
 from typing import Any
 
 from ...core.errors import ConfigError
 from ...core.options import strict_options
-from ...core.types import derive_seed
+from ..codec import ByteCodec, HFTokenizerCodec, TextCodec
 from ..sandbox.base import SandboxLimits
 from ..sandbox.bwrap import BwrapConfig
-from ..sandbox.uids import UidPool
-from .codec import ByteCodec, HFTokenizerCodec, TextCodec
+from ..sandbox.uids import uid_pool
+from ..selection import held_out, pick
 from .env import ActionFormat, CodeEnv, render_prompt
 from .task import LocalTask, load_tasks
 from .tools import code_episode_tokens, tool_conversation, tool_renderer
@@ -27,27 +24,8 @@ from .workspace import LocalWorkspace, WorkspaceSettings
 
 __all__ = ["LocalCodeTasks", "SplitLocalCodeTasks", "uid_pool"]
 
-_pools: dict[tuple[int, int], UidPool] = {}
-_pools_lock = threading.Lock()
 
 
-def uid_pool(base: int, size: int) -> UidPool:
-    """One pool per (base, size) per process."""
-    with _pools_lock:
-        if (base, size) not in _pools:
-            _pools[(base, size)] = UidPool(base, size)
-        return _pools[(base, size)]
-
-
-def pick(items: list[Any], step: int, num_groups: int, seed: int) -> list[Any]:
-    """``num_groups`` items for ``step``: a seeded permutation, cycled when more are asked than exist."""
-    rng = random.Random(derive_seed(seed, step, -1, -1))
-    out: list[Any] = []
-    while len(out) < num_groups:
-        order = list(range(len(items)))
-        rng.shuffle(order)
-        out.extend(items[i] for i in order[: num_groups - len(out)])
-    return out
 
 
 @strict_options
@@ -178,8 +156,7 @@ class SplitLocalCodeTasks(LocalCodeTasks):
     def _held_out(self, task: LocalTask) -> bool:
         if self.val_names is not None:
             return task.name in self.val_names
-        h = int.from_bytes(hashlib.blake2b(task.name.encode(), digest_size=8).digest(), "little") % 10_000
-        return h < round(self.val_fraction * 10_000)
+        return held_out(task.name, self.val_fraction)
 
     def validation_tasks(self) -> list[LocalTask]:
         held = [t for t in self.all_tasks if self._held_out(t)]

@@ -27,9 +27,9 @@ from typing import Any, get_args
 
 from ...core.errors import ConfigError
 from ..chat import ChatRenderer
+from ..codec import TextCodec
 from ..tools import Tool, ToolConversation, ToolResult, TurnBudget, get_tool_parser
 from ..tools.conversation import NOTE_TOKENS, turn_token_cap
-from .codec import TextCodec
 from .env import OBSERVATION_FRAME_BYTES, ActionFormat, format_observation
 
 __all__ = ["swe_tools", "EDITOR_COMMANDS", "tool_renderer", "tool_conversation", "turn_token_budget",

@@ -59,7 +59,7 @@ from ..tools._episode_host import GONE, EpisodeObject
 from ..tools.confine import WorkerLimits
 from ..tools.python_tools import schema_of
 from ..tools.workers import ToolOutcome, ToolWorkers, worker_path
-from ..user_code import import_object
+from ...core.user_code import import_object
 
 __all__ = ["EnvironmentClass", "EnvironmentEpisode", "environment_classes"]
 

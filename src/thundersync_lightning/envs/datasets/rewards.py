@@ -47,9 +47,9 @@ from typing import Any
 
 from ...core.errors import ConfigError
 from ...core.registry import Registry
+from ...core.user_code import import_object
 from ..tools.confine import WorkerLimits
 from ..tools.workers import ToolOutcome, reward_workers, worker_path
-from ..user_code import import_object
 from .conventions import RewardConvention, RewardError, RewardInput, convention_of
 
 __all__ = ["RewardFn", "RewardError", "RewardInput", "register_reward", "get_reward", "resolve_reward",

@@ -55,18 +55,18 @@ second held-out set taken from the training rows is never what a separate eval f
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
-import random
 import threading
 from typing import Any
 
 from ...core.errors import ConfigError
 from ...core.options import strict_options
-from ...core.types import WeightedReward, derive_seed
+from ...core.protocols import STEP_TIMEOUT_S
+from ...core.types import WeightedReward
 from ..chat import ChatRenderer
-from ..code.codec import ByteCodec
+from ..codec import ByteCodec
+from ..selection import held_out, pick
 from ..tokens import load_tokenizer
 from ..tools.confine import WorkerLimits, confinement
 from ..tools.conversation import TurnBudget, turn_token_cap
@@ -258,11 +258,11 @@ class DatasetTasks:
             cap = turn_token_cap(self.renderer, self.tool_schemas(), chars, calls)
             self.turn_budget = TurnBudget(max_calls=calls, max_chars=chars, max_tokens=cap)
             turn_s = (self.turn_budget.deadline_s or 0.0) + tool_timeout_s  # a call may start at the deadline
-            if turn_s > 60.0:
+            if turn_s > STEP_TIMEOUT_S:
                 log.warning("DatasetTasks: a tool turn may take %g s (its %g s deadline + tool_timeout_s %g), past "
-                            "the engines' default step_timeout_s of 60 s: raise the engine's step_timeout_s above "
+                            "the engines' default step_timeout_s of %g s: raise the engine's step_timeout_s above "
                             "it, or such turns fail their trajectory", turn_s, self.turn_budget.deadline_s,
-                            tool_timeout_s)
+                            tool_timeout_s, STEP_TIMEOUT_S)
         self._episode_bound: int | None = None
         self._feedback_tokens: int | None = None
 
@@ -289,8 +289,7 @@ class DatasetTasks:
 
     # ------------------------------------------------------------------ tasks and split
     def _held_out(self, task: DatasetTask) -> bool:
-        h = int.from_bytes(hashlib.blake2b(str(task.index).encode(), digest_size=8).digest(), "little") % 10_000
-        return h < round(self.val_fraction * 10_000)
+        return held_out(str(task.index), self.val_fraction)
 
     def validation_tasks(self) -> list[DatasetTask]:
         """The eval set's rows when there is one, else the held-out share of ``path``'s rows."""
@@ -299,14 +298,7 @@ class DatasetTasks:
         return [t for t in self.rows if self._held_out(t)]
 
     def tasks(self, step: int, num_groups: int, seed: int) -> list[DatasetTask]:
-        items = [t for t in self.rows if not self._held_out(t)] or self.rows
-        rng = random.Random(derive_seed(seed, step, -1, -1))
-        out: list[DatasetTask] = []
-        while len(out) < num_groups:
-            order = list(range(len(items)))
-            rng.shuffle(order)
-            out.extend(items[i] for i in order[: num_groups - len(out)])
-        return out
+        return pick([t for t in self.rows if not self._held_out(t)] or self.rows, step, num_groups, seed)
 
     @property
     def reward_names(self) -> tuple[str, ...]:

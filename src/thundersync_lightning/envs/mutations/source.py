@@ -9,18 +9,16 @@ task source; see :class:`~thundersync_lightning.modules.RolloutDataModule`).
 
 from __future__ import annotations
 
-import hashlib
-import random
-import threading
 from typing import Any
 
 from ...core.errors import ConfigError
-from ...core.types import ModelSpec, derive_seed
+from ...core.types import ModelSpec
 from ..code.env import ActionFormat
 from ..code.tools import code_episode_tokens, tool_conversation, tool_renderer
 from ..sandbox.base import SandboxLimits
 from ..sandbox.bwrap import BwrapConfig
-from ..sandbox.uids import UidPool
+from ..sandbox.uids import uid_pool
+from ..selection import held_out, pick
 from .env import ActionVocab, MutationEnv, tools_prompt
 from .generate import MutationTask, generate_tasks
 
@@ -28,19 +26,11 @@ __all__ = ["MutationTasks", "is_held_out", "OBSERVATION_BYTES"]
 
 OBSERVATION_BYTES = 2048  # tools format: a turn's results together, at most (characters)
 
-_pools: dict[tuple[int, int], UidPool] = {}
-_pools_lock = threading.Lock()
-
-
-def _pool(base: int, size: int) -> UidPool:
-    with _pools_lock:
-        return _pools.setdefault((base, size), UidPool(base, size))
 
 
 def is_held_out(task_id: str, val_fraction: float) -> bool:
     """The split rule: a hash of the id alone decides."""
-    h = int.from_bytes(hashlib.blake2b(task_id.encode(), digest_size=8).digest(), "little") % 10_000
-    return h < round(val_fraction * 10_000)
+    return held_out(task_id, val_fraction)
 
 
 class MutationTasks:
@@ -130,14 +120,7 @@ class MutationTasks:
 
     def tasks(self, step: int, num_groups: int, seed: int) -> list[MutationTask]:
         """``num_groups`` training tasks: a seeded permutation per step, cycled if more are asked."""
-        items = self.train_tasks
-        rng = random.Random(derive_seed(seed, step, -1, -1))
-        out: list[MutationTask] = []
-        while len(out) < num_groups:
-            order = list(range(len(items)))
-            rng.shuffle(order)
-            out.extend(items[i] for i in order[: num_groups - len(out)])
-        return out
+        return pick(self.train_tasks, step, num_groups, seed)
 
     # ------------------------------------------------------------------ environments
     @property
@@ -156,7 +139,7 @@ class MutationTasks:
         del seed  # deterministic environment
         conversation = (None if self.renderer is None else
                         tool_conversation(self.renderer, self.tool_parser, self.python, OBSERVATION_BYTES))
-        return MutationEnv(task, self.vocab, _pool(self.uid_base, self.uid_count), self.sandbox_root,
+        return MutationEnv(task, self.vocab, uid_pool(self.uid_base, self.uid_count), self.sandbox_root,
                            self.bwrap, self.python, self.test_on_edit, conversation)
 
     def max_episode_tokens(self) -> int:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from ...core.errors import ConfigError
 from .base import SandboxError
 
-__all__ = ["UidLease", "UidPool"]
+__all__ = ["UidLease", "UidPool", "uid_pool"]
 
 _DEFAULT_LOCK_DIR = "/tmp/thundersync-sandbox-uids"
 
@@ -66,3 +66,15 @@ class UidPool:
             "close environments you no longer need, or give the UidPool a larger size."
         )
 
+
+_POOLS: dict[tuple[int, int], UidPool] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def uid_pool(base: int, size: int) -> UidPool:
+    """One pool per (base, size) per process: every task family leasing uids from that range shares it,
+    so no two of the process's workspaces hold one uid at once."""
+    with _POOLS_LOCK:
+        if (base, size) not in _POOLS:
+            _POOLS[(base, size)] = UidPool(base, size)
+        return _POOLS[(base, size)]

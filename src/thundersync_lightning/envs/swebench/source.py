@@ -20,20 +20,20 @@ reporter (see :mod:`.eval_run`), and grades with ``make_test_spec`` + ``get_eval
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from typing import Any
 
 from ...core.errors import ConfigError
 from ...core.options import strict_options
-from ..code.codec import ByteCodec, HFTokenizerCodec, TextCodec
 from ..code.env import ActionFormat, CodeEnv, render_prompt
-from ..code.source import pick, uid_pool
 from ..code.tools import code_episode_tokens, tool_conversation, tool_renderer
+from ..codec import ByteCodec, HFTokenizerCodec, TextCodec
 from ..sandbox.base import SandboxLimits
 from ..sandbox.container import ContainerConfig
 from ..sandbox.hosts import parse_hosts
+from ..sandbox.uids import uid_pool
+from ..selection import held_out, pick
 from .workspace import SWEbenchSettings, SWEbenchWorkspace
 
 __all__ = ['SWEbenchTasks', 'load_instances']
@@ -156,8 +156,7 @@ class SWEbenchTasks:
         iid = str(row["instance_id"])
         if self.val_instance_ids is not None:
             return iid in self.val_instance_ids
-        h = int.from_bytes(hashlib.blake2b(iid.encode(), digest_size=8).digest(), "little") % 10_000
-        return h < round(self.val_fraction * 10_000)
+        return held_out(iid, self.val_fraction)
 
     def tasks(self, step: int, num_groups: int, seed: int) -> list[dict[str, Any]]:
         return pick([r for r in self.rows if not self._held_out(r)], step, num_groups, seed)

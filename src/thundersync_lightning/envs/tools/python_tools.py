@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...core.errors import ConfigError
-from ..user_code import import_object
+from ...core.user_code import import_object
 from .base import Tool, ToolResult
 from .workers import ToolWorkers, worker_path
 

@@ -51,7 +51,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...core.protocols import Environment, TaskSource
+from ...core.protocols import STEP_TIMEOUT_S, VERDICT_TIMEOUT_S, Environment, TaskSource
 from ...core.types import (
     ContentReady,
     RewardReady,
@@ -140,8 +140,8 @@ class AgentLoop:
         generate: GenerateFn,
         pool: EnvPool,
         *,
-        step_timeout_s: float | None = 60.0,
-        verdict_timeout_s: float | None = 300.0,
+        step_timeout_s: float | None = STEP_TIMEOUT_S,
+        verdict_timeout_s: float | None = VERDICT_TIMEOUT_S,
         max_batch_size: int | None = None,
         max_context_tokens: int | None = None,
         coalesce_s: float = 0.002,

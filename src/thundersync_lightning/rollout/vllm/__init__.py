@@ -6,3 +6,5 @@ servers, publishes into them, the engine).
 Nothing here imports vLLM at import time: :mod:`.config` is read by YAML and the CLI on machines
 without it, and the engine imports vLLM when it is built.
 """
+
+__all__: list[str] = []  # its public names are exported once, by thundersync_lightning.rollout

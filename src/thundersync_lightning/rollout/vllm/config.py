@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from ...core.errors import ConfigError
 from ...core.options import inapplicable, strict_options
-from ...core.protocols import TaskSource
+from ...core.protocols import STEP_TIMEOUT_S, VERDICT_TIMEOUT_S, EngineFootprint, EngineSampling, TaskSource
 from ...core.types import ModelSpec
 from ..agent.limits import EventLimits, check_event_timeout
 from ..teacher import TeacherConfig
@@ -91,8 +91,8 @@ class VLLMEngineConfig(EventLimits):
     dtype: str | None = None
     seed: int = 0
     env_workers: int = 16
-    step_timeout_s: float | None = 60.0
-    verdict_timeout_s: float | None = 300.0
+    step_timeout_s: float | None = STEP_TIMEOUT_S
+    verdict_timeout_s: float | None = VERDICT_TIMEOUT_S
     event_timeout_s: float | Literal["auto"] = "auto"
     max_engine_restarts: int = 1
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -147,6 +147,40 @@ class VLLMEngineConfig(EventLimits):
             problems += inapplicable(self, ("weight_sync_bucket_bytes",), f"with {sync} (no buckets)")
         if problems:
             raise ConfigError("invalid VLLMEngineConfig: " + "; ".join(problems))
+
+    @property
+    def sampling(self) -> EngineSampling:
+        """softmax(z / T), untruncated; logprobs reported; a teacher when one is set."""
+        return EngineSampling(self.temperature, logprobs=True, teacher=self.teacher is not None)
+
+    @property
+    def footprint(self) -> EngineFootprint:
+        """Colocated on the learner's GPU: ``gpu_memory_utilization`` of it, or (a fixed KV cache)
+        ``kv_cache_memory_bytes`` plus a copy of the weights; episodes bounded by ``max_model_len``.
+
+        Buckets of a bucketed publish on the learner's GPU: 2 for "ipc" (the learner's and the
+        engine's copy), 1 for "nccl", none otherwise; "auto" with worker processes is "ipc" here (the
+        plan places vLLM on the learner's GPU, where :func:`~.placement.resolve_weight_sync` picks
+        "ipc"), "nccl" with tensor parallelism.
+        """
+        sync: str = self.weight_sync
+        if sync == "auto" and self.multiprocessing:
+            sync = "ipc" if self.tensor_parallel_size == 1 else "nccl"
+        buckets = {"ipc": 2, "nccl": 1}.get(sync, 0)
+        fixed_kv = self.kv_cache_memory_bytes is not None
+        return EngineFootprint(
+            max_context_tokens=self.max_model_len,
+            on_learner_device=True,
+            device_fraction=0.0 if fixed_kv else float(self.gpu_memory_utilization),
+            device_bytes=int(self.kv_cache_memory_bytes or 0),
+            policy_copies=int(fixed_kv),
+            weight_sync_buckets=buckets,
+            weight_sync_bucket_bytes=self.weight_sync_bucket_bytes if buckets else 0,
+            exclusive_in_process=None if self.multiprocessing else (
+                "VLLMEngineConfig(multiprocessing=False) runs inside the learner's process, and vLLM keeps one "
+                "in-process engine per process: set multiprocessing: true and weight_sync: file"
+            ),
+        )
 
     def build(self, model_spec: ModelSpec, tasks: TaskSource) -> VLLMEngine:
         """Start vLLM with ``model_spec``'s architecture (blocks until it is ready)."""

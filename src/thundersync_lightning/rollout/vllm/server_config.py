@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal
 
 from ...core.errors import ConfigError
 from ...core.options import strict_options
-from ...core.protocols import TaskSource
+from ...core.protocols import STEP_TIMEOUT_S, VERDICT_TIMEOUT_S, EngineFootprint, EngineSampling, TaskSource
 from ...core.types import ModelSpec
 from ..agent.limits import EventLimits, check_event_timeout
 from .server_client import check_url
@@ -70,8 +70,8 @@ class VLLMServerEngineConfig(EventLimits):
     weight_sync_bucket_bytes: int = 256 * 1024 * 1024
     restart_wait_s: float = 0.0
     env_workers: int = 16
-    step_timeout_s: float | None = 60.0
-    verdict_timeout_s: float | None = 300.0
+    step_timeout_s: float | None = STEP_TIMEOUT_S
+    verdict_timeout_s: float | None = VERDICT_TIMEOUT_S
     event_timeout_s: float | Literal["auto"] = "auto"
 
     def __post_init__(self) -> None:
@@ -98,6 +98,21 @@ class VLLMServerEngineConfig(EventLimits):
                 problems.append(f"{name} must be > 0 seconds, got {getattr(self, name)}")
         if problems:
             raise ConfigError("invalid VLLMServerEngineConfig: " + "; ".join(problems))
+
+    @property
+    def sampling(self) -> EngineSampling:
+        """softmax(z / T), untruncated; logprobs reported; no teacher."""
+        return EngineSampling(self.temperature, logprobs=True)
+
+    @property
+    def footprint(self) -> EngineFootprint:
+        """The servers run on other machines: on the learner's GPU only the one send bucket of the
+        weights' broadcast ("nccl"); episodes bounded by ``max_model_len``."""
+        return EngineFootprint(
+            max_context_tokens=self.max_model_len,
+            weight_sync_buckets=1,
+            weight_sync_bucket_bytes=self.weight_sync_bucket_bytes,
+        )
 
     def build(self, model_spec: ModelSpec, tasks: TaskSource) -> VLLMServerEngine:
         """Connect to every server and check it (an unreachable one raises, naming its URL)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ..core.errors import ConfigError
+from .errors import ConfigError
 
 __all__ = ["import_object"]
 

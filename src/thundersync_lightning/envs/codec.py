@@ -1,4 +1,4 @@
-"""Text <-> token ids for code environments: a byte-level codec by default, any HF tokenizer optionally.
+"""Text <-> token ids for environments that speak text: a byte-level codec by default, any HF tokenizer optionally.
 
 :class:`ByteCodec`: ids 0..255 are UTF-8 bytes; above them a few special ids. The end-of-action id
 is the stop token the engine samples until. Decoding drops special ids and replaces invalid UTF-8.
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ..tokens import encode_plain, load_tokenizer
+from .tokens import encode_plain, load_tokenizer
 
 __all__ = ["TextCodec", "ByteCodec", "HFTokenizerCodec"]
 

@@ -1,0 +1,57 @@
+"""The public API: every package says what it exports (``__all__``), each name is exported by one
+top-level package, every exported name exists, and importing a family's task source from
+``thundersync_lightning.envs`` loads that family only."""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import subprocess
+import sys
+from collections import defaultdict
+
+import thundersync_lightning
+
+TOP = ("core", "planning", "backends", "strategy", "rollout", "envs", "modules", "callbacks")
+
+
+def _packages() -> list[str]:
+    found = ["thundersync_lightning"]
+    for info in pkgutil.walk_packages(thundersync_lightning.__path__, "thundersync_lightning."):
+        if info.ispkg:
+            found.append(info.name)
+    return found
+
+
+def test_every_package_declares_its_exports():
+    missing = [name for name in _packages() if not hasattr(importlib.import_module(name), "__all__")]
+    assert missing == []
+
+
+def test_every_exported_name_exists_and_is_exported_by_one_top_level_package():
+    exporters = defaultdict(list)
+    for top in TOP:
+        module = importlib.import_module(f"thundersync_lightning.{top}")
+        for name in module.__all__:
+            assert getattr(module, name) is not None, f"{top}.{name}"
+            exporters[name].append(top)
+    assert {n: where for n, where in exporters.items() if len(where) > 1} == {}
+
+
+def test_the_rollout_types_are_the_cores_and_still_importable_from_rollout():
+    from thundersync_lightning import core, rollout
+
+    assert "Trajectory" in core.__all__ and "Trajectory" not in rollout.__all__
+    assert rollout.Trajectory is core.Trajectory
+
+
+def test_a_task_source_imported_from_envs_loads_its_family_only():
+    code = (
+        "import sys; from thundersync_lightning.envs import GuessingGameTasks; "
+        "print(GuessingGameTasks.__module__); "
+        "print(sorted(m for m in sys.modules if m.startswith('thundersync_lightning.envs.')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "thundersync_lightning.envs.toy.source"
+    loaded = eval(out[1])  # noqa: S307 - our own printed list
+    assert not [m for m in loaded if m.split(".")[2] not in ("toy",)], loaded

@@ -54,12 +54,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...core.errors import ConfigError
+from ...core.user_code import import_object
 from ..tools import Tool, ToolResult
 from ..tools._episode_host import GONE, EpisodeObject
 from ..tools.confine import WorkerLimits
 from ..tools.python_tools import schema_of
 from ..tools.workers import ToolOutcome, ToolWorkers, worker_path
-from ...core.user_code import import_object
 
 __all__ = ["EnvironmentClass", "EnvironmentEpisode", "environment_classes"]
 

@@ -96,6 +96,10 @@ LIBRARIES: tuple[Library, ...] = (
             "wcwidth/wcwidth.py", ("tests/test_core.py",), pytest_args=("-o", "addopts=")),  # tox.ini asks for pytest-cov
     Library("six", "1.16.0", "1e61c37477a1626458e36f7b1d82aa5c9b094fa4802892072e49de9c60c4c926", "MIT",
             "six.py", ("test_six.py",)),
+    Library("markdown", "3.7", "2ae2471477cfd02dbbf038d5d9bc226d40def84b4fe2986e49b59b6b472bbed2", "BSD-3-Clause",
+            "markdown/inlinepatterns.py", ("tests/test_syntax/inline/test_emphasis.py",
+                                           "tests/test_syntax/inline/test_links.py",
+                                           "tests/test_syntax/inline/test_images.py")),
 )
 
 
@@ -248,11 +252,15 @@ def build_library(lib: Library, cache: str, python: str, seed: int, count: int, 
 
 
 def cmd_build(args: argparse.Namespace) -> None:
-    rows = []
-    for lib in LIBRARIES:
-        if args.only and lib.name not in args.only:
-            continue
-        rows += build_library(lib, args.cache, args.python, args.seed, args.per_library, args.max_tries)
+    from concurrent.futures import ProcessPoolExecutor
+
+    libs = [lib for lib in LIBRARIES if not args.only or lib.name in args.only]
+    for lib in libs:
+        fetch(lib, args.cache)  # downloads one at a time, before the workers start
+    with ProcessPoolExecutor(max_workers=args.jobs) as pool:  # each library alone: the output order is fixed
+        futures = [pool.submit(build_library, lib, args.cache, args.python, args.seed, args.per_library,
+                               args.max_tries) for lib in libs]
+        rows = [row for f in futures for row in f.result()]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in rows)
@@ -333,13 +341,23 @@ def validate_row(row: dict, settings, pool) -> dict:
     out: dict = {"instance_id": row["instance_id"], "FAIL_TO_PASS": len(f2p), "PASS_TO_PASS": len(p2p)}
     ws = SWEbenchWorkspace(row, settings, pool)
     t0 = time.monotonic()
+    seconds = {}
+
+    def timed(name, fn, *a):
+        start = time.monotonic()
+        try:
+            return fn(*a)
+        finally:
+            seconds[name] = round(time.monotonic() - start, 3)
+
     try:
-        ws.open()
-        gold = ws.evaluate(row["patch"])
-        empty = ws.evaluate("")
-        base = ws.evaluate(NOTE_PATCH)
+        timed("open_s", ws.open)
+        gold = timed("gold_eval_s", ws.evaluate, row["patch"])
+        empty = timed("empty_eval_s", ws.evaluate, "")
+        base = timed("base_eval_s", ws.evaluate, NOTE_PATCH)
     finally:
         ws.close()
+    out.update(seconds)
     status = base.report.get("tests_status", {})
     out.update({
         "gold_resolved": gold.resolved, "gold_reason": gold.reason,
@@ -375,15 +393,19 @@ def cmd_validate(args: argparse.Namespace) -> None:
                                   memory="1g"),
         root="/tmp/thundersync-sandboxes", eval_timeout_s=300.0, disk_bytes=256 * 1024**2, disk_inodes=50_000)
     pool = UidPool(3_980_000, 16)
-    results = []
-    for row in rows:
+    def check(row: dict) -> dict:
         try:
             r = validate_row(row, settings, pool)
         except Exception as e:  # noqa: BLE001 - an instance that cannot be run is dropped, with the reason
             r = {"instance_id": row["instance_id"], "valid": False, "problems": [f"{type(e).__name__}: {e}"]}
-        results.append(r)
         log(f"{r['instance_id']}: {'valid' if r['valid'] else 'DROPPED: ' + '; '.join(r['problems'])}"
             f" ({r.get('seconds', '-')} s)")
+        return r
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=args.jobs) as workers:  # each instance in workspaces of its own
+        results = list(workers.map(check, rows))
     kept = [row for row, r in zip(rows, results) if r["valid"]]
     n = len(kept)
     summary = {
@@ -413,9 +435,10 @@ def main(argv: list[str] | None = None) -> None:
     b = sub.add_parser("build")
     b.add_argument("--out", default="configs/data/swe_cpu_instances.jsonl")
     b.add_argument("--only", nargs="*", help="library names (default: all)")
-    b.add_argument("--per-library", type=int, default=6)
+    b.add_argument("--per-library", type=int, default=7)
     b.add_argument("--max-tries", type=int, default=60)
     b.add_argument("--seed", type=int, default=0)
+    b.add_argument("--jobs", type=int, default=3, help="libraries built at once")
     b.add_argument("--python", default="/usr/bin/python3", help="the interpreter with pytest the image has")
     for s in (sub.add_parser("images"), sub.add_parser("validate")):
         s.add_argument("--instances", default="configs/data/swe_cpu_instances.jsonl")
@@ -423,6 +446,7 @@ def main(argv: list[str] | None = None) -> None:
     sub.choices["images"].add_argument("--force", action="store_true")
     sub.choices["validate"].add_argument("--report", default="configs/data/swe_cpu_validation.json")
     sub.choices["validate"].add_argument("--keep-invalid", action="store_true")
+    sub.choices["validate"].add_argument("--jobs", type=int, default=2, help="instances validated at once")
     for s in sub.choices.values():
         s.add_argument("--cache", default=os.path.expanduser("~/.cache/thundersync/sdists"))
     args = p.parse_args(argv)

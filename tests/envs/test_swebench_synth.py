@@ -235,9 +235,9 @@ def test_the_eval_script_has_swebenchs_markers_around_one_targeted_pytest_run():
     script = eval_script("abc123", ["tests/test_a.py"], ("-o", "addopts="), pythonpath="src")
     lines = script.split("\n")
     start, end = lines.index(": '>>>>> Start Test Output'"), lines.index(": '>>>>> End Test Output'")
-    assert lines[start + 1] == ("PYTHONPATH=src python3 -m pytest -rA --tb=no -p no:cacheprovider -o addopts= "
-                                "tests/test_a.py")
-    assert end == start + 2 and lines[3].endswith("checkout abc123 -- tests/test_a.py")
+    assert lines[start + 1] == "python3 -m pytest -rA --tb=no -p no:cacheprovider -o addopts= tests/test_a.py"
+    assert end == start + 2 and lines[4].endswith("checkout abc123 -- tests/test_a.py")
+    assert lines.index("export PYTHONPATH=src") < start  # the eval run prepends its reporter's directory
 
 
 # ---------------------------------------------------------------- the committed instances

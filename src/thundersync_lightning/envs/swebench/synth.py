@@ -302,17 +302,21 @@ def problem_statement(bug: Bug, test_files: Sequence[str]) -> str:
 def eval_script(base_commit: str, test_files: Sequence[str], pytest_args: Sequence[str] = (),
                 pythonpath: str = "") -> str:
     """swebench's eval-script shape: restore the test files from the base, run the targeted tests
-    between the markers with ``-rA`` (what the pytest log parser reads), restore again."""
+    between the markers with ``-rA`` (what the pytest log parser reads), restore again.
+    ``pythonpath`` (a src layout) is exported before the start marker, never set on the test
+    command: the eval run adds its reporter's directory to the exported value."""
     files = " ".join(test_files)
-    env = f"PYTHONPATH={pythonpath} " if pythonpath else ""
     args = "".join(f" {a}" for a in pytest_args)
+    # exported before the start marker: the graded run's harness prepends its own entry to it
+    env = [f"export PYTHONPATH={pythonpath}"] if pythonpath else []
     return "\n".join([
         "#!/bin/bash",
         "set -uxo pipefail",
         "cd /testbed",
+        *env,
         f"git -c core.hooksPath=/dev/null checkout {base_commit} -- {files}",
         ": '>>>>> Start Test Output'",
-        f"{env}python3 -m pytest -rA --tb=no -p no:cacheprovider{args} {files}",
+        f"python3 -m pytest -rA --tb=no -p no:cacheprovider{args} {files}",
         ": '>>>>> End Test Output'",
         f"git -c core.hooksPath=/dev/null checkout {base_commit} -- {files}",
     ]) + "\n"

@@ -43,7 +43,7 @@ demo-tools: $(STAMP)
 	  --trainer.default_root_dir=runs/demo-tools
 	$(VPY) benchmarks/code_learn_curve.py runs/demo-tools --out runs/demo-tools --name tool_learn
 
-# SWE-bench on CPU, end to end: instances from six real PyPI libraries (configs/data/swe_cpu_instances.jsonl,
+# SWE-bench on CPU, end to end: instances from seven real PyPI libraries (configs/data/swe_cpu_instances.jsonl,
 # scripts/build_swe_instances.py), their images built offline, a tiny policy trained a few steps in podman
 # containers graded by swebench (configs/swebench_cpu.yaml); prints the resolved rate and the idle figures
 # and adds them to runs/demo-swe/summary.json (benchmarks/swe_episodes.py).

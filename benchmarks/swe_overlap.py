@@ -8,9 +8,11 @@ real episode: ``content_ready`` = seconds from the episode's start to its verdic
 Measured (this machine, podman containers, a tiny random policy):
     the episodes' time distribution and phases, the resolved rate, the streaming learner's idle
     fraction in that run, and ``sync_idle_at_measured_cost``: the idle fraction of a synchronous
-    learner that waits for every verdict, then spends the run's measured learner seconds per
-    trajectory (``rollout.replay.sync_idle_fraction`` over the real episode times, at the run's
-    B x G). With a 0.1M-parameter policy the learner costs milliseconds, so this is ~1.
+    learner that waits for every verdict, then spends the run's learner seconds per trajectory
+    (about (1 - idle) x median step x steps / trajectories, from summary.json) on each
+    (``rollout.replay.sync_idle_fraction`` over the real episode times, at the run's B x G).
+    An episode's clock starts when its container is prepared, and the strategy prepares step k+1's
+    episodes while step k runs: episode times include that wait for the step's weights.
 
 Projected (the paper's balance): the trace is replayed by ``overlap.py`` (``--calibrate balance``:
 the time scale at which the synchronous learner idles the paper's 49.5% on this trace at the replay's
@@ -18,9 +20,15 @@ batch); what is then measured is how the real episode-time SHAPE (its spread and
 sync idle, streaming vs sync step time and throughput, and the bound, with a real Qwen3 learner on
 CPU. The absolute seconds are those of the replay, not of the containers.
 
-Writes ``OUT/swe_cpu_trace.json`` (the trace replayed), ``OUT/overlap_swe_cpu.json`` and its timeline
-(overlap.py's own), and ``OUT/swe_cpu_overlap.json`` + ``.png`` (measured beside projected beside
-the paper's 49.5% sync idle and 1.91x).
+``--graded VALIDATION_JSON``: a tiny random policy submits empty patches, whose verdict is the patch
+capture alone (no test run). This variant replaces each episode's verdict with the measured gold-patch
+verdict of its instance in the validation report (a fresh /testbed, the patch applied, the eval script's
+test run in a container, swebench's report: ``gold_eval_s``): the run's episodes as they would be if every
+one submitted a patch that runs the tests. Its files carry the suffix ``_graded``.
+
+Writes ``OUT/swe_cpu_trace[_graded].json`` (the trace replayed), ``OUT/overlap_swe_cpu[_graded].json`` and
+its timeline (overlap.py's own), and ``OUT/swe_cpu_overlap[_graded].json`` + ``.png`` (measured beside
+projected beside the paper's 49.5% sync idle and 1.91x).
 
 Usage: python benchmarks/swe_overlap.py [--run runs/demo-swe] [--out benchmarks/results] [--quick] [overlap.py options]
 """
@@ -71,14 +79,15 @@ def measured(run: dict[str, Any], trace_path: str, groups: int, group_size: int)
     }
 
 
-def projected(out: str, trace: str, quick: bool, threads: int, extra: list[str]) -> dict[str, Any]:
+def projected(out: str, trace: str, quick: bool, threads: int, extra: list[str], suffix: str) -> dict[str, Any]:
+    name = f"overlap_swe_cpu{suffix}"
     cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "overlap.py"), "--trace", trace,
-           "--calibrate", "balance", "--name", "overlap_swe_cpu", "--out", out, "--threads", str(threads)]
+           "--calibrate", "balance", "--name", name, "--out", out, "--threads", str(threads)]
     if quick:
         cmd.append("--quick")
     cmd += extra
     subprocess.run(cmd, check=True)
-    with open(os.path.join(out, "overlap_swe_cpu.json")) as f:
+    with open(os.path.join(out, f"{name}.json")) as f:
         ov = json.load(f)
     modes = ov["modes"]
     return {
@@ -92,11 +101,11 @@ def projected(out: str, trace: str, quick: bool, threads: int, extra: list[str])
         "speedup_async_vs_sync": ov["speedup_async_vs_sync"],
         "time_scale_s_per_trace_second": ov["calibration"].get("time_scale_s"),
         "batch": [ov["workload"]["groups"], ov["workload"]["group_size"]],
-        "file": "overlap_swe_cpu.json",
+        "file": f"{name}.json",
     }
 
 
-def figure(path: str, trace_rows: list[dict[str, Any]], m: dict[str, Any], p: dict[str, Any]) -> None:
+def figure(path: str, trace_rows: list[dict[str, Any]], m: dict[str, Any], p: dict[str, Any], graded: bool) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -110,7 +119,8 @@ def figure(path: str, trace_rows: list[dict[str, Any]], m: dict[str, Any], p: di
           label="verdict (patch capture, eval run in a container)", color="#d98c5f")
     a.set_xlabel("episode (sorted by length)")
     a.set_ylabel("seconds")
-    a.set_title(f"{len(rows)} real SWE-bench episodes (CPU, podman)")
+    a.set_title(f"{len(rows)} real SWE-bench episodes (CPU, podman)"
+                + ("\nverdicts: the instance's gold-patch eval run" if graded else ""), fontsize=10)
     a.legend(fontsize=8)
     labels = ["sync idle", "streaming / sync", "bound"]
     paper = [PAPER["sync_idle_fraction"], PAPER["streaming_speedup"], None]
@@ -138,19 +148,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--run-groups", type=int, default=4, help="the run's data.groups_per_step")
     ap.add_argument("--run-group-size", type=int, default=2, help="the run's data.group_size")
+    ap.add_argument("--graded", default=None, help="a validation report: verdicts of patches that run the tests")
     args, extra = ap.parse_known_args(argv)  # the rest goes to overlap.py (--rounds, --steps, ...)
     with open(os.path.join(args.run, "summary.json")) as f:
         run = json.load(f)
     with open(os.path.join(args.run, "swe_trace.json")) as f:
         trace = json.load(f)
     os.makedirs(args.out, exist_ok=True)
-    trace_path = os.path.join(args.out, "swe_cpu_trace.json")
+    suffix, rows, source = "", trace["rows"], "make demo-swe (configs/swebench_cpu.yaml), benchmarks/swe_episodes.py"
+    if args.graded:
+        with open(args.graded) as f:
+            gold = {r["instance_id"]: r["gold_eval_s"] for r in json.load(f)["instances"] if "gold_eval_s" in r}
+        rows = [{**r, "reward_ready": r["content_ready"] + gold[r["instance_id"]]} for r in rows]
+        suffix, source = "_graded", source + f"; verdicts: gold_eval_s of {os.path.basename(args.graded)}"
+    trace_path = os.path.join(args.out, f"swe_cpu_trace{suffix}.json")
     with open(trace_path, "w") as f:
-        json.dump({"unit": "seconds", "source": "make demo-swe (configs/swebench_cpu.yaml), benchmarks/swe_episodes.py",
-                   "rows": trace["rows"]}, f, indent=1)
+        json.dump({"unit": "seconds", "source": source, "rows": rows}, f, indent=1)
         f.write("\n")
     m = measured(run, trace_path, args.run_groups, args.run_group_size)
-    p = projected(args.out, trace_path, args.quick, args.threads, extra)
+    p = projected(args.out, trace_path, args.quick, args.threads, extra, suffix)
     result = {
         "description": "The paper's idle measurement on real SWE-bench episodes: measured on CPU podman containers "
                        "with a tiny random policy; projected by replaying the episode-time trace through overlap.py "
@@ -159,10 +175,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "projected": p,
         "paper": PAPER,
         "trace": os.path.basename(trace_path),
+        "graded": args.graded is not None,
         "quick": args.quick,
     }
-    write_result(args.out, NAME, result)
-    figure(os.path.join(args.out, f"{NAME}.png"), trace["rows"], m, p)
+    write_result(args.out, NAME + suffix, result)
+    figure(os.path.join(args.out, f"{NAME}{suffix}.png"), rows, m, p, args.graded is not None)
     print(json.dumps({"measured_sync_idle_at_measured_cost": m["sync_idle_at_measured_cost"],
                       "projected": {k: p[k] for k in ("sync_idle_fraction", "speedup_streaming_vs_sync_median",
                                                       "speedup_streaming_vs_sync_throughput", "bound_speedup")},

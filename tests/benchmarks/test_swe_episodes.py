@@ -6,6 +6,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from thundersync_lightning.core.types import derive_seed
 from thundersync_lightning.rollout.replay import load_trace
 
@@ -49,3 +51,33 @@ def test_the_summary_gets_the_resolved_rate_episode_times_and_phases_and_the_tra
     assert [(r["content_ready"], r["reward_ready"], r["scored_tokens"]) for r in trace["rows"]] == [
         (8.0, 10.0, 4), (16.0, 20.0, 7), (28.0, 30.0, 7)]  # tokens: the logged trajectory's scored ids, else 7
     assert len(load_trace(str(tmp_path / "swe_trace.json"))) == 3
+
+
+@pytest.mark.slow  # three fits of overlap.py's learner (about a minute on 2 cores)
+def test_swe_overlap_replays_a_runs_trace_and_writes_measured_projected_and_paper_side_by_side(tmp_path: Path) -> None:
+    sys.path.insert(0, str(BENCH))
+    import swe_overlap
+
+    run = tmp_path / "run"
+    run.mkdir()
+    rows = [{"content_ready": 5.0 + i, "reward_ready": 8.0 + 3 * i, "scored_tokens": 20, "instance_id": f"lib-{i % 2}"}
+            for i in range(6)]
+    (run / "swe_trace.json").write_text(json.dumps({"rows": rows}))
+    (run / "summary.json").write_text(json.dumps({"steps": 2, "trajectories": 16, "learner_idle_fraction": 0.9,
+                                                  "step_seconds_median": 10.0, "swebench": {"episodes": 6}}))
+    report = tmp_path / "validation.json"
+    report.write_text(json.dumps({"instances": [{"instance_id": "lib-0", "gold_eval_s": 4.0},
+                                                {"instance_id": "lib-1", "gold_eval_s": 6.0}]}))
+    out = tmp_path / "out"
+    result = swe_overlap.main(["--run", str(run), "--out", str(out), "--quick", "--graded", str(report),
+                               "--rounds", "1", "--steps", "2", "--warmup", "1", "--groups", "2", "--group-size", "2",
+                               "--calibration-batches", "1", "--calibration-reps", "1", "--calibration-samples", "1"])
+    graded = json.loads((out / "swe_cpu_trace_graded.json").read_text())["rows"]
+    assert [r["reward_ready"] for r in graded] == [r["content_ready"] + (4.0 if i % 2 == 0 else 6.0)
+                                                   for i, r in enumerate(rows)]
+    m, p = result["measured"], result["projected"]
+    assert m["learner_seconds_per_trajectory"] == (1 - 0.9) * 10.0 * 2 / 16
+    assert 0.0 < m["sync_idle_at_measured_cost"] < 1.0
+    assert p["batch"] == [2, 2] and p["bound_speedup"] > 0 and p["file"] == "overlap_swe_cpu_graded.json"
+    assert result["paper"]["sync_idle_fraction"] == 0.495 and result["paper"]["streaming_speedup"] == 1.91
+    assert (out / "swe_cpu_overlap_graded.json").is_file() and (out / "swe_cpu_overlap_graded.png").is_file()

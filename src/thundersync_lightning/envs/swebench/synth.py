@@ -130,7 +130,7 @@ def _offsets(data: bytes) -> list[int]:
     return starts
 
 
-def _span(node: ast.AST, field: str, index: int | None, data: bytes, lines: list[int]) -> tuple[int, int] | None:
+def _span(node: ast.AST, index: int | None, data: bytes, lines: list[int]) -> tuple[int, int] | None:
     """The byte span of the site's token in ``data`` (None: not exactly one token of its kind there)."""
     def at(line: int, col: int) -> int:
         return lines[line - 1] + col
@@ -177,13 +177,13 @@ def find_sites(path: str, source: str) -> list[Site]:
     owner = _functions(tree)
     lines = _offsets(data)
     out: list[Site] = []
-    for index, (node, field, slot, alternatives) in enumerate(sites(tree)):
+    for index, (node, _, slot, alternatives) in enumerate(sites(tree)):
         name = owner.get(id(node))
         if name is None:
             continue
         if isinstance(node, ast.Constant) and isinstance(node.value, bool):
             continue
-        span = _span(node, field, slot, data, lines)
+        span = _span(node, slot, data, lines)
         if span is None:
             continue
         old = data[span[0]:span[1]].decode()

@@ -175,8 +175,9 @@ def test_bug_selection_stops_after_max_tries():
 
 def test_the_pytest_log_is_read_as_swebench_reads_it_and_addresses_are_blanked():
     log = ("PASSED a.py::test_a\nFAILED a.py::test_b - AssertionError: <object at 0x7f3a2b> != 3\n"
-           "ERROR a.py::test_c - ValueError: bad\nSKIPPED [1] a.py:3: why\n")
-    run = parse_test_run(log)
+           "ERROR a.py::test_c - ValueError: bad\nSKIPPED [1] a.py:3: why\n"
+           "PASSED a.py::test_d[two words]\nFAILED a.py::test_e[x y] - assert 1 == 2\n")
+    run = parse_test_run(log)  # test_d / test_e: swebench would read "a.py::test_d[two": never graded
     assert run.statuses == {"a.py::test_a": "PASSED", "a.py::test_b": "FAILED", "a.py::test_c": "ERROR"}
     assert run.messages["a.py::test_b"] == "AssertionError: <object at 0x...> != 3"
     assert run.passed() == {"a.py::test_a"}

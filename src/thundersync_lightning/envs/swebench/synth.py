@@ -12,7 +12,7 @@ shuffled by ``random.Random(seed)``; each is run against the library's targeted 
 kept when at least one test that passed on the clean tree now fails (FAIL_TO_PASS: those tests,
 at most ``max_fail_to_pass``); PASS_TO_PASS is a seeded sample of the tests that still pass. One bug
 per function, so a library's instances are spread over its code. Test ids that swebench's pytest
-log parser cannot read back (whitespace inside) are never graded.
+log parser cannot read back whole (whitespace inside) are never graded.
 
 The instance is the buggy tree at ``base_commit``; the gold patch (:func:`gold_patch`) restores the
 clean text; the test patch is empty (the library's tests are already in the tree). The problem
@@ -43,6 +43,7 @@ _BIN_TOKEN = re.compile(r"\*\*|//|[+\-*%/@&|^]|<<|>>")
 _BOOL_TOKEN = re.compile(r"\b(?:and|or)\b")
 _KIND = {ast.Compare: "cmp_flip", ast.BinOp: "op_swap", ast.AugAssign: "op_swap", ast.BoolOp: "bool_swap",
          ast.Constant: "const_shift"}
+_STATUSES = ("PASSED", "FAILED", "ERROR", "XFAIL", "XPASS")  # SKIPPED lines name a file:line, not a test id
 _RESULT = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+)(?: - (.*))?$")
 
 
@@ -230,12 +231,20 @@ def gradable(test_id: str) -> bool:
 
 def parse_test_run(log: str) -> PytestRun:
     """Statuses as swebench's ``parse_log_pytest`` reads them from a ``pytest -rA`` log, and the
-    short failure messages of its summary lines (memory addresses blanked: they differ per run)."""
+    short failure messages of its summary lines (memory addresses blanked: they differ per run).
+    A test whose id holds whitespace (a parametrization with spaces) is left out: the parser keeps
+    only its first word, which may stand for several tests."""
     from swebench.harness.log_parsers.python import parse_log_pytest
 
     statuses = parse_log_pytest(log, None)
     messages: dict[str, str] = {}
     for line in log.split("\n"):
+        status, _, rest = line.partition(" ")
+        if status in _STATUSES:
+            full = rest.split(" - ", 1)[0] if status in ("FAILED", "ERROR") else rest
+            if not gradable(full.strip()):  # the parser kept its first word: a cut, ambiguous id
+                statuses.pop(full.split()[0] if full.split() else "", None)
+                continue
         m = _RESULT.match(line)
         if m and m.group(1) in ("FAILED", "ERROR") and m.group(3):
             messages[m.group(2)] = re.sub(r"0x[0-9a-fA-F]+", "0x...", m.group(3)).strip()[:300]

@@ -6,7 +6,7 @@ TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: demo demo-code demo-tools test test-slow test-vllm test-peers test-containers lint bench-quick gpu-wheels clean
+.PHONY: demo demo-code demo-tools demo-swe test test-slow test-vllm test-peers test-containers lint bench-quick gpu-wheels clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -42,6 +42,19 @@ demo-tools: $(STAMP)
 	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(VENV)/bin/thundersync-lightning fit --config configs/tool_learn.yaml \
 	  --trainer.default_root_dir=runs/demo-tools
 	$(VPY) benchmarks/code_learn_curve.py runs/demo-tools --out runs/demo-tools --name tool_learn
+
+# SWE-bench on CPU, end to end: instances from seven real PyPI libraries (configs/data/swe_cpu_instances.jsonl,
+# scripts/build_swe_instances.py), their images built offline, a tiny policy trained a few steps in podman
+# containers graded by swebench (configs/swebench_cpu.yaml); prints the resolved rate and the idle figures
+# and adds them to runs/demo-swe/summary.json (benchmarks/swe_episodes.py).
+demo-swe: $(STAMP)
+	scripts/install_sandbox_deps.sh --containers
+	scripts/build_test_image.sh
+	$(VPY) scripts/build_swe_instances.py images --instances configs/data/swe_cpu_instances.jsonl
+	rm -f runs/demo-swe/episodes.jsonl
+	OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 $(VENV)/bin/thundersync-lightning fit --config configs/swebench_cpu.yaml \
+	  --trainer.default_root_dir=runs/demo-swe
+	$(VPY) benchmarks/swe_episodes.py runs/demo-swe
 
 test: $(TEST_STAMP)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VPY) -m pytest -q
@@ -83,6 +96,7 @@ test-peers: $(TEST_STAMP) $(TRL_STAMP)
 test-containers: $(TEST_STAMP)
 	scripts/install_sandbox_deps.sh --containers
 	scripts/build_test_image.sh
+	$(VPY) scripts/build_swe_instances.py images --instances configs/data/swe_cpu_instances.jsonl
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VPY) -m pytest -q -m container
 
 test-slow: $(TEST_STAMP)

@@ -26,7 +26,7 @@ from typing import Any
 
 from ...core.errors import ConfigError
 from ...core.options import strict_options
-from ..code.env import ActionFormat, CodeEnv, render_prompt
+from ..code.env import ActionFormat, CodeEnv, Workspace, render_prompt
 from ..code.tools import code_episode_tokens, tool_conversation, tool_renderer
 from ..codec import ByteCodec, HFTokenizerCodec, TextCodec
 from ..sandbox.base import SandboxLimits
@@ -34,6 +34,7 @@ from ..sandbox.container import ContainerConfig
 from ..sandbox.hosts import parse_hosts
 from ..sandbox.uids import uid_pool
 from ..selection import held_out, pick
+from .episodes import EpisodeLog, TimedWorkspace
 from .workspace import SWEbenchSettings, SWEbenchWorkspace
 
 __all__ = ['SWEbenchTasks', 'load_instances']
@@ -84,6 +85,8 @@ class SWEbenchTasks:
             (``RolloutDataModule(val_samples=...)``): these ids, or else the instances whose id
             hashes below ``val_fraction`` (0: no split; every instance trains). Training steps draw
             only the others.
+        episode_log: a path: every episode appends its phase times (container start, commands,
+            verdict), reward and verdict there as a JSON line (:mod:`.episodes`). None: no log.
     """
 
     def __init__(
@@ -115,6 +118,7 @@ class SWEbenchTasks:
         tool_parser: str = "hermes",
         sandbox_hosts: list[str | dict[str, Any]] | None = None,
         host_wait_s: float = 600.0,
+        episode_log: str | None = None,
     ) -> None:
         if max_turns < 1 or max_action_tokens < 1:
             raise ConfigError("SWEbenchTasks: max_turns and max_action_tokens must be >= 1")
@@ -140,6 +144,7 @@ class SWEbenchTasks:
         self.renderer = tool_renderer("SWEbenchTasks", action_format, tokenizer_path, chat_template,
                                       template_kwargs, tool_parser)
         self._rows: list[dict[str, Any]] | None = None
+        self.episode_log = EpisodeLog(episode_log) if episode_log else None
 
     @property
     def stop_token(self) -> int | None:
@@ -173,10 +178,11 @@ class SWEbenchTasks:
         return held
 
     def make_env(self, task: Any, seed: int) -> CodeEnv:
-        del seed
         if not isinstance(task, dict) or "instance_id" not in task:
             raise ConfigError("SWEbenchTasks.make_env: expected a SWE-bench instance row (dict)")
-        workspace = SWEbenchWorkspace(task, self.settings, uid_pool(self.uid_base, self.uid_count))
+        workspace: Workspace = SWEbenchWorkspace(task, self.settings, uid_pool(self.uid_base, self.uid_count))
+        if self.episode_log is not None:
+            workspace = TimedWorkspace(workspace, self.episode_log, str(task["instance_id"]), seed)
         conversation = (None if self.renderer is None else tool_conversation(
             self.renderer, self.tool_parser, max_output_bytes=self.max_observation_bytes))
         return CodeEnv(workspace, self._prompt(task), self.codec, self.max_observation_bytes, conversation=conversation)

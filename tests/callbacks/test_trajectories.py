@@ -28,7 +28,7 @@ def played(i, step=0, reward=1.0):
 def test_a_trajectory_decodes_into_prompt_actions_and_observations():
     entry = decode_trajectory(played(0, step=3), GAME.decode, step=3)
     assert entry == {
-        "step": 3, "trajectory_id": "s3-g0-t0", "group_id": "s3-g0", "policy_version": 0, "reward": 1.0,
+        "step": 3, "trajectory_id": "s3-g0-t0", "group_id": "s3-g0", "policy_version": 0, "reward": 1.0, "unscorable": False,
         "failure": None, "finish_reason": "submit", "num_turns": 2, "truncated_actions": 0, "prompt": "START",
         "turns": [{"action": "3", "observation": "HIGHER"}, {"action": "5", "observation": "OK"}],
         "prompt_ids": [12],
@@ -77,7 +77,7 @@ def test_the_trajectory_log_round_trips_through_the_jsonl_file_and_show_prints_t
     assert show.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert out.count("--- step 1") == 2 and "--- step 0" not in out
-    assert "[action 2] 5\n[observation 2] OK" in out
+    assert "[action 2]\n    | 5\n[observation 2]\n    | OK" in out
 
 
 def test_a_resumed_fit_replaces_the_lines_of_the_steps_it_reruns_so_each_step_is_logged_once(tmp_path):

@@ -86,20 +86,25 @@ def tool_reward(prompt: Any, completion: str, **row: Any) -> float:
 
 # --- the per-step probe ------------------------------------------------------------------------------------
 
-def tree_cpu_seconds(pid: int | None = None) -> float:
-    """User + system CPU seconds of a process and every descendant, the exited ones included.
+def tree_cpu_seconds(pid: int | None = None) -> dict[str, float]:
+    """User + system CPU seconds of a process and every descendant, the exited ones included:
+    ``total``, and its split into ``main`` (the process itself), ``workers`` (tool and reward worker
+    processes, by their command line) and ``other`` (every other descendant: the project's generation
+    process and its fork server).
 
     A live process's ``children_user``/``children_system`` hold the CPU of descendants it has reaped
     (and theirs), which are no longer in the tree: summing both over the live tree counts each
-    process once (a descendant exited but not yet reaped is missed until it is)."""
+    process once (a descendant exited but not yet reaped is missed until it is; an exited worker
+    counts under its parent)."""
     import psutil
 
     root = psutil.Process(pid or os.getpid())
-    total = 0.0
+    split = {"main": 0.0, "workers": 0.0, "other": 0.0}
     for p in [root, *root.children(recursive=True)]:
         try:
             t = p.cpu_times()
+            kind = "main" if p.pid == root.pid else "workers" if "worker_main" in " ".join(p.cmdline()) else "other"
         except psutil.Error:  # it exited between the listing and the read
             continue
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
+        split[kind] += t.user + t.system + t.children_user + t.children_system
+    return {"total": sum(split.values()), **split}

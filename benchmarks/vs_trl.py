@@ -237,9 +237,12 @@ def per_step(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Step ``k``: the probe's line ``k`` minus line ``k - 1`` (line 0: the fit's start)."""
     out = []
     for prev, cur in zip(lines, lines[1:], strict=False):
-        out.append({"step": cur["step"], "wall_s": cur["wall"] - prev["wall"], "cpu_s": cur["cpu"] - prev["cpu"],
+        cpu = {k: cur["cpu"][k] - prev["cpu"][k] for k in cur["cpu"]}
+        out.append({"step": cur["step"], "wall_s": cur["wall"] - prev["wall"], "cpu_s": cpu.pop("total"),
+                    "cpu_s_by_process": cpu,
                     "tokens": cur["tokens"], "completions": cur["completions"], "reward": cur["reward"],
-                    "failures": cur["failures"], "tool_calls": cur["tool_calls"]})
+                    "failures": cur["failures"], "tool_calls": cur["tool_calls"],
+                    **{k: cur[k] for k in ("learner_s", "learner_calls", "step_seconds_inside") if k in cur}})
     return out
 
 
@@ -277,6 +280,12 @@ def summarise(args: argparse.Namespace, runs: list[dict[str, Any]], kind: str) -
             "step_s_median": step, "cpu_s_per_step_median": cpu,
             "cpu_per_wall": (sum(s["cpu_s"] for s in timed) / sum(s["wall_s"] for s in timed)) if timed else None,
             "tokens_per_step_median": median([s["tokens"] for s in timed]),
+            # where the time goes: CPU seconds per step by process, and the project's learner by kind
+            "cpu_s_per_step_by_process": {k: statistics.mean(s["cpu_s_by_process"][k] for s in timed)
+                                          for k in timed[0]["cpu_s_by_process"]},
+            "learner_s_per_step": ({k: statistics.mean(s["learner_s"][k] for s in timed) for k in timed[0]["learner_s"]}
+                                   if "learner_s" in timed[0] else None),
+            "learner_calls_per_step": median([s["learner_calls"] for s in timed]) if "learner_calls" in timed[0] else None,
             "completions_per_step": median([s["completions"] for s in timed]),
             "tool_calls_per_step_median": median([s["tool_calls"] for s in timed]),
             "failures_total": sum(s["failures"] for r in rs for s in r["steps"]),

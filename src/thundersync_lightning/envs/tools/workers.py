@@ -7,8 +7,10 @@ with ``subprocess`` in its own session) and the caller waits on its pipe for at 
 children too) and the call resolves as a timeout; a worker that dies mid-call resolves as an
 error. Nothing here raises for what the tool does: every call gives a :class:`ToolOutcome`.
 
-Workers are reused (one call at a time each; idle ones are kept up to ``max_idle``), so the cost
-of a call is a pipe round trip once the worker runs. Each process that runs tools (the engine's)
+Workers are reused (one call at a time each; by default every worker started is kept when idle,
+so the pool holds as many as the most calls that ran at once), so the cost of a call is a pipe
+round trip once the worker runs: a fresh interpreter per call costs ~0.1 CPU-second, which at
+64 rewards a step was most of a small model's step. Each process that runs tools (the engine's)
 has its own :func:`tool_workers`; workers die with it (``PR_SET_PDEATHSIG`` and end of stdin).
 """
 
@@ -50,7 +52,9 @@ class _Gone(Exception):
 class ToolWorkers:
     """A pool of tool worker processes (thread-safe; see the module docstring)."""
 
-    def __init__(self, max_idle: int = 8) -> None:
+    def __init__(self, max_idle: int | None = None) -> None:
+        # None: keep every idle worker; their number never exceeds the peak of concurrent calls
+        # (bounded by the calling threads, the engine's ``env_workers``)
         self.max_idle = max_idle
         self._idle: list[subprocess.Popen[bytes]] = []
         self._lock = threading.Lock()
@@ -112,7 +116,7 @@ class ToolWorkers:
 
     def _give_back(self, proc: subprocess.Popen[bytes]) -> None:
         with self._lock:
-            if len(self._idle) < self.max_idle:
+            if self.max_idle is None or len(self._idle) < self.max_idle:
                 self._idle.append(proc)
                 return
         _kill(proc)

@@ -6,7 +6,7 @@ TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: demo demo-code demo-tools test test-slow test-vllm test-containers lint bench-quick gpu-wheels clean
+.PHONY: demo demo-code demo-tools test test-slow test-vllm test-containers lint bench-quick bench-vs-trl gpu-wheels clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -69,8 +69,27 @@ test-containers: $(TEST_STAMP)
 	scripts/build_test_image.sh
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VPY) -m pytest -q -m container
 
-test-slow: $(TEST_STAMP)
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VPY) -m pytest -q -m slow
+# TRL 1.16 in its own venv (the peer that benchmarks/vs_trl.py runs against): torch's CPU wheel
+# first, then trl pinned to the same torch.
+TRL_VENV := .venv-trl
+TRL_PY := $(TRL_VENV)/bin/python
+TRL_STAMP := $(TRL_VENV)/.installed
+
+$(TRL_STAMP):
+	$(PY) -m venv $(TRL_VENV)
+	$(TRL_PY) -m pip install -q --upgrade pip
+	$(TRL_PY) -m pip install -q $(TORCH)
+	$(TRL_PY) -m pip install -q trl==1.16.0 "$(TORCH)" psutil
+	touch $@
+
+test-slow: $(TEST_STAMP) $(TRL_STAMP)
+	THUNDERSYNC_TRL_PYTHON=$(TRL_PY) HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VPY) -m pytest -q -m slow
+
+# This project against TRL 1.16's GRPOTrainer, same task, model, reward and batch (~15 minutes on an
+# idle 2-core machine): benchmarks/results/vs_trl.json and .png; then refresh the README tables.
+bench-vs-trl: $(STAMP) $(TRL_STAMP)
+	HF_HUB_OFFLINE=1 $(VPY) benchmarks/vs_trl.py --trl-python $(TRL_PY)
+	$(VPY) benchmarks/readme_tables.py
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
@@ -98,4 +117,4 @@ gpu-wheels: $(VPY)
 	  echo "gpu-wheels: $$(ls $(GPU_WHEELS) | wc -l) wheels, $$size bytes (limit 64 MiB) in $(GPU_WHEELS)"
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(TRL_VENV) runs .pytest_cache

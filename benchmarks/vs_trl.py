@@ -176,6 +176,10 @@ def write_data(path: Path, kind: str) -> None:
 
 # --- one run per configuration --------------------------------------------------------------------------------
 
+def steps_of(args: argparse.Namespace, kind: str) -> int:
+    return args.tool_steps if kind == "tool" else args.steps
+
+
 def project_yaml(args: argparse.Namespace, kind: str, mode: str, seed: int, model: Path, data: Path,
                  run_dir: Path, steps_path: Path) -> str:
     tool = kind == "tool"
@@ -185,7 +189,7 @@ def project_yaml(args: argparse.Namespace, kind: str, mode: str, seed: int, mode
     engine = {"num_threads": 1, "temperature": 1.0, **({"env_workers": args.env_workers} if args.env_workers else {})}
     config = {
         "seed_everything": seed,
-        "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": args.steps, "log_every_n_steps": 1,
+        "trainer": {"accelerator": "cpu", "devices": 1, "max_steps": steps_of(args, kind), "log_every_n_steps": 1,
                     "gradient_clip_val": 1.0, "enable_progress_bar": False, "enable_model_summary": False,
                     "enable_checkpointing": False, "logger": False, "default_root_dir": str(run_dir),
                     "strategy": {"class_path": "thundersync_lightning.strategy.ThunderSyncStrategy",
@@ -209,7 +213,7 @@ def run_one(args: argparse.Namespace, work: Path, kind: str, config: str, seed: 
            "WANDB_MODE": "offline", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join([str(BENCH), *filter(None, [os.environ.get("PYTHONPATH")])])}
     if config == "trl":
-        spec = {"model": str(model), "data": str(data), "task": kind, "seed": seed, "steps": args.steps,
+        spec = {"model": str(model), "data": str(data), "task": kind, "seed": seed, "steps": steps_of(args, kind),
                 "lr": args.lr, "groups": args.groups, "group_size": args.group_size,
                 "max_completion_tokens": args.max_tokens * (args.max_tool_calls + 1 if kind == "tool" else 1),
                 "max_tool_calls": args.max_tool_calls, "threads": 1, "run_dir": str(run_dir),
@@ -379,7 +383,9 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--tasks", nargs="+", default=["single", "tool"], choices=["single", "tool"])
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=80)
+    parser.add_argument("--steps", type=int, default=60, help="steps of each single-turn run")
+    parser.add_argument("--tool-steps", type=int, default=20,
+                        help="steps of each tool-task run (its prompts carry the tool schema: ~5x a single-turn step)")
     parser.add_argument("--warmup", type=int, default=3, help="first steps left out of the step figures")
     parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=8)
@@ -393,7 +399,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--note", default="", help="what the machine was doing (recorded)")
     args = parser.parse_args(argv)
     if args.quick:
-        args.seeds, args.steps, args.warmup, args.window = args.seeds[:2], 6, 2, 2
+        args.seeds, args.steps, args.tool_steps, args.warmup, args.window = args.seeds[:2], 6, 6, 2, 2
     out = args.out or (ROOT / "runs" / "bench-quick" if args.quick else RESULTS_DIR)
     load_start = list(os.getloadavg())
     template = qwen3_template(args.trl_python)

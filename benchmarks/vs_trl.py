@@ -315,7 +315,22 @@ def summarise(args: argparse.Namespace, runs: list[dict[str, Any]], kind: str) -
                 "cpu_paired_median": median([per_config[a]["cpu_s_by_seed"][s] / per_config[b]["cpu_s_by_seed"][s]
                                              for s in seeds]),
             }
-    return {"configs": per_config, "ratios": ratios, "targets": targets(per_config, ratios, kind)}
+    return {"configs": per_config, "ratios": ratios, "targets": targets(per_config, ratios, kind),
+            "where_the_time_goes": where_the_time_goes(per_config)}
+
+
+def where_the_time_goes(per: dict[str, Any]) -> dict[str, str]:
+    """Each configuration's CPU seconds per step by process and the project's learner busy seconds
+    by kind, in words: what a missed target is made of."""
+    out = {}
+    for config, c in per.items():
+        cpu = ", ".join(f"{k} {v:.3f}" for k, v in c["cpu_s_per_step_by_process"].items())
+        text = f"CPU s/step by process: {cpu}"
+        if c.get("learner_s_per_step"):
+            busy = ", ".join(f"{k} {v:.3f}" for k, v in c["learner_s_per_step"].items())
+            text += f"; learner busy s/step: {busy}; learner calls/step {c['learner_calls_per_step']}"
+        out[config] = text + f"; CPU per wall {c['cpu_per_wall']:.2f}"
+    return out
 
 
 def _median_inf(values: list[float | None]) -> float | None:
@@ -373,6 +388,28 @@ def plot(path: Path, tasks: dict[str, Any]) -> None:
     plt.close(fig)
 
 
+def measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Every run: the starts' records and each run's per-step records."""
+    template = qwen3_template(args.trl_python)
+    runs: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
+        work = Path(tmp)
+        starts = {kind: save_start(work / f"start-{kind}", template, teach_calls=kind == "tool") for kind in args.tasks}
+        for kind in args.tasks:
+            write_data(work / f"{kind}.jsonl", kind)
+        for seed in args.seeds:
+            for kind in args.tasks:
+                order = args.configs[seed % len(args.configs):] + args.configs[: seed % len(args.configs)]
+                for config in order:
+                    run = run_one(args, work, kind, config, seed)
+                    runs.append(run)
+                    steps = run["steps"][args.warmup:]
+                    print(f"{kind:6s} {config:9s} seed {seed}: step {median([s['wall_s'] for s in steps]):.3f} s, "
+                          f"CPU {median([s['cpu_s'] for s in steps]):.3f} s, last reward "
+                          f"{run['steps'][-1]['reward']:.3f}", flush=True)
+    return starts, runs
+
+
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trl-python", default=str(ROOT / ".venv-trl" / "bin" / "python"),
@@ -397,28 +434,25 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--env-workers", type=int, default=None,
                         help="EmbeddedEngineConfig(env_workers=...) (default: the project's default)")
     parser.add_argument("--note", default="", help="what the machine was doing (recorded)")
+    parser.add_argument("--from-runs", type=Path, default=None,
+                        help="re-summarise the per-step records (`runs`) of an earlier vs_trl.json; runs nothing")
     args = parser.parse_args(argv)
     if args.quick:
         args.seeds, args.steps, args.tool_steps, args.warmup, args.window = args.seeds[:2], 6, 6, 2, 2
     out = args.out or (ROOT / "runs" / "bench-quick" if args.quick else RESULTS_DIR)
-    load_start = list(os.getloadavg())
-    template = qwen3_template(args.trl_python)
-    runs: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="vs-trl-") as tmp:
-        work = Path(tmp)
-        starts = {kind: save_start(work / f"start-{kind}", template, teach_calls=kind == "tool") for kind in args.tasks}
-        for kind in args.tasks:
-            write_data(work / f"{kind}.jsonl", kind)
-        for seed in args.seeds:
-            for kind in args.tasks:
-                order = args.configs[seed % len(args.configs):] + args.configs[: seed % len(args.configs)]
-                for config in order:
-                    run = run_one(args, work, kind, config, seed)
-                    runs.append(run)
-                    steps = run["steps"][args.warmup:]
-                    print(f"{kind:6s} {config:9s} seed {seed}: step {median([s['wall_s'] for s in steps]):.3f} s, "
-                          f"CPU {median([s['cpu_s'] for s in steps]):.3f} s, last reward "
-                          f"{run['steps'][-1]['reward']:.3f}", flush=True)
+    if args.from_runs is not None:
+        earlier = json.loads(args.from_runs.read_text())
+        for key, value in earlier["settings"].items():  # the settings the runs were measured with
+            setattr(args, key, value)
+        runs, starts = earlier["runs"], earlier["starts"]
+        load_start, load_end = earlier["loaded_machine"]["load_average_start"], earlier["loaded_machine"]["load_average_end"]
+        args.note = args.note or earlier["loaded_machine"]["note"]
+        measured = {"measured_by": earlier["command"], "measured_at_utc": earlier["timestamp_utc"],
+                    "measured_git_commit": earlier["git_commit"], "measured_machine": earlier["machine"]}
+    else:
+        load_start = list(os.getloadavg())
+        starts, runs = measure(args)
+        load_end, measured = list(os.getloadavg()), {}
     tasks = {kind: summarise(args, runs, kind) for kind in args.tasks}
     for kind, summary in tasks.items():
         tokens = {c: v["tokens_per_step_median"] for c, v in summary["configs"].items()}
@@ -427,10 +461,10 @@ def main(argv: list[str] | None = None) -> Path:
         summary["tokens_per_step_over_trl"] = {c: t / tokens["trl"] for c, t in tokens.items() if "trl" in tokens}
     payload = {
         "quick": args.quick,
-        "loaded_machine": {"load_average_start": load_start, "load_average_end": list(os.getloadavg()),
-                           "note": args.note},
+        "loaded_machine": {"load_average_start": load_start, "load_average_end": load_end, "note": args.note},
+        **measured,
         "load_average_start": load_start,
-        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "note")},
+        "settings": {k: v for k, v in vars(args).items() if k not in ("out", "note", "from_runs")},
         "starts": starts,
         "matched": {"model": "one directory, loaded by both (fp32)", "prompts": 64,
                     "completions_per_step": args.groups * args.group_size, "group_size": args.group_size,

@@ -34,7 +34,9 @@ Usage::
     python benchmarks/vs_trl.py --trl-python .venv-trl/bin/python [--quick] [--out DIR]
 
 ``--quick`` writes to ``runs/bench-quick`` unless ``--out`` is given: a quick run never replaces
-the committed ``benchmarks/results/vs_trl.json``.
+the committed ``benchmarks/results/vs_trl.json``. ``--from-runs FILE`` re-summarises the per-step
+records an earlier run stored in its JSON (``runs``) with this script's current summary, running
+nothing; the result names the run that measured them (``measured_by``, ``measured_at_utc``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ TORCH := torch==2.13.0
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
 
-.PHONY: demo demo-code demo-tools demo-swe test test-slow test-vllm test-peers test-containers lint bench-quick gpu-wheels clean
+.PHONY: demo demo-code demo-tools demo-swe test test-slow test-vllm test-peers test-containers lint bench-quick bench-vs-trl gpu-wheels clean
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -76,8 +76,9 @@ $(VLLM_STAMP): pyproject.toml
 test-vllm: $(VLLM_STAMP)
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VLLM_PY) -m pytest -q -m vllm tests/vllm
 
-# TRL 1.16, the peer docs/trl.md ports from, in a venv of its own (it pins its own transformers):
-# tests/peers run in the project's venv and call TRL's own code there (TRL_PEER_PYTHON).
+# TRL 1.16, the peer docs/trl.md ports from and benchmarks/vs_trl.py runs against, in a venv of its
+# own (torch's CPU wheel first, then trl pinned to the same torch): tests/peers and the vs_trl smoke
+# test run in the project's venv and call TRL's own code there (TRL_PEER_PYTHON).
 TRL_VENV := .venv-trl
 TRL_PY := $(TRL_VENV)/bin/python
 TRL_STAMP := $(TRL_VENV)/.installed
@@ -86,7 +87,7 @@ $(TRL_STAMP):
 	$(PY) -m venv $(TRL_VENV)
 	$(TRL_PY) -m pip install -q --upgrade pip
 	$(TRL_PY) -m pip install -q $(TORCH)
-	$(TRL_PY) -m pip install -q trl==1.16.0 "$(TORCH)"
+	$(TRL_PY) -m pip install -q trl==1.16.0 "$(TORCH)" psutil
 	touch $@
 
 test-peers: $(TEST_STAMP) $(TRL_STAMP)
@@ -99,8 +100,14 @@ test-containers: $(TEST_STAMP)
 	$(VPY) scripts/build_swe_instances.py images --instances configs/data/swe_cpu_instances.jsonl
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VPY) -m pytest -q -m container
 
-test-slow: $(TEST_STAMP)
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VPY) -m pytest -q -m slow
+test-slow: $(TEST_STAMP) $(TRL_STAMP)
+	TRL_PEER_PYTHON=$(CURDIR)/$(TRL_PY) HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VPY) -m pytest -q -m slow
+
+# This project against TRL 1.16's GRPOTrainer, same task, model, reward and batch (~15 minutes on an
+# idle 2-core machine): benchmarks/results/vs_trl.json and .png; then refresh the README tables.
+bench-vs-trl: $(STAMP) $(TRL_STAMP)
+	HF_HUB_OFFLINE=1 $(VPY) benchmarks/vs_trl.py --trl-python $(TRL_PY)
+	$(VPY) benchmarks/readme_tables.py
 
 lint: $(TEST_STAMP)
 	$(VENV)/bin/ruff check .
@@ -128,4 +135,4 @@ gpu-wheels: $(VPY)
 	  echo "gpu-wheels: $$(ls $(GPU_WHEELS) | wc -l) wheels, $$size bytes (limit 64 MiB) in $(GPU_WHEELS)"
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
+	rm -rf $(VENV) $(VLLM_VENV) $(TRL_VENV) runs .pytest_cache

@@ -125,6 +125,18 @@ def exactness(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
             f"before the fp32 sums) ({link('bf16_gradient', prefix)}).\n")  # fmt: skip
 
 
+@table("vs_trl_sentence")
+def vs_trl_sentence(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
+    d = load("vs_trl")
+    r = d["tasks"]["single"]["ratios"]
+    load_avg = d["loaded_machine"]["load_average_start"][0]
+    return (f"Against TRL 1.16's `GRPOTrainer` on the same single-turn task, tiny Qwen3, reward and batch (CPU, 8 x 8\n"
+            f"completions of 16 tokens a step): a step takes {x(r['streaming_over_trl']['step_paired_median'])} TRL's "
+            f"time streaming, {x(r['sync_over_trl']['step_paired_median'])} sync,\n"
+            f"and {x(r['streaming_over_trl']['cpu_paired_median'])} / {x(r['sync_over_trl']['cpu_paired_median'])} "
+            f"its CPU seconds (measured at load {load_avg:.0f} on 2 cores; {link('vs_trl', prefix)}).\n")  # fmt: skip
+
+
 # --- benchmarks/README.md -----------------------------------------------------------------------
 
 OVERLAP = ("overlap", "overlap_repeat", "overlap_short_paths", "overlap_auto", "overlap_forward_tokens_0",
@@ -164,6 +176,31 @@ def time_to_target(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
     header = ("file", "workload", "sync", "streaming", "async", "async + IS",
               "streaming step / sync step (floor)", "targets met")  # fmt: skip
     return grid(header, rows)
+
+
+VS_TRL_NAMES = {"trl": "TRL 1.16", "streaming": "streaming", "sync": "sync"}
+
+
+@table("vs_trl")
+def vs_trl(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
+    d = load("vs_trl")
+    rows = []
+    for kind, task in d["tasks"].items():
+        for config, c in task["configs"].items():
+            over = task["ratios"].get(f"{config}_over_trl", {})
+            rows.append((kind, VS_TRL_NAMES[config], f"{c['step_s_median']:.3f}", x(over.get("step_paired_median", 1.0)),
+                         f"{c['cpu_s_per_step_median']:.3f}", x(over.get("cpu_paired_median", 1.0)),
+                         f"{c['tokens_per_step_median']:.0f}", f2(c["reward_last10"]),
+                         f"{s(c['seconds_to_target_median'])} ({c['target_reached']})"))  # fmt: skip
+    header = ("task", "trainer", "step (s)", "step / TRL", "CPU s / step", "CPU / TRL", "tokens / step",
+              "reward, last 10 steps", f"to reward {d['settings']['target']} (reached)")  # fmt: skip
+    targets = [f"{name} {f2(t['value'])} (limit {t['limit']}): {'met' if t['met'] else 'missed'}"
+               for name, t in d["tasks"]["single"]["targets"].items() if "limit" in t]
+    la = d["loaded_machine"]
+    return grid(header, rows) + (
+        f"\nSingle-turn targets: {'; '.join(targets)}. Load average {la['load_average_start'][0]:.1f} at the start, "
+        f"{la['load_average_end'][0]:.1f} at the end ({link('vs_trl', prefix)}; {len(d['settings']['seeds'])} seeds, "
+        f"{d['settings']['steps']} + {d['settings']['tool_steps']} steps).\n")  # fmt: skip
 
 
 LEARNING_TARGET = 0.6

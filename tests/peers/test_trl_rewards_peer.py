@@ -1,6 +1,6 @@
 """Our rewards against TRL 1.16's own ``_calculate_rewards`` and advantage lines on the same
 completions (``trl_rewards_advantages.py``, run in a venv with TRL: ``TRL_PEER_PYTHON``, default
-``/work/venv-trl/bin/python``; skipped where there is none).
+``.venv-trl/bin/python``, which ``make test-peers`` builds; skipped where there is none).
 
 TRL computes in float32: values are compared to 1e-6 relative. The advantages of a group with an
 unscorable member are TRL's: that member 0, the others from the scorable members' mean and std."""
@@ -19,7 +19,7 @@ from thundersync_lightning.core import Objective
 from thundersync_lightning.envs.datasets import RewardInput, RewardSum
 
 ROOT = Path(__file__).resolve().parents[2]
-PEER_PYTHON = os.environ.get("TRL_PEER_PYTHON", "/work/venv-trl/bin/python")
+PEER_PYTHON = os.environ.get("TRL_PEER_PYTHON", str(Path(__file__).resolve().parents[2] / ".venv-trl" / "bin" / "python"))
 FUNCS = ["tests.envs.peer_rewards:format_if_answer", "tests.envs.peer_rewards:correctness",
          "tests.envs.peer_rewards:async_length", "tests.envs.peer_rewards:declines"]
 WEIGHTS = [0.5, 2.0, 1.0, 3.0]

@@ -1,6 +1,6 @@
 """TRL 1.16's own rewards and advantages for given completions, written as JSON (run in a TRL venv).
 
-    /work/venv-trl/bin/python tests/peers/trl_rewards_advantages.py IN.json OUT.json
+    .venv-trl/bin/python tests/peers/trl_rewards_advantages.py IN.json OUT.json
 
 Runs in a separate environment with ``trl`` installed (the project's venv has no TRL): it never
 imports thundersync_lightning. The rewards come from ``GRPOTrainer._calculate_rewards`` called on a

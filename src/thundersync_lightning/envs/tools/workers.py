@@ -16,9 +16,12 @@ tools get a pool of their own (``ToolWorkers(limits, max_idle=1)``, closed with 
 :meth:`ToolWorkers.close` kills its workers, running calls included). Rewards run in
 :func:`reward_workers`, a pool per process that no tool call ever reaches; a reward worker is
 reused across trajectories (rewards are the user's code run on completions, never on the
-model's tool arguments). Workers are reused within their pool (one call at a time each), so
-a call costs a pipe round trip once its worker runs; workers die with the process that
-started them (``PR_SET_PDEATHSIG``, bwrap's ``--die-with-parent``, the end of stdin).
+model's tool arguments). Workers are reused within their pool (one call at a time each; by
+default every worker started is kept when idle, so a pool holds as many as the most calls that
+ran at once), so a call costs a pipe round trip once its worker runs: a fresh interpreter per
+call costs ~0.1 CPU-second, which at 64 rewards a step was most of a small model's step. Workers
+die with the process that started them (``PR_SET_PDEATHSIG``, bwrap's ``--die-with-parent``, the
+end of stdin).
 """
 
 from __future__ import annotations
@@ -57,7 +60,9 @@ class _Gone(Exception):
 class ToolWorkers:
     """A pool of worker processes confined by ``limits`` (thread-safe; see the module docstring)."""
 
-    def __init__(self, max_idle: int = 8, limits: WorkerLimits | None = None) -> None:
+    def __init__(self, max_idle: int | None = None, limits: WorkerLimits | None = None) -> None:
+        # None: keep every idle worker; their number never exceeds the peak of concurrent calls
+        # (bounded by the calling threads, the engine's ``env_workers``)
         self.max_idle = max_idle
         self.limits = limits if limits is not None else WorkerLimits()
         self._idle: list[Worker] = []
@@ -152,7 +157,7 @@ class ToolWorkers:
     def _give_back(self, worker: Worker) -> None:
         with self._lock:
             self._busy.discard(id(worker))
-            if not self._closed and len(self._idle) < self.max_idle:
+            if not self._closed and (self.max_idle is None or len(self._idle) < self.max_idle):
                 self._idle.append(worker)
                 return
         self._stop(worker)

@@ -7,11 +7,13 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from thundersync_lightning.envs.tools.confine import WorkerLimits
 from thundersync_lightning.envs.tools.workers import ToolWorkers
 
 
 def test_a_second_wave_of_twelve_concurrent_calls_runs_in_the_twelve_workers_of_the_first(tmp_path: Path) -> None:
-    pool = ToolWorkers()
+    # the pool's reuse, not its confinement, is under test: plain processes see tmp_path and their own pids
+    pool = ToolWorkers(limits=WorkerLimits(sandbox="rlimits"))
     # one set of calling threads for both waves, as the engine's environment threads: a worker dies
     # with the thread that started it (PR_SET_PDEATHSIG follows the parent thread)
     threads = ThreadPoolExecutor(12)

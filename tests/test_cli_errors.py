@@ -142,6 +142,7 @@ def test_a_fit_of_zero_steps_is_refused_instead_of_writing_an_empty_run(tmp_path
 
 @pytest.mark.slow
 def test_a_reward_function_that_always_raises_is_warned_counted_in_the_summary_and_fails_the_run(tmp_path):
+    tmp_path.chmod(0o755)  # the reward's worker runs as a uid of its own: it reads the module as others do
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(8)))
     (tmp_path / "my_rewards.py").write_text(

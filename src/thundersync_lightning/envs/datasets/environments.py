@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import math
 import numbers
 import queue
@@ -59,6 +58,7 @@ from ..tools import Tool, ToolResult
 from ..tools._episode_host import GONE, EpisodeObject
 from ..tools.confine import WorkerLimits
 from ..tools.python_tools import schema_of
+from ..tools.worker_main import awaited, tool_text
 from ..tools.workers import ToolOutcome, ToolWorkers, worker_path
 
 __all__ = ["EnvironmentClass", "EnvironmentEpisode", "environment_classes"]
@@ -188,7 +188,7 @@ class _ThreadHost:
             try:
                 value = fn()
                 if inspect.isawaitable(value):
-                    value = asyncio.run(_wait(value))
+                    value = asyncio.run(awaited(value))
                 box.append(_Reply(value))
             except BaseException as exc:  # noqa: BLE001 - the user's failure is the caller's reply
                 box.append(_Reply(error=f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__))
@@ -213,7 +213,7 @@ class _ThreadHost:
         reply = self._run(lambda: self.held.call(method, dict(arguments)), timeout_s, method)
         if reply.error is not None:
             return reply
-        return _Reply(_text(reply.value)[:max_chars])
+        return _Reply(tool_text(reply.value)[:max_chars])
 
     def reward(self, timeout_s: float) -> _Reply:
         return self._run(self.held.reward, timeout_s, "get_reward")
@@ -222,20 +222,6 @@ class _ThreadHost:
         if not self.gone:
             self.gone = True
             self.calls.put(None)
-
-
-async def _wait(awaitable: Any) -> Any:
-    return await awaitable
-
-
-def _text(value: Any) -> str:
-    """A tool's value as the model reads it (as a worker writes it)."""
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, default=str)
-    except (TypeError, ValueError):
-        return str(value)
 
 
 class EnvironmentEpisode:

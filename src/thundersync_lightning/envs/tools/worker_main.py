@@ -46,7 +46,8 @@ def _write(stream: BinaryIO, obj: Any) -> None:
     stream.flush()
 
 
-def _text(value: Any) -> str:
+def tool_text(value: Any) -> str:
+    """A tool's value as the model reads it (the in-thread host of an environment class writes it so too)."""
     if isinstance(value, str):
         return value
     try:
@@ -96,9 +97,9 @@ def main() -> None:
                 fn = functions[path] = getattr(importlib.import_module(module), attr)
             value = fn(*positional, **arguments)
             if inspect.isawaitable(value):
-                value = asyncio.run(_wait(value))
+                value = asyncio.run(awaited(value))
             if max_chars is not None:
-                reply = ("ok", _text(value)[:max_chars])
+                reply = ("ok", tool_text(value)[:max_chars])
             else:
                 try:
                     reply = ("ok", _plain(value))
@@ -110,7 +111,7 @@ def main() -> None:
         _write(out, reply)
 
 
-async def _wait(awaitable: Any) -> Any:
+async def awaited(awaitable: Any) -> Any:
     return await awaitable
 
 

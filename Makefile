@@ -106,7 +106,7 @@ test-slow: $(TEST_STAMP) $(TRL_STAMP)
 # This project against TRL 1.16's GRPOTrainer, same task, model, reward and batch (~15 minutes on an
 # idle 2-core machine): benchmarks/results/vs_trl.json and .png; then refresh the README tables.
 bench-vs-trl: $(STAMP) $(TRL_STAMP)
-	HF_HUB_OFFLINE=1 $(VPY) benchmarks/vs_trl.py --trl-python $(TRL_PY)
+	HF_HUB_OFFLINE=1 $(VPY) benchmarks/vs_trl.py --trl-python $(CURDIR)/$(TRL_PY)
 	$(VPY) benchmarks/readme_tables.py
 
 lint: $(TEST_STAMP)

@@ -439,6 +439,7 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--from-runs", type=Path, default=None,
                         help="re-summarise the per-step records (`runs`) of an earlier vs_trl.json; runs nothing")
     args = parser.parse_args(argv)
+    args.trl_python = os.path.abspath(args.trl_python)  # the runs start in their own directories
     if args.quick:
         args.seeds, args.steps, args.tool_steps, args.warmup, args.window = args.seeds[:2], 6, 6, 2, 2
     out = args.out or (ROOT / "runs" / "bench-quick" if args.quick else RESULTS_DIR)

@@ -42,7 +42,7 @@ def fit(mode: str, sharding: str, devices: int, steps: int, cut: bool = False, *
     from thundersync_lightning.modules import GRPOPolicy
 
     L.seed_everything(0)
-    policy = GRPOPolicy(config=TOY_MODEL)
+    policy = GRPOPolicy(config=TOY_MODEL, dtype="float64")  # float64: the layouts sum in different orders
     record = RecordSteps()
     ckpt_path = kwargs.pop("ckpt_path", None)
     trainer = L.Trainer(

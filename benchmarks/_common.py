@@ -221,7 +221,9 @@ def write_bar_chart(
     try:
         import matplotlib
     except ImportError:
-        print(f"no matplotlib here: {Path(path).name} not drawn (its numbers are in the JSON)", file=sys.stderr)
+        print(
+            f"no matplotlib here: {Path(path).name} not drawn (its numbers are in the JSON)", file=sys.stderr
+        )
         return None
 
     matplotlib.use("Agg")

@@ -74,11 +74,17 @@ def paper(out: Path, folder: str) -> list[str]:
     lengths = data["workload"]["trajectory_tokens_min_mean_max"]
     n = data["model"]["num_params"]
     size = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
-    rows.insert(0, f"{size} parameters, {data['workload']['precision']}, "
-                   f"trajectories {lengths[0]}-{lengths[2]} tokens (mean {lengths[1]:.0f}), bound "
-                   f"{data['bound_speedup']:.2f}x (paper: streaming 1.91x, async 1.90x, MFU 24% -> 46%)")
+    rows.insert(
+        0,
+        f"{size} parameters, {data['workload']['precision']}, "
+        f"trajectories {lengths[0]}-{lengths[2]} tokens (mean {lengths[1]:.0f}), bound "
+        f"{data['bound_speedup']:.2f}x (paper: streaming 1.91x, async 1.90x, MFU 24% -> 46%)",
+    )
     v = data.get("vram", {})
-    extra, planned = v.get("streaming_extra_over_sync_bytes"), v.get("planned_streaming_extra_over_sync_bytes")
+    extra, planned = (
+        v.get("streaming_extra_over_sync_bytes"),
+        v.get("planned_streaming_extra_over_sync_bytes"),
+    )
     peaks = ", ".join(f"{m} {_gib(b)}" for m, b in v.get("peak_bytes", {}).items())
     rows.append(f"peak VRAM {peaks}; streaming extra {_gib(extra)} (planned {_gib(planned)}; paper +5.8 GB)")
     return rows
@@ -119,8 +125,10 @@ def offload(out: Path) -> list[str]:
     if data is None:
         return []
     ratios = ", ".join(f"{k} {v:.3f}" for k, v in data["ratio_to_none"].items())
-    rows = [f"held backward time / offload none, host buffers reserved: {ratios} "
-            f"({data['parameters'] / 1e6:.2f}M parameters)"]
+    rows = [
+        f"held backward time / offload none, host buffers reserved: {ratios} "
+        f"({data['parameters'] / 1e6:.2f}M parameters)"
+    ]
     if "ratio_to_none_unreserved" in data:
         unreserved = ", ".join(f"{k} {v:.3f}" for k, v in data["ratio_to_none_unreserved"].items())
         rows.append(f"allocated in the backward (no bounds): {unreserved}")
@@ -137,8 +145,11 @@ def weight_sync(out: Path, model: str) -> list[str]:
             rows.append(f"{t}: {r.get('skipped', 'no timing')}")
             continue
         ratio = data["ratio_to_file"].get(t)
-        rows.append(f"{t} ({r['backend']}): {r['median_s']:.3f} s per publish"
-                    + ("" if ratio is None else f", {ratio:.2f}x file") + ("" if r.get("exact", True) else ", NOT EXACT"))
+        rows.append(
+            f"{t} ({r['backend']}): {r['median_s']:.3f} s per publish"
+            + ("" if ratio is None else f", {ratio:.2f}x file")
+            + ("" if r.get("exact", True) else ", NOT EXACT")
+        )
     rows += [f"{t}: skipped ({why})" for t, why in data.get("skipped", {}).items()]
     return [f"{data['model']} {_gib(data['state_dict_bytes'])}: " + "; ".join(rows), PEERS]
 
@@ -200,26 +211,39 @@ def plan(committed_tsv: str, budget_s: int, limits: list[str]) -> str:
         name, status, seconds = (line.split("\t") + ["", "", ""])[:3]
         done[name] = (status, int(seconds or 0))
     later: list[str] = []
-    lines = [f"planned seconds per section on a GPU (BUDGET_S={budget_s}; from {committed_tsv}):",
-             f"{'section':18} {'limit':>6} {'planned':>8} {'total':>6}  source"]
+    lines = [
+        f"planned seconds per section on a GPU (BUDGET_S={budget_s}; from {committed_tsv}):",
+        f"{'section':18} {'limit':>6} {'planned':>8} {'total':>6}  source",
+    ]
     total = 0
     for item in limits:
         name, limit_text = item.split("=")
         limit = int(limit_text)
         status, seconds = done.get(name, ("", 0))
         planned = min(seconds, limit) if status == "ok" else limit
-        source = ("the committed GPU run (at most its limit)" if status == "ok" else
-                  f"its limit ({status} in the committed GPU run)" if status else "its limit: not yet run on a GPU")
+        source = (
+            "the committed GPU run (at most its limit)"
+            if status == "ok"
+            else f"its limit ({status} in the committed GPU run)"
+            if status
+            else "its limit: not yet run on a GPU"
+        )
         if name == "paper_0.6B":
-            lines.append(f"{name:18} {limit:>6} {planned:>8} {'':>6}  {source}; only when paper does not finish")
+            lines.append(
+                f"{name:18} {limit:>6} {planned:>8} {'':>6}  {source}; only when paper does not finish"
+            )
             continue
         total += planned
         if total > budget_s:
             later.append(name)
-        lines.append(f"{name:18} {limit:>6} {planned:>8} {total:>6}  {source}{'  (past BUDGET_S)' if total > budget_s else ''}")
+        lines.append(
+            f"{name:18} {limit:>6} {planned:>8} {total:>6}  {source}{'  (past BUDGET_S)' if total > budget_s else ''}"
+        )
     if later:
-        lines.append(f"past the budget: a second command, ONLY='{' '.join(later)}' "
-                     f"({sum(int(i.split('=')[1]) for i in limits if i.split('=')[0] in later)} s at most)")
+        lines.append(
+            f"past the budget: a second command, ONLY='{' '.join(later)}' "
+            f"({sum(int(i.split('=')[1]) for i in limits if i.split('=')[0] in later)} s at most)"
+        )
     text = "\n".join(lines)
     print(text)
     return text

@@ -68,7 +68,9 @@ def matmul_params(module: torch.nn.Module) -> int:
     return total - (emb.weight.numel() if emb is not None else 0)
 
 
-def peak_flops(device: torch.device, size: int = 1024, repeats: int = 5, dtype: torch.dtype = torch.float32) -> float:
+def peak_flops(
+    device: torch.device, size: int = 1024, repeats: int = 5, dtype: torch.dtype = torch.float32
+) -> float:
     """Achievable peak FLOP/s: the best of ``repeats`` ``size x size`` matmuls in ``dtype`` (2 size^3
     FLOPs each) after one warm-up, with the threads the benchmark uses."""
     a = torch.randn(size, size, device=device, dtype=dtype)

@@ -32,7 +32,8 @@ def trace_ceiling(trace: str, seed: int, groups: int, group_size: int, steps: in
     return {
         "steps": steps,
         "sync_idle_fraction_mean": statistics.mean(m / (m + work) for m in makespans),
-        "median_ratio": statistics.median(m + work for m in makespans) / statistics.median(max(m, work) for m in makespans),
+        "median_ratio": statistics.median(m + work for m in makespans)
+        / statistics.median(max(m, work) for m in makespans),
         "throughput_ratio": sum(m + work for m in makespans) / sum(max(m, work) for m in makespans),
         "mean_of_per_step_ratios": statistics.mean((m + work) / max(m, work) for m in makespans),
         "note": "sync step = makespan + B*G units, perfect streaming step = max(makespan, B*G units), in trace units",
@@ -62,15 +63,16 @@ def step_bounds(
     arrivals = {(r["seed"], r["step"]): r["arrivals"] for r in rows["streaming"]}
 
     def per_key(mode: str, field: str) -> dict:
-        return {key: statistics.mean(r[field] for r in rows[mode] if (r["seed"], r["step"]) == key) for key in makespans}
+        return {
+            key: statistics.mean(r[field] for r in rows[mode] if (r["seed"], r["step"]) == key)
+            for key in makespans
+        }
 
     busy = {m: per_key(m, "busy_s") for m in MODES}
     period = {m: per_key(m, "period_s") for m in MODES}
     # this step's learner work, the cheaper of the two ways measured on it
     work = {key: min(busy["sync"][key], busy["streaming"][key]) for key in makespans}
-    loose = {
-        key: max(m * time_scale_s + single_s + end_of_step, least_work) for key, m in makespans.items()
-    }
+    loose = {key: max(m * time_scale_s + single_s + end_of_step, least_work) for key, m in makespans.items()}
     # the last reward needs no backward of its own when its content landed earlier (only a fold):
     # the release-date term covers every trajectory's work after its content lands
     release = {key: release_bound(arrivals[key], time_scale_s, work[key]) for key in makespans}

@@ -25,7 +25,9 @@ def planned_device_bytes(args: argparse.Namespace, config: dict, num_params: int
     arch = Architecture.of(config)
     e = {"bf16-true": 2, "16-true": 2}.get(args.precision, 4)
     longest = max(r.scored_tokens for r in load_trace(args.trace))  # the trace's longest row
-    tokens = args.prompt_tokens + round(longest * args.token_scale) + (args.turns - 1) * args.observation_tokens
+    tokens = (
+        args.prompt_tokens + round(longest * args.token_scale) + (args.turns - 1) * args.observation_tokens
+    )
     plan = plan_memory(
         PlanInputs(
             ModelShape(num_params, num_params, e, arch), accelerator="gpu", mode=mode, offload=args.offload,
@@ -38,12 +40,16 @@ def planned_device_bytes(args: argparse.Namespace, config: dict, num_params: int
     return plan.device_bytes
 
 
-def vram_report(args: argparse.Namespace, modes: dict[str, dict], config: dict, num_params: int) -> dict[str, Any]:
+def vram_report(
+    args: argparse.Namespace, modes: dict[str, dict], config: dict, num_params: int
+) -> dict[str, Any]:
     """Peak VRAM per mode, streaming's extra over sync, and the plan's prediction of both."""
     peak = {m: r.get("peak_vram_bytes") for m, r in modes.items()}
     planned = {m: planned_device_bytes(args, config, num_params, m) for m in modes}
-    measured_extra = None if peak.get("streaming") is None or peak.get("sync") is None else (
-        peak["streaming"] - peak["sync"]
+    measured_extra = (
+        None
+        if peak.get("streaming") is None or peak.get("sync") is None
+        else (peak["streaming"] - peak["sync"])
     )
     planned_extra = planned["streaming"] - planned["sync"]
     return {

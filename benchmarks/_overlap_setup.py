@@ -23,9 +23,17 @@ from thundersync_lightning.rollout import TraceReplayEngineConfig
 from thundersync_lightning.rollout.replay import TraceReplayEngine
 from thundersync_lightning.strategy.batching import call_size
 
-__all__ = ["parse_args", "make_policy", "model_config", "learner_dtype", "engine_config", "make_data", "calibrate",
-           "sync_device",
-           "workload_record"]
+__all__ = [
+    "parse_args",
+    "make_policy",
+    "model_config",
+    "learner_dtype",
+    "engine_config",
+    "make_data",
+    "calibrate",
+    "sync_device",
+    "workload_record",
+]
 
 
 def make_policy(args: argparse.Namespace) -> GRPOPolicy:
@@ -47,7 +55,9 @@ def learner_dtype(args: argparse.Namespace) -> torch.dtype:
     return {"bf16-true": torch.bfloat16, "16-true": torch.float16}.get(args.precision, torch.float32)
 
 
-def engine_config(args: argparse.Namespace, time_scale_s: float, slots: int | None) -> TraceReplayEngineConfig:
+def engine_config(
+    args: argparse.Namespace, time_scale_s: float, slots: int | None
+) -> TraceReplayEngineConfig:
     return TraceReplayEngineConfig(
         trace=args.trace,
         time_scale_s=time_scale_s,
@@ -81,7 +91,9 @@ def calibrate(
     params = [p for p in policy.parameters() if p.requires_grad]
     batches = []
     for seed, step in workloads:
-        engine = TraceReplayEngine(policy.model_spec, replace(engine_config(args, 1e-9, None), setup_fraction=0.0))
+        engine = TraceReplayEngine(
+            policy.model_spec, replace(engine_config(args, 1e-9, None), setup_fraction=0.0)
+        )
         engine.publish({}, 0)
         request = RolloutRequest(
             step=step,
@@ -171,13 +183,22 @@ def parse_args(argv: list[str] | None, description: str, name: str = "overlap") 
     add_common_args(parser, default_threads=1)  # 2 OpenMP threads stall on a shared 2-core VM (README)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument(
-        "--workload", default="short", choices=sorted(WORKLOADS), help="model and trajectory shape (_workloads.py)"
+        "--workload",
+        default="short",
+        choices=sorted(WORKLOADS),
+        help="model and trajectory shape (_workloads.py)",
     )
     parser.add_argument("--name", default=None, help="output name (default overlap; overlap_long for long)")
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 4, quick 2; long quick 1)")
-    parser.add_argument("--steps", type=int, default=None, help="steps per block (default 5, quick 4; long quick 3)")
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="interleaved rounds (default 4, quick 2; long quick 1)"
+    )
+    parser.add_argument(
+        "--steps", type=int, default=None, help="steps per block (default 5, quick 4; long quick 3)"
+    )
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured steps at the start of every block")
-    parser.add_argument("--groups", type=int, default=None, help="B, groups per step (default 16; long quick 4)")
+    parser.add_argument(
+        "--groups", type=int, default=None, help="B, groups per step (default 16; long quick 4)"
+    )
     parser.add_argument("--group-size", type=int, default=None, help="G (default 8; long quick 2)")
     parser.add_argument("--hidden", type=int, default=None, help="Qwen3 hidden size (workload's)")
     parser.add_argument("--intermediate", type=int, default=None, help="(workload's)")
@@ -187,9 +208,14 @@ def parse_args(argv: list[str] | None, description: str, name: str = "overlap") 
     parser.add_argument(
         "--prompt-tokens", type=int, default=None, help="unscored prompt tokens per trajectory (workload's)"
     )
-    parser.add_argument("--token-scale", type=float, default=None, help="x the trace's scored tokens (workload's)")
     parser.add_argument(
-        "--setup-fraction", type=float, default=0.0, help="environment set-up, x each trajectory's generation time"
+        "--token-scale", type=float, default=None, help="x the trace's scored tokens (workload's)"
+    )
+    parser.add_argument(
+        "--setup-fraction",
+        type=float,
+        default=0.0,
+        help="environment set-up, x each trajectory's generation time",
     )
     parser.add_argument(
         "--prepare-ahead",
@@ -216,12 +242,17 @@ def parse_args(argv: list[str] | None, description: str, name: str = "overlap") 
         "--time-scale", type=float, default=None, help="seconds per trace unit (skips --calibrate)"
     )
     parser.add_argument(
-        "--calibration-samples", type=int, default=None, help="single-trajectory timings per rep (12; long quick 4)"
+        "--calibration-samples",
+        type=int,
+        default=None,
+        help="single-trajectory timings per rep (12; long quick 4)",
     )
     parser.add_argument(
         "--calibration-batches", type=int, default=4, help="measured batches timed the sync way"
     )
-    parser.add_argument("--calibration-reps", type=int, default=None, help="(default 3, quick 2; long quick 1)")
+    parser.add_argument(
+        "--calibration-reps", type=int, default=None, help="(default 3, quick 2; long quick 1)"
+    )
     add_call_cap_args(parser)
     parser.add_argument(
         "--score-max-padding", type=float, default=0.25, help="GRPOPolicy option (inf: the budget alone cuts)"
@@ -236,9 +267,15 @@ def parse_args(argv: list[str] | None, description: str, name: str = "overlap") 
     parser.add_argument(
         "--peak-flops", type=float, default=None, help="peak FLOP/s for MFU (default: measured)"
     )
-    parser.add_argument("--model", default=None, choices=["0.6B", "1.7B", "none"],
-                        help="a published Qwen3 shape (workload's; none: --hidden etc.)")
-    parser.add_argument("--precision", default=None, help="Lightning precision (workload's: 32-true, paper bf16-true)")
+    parser.add_argument(
+        "--model",
+        default=None,
+        choices=["0.6B", "1.7B", "none"],
+        help="a published Qwen3 shape (workload's; none: --hidden etc.)",
+    )
+    parser.add_argument(
+        "--precision", default=None, help="Lightning precision (workload's: 32-true, paper bf16-true)"
+    )
     parser.add_argument("--max-held-trajectories", type=int, default=None, help="ThunderSyncStrategy option")
     parser.add_argument("--turns", type=int, default=None, help="scored turns per trajectory (workload's)")
     args = parser.parse_args(argv)
@@ -258,7 +295,9 @@ def parse_args(argv: list[str] | None, description: str, name: str = "overlap") 
     args.token_scale = args.token_scale or w.token_scale
     args.max_positions = w.max_positions
     explicit_shape = any(v is not None for v in (args.hidden_given, args.layers_given, args.vocab_given))
-    args.model = None if args.model == "none" or (args.model is None and explicit_shape) else (args.model or w.model)
+    args.model = (
+        None if args.model == "none" or (args.model is None and explicit_shape) else (args.model or w.model)
+    )
     args.precision = args.precision or w.precision
     args.turns = args.turns or w.turns
     args.observation_tokens = w.observation_tokens

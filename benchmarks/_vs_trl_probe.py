@@ -33,17 +33,25 @@ class StepProbe(pl.Callback):
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
         stats = trainer.strategy.last_step_stats
         rewards = [t.reward if t.reward is not None else 0.0 for t in stats.trajectories]
-        self._write({"step": trainer.global_step, "wall": time.monotonic(), "cpu": tree_cpu_seconds(),
-                     "tokens": sum(t.num_scored_tokens for t in stats.trajectories),
-                     "completions": len(stats.trajectories),
-                     "reward": sum(rewards) / max(1, len(rewards)),
-                     "failures": sum(t.failure is not None for t in stats.trajectories),
-                     "tool_calls": sum(t.tool_calls for t in stats.trajectories),
-                     "step_seconds_inside": stats.wall_seconds,
-                     # the learner's own time: its work by kind, and the rest of the step (waiting)
-                     "learner_s": {kind: sum(i.end - i.start for i in stats.busy if i.kind == kind)
-                                   for kind in ("backward", "fold", "barrier", "optimizer", "publish")},
-                     "learner_calls": sum(i.kind == "backward" for i in stats.busy)})
+        self._write(
+            {
+                "step": trainer.global_step,
+                "wall": time.monotonic(),
+                "cpu": tree_cpu_seconds(),
+                "tokens": sum(t.num_scored_tokens for t in stats.trajectories),
+                "completions": len(stats.trajectories),
+                "reward": sum(rewards) / max(1, len(rewards)),
+                "failures": sum(t.failure is not None for t in stats.trajectories),
+                "tool_calls": sum(t.tool_calls for t in stats.trajectories),
+                "step_seconds_inside": stats.wall_seconds,
+                # the learner's own time: its work by kind, and the rest of the step (waiting)
+                "learner_s": {
+                    kind: sum(i.end - i.start for i in stats.busy if i.kind == kind)
+                    for kind in ("backward", "fold", "barrier", "optimizer", "publish")
+                },
+                "learner_calls": sum(i.kind == "backward" for i in stats.busy),
+            }
+        )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._file.close()

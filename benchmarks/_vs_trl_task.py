@@ -18,13 +18,72 @@ from typing import Any
 
 VOWELS = frozenset("aeiouAEIOU")
 
-TOPICS = ("apple", "river", "cloud", "stone", "tiger", "piano", "ocean", "forest", "candle", "mirror",
-          "garden", "winter", "rocket", "violin", "island", "desert", "bridge", "castle", "pencil", "window",
-          "market", "saddle", "tunnel", "meadow", "harbor", "lantern", "canyon", "feather", "marble", "orchard",
-          "thunder", "glacier", "compass", "ribbon", "temple", "basket", "falcon", "anchor", "blanket", "cactus",
-          "dolphin", "engine", "fossil", "goblet", "helmet", "igloo", "jacket", "kettle", "ladder", "magnet",
-          "needle", "oyster", "parrot", "quartz", "raven", "silver", "trumpet", "umbrella", "valley", "walnut",
-          "yogurt", "zephyr", "acorn", "beacon")
+TOPICS = (
+    "apple",
+    "river",
+    "cloud",
+    "stone",
+    "tiger",
+    "piano",
+    "ocean",
+    "forest",
+    "candle",
+    "mirror",
+    "garden",
+    "winter",
+    "rocket",
+    "violin",
+    "island",
+    "desert",
+    "bridge",
+    "castle",
+    "pencil",
+    "window",
+    "market",
+    "saddle",
+    "tunnel",
+    "meadow",
+    "harbor",
+    "lantern",
+    "canyon",
+    "feather",
+    "marble",
+    "orchard",
+    "thunder",
+    "glacier",
+    "compass",
+    "ribbon",
+    "temple",
+    "basket",
+    "falcon",
+    "anchor",
+    "blanket",
+    "cactus",
+    "dolphin",
+    "engine",
+    "fossil",
+    "goblet",
+    "helmet",
+    "igloo",
+    "jacket",
+    "kettle",
+    "ladder",
+    "magnet",
+    "needle",
+    "oyster",
+    "parrot",
+    "quartz",
+    "raven",
+    "silver",
+    "trumpet",
+    "umbrella",
+    "valley",
+    "walnut",
+    "yogurt",
+    "zephyr",
+    "acorn",
+    "beacon",
+)
 assert len(TOPICS) == 64
 
 
@@ -42,6 +101,7 @@ def share(text: str) -> float:
 
 # --- the project's reward signature: (prompt, completion, **row) -> float ----------------------------------
 
+
 def vowel_share(prompt: Any, completion: str, **row: Any) -> float:
     return share(completion)
 
@@ -56,6 +116,7 @@ def lookup(word: str) -> str:
 
 
 # --- TRL's reward signature: (completions, **kwargs) -> list[float] -----------------------------------------
+
 
 def _text(completion: Any) -> str:
     """A TRL completion: a string (plain prompts) or the list of messages after the prompt."""
@@ -86,6 +147,7 @@ def tool_reward(prompt: Any, completion: str, **row: Any) -> float:
 
 # --- the per-step probe ------------------------------------------------------------------------------------
 
+
 def tree_cpu_seconds(pid: int | None = None) -> dict[str, float]:
     """User + system CPU seconds of a process and every descendant, the exited ones included:
     ``total``, and its split into ``main`` (the process itself), ``workers`` (tool and reward worker
@@ -103,7 +165,13 @@ def tree_cpu_seconds(pid: int | None = None) -> dict[str, float]:
     for p in [root, *root.children(recursive=True)]:
         try:
             t = p.cpu_times()
-            kind = "main" if p.pid == root.pid else "workers" if "worker_main" in " ".join(p.cmdline()) else "other"
+            kind = (
+                "main"
+                if p.pid == root.pid
+                else "workers"
+                if "worker_main" in " ".join(p.cmdline())
+                else "other"
+            )
         except psutil.Error:  # it exited between the listing and the read
             continue
         split[kind] += t.user + t.system + t.children_user + t.children_system

@@ -38,11 +38,17 @@ def main(spec_path: str) -> None:
         logs: dict = {}
 
         def on_train_begin(self, args, state, control, **kw):
-            out.write(json.dumps({"step": 0, "wall": time.monotonic(), "cpu": task.tree_cpu_seconds()}) + "\n")
+            out.write(
+                json.dumps({"step": 0, "wall": time.monotonic(), "cpu": task.tree_cpu_seconds()}) + "\n"
+            )
             out.flush()
 
         def on_step_end(self, args, state, control, **kw):
-            self._pending = {"step": state.global_step, "wall": time.monotonic(), "cpu": task.tree_cpu_seconds()}
+            self._pending = {
+                "step": state.global_step,
+                "wall": time.monotonic(),
+                "cpu": task.tree_cpu_seconds(),
+            }
 
         def on_log(self, args, state, control, logs=None, **kw):
             # the step's metrics are logged right after its on_step_end (logging_steps=1)
@@ -50,29 +56,56 @@ def main(spec_path: str) -> None:
             if pending is None or logs is None or "reward" not in logs:
                 return
             n = spec["groups"] * spec["group_size"]
-            pending.update({"tokens": round(logs["completions/mean_length"] * n), "completions": n,
-                            "reward": logs["reward"], "failures": 0,
-                            "tool_calls": round(logs.get("tools/call_frequency", 0.0) * n)})
+            pending.update(
+                {
+                    "tokens": round(logs["completions/mean_length"] * n),
+                    "completions": n,
+                    "reward": logs["reward"],
+                    "failures": 0,
+                    "tool_calls": round(logs.get("tools/call_frequency", 0.0) * n),
+                }
+            )
             out.write(json.dumps(pending) + "\n")
             out.flush()
             self._pending = None
 
     n = spec["groups"] * spec["group_size"]
     config = GRPOConfig(
-        output_dir=spec["run_dir"], seed=spec["seed"], data_seed=spec["seed"], max_steps=spec["steps"],
-        learning_rate=spec["lr"], lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0,
-        per_device_train_batch_size=n, num_generations=spec["group_size"], gradient_accumulation_steps=1,
-        max_completion_length=spec["max_completion_tokens"], temperature=1.0,
-        use_cpu=True, bf16=False, fp16=False, logging_steps=1, report_to="none", save_strategy="no",
-        disable_tqdm=True, dataloader_num_workers=0,
+        output_dir=spec["run_dir"],
+        seed=spec["seed"],
+        data_seed=spec["seed"],
+        max_steps=spec["steps"],
+        learning_rate=spec["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_grad_norm=1.0,
+        per_device_train_batch_size=n,
+        num_generations=spec["group_size"],
+        gradient_accumulation_steps=1,
+        max_completion_length=spec["max_completion_tokens"],
+        temperature=1.0,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
         **({"max_tool_calling_iterations": spec["max_tool_calls"]} if spec["task"] == "tool" else {}),
     )
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
     reward = task.trl_vowel_share if spec["task"] == "single" else task.trl_tool_reward
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=dataset,
-                          processing_class=tokenizer, callbacks=[Probe()],
-                          **({"tools": [task.lookup]} if spec["task"] == "tool" else {}))
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[Probe()],
+        **({"tools": [task.lookup]} if spec["task"] == "tool" else {}),
+    )
     trainer.train()
     out.close()
 

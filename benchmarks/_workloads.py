@@ -91,7 +91,9 @@ WORKLOADS = {
 }  # fmt: skip
 
 
-def balance_time_scale(makespans_units: Sequence[float], sync_work_s: float, idle: float = PAPER_SYNC_IDLE) -> float:
+def balance_time_scale(
+    makespans_units: Sequence[float], sync_work_s: float, idle: float = PAPER_SYNC_IDLE
+) -> float:
     """Seconds per trace unit at which a synchronous learner doing ``sync_work_s`` per step idles
     ``idle`` of the step on average over the given makespans (module docstring)."""
     if not (0 < idle < 1) or sync_work_s <= 0 or not makespans_units:

@@ -57,7 +57,9 @@ def run_step(policy: GRPOPolicy, batch, rewards, cut: bool) -> tuple[torch.Tenso
         acc.open_group(members[0].group_id, [t.trajectory_id for t in members])
     tokens = 0
     prefixes = {}
-    order = [t for k in range(len(batch[0])) for members in batch for t in [members[k]]]  # interleaved arrival
+    order = [
+        t for k in range(len(batch[0])) for members in batch for t in [members[k]]
+    ]  # interleaved arrival
     for t in order:
         prefix = None
         if cut:
@@ -92,7 +94,9 @@ def main(argv: list[str] | None = None) -> dict:
         args.groups, args.prompt, args.action, args.hidden, args.layers, args.repeats = 2, 192, 64, 128, 2, 2
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    config = qwen3_config(args.hidden, 4 * args.hidden, args.layers, args.vocab, args.prompt + args.action + 8)
+    config = qwen3_config(
+        args.hidden, 4 * args.hidden, args.layers, args.vocab, args.prompt + args.action + 8
+    )
     policy = GRPOPolicy(config=config, objective=Objective())
     policy.eval()
     batch = make_batch(args.groups, args.group_size, args.prompt, args.action, args.vocab, seed=1)
@@ -134,7 +138,10 @@ def main(argv: list[str] | None = None) -> dict:
     write_result(args.out, "boundary_cut", payload)
     write_bar_chart(
         Path(args.out) / "boundary_cut.png",
-        {k: {"wall s": v["wall_s"], "cpu s / threads": v["cpu_s"] / args.threads} for k, v in medians.items()},
+        {
+            k: {"wall s": v["wall_s"], "cpu s / threads": v["cpu_s"] / args.threads}
+            for k, v in medians.items()
+        },
         ylabel="learner seconds per step",
         title=f"boundary cut: {ratio_wall:.2f}x less learner wall time ({ratio_cpu:.2f}x CPU), grad rel diff {rel:.1e}",
     )

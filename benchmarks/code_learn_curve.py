@@ -34,7 +34,10 @@ def read_curve(run: str) -> dict[str, list[tuple[int, float]]]:
     if not files:
         raise SystemExit(f"no csv/version_*/metrics.csv under {run}")
     curves: dict[str, list[tuple[int, float]]] = {
-        "val/pass_at_1": [], "val/pass_at_k": [], "rollout/reward_mean": [], "rollout/truncated_action_fraction": []
+        "val/pass_at_1": [],
+        "val/pass_at_k": [],
+        "rollout/reward_mean": [],
+        "rollout/truncated_action_fraction": [],
     }
     with open(files[-1]) as f:
         for row in csv.DictReader(f):
@@ -53,8 +56,11 @@ def ended_turn_fraction(curve: list[tuple[int, float]]) -> dict[str, float | int
     if not curve:
         return None
     values = [1.0 - v for _, v in sorted(curve)]
-    return {"first": sum(values[:WINDOW]) / len(values[:WINDOW]),
-            "last": sum(values[-WINDOW:]) / len(values[-WINDOW:]), "window_steps": WINDOW}
+    return {
+        "first": sum(values[:WINDOW]) / len(values[:WINDOW]),
+        "last": sum(values[-WINDOW:]) / len(values[-WINDOW:]),
+        "window_steps": WINDOW,
+    }
 
 
 def main() -> None:

@@ -190,7 +190,9 @@ def main(argv: list[str] | None = None) -> dict:
     steps: dict[str, list[dict]] = {mode: [] for mode in args.offloads}
     for rep in range(reps):  # modes interleaved rep by rep; stream/plain order alternates
         for k, mode in enumerate(args.offloads):
-            steps[mode].append(one_step(accumulators[mode], model, trajectories, stream_first=(rep + k) % 2 == 1))
+            steps[mode].append(
+                one_step(accumulators[mode], model, trajectories, stream_first=(rep + k) % 2 == 1)
+            )
             print(f"rep {rep + 1}/{reps} offload={mode}", file=sys.stderr, flush=True)
     profile = profile_components(model, params, trajectories[: 2 if args.quick else 6])
 

@@ -43,8 +43,12 @@ def fit_command(run_dir: Path, max_steps: int | None) -> list[str]:
 def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=RESULTS_DIR, help="directory for demo.json")
-    parser.add_argument("--run-dir", type=Path, default=ROOT / "runs" / "demo", help="the fit's default_root_dir")
-    parser.add_argument("--max-steps", type=int, default=None, help="override the config's 300 steps (smoke runs)")
+    parser.add_argument(
+        "--run-dir", type=Path, default=ROOT / "runs" / "demo", help="the fit's default_root_dir"
+    )
+    parser.add_argument(
+        "--max-steps", type=int, default=None, help="override the config's 300 steps (smoke runs)"
+    )
     args = parser.parse_args(argv)
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE=os.environ.get("WANDB_MODE", "offline"))

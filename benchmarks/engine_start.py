@@ -72,7 +72,9 @@ def measure(method: str, starts: int) -> dict:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_common_args(parser, default_threads=1)
-    parser.add_argument("--starts", type=int, default=None, help="starts after the first (default 5; quick 2)")
+    parser.add_argument(
+        "--starts", type=int, default=None, help="starts after the first (default 5; quick 2)"
+    )
     parser.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     starts = args.starts or (2 if args.quick else 5)

@@ -85,7 +85,9 @@ def trajectory_log(path: Path, steps: list[Any], tokenizer: Any) -> None:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_common_args(parser, default_threads=1)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    parser.add_argument(
+        "--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"]
+    )
     parser.add_argument("--model", default="0.6B", choices=["0.6B", "1.7B", "tiny"])
     parser.add_argument("--tiny", action="store_true", help="a tiny Qwen3 (the dry run)")
     parser.add_argument("--precision", default=None, help="Lightning precision (default bf16-true on CUDA)")
@@ -116,7 +118,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         seed=0,
     )  # fmt: skip
     device = "gpu" if args.device == "cuda" else "cpu"
-    record = fit("streaming", policy, data, args.steps, device=device, trainer_kwargs={"precision": precision})
+    record = fit(
+        "streaming", policy, data, args.steps, device=device, trainer_kwargs={"precision": precision}
+    )
     rows = step_rows(record.steps, args.warmup)
     args.out.mkdir(parents=True, exist_ok=True)
     trajectory_log(args.out / "trajectories.jsonl", record.steps, tokenizer)
@@ -136,7 +140,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "seconds": time.monotonic() - started,
     }  # fmt: skip
     if args.device == "cuda":
-        result["peak_vram_bytes"] = int(torch.cuda.max_memory_allocated())  # the learner's (the engine is another process)
+        result["peak_vram_bytes"] = int(
+            torch.cuda.max_memory_allocated()
+        )  # the learner's (the engine is another process)
     path = write_result(args.out, NAME, result)
     print(f"engine {result['engine_tokens_per_s_median']:.0f} tokens/s, learner idle "
           f"{result['learner_idle_fraction_median']:.1%}, staleness max {result['staleness_max']}, "

@@ -76,7 +76,10 @@ DEFAULT_VARIANTS = ("fp32", "bf16", "bf16_pinned", "bf16_zero1")
 LORA = LoraSettings(r=16, alpha=32)
 #: (numerator, denominator) variants of the reported ratios
 RATIOS = (
-    ("bf16", "fp32"), ("bf16_pinned", "bf16"), ("bf16_zero1", "bf16"), ("bf16_lora", "bf16"),
+    ("bf16", "fp32"),
+    ("bf16_pinned", "bf16"),
+    ("bf16_zero1", "bf16"),
+    ("bf16_lora", "bf16"),
     ("bf16_lora_pinned", "bf16_lora"),
 )
 

@@ -52,7 +52,9 @@ def size_label(n: int) -> str:
 
 def run_mode(args: argparse.Namespace, mode: str, least: int | str = 1) -> dict:
     workload = argparse.Namespace(
-        balanced_hidden=args.hidden, balanced_latency_median_s=args.latency_median_s, balanced_context_tokens=0
+        balanced_hidden=args.hidden,
+        balanced_latency_median_s=args.latency_median_s,
+        balanced_context_tokens=0,
     )
     model, tasks = time_to_target.workload(workload, "balanced")
     torch.manual_seed(args.seed)
@@ -128,10 +130,20 @@ def main(argv: list[str] | None = None) -> dict:
     payload = {
         "description": "learner cost per trajectory by call size, before and after the step's last verdict",
         "modes": modes,
-        "streaming_over_sync_backward_s": modes["streaming"]["backward_s_median"] / modes["sync"]["backward_s_median"],
+        "streaming_over_sync_backward_s": modes["streaming"]["backward_s_median"]
+        / modes["sync"]["backward_s_median"],
         "settings": {
             k: getattr(args, k)
-            for k in ("steps", "warmup", "groups", "hidden", "latency_median_s", "seed", "lr", "min_batch_trajectories")
+            for k in (
+                "steps",
+                "warmup",
+                "groups",
+                "hidden",
+                "latency_median_s",
+                "seed",
+                "lr",
+                "min_batch_trajectories",
+            )
         },
         "threads": args.threads,
         "quick": args.quick,
@@ -159,7 +171,9 @@ def main(argv: list[str] | None = None) -> dict:
             f"learner CPU {result['cpu_over_sync']:.2f}x; waited for {result['waited_for_rows_median']:.0f} rows"
         )
         for label, cell in result["by_call_size"].items():
-            text = ", ".join(f"{w}: {v['ms_per_trajectory']:.2f} ms x {v['trajectories']}" for w, v in cell.items())
+            text = ", ".join(
+                f"{w}: {v['ms_per_trajectory']:.2f} ms x {v['trajectories']}" for w, v in cell.items()
+            )
             print(f"  {label:>5} per call: {text}")
     print(f"streaming / sync backward seconds per step: {payload['streaming_over_sync_backward_s']:.2f}")
     print(f"wrote {path}")

@@ -58,6 +58,8 @@ def planned(num_params: int, device: torch.device, **kw: Any) -> Any:
     """The planner's plan for an fp32 model of ``num_params`` trainable parameters on ``device``."""
     accelerator = "gpu" if device.type == "cuda" else "cpu"
     return plan_memory(PlanInputs(ModelShape(num_params, num_params, 4), accelerator=accelerator, **kw))
+
+
 #: name -> (hidden, intermediate, layers, vocab)
 SIZES = {
     "S": (64, 256, 2, 256),
@@ -142,7 +144,11 @@ def accumulator_curve(size: str, offload: str, max_groups: int, device: torch.de
     peak = report.peak_bytes
     last = curve[-1]
     # every group open, two rewarded trajectories each (the third is scored after the snapshot, nothing held)
-    plan_sums = planned(P, device, groups_per_step=max_groups, group_size=3, max_held_trajectories=0).row("group sums").total
+    plan_sums = (
+        planned(P, device, groups_per_step=max_groups, group_size=3, max_held_trajectories=0)
+        .row("group sums")
+        .total
+    )
     out = {
         "size": size,
         "offload": offload,
@@ -195,12 +201,23 @@ def strategy_run(
         seed=0,
     )
     record = fit(
-        "streaming", policy, data, steps, device=device.type, offload=offload, max_open_groups=max_open,
+        "streaming",
+        policy,
+        data,
+        steps,
+        device=device.type,
+        offload=offload,
+        max_open_groups=max_open,
         max_held_trajectories=held_bound,
     )
     plan = planned(
-        P, device, groups_per_step=groups, group_size=group_size, max_open_groups=max_open,
-        max_held_trajectories=held_bound, offload=offload,
+        P,
+        device,
+        groups_per_step=groups,
+        group_size=group_size,
+        max_open_groups=max_open,
+        max_held_trajectories=held_bound,
+        offload=offload,
     )
     plan_acc = plan.bytes_of(*ACCUMULATOR_ROWS)
     rows = []

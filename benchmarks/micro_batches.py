@@ -40,7 +40,11 @@ def game_batch(n: int, seed: int) -> list[Trajectory]:
         segments = []
         for _ in range(rng.randint(1, 4)):
             segments += [Segment((rng.randrange(8),), True), Segment((8 + rng.randrange(4),), False)]
-        out.append(Trajectory(f"g{i // 8}-t{i % 8}", f"g{i // 8}", i % 8, (12,), tuple(segments), 0, 1, "stop", 0.0, 0.0))
+        out.append(
+            Trajectory(
+                f"g{i // 8}-t{i % 8}", f"g{i // 8}", i % 8, (12,), tuple(segments), 0, 1, "stop", 0.0, 0.0
+            )
+        )
     return out
 
 
@@ -74,7 +78,9 @@ def measure(sizes: list[int], repeats: int) -> dict:
                     samples[f]["wall"].append(wall)
                     samples[f]["cpu"].append(cpu)
                     forwards[f].append(k)
-        seconds = {str(f): {"wall_s": median(s["wall"]), "cpu_s": median(s["cpu"])} for f, s in samples.items()}
+        seconds = {
+            str(f): {"wall_s": median(s["wall"]), "cpu_s": median(s["cpu"])} for f, s in samples.items()
+        }
         out[str(n)] = {
             "seconds": seconds,
             "forwards_median": {str(f): median(k) for f, k in forwards.items()},

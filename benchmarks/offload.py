@@ -64,7 +64,9 @@ def held_backward_seconds(model, offload: str, n: int, tokens: int, device: str,
         if device == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        logp = torch.log_softmax(model(input_ids=x).logits[0, :-1].float(), -1).gather(1, x[0, 1:, None]).sum()
+        logp = (
+            torch.log_softmax(model(input_ids=x).logits[0, :-1].float(), -1).gather(1, x[0, 1:, None]).sum()
+        )
         acc.add_logprob(tid, logp)
         if device == "cuda":  # the compute stream only: a copy in flight on the side stream is not waited
             torch.cuda.current_stream().synchronize()  # for unless the next backward needs its staging buffer
@@ -83,7 +85,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--trajectories", type=int, default=12)
     ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--repeats", type=int, default=1, help="steps per (mode, way), interleaved; medians over all")
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="steps per (mode, way), interleaved; medians over all"
+    )
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--out", default="runs/bench-offload")
     args = ap.parse_args(argv)
@@ -91,12 +95,16 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     model = policy(args.device, args.hidden, args.layers, args.vocab)
     modes = ["none", "cpu", "pinned"] if args.device == "cuda" else ["none", "cpu"]
-    seconds: dict[str, dict[str, list[float]]] = {w: {m: [] for m in modes} for w in ("reserved", "unreserved")}
+    seconds: dict[str, dict[str, list[float]]] = {
+        w: {m: [] for m in modes} for w in ("reserved", "unreserved")
+    }
     built: dict[str, list[float]] = {m: [] for m in modes}
     for _ in range(args.repeats):  # interleaved, so a slow phase of a shared machine hits every mode
         for way in ("reserved", "unreserved"):
             for mode in modes:
-                r = held_backward_seconds(model, mode, args.trajectories, args.tokens, args.device, way == "reserved")
+                r = held_backward_seconds(
+                    model, mode, args.trajectories, args.tokens, args.device, way == "reserved"
+                )
                 seconds[way][mode] += r["seconds"]
                 if way == "reserved":
                     built[mode].append(r["built_s"])
@@ -111,7 +119,9 @@ def main(argv: list[str] | None = None) -> dict:
         "median_held_backward_s": medians["reserved"],
         "ratio_to_none": {m: medians["reserved"][m] / medians["reserved"]["none"] for m in modes},
         "median_held_backward_s_unreserved": medians["unreserved"],
-        "ratio_to_none_unreserved": {m: medians["unreserved"][m] / medians["unreserved"]["none"] for m in modes},
+        "ratio_to_none_unreserved": {
+            m: medians["unreserved"][m] / medians["unreserved"]["none"] for m in modes
+        },
         "reserve_s": {m: statistics.median(v) for m, v in built.items()},
         "reserved_host_buffers": args.trajectories + 2,
     }

@@ -82,13 +82,19 @@ def train_teacher(args: argparse.Namespace) -> Path:
             print(f"  teacher step {trainer.global_step}: reward {mean_reward(stats):.3f}", flush=True)
 
     record = fit(
-        "streaming", policy, _data(args, 0, None), args.teacher_steps, on_step=keep,
+        "streaming",
+        policy,
+        _data(args, 0, None),
+        args.teacher_steps,
+        on_step=keep,
         trainer_kwargs={"gradient_clip_val": 1.0},
     )
     path.parent.mkdir(parents=True, exist_ok=True)
     captured["trainer"].save_checkpoint(str(path))
     tail = [mean_reward(s) for s in record.steps[-WINDOW:]]
-    print(f"teacher saved to {path}; last {WINDOW} steps' mean reward {statistics.fmean(tail):.3f}", flush=True)
+    print(
+        f"teacher saved to {path}; last {WINDOW} steps' mean reward {statistics.fmean(tail):.3f}", flush=True
+    )
     return path
 
 
@@ -124,16 +130,30 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, teacher: Path) -> dic
     torch.manual_seed(1000 + seed)  # a fresh student, not the teacher's initialisation
     policy = GRPOPolicy(config=TOY_MODEL, lr=3e-3, objective=ARMS[arm])
     config = TeacherConfig(ckpt_path=str(teacher)) if ARMS[arm].needs_teacher else None
+
     def record(s: _Stop, done: bool = False) -> dict[str, Any]:
-        return {"arm": arm, "seed": seed, "steps_to_target": s.reached, "seconds_to_target": s.seconds,
-                "rewards": s.rewards, "complete": done, "seconds": time.monotonic() - s.start}
+        return {
+            "arm": arm,
+            "seed": seed,
+            "steps_to_target": s.reached,
+            "seconds_to_target": s.seconds,
+            "rewards": s.rewards,
+            "complete": done,
+            "seconds": time.monotonic() - s.start,
+        }
 
     def partial(s: _Stop) -> None:
         _write(args, teacher, [*args.done, record(s)], name=f"{NAME}-partial-{arm}-{seed}")
 
     stop = _Stop(partial)
-    fit("streaming", policy, _data(args, seed, config), args.max_steps, on_step=stop,
-        trainer_kwargs={"gradient_clip_val": 1.0})
+    fit(
+        "streaming",
+        policy,
+        _data(args, seed, config),
+        args.max_steps,
+        on_step=stop,
+        trainer_kwargs={"gradient_clip_val": 1.0},
+    )
     print(f"  {arm} seed {seed}: reached {TARGET} at step {stop.reached} ({stop.seconds} s)", flush=True)
     return record(stop, done=True)
 
@@ -148,8 +168,13 @@ def _plot(runs: list[dict[str, Any]], path: Path) -> None:
     for r in runs:
         rewards = r["rewards"]
         smooth = [statistics.fmean(rewards[max(0, i - WINDOW + 1) : i + 1]) for i in range(len(rewards))]
-        ax.plot(range(1, len(smooth) + 1), smooth, color=COLORS[r["arm"]], alpha=0.8,
-                label=r["arm"] if r["seed"] == runs[0]["seed"] else None)
+        ax.plot(
+            range(1, len(smooth) + 1),
+            smooth,
+            color=COLORS[r["arm"]],
+            alpha=0.8,
+            label=r["arm"] if r["seed"] == runs[0]["seed"] else None,
+        )
     ax.axhline(TARGET, color="grey", linestyle=":")
     ax.set_xlabel("step")
     ax.set_ylabel(f"mean reward ({WINDOW}-step moving average)")
@@ -171,18 +196,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--teacher-only", action="store_true", help="train (or find) the teacher and stop")
     parser.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms to run")
     parser.add_argument("--seed-list", default=None, help="comma-separated seeds (default: 0..seeds-1)")
-    parser.add_argument("--merge", type=Path, nargs="*", default=None,
-                        help="combine the runs of these opd.json files (parallel partial runs) and exit")
+    parser.add_argument(
+        "--merge",
+        type=Path,
+        nargs="*",
+        default=None,
+        help="combine the runs of these opd.json files (parallel partial runs) and exit",
+    )
     args = parser.parse_args(argv)
     args.load_start = load_average()
     if args.quick:
         args.seeds, args.max_steps, args.teacher_steps = 1, 40, 40
     if args.merge:
         parts = [json.loads(p.read_text()) for p in args.merge]
-        runs = sorted((r for part in parts for r in part["runs"]), key=lambda r: (list(ARMS).index(r["arm"]), r["seed"]))
+        runs = sorted(
+            (r for part in parts for r in part["runs"]), key=lambda r: (list(ARMS).index(r["arm"]), r["seed"])
+        )
         args.load_start = [p.get("load_average_start", p.get("load_average")) for p in parts]
-        settings = {k: v for k, v in parts[0]["settings"].items() if k in ("groups", "group_size", "max_steps")}
-        args.groups, args.group_size, args.max_steps = settings["groups"], settings["group_size"], settings["max_steps"]
+        settings = {
+            k: v for k, v in parts[0]["settings"].items() if k in ("groups", "group_size", "max_steps")
+        }
+        args.groups, args.group_size, args.max_steps = (
+            settings["groups"],
+            settings["group_size"],
+            settings["max_steps"],
+        )
         _write(args, Path(parts[0]["teacher"]), runs, merged=[str(p) for p in args.merge])
         return
     torch.set_num_threads(args.threads)
@@ -203,7 +241,11 @@ def _median_or_none(values: list[float | None], digits: int | None = None) -> fl
 
 
 def _write(
-    args: argparse.Namespace, teacher: Path, runs: list[dict[str, Any]], merged: list[str] | None = None, name: str = NAME
+    args: argparse.Namespace,
+    teacher: Path,
+    runs: list[dict[str, Any]],
+    merged: list[str] | None = None,
+    name: str = NAME,
 ) -> None:
     summary = {}
     for arm in ARMS:
@@ -215,9 +257,12 @@ def _write(
             "reached": f"{len(reached)}/{len(mine)}",
             "steps_to_target": [r["steps_to_target"] for r in mine],
             "steps_run": [len(r["rewards"]) for r in mine],
-            "last_moving_average": [round(statistics.fmean(r["rewards"][-WINDOW:]), 3) if r["rewards"] else None
-                                    for r in mine],
-            "seconds_to_target": [round(r["seconds_to_target"], 1) if r["seconds_to_target"] else None for r in mine],
+            "last_moving_average": [
+                round(statistics.fmean(r["rewards"][-WINDOW:]), 3) if r["rewards"] else None for r in mine
+            ],
+            "seconds_to_target": [
+                round(r["seconds_to_target"], 1) if r["seconds_to_target"] else None for r in mine
+            ],
             # a run that never reached the target counts as infinitely late: a median of None
             # means most seeds did not reach it within their budget
             "median_steps": _median_or_none([r["steps_to_target"] for r in mine]),
@@ -228,8 +273,14 @@ def _write(
         "teacher": str(teacher),
         "target": TARGET,
         "window": WINDOW,
-        "settings": {"groups": args.groups, "group_size": args.group_size, "max_steps": args.max_steps,
-                     "threads": args.threads, "latency": "none", "mode": "streaming"},
+        "settings": {
+            "groups": args.groups,
+            "group_size": args.group_size,
+            "max_steps": args.max_steps,
+            "threads": args.threads,
+            "latency": "none",
+            "mode": "streaming",
+        },
         "objectives": {arm: obj.to_dict() for arm, obj in ARMS.items()},
         "summary": summary,
         "runs": runs,

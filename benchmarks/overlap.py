@@ -207,7 +207,8 @@ def step_rows(
                 "rollout_head_start_s": prev.step_end - gen_start,
                 # (content_ready in trace units, tokens) per trajectory: the release-date bound
                 "arrivals": sorted(
-                    (sched[schedule_index(r.trajectory_id, args.group_size)][0], r.num_tokens) for r in s.trajectories
+                    (sched[schedule_index(r.trajectory_id, args.group_size)][0], r.num_tokens)
+                    for r in s.trajectories
                 ),
             }
         )
@@ -259,7 +260,10 @@ def targets_met(
     targets: dict[str, float], efficiency: float, over_async: float, diagnosis: dict, modes: dict
 ) -> dict[str, bool]:
     """Each of the workload's targets (issue 16), plus staleness 0 in streaming."""
-    met = {"efficiency": efficiency >= targets["efficiency"], "streaming_staleness_0": modes["streaming"]["staleness_max"] == 0}
+    met = {
+        "efficiency": efficiency >= targets["efficiency"],
+        "streaming_staleness_0": modes["streaming"]["staleness_max"] == 0,
+    }
     if "streaming_throughput_over_async" in targets:
         met["streaming_throughput_over_async"] = over_async >= targets["streaming_throughput_over_async"]
     met["streaming_over_sync_learner_work"] = (
@@ -279,7 +283,9 @@ def main(argv: list[str] | None = None) -> dict:
     dtype = learner_dtype(args)  # CPUs without bf16 matmul units take seconds for 1024^3 in bf16
     size = 4096 if device.type == "cuda" else 1024 if dtype == torch.float32 else 256
     peak = args.peak_flops or peak_flops(device, size, dtype=dtype)
-    print(f"peak (best {size}^3 {dtype} matmul, {args.threads} threads): {peak / 1e9:.1f} GFLOP/s", flush=True)
+    print(
+        f"peak (best {size}^3 {dtype} matmul, {args.threads} threads): {peak / 1e9:.1f} GFLOP/s", flush=True
+    )
     workloads = [(args.seed + r, k) for r in range(args.rounds) for k in range(args.warmup, args.steps)]
     cal = calibrate(
         args,
@@ -287,13 +293,17 @@ def main(argv: list[str] | None = None) -> dict:
         workloads[:: max(1, len(workloads) // args.calibration_batches)][: args.calibration_batches],
     )
     balance_makespans = [
-        max(r for _, r in trace_schedule(args.trace, args.seed, k, args.groups, args.group_size)) for k in range(400)
+        max(r for _, r in trace_schedule(args.trace, args.seed, k, args.groups, args.group_size))
+        for k in range(400)
     ]
-    time_scale_s = args.time_scale or {
-        "sync": lambda: cal["sync_per_trajectory_s"],
-        "single": lambda: cal["single_s"],
-        "balance": lambda: balance_time_scale(balance_makespans, cal["sync_work_per_step_s"]),
-    }[args.calibrate]()
+    time_scale_s = (
+        args.time_scale
+        or {
+            "sync": lambda: cal["sync_per_trajectory_s"],
+            "single": lambda: cal["single_s"],
+            "balance": lambda: balance_time_scale(balance_makespans, cal["sync_work_per_step_s"]),
+        }[args.calibrate]()
+    )
     print(
         f"calibration: single {cal['single_s'] * 1e3:.1f} ms, sync {cal['sync_per_trajectory_s'] * 1e3:.1f} ms per "
         f"trajectory (padding x{cal['padding_factor_sync']:.2f}); time_scale_s = {time_scale_s * 1e3:.1f} ms",
@@ -368,7 +378,8 @@ def main(argv: list[str] | None = None) -> dict:
         "streaming_over_sync_learner_work": modes["streaming"]["busy_s"] / sync_work,
         "streaming_over_sync_cpu_per_step": modes["streaming"]["cpu_seconds_per_step"]
         / modes["sync"]["cpu_seconds_per_step"],
-        "async_over_sync_cpu_per_step": modes["async"]["cpu_seconds_per_step"] / modes["sync"]["cpu_seconds_per_step"],
+        "async_over_sync_cpu_per_step": modes["async"]["cpu_seconds_per_step"]
+        / modes["sync"]["cpu_seconds_per_step"],
         "streaming_backward_per_trajectory_s": stream_backward / trajectories,
         "sync_forward_backward_per_trajectory_s": sync_compute / trajectories,
         "makespan_s_mean": statistics.mean(makespans[k] for k in measured) * time_scale_s,

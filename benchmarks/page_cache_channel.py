@@ -76,8 +76,10 @@ class _Range(ctypes.Structure):
 
 
 class _Stat(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_uint64) for n in ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted",
-                                               "nr_recently_evicted")]
+    _fields_ = [
+        (n, ctypes.c_uint64)
+        for n in ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")
+    ]
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -112,8 +114,14 @@ def supply(root: str = "/usr") -> dict:
             files += 1
             total += (size + PAGE - 1) // PAGE
             cached += n
-    return {"supported": True, "files": files, "pages": total, "cached_pages": cached,
-            "cold_pages": total - cached, "cold_bytes": (total - cached) * PAGE}
+    return {
+        "supported": True,
+        "files": files,
+        "pages": total,
+        "cached_pages": cached,
+        "cold_pages": total - cached,
+        "cold_bytes": (total - cached) * PAGE,
+    }
 
 
 def pick_pages(n: int, seed: int) -> list[tuple[str, int]]:
@@ -177,8 +185,12 @@ def channel(n: int, seed: int) -> dict:
             budget = BoundedDir(work, 16 * 1024**2, 1000, 0o700)
             try:
                 chown_tree(work, lease.uid)
-                box = BwrapSandbox(work, lease.uid, BwrapConfig(SandboxLimits(timeout_s=300.0, max_output_bytes=1 << 24)),
-                                   budget=budget)
+                box = BwrapSandbox(
+                    work,
+                    lease.uid,
+                    BwrapConfig(SandboxLimits(timeout_s=300.0, max_output_bytes=1 << 24)),
+                    budget=budget,
+                )
                 result = box.run(f"python3 -c {shlex.quote(script)}", stdin=json.dumps(payload).encode())
             finally:
                 budget.remove()
@@ -194,25 +206,38 @@ def channel(n: int, seed: int) -> dict:
     best = min(sum((t > cut) == b for t, b in zip(latencies, bits)) for cut in sorted(latencies) + [0])
     error = best / len(bits)
     entropy = 0.0 if error in (0.0, 1.0) else -(error * math.log2(error) + (1 - error) * math.log2(1 - error))
-    return {"pages": len(pages), "ones": len(one), "cached_read_median_us": median(one) / 1000,
-            "cold_read_median_us": median(zero) / 1000, "best_threshold_error_rate": error,
-            "bits_per_page": 1.0 - entropy, "sender_fadvise": out["sender"].splitlines()[-1]}
+    return {
+        "pages": len(pages),
+        "ones": len(one),
+        "cached_read_median_us": median(one) / 1000,
+        "cold_read_median_us": median(zero) / 1000,
+        "best_threshold_error_rate": error,
+        "bits_per_page": 1.0 - entropy,
+        "sender_fadvise": out["sender"].splitlines()[-1],
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_common_args(parser)
     parser.add_argument("--pages", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     n = 256 if args.quick else args.pages
-    payload = {"settings": {"pages": n, "seed": args.seed, "spacing_bytes": SPACING, "kernel": os.uname().release},
-               "supply": supply(), "channel": channel(n, args.seed)}
+    payload = {
+        "settings": {"pages": n, "seed": args.seed, "spacing_bytes": SPACING, "kernel": os.uname().release},
+        "supply": supply(),
+        "channel": channel(n, args.seed),
+    }
     path = write_result(args.out, NAME, payload)
     ch, su = payload["channel"], payload["supply"]
-    print(f"{path}: cached {ch['cached_read_median_us']:.1f} us vs cold {ch['cold_read_median_us']:.1f} us, "
-          f"error {ch['best_threshold_error_rate']:.4f}, {ch['bits_per_page']:.3f} bits/page; "
-          f"cold /usr pages now: {su.get('cold_pages')}; sender fadvise: {ch['sender_fadvise']}")
+    print(
+        f"{path}: cached {ch['cached_read_median_us']:.1f} us vs cold {ch['cold_read_median_us']:.1f} us, "
+        f"error {ch['best_threshold_error_rate']:.4f}, {ch['bits_per_page']:.3f} bits/page; "
+        f"cold /usr pages now: {su.get('cold_pages')}; sender fadvise: {ch['sender_fadvise']}"
+    )
 
 
 if __name__ == "__main__":

@@ -27,10 +27,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-TIMING = re.compile(r"(_s(?=_|$|\b|\.)|seconds|time|wall|period|speed|per_s|_ms|ms_per|load|efficiency|idle|mfu|flops|"
-                    r"overhead|ratio|_over|rate|busy|bound|gap|samples|measured|rss|peak_bytes|waited|backward_by_path"
-                    r"|git_commit|command|dirty)", re.I)
-CURVE = re.compile(r"^(?P<run>.*?)(?:\.rewards\[(?P<i>\d+)\]|\.reward_by_step\[(?P<k>\d+)\]|\.steps\[(?P<j>\d+)\]\.reward_mean)$")
+TIMING = re.compile(
+    r"(_s(?=_|$|\b|\.)|seconds|time|wall|period|speed|per_s|_ms|ms_per|load|efficiency|idle|mfu|flops|"
+    r"overhead|ratio|_over|rate|busy|bound|gap|samples|measured|rss|peak_bytes|waited|backward_by_path"
+    r"|git_commit|command|dirty)",
+    re.I,
+)
+CURVE = re.compile(
+    r"^(?P<run>.*?)(?:\.rewards\[(?P<i>\d+)\]|\.reward_by_step\[(?P<k>\d+)\]|\.steps\[(?P<j>\d+)\]\.reward_mean)$"
+)
 
 
 def leaves(x: Any, path: str = "") -> dict[str, Any]:
@@ -68,22 +73,33 @@ def compare(before: Path, after: Path, rerun: Path | None) -> dict[str, Any]:
         a, b = leaves(json.loads((before / path.name).read_text())), leaves(json.loads(path.read_text()))
         other, counts = [], {"equal": 0, "timing": 0, "curve": 0, "other": 0}
         for key in sorted(set(a) & set(b)):
-            kind = ("equal" if a[key] == b[key] else "curve" if CURVE.match(key)
-                    else "timing" if TIMING.search(key) else "other")
+            kind = (
+                "equal"
+                if a[key] == b[key]
+                else "curve"
+                if CURVE.match(key)
+                else "timing"
+                if TIMING.search(key)
+                else "other"
+            )
             counts[kind] += 1
             if kind == "other":
                 other.append({"key": key, "before": a[key], "after": b[key]})
-        entry: dict[str, Any] = {**counts, "other_leaves": other,
-                                 "one_side_only": sorted(set(a) ^ set(b))}
+        entry: dict[str, Any] = {**counts, "other_leaves": other, "one_side_only": sorted(set(a) ^ set(b))}
         ca, cb = curves(a), curves(b)
         again = rerun / path.name if rerun is not None else None
         cr = curves(leaves(json.loads(again.read_text()))) if again is not None and again.exists() else None
         if ca:
-            entry["curves"] = {run: {"first_divergence_after": first_divergence(ca[run], cb.get(run, [])),
-                                     "first_divergence_rerun": "no rerun" if cr is None
-                                     else first_divergence(ca[run], cr.get(run, [])),
-                                     "steps": [len(ca[run]), len(cb.get(run, []))]}
-                               for run in ca}
+            entry["curves"] = {
+                run: {
+                    "first_divergence_after": first_divergence(ca[run], cb.get(run, [])),
+                    "first_divergence_rerun": "no rerun"
+                    if cr is None
+                    else first_divergence(ca[run], cr.get(run, [])),
+                    "steps": [len(ca[run]), len(cb.get(run, []))],
+                }
+                for run in ca
+            }
         files[path.name] = entry
     return files
 
@@ -97,17 +113,28 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--note", default="", help="what BEFORE and AFTER are (commits, machine, load)")
     args = parser.parse_args(argv)
     files = compare(args.before, args.after, args.rerun)
-    summary = {"command": " ".join(["python", "benchmarks/quick_compare.py", *(argv if argv is not None else sys.argv[1:])]),
-               "before": str(args.before), "after": str(args.after),
-               "rerun": str(args.rerun) if args.rerun else None, "note": args.note, "files": files}
+    summary = {
+        "command": " ".join(
+            ["python", "benchmarks/quick_compare.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "before": str(args.before),
+        "after": str(args.after),
+        "rerun": str(args.rerun) if args.rerun else None,
+        "note": args.note,
+        "files": files,
+    }
     out = args.out or args.before.parent / "quick_compare.json"
     out.write_text(json.dumps(summary, indent=1, default=str) + "\n")
     for name, e in files.items():
         div = ""
         if "curves" in e:
             div = "; curves first differ at " + ", ".join(
-                f"{c['first_divergence_after']} (rerun {c['first_divergence_rerun']})" for c in e["curves"].values())
-        print(f"{name}: {e['equal']} equal, {e['timing']} timing, {e['curve']} curve, {e['other']} other{div}")
+                f"{c['first_divergence_after']} (rerun {c['first_divergence_rerun']})"
+                for c in e["curves"].values()
+            )
+        print(
+            f"{name}: {e['equal']} equal, {e['timing']} timing, {e['curve']} curve, {e['other']} other{div}"
+        )
         for leaf in e["other_leaves"]:
             print(f"    {leaf['key']}: {leaf['before']} -> {leaf['after']}")
     print(f"wrote {out}")

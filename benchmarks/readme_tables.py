@@ -194,8 +194,11 @@ def vs_trl(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
                          f"{s(c['seconds_to_target_median'])} ({c['target_reached']})"))  # fmt: skip
     header = ("task", "trainer", "step (s)", "step / TRL", "CPU s / step", "CPU / TRL", "tokens / step",
               "reward, last 10 steps", f"to reward {d['settings']['target']} (reached)")  # fmt: skip
-    targets = [f"{name} {f2(t['value'])} (limit {t['limit']}): {'met' if t['met'] else 'missed'}"
-               for name, t in d["tasks"]["single"]["targets"].items() if "limit" in t]
+    targets = [
+        f"{name} {f2(t['value'])} (limit {t['limit']}): {'met' if t['met'] else 'missed'}"
+        for name, t in d["tasks"]["single"]["targets"].items()
+        if "limit" in t
+    ]
     la = d["loaded_machine"]
     return grid(header, rows) + (
         f"\nSingle-turn targets: {'; '.join(targets)}. Load average {la['load_average_start'][0]:.1f} at the start, "
@@ -215,16 +218,24 @@ def learning_curve(name: str, load: Callable[[str], dict[str, Any]]) -> str:
     reached = next((step for step, p in curve if p >= max(LEARNING_TARGET, 2 * first)), None)
     verdict = f"met at step {reached}" if reached is not None else "not met"
     header = ("step", *(str(step) for step, _ in curve))  # one column per evaluation
-    rows = [("held-out pass@1", *(f2(p) for _, p in curve)),
-            ("held-out pass@k", *(f2(at_k.get(step)) for step, _ in curve))]
+    rows = [
+        ("held-out pass@1", *(f2(p) for _, p in curve)),
+        ("held-out pass@k", *(f2(at_k.get(step)) for step, _ in curve)),
+    ]
     ended = load(name).get("ended_turn_fraction")
-    turns = "" if ended is None else (
-        f"\nActions that ended their turn (end-of-turn token within `max_action_tokens`), mean of the first "
-        f"and last {ended['window_steps']} training steps: {100 * ended['first']:.1f}% -> {100 * ended['last']:.1f}%.\n"
+    turns = (
+        ""
+        if ended is None
+        else (
+            f"\nActions that ended their turn (end-of-turn token within `max_action_tokens`), mean of the first "
+            f"and last {ended['window_steps']} training steps: {100 * ended['first']:.1f}% -> {100 * ended['last']:.1f}%.\n"
+        )
     )
-    return grid(header, rows) + (
-        f"\nTarget: held-out pass@1 >= {LEARNING_TARGET} and >= twice the first evaluation: {verdict}.\n"
-    ) + turns
+    return (
+        grid(header, rows)
+        + (f"\nTarget: held-out pass@1 >= {LEARNING_TARGET} and >= twice the first evaluation: {verdict}.\n")
+        + turns
+    )
 
 
 @table("code_learn")
@@ -254,7 +265,15 @@ def bf16(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
     rows = [(link("bf16_gradient", prefix), f"{d['streaming_vs_sync']['32-true']:.1e}",
              f"{d['streaming_vs_sync']['bf16-true']:.2%}",
              " / ".join(f"{d['bf16_vs_fp32'][m]:.2%}" for m in ("streaming", "sync")))]  # fmt: skip
-    return grid(("file", "streaming vs sync, fp32", "streaming vs sync, bf16-true", "bf16 vs fp32 (streaming / sync)"), rows)
+    return grid(
+        (
+            "file",
+            "streaming vs sync, fp32",
+            "streaming vs sync, bf16-true",
+            "bf16 vs fp32 (streaming / sync)",
+        ),
+        rows,
+    )
 
 
 @table("split_backward")
@@ -338,7 +357,10 @@ def marked(text: str) -> Iterator[tuple[str, str]]:
 def rewrite(path: Path, results: Path = RESULTS) -> str:
     text = path.read_text()
     return MARKED.sub(
-        lambda m: f"<!-- table: {m.group('name')} -->\n{render(m.group('name'), path, results)}<!-- /table -->", text
+        lambda m: (
+            f"<!-- table: {m.group('name')} -->\n{render(m.group('name'), path, results)}<!-- /table -->"
+        ),
+        text,
     )
 
 

@@ -38,15 +38,23 @@ LORA_RANK = 16  # gpu_scale.py's LoraSettings(r=16)
 ACCUMULATOR_ROWS = ("group sums", "held gradients", "staging")
 
 
-def plan_inputs(run: dict[str, Any], variant: dict[str, Any], held: int | None = None,
-                open_groups: int | None = None) -> PlanInputs:
+def plan_inputs(
+    run: dict[str, Any], variant: dict[str, Any], held: int | None = None, open_groups: int | None = None
+) -> PlanInputs:
     """The plan of one recorded variant (bounds overridable: what the run reached)."""
     arch = Architecture.of(run["config"])
     e = 2 if "bf16" in variant["precision"] else 4
-    base = ModelShape(variant["parameters"], variant["parameters"], e, arch,
-                      lora_params_per_rank=arch.lora_params_per_rank if arch else 0)
+    base = ModelShape(
+        variant["parameters"],
+        variant["parameters"],
+        e,
+        arch,
+        lora_params_per_rank=arch.lora_params_per_rank if arch else 0,
+    )
     if variant["lora"]:
-        base = replace_total(base, variant["parameters"] - LORA_RANK * base.lora_params_per_rank).with_lora(LORA_RANK)
+        base = replace_total(base, variant["parameters"] - LORA_RANK * base.lora_params_per_rank).with_lora(
+            LORA_RANK
+        )
     w = run["workload"]
     return PlanInputs(
         model=base,
@@ -129,8 +137,13 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     run = json.loads(path.read_text())
     rows = replan(run)
     out = Path(args.out) if args.out else path.with_name("replan.json")
-    record = {"benchmark": "replan_gpu", "source": str(path), "device": run.get("device"),
-              "workload": run.get("workload"), "variants": rows}
+    record = {
+        "benchmark": "replan_gpu",
+        "source": str(path),
+        "device": run.get("device"),
+        "workload": run.get("workload"),
+        "variants": rows,
+    }
     out.write_text(json.dumps(record, indent=2) + "\n")
     print(table(rows))
     return rows

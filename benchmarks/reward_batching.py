@@ -38,7 +38,9 @@ def main() -> None:
 
     reward = resolve_reward(REWARD)
     assert reward.path is not None
-    inp = RewardInput("What is 2 + 3?", "It is 5", {"prompt": "What is 2 + 3?", "answer": 5}, completion_ids=(1, 2, 3))
+    inp = RewardInput(
+        "What is 2 + 3?", "It is 5", {"prompt": "What is 2 + 3?", "answer": 5}, completion_ids=(1, 2, 3)
+    )
     call_reward(reward, inp)  # a warm worker, as in a run
     rows = []
     for group in (4, 8, 16):
@@ -49,16 +51,26 @@ def main() -> None:
                 call_reward(reward, inp)
             single.append(time.perf_counter() - start)
             positional, keywords = reward.convention.call(inp, reward.params, reward.kwargs)
-            keywords = {k: v * group if isinstance(v, list) else v for k, v in keywords.items()}  # G completions
+            keywords = {
+                k: v * group if isinstance(v, list) else v for k, v in keywords.items()
+            }  # G completions
             start = time.perf_counter()
             status, values = reward_workers().exchange(reward.path, positional, keywords, 60.0, None)
             batched.append(time.perf_counter() - start)
             assert status == "ok" and len(values) == group
-        rows.append({"group_size": group, "per_trajectory_ms": 1e3 * median(single),
-                     "per_group_ms": 1e3 * median(batched),
-                     "per_call_ms": 1e3 * median(single) / group})
-        print(f"G={group:2d}: {group} calls of 1: {rows[-1]['per_trajectory_ms']:.2f} ms; 1 call of {group}: "
-              f"{rows[-1]['per_group_ms']:.2f} ms; {rows[-1]['per_call_ms']:.2f} ms per call", flush=True)
+        rows.append(
+            {
+                "group_size": group,
+                "per_trajectory_ms": 1e3 * median(single),
+                "per_group_ms": 1e3 * median(batched),
+                "per_call_ms": 1e3 * median(single) / group,
+            }
+        )
+        print(
+            f"G={group:2d}: {group} calls of 1: {rows[-1]['per_trajectory_ms']:.2f} ms; 1 call of {group}: "
+            f"{rows[-1]['per_group_ms']:.2f} ms; {rows[-1]['per_call_ms']:.2f} ms per call",
+            flush=True,
+        )
     write_result(args.out, NAME, {"reward": REWARD, "repeats": repeats, "rows": rows})
 
 

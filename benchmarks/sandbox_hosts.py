@@ -34,7 +34,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT))  # the tests' task-image helpers (tests/envs): the same instance as make test-containers
+sys.path.insert(
+    0, str(ROOT)
+)  # the tests' task-image helpers (tests/envs): the same instance as make test-containers
 from _common import add_common_args, median, write_bar_chart, write_result  # noqa: E402
 
 NAME = "sandbox_hosts"
@@ -74,8 +76,10 @@ def one_round(source: Any, task: Any, commands: int) -> dict[str, float]:
                 raise RuntimeError("a command failed")
             times.append(time.perf_counter() - start)
         out["command"] = median(times)
-        env.step(codec.encode(f"bash\ncat > /tmp/p <<'EOF_P'\n{task.gold_patch}EOF_P\ngit apply /tmp/p")
-                 + (ByteCodec.END_OF_ACTION,))
+        env.step(
+            codec.encode(f"bash\ncat > /tmp/p <<'EOF_P'\n{task.gold_patch}EOF_P\ngit apply /tmp/p")
+            + (ByteCodec.END_OF_ACTION,)
+        )
         env.step(codec.encode("submit"))
         start = time.perf_counter()
         if env.verdict() != 1.0:
@@ -112,31 +116,58 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         path = os.path.join(ctx, "instances.jsonl")
         with open(path, "w") as f:
             f.write(json.dumps(row) + "\n")
-        common = dict(instances=path, engine="podman", memory="1g", nproc=256, eval_timeout_s=300,
-                      uid_base=3_980_000, uid_count=16)
-        sides = {"this host": SWEbenchTasks(**common),
-                 "sandbox host": SWEbenchTasks(**common, sandbox_hosts=[{"url": service.url, "capacity": 4}])}
+        common = dict(
+            instances=path,
+            engine="podman",
+            memory="1g",
+            nproc=256,
+            eval_timeout_s=300,
+            uid_base=3_980_000,
+            uid_count=16,
+        )
+        sides = {
+            "this host": SWEbenchTasks(**common),
+            "sandbox host": SWEbenchTasks(**common, sandbox_hosts=[{"url": service.url, "capacity": 4}]),
+        }
         samples: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
         for r in range(args.rounds):
             for side, source in sides.items():  # interleaved: load drift hits both sides alike
                 samples[side].append(one_round(source, task, args.commands))
-                print(f"round {r + 1}/{args.rounds} {side}: "
-                      + ", ".join(f"{k} {v:.3f} s" for k, v in samples[side][-1].items()), flush=True)
+                print(
+                    f"round {r + 1}/{args.rounds} {side}: "
+                    + ", ".join(f"{k} {v:.3f} s" for k, v in samples[side][-1].items()),
+                    flush=True,
+                )
     finally:
         service.close()
         shutil.rmtree(ctx, ignore_errors=True)
     medians = {side: {p: median(s[p] for s in rows) for p in PHASES} for side, rows in samples.items()}
     ratios = {p: medians["sandbox host"][p] / medians["this host"][p] for p in PHASES}
     for p in PHASES:
-        print(f"{p}: this host {medians['this host'][p]:.3f} s, sandbox host {medians['sandbox host'][p]:.3f} s "
-              f"({ratios[p]:.2f}x)")
-    payload = {"settings": {"rounds": args.rounds, "commands": args.commands, "image": row["image"],
-                            "service": "podman system service on a unix socket of this machine"},
-               "load_average_start": load_start, "load_average_end": [round(x, 2) for x in os.getloadavg()],
-               "median_seconds": medians, "sandbox_host_over_this_host": ratios, "samples": samples}
+        print(
+            f"{p}: this host {medians['this host'][p]:.3f} s, sandbox host {medians['sandbox host'][p]:.3f} s "
+            f"({ratios[p]:.2f}x)"
+        )
+    payload = {
+        "settings": {
+            "rounds": args.rounds,
+            "commands": args.commands,
+            "image": row["image"],
+            "service": "podman system service on a unix socket of this machine",
+        },
+        "load_average_start": load_start,
+        "load_average_end": [round(x, 2) for x in os.getloadavg()],
+        "median_seconds": medians,
+        "sandbox_host_over_this_host": ratios,
+        "samples": samples,
+    }
     path = write_result(args.out, NAME, payload)
-    write_bar_chart(Path(args.out) / f"{NAME}.png", {p: {s: medians[s][p] for s in medians} for p in PHASES},
-                    ylabel="seconds (median)", title="SWE-bench episode phases: this host's engine vs a sandbox host")
+    write_bar_chart(
+        Path(args.out) / f"{NAME}.png",
+        {p: {s: medians[s][p] for s in medians} for p in PHASES},
+        ylabel="seconds (median)",
+        title="SWE-bench episode phases: this host's engine vs a sandbox host",
+    )
     print(f"wrote {path}")
     return payload
 

@@ -51,21 +51,35 @@ def rows() -> list[dict[str, str]]:
             shape = model_shape(spec, lora)
             for offload in ("none", "pinned"):
                 base = PlanInputs(
-                    model=shape, offload=offload, group_size=8, groups_per_step=MAX_GROUPS,
-                    max_tokens_per_trajectory=4096, max_batch_trajectories=1, max_open_groups=1,
+                    model=shape,
+                    offload=offload,
+                    group_size=8,
+                    groups_per_step=MAX_GROUPS,
+                    max_tokens_per_trajectory=4096,
+                    max_batch_trajectories=1,
+                    max_open_groups=1,
                     device_overhead_bytes=GPU_RUNTIME_BYTES,
                 )
                 plan = plan_memory(base)
                 row = {
-                    "model": name, "train": train, "offload": offload,
-                    "device GiB": _gib(plan.device_bytes), "pinned host GiB": _gib(plan.pinned_host_bytes),
+                    "model": name,
+                    "train": train,
+                    "offload": offload,
+                    "device GiB": _gib(plan.device_bytes),
+                    "pinned host GiB": _gib(plan.pinned_host_bytes),
                 }
                 for gpu, capacity in GPUS.items():
-                    fitting = [k for k in range(1, MAX_GROUPS + 1)
-                               if plan_memory(replace(base, max_open_groups=k)).fits(capacity, HOST).fits]
+                    fitting = [
+                        k
+                        for k in range(1, MAX_GROUPS + 1)
+                        if plan_memory(replace(base, max_open_groups=k)).fits(capacity, HOST).fits
+                    ]
                     row[gpu] = f"yes, max_open_groups <= {max(fitting)}" if fitting else "no"
-                longest = [t for t in range(1024, 32768 + 1, 1024)
-                           if plan_memory(replace(base, max_tokens_per_trajectory=t)).fits(GPUS["141 GB"], HOST).fits]
+                longest = [
+                    t
+                    for t in range(1024, 32768 + 1, 1024)
+                    if plan_memory(replace(base, max_tokens_per_trajectory=t)).fits(GPUS["141 GB"], HOST).fits
+                ]
                 row["longest trajectory on 141 GB"] = f"{max(longest)} tokens" if longest else "< 1024 tokens"
                 out.append(row)
     return out

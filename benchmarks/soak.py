@@ -54,7 +54,11 @@ EXACT = ("threads", "fds", "children", "shm_segments")
 def _shm_maps(pid: int) -> set[str]:
     try:
         with open(f"/proc/{pid}/maps") as maps:
-            return {line.split()[5] for line in maps if len(line.split()) >= 6 and line.split()[5].startswith("/dev/shm/")}
+            return {
+                line.split()[5]
+                for line in maps
+                if len(line.split()) >= 6 and line.split()[5].startswith("/dev/shm/")
+            }
     except OSError:
         return set()
 
@@ -126,7 +130,11 @@ class Sampler(Callback):
         if not window:
             return None
         keys = [k for k in window[0] if k != "step"]
-        return {"step": step, "window_steps": [w["step"] for w in window], **{k: min(w[k] for w in window) for k in keys}}
+        return {
+            "step": step,
+            "window_steps": [w["step"] for w in window],
+            **{k: min(w[k] for w in window) for k in keys},
+        }
 
     @property
     def before(self) -> dict[str, float] | None:
@@ -213,12 +221,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     add_common_args(parser, default_threads=1)
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--warmup", type=int, default=20)
-    parser.add_argument("--window", type=int, default=5,
-                        help="before/after: per-metric minimum over this many consecutive step ends")
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=5,
+        help="before/after: per-metric minimum over this many consecutive step ends",
+    )
     parser.add_argument("--groups", type=int, default=8, help="(toy.yaml: 16; 8 x 4 keeps 500 steps short)")
     parser.add_argument("--group-size", type=int, default=4, help="(toy.yaml: 8)")
     parser.add_argument("--every", type=int, default=25, help="sample every N steps for the series")
-    parser.add_argument("--latency-median", type=float, default=0.0, help="verdict latency median, s (0: none)")
+    parser.add_argument(
+        "--latency-median", type=float, default=0.0, help="verdict latency median, s (0: none)"
+    )
     parser.add_argument("--rss-bound-mb", type=float, default=50.0)
     args = parser.parse_args(argv)
     if args.quick:
@@ -226,11 +240,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     load_start = load_average()
     result = run(
-        args.steps, args.warmup, args.groups, args.group_size, args.every, args.latency_median, args.rss_bound_mb,
+        args.steps,
+        args.warmup,
+        args.groups,
+        args.group_size,
+        args.every,
+        args.latency_median,
+        args.rss_bound_mb,
         args.window,
     )
-    payload = {"threads": args.threads, "load_average_start": load_start, "load_average_end": load_average(),
-               **result}
+    payload = {
+        "threads": args.threads,
+        "load_average_start": load_start,
+        "load_average_end": load_average(),
+        **result,
+    }
     path = write_result(args.out, "soak", payload)
     d = result["delta"]
     print(

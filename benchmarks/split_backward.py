@@ -73,8 +73,16 @@ def make_batch(groups: int, size: int, prompt: int, action: int, vocab: int) -> 
             tokens = tuple(rng.randrange(vocab) for _ in range(n))
             out.append(
                 Trajectory(
-                    f"g{g}-t{k}", f"g{g}", k, tuple(rng.randrange(vocab) for _ in range(prompt)),
-                    (Segment(tokens, True),), 0, 1, "stop", 0.0, 0.0,
+                    f"g{g}-t{k}",
+                    f"g{g}",
+                    k,
+                    tuple(rng.randrange(vocab) for _ in range(prompt)),
+                    (Segment(tokens, True),),
+                    0,
+                    1,
+                    "stop",
+                    0.0,
+                    0.0,
                 )  # fmt: skip
             )
     return out
@@ -126,7 +134,9 @@ def run(policy: GRPOPolicy, batch, early, size, way: str, backend: SplitBackend)
     return grad, report.backward_passes
 
 
-def measure(name: str, groups: int, size: int, repeats: int, forward_tokens: int, device: str = "cpu") -> dict:
+def measure(
+    name: str, groups: int, size: int, repeats: int, forward_tokens: int, device: str = "cpu"
+) -> dict:
     config, prompt, action = MODELS[name]
     torch.manual_seed(0)
     policy = GRPOPolicy(config=config, score_forward_tokens=forward_tokens).to(device)
@@ -143,7 +153,11 @@ def measure(name: str, groups: int, size: int, repeats: int, forward_tokens: int
             samples[way]["wall"].append(wall)
             samples[way]["cpu"].append(cpu)
     medians = {w: {"wall_s": median(v["wall"]), "cpu_s": median(v["cpu"])} for w, v in samples.items()}
-    rel = {w: float((grads[w] - grads["per_job"]).norm() / grads["per_job"].norm()) for w in WAYS if w != "per_job"}
+    rel = {
+        w: float((grads[w] - grads["per_job"]).norm() / grads["per_job"].norm())
+        for w in WAYS
+        if w != "per_job"
+    }
     return {
         "parameters": sum(p.numel() for p in policy.parameters()),
         "trajectories": len(batch),
@@ -176,14 +190,18 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     load_start = load_average()
     models = {
-        name: measure(name, args.groups, args.group_size, args.repeats, args.score_forward_tokens, args.device)
+        name: measure(
+            name, args.groups, args.group_size, args.repeats, args.score_forward_tokens, args.device
+        )
         for name in args.models
     }
     payload = {
         "device": args.device,
         "device_name": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
         "workload": {
-            "groups": args.groups, "group_size": args.group_size, "repeats": args.repeats,
+            "groups": args.groups,
+            "group_size": args.group_size,
+            "repeats": args.repeats,
             "score_forward_tokens": args.score_forward_tokens,
         },  # fmt: skip
         "models": models,
@@ -193,7 +211,11 @@ def main(argv: list[str] | None = None) -> dict:
     write_result(args.out, "split_backward", payload)
     write_bar_chart(
         Path(args.out) / "split_backward.png",
-        {f"{name} {way}": {"wall s": m["seconds"][way]["wall_s"]} for name, m in models.items() for way in WAYS},
+        {
+            f"{name} {way}": {"wall s": m["seconds"][way]["wall_s"]}
+            for name, m in models.items()
+            for way in WAYS
+        },
         ylabel="seconds to add one batch",
         title="one call spanning every destination: separate calls, a backward per destination, split",
     )

@@ -49,8 +49,14 @@ def _quantile(xs: list[float], q: float) -> float:
 def distribution(xs: list[float]) -> dict[str, float] | None:
     if not xs:
         return None
-    return {"min": min(xs), "p10": _quantile(xs, 0.1), "median": statistics.median(xs), "p90": _quantile(xs, 0.9),
-            "max": max(xs), "mean": statistics.fmean(xs)}
+    return {
+        "min": min(xs),
+        "p10": _quantile(xs, 0.1),
+        "median": statistics.median(xs),
+        "p90": _quantile(xs, 0.9),
+        "max": max(xs),
+        "mean": statistics.fmean(xs),
+    }
 
 
 def _generation(e: dict[str, Any]) -> float:
@@ -74,7 +80,9 @@ def episode_summary(episodes: list[dict[str, Any]], learner_idle_fraction: float
         "episode_seconds": distribution(times),
         "phase_seconds_median": {k: statistics.median(v) for k, v in phases.items() if v},
         "phase_seconds_mean": {k: statistics.fmean(v) for k, v in phases.items() if v},
-        "commands_per_episode_mean": statistics.fmean(e.get("commands", 0) for e in episodes) if episodes else None,
+        "commands_per_episode_mean": statistics.fmean(e.get("commands", 0) for e in episodes)
+        if episodes
+        else None,
         "verdicts": dict(Counter(str(e.get("verdict")) for e in episodes).most_common()),
         "errors": [e["error"] for e in episodes if e.get("error")][:20],
         "learner_idle_fraction": learner_idle_fraction,
@@ -91,16 +99,23 @@ def scored_tokens(trajectories: list[dict[str, Any]], data_seed: int) -> dict[in
     return out
 
 
-def trace_rows(episodes: list[dict[str, Any]], tokens: dict[int, int], default_tokens: int) -> list[dict[str, Any]]:
+def trace_rows(
+    episodes: list[dict[str, Any]], tokens: dict[int, int], default_tokens: int
+) -> list[dict[str, Any]]:
     """One replay-trace row per episode that ran to its end (seconds; module docstring)."""
     rows = []
     for e in episodes:
         if e.get("episode_s") is None:
             continue
         end = float(e["episode_s"])
-        rows.append({"content_ready": max(0.0, end - float(e.get("verdict_s") or 0.0)), "reward_ready": end,
-                     "scored_tokens": max(1, tokens.get(int(e["seed"]), default_tokens)),
-                     "instance_id": e["instance_id"]})
+        rows.append(
+            {
+                "content_ready": max(0.0, end - float(e.get("verdict_s") or 0.0)),
+                "reward_ready": end,
+                "scored_tokens": max(1, tokens.get(int(e["seed"]), default_tokens)),
+                "instance_id": e["instance_id"],
+            }
+        )
     return rows
 
 
@@ -114,12 +129,18 @@ def _read_jsonl(path: str) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_dir")
-    p.add_argument("--data-seed", type=int, default=0, help="the run's data.seed (joins episodes to trajectories)")
-    p.add_argument("--max-action-tokens", type=int, default=48, help="tokens of an episode not in trajectories.jsonl")
+    p.add_argument(
+        "--data-seed", type=int, default=0, help="the run's data.seed (joins episodes to trajectories)"
+    )
+    p.add_argument(
+        "--max-action-tokens", type=int, default=48, help="tokens of an episode not in trajectories.jsonl"
+    )
     args = p.parse_args(argv)
     path = os.path.join(args.run_dir, "episodes.jsonl")
     if not os.path.isfile(path):
-        sys.exit(f"{path} does not exist: run with data.tasks.init_args.episode_log set (configs/swebench_cpu.yaml)")
+        sys.exit(
+            f"{path} does not exist: run with data.tasks.init_args.episode_log set (configs/swebench_cpu.yaml)"
+        )
     episodes = read_episodes(path)
     summary_path = os.path.join(args.run_dir, "summary.json")
     summary = json.load(open(summary_path)) if os.path.isfile(summary_path) else {}
@@ -139,8 +160,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"SWE-bench episodes   {section['episodes']} ({section['graded']} graded by swebench)")
     print(f"resolved rate        {'n/a' if rate is None else f'{rate:.1%}'} ({section['resolved']} resolved)")
     if dist:
-        print(f"episode seconds      median {dist['median']:.1f}  p90 {dist['p90']:.1f}  max {dist['max']:.1f}")
-    print("phase medians (s)    " + "  ".join(f"{k[:-2]} {v:.1f}" for k, v in section["phase_seconds_median"].items()))
+        print(
+            f"episode seconds      median {dist['median']:.1f}  p90 {dist['p90']:.1f}  max {dist['max']:.1f}"
+        )
+    print(
+        "phase medians (s)    "
+        + "  ".join(f"{k[:-2]} {v:.1f}" for k, v in section["phase_seconds_median"].items())
+    )
     print(f"learner idle         {'n/a' if idle is None else f'{idle:.1%}'}")
     print(f"wrote {summary_path} (swebench section) and {os.path.join(args.run_dir, 'swe_trace.json')}")
     return section

@@ -48,8 +48,11 @@ from _common import write_result  # noqa: E402
 from thundersync_lightning.rollout import TraceReplayEngineConfig  # noqa: E402
 from thundersync_lightning.rollout.replay import sync_idle_fraction  # noqa: E402
 
-PAPER = {"sync_idle_fraction": 0.495, "streaming_speedup": 1.91,
-         "note": "the paper's measured synchronous idle and the long workload's streaming / sync (overlap_long.json)"}
+PAPER = {
+    "sync_idle_fraction": 0.495,
+    "streaming_speedup": 1.91,
+    "note": "the paper's measured synchronous idle and the long workload's streaming / sync (overlap_long.json)",
+}
 NAME = "swe_cpu_overlap"
 
 
@@ -63,7 +66,9 @@ def measured(run: dict[str, Any], trace_path: str, groups: int, group_size: int)
     cost = busy / trajectories if busy and trajectories else None
     sync_idle = None
     if cost:
-        sync_idle = sync_idle_fraction(TraceReplayEngineConfig(trace=trace_path), groups, group_size, cost, steps=200)
+        sync_idle = sync_idle_fraction(
+            TraceReplayEngineConfig(trace=trace_path), groups, group_size, cost, steps=200
+        )
     return {
         "episodes": swe.get("episodes"),
         "resolved_rate": swe.get("resolved_rate"),
@@ -79,10 +84,24 @@ def measured(run: dict[str, Any], trace_path: str, groups: int, group_size: int)
     }
 
 
-def projected(out: str, trace: str, quick: bool, threads: int, extra: list[str], suffix: str) -> dict[str, Any]:
+def projected(
+    out: str, trace: str, quick: bool, threads: int, extra: list[str], suffix: str
+) -> dict[str, Any]:
     name = f"overlap_swe_cpu{suffix}"
-    cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "overlap.py"), "--trace", trace,
-           "--calibrate", "balance", "--name", name, "--out", out, "--threads", str(threads)]
+    cmd = [
+        sys.executable,
+        os.path.join(os.path.dirname(os.path.abspath(__file__)), "overlap.py"),
+        "--trace",
+        trace,
+        "--calibrate",
+        "balance",
+        "--name",
+        name,
+        "--out",
+        out,
+        "--threads",
+        str(threads),
+    ]
     if quick:
         cmd.append("--quick")
     cmd += extra
@@ -105,7 +124,9 @@ def projected(out: str, trace: str, quick: bool, threads: int, extra: list[str],
     }
 
 
-def figure(path: str, trace_rows: list[dict[str, Any]], m: dict[str, Any], p: dict[str, Any], graded: bool) -> None:
+def figure(
+    path: str, trace_rows: list[dict[str, Any]], m: dict[str, Any], p: dict[str, Any], graded: bool
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -114,22 +135,39 @@ def figure(path: str, trace_rows: list[dict[str, Any]], m: dict[str, Any], p: di
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     rows = sorted(trace_rows, key=lambda r: r["reward_ready"])
     xs = range(len(rows))
-    a.bar(xs, [r["content_ready"] for r in rows], label="start -> verdict (container start, turns)", color="#7aa6c2")
-    a.bar(xs, [r["reward_ready"] - r["content_ready"] for r in rows], bottom=[r["content_ready"] for r in rows],
-          label="verdict (patch capture, eval run in a container)", color="#d98c5f")
+    a.bar(
+        xs,
+        [r["content_ready"] for r in rows],
+        label="start -> verdict (container start, turns)",
+        color="#7aa6c2",
+    )
+    a.bar(
+        xs,
+        [r["reward_ready"] - r["content_ready"] for r in rows],
+        bottom=[r["content_ready"] for r in rows],
+        label="verdict (patch capture, eval run in a container)",
+        color="#d98c5f",
+    )
     a.set_xlabel("episode (sorted by length)")
     a.set_ylabel("seconds")
-    a.set_title(f"{len(rows)} real SWE-bench episodes (CPU, podman)"
-                + ("\nverdicts: the instance's gold-patch eval run" if graded else ""), fontsize=10)
+    a.set_title(
+        f"{len(rows)} real SWE-bench episodes (CPU, podman)"
+        + ("\nverdicts: the instance's gold-patch eval run" if graded else ""),
+        fontsize=10,
+    )
     a.legend(fontsize=8)
     labels = ["sync idle", "streaming / sync", "bound"]
     paper = [PAPER["sync_idle_fraction"], PAPER["streaming_speedup"], None]
     proj = [p["sync_idle_fraction"], p["speedup_streaming_vs_sync_median"], p["bound_speedup"]]
     meas = [m["sync_idle_at_measured_cost"], None, None]
     width = 0.27
-    for i, (name, vals, color) in enumerate((("measured cost (tiny policy)", meas, "#999999"),
-                                             ("projected at the paper's balance", proj, "#4c72b0"),
-                                             ("paper", paper, "#c44e52"))):
+    for i, (name, vals, color) in enumerate(
+        (
+            ("measured cost (tiny policy)", meas, "#999999"),
+            ("projected at the paper's balance", proj, "#4c72b0"),
+            ("paper", paper, "#c44e52"),
+        )
+    ):
         pos = [j + (i - 1) * width for j in range(len(labels)) if vals[j] is not None]
         b.bar(pos, [v for v in vals if v is not None], width, label=name, color=color)
     b.set_xticks(range(len(labels)), labels)
@@ -148,17 +186,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--run-groups", type=int, default=4, help="the run's data.groups_per_step")
     ap.add_argument("--run-group-size", type=int, default=2, help="the run's data.group_size")
-    ap.add_argument("--graded", default=None, help="a validation report: verdicts of patches that run the tests")
+    ap.add_argument(
+        "--graded", default=None, help="a validation report: verdicts of patches that run the tests"
+    )
     args, extra = ap.parse_known_args(argv)  # the rest goes to overlap.py (--rounds, --steps, ...)
     with open(os.path.join(args.run, "summary.json")) as f:
         run = json.load(f)
     with open(os.path.join(args.run, "swe_trace.json")) as f:
         trace = json.load(f)
     os.makedirs(args.out, exist_ok=True)
-    suffix, rows, source = "", trace["rows"], "make demo-swe (configs/swebench_cpu.yaml), benchmarks/swe_episodes.py"
+    suffix, rows, source = (
+        "",
+        trace["rows"],
+        "make demo-swe (configs/swebench_cpu.yaml), benchmarks/swe_episodes.py",
+    )
     if args.graded:
         with open(args.graded) as f:
-            gold = {r["instance_id"]: r["gold_eval_s"] for r in json.load(f)["instances"] if "gold_eval_s" in r}
+            gold = {
+                r["instance_id"]: r["gold_eval_s"] for r in json.load(f)["instances"] if "gold_eval_s" in r
+            }
         rows = [{**r, "reward_ready": r["content_ready"] + gold[r["instance_id"]]} for r in rows]
         suffix, source = "_graded", source + f"; verdicts: gold_eval_s of {os.path.basename(args.graded)}"
     trace_path = os.path.join(args.out, f"swe_cpu_trace{suffix}.json")
@@ -169,8 +215,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = projected(args.out, trace_path, args.quick, args.threads, extra, suffix)
     result = {
         "description": "The paper's idle measurement on real SWE-bench episodes: measured on CPU podman containers "
-                       "with a tiny random policy; projected by replaying the episode-time trace through overlap.py "
-                       "at the paper's balance (sync idle 49.5%)",
+        "with a tiny random policy; projected by replaying the episode-time trace through overlap.py "
+        "at the paper's balance (sync idle 49.5%)",
         "measured": m,
         "projected": p,
         "paper": PAPER,
@@ -180,10 +226,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     write_result(args.out, NAME + suffix, result)
     figure(os.path.join(args.out, f"{NAME}{suffix}.png"), rows, m, p, args.graded is not None)
-    print(json.dumps({"measured_sync_idle_at_measured_cost": m["sync_idle_at_measured_cost"],
-                      "projected": {k: p[k] for k in ("sync_idle_fraction", "speedup_streaming_vs_sync_median",
-                                                      "speedup_streaming_vs_sync_throughput", "bound_speedup")},
-                      "paper": PAPER}, indent=1))
+    print(
+        json.dumps(
+            {
+                "measured_sync_idle_at_measured_cost": m["sync_idle_at_measured_cost"],
+                "projected": {
+                    k: p[k]
+                    for k in (
+                        "sync_idle_fraction",
+                        "speedup_streaming_vs_sync_median",
+                        "speedup_streaming_vs_sync_throughput",
+                        "bound_speedup",
+                    )
+                },
+                "paper": PAPER,
+            },
+            indent=1,
+        )
+    )
     return result
 
 

@@ -92,7 +92,9 @@ TARGETS = {"streaming_over_async_max": 1.0, "streaming_over_sync_max_balanced": 
 def workload(args: argparse.Namespace, name: str) -> tuple[dict, GuessingGameTasks]:
     """(model config, tasks) of a workload."""
     if name == "toy":
-        return TOY_MODEL, GuessingGameTasks(num_digits=8, max_turns=4, latency_median_s=0.03, latency_sigma=1.0)
+        return TOY_MODEL, GuessingGameTasks(
+            num_digits=8, max_turns=4, latency_median_s=0.03, latency_sigma=1.0
+        )
     hidden = args.balanced_hidden
     tasks = GuessingGameTasks(
         num_digits=8,
@@ -133,7 +135,9 @@ class _Until:
         self.seconds: float | None = None
         self.last_end: float | None = None
         self.step_s: list[float] = []
-        self.arrivals: list[list[tuple[float, int]]] = []  # per step: (content landed after its start, tokens)
+        self.arrivals: list[
+            list[tuple[float, int]]
+        ] = []  # per step: (content landed after its start, tokens)
         self.rates: list[float] = []  # per step: the learner's backward and fold seconds per token
 
     def floors(self, rate: float) -> list[float]:
@@ -168,7 +172,9 @@ class _Until:
             trainer.should_stop = True
 
 
-def run_one(args: argparse.Namespace, name: str, mode: str, seed: int, floor_rate: float | None = None) -> dict:
+def run_one(
+    args: argparse.Namespace, name: str, mode: str, seed: int, floor_rate: float | None = None
+) -> dict:
     """One fit; ``floor_rate``: sync's learner seconds per token for the release-date floor (None: a
     sync run uses its own, any other run records no floor)."""
     model, tasks = workload(args, name)
@@ -197,7 +203,9 @@ def run_one(args: argparse.Namespace, name: str, mode: str, seed: int, floor_rat
         min_batch_trajectories=args.min_batch_trajectories,
     )
     assert until.first_start is not None and until.last_end is not None
-    rate = floor_rate if floor_rate is not None else (statistics.median(until.rates) if mode == "sync" else None)
+    rate = (
+        floor_rate if floor_rate is not None else (statistics.median(until.rates) if mode == "sync" else None)
+    )
     return {
         "workload": name,
         "mode": mode,
@@ -214,7 +222,9 @@ def run_one(args: argparse.Namespace, name: str, mode: str, seed: int, floor_rat
         "sync_idle_fraction": statistics.median(until.idle) if mode == "sync" and until.idle else None,
         "learner_idle_fraction": statistics.median(until.idle) if until.idle else None,
         "last_verdict_s_median": _median([v for v in until.last_verdict if v is not None]),
-        "after_last_verdict_s_median": statistics.median(until.after_verdict) if until.after_verdict else None,
+        "after_last_verdict_s_median": statistics.median(until.after_verdict)
+        if until.after_verdict
+        else None,
         "step_s_median": statistics.median(until.step_s),
         "learner_s_per_token_median": statistics.median(until.rates),
         "release_floor_rate_s_per_token": rate,
@@ -275,11 +285,19 @@ def summarise(runs: list[dict]) -> dict:
             "seeds": [r["seed"] for r in mine],
             "learner_idle_fraction_median": statistics.median(idle) if idle else None,
             "seconds_per_step_median": statistics.median(r["seconds_run"] / r["steps_run"] for r in mine),
-            "last_verdict_s_median": _median([r["last_verdict_s_median"] for r in mine if r.get("last_verdict_s_median") is not None]),
-            "after_last_verdict_s_median": _median(
-                [r["after_last_verdict_s_median"] for r in mine if r.get("after_last_verdict_s_median") is not None]
+            "last_verdict_s_median": _median(
+                [r["last_verdict_s_median"] for r in mine if r.get("last_verdict_s_median") is not None]
             ),
-            "step_s_median": _median([r["step_s_median"] for r in mine if r.get("step_s_median") is not None]),
+            "after_last_verdict_s_median": _median(
+                [
+                    r["after_last_verdict_s_median"]
+                    for r in mine
+                    if r.get("after_last_verdict_s_median") is not None
+                ]
+            ),
+            "step_s_median": _median(
+                [r["step_s_median"] for r in mine if r.get("step_s_median") is not None]
+            ),
             "release_floor_s_median": _median(
                 [r["release_floor_s_median"] for r in mine if r.get("release_floor_s_median") is not None]
             ),
@@ -305,8 +323,11 @@ def summarise(runs: list[dict]) -> dict:
 
 def sync_rate(runs: list[dict], name: str) -> float | None:
     """The workload's sync learner seconds per token (median over its sync runs so far), or None."""
-    rates = [r["learner_s_per_token_median"] for r in runs
-             if r["workload"] == name and r["mode"] == "sync" and r.get("learner_s_per_token_median")]
+    rates = [
+        r["learner_s_per_token_median"]
+        for r in runs
+        if r["workload"] == name and r["mode"] == "sync" and r.get("learner_s_per_token_median")
+    ]
     return statistics.median(rates) if rates else None
 
 
@@ -367,11 +388,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--balanced-hidden", type=int, default=128, help="Qwen3 width of the balanced workload")
+    parser.add_argument(
+        "--balanced-hidden", type=int, default=128, help="Qwen3 width of the balanced workload"
+    )
     parser.add_argument(
         "--balanced-context-tokens", type=int, default=0, help="shared context tokens per prompt (balanced)"
     )
-    parser.add_argument("--balanced-groups", type=int, default=16, help="groups per step of the balanced workload")
+    parser.add_argument(
+        "--balanced-groups", type=int, default=16, help="groups per step of the balanced workload"
+    )
     parser.add_argument(
         "--balanced-latency-median-s",
         type=float,
@@ -440,7 +465,9 @@ def main(argv: list[str] | None = None) -> dict:
     results = write()
     plot(path.with_suffix(".png"), runs, args.workloads)
     for name in args.workloads:
-        print(f"{name}: median seconds {results['median_seconds'][name]}, median steps {results['median_steps'][name]}")
+        print(
+            f"{name}: median seconds {results['median_seconds'][name]}, median steps {results['median_steps'][name]}"
+        )
         print(f"  targets met: {results['workloads'][name]['targets_met']}")
     print(f"wrote {path} and {path.with_suffix('.png')}")
     return results

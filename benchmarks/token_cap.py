@@ -46,7 +46,12 @@ from thundersync_lightning.strategy.batching import call_size  # noqa: E402
 NAME = "token_cap"
 LONGEST, SHORTEST, PROMPT = 1024, 32, 16
 #: (label, max_batch_trajectories, max_batch_tokens)
-SETTINGS = (("rows 32 (default)", 32, None), ("rows 8", 8, None), ("tokens 4096", 64, 4096), ("tokens 8192", 64, 8192))
+SETTINGS = (
+    ("rows 32 (default)", 32, None),
+    ("rows 8", 8, None),
+    ("tokens 4096", 64, 4096),
+    ("tokens 8192", 64, 8192),
+)
 
 
 def step_batch(groups: int, group_size: int, vocab: int, seed: int) -> list[Trajectory]:
@@ -59,7 +64,9 @@ def step_batch(groups: int, group_size: int, vocab: int, seed: int) -> list[Traj
         for k in range(group_size):
             n = int(math.exp(rng.uniform(math.log(SHORTEST), math.log(LONGEST))))
             action = tuple(rng.randrange(vocab) for _ in range(n - PROMPT))
-            out.append(Trajectory(f"g{g}-t{k}", f"g{g}", k, prompt, (Segment(action, True),), 0, 1, "stop", 0.0, 0.0))
+            out.append(
+                Trajectory(f"g{g}-t{k}", f"g{g}", k, prompt, (Segment(action, True),), 0, 1, "stop", 0.0, 0.0)
+            )
     rng.shuffle(out)  # landing order mixes groups and lengths
     return out
 
@@ -95,7 +102,11 @@ def run_call(policy: GRPOPolicy, call: list[Trajectory], count: bool = False) ->
     """One direct call (every reward known) of score_tokens + add_tokens; the saved bytes if ``count``."""
     acc = direct_accumulator(policy, call)
     saved = SavedBytes(list(policy.parameters()))
-    with torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t) if count else contextlib.nullcontext():
+    with (
+        torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t)
+        if count
+        else contextlib.nullcontext()
+    ):
         scores = policy.score_tokens(call)
     acc.add_scored(call, scores)
     return saved.total
@@ -133,7 +144,11 @@ def padding_mask_cost(policy: GRPOPolicy, call: list[Trajectory], repeats: int) 
 
     def once(with_mask: bool, count: bool = False) -> int:
         saved = SavedBytes(list(policy.parameters()))
-        hooks = torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t) if count else contextlib.nullcontext()
+        hooks = (
+            torch.autograd.graph.saved_tensors_hooks(saved.pack, lambda t: t)
+            if count
+            else contextlib.nullcontext()
+        )
         with hooks:
             logits = policy.model(input_ids=ids, attention_mask=mask if with_mask else None).logits
         (logits.float().logsumexp(-1) * mask).sum().backward()
@@ -244,7 +259,9 @@ def main(argv: list[str] | None = None) -> dict:
         f"{m['speed_without_over_with']:.2f}x slower than without"
     )
     per_token = max(v["measured_bytes_per_padded_token"] for v in s.values())
-    print(f"bytes saved per padded token: {per_token:.0f} measured, {result['planned_bytes_per_token']} planned")
+    print(
+        f"bytes saved per padded token: {per_token:.0f} measured, {result['planned_bytes_per_token']} planned"
+    )
     print(f"wrote {path}")
     return payload
 

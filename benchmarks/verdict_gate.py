@@ -91,7 +91,8 @@ def gate_cost(groups: int, size: int, step_s: float, verdict_s: float, repeats: 
             try:
                 began = time.perf_counter()
                 done = AgentLoop(tasks, generate, pool, coalesce_s=0.0).run(
-                    make_request(tasks, 0, groups, size, seed=r), 0, lambda e: None)
+                    make_request(tasks, 0, groups, size, seed=r), 0, lambda e: None
+                )
                 assert done.wait(600)
                 times.append(time.perf_counter() - began)
             finally:
@@ -124,10 +125,17 @@ def private_view_cost(repeats: int) -> dict:
     from thundersync_lightning.envs.sandbox import bwrap_available
     from thundersync_lightning.envs.sandbox.fs import BoundedDir
 
-    usr = int(subprocess.run(["du", "-sb", "--one-file-system", "/usr"], capture_output=True, text=True,
-                             check=True).stdout.split()[0])
-    stdlib = subprocess.run(["python3", "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
-                            capture_output=True, text=True, check=True).stdout.strip()
+    usr = int(
+        subprocess.run(
+            ["du", "-sb", "--one-file-system", "/usr"], capture_output=True, text=True, check=True
+        ).stdout.split()[0]
+    )
+    stdlib = subprocess.run(
+        ["python3", "-c", "import sysconfig; print(sysconfig.get_paths()['stdlib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     copies = []
     for _ in range(repeats):
         target = tempfile.mkdtemp(prefix="tsl-view-", dir="/tmp")
@@ -140,8 +148,12 @@ def private_view_cost(repeats: int) -> dict:
             budget.remove()
     grading = []
     if bwrap_available():
-        source = LocalCodeTasks(names=["leap_year"], sandbox_root="/tmp/thundersync-bench-sandboxes",
-                                uid_base=3_990_000, uid_count=8)
+        source = LocalCodeTasks(
+            names=["leap_year"],
+            sandbox_root="/tmp/thundersync-bench-sandboxes",
+            uid_base=3_990_000,
+            uid_count=8,
+        )
         task = source.all_tasks[0]
         for _ in range(repeats):
             env = source.make_env(task, 0)
@@ -152,8 +164,13 @@ def private_view_cost(repeats: int) -> dict:
                 grading.append(time.perf_counter() - began)
             finally:
                 env.close()
-    out = {"usr_bytes": usr, "stdlib": stdlib, "stdlib_copy_s": copies, "stdlib_copy_median_s": median(copies),
-           "grading_run_s": grading}
+    out = {
+        "usr_bytes": usr,
+        "stdlib": stdlib,
+        "stdlib_copy_s": copies,
+        "stdlib_copy_median_s": median(copies),
+        "grading_run_s": grading,
+    }
     if grading:
         out["grading_run_median_s"] = median(grading)
         out["stdlib_copy_over_grading_run"] = median(copies) / median(grading)
@@ -161,7 +178,9 @@ def private_view_cost(repeats: int) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_common_args(parser)
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--size", type=int, default=4)
@@ -172,15 +191,25 @@ def main() -> None:
     repeats = 3 if args.quick else args.repeats
     gate = gate_cost(args.groups, args.size, args.step_ms / 1000, args.verdict_ms / 1000, repeats)
     view = private_view_cost(repeats)
-    payload = {"settings": {"groups": args.groups, "size": args.size, "step_ms": args.step_ms,
-                            "verdict_ms": args.verdict_ms, "repeats": repeats,
-                            "python": sysconfig.get_python_version()},
-               "gate": gate, "private_view": view}
+    payload = {
+        "settings": {
+            "groups": args.groups,
+            "size": args.size,
+            "step_ms": args.step_ms,
+            "verdict_ms": args.verdict_ms,
+            "repeats": repeats,
+            "python": sysconfig.get_python_version(),
+        },
+        "gate": gate,
+        "private_view": view,
+    }
     path = write_result(args.out, NAME, payload)
-    print(f"{path}: same task / distinct tasks {gate['same_over_distinct']:.2f}x "
-          f"(across two steps {gate['across_steps']['same_over_distinct']:.2f}x); "
-          f"/usr {view['usr_bytes'] / 1e9:.2f} GB; stdlib copy / grading run "
-          f"{view.get('stdlib_copy_over_grading_run', float('nan')):.2f}")
+    print(
+        f"{path}: same task / distinct tasks {gate['same_over_distinct']:.2f}x "
+        f"(across two steps {gate['across_steps']['same_over_distinct']:.2f}x); "
+        f"/usr {view['usr_bytes'] / 1e9:.2f} GB; stdlib copy / grading run "
+        f"{view.get('stdlib_copy_over_grading_run', float('nan')):.2f}"
+    )
 
 
 if __name__ == "__main__":

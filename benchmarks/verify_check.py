@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--group-size", type=int, default=4)
-    parser.add_argument("--token-scale", type=float, default=1.0, help="trace rows' length multiplier (0.6B, tiny)")
+    parser.add_argument(
+        "--token-scale", type=float, default=1.0, help="trace rows' length multiplier (0.6B, tiny)"
+    )
     parser.add_argument("--accelerator", default="cpu", choices=["cpu", "gpu"])
     parser.add_argument("--engine-device", default="cpu", help="the embedded engine's device (toy)")
     parser.add_argument("--out", default="runs/verify")

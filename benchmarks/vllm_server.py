@@ -116,9 +116,13 @@ def measure(engine: Any, weights: dict[str, torch.Tensor], args: argparse.Namesp
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_common_args(parser)
-    parser.add_argument("--model", choices=["toy", "small"], default="small", help="toy: 150k params; small: ~15M")
+    parser.add_argument(
+        "--model", choices=["toy", "small"], default="small", help="toy: 150k params; small: ~15M"
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--groups", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=8)
@@ -140,7 +144,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         tasks = GuessingGameTasks(latency="none")
         local = VLLMEngineConfig(temperature=1.0, kv_cache_memory_bytes=KV_BYTES, max_model_len=MAX_MODEL_LEN,
                                  dtype="float32")  # fmt: skip
-        remote = VLLMServerEngineConfig(urls=[f"http://127.0.0.1:{port}"], weight_sync_bucket_bytes=args.bucket_bytes)
+        remote = VLLMServerEngineConfig(
+            urls=[f"http://127.0.0.1:{port}"], weight_sync_bucket_bytes=args.bucket_bytes
+        )
         results = {}
         for name, config in (("in_process", local), ("server", remote)):
             with config.build(spec, tasks) as engine:

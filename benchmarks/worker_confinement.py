@@ -32,14 +32,14 @@ from _common import add_common_args, median, write_result  # noqa: E402
 NAME = "worker_confinement"
 MODES = ("plain", "confined")
 
-USER_MODULE = '''
+USER_MODULE = """
 def add(a: int, b: int) -> int:
     return a + b
 
 
 def score(prompt, completion, **row):
     return float(completion == "5")
-'''
+"""
 
 
 def main(argv: list[str] | None = None) -> Path:
@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> Path:
     sys.path.insert(0, module_dir)
     reward = resolve_reward("bench_user:score")
 
-    samples: dict[str, dict[str, list[float]]] = {m: {"tool_call": [], "reward": [], "start": []} for m in MODES}
+    samples: dict[str, dict[str, list[float]]] = {
+        m: {"tool_call": [], "reward": [], "start": []} for m in MODES
+    }
     pools = {m: ToolWorkers(max_idle=1, limits=limits[m]) for m in MODES}
     try:
         for mode in MODES:  # warm: each mode's tool worker and reward worker running
@@ -93,8 +95,12 @@ def main(argv: list[str] | None = None) -> Path:
     medians = {m: {k: median(v) for k, v in kinds.items()} for m, kinds in samples.items()}
     ratios = {k: medians["confined"][k] / medians["plain"][k] for k in ("tool_call", "reward", "start")}
     payload = {
-        "settings": {"calls": args.calls, "starts": args.starts, "quick": args.quick,
-                     "confined_limits": repr(limits["confined"])},
+        "settings": {
+            "calls": args.calls,
+            "starts": args.starts,
+            "quick": args.quick,
+            "confined_limits": repr(limits["confined"]),
+        },
         "median_seconds": medians,
         "ratio_confined_over_plain": ratios,
     }

@@ -53,10 +53,18 @@ from thundersync_lightning.envs.swebench.synth import (
 
 BASE_IMAGE = "localhost/thundersync-pytest:latest"  # scripts/build_test_image.sh: Debian python3 + pytest
 CREATED_AT = "2026-12-06T00:00:00Z"
-_GIT_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1",
-            "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_AUTHOR_NAME": "thundersync", "GIT_AUTHOR_EMAIL": "swe@localhost",
-            "GIT_COMMITTER_NAME": "thundersync", "GIT_COMMITTER_EMAIL": "swe@localhost",
-            "GIT_AUTHOR_DATE": "2026-12-06T00:00:00Z", "GIT_COMMITTER_DATE": "2026-12-06T00:00:00Z"}
+_GIT_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": "/nonexistent",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_AUTHOR_NAME": "thundersync",
+    "GIT_AUTHOR_EMAIL": "swe@localhost",
+    "GIT_COMMITTER_NAME": "thundersync",
+    "GIT_COMMITTER_EMAIL": "swe@localhost",
+    "GIT_AUTHOR_DATE": "2026-12-06T00:00:00Z",
+    "GIT_COMMITTER_DATE": "2026-12-06T00:00:00Z",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,23 +91,68 @@ class Library:
 
 
 LIBRARIES: tuple[Library, ...] = (
-    Library("toolz", "1.0.0", "2c86e3d9a04798ac556793bced838816296a2f085017664e4995cb40a1047a02", "BSD-3-Clause",
-            "toolz/itertoolz.py", ("toolz/tests/test_itertoolz.py",)),
-    Library("boltons", "24.1.0", "4a49b7d57ee055b83a458c8682a2a6f199d263a8aa517098bda9bab813554b87", "BSD-3-Clause",
-            "boltons/strutils.py", ("tests/test_strutils.py",)),
-    Library("inflection", "0.5.1", "1a29730d366e996aaacffb2f1f1cb9593dc38e2ddd30c91250c6dde09ea9b417", "MIT",
-            "inflection/__init__.py", ("test_inflection.py",)),
-    Library("cachetools", "5.5.0", "2cc24fb4cbe39633fb7badd9db9ca6295d766d9c2995f245725a46715d050f2a", "MIT",
-            "src/cachetools/__init__.py", ("tests/test_lru.py", "tests/test_lfu.py", "tests/test_fifo.py"),
-            pythonpath="src"),
-    Library("wcwidth", "0.2.13", "72ea0c06399eb286d978fdedb6923a9eb47e1c486ce63e9b4e64fc18303972b5", "MIT",
-            "wcwidth/wcwidth.py", ("tests/test_core.py",), pytest_args=("-o", "addopts=")),  # tox.ini asks for pytest-cov
-    Library("six", "1.16.0", "1e61c37477a1626458e36f7b1d82aa5c9b094fa4802892072e49de9c60c4c926", "MIT",
-            "six.py", ("test_six.py",)),
-    Library("markdown", "3.7", "2ae2471477cfd02dbbf038d5d9bc226d40def84b4fe2986e49b59b6b472bbed2", "BSD-3-Clause",
-            "markdown/inlinepatterns.py", ("tests/test_syntax/inline/test_emphasis.py",
-                                           "tests/test_syntax/inline/test_links.py",
-                                           "tests/test_syntax/inline/test_images.py")),
+    Library(
+        "toolz",
+        "1.0.0",
+        "2c86e3d9a04798ac556793bced838816296a2f085017664e4995cb40a1047a02",
+        "BSD-3-Clause",
+        "toolz/itertoolz.py",
+        ("toolz/tests/test_itertoolz.py",),
+    ),
+    Library(
+        "boltons",
+        "24.1.0",
+        "4a49b7d57ee055b83a458c8682a2a6f199d263a8aa517098bda9bab813554b87",
+        "BSD-3-Clause",
+        "boltons/strutils.py",
+        ("tests/test_strutils.py",),
+    ),
+    Library(
+        "inflection",
+        "0.5.1",
+        "1a29730d366e996aaacffb2f1f1cb9593dc38e2ddd30c91250c6dde09ea9b417",
+        "MIT",
+        "inflection/__init__.py",
+        ("test_inflection.py",),
+    ),
+    Library(
+        "cachetools",
+        "5.5.0",
+        "2cc24fb4cbe39633fb7badd9db9ca6295d766d9c2995f245725a46715d050f2a",
+        "MIT",
+        "src/cachetools/__init__.py",
+        ("tests/test_lru.py", "tests/test_lfu.py", "tests/test_fifo.py"),
+        pythonpath="src",
+    ),
+    Library(
+        "wcwidth",
+        "0.2.13",
+        "72ea0c06399eb286d978fdedb6923a9eb47e1c486ce63e9b4e64fc18303972b5",
+        "MIT",
+        "wcwidth/wcwidth.py",
+        ("tests/test_core.py",),
+        pytest_args=("-o", "addopts="),
+    ),  # tox.ini asks for pytest-cov
+    Library(
+        "six",
+        "1.16.0",
+        "1e61c37477a1626458e36f7b1d82aa5c9b094fa4802892072e49de9c60c4c926",
+        "MIT",
+        "six.py",
+        ("test_six.py",),
+    ),
+    Library(
+        "markdown",
+        "3.7",
+        "2ae2471477cfd02dbbf038d5d9bc226d40def84b4fe2986e49b59b6b472bbed2",
+        "BSD-3-Clause",
+        "markdown/inlinepatterns.py",
+        (
+            "tests/test_syntax/inline/test_emphasis.py",
+            "tests/test_syntax/inline/test_links.py",
+            "tests/test_syntax/inline/test_images.py",
+        ),
+    ),
 )
 
 
@@ -109,13 +162,29 @@ def log(msg: str) -> None:
 
 # ---------------------------------------------------------------- sources
 
+
 def fetch(lib: Library, cache: str) -> str:
     """The library's sdist in ``cache`` (pip download from the package index), sha256-checked."""
     os.makedirs(cache, exist_ok=True)
     path = os.path.join(cache, lib.sdist)
     if not os.path.isfile(path):
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps",
-                        "--no-build-isolation", "-d", cache, f"{lib.name}=={lib.version}"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-binary",
+                ":all:",
+                "--no-deps",
+                "--no-build-isolation",
+                "-d",
+                cache,
+                f"{lib.name}=={lib.version}",
+            ],
+            check=True,
+        )
     digest = hashlib.sha256(open(path, "rb").read()).hexdigest()
     if digest != lib.sdist_sha256:
         raise SystemExit(f"{path}: sha256 {digest} is not the pinned {lib.sdist_sha256}; delete it and retry")
@@ -128,7 +197,12 @@ def extract(sdist: str, dest: str) -> str:
         members = []
         for m in tar.getmembers():
             parts = m.name.split("/", 1)
-            if len(parts) < 2 or not (m.isfile() or m.isdir()) or ".egg-info" in parts[1] or parts[1] == "PKG-INFO":
+            if (
+                len(parts) < 2
+                or not (m.isfile() or m.isdir())
+                or ".egg-info" in parts[1]
+                or parts[1] == "PKG-INFO"
+            ):
                 continue
             m.name = parts[1]
             members.append(m)
@@ -138,13 +212,34 @@ def extract(sdist: str, dest: str) -> str:
 
 def run_tests(tree: str, lib: Library, python: str, timeout_s: float = 300.0) -> PytestRun | None:
     """The library's targeted tests in ``tree`` (Debian python3 + pytest, no network needed)."""
-    env = {"PATH": "/usr/bin:/bin", "HOME": tree, "PYTHONDONTWRITEBYTECODE": "1", "LANG": "C.UTF-8",
-           "COLUMNS": "240"}  # pytest cuts summary messages to the terminal width
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": tree,
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "LANG": "C.UTF-8",
+        "COLUMNS": "240",
+    }  # pytest cuts summary messages to the terminal width
     if lib.pythonpath:
         env["PYTHONPATH"] = lib.pythonpath
     try:
-        done = subprocess.run([python, "-m", "pytest", "-rA", "--tb=no", "-p", "no:cacheprovider", *lib.pytest_args,
-                               *lib.tests], cwd=tree, env=env, capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run(
+            [
+                python,
+                "-m",
+                "pytest",
+                "-rA",
+                "--tb=no",
+                "-p",
+                "no:cacheprovider",
+                *lib.pytest_args,
+                *lib.tests,
+            ],
+            cwd=tree,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     except subprocess.TimeoutExpired:
         return None
     if done.returncode not in (0, 1):  # 2: interrupted, 3: internal error, 4: usage, 5: no tests
@@ -155,10 +250,16 @@ def run_tests(tree: str, lib: Library, python: str, timeout_s: float = 300.0) ->
 def git_commit(tree: str) -> str:
     """``tree`` made a git repository of one commit (fixed author, dates): its sha."""
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "--no-gpg-sign", "-m", "base"]):
-        subprocess.run(["git", "-c", "init.defaultBranch=main", *args], cwd=tree, env=_GIT_ENV, check=True,
-                       capture_output=True)
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, env=_GIT_ENV, check=True, capture_output=True,
-                          text=True).stdout.strip()
+        subprocess.run(
+            ["git", "-c", "init.defaultBranch=main", *args],
+            cwd=tree,
+            env=_GIT_ENV,
+            check=True,
+            capture_output=True,
+        )
+    return subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=tree, env=_GIT_ENV, check=True, capture_output=True, text=True
+    ).stdout.strip()
 
 
 def instance_id(lib: Library, bug: Bug) -> str:
@@ -174,17 +275,27 @@ def buggy_tree(lib: Library, row: dict, sdist: str, dest: str) -> str:
     """The instance's /testbed: the clean sdist with the gold patch reversed, committed; its sha
     must be the row's base_commit."""
     extract(sdist, dest)
-    done = subprocess.run(["git", "apply", "-R", "--whitespace=nowarn", "-"], cwd=dest, env=_GIT_ENV,
-                          input=row["patch"].encode(), capture_output=True)
+    done = subprocess.run(
+        ["git", "apply", "-R", "--whitespace=nowarn", "-"],
+        cwd=dest,
+        env=_GIT_ENV,
+        input=row["patch"].encode(),
+        capture_output=True,
+    )
     if done.returncode != 0:
-        raise SystemExit(f"{row['instance_id']}: the gold patch does not reverse onto the sdist: {done.stderr!r}")
+        raise SystemExit(
+            f"{row['instance_id']}: the gold patch does not reverse onto the sdist: {done.stderr!r}"
+        )
     sha = git_commit(dest)
     if sha != row["base_commit"]:
-        raise SystemExit(f"{row['instance_id']}: rebuilt base commit {sha} is not the row's {row['base_commit']}")
+        raise SystemExit(
+            f"{row['instance_id']}: rebuilt base commit {sha} is not the row's {row['base_commit']}"
+        )
     return sha
 
 
 # ---------------------------------------------------------------- build
+
 
 def build_library(lib: Library, cache: str, python: str, seed: int, count: int, max_tries: int) -> list[dict]:
     sdist = fetch(lib, cache)
@@ -210,8 +321,10 @@ def build_library(lib: Library, cache: str, python: str, seed: int, count: int, 
 
         candidates = find_sites(lib.module, clean)
         bugs = select_bugs(candidates, baseline, run, seed=seed, count=count, max_tries=max_tries)
-        log(f"{lib.name} {lib.version}: {len(candidates)} candidate edits, {len(baseline.passed())} tests pass "
-            f"clean, {len(bugs)} bugs kept")
+        log(
+            f"{lib.name} {lib.version}: {len(candidates)} candidate edits, {len(baseline.passed())} tests pass "
+            f"clean, {len(bugs)} bugs kept"
+        )
         rows = []
         for bug in bugs:
             buggy = apply_site(clean, bug.site)
@@ -224,30 +337,37 @@ def build_library(lib: Library, cache: str, python: str, seed: int, count: int, 
                 f.write(buggy)
             base = git_commit(tree)
             iid = instance_id(lib, bug)
-            rows.append({
-                "instance_id": iid,
-                "repo": f"pypi/{lib.name}",
-                "base_commit": base,
-                "patch": patch,
-                "test_patch": "",
-                "problem_statement": problem_statement(bug, lib.tests),
-                "hints_text": "",
-                "created_at": CREATED_AT,
-                "version": lib.version,
-                "FAIL_TO_PASS": json.dumps(list(bug.fail_to_pass)),
-                "PASS_TO_PASS": json.dumps(list(bug.pass_to_pass)),
-                "environment_setup_commit": base,
-                "image": image_name(iid),
-                "eval_script": eval_script(base, lib.tests, lib.pytest_args, lib.pythonpath),
-                "log_parser": "parse_log_pytest",
-                "eval_type": "pass_and_fail",
-                "provenance": {
-                    "library": lib.name, "version": lib.version, "license": lib.license,
-                    "sdist": lib.sdist, "sdist_sha256": lib.sdist_sha256,
-                    "source": f"https://pypi.org/project/{lib.name}/{lib.version}/",
-                    "mutation": {**{k: v for k, v in dataclasses.asdict(bug.site).items() if k != "index"}},
-                },
-            })
+            rows.append(
+                {
+                    "instance_id": iid,
+                    "repo": f"pypi/{lib.name}",
+                    "base_commit": base,
+                    "patch": patch,
+                    "test_patch": "",
+                    "problem_statement": problem_statement(bug, lib.tests),
+                    "hints_text": "",
+                    "created_at": CREATED_AT,
+                    "version": lib.version,
+                    "FAIL_TO_PASS": json.dumps(list(bug.fail_to_pass)),
+                    "PASS_TO_PASS": json.dumps(list(bug.pass_to_pass)),
+                    "environment_setup_commit": base,
+                    "image": image_name(iid),
+                    "eval_script": eval_script(base, lib.tests, lib.pytest_args, lib.pythonpath),
+                    "log_parser": "parse_log_pytest",
+                    "eval_type": "pass_and_fail",
+                    "provenance": {
+                        "library": lib.name,
+                        "version": lib.version,
+                        "license": lib.license,
+                        "sdist": lib.sdist,
+                        "sdist_sha256": lib.sdist_sha256,
+                        "source": f"https://pypi.org/project/{lib.name}/{lib.version}/",
+                        "mutation": {
+                            **{k: v for k, v in dataclasses.asdict(bug.site).items() if k != "index"}
+                        },
+                    },
+                }
+            )
         return rows
 
 
@@ -258,8 +378,12 @@ def cmd_build(args: argparse.Namespace) -> None:
     for lib in libs:
         fetch(lib, args.cache)  # downloads one at a time, before the workers start
     with ProcessPoolExecutor(max_workers=args.jobs) as pool:  # each library alone: the output order is fixed
-        futures = [pool.submit(build_library, lib, args.cache, args.python, args.seed, args.per_library,
-                               args.max_tries) for lib in libs]
+        futures = [
+            pool.submit(
+                build_library, lib, args.cache, args.python, args.seed, args.per_library, args.max_tries
+            )
+            for lib in libs
+        ]
         rows = [row for f in futures for row in f.result()]
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
@@ -268,6 +392,7 @@ def cmd_build(args: argparse.Namespace) -> None:
 
 
 # ---------------------------------------------------------------- images
+
 
 def read_rows(path: str) -> list[dict]:
     with open(path) as f:
@@ -286,8 +411,11 @@ def image_exists(engine: str, name: str) -> bool:
 def build_image(engine: str, context: str, containerfile: str, tag: str) -> None:
     with open(os.path.join(context, "Containerfile"), "w") as f:
         f.write(containerfile)
-    subprocess.run([engine, "build", "-q", "--pull=never", "--network=none", "-t", tag, context], check=True,
-                   capture_output=True)
+    subprocess.run(
+        [engine, "build", "-q", "--pull=never", "--network=none", "-t", tag, context],
+        check=True,
+        capture_output=True,
+    )
 
 
 def env_image(lib: Library, engine: str, cache: str) -> None:
@@ -297,15 +425,34 @@ def env_image(lib: Library, engine: str, cache: str) -> None:
     if image_exists(engine, lib.env_image):
         return
     with tempfile.TemporaryDirectory(prefix="tsl-swe-env-") as ctx:
-        lines = [f"FROM {BASE_IMAGE}", f'LABEL org.thundersync.library="{lib.name}" '
-                 f'org.thundersync.version="{lib.version}" org.thundersync.license="{lib.license}"']
+        lines = [
+            f"FROM {BASE_IMAGE}",
+            f'LABEL org.thundersync.library="{lib.name}" '
+            f'org.thundersync.version="{lib.version}" org.thundersync.license="{lib.license}"',
+        ]
         if lib.deps:
             wheels = os.path.join(ctx, "wheels")
-            subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", wheels,
-                            "--python-version", "3.11", *lib.deps], check=True)
-            lines += ["COPY wheels /tmp/wheels",
-                      "RUN python3 -m pip install --no-index --break-system-packages /tmp/wheels/*.whl "
-                      "&& rm -rf /tmp/wheels"]
+            subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pip",
+                    "download",
+                    "-q",
+                    "--only-binary=:all:",
+                    "-d",
+                    wheels,
+                    "--python-version",
+                    "3.11",
+                    *lib.deps,
+                ],
+                check=True,
+            )
+            lines += [
+                "COPY wheels /tmp/wheels",
+                "RUN python3 -m pip install --no-index --break-system-packages /tmp/wheels/*.whl "
+                "&& rm -rf /tmp/wheels",
+            ]
         build_image(engine, ctx, "\n".join(lines) + "\n", lib.env_image)
     log(f"built {lib.env_image}")
 
@@ -322,15 +469,21 @@ def cmd_images(args: argparse.Namespace) -> None:
         lib = library_of(row)
         with tempfile.TemporaryDirectory(prefix="tsl-swe-img-") as ctx:
             buggy_tree(lib, row, fetch(lib, args.cache), os.path.join(ctx, "testbed"))
-            build_image(args.engine, ctx, f"FROM {lib.env_image}\nCOPY testbed /testbed\nWORKDIR /testbed\n",
-                        row["image"])
+            build_image(
+                args.engine,
+                ctx,
+                f"FROM {lib.env_image}\nCOPY testbed /testbed\nWORKDIR /testbed\n",
+                row["image"],
+            )
         log(f"built {row['image']}")
 
 
 # ---------------------------------------------------------------- validate
 
-NOTE_PATCH = ("diff --git a/VALIDATION_NOTE.txt b/VALIDATION_NOTE.txt\nnew file mode 100644\n"
-              "--- /dev/null\n+++ b/VALIDATION_NOTE.txt\n@@ -0,0 +1 @@\n+base run: no code changed\n")
+NOTE_PATCH = (
+    "diff --git a/VALIDATION_NOTE.txt b/VALIDATION_NOTE.txt\nnew file mode 100644\n"
+    "--- /dev/null\n+++ b/VALIDATION_NOTE.txt\n@@ -0,0 +1 @@\n+base run: no code changed\n"
+)
 
 
 def validate_row(row: dict, settings, pool) -> dict:
@@ -359,14 +512,20 @@ def validate_row(row: dict, settings, pool) -> dict:
         ws.close()
     out.update(seconds)
     status = base.report.get("tests_status", {})
-    out.update({
-        "gold_resolved": gold.resolved, "gold_reason": gold.reason,
-        "empty_resolved": empty.resolved, "empty_reason": empty.reason,
-        "base_resolved": base.resolved,
-        "base_fail_to_pass_failing": sorted(status.get("FAIL_TO_PASS", {}).get("failure", [])) == sorted(f2p),
-        "base_pass_to_pass_passing": sorted(status.get("PASS_TO_PASS", {}).get("success", [])) == sorted(p2p),
-        "seconds": round(time.monotonic() - t0, 2),
-    })
+    out.update(
+        {
+            "gold_resolved": gold.resolved,
+            "gold_reason": gold.reason,
+            "empty_resolved": empty.resolved,
+            "empty_reason": empty.reason,
+            "base_resolved": base.resolved,
+            "base_fail_to_pass_failing": sorted(status.get("FAIL_TO_PASS", {}).get("failure", []))
+            == sorted(f2p),
+            "base_pass_to_pass_passing": sorted(status.get("PASS_TO_PASS", {}).get("success", []))
+            == sorted(p2p),
+            "seconds": round(time.monotonic() - t0, 2),
+        }
+    )
     problems = []
     if not gold.resolved:
         problems.append(f"gold patch does not resolve ({gold.reason})")
@@ -389,17 +548,25 @@ def cmd_validate(args: argparse.Namespace) -> None:
 
     rows = read_rows(args.instances)
     settings = SWEbenchSettings(
-        container=ContainerConfig(engine=args.engine, limits=SandboxLimits(timeout_s=120.0, nproc=256, cpus=1.0),
-                                  memory="1g"),
-        root="/tmp/thundersync-sandboxes", eval_timeout_s=300.0, disk_bytes=256 * 1024**2, disk_inodes=50_000)
+        container=ContainerConfig(
+            engine=args.engine, limits=SandboxLimits(timeout_s=120.0, nproc=256, cpus=1.0), memory="1g"
+        ),
+        root="/tmp/thundersync-sandboxes",
+        eval_timeout_s=300.0,
+        disk_bytes=256 * 1024**2,
+        disk_inodes=50_000,
+    )
     pool = UidPool(3_980_000, 16)
+
     def check(row: dict) -> dict:
         try:
             r = validate_row(row, settings, pool)
         except Exception as e:  # noqa: BLE001 - an instance that cannot be run is dropped, with the reason
             r = {"instance_id": row["instance_id"], "valid": False, "problems": [f"{type(e).__name__}: {e}"]}
-        log(f"{r['instance_id']}: {'valid' if r['valid'] else 'DROPPED: ' + '; '.join(r['problems'])}"
-            f" ({r.get('seconds', '-')} s)")
+        log(
+            f"{r['instance_id']}: {'valid' if r['valid'] else 'DROPPED: ' + '; '.join(r['problems'])}"
+            f" ({r.get('seconds', '-')} s)"
+        )
         return r
 
     from concurrent.futures import ThreadPoolExecutor
@@ -425,8 +592,10 @@ def cmd_validate(args: argparse.Namespace) -> None:
         with open(args.instances, "w") as f:
             f.writelines(json.dumps(r, sort_keys=True) + "\n" for r in kept)
         log(f"dropped {len(rows) - len(kept)} invalid instances from {args.instances}")
-    log(f"valid {n}/{len(rows)}: gold resolved {summary['gold_resolved_rate']:.0%}, "
-        f"empty resolved {summary['empty_resolved_rate']:.0%}; report {args.report}")
+    log(
+        f"valid {n}/{len(rows)}: gold resolved {summary['gold_resolved_rate']:.0%}, "
+        f"empty resolved {summary['empty_resolved_rate']:.0%}; report {args.report}"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

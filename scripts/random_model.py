@@ -23,12 +23,16 @@ from thundersync_lightning.modules.shape import QWEN3_ARCHITECTURES  # noqa: E40
 from thundersync_lightning.rollout.vllm.model import write_model_dir  # noqa: E402
 
 
-def build(directory: str, shape: str = "0.6B", layers: int | None = None, dtype: str = "bfloat16", seed: int = 0) -> str:
+def build(
+    directory: str, shape: str = "0.6B", layers: int | None = None, dtype: str = "bfloat16", seed: int = 0
+) -> str:
     """Write the random model to ``directory``; returns it."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if f"Qwen3-{shape}" not in QWEN3_ARCHITECTURES:
-        raise SystemExit(f"--shape {shape}: not one of {sorted(k.removeprefix('Qwen3-') for k in QWEN3_ARCHITECTURES)}")
+        raise SystemExit(
+            f"--shape {shape}: not one of {sorted(k.removeprefix('Qwen3-') for k in QWEN3_ARCHITECTURES)}"
+        )
     settings = dict(QWEN3_ARCHITECTURES[f"Qwen3-{shape}"])
     if layers is not None:
         settings["num_hidden_layers"] = layers
@@ -42,7 +46,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory")
     parser.add_argument("--shape", default="0.6B")
-    parser.add_argument("--layers", type=int, default=None, help="decoder layers (default: the published count)")
+    parser.add_argument(
+        "--layers", type=int, default=None, help="decoder layers (default: the published count)"
+    )
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)

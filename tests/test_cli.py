@@ -49,8 +49,10 @@ def _fit(root: Path, *extra: str) -> subprocess.CompletedProcess:
 # logger writes into the run's directory and the config's RolloutProgressBar is left out
 @pytest.mark.parametrize(
     "mode, extra",
-    [("sync", ("--trainer.logger=CSVLogger", "--trainer.enable_progress_bar=false")),
-     pytest.param("async", (), marks=pytest.mark.slow)],  # a second whole CLI fit (~15 s)
+    [
+        ("sync", ("--trainer.logger=CSVLogger", "--trainer.enable_progress_bar=false")),
+        pytest.param("async", (), marks=pytest.mark.slow),
+    ],  # a second whole CLI fit (~15 s)
 )
 def test_fit_from_the_cli_writes_the_summary_and_the_last_checkpoint(tmp_path, mode, extra):
     root = tmp_path / "run"
@@ -63,7 +65,13 @@ def test_fit_from_the_cli_writes_the_summary_and_the_last_checkpoint(tmp_path, m
     else:
         assert (root / "trajectories.jsonl").is_file() and (root / "reward_curve.png").is_file()
         output = proc.stdout + proc.stderr  # third-party noise is filtered (core/third_party_noise.py)
-        for noise in ("litlogger", "anonymous setting", "LeafSpec", "across ranks is zero", "Sanity Checking"):
+        for noise in (
+            "litlogger",
+            "anonymous setting",
+            "LeafSpec",
+            "across ranks is zero",
+            "Sanity Checking",
+        ):
             assert noise not in output, noise
         assert [line.split()[:3] for line in proc.stdout.splitlines() if line.startswith("step ")] == [
             ["step", "0", "(1/2)"], ["step", "1", "(2/2)"],
@@ -119,7 +127,9 @@ def test_a_config_files_logger_without_save_dir_gets_the_run_directory(tmp_path)
 
 
 @pytest.mark.slow  # two CLI runs
-def test_validating_a_fits_checkpoint_from_the_cli_asks_for_no_callback_and_keeps_the_checkpoint_directory(tmp_path):
+def test_validating_a_fits_checkpoint_from_the_cli_asks_for_no_callback_and_keeps_the_checkpoint_directory(
+    tmp_path,
+):
     root = tmp_path / "run"
     assert _fit(root, "--trainer.max_steps=1").returncode == 0
     cli = Path(sys.executable).with_name("thundersync-lightning")
@@ -131,7 +141,9 @@ def test_validating_a_fits_checkpoint_from_the_cli_asks_for_no_callback_and_keep
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "val/pass_at_1" in proc.stdout
-    assert "Please add the following callbacks" not in proc.stderr and "dirpath has changed" not in proc.stderr
+    assert (
+        "Please add the following callbacks" not in proc.stderr and "dirpath has changed" not in proc.stderr
+    )
 
 
 def test_a_malformed_config_value_fails_before_training_with_the_key_named(tmp_path):
@@ -167,7 +179,9 @@ def test_every_config_logger_writes_into_the_run_directory_given_on_the_command_
     assert [str(logger.save_dir) for logger in cli.trainer.loggers] == [str(tmp_path)] * 2
     for name in sorted(p.name for p in (ROOT / "configs").glob("*.yaml")):
         config = yaml.safe_load((ROOT / "configs" / name).read_text()) or {}
-        assert (config.get("trainer") or {}).get("enable_model_summary") is False, f"{name} prints a layer table"
+        assert (config.get("trainer") or {}).get("enable_model_summary") is False, (
+            f"{name} prints a layer table"
+        )
         loggers = (config.get("trainer") or {}).get("logger") or []
         for logger in loggers if isinstance(loggers, list) else [loggers]:
             save_dir = (logger.get("init_args") or {}).get("save_dir") if isinstance(logger, dict) else None

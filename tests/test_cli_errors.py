@@ -73,8 +73,10 @@ def test_a_parser_report_becomes_the_problem_in_one_line(arg, problem):
 def test_a_trl_name_under_a_yaml_section_is_answered_with_its_counterpart_and_the_sections_options(tmp_path):
     (tmp_path / "trl.yaml").write_text("data:\n  num_generations: 8\n")
     problem, details = short_parse_error(parse_error("--config", str(tmp_path / "trl.yaml")), keys())
-    assert problem == ("data.num_generations: data has no option 'num_generations' (TRL's GRPOConfig name; here: "
-                       "data.group_size, trajectories per prompt)")
+    assert problem == (
+        "data.num_generations: data has no option 'num_generations' (TRL's GRPOConfig name; here: "
+        "data.group_size, trajectories per prompt)"
+    )
     assert "group_size" in details[0].split(", ")
 
 
@@ -144,7 +146,9 @@ def test_a_fit_of_zero_steps_is_refused_instead_of_writing_an_empty_run(tmp_path
 def test_a_reward_function_that_always_raises_is_warned_counted_in_the_summary_and_fails_the_run(tmp_path):
     tmp_path.chmod(0o755)  # the reward's worker runs as a uid of its own: it reads the module as others do
     data = tmp_path / "rows.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(8)))
+    data.write_text(
+        "".join(json.dumps({"prompt": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(8))
+    )
     (tmp_path / "my_rewards.py").write_text(
         "def score(prompt, completion, answer, **row):\n    return 1 / 0  # a bug in the user's reward\n"
     )

@@ -24,15 +24,21 @@ def parser():
 def target(path: Path) -> dict[str, int]:
     """The ``--device_memory=... --host_memory=...`` a config's header states it is sized for."""
     found = TARGET.search(path.read_text())
-    assert found, f"{path.name} states no '# memory plan target (...): --device_memory=... --host_memory=...' line"
-    return {k.lstrip("-"): parse_bytes(v) for k, v in (arg.split("=", 1) for arg in shlex.split(found.group(1)))}
+    assert found, (
+        f"{path.name} states no '# memory plan target (...): --device_memory=... --host_memory=...' line"
+    )
+    return {
+        k.lstrip("-"): parse_bytes(v) for k, v in (arg.split("=", 1) for arg in shlex.split(found.group(1)))
+    }
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
 def test_every_config_fits_the_machine_its_header_states(parser, path, monkeypatch, tmp_path):
     monkeypatch.chdir(ROOT)
     args = ["--config", str(path)]
-    if path.name == "tool_learn.yaml":  # its starting policy is built by `make demo-tools`: a one-step stand-in
+    if (
+        path.name == "tool_learn.yaml"
+    ):  # its starting policy is built by `make demo-tools`: a one-step stand-in
         from thundersync_lightning.envs.branches.start import build_start
 
         build_start(str(tmp_path), steps=1, samples=1)
@@ -66,8 +72,16 @@ def test_plan_prints_the_table_and_exits_1_naming_the_fix_when_it_does_not_fit(c
 def test_plan_reads_the_same_overrides_as_fit(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     with pytest.raises(SystemExit) as done:
-        main(["plan", "--config", "configs/toy.yaml", "--host_memory=4GiB",
-              "--trainer.strategy.init_args.max_open_groups=3", "--data.group_size=2"])
+        main(
+            [
+                "plan",
+                "--config",
+                "configs/toy.yaml",
+                "--host_memory=4GiB",
+                "--trainer.strategy.init_args.max_open_groups=3",
+                "--data.group_size=2",
+            ]
+        )
     out = capsys.readouterr().out
     assert done.value.code == 0 and "FITS" in out
     assert "3 open groups (max_open_groups=3), 6 held trajectories" in out
@@ -76,7 +90,9 @@ def test_plan_reads_the_same_overrides_as_fit(capsys, monkeypatch):
 def test_plan_reads_the_token_cap_and_the_policys_padding_options(parser, monkeypatch):
     monkeypatch.chdir(ROOT)
     base = ["--config", "configs/gpu_1x.yaml", "--trainer.strategy.init_args.max_batch_trajectories=4"]
-    plain = config_plan(parser.parse_args(base + ["--trainer.strategy.init_args.max_batch_tokens=null"]).as_dict())
+    plain = config_plan(
+        parser.parse_args(base + ["--trainer.strategy.init_args.max_batch_tokens=null"]).as_dict()
+    )
     capped = config_plan(parser.parse_args(
         base + ["--trainer.strategy.init_args.max_batch_tokens=2500", "--model.score_max_padding=0.5",
                 "--model.score_forward_tokens=8"]).as_dict())  # fmt: skip
@@ -120,12 +136,16 @@ def test_a_device_size_for_another_machine_checks_its_host_only_when_given_and_t
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setattr(cli.psutil, "virtual_memory", lambda: type("Free", (), {"available": 2**30})())
-    with pytest.raises(SystemExit) as done:  # this machine's 1 GiB of free RAM says nothing of the target's host
+    with pytest.raises(
+        SystemExit
+    ) as done:  # this machine's 1 GiB of free RAM says nothing of the target's host
         main(["plan", "--config", "configs/gpu_1x.yaml", "--device_memory=80GB"])
     out = capsys.readouterr().out
     assert done.value.code == 0 and "FITS" in out and "host memory not checked: pass --host_memory" in out
     assert re.search(r"host: needs [\d.]+ GiB \(not checked\)", out)
-    assert re.search(r"^sized as: P = [\d,]+ parameters, P_t = [\d,]+ trainable, e = 2 bytes per weight", out, re.M)
+    assert re.search(
+        r"^sized as: P = [\d,]+ parameters, P_t = [\d,]+ trainable, e = 2 bytes per weight", out, re.M
+    )
     with pytest.raises(SystemExit) as done:
         main(["plan", "--config", "configs/gpu_1x.yaml", "--device_memory=80GB", "--host_memory=32GiB"])
     assert done.value.code == 1 and "host: needs" in capsys.readouterr().out

@@ -42,9 +42,11 @@ def test_every_path_design_md_names_exists():
 
 
 def test_the_map_of_rooms_names_every_package():
-    rooms = DESIGN[DESIGN.index("## Map of rooms"):DESIGN.index("## Objective options")]
+    rooms = DESIGN[DESIGN.index("## Map of rooms") : DESIGN.index("## Objective options")]
     packages = sorted(
-        p.parent.relative_to(PACKAGE).as_posix() + "/" for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE
+        p.parent.relative_to(PACKAGE).as_posix() + "/"
+        for p in PACKAGE.rglob("__init__.py")
+        if p.parent != PACKAGE
     )
     unnamed = [
         p for p in packages

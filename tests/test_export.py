@@ -62,9 +62,9 @@ def test_a_full_fine_tune_exports_a_directory_transformers_loads_with_the_traine
     ] == ["Qwen3ForCausalLM"]
     tok = AutoTokenizer.from_pretrained(main_out, local_files_only=True)
     assert tok.chat_template == QWEN3_TEMPLATE
-    assert tok.convert_tokens_to_ids("<think>") == AutoTokenizer.from_pretrained(base_dir).convert_tokens_to_ids(
-        "<think>"
-    )
+    assert tok.convert_tokens_to_ids("<think>") == AutoTokenizer.from_pretrained(
+        base_dir
+    ).convert_tokens_to_ids("<think>")
     # generation stops where a training turn ended: at the tokenizer's end of turn
     assert json.loads((main_out / "generation_config.json").read_text())["eos_token_id"] == tok.eos_token_id
 
@@ -82,7 +82,9 @@ def test_a_lora_policy_exports_merged_weights_a_plain_model_loads_with_the_train
     torch.testing.assert_close(merged, trained, rtol=1e-5, atol=1e-5)  # ... and the merge kept the change
 
 
-def test_adapter_only_export_is_a_peft_adapter_on_the_base_directory_with_the_trained_logits(tmp_path, base_dir):
+def test_adapter_only_export_is_a_peft_adapter_on_the_base_directory_with_the_trained_logits(
+    tmp_path, base_dir
+):
     from peft import AutoPeftModelForCausalLM
 
     module, ckpt = trained_checkpoint(tmp_path, pretrained_path=str(base_dir), lora=LoraSettings(r=4))

@@ -63,7 +63,9 @@ def _imports(path: Path) -> set[str]:
             else:
                 continue
             found.add(module)
-            found.update(f"{module}.{alias.name}" for alias in node.names if _is_module(f"{module}.{alias.name}"))
+            found.update(
+                f"{module}.{alias.name}" for alias in node.names if _is_module(f"{module}.{alias.name}")
+            )
     return found
 
 
@@ -170,7 +172,9 @@ def test_no_two_modules_import_each_other_even_inside_a_function():
     graph = import_graph()
     # packages re-export their modules: an edge into a package's __init__ stands for its re-exports,
     # which is a cycle only when the package imports the importer back; keep __init__s out of it
-    inits = {name for name in graph if _module_path(name) is not None and _module_path(name).name == "__init__.py"}
+    inits = {
+        name for name in graph if _module_path(name) is not None and _module_path(name).name == "__init__.py"
+    }
     graph = {v: {w for w in ws if w not in inits} for v, ws in graph.items() if v not in inits}
     assert import_cycles(graph) == []
 
@@ -206,7 +210,12 @@ def test_the_accumulator_the_runner_and_the_policy_meet_no_split_concept():
     words = r"\b(?:split\w*|capture|factors?|row_grads|hold_room|max_destinations|backends)\b|\bmix="
     offenders = [
         f"{name}: {word}"
-        for name in ("core/accumulator/streaming.py", "strategy/runner.py", "strategy/batching.py", "modules/policy.py")
+        for name in (
+            "core/accumulator/streaming.py",
+            "strategy/runner.py",
+            "strategy/batching.py",
+            "modules/policy.py",
+        )
         for word in sorted(set(re.findall(words, (PACKAGE / name).read_text())))
     ]
     assert offenders == []

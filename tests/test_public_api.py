@@ -51,7 +51,9 @@ def test_a_task_source_imported_from_envs_loads_its_family_only():
         "print(GuessingGameTasks.__module__); "
         "print(sorted(m for m in sys.modules if m.startswith('thundersync_lightning.envs.')))"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.split("\n")
     assert out[0] == "thundersync_lightning.envs.toy.source"
     loaded = eval(out[1])  # noqa: S307 - our own printed list
     assert not [m for m in loaded if m.split(".")[2] not in ("toy",)], loaded

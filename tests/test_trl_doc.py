@@ -41,8 +41,14 @@ def write_project(directory: Path) -> None:
 
 
 def environment(directory: Path) -> dict[str, str]:
-    return {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true",
-            "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(directory), os.environ.get("PYTHONPATH", "")])}
+    return {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(directory), os.environ.get("PYTHONPATH", "")]),
+    }
 
 
 def test_the_pages_rows_are_trls_conversational_format_with_extra_columns_and_a_row_every_reward_declines():
@@ -55,24 +61,47 @@ def test_the_pages_rows_are_trls_conversational_format_with_extra_columns_and_a_
 def test_the_documented_yaml_fits_the_trl_pieces_and_counts_the_unscorable_completions(tmp_path):
     write_project(tmp_path)
     cli = Path(sys.executable).with_name("thundersync-lightning")
-    proc = subprocess.run([str(cli), "fit", "--config", "agent.yaml", f"--trainer.default_root_dir={tmp_path / 'run'}",
-                           "--trainer.enable_progress_bar=false", "--trainer.accelerator=cpu"],
-                          cwd=tmp_path, env=environment(tmp_path), capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [
+            str(cli),
+            "fit",
+            "--config",
+            "agent.yaml",
+            f"--trainer.default_root_dir={tmp_path / 'run'}",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.accelerator=cpu",
+        ],
+        cwd=tmp_path,
+        env=environment(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["trajectories"] == 2 * 2 * 4
     assert summary["unscorable_fraction"] == 0.5  # the chat row's group, every step: every reward declined it
     assert summary["reward_error_fraction"] == 0.0
-    assert "Every reward returned None for a completion of row 1 of " in proc.stderr  # warned once, with its row
-    records = [json.loads(line) for line in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()]
+    assert (
+        "Every reward returned None for a completion of row 1 of " in proc.stderr
+    )  # warned once, with its row
+    records = [
+        json.loads(line) for line in (tmp_path / "run" / "trajectories.jsonl").read_text().splitlines()
+    ]
     assert {r["failure"] for r in records} == {None}
 
 
 @pytest.mark.slow  # the page's Python block runs as a user's script (~30 s)
 def test_the_documented_python_trainer_call_fits_the_trl_pieces(tmp_path):
     write_project(tmp_path)
-    proc = subprocess.run([sys.executable, "run.py"], cwd=tmp_path, env=environment(tmp_path), capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "run.py"],
+        cwd=tmp_path,
+        env=environment(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["unscorable_fraction"] == 0.5
@@ -96,22 +125,47 @@ def step0_gradient(directory: Path, mode: str) -> Any:
             self.grads: list[torch.Tensor] = []
 
         def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:
-            self.grads.append(torch.cat([p.grad.detach().reshape(-1).clone() for p in pl_module.parameters()
-                                         if p.requires_grad]))
+            self.grads.append(
+                torch.cat(
+                    [p.grad.detach().reshape(-1).clone() for p in pl_module.parameters() if p.requires_grad]
+                )
+            )
 
     model = str(directory / "model")
-    tasks = DatasetTasks(str(directory / "train.jsonl"), eval_dataset=str(directory / "test.jsonl"),
-                         tokenizer_path=model, tools=[my_agent.calculator], environment_factory=my_agent.Scratchpad,
-                         reward=[my_agent.correctness, my_agent.brevity], reward_weights=[1.0, 0.5],
-                         max_action_tokens=24, max_turns=2, template_kwargs={"enable_thinking": False})
-    data = RolloutDataModule(tasks=tasks, engine=EmbeddedEngineConfig(num_threads=1, env_workers=2), group_size=4,
-                             groups_per_step=2, seed=0)
+    tasks = DatasetTasks(
+        str(directory / "train.jsonl"),
+        eval_dataset=str(directory / "test.jsonl"),
+        tokenizer_path=model,
+        tools=[my_agent.calculator],
+        environment_factory=my_agent.Scratchpad,
+        reward=[my_agent.correctness, my_agent.brevity],
+        reward_weights=[1.0, 0.5],
+        max_action_tokens=24,
+        max_turns=2,
+        template_kwargs={"enable_thinking": False},
+    )
+    data = RolloutDataModule(
+        tasks=tasks,
+        engine=EmbeddedEngineConfig(num_threads=1, env_workers=2),
+        group_size=4,
+        groups_per_step=2,
+        seed=0,
+    )
     capture = Capture()
     L.seed_everything(0)
-    trainer = L.Trainer(strategy=ThunderSyncStrategy(mode=mode), accelerator="cpu", devices=1, max_steps=1,
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0, callbacks=[capture],
-                        default_root_dir=str(directory / mode))
+    trainer = L.Trainer(
+        strategy=ThunderSyncStrategy(mode=mode),
+        accelerator="cpu",
+        devices=1,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        callbacks=[capture],
+        default_root_dir=str(directory / mode),
+    )
     trainer.fit(GRPOPolicy(pretrained_path=model, dtype="float64", lr=1e-4, objective="trl"), data)
     (grad,) = capture.grads
     return grad
@@ -136,14 +190,28 @@ def test_the_pieces_pasted_into_the_script_itself_run_in_the_engines_process(tmp
     they run in threads of the engine's process (with the same deadlines); the fit is the same."""
     write_project(tmp_path)
     agent, run = blocks("python")
-    script = agent + "\n\n" + run.replace("from my_agent import Scratchpad, brevity, calculator, correctness\n", "")
+    script = (
+        agent
+        + "\n\n"
+        + run.replace("from my_agent import Scratchpad, brevity, calculator, correctness\n", "")
+    )
     script = script.replace('logger=ThunderSyncWandbLogger(project="calc-agent")', "logger=False")
     script = script.replace("max_steps=2", "max_steps=1, enable_progress_bar=False")
     script = script.replace("default_callbacks()", "default_callbacks(progress_bar=False)")
     assert "import my_agent" not in script and "from my_agent" not in script
     (tmp_path / "main_run.py").write_text(script)
-    proc = subprocess.run([sys.executable, "main_run.py"], cwd=tmp_path, env=environment(tmp_path), capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "main_run.py"],
+        cwd=tmp_path,
+        env=environment(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["steps"] == 1 and summary["unscorable_fraction"] == 0.5 and summary["reward_error_fraction"] == 0.0
+    assert (
+        summary["steps"] == 1
+        and summary["unscorable_fraction"] == 0.5
+        and summary["reward_error_fraction"] == 0.0
+    )

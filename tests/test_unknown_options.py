@@ -89,21 +89,32 @@ def test_a_misspelt_option_is_answered_with_the_closest_valid_name():
         EmbeddedEngineConfig(temprature=0.7)
 
 
-@pytest.mark.parametrize(("build", "name", "counterpart"), [
-    (_data, "num_generations", "data.group_size"),
-    (_dataset_tasks, "max_completion_length", "data.tasks (DatasetTasks).max_action_tokens, a limit per turn"),
-    (_dataset_tasks, "max_tool_calling_iterations", "data.tasks (DatasetTasks).max_turns, which is "
-                                                    "max_tool_calling_iterations + 1"),
-    (_dataset_tasks, "chat_template_kwargs", "data.tasks (DatasetTasks).template_kwargs"),
-    (_policy, "peft_config", "model.lora"),
-    (_policy, "beta", "model.objective.kl_coef"),
-    (_policy, "loss_type", "model.objective.loss_agg"),
-    (_policy, "scale_rewards", "model.objective.scale"),
-    (_strategy, "report_to", "trainer.logger"),
-    (_strategy, "log_completions", "trainer.callbacks: thundersync_lightning.callbacks.TrajectoryLogger"),
-])
-def test_a_trl_option_name_is_answered_with_its_counterpart(build: Callable[..., Any], name: str,
-                                                            counterpart: str):
+@pytest.mark.parametrize(
+    ("build", "name", "counterpart"),
+    [
+        (_data, "num_generations", "data.group_size"),
+        (
+            _dataset_tasks,
+            "max_completion_length",
+            "data.tasks (DatasetTasks).max_action_tokens, a limit per turn",
+        ),
+        (
+            _dataset_tasks,
+            "max_tool_calling_iterations",
+            "data.tasks (DatasetTasks).max_turns, which is max_tool_calling_iterations + 1",
+        ),
+        (_dataset_tasks, "chat_template_kwargs", "data.tasks (DatasetTasks).template_kwargs"),
+        (_policy, "peft_config", "model.lora"),
+        (_policy, "beta", "model.objective.kl_coef"),
+        (_policy, "loss_type", "model.objective.loss_agg"),
+        (_policy, "scale_rewards", "model.objective.scale"),
+        (_strategy, "report_to", "trainer.logger"),
+        (_strategy, "log_completions", "trainer.callbacks: thundersync_lightning.callbacks.TrajectoryLogger"),
+    ],
+)
+def test_a_trl_option_name_is_answered_with_its_counterpart(
+    build: Callable[..., Any], name: str, counterpart: str
+):
     with pytest.raises(ConfigError) as err:
         build(**{name: 1})
     assert name in str(err.value) and f"TRL's GRPOConfig name; here: {counterpart}" in str(err.value)
@@ -116,24 +127,42 @@ def test_strict_constructors_keep_their_signature_for_yaml_and_the_cli():
 
 
 def test_vllm_options_that_the_chosen_mode_ignores_are_rejected():
-    with pytest.raises(ConfigError, match=r"gpu_memory_utilization=0.9 has no effect while kv_cache_memory_bytes is "
-                                          r"set \(leave it at its default 0.5\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"gpu_memory_utilization=0.9 has no effect while kv_cache_memory_bytes is "
+        r"set \(leave it at its default 0.5\)",
+    ):
         VLLMEngineConfig(gpu_memory_utilization=0.9)
     # null (a YAML override) is refused with the range, not a TypeError
     with pytest.raises(ConfigError, match=r"gpu_memory_utilization must be in \(0, 1\], got None"):
         VLLMEngineConfig(gpu_memory_utilization=None)
     with pytest.raises(ConfigError, match="weights_dir='/tmp' has no effect with weight_sync='direct'"):
         VLLMEngineConfig(weight_sync="direct", weights_dir="/tmp")
-    with pytest.raises(ConfigError, match=r"weights_dir='/tmp' has no effect with weight_sync='auto' and multiprocessing=False"):
+    with pytest.raises(
+        ConfigError,
+        match=r"weights_dir='/tmp' has no effect with weight_sync='auto' and multiprocessing=False",
+    ):
         VLLMEngineConfig(weights_dir="/tmp")
     with pytest.raises(ConfigError, match="weights_dir='/tmp' has no effect with weight_sync='nccl'"):
         VLLMEngineConfig(multiprocessing=True, weight_sync="nccl", weights_dir="/tmp")
-    with pytest.raises(ConfigError, match="weight_sync_bucket_bytes=1024 has no effect with weight_sync='file'"):
+    with pytest.raises(
+        ConfigError, match="weight_sync_bucket_bytes=1024 has no effect with weight_sync='file'"
+    ):
         VLLMEngineConfig(multiprocessing=True, weight_sync="file", weight_sync_bucket_bytes=1024)
-    assert VLLMEngineConfig(multiprocessing=True, weights_dir="/tmp").weights_dir == "/tmp"  # auto may mean file
-    assert VLLMEngineConfig(multiprocessing=True, weight_sync="ipc", weight_sync_bucket_bytes=1024).weight_sync == "ipc"
-    assert VLLMEngineConfig(kv_cache_memory_bytes=None, gpu_memory_utilization=0.9).gpu_memory_utilization == 0.9
-    with pytest.raises(ConfigError, match=r"teacher_engine_kwargs=\{'gpu_memory_utilization': 0.2\} has no effect without a teacher"):
+    assert (
+        VLLMEngineConfig(multiprocessing=True, weights_dir="/tmp").weights_dir == "/tmp"
+    )  # auto may mean file
+    assert (
+        VLLMEngineConfig(multiprocessing=True, weight_sync="ipc", weight_sync_bucket_bytes=1024).weight_sync
+        == "ipc"
+    )
+    assert (
+        VLLMEngineConfig(kv_cache_memory_bytes=None, gpu_memory_utilization=0.9).gpu_memory_utilization == 0.9
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"teacher_engine_kwargs=\{'gpu_memory_utilization': 0.2\} has no effect without a teacher",
+    ):
         VLLMEngineConfig(teacher_engine_kwargs={"gpu_memory_utilization": 0.2})
     with pytest.raises(ConfigError, match="teacher must be a TeacherConfig or None, got dict"):
         VLLMEngineConfig(teacher={"ckpt_path": "last.ckpt"})  # type: ignore[arg-type]

@@ -35,7 +35,9 @@ def test_verify_passes_on_the_toy_in_fp32_and_reports_the_difference_the_worst_p
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
     assert float(lines["gradient"].split()[2]) <= FP32_TOLERANCE
     assert "model." in lines["worst"]  # names the parameter
-    assert float(lines["engine-learner"].split()[2]) < 1e-6  # the embedded engine samples what the learner scores
+    assert (
+        float(lines["engine-learner"].split()[2]) < 1e-6
+    )  # the embedded engine samples what the learner scores
     assert int(lines["streaming"].split()[2]) >= 0  # how many gradients streaming held for their rewards
 
 
@@ -57,14 +59,19 @@ def test_a_learner_whose_streaming_gradient_differs_fails_verify_with_status_1(c
     assert status == 1, out
     assert "FAIL" in out
     worst = next(line for line in out.splitlines() if "worst parameter" in line)
-    assert "embed_tokens" in worst and abs(float(worst.split()[2]) - 1e-2) < 1e-4  # the skewed parameter, by 1%
+    assert (
+        "embed_tokens" in worst and abs(float(worst.split()[2]) - 1e-2) < 1e-4
+    )  # the skewed parameter, by 1%
 
 
 def test_the_gradient_difference_names_the_worst_parameter_and_counts_a_gradient_where_none_was_due():
     want = {"a": torch.tensor([3.0, 4.0]), "b": torch.tensor([0.0])}
     got = {"a": torch.tensor([3.0, 4.5]), "b": torch.tensor([0.0])}
     d = gradient_difference(got, want)
-    assert d.relative == pytest.approx(0.5 / 5) and (d.worst_parameter, d.worst_relative) == ("a", pytest.approx(0.1))
+    assert d.relative == pytest.approx(0.5 / 5) and (d.worst_parameter, d.worst_relative) == (
+        "a",
+        pytest.approx(0.1),
+    )
     assert gradient_difference({**got, "b": torch.tensor([1.0])}, want).worst_parameter == "b"  # inf relative
 
 

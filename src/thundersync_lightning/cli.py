@@ -86,7 +86,15 @@ from .strategy import ThunderSyncStrategy
 from .strategy.memory_check import SCORING_KEYS, param_bytes, plan_inputs
 from .verify import BF16_TOLERANCE, FP32_TOLERANCE, VerifyError, verify_step
 
-__all__ = ["ThunderSyncCLI", "main", "build_parser", "config_plan", "plan_main", "verify_main", "OWN_COMMANDS"]
+__all__ = [
+    "ThunderSyncCLI",
+    "main",
+    "build_parser",
+    "config_plan",
+    "plan_main",
+    "verify_main",
+    "OWN_COMMANDS",
+]
 
 log = logging.getLogger(__name__)
 
@@ -212,7 +220,9 @@ class ThunderSyncCLI(LightningCLI):
             listed = callbacks if isinstance(callbacks, list) else [] if callbacks is None else [callbacks]
             if not any(_is_subclass(cb, ProgressBar) for cb in listed):
                 # Lightning's default bar counts epochs ("Epoch 0/-2" under max_steps) and redraws in a log
-                bar = Namespace(class_path=f"{RolloutProgressBar.__module__}.RolloutProgressBar", init_args=Namespace())
+                bar = Namespace(
+                    class_path=f"{RolloutProgressBar.__module__}.RolloutProgressBar", init_args=Namespace()
+                )
                 trainer["callbacks"] = [*listed, bar]
 
     @override
@@ -247,7 +257,9 @@ def _cli_kwargs() -> dict[str, Any]:
         "datamodule_class": RolloutDataModule,
         "save_config_kwargs": {"overwrite": True},
         "parser_class": ShortErrorParser,  # errors in a few lines (cli_errors)
-        "parser_kwargs": {"description": "Streaming, zero-staleness GRPO for LLM agents (Lightning's CLI and more)."},
+        "parser_kwargs": {
+            "description": "Streaming, zero-staleness GRPO for LLM agents (Lightning's CLI and more)."
+        },
     }
 
 
@@ -387,7 +399,9 @@ def verify_main(args: list[str]) -> int:
         description="One step of streaming and of sync on the same trajectories: is streaming the sync update?",
     )
     parser.add_argument(
-        "--tolerance", type=float, help=f"pass bound (default: {FP32_TOLERANCE:g} in fp32, {BF16_TOLERANCE:g} in bf16)"
+        "--tolerance",
+        type=float,
+        help=f"pass bound (default: {FP32_TOLERANCE:g} in fp32, {BF16_TOLERANCE:g} in bf16)",
     )
     own, rest = parser.parse_known_args(args)
     fit_parser = build_parser()

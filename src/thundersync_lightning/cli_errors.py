@@ -108,9 +108,15 @@ def short_parse_error(message: str, keys: Sequence[str] = ()) -> tuple[str, list
     group = _GROUP.search(text)
     if group:  # a YAML key a section does not take
         section, name = group.group(1), group.group(2)
-        valid = [k[len(section) + 1 :] for k in keys if k.startswith(section + ".") and "." not in k[len(section) + 1 :]]
+        valid = [
+            k[len(section) + 1 :]
+            for k in keys
+            if k.startswith(section + ".") and "." not in k[len(section) + 1 :]
+        ]
         hint = trl_hint(name) or did_you_mean(name, valid)
-        return f"{section}.{name}: {section} has no option {name!r}{hint}", [f"valid options: {', '.join(valid)}"] if valid else []
+        return f"{section}.{name}: {section} has no option {name!r}{hint}", [
+            f"valid options: {', '.join(valid)}"
+        ] if valid else []
     outer = _KEY.search(text)
     where = f"--{outer.group(1)}" if outer else ""
     classes = _CLASS.findall(text)

@@ -45,6 +45,7 @@ from .modules.policy import GRPOPolicy
 
 __all__ = ["ExportError", "ExportResult", "export_checkpoint", "export_main", "export_policy"]
 
+
 class ExportError(ThunderSyncError):
     """The checkpoint cannot be exported as asked (the message says why and what to change)."""
 
@@ -59,7 +60,11 @@ class ExportResult:
     tokenizer_from: str | None
 
     def lines(self) -> list[str]:
-        what = "a peft adapter" if self.kind == "adapter" else "a Hugging Face model (LoRA merged where there was one)"
+        what = (
+            "a peft adapter"
+            if self.kind == "adapter"
+            else "a Hugging Face model (LoRA merged where there was one)"
+        )
         lines = [f"export: wrote {what} to {self.out}"]
         if self.tokenizer_from is None:
             lines.append(
@@ -95,7 +100,11 @@ def _tokenizer_source(
         return pretrained, "model.pretrained_path", template
     task_tokenizer = task_args.get("tokenizer_path")
     if isinstance(task_tokenizer, str):  # checked by load_tokenizer: the run's tokenizer must be here
-        return task_tokenizer, "the run's data.tasks.init_args.tokenizer_path (pass --tokenizer DIR)", template
+        return (
+            task_tokenizer,
+            "the run's data.tasks.init_args.tokenizer_path (pass --tokenizer DIR)",
+            template,
+        )
     return None, "", None
 
 
@@ -161,7 +170,9 @@ def export_policy(
         raise ExportError(f"--out {str(out)!r} exists and is not an empty directory: give a new directory")
     lora = module.hparams.get("lora") is not None
     if adapter_only and not lora:
-        raise ExportError("--adapter-only: this policy has no LoRA adapters (it is a full fine-tune); drop the flag")
+        raise ExportError(
+            "--adapter-only: this policy has no LoRA adapters (it is a full fine-tune); drop the flag"
+        )
     if adapter_only and module.model_spec.pretrained_path is None:
         raise ExportError(
             "--adapter-only: the base model was built from a config with random weights, so there is no base "
@@ -199,7 +210,11 @@ def export_checkpoint(
     # the user's own checkpoint: its hyperparameters hold config dataclasses (LoraSettings), not only tensors
     module = GRPOPolicy.load_from_checkpoint(ckpt, map_location="cpu", weights_only=False)
     return export_policy(
-        module.eval(), out, adapter_only=adapter_only, tokenizer_path=tokenizer_path, task_args=_run_config(ckpt)
+        module.eval(),
+        out,
+        adapter_only=adapter_only,
+        tokenizer_path=tokenizer_path,
+        task_args=_run_config(ckpt),
     )
 
 
@@ -212,18 +227,26 @@ def export_main(args: list[str]) -> int:
         description="A checkpoint as a Hugging Face model directory (transformers, vLLM): LoRA merged, "
         "or the adapter alone; the tokenizer and chat template beside it.",
     )
-    parser.add_argument("--ckpt_path", required=True, help="a checkpoint of fit (e.g. runs/x/checkpoints/last.ckpt)")
+    parser.add_argument(
+        "--ckpt_path", required=True, help="a checkpoint of fit (e.g. runs/x/checkpoints/last.ckpt)"
+    )
     parser.add_argument("--out", required=True, help="the directory to write (new or empty)")
     parser.add_argument(
-        "--adapter-only", "--adapter_only", dest="adapter_only", action="store_true",
+        "--adapter-only",
+        "--adapter_only",
+        dest="adapter_only",
+        action="store_true",
         help="LoRA: write the peft adapter alone (default: the merged model)",
     )
     parser.add_argument(
-        "--tokenizer", help="the tokenizer directory to save beside the model (default: the policy's or the run's)"
+        "--tokenizer",
+        help="the tokenizer directory to save beside the model (default: the policy's or the run's)",
     )
     own = parser.parse_args(args)
     try:
-        result = export_checkpoint(own.ckpt_path, own.out, adapter_only=own.adapter_only, tokenizer_path=own.tokenizer)
+        result = export_checkpoint(
+            own.ckpt_path, own.out, adapter_only=own.adapter_only, tokenizer_path=own.tokenizer
+        )
     except (ExportError, ConfigError) as exc:
         print(f"thundersync-lightning export: {exc}", file=sys.stderr)
         return 2

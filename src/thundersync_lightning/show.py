@@ -35,7 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     summary = run_dir / "summary.json"
     if summary.is_file():
         facts = json.loads(summary.read_text())  # its reasons may quote model text: one escaped line each
-        print(format_summary({k: printable(v, newlines=False) if isinstance(v, str) else v for k, v in facts.items()}, run_dir))
+        print(
+            format_summary(
+                {k: printable(v, newlines=False) if isinstance(v, str) else v for k, v in facts.items()},
+                run_dir,
+            )
+        )
         print()
     jsonl = path if path.is_file() else run_dir / "trajectories.jsonl"
     if not jsonl.is_file():

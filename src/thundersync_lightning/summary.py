@@ -138,17 +138,21 @@ def summarize(
 def failed_run(summary: dict[str, Any]) -> str | None:
     """Why a finished run learned from nothing (every reward, or every tool call, failed), or None."""
     if summary.get("reward_error_fraction") == 1.0:
-        return (f"every reward of the run's {summary['trajectories']} trajectories failed (reward_error_fraction "
-                "1.0 in summary.json): the policy was trained on reward 0 alone. Fix the reward function or the "
-                "environment's verdict (trajectories.jsonl has every failure: python -m thundersync_lightning.show DIR)")
+        return (
+            f"every reward of the run's {summary['trajectories']} trajectories failed (reward_error_fraction "
+            "1.0 in summary.json): the policy was trained on reward 0 alone. Fix the reward function or the "
+            "environment's verdict (trajectories.jsonl has every failure: python -m thundersync_lightning.show DIR)"
+        )
     calls, ran = summary.get("tool_calls") or 0, summary.get("tool_calls_run") or 0
     broken = (summary.get("tool_error_fraction") or 0.0) + (summary.get("tool_timeout_fraction") or 0.0)
     if ran and round(broken * calls) >= ran:
         first = summary.get("tool_error_first")
-        return (f"every one of the run's {ran} tool calls that ran failed (tool_error_fraction "
-                f"{summary.get('tool_error_fraction') or 0:.2f}, tool_timeout_fraction "
-                f"{summary.get('tool_timeout_fraction') or 0:.2f} in summary.json){f'; the first: {first}' if first else ''}. "
-                "Fix the tools (or raise tool_timeout_s)")
+        return (
+            f"every one of the run's {ran} tool calls that ran failed (tool_error_fraction "
+            f"{summary.get('tool_error_fraction') or 0:.2f}, tool_timeout_fraction "
+            f"{summary.get('tool_timeout_fraction') or 0:.2f} in summary.json){f'; the first: {first}' if first else ''}. "
+            "Fix the tools (or raise tool_timeout_s)"
+        )
     return None
 
 
@@ -206,8 +210,10 @@ def format_summary(summary: dict[str, Any], directory: str | Path | None = None)
     if summary.get("stopped_by"):
         lines.append(f"  stopped by             {summary['stopped_by']}")
     if summary.get("val_pass_at_1_first") is not None:
-        lines.append(f"  val pass@1             {summary['val_pass_at_1_first']:.3f} (first) -> "
-                     f"{summary['val_pass_at_1_last']:.3f} (last)")
+        lines.append(
+            f"  val pass@1             {summary['val_pass_at_1_first']:.3f} (first) -> "
+            f"{summary['val_pass_at_1_last']:.3f} (last)"
+        )
     if summary.get("zero_advantage_group_fraction") is not None:
         lines.append(
             f"  zero-advantage groups  {summary['zero_advantage_group_fraction']:.1%} (equal rewards: no gradient)"
@@ -223,7 +229,9 @@ def format_summary(summary: dict[str, Any], directory: str | Path | None = None)
             f"  unscorable             {summary['unscorable_fraction']:.1%} of trajectories (every reward returned "
             "None: no reward, advantage 0)"
         )
-    if summary.get("tool_calls") and (summary.get("tool_error_fraction") or summary.get("tool_timeout_fraction")):
+    if summary.get("tool_calls") and (
+        summary.get("tool_error_fraction") or summary.get("tool_timeout_fraction")
+    ):
         lines.append(
             f"  tool failures          {summary['tool_error_fraction']:.1%} raised, {summary['tool_timeout_fraction']:.1%} "
             f"timed out of {summary['tool_calls']} calls; the first: {summary.get('tool_error_first')}"

@@ -154,7 +154,11 @@ class VerifyReport:
 
     def lines(self) -> list[str]:
         d = self.difference
-        kl = "n/a (the engine reports no logprobs)" if self.engine_learner_kl is None else f"{self.engine_learner_kl:.2e}"
+        kl = (
+            "n/a (the engine reports no logprobs)"
+            if self.engine_learner_kl is None
+            else f"{self.engine_learner_kl:.2e}"
+        )
         verdict = "PASS" if self.passed else "FAIL"
         return [
             f"verify: one step of streaming (replayed) and of sync on the same {self.trajectories} trajectories "
@@ -199,7 +203,9 @@ def verify_step(
             for mode, engines in (("sync", recorder), ("streaming", RecordedEngines(recorder.recording))):
                 policy.load_state_dict(initial)
                 data.engine_factory = engines
-                runs[mode] = _one_step(policy, data, strategy(mode), accelerator, precision, seed, root_dir or tmp)
+                runs[mode] = _one_step(
+                    policy, data, strategy(mode), accelerator, precision, seed, root_dir or tmp
+                )
     finally:
         data.engine_factory = factory
         policy.load_state_dict(initial)
@@ -220,7 +226,13 @@ def verify_step(
 
 
 def _one_step(
-    policy: L.LightningModule, data: Any, strategy: Any, accelerator: str, precision: Any, seed: int | None, root: str
+    policy: L.LightningModule,
+    data: Any,
+    strategy: Any,
+    accelerator: str,
+    precision: Any,
+    seed: int | None,
+    root: str,
 ) -> _StepCapture:
     if seed is not None:
         L.seed_everything(seed, verbose=False)
@@ -243,5 +255,7 @@ def _one_step(
     )
     trainer.fit(policy, data)
     if not capture.gradient:
-        raise VerifyError(f"the {getattr(strategy, 'mode', '')} run took no optimizer step: nothing to compare")
+        raise VerifyError(
+            f"the {getattr(strategy, 'mode', '')} run took no optimizer step: nothing to compare"
+        )
     return capture

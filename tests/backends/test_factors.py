@@ -26,17 +26,32 @@ VOCAB, WIDTH = 40, 32  # wide enough that a short row's factors take fewer bytes
 
 def test_fold_equals_the_coefficient_weighted_sum_of_the_formed_chunks():
     g = torch.Generator().manual_seed(0)
-    params = [torch.zeros(9, 8, dtype=torch.float64), torch.zeros(50, 4, dtype=torch.float64), torch.zeros(9, dtype=torch.float64)]
+    params = [
+        torch.zeros(9, 8, dtype=torch.float64),
+        torch.zeros(50, 4, dtype=torch.float64),
+        torch.zeros(9, dtype=torch.float64),
+    ]
     chunks = []
     for n in (2, 3, 1):
-        x, dy = torch.randn(n, 8, generator=g, dtype=torch.float64), torch.randn(n, 9, generator=g, dtype=torch.float64)
-        ids, rows = torch.randint(0, 50, (n,), generator=g), torch.randn(n, 4, generator=g, dtype=torch.float64)
+        x, dy = (
+            torch.randn(n, 8, generator=g, dtype=torch.float64),
+            torch.randn(n, 9, generator=g, dtype=torch.float64),
+        )
+        ids, rows = (
+            torch.randint(0, 50, (n,), generator=g),
+            torch.randn(n, 4, generator=g, dtype=torch.float64),
+        )
         bias = torch.randn(9, generator=g, dtype=torch.float64)
-        chunks.append(chunk_of(
-            [None, None, bias],
-            {0: [LinearFactors(x[:1], dy[:1]), LinearFactors(x[1:], dy[1:])], 1: [EmbeddingFactors(ids, rows)]},
-            params,
-        ))
+        chunks.append(
+            chunk_of(
+                [None, None, bias],
+                {
+                    0: [LinearFactors(x[:1], dy[:1]), LinearFactors(x[1:], dy[1:])],
+                    1: [EmbeddingFactors(ids, rows)],
+                },
+                params,
+            )
+        )
     assert isinstance(chunks[0].parts[0], LinearFactors) and isinstance(chunks[0].parts[1], EmbeddingFactors)
     coefs = [0.7, 0.0, -2.5]
     views = [torch.zeros_like(p) for p in params]
@@ -76,10 +91,14 @@ class Model(nn.Module):
 
 def seq(tid: str) -> list[int]:
     g = torch.Generator().manual_seed(sum(map(ord, tid)))
-    return [int(x) for x in torch.randint(1, VOCAB, (3 + int(torch.randint(0, 3, (), generator=g)),), generator=g)]
+    return [
+        int(x) for x in torch.randint(1, VOCAB, (3 + int(torch.randint(0, 3, (), generator=g)),), generator=g)
+    ]
 
 
-def scores(model: Model, tids: Sequence[str], capture: RowCapture | None, reference: bool = False) -> TokenScores:
+def scores(
+    model: Model, tids: Sequence[str], capture: RowCapture | None, reference: bool = False
+) -> TokenScores:
     width = max(len(seq(t)) for t in tids)
     ids = torch.zeros(len(tids), width, dtype=torch.long)
     mask = torch.zeros(len(tids), width - 1, dtype=torch.bool)
@@ -103,14 +122,24 @@ REWARDS = {
     "g2": [1.0, 1.0, 1.0, 1.0],  # zero advantage
 }
 ORDERS = {  # which rewards land before the first scored batch, and the batches
-    "held": ([], [["t0-0", "t1-0", "t2-0", "t0-1"], ["t0-2", "t0-3", "t1-1", "t1-2", "t1-3", "t2-1", "t2-2", "t2-3"]]),
-    "known": (["t0-0", "t0-1", "t1-0", "t1-1", "t1-2"], [["t0-0", "t0-1", "t1-0", "t1-1", "t1-2", "t0-2"], ["t0-3", "t1-3", "t2-0", "t2-1", "t2-2", "t2-3"]]),
+    "held": (
+        [],
+        [["t0-0", "t1-0", "t2-0", "t0-1"], ["t0-2", "t0-3", "t1-1", "t1-2", "t1-3", "t2-1", "t2-2", "t2-3"]],
+    ),
+    "known": (
+        ["t0-0", "t0-1", "t1-0", "t1-1", "t1-2"],
+        [["t0-0", "t0-1", "t1-0", "t1-1", "t1-2", "t0-2"], ["t0-3", "t1-3", "t2-0", "t2-1", "t2-2", "t2-3"]],
+    ),
     "one-by-one": (["t0-0"], [[t] for ts in GROUPS.values() for t in ts]),
 }
 
 
 def run(
-    order: str, split: bool, objective: Objective | None = None, failed: Sequence[str] = (), tied: bool = False
+    order: str,
+    split: bool,
+    objective: Objective | None = None,
+    failed: Sequence[str] = (),
+    tied: bool = False,
 ) -> tuple[torch.Tensor, StreamingGRPO, list[int]]:
     """The step's gradient, the accumulator, and after each batch the chunks holding Linear factors
     (of the tied weight, both kinds, when ``tied``)."""
@@ -131,7 +160,9 @@ def run(
         batch = [t for t in batch if acc.needs_score(t)]
         if batch:
             acc.add_tokens(batch, scores(model, batch, capture, objective.needs_reference), watch=capture)
-        kept = [h for grp in acc._groups.values() for h in (*grp._held.values(), *grp._held_regulariser.values())]
+        kept = [
+            h for grp in acc._groups.values() for h in (*grp._held.values(), *grp._held_regulariser.values())
+        ]
         kept += [c for grp in acc._groups.values() for _, c in grp._deferred]
         kinds = (TiedFactors,) if tied else (LinearFactors,)
         chunked.append(sum(isinstance(c, Chunk) and any(isinstance(p, kinds) for p in c.parts) for c in kept))
@@ -160,19 +191,26 @@ def test_the_split_keeps_chunks_and_equals_the_dense_gradient_in_every_reward_or
 def test_a_weight_tied_between_the_embedding_and_the_head_keeps_both_kinds_of_factors(order):
     reference, _, _ = run(order, split=False, tied=True)
     got, _, chunked = run(order, split=True, tied=True)
-    assert len(got) == sum(p.numel() for p in Model().parameters()) - VOCAB * WIDTH  # one tied matrix, not two
+    assert (
+        len(got) == sum(p.numel() for p in Model().parameters()) - VOCAB * WIDTH
+    )  # one tied matrix, not two
     assert close(got, reference) and max(chunked) > 0
 
 
 def test_a_parameter_with_both_kinds_of_factors_keeps_both_or_with_a_dense_part_sums_all_three():
     g = torch.Generator().manual_seed(1)
     params = [torch.zeros(VOCAB, 4, dtype=torch.float64)]
-    x, dy = torch.randn(2, 4, generator=g, dtype=torch.float64), torch.randn(2, VOCAB, generator=g, dtype=torch.float64)
+    x, dy = (
+        torch.randn(2, 4, generator=g, dtype=torch.float64),
+        torch.randn(2, VOCAB, generator=g, dtype=torch.float64),
+    )
     ids, rows = torch.tensor([3, 3, 7]), torch.randn(3, 4, generator=g, dtype=torch.float64)
     dense = torch.randn(VOCAB, 4, generator=g, dtype=torch.float64)
     chunk = chunk_of([dense], {0: [LinearFactors(x, dy), EmbeddingFactors(ids, rows)]}, params)
     expected = dy.t() @ x + torch.zeros(VOCAB, 4, dtype=torch.float64).index_add_(0, ids, rows) + dense
-    assert isinstance(chunk.parts[0], torch.Tensor) and torch.allclose(chunk.parts[0], expected, rtol=0, atol=1e-12)
+    assert isinstance(chunk.parts[0], torch.Tensor) and torch.allclose(
+        chunk.parts[0], expected, rtol=0, atol=1e-12
+    )
     tied = chunk_of([None], {0: [LinearFactors(x, dy), EmbeddingFactors(ids, rows)]}, params)
     assert isinstance(tied.parts[0], TiedFactors) and tied.nbytes < VOCAB * 4 * 8
     view = torch.zeros(VOCAB, 4, dtype=torch.float64)
@@ -224,7 +262,11 @@ def test_a_dense_gradient_into_a_group_with_chunks_spills_them_first(monkeypatch
 
     spilled = []
     original = group_module.GroupSums._spill
-    monkeypatch.setattr(group_module.GroupSums, "_spill", lambda self, store: (spilled.append(len(self._deferred)), original(self, store)))
+    monkeypatch.setattr(
+        group_module.GroupSums,
+        "_spill",
+        lambda self, store: (spilled.append(len(self._deferred)), original(self, store)),
+    )
     results = []
     for split in (False, True):
         backend = SplitBackend(model, params) if split else None
@@ -254,7 +296,9 @@ def test_aborting_a_group_with_chunks_frees_them():
     acc = StreamingGRPO(params, backend=backend)
     acc.open_group("g", ["a", "b"])
     acc.add_tokens(["a", "b"], scores(model, ["a", "b"], backend.capture), watch=backend.capture)
-    assert acc.held_trajectories == 2 and 0 < acc.bytes_in_use.device < 2 * 4 * 8 * sum(p.numel() for p in params)
+    assert acc.held_trajectories == 2 and 0 < acc.bytes_in_use.device < 2 * 4 * 8 * sum(
+        p.numel() for p in params
+    )
     acc.abort_group("g")
     assert acc.bytes_in_use.total == 0 and acc.held_trajectories == 0
 

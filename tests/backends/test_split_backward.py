@@ -54,7 +54,9 @@ class RowModel(nn.Module):
 
 def rows_of(tid: str) -> list[int]:
     g = torch.Generator().manual_seed(sum(map(ord, tid)))
-    return [int(x) for x in torch.randint(1, VOCAB, (2 + int(torch.randint(0, 4, (), generator=g)),), generator=g)]
+    return [
+        int(x) for x in torch.randint(1, VOCAB, (2 + int(torch.randint(0, 4, (), generator=g)),), generator=g)
+    ]
 
 
 def score(model: RowModel, tids: Sequence[str], capture: RowCapture | None) -> TokenScores:
@@ -146,7 +148,9 @@ def test_a_model_the_split_cannot_see_is_refused_at_first_use_and_nothing_is_app
     assert close(fallback, reference) and passes == 7
     # refused: the rest of the fit runs as the plain backend, after one warning
     assert lenient.destinations == 1 and lenient.watch(2) is None
-    assert [r.getMessage().split(":")[0] for r in caplog.records] == ["split_backward='auto' turned off for this fit"]
+    assert [r.getMessage().split(":")[0] for r in caplog.records] == [
+        "split_backward='auto' turned off for this fit"
+    ]
 
 
 def test_a_module_called_with_keywords_is_refused_and_the_lenient_capture_falls_back():

@@ -20,7 +20,9 @@ OBJECTIVES = {
     "rloo-token-mean-kl-entropy": Objective(
         estimator="rloo", loss_agg="token-mean", kl_coef=0.1, entropy_coef=0.01, singleton="reward"
     ),
-    "trl-batch-drop-kl": Objective.preset("trl", scale="batch", failed="drop", kl_coef=0.05, kl_estimator="k2"),
+    "trl-batch-drop-kl": Objective.preset(
+        "trl", scale="batch", failed="drop", kl_coef=0.05, kl_estimator="k2"
+    ),
     "verl": Objective.preset("verl"),
     "is-token-truncate": Objective(is_correction="token_truncate", is_cap=2.0),
     "opd": Objective(opd_coef=0.5),
@@ -35,14 +37,24 @@ def _trajectory(g: int, i: int) -> Trajectory:
     engine = tuple(float(x) for x in -torch.rand(n, generator=gen) * 3)
     teacher = tuple(float(x) for x in -torch.rand(n, generator=gen) * 3)
     prompt = tuple(int(x) for x in torch.randint(0, vocab, (3,), generator=gen))
-    return Trajectory(f"t{g}-{i}", f"g{g}", 0, prompt, (Segment(tokens, True, engine, teacher),), 0, 1, "stop", 0.0, 0.0)
+    return Trajectory(
+        f"t{g}-{i}", f"g{g}", 0, prompt, (Segment(tokens, True, engine, teacher),), 0, 1, "stop", 0.0, 0.0
+    )
 
 
 REWARDS = {f"t{g}-{i}": float((g + i) % 2) for g in range(G) for i in range(SIZE)}
 FAILED = {"t3-1"}  # its verdict fails: dropped under failed="drop"
 
 
-EARLY = ["t0-0", "t0-1", "t0-2", "t0-3", "t1-0", "t1-1", "t2-0"]  # group 0 complete (direct), 1-2 partly (buckets)
+EARLY = [
+    "t0-0",
+    "t0-1",
+    "t0-2",
+    "t0-3",
+    "t1-0",
+    "t1-1",
+    "t2-0",
+]  # group 0 complete (direct), 1-2 partly (buckets)
 
 
 def _before(acc: StreamingGRPO) -> None:

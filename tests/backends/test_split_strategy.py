@@ -36,7 +36,9 @@ from thundersync_lightning.strategy.runner import StepRunner
 from ..strategy._fit import TOY_MODEL
 
 SIZES = (3, 3, 3)
-REQUEST = RolloutRequest(step=0, groups=tuple(GroupRequest(f"g{g}", g, None, n) for g, n in enumerate(SIZES)), seed=0)
+REQUEST = RolloutRequest(
+    step=0, groups=tuple(GroupRequest(f"g{g}", g, None, n) for g, n in enumerate(SIZES)), seed=0
+)
 IDS = [t for ts in REQUEST.trajectory_ids().values() for t in ts]
 OWNER = {t: g for g, ts in REQUEST.trajectory_ids().items() for t in ts}
 REWARDS = {t: float(k % 2) for k, t in enumerate(IDS)}
@@ -144,8 +146,12 @@ def test_the_option_is_checked_and_required_where_asked_for(caplog):
     problems = split_problems(plain, list(plain.parameters()), "streaming", False, "fsdp2")
     assert any("takes no watch=" in p for p in problems) and any("fsdp2" in p for p in problems)
     with caplog.at_level(logging.INFO, logger="thundersync_lightning.backends.split.choice"):
-        assert isinstance(choose_backend("auto", plain, list(plain.parameters()), "streaming", False, "none"), PlainBackward)
-        assert isinstance(choose_backend("auto", plain, list(plain.parameters()), "sync", False, "none"), PlainBackward)
+        assert isinstance(
+            choose_backend("auto", plain, list(plain.parameters()), "streaming", False, "none"), PlainBackward
+        )
+        assert isinstance(
+            choose_backend("auto", plain, list(plain.parameters()), "sync", False, "none"), PlainBackward
+        )
     # a streaming fit that will not split says why, once; sync never splits and says nothing
     assert [r.getMessage() for r in caplog.records] == [
         "split_backward='auto' leaves the split off: NoCapture.score_tokens takes no watch= "
@@ -153,14 +159,19 @@ def test_the_option_is_checked_and_required_where_asked_for(caplog):
     ]
     with pytest.raises(ConfigError, match="split_backward=True cannot be used: NoCapture.score_tokens"):
         choose_backend(True, plain, list(plain.parameters()), "streaming", False, "none")
-    assert isinstance(choose_backend(True, policy, params, "sync", False, "none"), PlainBackward)  # nothing to split
+    assert isinstance(
+        choose_backend(True, policy, params, "sync", False, "none"), PlainBackward
+    )  # nothing to split
 
     class OldCapture(NoCapture):
         def score_tokens(self, trajectories, *, entropy=False, reference=False, capture=None):
             raise AssertionError("not called")
 
     old = OldCapture()
-    assert any("capture= keyword is now called watch=" in p for p in split_problems(old, [], "streaming", False, "none"))
+    assert any(
+        "capture= keyword is now called watch=" in p
+        for p in split_problems(old, [], "streaming", False, "none")
+    )
 
 
 def test_auto_splits_small_models_only_and_each_call_holds_a_bounded_number_of_gradients(caplog):
@@ -174,6 +185,8 @@ def test_auto_splits_small_models_only_and_each_call_holds_a_bounded_number_of_g
             chosen = choose_backend("auto", policy, params, "streaming", False, "none")
             assert isinstance(chosen, SplitBackend) is splits
         assert any("trainable parameters > 1000000" in r.getMessage() for r in caplog.records) is not splits
-        assert isinstance(choose_backend(True, policy, params, "streaming", False, "none"), SplitBackend)  # required
+        assert isinstance(
+            choose_backend(True, policy, params, "streaming", False, "none"), SplitBackend
+        )  # required
     assert max_destinations([torch.zeros(10)]) == CALL_GRADIENT_BYTES // 40
     assert max_destinations([torch.zeros(2**30)]) == 2  # 4 GiB of gradients: never fewer than two

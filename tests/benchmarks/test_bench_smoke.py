@@ -90,7 +90,11 @@ def test_overlap_long_workload_with_set_up_and_balance_calibration_smoke(tmp_pat
     assert data["workload_name"] == "long" and data["calibration"]["calibrate"] == "balance"
     assert data["calibration"]["time_scale_s"] > 0
     assert data["workload"]["setup_fraction"] == 0.1 and data["workload"]["prepare_ahead"] is False
-    assert set(data["targets_met"]) >= {"efficiency", "streaming_throughput_over_async", "streaming_over_sync_learner_work"}
+    assert set(data["targets_met"]) >= {
+        "efficiency",
+        "streaming_throughput_over_async",
+        "streaming_over_sync_learner_work",
+    }
     assert data["diagnosis"]["streaming_over_sync_learner_work"] > 0
     assert data["modes"]["streaming"]["staleness_max"] == 0 and data["modes"]["async"]["staleness_max"] == 1
 
@@ -169,12 +173,37 @@ def test_opd_smoke(tmp_path: Path) -> None:
     teacher = build_model(spec)
     ckpt = tmp_path / "teacher.ckpt"  # laid out like a GRPOPolicy Lightning checkpoint
     hparams = {"model_type": spec.model_type, "config": dict(spec.config), "dtype": "float32", "lora": None}
-    torch.save({"hyper_parameters": hparams, "state_dict": {f"model.{k}": v for k, v in teacher.state_dict().items()}}, ckpt)
+    torch.save(
+        {
+            "hyper_parameters": hparams,
+            "state_dict": {f"model.{k}": v for k, v in teacher.state_dict().items()},
+        },
+        ckpt,
+    )
     bench = _load("opd")
-    common = ["--threads", "1", "--teacher", str(ckpt), "--groups", "2", "--group-size", "2", "--max-steps", "2"]
+    common = [
+        "--threads",
+        "1",
+        "--teacher",
+        str(ckpt),
+        "--groups",
+        "2",
+        "--group-size",
+        "2",
+        "--max-steps",
+        "2",
+    ]
     bench.main([*common, "--out", str(tmp_path / "a"), "--arms", "opd", "--seed-list", "0"])
     bench.main([*common, "--out", str(tmp_path / "b"), "--arms", "grpo", "--seed-list", "0"])
-    bench.main(["--out", str(tmp_path), "--merge", str(tmp_path / "a" / "opd.json"), str(tmp_path / "b" / "opd.json")])
+    bench.main(
+        [
+            "--out",
+            str(tmp_path),
+            "--merge",
+            str(tmp_path / "a" / "opd.json"),
+            str(tmp_path / "b" / "opd.json"),
+        ]
+    )
     data = _read(tmp_path, "opd")
     assert [(r["arm"], len(r["rewards"])) for r in data["runs"]] == [("opd", 2), ("grpo", 2)]
     assert set(data["summary"]) == {"opd", "grpo"} and data["objectives"]["opd"]["reward_coef"] == 0.0
@@ -246,9 +275,17 @@ def test_time_to_target_counts_an_unreached_run_as_slower_and_two_unreached_medi
         "streaming_le_async": True,  # async never reached 0.9 within its budget
         "streaming_le_async_is": False,
     }
-    both_unreached = module.targets_met(summary(streaming=None, **{"async": None}, async_is=None, sync=None), "balanced")
-    assert both_unreached == {"streaming_le_async": None, "streaming_le_async_is": None, "streaming_le_0.6x_sync": None}
-    assert module.targets_met(summary(streaming=50.0, sync=80.0), "balanced")["streaming_le_0.6x_sync"] is False
+    both_unreached = module.targets_met(
+        summary(streaming=None, **{"async": None}, async_is=None, sync=None), "balanced"
+    )
+    assert both_unreached == {
+        "streaming_le_async": None,
+        "streaming_le_async_is": None,
+        "streaming_le_0.6x_sync": None,
+    }
+    assert (
+        module.targets_met(summary(streaming=50.0, sync=80.0), "balanced")["streaming_le_0.6x_sync"] is False
+    )
 
 
 def test_gpu_scale_runs_tiny_on_cpu_and_records_why_pinned_and_fsdp2_were_skipped(tmp_path: Path) -> None:
@@ -319,11 +356,15 @@ def test_time_to_target_summary_gives_streaming_its_last_verdict_floor_against_s
     # medians of per-step values: streaming's median step and its release-date floor against sync's median step
     assert out["streaming"]["step_median_over_sync_step"] == pytest.approx(0.8)
     assert out["streaming"]["release_floor_over_sync_step"] == pytest.approx(0.6)
-    assert "last_verdict_over_sync_step" not in out["sync"] and "release_floor_over_sync_step" not in out["sync"]
+    assert (
+        "last_verdict_over_sync_step" not in out["sync"] and "release_floor_over_sync_step" not in out["sync"]
+    )
     alone = module.summarise([run("streaming", 1.5, 0.12)])["streaming"]
     assert "last_verdict_over_sync_step" not in alone and "release_floor_over_sync_step" not in alone
     # runs stored before the floor existed: no figure rather than a wrong one
-    assert "release_floor_over_sync_step" not in module.summarise([run("sync", 2.0, 0.11), stream])["streaming"]
+    assert (
+        "release_floor_over_sync_step" not in module.summarise([run("sync", 2.0, 0.11), stream])["streaming"]
+    )
 
 
 def test_time_to_target_release_floor_is_the_last_verdict_or_the_work_after_late_content() -> None:
@@ -352,7 +393,9 @@ def test_token_cap_smoke_the_plan_bounds_every_setting_s_largest_call(tmp_path: 
         cap = row["max_batch_tokens"]
         assert cap is None or row["largest_call_tokens"] <= cap
     assert settings["rows 8"]["calls"] == 2 and settings["rows 32 (default)"]["calls"] == 1  # 16 trajectories
-    assert data["padding_mask"]["bytes_with_over_without"] > 1.0  # the mask the policy no longer passes is saved too
+    assert (
+        data["padding_mask"]["bytes_with_over_without"] > 1.0
+    )  # the mask the policy no longer passes is saved too
     assert (tmp_path / "token_cap.png").exists()
 
 
@@ -419,7 +462,10 @@ def test_weight_sync_transport_only_moves_every_tensor_exactly_with_each_transpo
     import os
     import subprocess
 
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(BENCH.parent / "src"), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(BENCH.parent / "src"), os.environ.get("PYTHONPATH", "")]),
+    }
     args = ["--transport-only", "--device", "cpu", "--model", "tiny", "--repeats", "1", "--threads", "1"]
     done = subprocess.run(
         [sys.executable, str(BENCH / "weight_sync.py"), *args, "--out", str(tmp_path)],

@@ -43,7 +43,9 @@ def test_every_marked_table_equals_its_rendering_from_the_results_json(path: Pat
     assert list(tables.marked(text)), f"{path.name} has no marked table"
     assert len(list(tables.marked(text))) == text.count("<!-- table: ") == text.count("<!-- /table -->")
     for name, body in tables.marked(text):
-        assert body == tables.render(name, path), f"{path.name}: table {name!r} is stale; run benchmarks/readme_tables.py"
+        assert body == tables.render(name, path), (
+            f"{path.name}: table {name!r} is stale; run benchmarks/readme_tables.py"
+        )
 
 
 def test_the_readme_headline_table_links_one_results_file_per_row_and_its_numbers_come_from_it() -> None:
@@ -57,7 +59,9 @@ def test_the_readme_headline_table_links_one_results_file_per_row_and_its_number
         # a number in the row that the JSON does not hold would survive only if rendering ignored it:
         # render the table from a copy where this file's numbers are perturbed, and the row must change
         perturbed = tables.TABLES["headline"](
-            lambda n, _name=name: _scaled(json.loads((RESULTS / f"{n}.json").read_text()), 1.37 if n == _name else 1.0),
+            lambda n, _name=name: _scaled(
+                json.loads((RESULTS / f"{n}.json").read_text()), 1.37 if n == _name else 1.0
+            ),
             "benchmarks/results/",
         )
         assert row not in perturbed.splitlines(), f"row does not depend on {name}.json: {row}"
@@ -76,7 +80,9 @@ def _scaled(value, factor: float):
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.relative_to(ROOT).as_posix())
-def test_every_results_file_the_docs_name_exists_and_names_the_committed_script_that_wrote_it(path: Path) -> None:
+def test_every_results_file_the_docs_name_exists_and_names_the_committed_script_that_wrote_it(
+    path: Path,
+) -> None:
     for name in linked_results(path.read_text()):
         file = RESULTS / f"{name}.json"
         assert file.is_file(), f"{path.name} names {file.name}, which is not committed"

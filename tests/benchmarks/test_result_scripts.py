@@ -27,13 +27,21 @@ def _load(name: str):
 
 @pytest.mark.slow
 def test_demo_run_runs_make_demos_fit_and_copies_its_summary_into_demo_json(tmp_path: Path) -> None:
-    path = _load("demo_run").main(["--max-steps", "2", "--out", str(tmp_path), "--run-dir", str(tmp_path / "run")])
+    path = _load("demo_run").main(
+        ["--max-steps", "2", "--out", str(tmp_path), "--run-dir", str(tmp_path / "run")]
+    )
     data = json.loads(path.read_text())
     assert data["command"] and data["git_commit"] is not None and data["machine"]["cpu_count"] >= 1
     summary = data["summary"]
     assert summary == json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["staleness_max"] == 0
-    for key in ("reward_mean_first", "reward_mean_last", "learner_idle_fraction", "step_seconds_median", "wall_seconds"):
+    for key in (
+        "reward_mean_first",
+        "reward_mean_last",
+        "learner_idle_fraction",
+        "step_seconds_median",
+        "wall_seconds",
+    ):
         assert isinstance(summary[key], float)
     assert data["fit_process_wall_seconds"] >= summary["wall_seconds"]
 

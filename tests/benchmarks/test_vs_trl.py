@@ -26,14 +26,27 @@ def _load():
 
 
 def _line(step: int, wall: float, cpu: float, reward: float) -> dict:
-    return {"step": step, "wall": wall, "cpu": {"total": cpu, "main": cpu, "workers": 0.0, "other": 0.0},
-            "tokens": 10, "completions": 4, "reward": reward, "failures": 0, "tool_calls": 0}
+    return {
+        "step": step,
+        "wall": wall,
+        "cpu": {"total": cpu, "main": cpu, "workers": 0.0, "other": 0.0},
+        "tokens": 10,
+        "completions": 4,
+        "reward": reward,
+        "failures": 0,
+        "tool_calls": 0,
+    }
 
 
 def test_a_step_is_the_difference_of_two_probe_lines_and_the_target_needs_a_full_window() -> None:
     vs_trl = _load()
-    lines = [{"step": 0, "wall": 10.0, "cpu": {"total": 1.0, "main": 1.0, "workers": 0.0, "other": 0.0}},
-             _line(1, 10.5, 1.25, 0.9), _line(2, 11.5, 2.0, 0.1), _line(3, 12.0, 2.5, 0.9), _line(4, 12.25, 3.0, 0.9)]
+    lines = [
+        {"step": 0, "wall": 10.0, "cpu": {"total": 1.0, "main": 1.0, "workers": 0.0, "other": 0.0}},
+        _line(1, 10.5, 1.25, 0.9),
+        _line(2, 11.5, 2.0, 0.1),
+        _line(3, 12.0, 2.5, 0.9),
+        _line(4, 12.25, 3.0, 0.9),
+    ]
     steps = vs_trl.per_step(lines)
     assert [s["wall_s"] for s in steps] == [0.5, 1.0, 0.5, 0.25]
     assert [s["cpu_s"] for s in steps] == [0.25, 0.75, 0.5, 0.5]
@@ -56,10 +69,19 @@ def test_quick_mode_runs_trl_and_both_project_modes_on_both_tasks_with_equal_bat
         configs = data["tasks"][kind]["configs"]
         assert set(configs) == {"trl", "streaming", "sync"}
         for c in configs.values():
-            assert c["step_s_median"] > 0 and c["cpu_s_per_step_median"] > 0 and c["completions_per_step"] == 64
+            assert (
+                c["step_s_median"] > 0 and c["cpu_s_per_step_median"] > 0 and c["completions_per_step"] == 64
+            )
             assert c["tokens_per_step_median"] > 0 and len(c["reward_by_step"]) == 6
-        assert set(data["tasks"][kind]["ratios"]) == {"streaming_over_trl", "sync_over_trl", "streaming_over_sync"}
+        assert set(data["tasks"][kind]["ratios"]) == {
+            "streaming_over_trl",
+            "sync_over_trl",
+            "streaming_over_sync",
+        }
         for mode in ("streaming", "sync"):
             assert configs[mode]["learner_calls_per_step"] >= 1 and configs[mode]["failures_total"] == 0
-    assert set(data["tasks"]["single"]["targets"]) >= {"streaming_step_over_trl", "streaming_cpu_over_trl",
-                                                        "streaming_step_over_sync"}
+    assert set(data["tasks"]["single"]["targets"]) >= {
+        "streaming_step_over_trl",
+        "streaming_cpu_over_trl",
+        "streaming_step_over_sync",
+    }

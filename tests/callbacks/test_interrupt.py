@@ -90,9 +90,20 @@ def test_a_sigterm_inside_a_step_ends_the_fit_at_once_with_last_ckpt_at_the_step
     saved = signal.getsignal(signal.SIGTERM)
     root = tmp_path / "run"
     try:
-        with pytest.raises(SystemExit) as stopped:  # Lightning's SIGTERMException, raised where the learner waits
-            fit("streaming", steps=4, root=str(root), enable_checkpointing=True,
-                callbacks=[SigintAt(2, True, signal.SIGTERM), RunSummary(print_summary=False), InterruptCheckpoint()])
+        with pytest.raises(
+            SystemExit
+        ) as stopped:  # Lightning's SIGTERMException, raised where the learner waits
+            fit(
+                "streaming",
+                steps=4,
+                root=str(root),
+                enable_checkpointing=True,
+                callbacks=[
+                    SigintAt(2, True, signal.SIGTERM),
+                    RunSummary(print_summary=False),
+                    InterruptCheckpoint(),
+                ],
+            )
     finally:
         assert signal.getsignal(signal.SIGTERM) is saved  # the fit put the handler back
         signal.signal(signal.SIGTERM, saved)

@@ -16,8 +16,18 @@ def test_rollout_metrics_of_one_step_against_a_hand_count():
         record(0, reward=1.0, tokens=10, scored=4, turns=2),
         record(1, reward=0.0, tokens=20, scored=8, turns=4, finish="turn_limit"),
         record(2, reward=0.5, tokens=30, scored=6, turns=3, finish="length"),
-        replace(record(3, reward=0.0, tokens=12, scored=0, turns=1, finish="failure",
-                       failure="step raised HostFault: sandbox host unix:///run/a.sock went away"), host_fault=True),
+        replace(
+            record(
+                3,
+                reward=0.0,
+                tokens=12,
+                scored=0,
+                turns=1,
+                finish="failure",
+                failure="step raised HostFault: sandbox host unix:///run/a.sock went away",
+            ),
+            host_fault=True,
+        ),
     ]
     step = stats(trajs, groups_folded=2, groups_aborted=0, loss=-0.25, groups_generated=3, groups_filtered=1)
     end_step(monitor, trainer, module, step)
@@ -101,8 +111,11 @@ def test_the_invalid_tool_call_fraction_is_malformed_calls_over_all_calls_of_the
 
     monitor, trainer, module = RolloutMetrics(), stub_trainer(), StubModule()
     monitor.setup(trainer, module, "fit")
-    trajs = [replace(record(0), tool_calls=3, invalid_tool_calls=1), replace(record(1), tool_calls=1),
-             record(2)]
+    trajs = [
+        replace(record(0), tool_calls=3, invalid_tool_calls=1),
+        replace(record(1), tool_calls=1),
+        record(2),
+    ]
     end_step(monitor, trainer, module, stats(trajs))
     assert module.logged["rollout/invalid_tool_call_fraction"] == 0.25  # 1 malformed of 4 calls
 
@@ -112,8 +125,11 @@ def test_the_truncated_action_fraction_is_actions_that_never_ended_their_turn_ov
 
     monitor, trainer, module = RolloutMetrics(), stub_trainer(), StubModule()
     monitor.setup(trainer, module, "fit")
-    trajs = [replace(record(0, turns=3), truncated_actions=2), replace(record(1, turns=1), truncated_actions=1),
-             record(2, turns=4)]
+    trajs = [
+        replace(record(0, turns=3), truncated_actions=2),
+        replace(record(1, turns=1), truncated_actions=1),
+        record(2, turns=4),
+    ]
     end_step(monitor, trainer, module, stats(trajs))
     assert module.logged["rollout/truncated_action_fraction"] == 3 / 8  # 2 + 1 of 3 + 1 + 4 actions
 
@@ -124,7 +140,9 @@ def test_reward_errors_are_counted_per_step_and_the_first_step_above_the_thresho
     wrong_signature = "verdict raised RewardError: reward 'mine:score' raised TypeError: score() takes 1 positional argument"
     trajs = [
         record(0, reward=0.0, failure=wrong_signature),  # a verdict that raised: the episode itself finished
-        record(1, reward=0.0, finish="failure", failure=wrong_signature.replace("verdict", "step")),  # grading a turn
+        record(
+            1, reward=0.0, finish="failure", failure=wrong_signature.replace("verdict", "step")
+        ),  # grading a turn
         record(2, reward=0.0, finish="failure", failure="TimeoutError: step timed out"),  # the environment's
         record(3, reward=1.0),
     ]
@@ -149,15 +167,31 @@ def test_tool_errors_and_timeouts_are_fractions_of_the_calls_and_each_kind_warns
     monitor, trainer, module = RolloutMetrics(), stub_trainer(), StubModule()
     monitor.setup(trainer, module, "fit")
     # 8 calls: 1 malformed, 2 raised, 1 timed out (tool_errors counts the timed-out call too)
-    trajs = [replace(record(0), tool_calls=5, invalid_tool_calls=1, tool_errors=2, tool_error="add raised ValueError: x"),
-             replace(record(1), tool_calls=3, tool_errors=1, tool_timeouts=1, tool_error="wait did not return within 1 s")]
+    trajs = [
+        replace(
+            record(0),
+            tool_calls=5,
+            invalid_tool_calls=1,
+            tool_errors=2,
+            tool_error="add raised ValueError: x",
+        ),
+        replace(
+            record(1),
+            tool_calls=3,
+            tool_errors=1,
+            tool_timeouts=1,
+            tool_error="wait did not return within 1 s",
+        ),
+    ]
     with pytest.warns(UserWarning) as caught:
         end_step(monitor, trainer, module, stats(trajs))
     assert module.logged["rollout/tool_error_fraction"] == 2 / 8
     assert module.logged["rollout/tool_timeout_fraction"] == 1 / 8
     assert module.logged["rollout/invalid_tool_call_fraction"] == 1 / 8
-    raised, timed_out = (next(str(w.message) for w in caught if kind in str(w.message))
-                         for kind in ("calls raised", "calls timed out"))
+    raised, timed_out = (
+        next(str(w.message) for w in caught if kind in str(w.message))
+        for kind in ("calls raised", "calls timed out")
+    )
     assert "25% of the tool calls raised" in raised and "add raised ValueError: x" in raised
     assert "12% of the tool calls timed out" in timed_out and "wait did not return within 1 s" in timed_out
     with warnings.catch_warnings():
@@ -167,11 +201,15 @@ def test_tool_errors_and_timeouts_are_fractions_of_the_calls_and_each_kind_warns
 
 def test_each_named_reward_of_the_task_source_is_logged_unweighted():
     monitor, module = RolloutMetrics(), StubModule()
-    trainer = stub_trainer(datamodule=SimpleNamespace(tasks=SimpleNamespace(reward_names=("correct", "brief"))))
+    trainer = stub_trainer(
+        datamodule=SimpleNamespace(tasks=SimpleNamespace(reward_names=("correct", "brief")))
+    )
     monitor.setup(trainer, module, "fit")
-    trajs = [replace(record(0, reward=1.5), reward_parts=(("correct", 1.0), ("brief", 1.0))),
-             replace(record(1, reward=0.5), reward_parts=(("correct", 0.0), ("brief", 1.0))),
-             record(2, reward=0.0, finish="failure", failure="row 2 has no value")]  # no parts: counted in neither
+    trajs = [
+        replace(record(0, reward=1.5), reward_parts=(("correct", 1.0), ("brief", 1.0))),
+        replace(record(1, reward=0.5), reward_parts=(("correct", 0.0), ("brief", 1.0))),
+        record(2, reward=0.0, finish="failure", failure="row 2 has no value"),
+    ]  # no parts: counted in neither
     end_step(monitor, trainer, module, stats(trajs))
     assert module.logged["rollout/reward/correct_mean"] == 0.5
     assert module.logged["rollout/reward/brief_mean"] == 1.0
@@ -184,9 +222,11 @@ def test_a_reward_mean_averages_every_trajectory_where_that_reward_gave_a_value(
     trainer = stub_trainer(datamodule=SimpleNamespace(tasks=SimpleNamespace(reward_names=("fmt", "correct"))))
     monitor.setup(trainer, module, "fit")
     failed = "RewardError: reward 'correct' raised KeyError: 'answer'"
-    trajs = [replace(record(0, reward=1.0), reward_parts=(("fmt", 1.0),)),  # correct declined (None)
-             replace(record(1, reward=0.0, failure=failed), reward_parts=(("fmt", 1.0),)),  # correct raised
-             replace(record(2, reward=1.0), reward_parts=(("fmt", 0.0), ("correct", 1.0)))]
+    trajs = [
+        replace(record(0, reward=1.0), reward_parts=(("fmt", 1.0),)),  # correct declined (None)
+        replace(record(1, reward=0.0, failure=failed), reward_parts=(("fmt", 1.0),)),  # correct raised
+        replace(record(2, reward=1.0), reward_parts=(("fmt", 0.0), ("correct", 1.0))),
+    ]
     with pytest.warns(UserWarning, match="could not be computed"):
         end_step(monitor, trainer, module, stats(trajs))
     assert module.logged["rollout/reward/fmt_mean"] == 2 / 3  # all three gave fmt a value
@@ -196,9 +236,15 @@ def test_a_reward_mean_averages_every_trajectory_where_that_reward_gave_a_value(
 def test_unscorable_trajectories_are_a_fraction_left_out_of_the_reward_mean_and_warned_once():
     monitor, trainer, module = RolloutMetrics(), stub_trainer(), StubModule()
     monitor.setup(trainer, module, "fit")
-    trajs = [record(0, reward=1.0), replace(record(1, reward=0.0), unscorable=True), record(2, reward=0.0),
-             record(3, reward=1.0)]
-    with pytest.warns(UserWarning, match=r"Step 0: every reward returned None for 25% .*rollout/unscorable_fraction"):
+    trajs = [
+        record(0, reward=1.0),
+        replace(record(1, reward=0.0), unscorable=True),
+        record(2, reward=0.0),
+        record(3, reward=1.0),
+    ]
+    with pytest.warns(
+        UserWarning, match=r"Step 0: every reward returned None for 25% .*rollout/unscorable_fraction"
+    ):
         end_step(monitor, trainer, module, stats(trajs))
     assert module.logged["rollout/unscorable_fraction"] == 0.25
     assert module.logged["rollout/reward_mean"] == 2 / 3  # the unscorable one's 0.0 is no reward
@@ -212,9 +258,15 @@ def test_a_row_failing_at_reset_is_a_reward_error_warned_with_the_row_whatever_i
     monitor, trainer, module = RolloutMetrics(reward_error_warn_fraction=0.5), stub_trainer(), StubModule()
     monitor.setup(trainer, module, "fit")
     row = "reset raised DatasetRowError: row 7 of 'rows.jsonl' has no value for mapped field(s) ['answer']"
-    trajs = [replace(record(0, reward=0.0, finish="failure", failure=row, turns=0), host_fault=True),
-             record(1), record(2), record(3)]
-    with pytest.warns(UserWarning, match=r"a data row failed at reset .*row 7 of 'rows.jsonl' has no value") as caught:
+    trajs = [
+        replace(record(0, reward=0.0, finish="failure", failure=row, turns=0), host_fault=True),
+        record(1),
+        record(2),
+        record(3),
+    ]
+    with pytest.warns(
+        UserWarning, match=r"a data row failed at reset .*row 7 of 'rows.jsonl' has no value"
+    ) as caught:
         end_step(monitor, trainer, module, stats(trajs))
     assert len(caught) == 1  # 25%: under the reward-error threshold, but a bad row is always said once
     assert module.logged["rollout/reward_error_fraction"] == 0.25

@@ -98,21 +98,40 @@ def test_the_summary_weights_steps_by_their_trajectories_and_counts_zero_advanta
 
 def test_tool_failures_are_fractions_of_the_calls_and_a_run_whose_every_call_failed_is_named():
     def agg(step, calls, invalid, errors, timeouts):
-        return StepAggregate(step, 1.0, 1, 1, 0, 2.0, 2.0, 1.0, 1, 0, tool_calls=calls, invalid_tool_calls=invalid,
-                             tool_errors=errors, tool_timeouts=timeouts)
+        return StepAggregate(
+            step,
+            1.0,
+            1,
+            1,
+            0,
+            2.0,
+            2.0,
+            1.0,
+            1,
+            0,
+            tool_calls=calls,
+            invalid_tool_calls=invalid,
+            tool_errors=errors,
+            tool_timeouts=timeouts,
+        )
 
     summary = summarize([agg(0, 4, 1, 1, 1), agg(1, 4, 0, 1, 0)], "streaming", 1.0)
     assert (summary["tool_calls"], summary["tool_calls_run"]) == (8, 7)
     assert summary["tool_error_fraction"] == 2 / 8 and summary["tool_timeout_fraction"] == 1 / 8
     assert failed_run(summary) is None
     broken = summarize([agg(0, 4, 1, 2, 1)], "streaming", 1.0)  # 3 calls ran, 3 failed
-    assert "every one of the run's 3 tool calls that ran failed" in failed_run({**broken, "tool_error_first": "x"})
+    assert "every one of the run's 3 tool calls that ran failed" in failed_run(
+        {**broken, "tool_error_first": "x"}
+    )
     assert summarize([agg(0, 0, 0, 0, 0)], "sync", 1.0)["tool_error_fraction"] is None
 
 
 def test_a_fit_whose_every_reward_failed_writes_its_summary_then_raises_run_failed(tmp_path):
     def failing(step, rank, world):
-        trajs = [record(i, step=step, reward=0.0, failure="RewardError: reward 'correct' raised KeyError") for i in range(4)]
+        trajs = [
+            record(i, step=step, reward=0.0, failure="RewardError: reward 'correct' raised KeyError")
+            for i in range(4)
+        ]
         return stats(trajs, step=step, start=0.0, end=1.0, busy=())
 
     trainer = pl.Trainer(
@@ -164,8 +183,14 @@ def test_the_summary_counts_unscorable_trajectories_and_names_the_first_reward_e
     from thundersync_lightning.summary import aggregate, format_summary
 
     row = "reset raised DatasetRowError: row 3 of 'rows.jsonl' has no value for mapped field(s) ['answer']"
-    step = stats([record(0, reward=1.0), replace(record(1, reward=0.0), unscorable=True),
-                  record(2, reward=0.0, finish="failure", failure=row), record(3, reward=0.0)])
+    step = stats(
+        [
+            record(0, reward=1.0),
+            replace(record(1, reward=0.0), unscorable=True),
+            record(2, reward=0.0, finish="failure", failure=row),
+            record(3, reward=0.0),
+        ]
+    )
     local = aggregate(step)
     assert (local.unscorable, local.reward_errors, local.reward_count) == (1, 1, 3)  # unscorable: no reward
     summary = summarize([local], "sync", 1.0)

@@ -18,7 +18,10 @@ class TokensPerTurn(StepStatsCallback):
 
     def measure(self, stats):
         trajs = stats.trajectories
-        return {"tokens": Sum(sum(t.num_tokens for t in trajs)), "turns": Sum(sum(t.num_turns for t in trajs))}
+        return {
+            "tokens": Sum(sum(t.num_tokens for t in trajs)),
+            "turns": Sum(sum(t.num_turns for t in trajs)),
+        }
 
     def derive(self, reduced, stats):
         return {"rollout/tokens_per_turn": reduced["tokens"] / reduced["turns"]}

@@ -35,7 +35,9 @@ def _logged(tmp_path) -> TrajectoryLogger:
     )
     stats = StepStats(step=0, mode="streaming", policy_version=0, rank=0, world_size=1, step_start=0.0,
                       step_end=1.0, trajectories=(traj,), busy=(), open_groups=())  # fmt: skip
-    trainer = SimpleNamespace(default_root_dir=str(tmp_path), datamodule=None, is_global_zero=True, loggers=[])
+    trainer = SimpleNamespace(
+        default_root_dir=str(tmp_path), datamodule=None, is_global_zero=True, loggers=[]
+    )
     logger = TrajectoryLogger(num_per_step=1, decode=_text)
     logger.setup(trainer, None, "fit")  # type: ignore[arg-type]
     logger.on_step_stats(trainer, None, stats)  # type: ignore[arg-type]
@@ -63,9 +65,18 @@ def test_the_trajectory_log_holds_one_json_line_per_trajectory_with_no_raw_contr
 
 def test_the_wandb_table_row_escapes_model_text_and_frames_the_transcript(tmp_path):
     entry = _logged(tmp_path).entries(
-        StepStats(step=0, mode="streaming", policy_version=0, rank=0, world_size=1, step_start=0.0, step_end=1.0,
-                  trajectories=(replace(record(0, turns=1), segments=(Segment(tuple(map(ord, FORGED)), True),)),),
-                  busy=(), open_groups=())  # fmt: skip
+        StepStats(
+            step=0,
+            mode="streaming",
+            policy_version=0,
+            rank=0,
+            world_size=1,
+            step_start=0.0,
+            step_end=1.0,
+            trajectories=(replace(record(0, turns=1), segments=(Segment(tuple(map(ord, FORGED)), True),)),),
+            busy=(),
+            open_groups=(),
+        )  # fmt: skip
     )[0]
     row = dict(zip(TABLE_COLUMNS, table_row(entry)))
     assert not any(c in str(v) for v in row.values() for c in CONTROLS)

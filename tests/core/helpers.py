@@ -40,10 +40,14 @@ class MLPPolicy(nn.Module):
         """S_i = sum_t w_t log pi(y_t | x_t) over 3..5 scored steps derived from the id."""
         g = torch.Generator().manual_seed(seed_of(trajectory_id))
         steps = int(torch.randint(3, 6, (), generator=g))
-        drawn = self.dtype if self.dtype in (torch.float32, torch.float64) else torch.float32  # same draws in bf16
+        drawn = (
+            self.dtype if self.dtype in (torch.float32, torch.float64) else torch.float32
+        )  # same draws in bf16
         x = torch.randn(steps, 5, generator=g, dtype=drawn).to(self.dtype)  # (T, 5)
         y = torch.randint(0, self.vocab, (steps,), generator=g)  # (T,)
-        w = (torch.rand(steps, generator=g, dtype=drawn) + 0.5).to(self.dtype)  # reward-independent token weights
+        w = (torch.rand(steps, generator=g, dtype=drawn) + 0.5).to(
+            self.dtype
+        )  # reward-independent token weights
         logp = torch.log_softmax(self.body(x), dim=-1)  # (T, V)
         return (w * logp.gather(1, y[:, None]).squeeze(1)).sum()
 

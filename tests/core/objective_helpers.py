@@ -36,7 +36,9 @@ class TokenPolicy(nn.Module):
         super().__init__()
         torch.manual_seed(seed)
         self.body = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, vocab)).to(dtype)
-        self.ref = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, vocab)).to(dtype).requires_grad_(False)
+        self.ref = (
+            nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, vocab)).to(dtype).requires_grad_(False)
+        )
         self.dtype = dtype
         self.vocab = vocab
 
@@ -84,7 +86,9 @@ class TokenPolicy(nn.Module):
         return out * scores.mask
 
 
-def teacher_of(policy: TokenPolicy, obj: Objective, tids: Sequence[str], scores: TokenScores) -> torch.Tensor | None:
+def teacher_of(
+    policy: TokenPolicy, obj: Objective, tids: Sequence[str], scores: TokenScores
+) -> torch.Tensor | None:
     return policy.teacher(tids, scores) if obj.needs_teacher else None
 
 
@@ -141,7 +145,12 @@ def streamed(
     def flush() -> None:
         if pending:
             s = policy.scores(pending, obj.needs_entropy, obj.needs_reference)
-            acc.add_tokens(list(pending), s, policy.engine(pending, s), teacher_logprobs=teacher_of(policy, obj, pending, s))
+            acc.add_tokens(
+                list(pending),
+                s,
+                policy.engine(pending, s),
+                teacher_logprobs=teacher_of(policy, obj, pending, s),
+            )
             pending.clear()
 
     for e in events:
@@ -157,8 +166,13 @@ def streamed(
     return _grad(params)
 
 
-def synchronous(policy: TokenPolicy, obj: Objective, batch: Batch, filter_groups: bool = False) -> torch.Tensor:
-    events = [Event("reward", t, batch.rewards[t], batch.failed[t], batch.unscorable.get(t, False)) for t in batch.order]
+def synchronous(
+    policy: TokenPolicy, obj: Objective, batch: Batch, filter_groups: bool = False
+) -> torch.Tensor:
+    events = [
+        Event("reward", t, batch.rewards[t], batch.failed[t], batch.unscorable.get(t, False))
+        for t in batch.order
+    ]
     events += [Event("content", t) for t in batch.order]
     return streamed(policy, obj, batch, events, chunk=len(batch.order), filter_groups=filter_groups)
 

@@ -19,7 +19,9 @@ def kept_groups(batch: Batch, obj: Objective) -> Batch:
     """The batch less its groups without signal, written independently of the accumulator."""
     groups = {}
     for gid, tids in batch.groups.items():
-        kept = [t for t in tids if not (batch.failed[t] and obj.failed == "drop") and not batch.unscorable.get(t)]
+        kept = [
+            t for t in tids if not (batch.failed[t] and obj.failed == "drop") and not batch.unscorable.get(t)
+        ]
         graded = [batch.rewards[t] for t in kept if not batch.failed[t]]
         floor = min(graded) if graded else 0.0  # a failure scores the worst graded reward of its group
         floor = obj.failure_reward if obj.failure_reward is not None else floor

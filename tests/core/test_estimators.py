@@ -71,7 +71,11 @@ def test_names_are_case_insensitive_and_the_enum_is_accepted():
 
 
 def test_the_enum_of_names_is_derived_from_the_built_in_registrations():
-    assert [(e.name, e.value) for e in EstimatorName] == [("DRGRPO", "drgrpo"), ("GRPO", "grpo"), ("RLOO", "rloo")]
+    assert [(e.name, e.value) for e in EstimatorName] == [
+        ("DRGRPO", "drgrpo"),
+        ("GRPO", "grpo"),
+        ("RLOO", "rloo"),
+    ]
     assert EstimatorName.GRPO == "grpo" and isinstance(EstimatorName.RLOO, str)
 
 
@@ -91,7 +95,10 @@ def test_only_an_estimator_registered_as_dividing_by_the_std_takes_the_objective
     assert calls == [{"correction": 1, "per_group": False}]
     # a lone member under singleton="reward" has sigma = 1: a_g = 1/(1+eps), as grpo's
     one = torch.tensor([3.0], dtype=torch.float64)
-    assert Objective(estimator="test-normalised", singleton="reward", eps=0.5).coefficients(one) == (1 / 1.5, 0.0)
+    assert Objective(estimator="test-normalised", singleton="reward", eps=0.5).coefficients(one) == (
+        1 / 1.5,
+        0.0,
+    )
     assert Objective(estimator="rloo", singleton="reward", eps=0.5).coefficients(one) == (1.0, 0.0)
 
 
@@ -105,7 +112,11 @@ def test_an_estimator_named_as_module_and_function_is_imported_from_a_yaml_objec
     objective = Objective.of(yaml.safe_load("estimator: my_house_advantages:below_best"))
     assert objective.estimator == "my_house_advantages:below_best"
     assert "my_house_advantages:below_best" in available_estimators()
-    assert objective.advantages(torch.tensor([1.0, 3.0, 2.0], dtype=torch.float64)).tolist() == [-4.0, 0.0, -2.0]
+    assert objective.advantages(torch.tensor([1.0, 3.0, 2.0], dtype=torch.float64)).tolist() == [
+        -4.0,
+        0.0,
+        -2.0,
+    ]
     with pytest.raises(ValueError, match="module 'no_such_house_module' cannot be imported"):
         Objective(estimator="no_such_house_module:fn")
 

@@ -49,7 +49,11 @@ def test_a_streamed_failure_trains_exactly_as_the_worst_graded_reward_in_any_ord
     reference = barrier(policy, obj, as_worst)
     assert rel(barrier(policy, obj, batch), reference) <= 1e-12
     assert rel(synchronous(policy, obj, batch), reference) <= 1e-12
-    for order in (["crash", "exact", "wrong", "worse"], ["exact", "crash", "worse", "wrong"], list(PENALTIES)):
+    for order in (
+        ["crash", "exact", "wrong", "worse"],
+        ["exact", "crash", "worse", "wrong"],
+        list(PENALTIES),
+    ):
         assert rel(streamed(policy, obj, batch, _events(batch, order)), reference) <= 1e-12, order
 
 
@@ -57,7 +61,9 @@ def test_a_configured_failure_reward_is_known_at_once_and_nothing_is_held():
     obj = Objective(failure_reward=-10.0)
     batch = _penalty_batch()
     policy = TokenPolicy(torch.float64, seed=5)
-    reference = barrier(policy, obj, Batch(batch.groups, {**batch.rewards, "crash": -10.0}, {t: False for t in batch.rewards}))
+    reference = barrier(
+        policy, obj, Batch(batch.groups, {**batch.rewards, "crash": -10.0}, {t: False for t in batch.rewards})
+    )
     params = params_of(policy)
     acc = StreamingGRPO(params, objective=obj, max_held_trajectories=0)
     acc.open_group("g", batch.groups["g"])
@@ -76,7 +82,9 @@ def test_a_configured_failure_reward_is_known_at_once_and_nothing_is_held():
 def test_a_graded_reward_below_the_configured_failure_reward_is_refused_by_name():
     acc = StreamingGRPO(params_of(TokenPolicy()), objective=Objective(failure_reward=-1.0))
     acc.open_group("g", ["a", "b"])
-    with pytest.raises(InvalidRewardError, match="below Objective.failure_reward=-1.0: a failure would outscore it"):
+    with pytest.raises(
+        InvalidRewardError, match="below Objective.failure_reward=-1.0: a failure would outscore it"
+    ):
         acc.add_reward("a", -3.0)
 
 
@@ -85,7 +93,9 @@ def test_a_group_of_failures_alone_has_every_advantage_zero():
     batch = Batch({"g": ("a", "b", "c")}, {"a": 0.0, "b": 0.0, "c": 0.0}, {"a": True, "b": True, "c": True})
     policy = TokenPolicy(torch.float64, seed=6)
     regulariser_only = Objective(kl_coef=0.1, reward_coef=0.0)
-    expected = barrier(policy, regulariser_only, Batch(batch.groups, batch.rewards, {t: False for t in "abc"}))
+    expected = barrier(
+        policy, regulariser_only, Batch(batch.groups, batch.rewards, {t: False for t in "abc"})
+    )
     assert rel(streamed(policy, obj, batch, _events(batch, ["a", "b", "c"])), expected) <= 1e-12
 
 
@@ -125,14 +135,18 @@ def test_an_unscorable_completion_leaves_the_group_statistics_with_advantage_zer
 def test_an_unscorable_member_still_counts_in_the_normaliser_and_trains_its_kl_term(estimator):
     obj = Objective(estimator=estimator, kl_coef=0.2, loss_agg="token-mean", std="sample")
     tids = ("a", "b", "c", "d")
-    batch = Batch({"g": tids}, {"a": 1.0, "b": 0.0, "c": 0.0, "d": 0.5}, {t: False for t in tids}, {"c": True})
+    batch = Batch(
+        {"g": tids}, {"a": 1.0, "b": 0.0, "c": 0.0, "d": 0.5}, {t: False for t in tids}, {"c": True}
+    )
     policy = TokenPolicy(torch.float64, seed=8)
     # by hand: the reward term over a, b, d alone (their statistics), plus c's KL term, over every token
     without_c = Batch({"g": ("a", "b", "d")}, batch.rewards, batch.failed)
     s_abd = policy.scores(["a", "b", "d"])
     s_c = policy.scores(["c"])
     tokens = float(s_abd.mask.sum() + s_c.mask.sum())
-    reward_part = barrier(policy, Objective(estimator=estimator, loss_agg="token-mean", std="sample"), without_c)
+    reward_part = barrier(
+        policy, Objective(estimator=estimator, loss_agg="token-mean", std="sample"), without_c
+    )
     reward_part = reward_part * float(s_abd.mask.sum()) / tokens
     kl_only = Objective(kl_coef=0.2, loss_agg="token-mean", reward_coef=0.0)
     kl_part = barrier(policy, kl_only, batch)  # KL of all four over all their tokens

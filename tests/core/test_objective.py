@@ -13,32 +13,40 @@ from thundersync_lightning.core import ConfigError, Objective
 
 from .objective_helpers import Batch, Event, TokenPolicy, barrier, rel, streamed, synchronous
 
-LOSS_AGGS = ["group-sum", "seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+LOSS_AGGS = [
+    "group-sum",
+    "seq-mean-token-sum",
+    "token-mean",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+]
 IS_MODES = ["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
 objectives = st.builds(
-    lambda est, std, scale, agg, single, failed, kl, ent, is_mode, kl_est, opd, reward, is_min, rs, long, norm, opm, floor: Objective(
-        estimator=est,
-        std=std,
-        scale=scale,
-        loss_agg=agg,
-        norm_tokens=7.0 if agg == "seq-mean-token-sum-norm" else None,
-        singleton=single,
-        failed=failed,
-        kl_coef=kl,
-        entropy_coef=ent,
-        is_correction=is_mode,
-        is_cap=2.0,
-        is_min=is_min,
-        rs=rs[0],
-        rs_threshold=rs[1],
-        overlong_filter=long,
-        is_batch_normalize=norm and is_mode != "none",
-        off_policy_mask=opm,
-        kl_estimator=kl_est,
-        opd_coef=opd,
-        reward_coef=reward,
-        failure_reward=floor,
+    lambda est, std, scale, agg, single, failed, kl, ent, is_mode, kl_est, opd, reward, is_min, rs, long, norm, opm, floor: (
+        Objective(
+            estimator=est,
+            std=std,
+            scale=scale,
+            loss_agg=agg,
+            norm_tokens=7.0 if agg == "seq-mean-token-sum-norm" else None,
+            singleton=single,
+            failed=failed,
+            kl_coef=kl,
+            entropy_coef=ent,
+            is_correction=is_mode,
+            is_cap=2.0,
+            is_min=is_min,
+            rs=rs[0],
+            rs_threshold=rs[1],
+            overlong_filter=long,
+            is_batch_normalize=norm and is_mode != "none",
+            off_policy_mask=opm,
+            kl_estimator=kl_est,
+            opd_coef=opd,
+            reward_coef=reward,
+            failure_reward=floor,
+        )
     ),
     st.sampled_from(["grpo", "drgrpo", "rloo"]),
     st.sampled_from(["population", "sample"]),
@@ -57,7 +65,9 @@ objectives = st.builds(
     st.booleans(),
     st.booleans(),
     st.sampled_from([None, None, 0.05]),
-    st.sampled_from([None, None, -5.0]),  # failure_reward: the worst graded reward of the group, or a constant
+    st.sampled_from(
+        [None, None, -5.0]
+    ),  # failure_reward: the worst graded reward of the group, or a constant
 )
 
 
@@ -68,7 +78,8 @@ def batches(draw) -> Batch:
     for g in range(n_groups):
         size = draw(st.integers(1, 4))
         tids = tuple(
-            f"b{draw(st.integers(0, 10**6))}-g{g}-t{k}" + draw(st.sampled_from(["", "", "", "-long", "-empty"]))
+            f"b{draw(st.integers(0, 10**6))}-g{g}-t{k}"
+            + draw(st.sampled_from(["", "", "", "-long", "-empty"]))
             for k in range(size)
         )
         equal = draw(st.booleans())
@@ -84,7 +95,10 @@ def batches(draw) -> Batch:
 
 
 def _random_events(batch: Batch, seed: int) -> list[Event]:
-    events = [Event("reward", t, batch.rewards[t], batch.failed[t], batch.unscorable.get(t, False)) for t in batch.order]
+    events = [
+        Event("reward", t, batch.rewards[t], batch.failed[t], batch.unscorable.get(t, False))
+        for t in batch.order
+    ]
     events += [Event("content", t) for t in batch.order]
     random.Random(seed).shuffle(events)
     return events
@@ -130,7 +144,10 @@ def test_every_setting_changes_the_gradient_somewhere():
         "eps": Objective(eps=0.5),
         "scale=batch": Objective(scale="batch"),
         "scale=none": Objective(scale="none"),
-        **{f"loss_agg={a}": Objective(loss_agg=a, norm_tokens=3.0 if a.endswith("norm") else None) for a in LOSS_AGGS[1:]},
+        **{
+            f"loss_agg={a}": Objective(loss_agg=a, norm_tokens=3.0 if a.endswith("norm") else None)
+            for a in LOSS_AGGS[1:]
+        },
         "singleton": Objective(singleton="reward"),
         "kl_coef": Objective(kl_coef=0.2),
         "entropy_coef": Objective(entropy_coef=0.2),
@@ -154,8 +171,11 @@ def test_every_setting_changes_the_gradient_somewhere():
 
 def test_a_group_whose_kept_members_all_failed_counts_nowhere():
     obj = Objective(failed="drop", loss_agg="group-sum")
-    batch = Batch({"g0": ("a0", "a1"), "g1": ("b0", "b1")}, {"a0": 0.0, "a1": 0.0, "b0": 1.0, "b1": 0.0},
-                  {"a0": True, "a1": True, "b0": False, "b1": False})
+    batch = Batch(
+        {"g0": ("a0", "a1"), "g1": ("b0", "b1")},
+        {"a0": 0.0, "a1": 0.0, "b0": 1.0, "b1": 0.0},
+        {"a0": True, "a1": True, "b0": False, "b1": False},
+    )
     policy = TokenPolicy(torch.float64)
     alone = Batch({"g1": ("b0", "b1")}, {"b0": 1.0, "b1": 0.0}, {"b0": False, "b1": False})
     assert rel(barrier(policy, obj, batch), barrier(policy, obj, alone)) <= 1e-12
@@ -171,7 +191,10 @@ def test_a_group_whose_kept_members_all_failed_counts_nowhere():
         ({"norm_tokens": 5.0}, "norm_tokens is only used by"),
         ({"is_correction": "tokens"}, "is_correction='tokens' is not one of"),
         ({"kl_coef": -1.0}, "kl_coef must be a finite number >= 0"),
-        ({"opd_coef": -0.1, "reward_coef": float("nan")}, "opd_coef must be a finite.*reward_coef must be a finite"),
+        (
+            {"opd_coef": -0.1, "reward_coef": float("nan")},
+            "opd_coef must be a finite.*reward_coef must be a finite",
+        ),
         ({"std": "unbiased", "failed": "skip"}, "std='unbiased'.*failed='skip'"),
     ],
 )
@@ -185,7 +208,9 @@ def test_presets_and_mappings_build_objectives_and_unknown_names_are_rejected():
     assert Objective.of("verl") == Objective.preset("verl")
     assert Objective.of({"preset": "trl", "kl_coef": 0.1}).kl_coef == 0.1
     assert Objective.of({"preset": "trl", "kl_coef": 0.1}).is_correction == "sequence_mask"
-    with pytest.raises(ConfigError, match="unknown objective preset 'openrlhf'; valid presets: thundersync, verl, trl"):
+    with pytest.raises(
+        ConfigError, match="unknown objective preset 'openrlhf'; valid presets: thundersync, verl, trl"
+    ):
         Objective.preset("openrlhf")
     with pytest.raises(ConfigError, match=r"unknown Objective field\(s\) \['beta'\]"):
         Objective.of({"beta": 0.1})
@@ -199,19 +224,41 @@ def test_every_estimator_aggregation_std_scale_singleton_and_failure_setting_str
     batch = Batch(
         {"g0": ("a0", "a1", "a2"), "g1": ("b0", "b1"), "g2": ("c0",), "g3": ("d0", "d1")},
         {"a0": 1.0, "a1": 0.0, "a2": 0.25, "b0": 1.0, "b1": 1.0, "c0": 1.0, "d0": 0.0, "d1": 3.0},
-        {"a0": False, "a1": False, "a2": True, "b0": False, "b1": False, "c0": False, "d0": True, "d1": False},
+        {
+            "a0": False,
+            "a1": False,
+            "a2": True,
+            "b0": False,
+            "b1": False,
+            "c0": False,
+            "d0": True,
+            "d1": False,
+        },
     )
     policy = TokenPolicy(torch.float64, seed=2)
     events = _random_events(batch, 11)
     product = itertools.product(
-        ["grpo", "drgrpo", "rloo"], LOSS_AGGS, ["population", "sample"], ["group", "batch", "none"],
-        ["zero", "reward"], ["floor", "drop"],
+        ["grpo", "drgrpo", "rloo"],
+        LOSS_AGGS,
+        ["population", "sample"],
+        ["group", "batch", "none"],
+        ["zero", "reward"],
+        ["floor", "drop"],
     )
     for est, agg, std, scale, single, failed in product:
         obj = Objective(
-            estimator=est, loss_agg=agg, std=std, scale=scale, singleton=single, failed=failed,
+            estimator=est,
+            loss_agg=agg,
+            std=std,
+            scale=scale,
+            singleton=single,
+            failed=failed,
             norm_tokens=4.0 if agg.endswith("norm") else None,
-            kl_coef=0.1, entropy_coef=0.02, is_correction="token_mask", is_cap=2.0, opd_coef=0.2,
+            kl_coef=0.1,
+            entropy_coef=0.02,
+            is_correction="token_mask",
+            is_cap=2.0,
+            opd_coef=0.2,
         )
         reference = barrier(policy, obj, batch)
         assert rel(streamed(policy, obj, batch, events), reference) <= 1e-12, obj

@@ -26,7 +26,9 @@ BATCH = Batch(
 )
 
 
-def _written_opd_gradient(policy: TokenPolicy, coef: float, loss_agg: str, norm_tokens: float | None) -> torch.Tensor:
+def _written_opd_gradient(
+    policy: TokenPolicy, coef: float, loss_agg: str, norm_tokens: float | None
+) -> torch.Tensor:
     """grad of (coef/D) sum_i k_i sum_t (l_it - p_it) l_it, token by token (l - p a constant)."""
     params = params_of(policy)
     tids = BATCH.order
@@ -36,7 +38,10 @@ def _written_opd_gradient(policy: TokenPolicy, coef: float, loss_agg: str, norm_
     d = {"group-sum": len(BATCH.groups), "token-mean": float(counts.sum())}.get(loss_agg, float(len(tids)))
     total = [torch.zeros_like(p) for p in params]
     for i in range(len(tids)):
-        k = {"seq-mean-token-mean": 1.0 / float(counts[i]), "seq-mean-token-sum-norm": 1.0 / (norm_tokens or 1.0)}
+        k = {
+            "seq-mean-token-mean": 1.0 / float(counts[i]),
+            "seq-mean-token-sum-norm": 1.0 / (norm_tokens or 1.0),
+        }
         k_i = k.get(loss_agg, 1.0)
         for t in range(int(counts[i])):
             l_it = scores.logprobs[i, t]
@@ -49,7 +54,12 @@ def _written_opd_gradient(policy: TokenPolicy, coef: float, loss_agg: str, norm_
 
 @pytest.mark.parametrize(
     "loss_agg, norm_tokens",
-    [("group-sum", None), ("token-mean", None), ("seq-mean-token-mean", None), ("seq-mean-token-sum-norm", 4.0)],
+    [
+        ("group-sum", None),
+        ("token-mean", None),
+        ("seq-mean-token-mean", None),
+        ("seq-mean-token-sum-norm", 4.0),
+    ],
 )
 def test_opd_alone_is_the_written_per_token_reverse_kl_gradient_in_every_mode(loss_agg, norm_tokens):
     obj = Objective(opd_coef=0.7, reward_coef=0.0, loss_agg=loss_agg, norm_tokens=norm_tokens)
@@ -134,7 +144,9 @@ def test_teacher_logprobs_are_laid_out_like_the_mask_and_a_missing_one_names_its
     assert out.tolist() == [[0.0, -1.0, -2.0, 0.0], [0.0, -3.0, -4.0, 0.0]]
     with pytest.raises(InvalidLogprobError, match=r"trajectory 't9' has no teacher logprobs.*TeacherConfig"):
         teacher_logprobs([good[0], _trajectory("t9", None)], mask, torch.float64)
-    with pytest.raises(InvalidLogprobError, match=r"trajectory 't0' has 2 teacher logprobs for 1 scored positions"):
+    with pytest.raises(
+        InvalidLogprobError, match=r"trajectory 't0' has 2 teacher logprobs for 1 scored positions"
+    ):
         teacher_logprobs(good[:1], mask[:1] & torch.tensor([True, True, False, False]), torch.float64)
     with pytest.raises(ValueError, match="2 tokens but 1 teacher_logprobs"):
         Segment((3, 4), True, None, (-1.0,))
@@ -151,4 +163,7 @@ def test_opd_and_reward_weights_are_validated_and_opd_needs_a_teacher():
         Objective(opd_coef=float("inf"))
     assert Objective(opd_coef=0.1).needs_teacher and not Objective().needs_teacher
     assert Objective(opd_coef=0.1).has_regulariser_terms and Objective(opd_coef=0.1).needs_token_detail
-    assert Objective(reward_coef=0.0).coefficients(torch.tensor([0.0, 1.0], dtype=torch.float64)) == (0.0, 0.0)
+    assert Objective(reward_coef=0.0).coefficients(torch.tensor([0.0, 1.0], dtype=torch.float64)) == (
+        0.0,
+        0.0,
+    )

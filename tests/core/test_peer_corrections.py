@@ -57,7 +57,9 @@ def _trl_weights(mode: str, cap: float, low: float | None):
     return weights
 
 
-def _trl_gradient(policy: TokenPolicy, batch: Batch, weights, beta: float = 0.0, bias_correction: bool = True):
+def _trl_gradient(
+    policy: TokenPolicy, batch: Batch, weights, beta: float = 0.0, bias_correction: bool = True
+):
     """TRL's ``dapo`` loss written out: sum over scored tokens / scored tokens of the batch."""
     params = params_of(policy)
     tids = batch.order
@@ -112,7 +114,10 @@ def test_k3_corrected_has_the_value_of_k3_and_the_gradient_of_k2():
     policy = TokenPolicy(torch.float64, seed=10)
     tids = ["x0", "x1", "x2"]
     s = policy.scores(tids)
-    terms = {k: trajectory_terms(Objective(kl_coef=1.0, kl_estimator=k), s, None) for k in ("k2", "k3", "k3_corrected")}
+    terms = {
+        k: trajectory_terms(Objective(kl_coef=1.0, kl_estimator=k), s, None)
+        for k in ("k2", "k3", "k3_corrected")
+    }
     assert torch.allclose(terms["k3_corrected"].regulariser, terms["k3"].regulariser, rtol=0, atol=1e-15)
     params = params_of(policy)
     g = {k: torch.autograd.grad(t.regulariser.sum(), params, retain_graph=True) for k, t in terms.items()}
@@ -129,7 +134,10 @@ def test_trl_importance_sampling_bounds_clamp_or_mask_in_every_mode(mode, low):
     for got in _all_modes(policy, obj, TRL_BATCH):
         assert rel(got, expected) <= 1e-12
     if low is not None:  # the lower bound really acts on this batch
-        assert rel(barrier(policy, Objective.preset("trl", is_correction=mode, is_cap=2.0), TRL_BATCH), expected) > 1e-6
+        assert (
+            rel(barrier(policy, Objective.preset("trl", is_correction=mode, is_cap=2.0), TRL_BATCH), expected)
+            > 1e-6
+        )
 
 
 def test_an_empty_completion_under_the_trl_preset_gives_trls_gradient():
@@ -144,14 +152,21 @@ def test_an_empty_completion_under_the_trl_preset_gives_trls_gradient():
 def test_an_empty_completion_is_valid_input_under_every_importance_correction(mode, agg):
     policy = TokenPolicy(torch.float64, seed=13)
     obj = Objective(
-        is_correction=mode, loss_agg=agg, norm_tokens=5.0 if agg.endswith("norm") else None, kl_coef=0.1,
+        is_correction=mode,
+        loss_agg=agg,
+        norm_tokens=5.0 if agg.endswith("norm") else None,
+        kl_coef=0.1,
         entropy_coef=0.02,
     )
     reference, *others = _all_modes(policy, obj, TRL_BATCH)
     assert float(reference.norm()) > 0
     for got in others:
         assert rel(got, reference) <= 1e-12
-    all_empty = Batch({"g": ("e-empty0", "e-empty1")}, {"e-empty0": 1.0, "e-empty1": 0.0}, {"e-empty0": False, "e-empty1": False})
+    all_empty = Batch(
+        {"g": ("e-empty0", "e-empty1")},
+        {"e-empty0": 1.0, "e-empty1": 0.0},
+        {"e-empty0": False, "e-empty1": False},
+    )
     for got in _all_modes(policy, obj, all_empty):
         assert float(got.norm()) == 0.0
 
@@ -191,8 +206,19 @@ def test_streamed_events_with_empty_completions_arriving_first():
 
 VERL_BATCH = Batch(
     {"g0": ("a0", "a1", "a2", "a3"), "g1": ("b0", "b1", "b-empty"), "g2": ("c0",), "g3": ("d0", "d1", "d2")},
-    {"a0": 1.0, "a1": 0.0, "a2": 1.0, "a3": 0.5, "b0": 1.0, "b1": 0.0, "b-empty": 1.0, "c0": 1.0, "d0": 0.0,
-     "d1": 2.0, "d2": 1.0},
+    {
+        "a0": 1.0,
+        "a1": 0.0,
+        "a2": 1.0,
+        "a3": 0.5,
+        "b0": 1.0,
+        "b1": 0.0,
+        "b-empty": 1.0,
+        "c0": 1.0,
+        "d0": 0.0,
+        "d1": 2.0,
+        "d2": 1.0,
+    },
     {t: False for t in ("a0", "a1", "a2", "a3", "b0", "b1", "b-empty", "c0", "d0", "d1", "d2")},
 )
 
@@ -214,18 +240,24 @@ def _verl_keep(option: str, lo: float, hi: float, d: list[float]) -> list[bool]:
     """verl's rejection of one sequence, written per token with Python floats (d = learner - engine)."""
     import math
 
-    k = {"k1": [-x for x in d], "k2": [x * x / 2 for x in d], "k3": [math.exp(x) - 1 - x for x in d]}[option[-2:]]
+    k = {"k1": [-x for x in d], "k2": [x * x / 2 for x in d], "k3": [math.exp(x) - 1 - x for x in d]}[
+        option[-2:]
+    ]
     if option[-2:] == "k1":
         inside = lambda v: math.log(lo) <= v <= math.log(hi)  # noqa: E731
     else:
         inside = lambda v: v <= hi  # noqa: E731
     if option.startswith("token"):
         return [inside(v) for v in k]
-    stat = {"seq_sum": sum(k), "seq_mean": sum(k) / max(len(k), 1), "seq_max": max(k, default=0.0)}[option[:-3]]
+    stat = {"seq_sum": sum(k), "seq_mean": sum(k) / max(len(k), 1), "seq_max": max(k, default=0.0)}[
+        option[:-3]
+    ]
     return [inside(stat)] * len(d)
 
 
-def _verl_gradient(policy: TokenPolicy, batch: Batch, option: str, lo: float, hi: float, kl: float) -> torch.Tensor:
+def _verl_gradient(
+    policy: TokenPolicy, batch: Batch, option: str, lo: float, hi: float, kl: float
+) -> torch.Tensor:
     """verl's token-mean actor loss with the rejected tokens removed from the response mask."""
     params = params_of(policy)
     tids = batch.order
@@ -235,7 +267,9 @@ def _verl_gradient(policy: TokenPolicy, batch: Batch, option: str, lo: float, hi
     keep = torch.zeros_like(m)
     for i in range(len(tids)):
         n = int(m[i].sum())
-        keep[i, :n] = torch.tensor(_verl_keep(option, lo, hi, (lp[i, :n].detach() - e[i, :n]).tolist()), dtype=m.dtype)
+        keep[i, :n] = torch.tensor(
+            _verl_keep(option, lo, hi, (lp[i, :n].detach() - e[i, :n]).tolist()), dtype=m.dtype
+        )
     adv = _verl_advantages(batch)
     a = torch.tensor([adv[t] for t in tids], dtype=lp.dtype)[:, None]
     q = s.ref_logprobs
@@ -284,9 +318,17 @@ def test_several_rejection_options_must_all_pass():
     from thundersync_lightning.core import trajectory_terms
 
     e = policy.engine(tids, s)
-    tokens = {name: trajectory_terms(o, s, e).tokens for name, o in (("both", both), ("one", one), ("other", other))}
+    tokens = {
+        name: trajectory_terms(o, s, e).tokens for name, o in (("both", both), ("one", one), ("other", other))
+    }
     assert torch.equal(tokens["both"], torch.minimum(tokens["one"], tokens["other"]) * (tokens["other"] > 0))
-    assert rel(streamed(policy, both, VERL_BATCH, _random_events(VERL_BATCH, 2)), barrier(policy, both, VERL_BATCH)) <= 1e-12
+    assert (
+        rel(
+            streamed(policy, both, VERL_BATCH, _random_events(VERL_BATCH, 2)),
+            barrier(policy, both, VERL_BATCH),
+        )
+        <= 1e-12
+    )
 
 
 @pytest.mark.parametrize(
@@ -326,7 +368,11 @@ def test_trl_mask_truncated_completions_is_overlong_filter(loss_type):
     lp, m = s.logprobs, s.mask.to(s.logprobs.dtype) * (~s.truncated).to(s.logprobs.dtype)[:, None]
     adv = _trl_advantages(LONG_BATCH)
     a = torch.tensor([adv[t] for t in tids], dtype=lp.dtype)[:, None]
-    per_token = -a * torch.exp(lp - lp.detach()) * _trl_weights("sequence_mask", 3.0, None)(lp.detach(), policy.engine(tids, s), m)
+    per_token = (
+        -a
+        * torch.exp(lp - lp.detach())
+        * _trl_weights("sequence_mask", 3.0, None)(lp.detach(), policy.engine(tids, s), m)
+    )
     if loss_type == "dapo":  # with TRL's entropy bonus, a token mean for dapo
         loss = (per_token * m).sum() / m.sum() - 0.03 * (s.entropy * m).sum() / m.sum()
         obj = Objective.preset("trl", overlong_filter=True, entropy_coef=0.03)
@@ -347,7 +393,9 @@ def test_overlong_filter_without_truncation_flags_raises():
 
     policy = TokenPolicy(torch.float64)
     s = replace(policy.scores(["a0"]), truncated=None)
-    with pytest.raises(InvalidLogprobError, match="overlong_filter needs to know which trajectories hit the length"):
+    with pytest.raises(
+        InvalidLogprobError, match="overlong_filter needs to know which trajectories hit the length"
+    ):
         trajectory_terms(Objective(overlong_filter=True), s, None)
 
 
@@ -382,7 +430,9 @@ def test_verl_batch_normalized_importance_weights_in_every_mode(level, kl):
     expected = torch.cat([p.grad.reshape(-1) for p in params])
     for p in params:
         p.grad = None
-    obj = Objective.preset("verl", is_correction=f"{level}_truncate", is_cap=2.0, is_batch_normalize=True, kl_coef=kl)
+    obj = Objective.preset(
+        "verl", is_correction=f"{level}_truncate", is_cap=2.0, is_batch_normalize=True, kl_coef=kl
+    )
     for got in _all_modes(policy, obj, VERL_BATCH):
         assert rel(got, expected) <= 1e-12
     assert rel(barrier(policy, replace(obj, is_batch_normalize=False), VERL_BATCH), expected) > 1e-6
@@ -438,7 +488,9 @@ def test_trl_top_entropy_quantile_with_kl_and_entropy_bonus(quantile):
     for p in params:
         p.grad = None
     assert rel(got, expected) <= 1e-12
-    with pytest.raises(Exception, match="top_entropy_quantile < 1 needs per-token entropies and the step's entropy"):
+    with pytest.raises(
+        Exception, match="top_entropy_quantile < 1 needs per-token entropies and the step's entropy"
+    ):
         trajectory_terms(obj, s, policy.engine(tids, s))
 
 
@@ -472,4 +524,6 @@ def test_trl_off_policy_sequence_mask_in_every_mode_and_event_order(delta, chunk
     assert rel(barrier(policy, obj, TRL_BATCH), expected) <= 1e-12
     assert rel(synchronous(policy, obj, TRL_BATCH), expected) <= 1e-12
     for seed in range(4):
-        assert rel(streamed(policy, obj, TRL_BATCH, _random_events(TRL_BATCH, seed), chunk), expected) <= 1e-12
+        assert (
+            rel(streamed(policy, obj, TRL_BATCH, _random_events(TRL_BATCH, seed), chunk), expected) <= 1e-12
+        )

@@ -23,8 +23,19 @@ from .objective_helpers import Batch, TokenPolicy, barrier, params_of, rel, stre
 
 BATCH = Batch(
     {"g0": ("a0", "a1", "a2", "a3"), "g1": ("b0", "b1", "b2", "b3"), "g2": ("c0",), "g3": ("d0", "d1")},
-    {"a0": 1.0, "a1": 0.0, "a2": 1.0, "a3": 0.5, "b0": 1.0, "b1": 1.0, "b2": 1.0, "b3": 1.0, "c0": 1.0,
-     "d0": 0.0, "d1": 2.0},
+    {
+        "a0": 1.0,
+        "a1": 0.0,
+        "a2": 1.0,
+        "a3": 0.5,
+        "b0": 1.0,
+        "b1": 1.0,
+        "b2": 1.0,
+        "b3": 1.0,
+        "c0": 1.0,
+        "d0": 0.0,
+        "d1": 2.0,
+    },
     {t: False for t in ("a0", "a1", "a2", "a3", "b0", "b1", "b2", "b3", "c0", "d0", "d1")},
 )
 
@@ -89,7 +100,9 @@ def _sequence_mask(cap):
 
 def test_the_trl_preset_is_trls_grpo_with_dapo_and_sequence_mask_importance_sampling():
     policy = TokenPolicy(torch.float64, seed=4)
-    batch = Batch({g: ts for g, ts in BATCH.groups.items() if len(ts) > 1}, BATCH.rewards, BATCH.failed)  # G >= 2 in TRL
+    batch = Batch(
+        {g: ts for g, ts in BATCH.groups.items() if len(ts) > 1}, BATCH.rewards, BATCH.failed
+    )  # G >= 2 in TRL
     adv = _group_advantages(batch, 1e-4, singleton_mean_zero=False)
     s = policy.scores(batch.order, entropy=False, reference=False)
     w = _sequence_mask(3.0)(s.logprobs.detach(), policy.engine(batch.order, s), s.mask.double())
@@ -108,9 +121,7 @@ def test_trl_batch_scaling_divides_by_the_std_of_every_reward_of_the_step():
     expected = _written(policy, batch, adv, _sequence_mask(3.0), _tokens)
     obj = Objective.preset("trl", scale="batch")
     assert rel(barrier(policy, obj, batch), expected) <= 1e-12
-    events_first_group_last = sorted(
-        synchronous_events(batch), key=lambda e: (e.tid.startswith("a"), e.kind)
-    )
+    events_first_group_last = sorted(synchronous_events(batch), key=lambda e: (e.tid.startswith("a"), e.kind))
     assert rel(streamed(policy, obj, batch, events_first_group_last), expected) <= 1e-12
 
 
@@ -123,11 +134,15 @@ def test_trl_dr_grpo_divides_by_sequences_times_the_maximum_completion_length():
         adv.update({t: v - float(r.mean()) for t, v in zip(tids, r.tolist())})
     max_len = 16
     expected = _written(policy, batch, adv, _sequence_mask(3.0), lambda m: m.shape[0] * max_len)
-    obj = Objective.preset("trl", scale="none", loss_agg="seq-mean-token-sum-norm", norm_tokens=float(max_len))
+    obj = Objective.preset(
+        "trl", scale="none", loss_agg="seq-mean-token-sum-norm", norm_tokens=float(max_len)
+    )
     assert rel(barrier(policy, obj, batch), expected) <= 1e-12
 
 
 def synchronous_events(batch: Batch):
     from .objective_helpers import Event
 
-    return [Event("reward", t, batch.rewards[t]) for t in batch.order] + [Event("content", t) for t in batch.order]
+    return [Event("reward", t, batch.rewards[t]) for t in batch.order] + [
+        Event("content", t) for t in batch.order
+    ]

@@ -42,7 +42,9 @@ def test_every_registry_refuses_a_taken_name_unless_overwrite_and_takes_both_for
 @pytest.mark.parametrize("kind", sorted(REGISTRIES))
 def test_an_unknown_name_lists_the_valid_names_and_a_close_one(kind):
     _, get, label, builtin, typo = REGISTRIES[kind]
-    with pytest.raises(ConfigError, match=rf"unknown {label} '{typo}'; valid names: .*{builtin}.*did you mean '{builtin}'"):
+    with pytest.raises(
+        ConfigError, match=rf"unknown {label} '{typo}'; valid names: .*{builtin}.*did you mean '{builtin}'"
+    ):
         get(typo)
 
 

@@ -33,9 +33,16 @@ PROJECTIONS = 8
 #: objectives beyond the plain estimators: the per-token options the scoring applies
 OPTIONS: dict[str, dict[str, Any]] = {
     "trl-kl-entropy-overlong": dict(
-        preset="trl", kl_coef=0.05, entropy_coef=0.01, overlong_filter=True, overlong_buffer=2, overlong_max_tokens=4
+        preset="trl",
+        kl_coef=0.05,
+        entropy_coef=0.01,
+        overlong_filter=True,
+        overlong_buffer=2,
+        overlong_max_tokens=4,
     ),
-    "verl-rejection-kl": dict(preset="verl", rs="token_k1,seq_mean_k3", rs_threshold="0.999_1.001,0.01", kl_coef=0.05),
+    "verl-rejection-kl": dict(
+        preset="verl", rs="token_k1,seq_mean_k3", rs_threshold="0.999_1.001,0.01", kl_coef=0.05
+    ),
 }
 
 

@@ -14,7 +14,8 @@ from thundersync_lightning.envs.sandbox import UidPool, bwrap_available
 TEST_POOL = UidPool(base=3_900_000, size=256)
 
 needs_bwrap = pytest.mark.skipif(
-    not bwrap_available(), reason="needs root and bubblewrap (apt-get install bubblewrap; `make test` does it)"
+    not bwrap_available(),
+    reason="needs root and bubblewrap (apt-get install bubblewrap; `make test` does it)",
 )
 
 
@@ -30,7 +31,9 @@ def processes_of(uid: int) -> list[int]:
         except OSError:
             continue
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if int(fields.get("Uid", "-1 ").split()[0]) == uid and not fields.get("State", "").strip().startswith("Z"):
+        if int(fields.get("Uid", "-1 ").split()[0]) == uid and not fields.get("State", "").strip().startswith(
+            "Z"
+        ):
             pids.append(int(entry))
     return pids
 
@@ -51,16 +54,21 @@ def processes_of_tag(tag: str) -> list[int]:
 def swebench_row(task, image: str, base_commit: str) -> dict:
     """A SWE-bench (swebench 5 schema) row for a local task whose repository sits at /testbed."""
     files = " ".join(task.test_files)
-    eval_script = "\n".join([
-        "#!/bin/bash",
-        "set -uxo pipefail",
-        "cd /testbed",
-        f"git -c core.hooksPath=/dev/null checkout {base_commit} -- {files}",
-        ": '>>>>> Start Test Output'",
-        f"python3 -m pytest -rA -p no:cacheprovider {files}",
-        ": '>>>>> End Test Output'",
-        f"git checkout {base_commit} -- {files}",
-    ]) + "\n"
+    eval_script = (
+        "\n".join(
+            [
+                "#!/bin/bash",
+                "set -uxo pipefail",
+                "cd /testbed",
+                f"git -c core.hooksPath=/dev/null checkout {base_commit} -- {files}",
+                ": '>>>>> Start Test Output'",
+                f"python3 -m pytest -rA -p no:cacheprovider {files}",
+                ": '>>>>> End Test Output'",
+                f"git checkout {base_commit} -- {files}",
+            ]
+        )
+        + "\n"
+    )
     return {
         "instance_id": f"local__{task.name}-1",
         "repo": f"local/{task.name}",
@@ -83,12 +91,20 @@ def swebench_row(task, image: str, base_commit: str) -> dict:
 
 def git_repo(task, dest: str) -> str:
     """Materialize ``task`` in ``dest`` as a git repository with one deterministic commit; its sha."""
-    env = {"PATH": "/usr/bin:/bin", "HOME": dest, "GIT_CONFIG_NOSYSTEM": "1",
-           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@t", "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z",
-           "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": dest,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@t",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@t",
+        "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z",
+        "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z",
+    }
     task.materialize(dest)
     for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "base"]):
         subprocess.run(["git", *args], cwd=dest, env=env, check=True, capture_output=True)
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=dest, env=env, check=True,
-                          capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=dest, env=env, check=True, capture_output=True, text=True
+    ).stdout.strip()

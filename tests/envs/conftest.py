@@ -51,8 +51,13 @@ def make_box(sandbox_budget: BoundedDir) -> Iterator:
         work = os.path.join(sandbox_budget.path, f"w{lease.uid}")
         os.mkdir(work)
         chown_tree(work, lease.uid)
-        defaults = dict(timeout_s=10.0, max_output_bytes=64 * 1024, nproc=64, memory_bytes=512 * 1024**2,
-                        fsize_bytes=16 * 1024**2)
+        defaults = dict(
+            timeout_s=10.0,
+            max_output_bytes=64 * 1024,
+            nproc=64,
+            memory_bytes=512 * 1024**2,
+            fsize_bytes=16 * 1024**2,
+        )
         defaults.update(limits)
         config = BwrapConfig(limits=SandboxLimits(**defaults), cgroups=cgroups, seccomp=seccomp)
         return BwrapSandbox(work, lease.uid, config, budget=sandbox_budget)

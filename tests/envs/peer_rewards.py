@@ -48,5 +48,9 @@ def declines(completions, **kwargs):  # noqa: ANN001, ANN003, ANN201
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):  # noqa: ANN001, ANN201 - verl's
     """verl's convention: a float (gsm8k-style rows) or a dict with 'score' and extra keys."""
     if data_source == "dict_source":
-        return {"score": 0.5 if ground_truth in solution_str else -0.5, "acc": 1.0, "turns": extra_info["num_turns"]}
+        return {
+            "score": 0.5 if ground_truth in solution_str else -0.5,
+            "acc": 1.0,
+            "turns": extra_info["num_turns"],
+        }
     return 1.0 if solution_str.strip().endswith(str(ground_truth)) else 0.0

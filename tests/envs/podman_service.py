@@ -29,10 +29,16 @@ class PodmanService:
 
     def start(self) -> None:
         runtime = ["--runtime", RUNC] if os.path.exists(RUNC) else []
-        self.proc = subprocess.Popen([self.engine, *runtime, "system", "service", "--time=0", self.url],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [self.engine, *runtime, "system", "service", "--time=0", self.url],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + START_S
-        while (why := probe(self.engine, self.url, 5.0)) is not None:  # the socket answers (its own state, polled)
+        while (
+            why := probe(self.engine, self.url, 5.0)
+        ) is not None:  # the socket answers (its own state, polled)
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"podman service at {self.url} did not start: {why}")
             time.sleep(0.1)
@@ -50,10 +56,18 @@ class PodmanService:
     def leftovers(self, label: str) -> tuple[list[str], list[str]]:
         """Containers and volumes carrying ``label``, as the local engine sees them (same storage)."""
         runtime = ["--runtime", RUNC] if os.path.exists(RUNC) else []
-        ps = subprocess.run([self.engine, *runtime, "ps", "-a", "--filter", f"label={label}", "--format",
-                             "{{.Names}}"], capture_output=True, text=True, timeout=60).stdout.split()
-        vols = subprocess.run([self.engine, *runtime, "volume", "ls", "--filter", f"label={label}", "--format",
-                               "{{.Name}}"], capture_output=True, text=True, timeout=60).stdout.split()
+        ps = subprocess.run(
+            [self.engine, *runtime, "ps", "-a", "--filter", f"label={label}", "--format", "{{.Names}}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout.split()
+        vols = subprocess.run(
+            [self.engine, *runtime, "volume", "ls", "--filter", f"label={label}", "--format", "{{.Name}}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout.split()
         return ps, vols
 
     def remove(self, label: str) -> None:
@@ -61,9 +75,13 @@ class PodmanService:
         runtime = ["--runtime", RUNC] if os.path.exists(RUNC) else []
         ps, vols = self.leftovers(label)
         for name in ps:
-            subprocess.run([self.engine, *runtime, "rm", "-f", "-t", "0", name], capture_output=True, timeout=120)
+            subprocess.run(
+                [self.engine, *runtime, "rm", "-f", "-t", "0", name], capture_output=True, timeout=120
+            )
         for name in vols:
-            subprocess.run([self.engine, *runtime, "volume", "rm", "-f", name], capture_output=True, timeout=120)
+            subprocess.run(
+                [self.engine, *runtime, "volume", "rm", "-f", name], capture_output=True, timeout=120
+            )
 
     def close(self) -> None:
         self.pause(False)

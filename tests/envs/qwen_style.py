@@ -44,7 +44,9 @@ _TOOL = """\
 {%- endif %}
 """
 
-QWEN3_TEMPLATE = _SYSTEM + """\
+QWEN3_TEMPLATE = (
+    _SYSTEM
+    + """\
 {%- set ns = namespace(last_query=-1) %}
 {%- for message in messages %}
 {%- if message.role == 'user' and not (message.content is string and message.content.startswith('<tool_response>')) %}
@@ -65,28 +67,40 @@ QWEN3_TEMPLATE = _SYSTEM + """\
 {%- else %}
 {{- '<|im_start|>assistant\\n' + content }}
 {%- endif %}
-""" + _CALLS + """\
+"""
+    + _CALLS
+    + """\
 {{- '<|im_end|>\\n' }}
-""" + _TOOL + """\
+"""
+    + _TOOL
+    + """\
 {%- endfor %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}
 {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}
 {%- endif %}
 """
+)
 
-HERMES_TEMPLATE = _SYSTEM + """\
+HERMES_TEMPLATE = (
+    _SYSTEM
+    + """\
 {%- for message in messages %}
 {%- set content = message.content if message.content is string else '' %}
 {%- if message.role == 'user' or (message.role == 'system' and not loop.first) %}
 {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}
 {%- elif message.role == 'assistant' %}
 {{- '<|im_start|>assistant\\n' + content }}
-""" + _CALLS + """\
+"""
+    + _CALLS
+    + """\
 {{- '<|im_end|>\\n' }}
-""" + _TOOL + """\
+"""
+    + _TOOL
+    + """\
 {%- endfor %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
 """
+)
 
 _CORPUS = [
     'You may call one or more functions.\n{"name": "bash", "arguments": {"command": "ls -la"}}\n',
@@ -104,21 +118,34 @@ def save_tokenizer(directory: str, template: str = QWEN3_TEMPLATE, vocab_size: i
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(_CORPUS * 20, trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   additional_special_tokens=["<|im_start|>"])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
     fast.chat_template = template
     fast.save_pretrained(directory)
 
 
 def model_config(vocab_size: int) -> dict:
     """A tiny Qwen3 over the tokenizer's vocabulary (head_dim 64: vLLM's CPU kernels need it)."""
-    return {"vocab_size": vocab_size, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1,
-            "num_attention_heads": 1, "num_key_value_heads": 1, "head_dim": 64, "max_position_embeddings": 4096,
-            "tie_word_embeddings": False}
+    return {
+        "vocab_size": vocab_size,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 1,
+        "num_key_value_heads": 1,
+        "head_dim": 64,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+    }
 
 
 def save_model(directory: str, template: str = QWEN3_TEMPLATE) -> dict:

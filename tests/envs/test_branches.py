@@ -97,12 +97,18 @@ def test_a_call_that_cannot_apply_answers_an_error_and_the_next_call_may_still_s
     assert env.verdict() == 1.0
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("<tool_call>\n{not json}\n</tool_call>", "not valid JSON"),
-    (call_text("rename_branch", "docs"), "unknown tool"),
-    ('<tool_call>\n{"name": "delete_branch", "arguments": {"branch": "docs"}}\n</tool_call>', "is a required property"),
-    ("Done.", "No tool call found"),
-])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("<tool_call>\n{not json}\n</tool_call>", "not valid JSON"),
+        (call_text("rename_branch", "docs"), "unknown tool"),
+        (
+            '<tool_call>\n{"name": "delete_branch", "arguments": {"branch": "docs"}}\n</tool_call>',
+            "is a required property",
+        ),
+        ("Done.", "No tool call found"),
+    ],
+)
 def test_a_malformed_call_or_none_is_a_message_to_the_model_never_a_reward(text, reason):
     tasks = source()
     env = tasks.make_env(task_of(tasks, "delete"), 0)
@@ -122,7 +128,9 @@ def test_the_format_examples_are_the_tokens_of_the_rendered_conversation_and_tar
         text = tasks.renderer.decode([i for i, t in zip(ids, targets) if t])
         calls = [json.loads(c.split("\n")[1]) for c in text.split("<tool_call>")[1:]]
         assert 1 <= len(calls) <= 3
-        assert all(c["name"] in {f"{v}_branch" for v in VERBS} and c["arguments"]["name"] in BRANCHES for c in calls)
+        assert all(
+            c["name"] in {f"{v}_branch" for v in VERBS} and c["arguments"]["name"] in BRANCHES for c in calls
+        )
         assert sum(1 for i, t in zip(ids, targets) if t and i == tasks.renderer.end_of_turn) == len(calls)
 
 
@@ -132,7 +140,8 @@ def test_a_branch_name_is_one_token_in_requests_and_calls():
     for task in all_branch_tasks()[:24]:
         assert tok.convert_tokens_to_ids(task.name) in tasks.renderer.encode(task.request)
         assert tok.convert_tokens_to_ids(task.name) in tasks.renderer.assistant_ids(
-            [{"role": "user", "content": "x"}], call_text("switch_branch", task.name))
+            [{"role": "user", "content": "x"}], call_text("switch_branch", task.name)
+        )
 
 
 def test_options_are_checked_together():
@@ -171,4 +180,6 @@ def test_prefer_tool_one_makes_every_call_the_requested_tool():
     for task in tasks.train_tasks[:24]:
         ids, targets = examples.sample(rng, task.request, task.name, f"{task.verb}_branch")
         text = tasks.renderer.decode([i for i, t in zip(ids, targets) if t])
-        assert {json.loads(c.split("\n")[1])["name"] for c in text.split("<tool_call>")[1:]} == {f"{task.verb}_branch"}
+        assert {json.loads(c.split("\n")[1])["name"] for c in text.split("<tool_call>")[1:]} == {
+            f"{task.verb}_branch"
+        }

@@ -34,7 +34,9 @@ EOA = ByteCodec.END_OF_ACTION
 
 
 def make_source(**kwargs) -> LocalCodeTasks:
-    return LocalCodeTasks(sandbox_root="/tmp/thundersync-test-sandboxes", uid_base=3_960_000, uid_count=64, **kwargs)
+    return LocalCodeTasks(
+        sandbox_root="/tmp/thundersync-test-sandboxes", uid_base=3_960_000, uid_count=64, **kwargs
+    )
 
 
 def act(env, text: str):
@@ -58,16 +60,26 @@ def test_scripted_bash_edit_and_submit_actions_solve_a_task_end_to_end():
 
         assert "[invalid action]" in CODEC.decode(act(env, "please fix it").observation)
         assert "[invalid action]" in CODEC.decode(act(env, "write /etc/passwd\nx").observation)
-        missing = CODEC.decode(act(env, "replace calendar_utils.py\n<<<<<<< SEARCH\nnot there\n=======\n"
-                                        "x\n>>>>>>> REPLACE").observation)
+        missing = CODEC.decode(
+            act(
+                env, "replace calendar_utils.py\n<<<<<<< SEARCH\nnot there\n=======\nx\n>>>>>>> REPLACE"
+            ).observation
+        )
         assert "found 0 times" in missing
 
-        obs = CODEC.decode(act(env, "replace calendar_utils.py\n<<<<<<< SEARCH\n"
-                                    "    return year % 4 == 0 and year % 100 != 0\n=======\n"
-                                    "    return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)\n"
-                                    ">>>>>>> REPLACE").observation)
+        obs = CODEC.decode(
+            act(
+                env,
+                "replace calendar_utils.py\n<<<<<<< SEARCH\n"
+                "    return year % 4 == 0 and year % 100 != 0\n=======\n"
+                "    return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)\n"
+                ">>>>>>> REPLACE",
+            ).observation
+        )
         assert "edited calendar_utils.py" in obs
-        assert "wrote NOTES.md" in CODEC.decode(act(env, "write NOTES.md\nfixed the 400-year rule\n").observation)
+        assert "wrote NOTES.md" in CODEC.decode(
+            act(env, "write NOTES.md\nfixed the 400-year rule\n").observation
+        )
         tests = CODEC.decode(act(env, "bash python3 -m pytest -q -p no:cacheprovider").observation)
         assert "2 passed" in tests  # the FAIL_TO_PASS test is hidden until grading
         assert "NOTES.md" in CODEC.decode(act(env, "bash git status --short").observation)
@@ -136,16 +148,29 @@ def test_the_task_source_is_constructible_from_yaml_with_jsonargparse():
         ("submit", Submit()),
         ("submit  \n", Submit()),
         ("write a/b.py\nx = 1\n", WriteFile("a/b.py", "x = 1\n")),
-        ("replace m.py\n<<<<<<< SEARCH\nold\n=======\nnew\n>>>>>>> REPLACE\n", ReplaceInFile("m.py", "old", "new")),
+        (
+            "replace m.py\n<<<<<<< SEARCH\nold\n=======\nnew\n>>>>>>> REPLACE\n",
+            ReplaceInFile("m.py", "old", "new"),
+        ),
     ],
 )
 def test_actions_parse(text, expected):
     assert parse_action(text) == expected
 
 
-@pytest.mark.parametrize("text", ["", "rm -rf /", "bash", "submit now", "write ../x\n1", "write /x\n1",
-                                  "replace m.py\nno markers", "replace m.py\n<<<<<<< SEARCH\n=======\n"
-                                  "x\n>>>>>>> REPLACE"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "rm -rf /",
+        "bash",
+        "submit now",
+        "write ../x\n1",
+        "write /x\n1",
+        "replace m.py\nno markers",
+        "replace m.py\n<<<<<<< SEARCH\n=======\nx\n>>>>>>> REPLACE",
+    ],
+)
 def test_unparseable_actions_are_invalid_with_a_reason(text):
     action = parse_action(text)
     assert isinstance(action, Invalid) and action.reason
@@ -172,11 +197,21 @@ def test_changes_to_tests_and_test_configuration_are_filtered_from_patches():
         return f"diff --git a/{path} b/{path}\n--- a/{path}\n+++ b/{path}\n@@ -1 +1 @@\n-a\n+b\n"
 
     kept = ["pkg/mod.py", "README.md"]
-    dropped = ["tests/test_mod.py", "test_x.py", "pkg/x_test.py", "conftest.py", "pkg/conftest.py",
-               "pytest.ini", "setup.cfg", "pkg/__pycache__/mod.cpython-311.pyc", "sitecustomize.py"]
+    dropped = [
+        "tests/test_mod.py",
+        "test_x.py",
+        "pkg/x_test.py",
+        "conftest.py",
+        "pkg/conftest.py",
+        "pytest.ini",
+        "setup.cfg",
+        "pkg/__pycache__/mod.cpython-311.pyc",
+        "sitecustomize.py",
+    ]
     patch = "".join(diff(p) for p in kept + dropped)
     assert [paths for paths, _ in split_patch(filter_patch(patch, make_source().all_tasks[0].protects))] == [
-        ("pkg/mod.py",), ("README.md",)
+        ("pkg/mod.py",),
+        ("README.md",),
     ]
     rename = "diff --git a/mod.py b/tests/test_mod.py\nrename from mod.py\nrename to tests/test_mod.py\n"
     assert filter_patch(rename, make_source().all_tasks[0].protects) == ""
@@ -240,8 +275,9 @@ def test_a_hugging_face_tokenizer_can_replace_the_byte_codec(tmp_path):
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<eos>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(["bash ls -la\nsubmit\nreplace x.py\n"] * 10, trainer)
     PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>").save_pretrained(str(tmp_path))
 

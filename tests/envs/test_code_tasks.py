@@ -37,7 +37,10 @@ def test_the_gold_patch_applied_by_the_agent_earns_reward_one(source, name):
     env = source.make_env(task, seed=0)
     try:
         env.reset()
-        obs = act(env, f"bash\ncat > /tmp/fix.patch <<'EOF_GOLD'\n{task.gold_patch}EOF_GOLD\ngit apply /tmp/fix.patch")
+        obs = act(
+            env,
+            f"bash\ncat > /tmp/fix.patch <<'EOF_GOLD'\n{task.gold_patch}EOF_GOLD\ngit apply /tmp/fix.patch",
+        )
         assert "[exit code 0]" in obs
         assert env.step(CODEC.encode("submit")).done
         assert env.verdict() == 1.0
@@ -83,7 +86,9 @@ def test_a_patch_that_edits_the_tests_earns_reward_zero(source, name):
         env.step(CODEC.encode("submit"))
         assert env.verdict() == 0.0
         outcome = env.outcome()
-        assert outcome.reason.startswith("tests failed: ") and all(f"{t}: FAILED" in outcome.reason for t in task.fail_to_pass)
+        assert outcome.reason.startswith("tests failed: ") and all(
+            f"{t}: FAILED" in outcome.reason for t in task.fail_to_pass
+        )
         assert sorted(outcome.report["tests_status"]["FAIL_TO_PASS"]["failure"]) == sorted(task.fail_to_pass)
     finally:
         env.close()

@@ -23,8 +23,11 @@ def test_the_code_local_config_trains_a_step_with_sandboxed_episodes(tmp_path):
     config["trainer"].update(default_root_dir=str(tmp_path), max_steps=1, enable_progress_bar=False)
     config["data"].update(groups_per_step=2, group_size=2)
     config["data"]["tasks"]["init_args"].update(
-        max_turns=2, max_action_tokens=64, sandbox_root="/tmp/thundersync-test-sandboxes",
-        uid_base=3_980_000, uid_count=32,
+        max_turns=2,
+        max_action_tokens=64,
+        sandbox_root="/tmp/thundersync-test-sandboxes",
+        uid_base=3_980_000,
+        uid_count=32,
     )
     path = tmp_path / "code_local.yaml"
     path.write_text(yaml.safe_dump(config))

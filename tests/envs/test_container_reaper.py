@@ -31,7 +31,8 @@ def fake_podman(tmp_path):
     """A fake ``podman``: appends {pid, ppid, argv} to calls.jsonl; ``run`` sleeps; ``ps`` prints ps.txt."""
     path = tmp_path / "bin" / "podman"
     path.parent.mkdir()
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(
+        textwrap.dedent(f"""\
         #!{sys.executable} -S
         import json, os, sys, time
         args = sys.argv[1:]
@@ -45,7 +46,8 @@ def fake_podman(tmp_path):
                 print(open({str(tmp_path / "ps.txt")!r}).read())
             except OSError:
                 pass
-        """))
+        """)
+    )
     path.chmod(0o755)
     return str(path)
 
@@ -84,7 +86,9 @@ def removals(tmp_path) -> list[dict]:
     return [c for c in calls(tmp_path) if c["argv"][:2] == ["rm", "-f"]]
 
 
-def test_a_sigkilled_learners_running_container_is_removed_by_its_reaper(tmp_path, fake_podman, sandbox_budget):
+def test_a_sigkilled_learners_running_container_is_removed_by_its_reaper(
+    tmp_path, fake_podman, sandbox_budget
+):
     work = os.path.join(sandbox_budget.path, "w")
     os.mkdir(work)
     learner = textwrap.dedent(f"""\
@@ -98,12 +102,15 @@ def test_a_sigkilled_learners_running_container_is_removed_by_its_reaper(tmp_pat
         box.run("sleep 1000", timeout_s=300)
         """)
     # --multiprocessing-fork: the package skips importing Lightning (seconds) in such processes.
-    proc = subprocess.Popen([sys.executable, "-c", learner, "--multiprocessing-fork"], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", learner, "--multiprocessing-fork"], stdout=subprocess.PIPE, text=True
+    )
     client = None
     try:
         watchdog = int(proc.stdout.readline())
-        run = wait_for(lambda: [c for c in calls(tmp_path) if "run" in c["argv"]], "the container's client")[0]
+        run = wait_for(lambda: [c for c in calls(tmp_path) if "run" in c["argv"]], "the container's client")[
+            0
+        ]
         client = run["pid"]
         name = run["argv"][run["argv"].index("--name") + 1]
         owner = f"tsl.owner={host_key()}.{proc.pid}.{process_start(proc.pid)}"
@@ -123,8 +130,13 @@ def test_a_sigkilled_learners_running_container_is_removed_by_its_reaper(tmp_pat
 
 
 def test_a_learner_that_ends_normally_leaves_its_reaper_nothing_to_do(tmp_path, fake_podman, sandbox_budget):
-    box = ContainerSandbox(sandbox_budget.path, "localhost/fake:1", 4_000_000,
-                           ContainerConfig(engine=fake_podman, runtime=""), budget=sandbox_budget)
+    box = ContainerSandbox(
+        sandbox_budget.path,
+        "localhost/fake:1",
+        4_000_000,
+        ContainerConfig(engine=fake_podman, runtime=""),
+        budget=sandbox_budget,
+    )
     reaper = box.reaper
     name = container_name()
     reaper.started(name)
@@ -158,8 +170,13 @@ PODMAN_DEADLINE_S = 90.0
 
 
 def podman_names(engine: str, prefix: str) -> list[str]:
-    out = subprocess.run([engine, "--runtime", "/usr/sbin/runc", "ps", "-a", "--format", "{{.Names}}"],
-                         capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        [engine, "--runtime", "/usr/sbin/runc", "ps", "-a", "--format", "{{.Names}}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     return [n for n in out.split() if n.startswith(prefix)]
 
 
@@ -183,8 +200,9 @@ def test_with_podman_a_sigkilled_client_or_learner_leaves_no_container(sandbox_b
         result = box.run("sleep 1000", timeout_s=300)
         print("returned", result.exit_code, result.timed_out, flush=True)
         """)
-    proc = subprocess.Popen([sys.executable, "-c", learner, "--multiprocessing-fork"], stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", learner, "--multiprocessing-fork"], stdout=subprocess.PIPE, text=True
+    )
     prefix = f"tsl-{proc.pid}-"
     try:
         assert proc.stdout.readline().strip() == "ready"
@@ -196,7 +214,9 @@ def test_with_podman_a_sigkilled_client_or_learner_leaves_no_container(sandbox_b
         if killed == "learner":
             proc.kill()  # SIGKILL: no finally, no atexit; the reaper removes the container
         else:
-            clients = [int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(int(p), name, "run")]
+            clients = [
+                int(p) for p in os.listdir("/proc") if p.isdigit() and _cmdline_has(int(p), name, "run")
+            ]
             assert clients
             for pid in clients:
                 os.kill(pid, signal.SIGKILL)  # the learner lives on and removes it once the client returns
@@ -209,8 +229,9 @@ def test_with_podman_a_sigkilled_client_or_learner_leaves_no_container(sandbox_b
         proc.kill()
         proc.wait()
         for leftover in podman_names(engine, prefix):
-            subprocess.run([engine, "--runtime", "/usr/sbin/runc", "rm", "-f", "-t", "0", leftover],
-                           capture_output=True)
+            subprocess.run(
+                [engine, "--runtime", "/usr/sbin/runc", "rm", "-f", "-t", "0", leftover], capture_output=True
+            )
 
 
 def _cmdline_has(pid: int, *words: str) -> bool:

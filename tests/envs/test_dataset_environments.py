@@ -129,8 +129,13 @@ def envs(tmp_path, monkeypatch):  # noqa: ANN001, ANN201
 
 
 def tasks_with(rows, **kwargs) -> DatasetTasks:  # noqa: ANN001, ANN003
-    options = {"fields": {"answer": "answer"}, "tokenizer_path": tokenizer_dir(), "tool_timeout_s": 1.0,
-               "max_turns": 3, **kwargs}
+    options = {
+        "fields": {"answer": "answer"},
+        "tokenizer_path": tokenizer_dir(),
+        "tool_timeout_s": 1.0,
+        "max_turns": 3,
+        **kwargs,
+    }
     return DatasetTasks(rows, **options)
 
 
@@ -152,8 +157,11 @@ def run_episodes(tasks: DatasetTasks, turns: list[list[str]]) -> tuple[dict, dic
     pool = EnvPool(2, name="test-dataset-environments")
     try:
         groups = tuple(GroupRequest(f"g{i}", i, task, 1) for i, task in enumerate(tasks.rows[: len(turns)]))
-        assert AgentLoop(tasks, generate, pool, coalesce_s=0).run(RolloutRequest(0, groups, 0), 0,
-                                                                  events.append).wait(60)
+        assert (
+            AgentLoop(tasks, generate, pool, coalesce_s=0)
+            .run(RolloutRequest(0, groups, 0), 0, events.append)
+            .wait(60)
+        )
     finally:
         pool.shutdown()
     content = {e.trajectory.group_id: e.trajectory for e in events if isinstance(e, ContentReady)}
@@ -162,6 +170,7 @@ def run_episodes(tasks: DatasetTasks, turns: list[list[str]]) -> tuple[dict, dic
 
 
 # ------------------------------------------------------------------ tools as function objects
+
 
 def test_a_function_object_is_a_tool_run_in_a_worker_with_its_schema_from_hints_and_docstring(envs) -> None:
     tasks = tasks_with([{"prompt": "2+3?", "answer": "5"}], tools=[envs.add], reward="trl_envs:correct")
@@ -190,7 +199,9 @@ def test_a_function_no_worker_can_import_runs_in_a_thread_with_the_deadline(envs
         release.wait(3600)
         return "done"
 
-    tasks = tasks_with([{"prompt": "p", "answer": "1"}], tools=[hold], reward="trl_envs:correct", tool_timeout_s=0.2)
+    tasks = tasks_with(
+        [{"prompt": "p", "answer": "1"}], tools=[hold], reward="trl_envs:correct", tool_timeout_s=0.2
+    )
     (tool,) = tasks.tools
     assert isinstance(tool.handler, InThreadToolHandler)
     result = tool.handler(None, {"seconds": 1})
@@ -198,11 +209,14 @@ def test_a_function_no_worker_can_import_runs_in_a_thread_with_the_deadline(envs
     assert result.timed_out and result.error == "hold did not return within 0.2 s and was abandoned"
 
 
-@pytest.mark.parametrize(("tools", "message"), [
-    ("trl_envs:add", "tools must be a list"),
-    ([3], "tool 3: give a function, 'module:function' or a mapping"),
-    ([lambda a: a], "a function tool needs a name"),
-])
+@pytest.mark.parametrize(
+    ("tools", "message"),
+    [
+        ("trl_envs:add", "tools must be a list"),
+        ([3], "tool 3: give a function, 'module:function' or a mapping"),
+        ([lambda a: a], "a function tool needs a name"),
+    ],
+)
 def test_what_is_not_a_tool_is_a_config_error_saying_what_a_tool_is(envs, tools, message) -> None:
     with pytest.raises(ConfigError, match=message):
         tasks_with([{"prompt": "p", "answer": "1"}], tools=tools, reward="trl_envs:correct")
@@ -210,17 +224,21 @@ def test_what_is_not_a_tool_is_a_config_error_saying_what_a_tool_is(envs, tools,
 
 # ------------------------------------------------------------------ environment classes
 
+
 def test_each_trajectory_gets_its_own_instance_reset_with_the_row_and_rewarded_by_get_reward(envs) -> None:
     rows = [{"prompt": "Count [g0].", "answer": "5"}, {"prompt": "Count [g1].", "answer": "3"}]
-    tasks = tasks_with(rows, environment_factory=envs.Counter, reward="trl_envs:correct", reward_weights=[0.5])
+    tasks = tasks_with(
+        rows, environment_factory=envs.Counter, reward="trl_envs:correct", reward_weights=[0.5]
+    )
     assert tasks.reward_names == ("correct", "Counter")
     first = tasks.make_env(tasks.rows[0], 0)
     prompt = tasks.renderer.tokenizer.decode(first.reset())
     first.close()
     assert "<|im_start|>user\nCount [g0]. Reach 5.<|im_end|>" in prompt and '"name": "bump"' in prompt
     assert '"name": "stall"' in prompt and "_private" not in prompt and "get_reward" not in prompt
-    content, rewards = run_episodes(tasks, [[call("bump", by=2) + call("bump", by=3), "Done: 5"],
-                                            [call("bump", by=2), "Done: 5"]])
+    content, rewards = run_episodes(
+        tasks, [[call("bump", by=2) + call("bump", by=3), "Done: 5"], [call("bump", by=2), "Done: 5"]]
+    )
     assert rewards["g0"].parts == (("correct", 1.0), ("Counter", 1.0)) and rewards["g0"].reward == 1.5
     assert rewards["g1"].parts == (("correct", 0.0), ("Counter", 0.0)) and rewards["g1"].reward == 0.0
     assert content["g0"].tool_calls == 2 and content["g0"].tool_errors == 0
@@ -231,13 +249,19 @@ def test_a_method_past_its_deadline_is_stopped_and_the_instance_is_gone_for_the_
     env = tasks.make_env(tasks.rows[0], 0)
     env.reset()
     r = tasks.renderer
-    turn = env.step((*r.tokenizer.encode(call("stall", seconds=9) + call("bump", by=1), add_special_tokens=False),
-                     r.end_of_turn))
+    turn = env.step(
+        (
+            *r.tokenizer.encode(call("stall", seconds=9) + call("bump", by=1), add_special_tokens=False),
+            r.end_of_turn,
+        )
+    )
     text = r.tokenizer.decode(turn.observation)
     assert turn.tool_timeouts == 1 and "stall did not return within 1 s and was stopped" in text
     assert "the environment instance is gone" in text
     verdict = env.verdict()
-    assert verdict == 0.0 and "Counter.get_reward: " in verdict.failure and "instance is gone" in verdict.failure
+    assert (
+        verdict == 0.0 and "Counter.get_reward: " in verdict.failure and "instance is gone" in verdict.failure
+    )
     env.close()
     assert env.episode.host is None
 
@@ -251,11 +275,15 @@ def test_a_class_no_worker_can_import_runs_in_a_thread_under_the_same_deadlines(
     env = tasks.make_env(tasks.rows[0], 0)
     env.reset()
     result = env.episode.call("stall", {"seconds": 9})
-    assert result.timed_out and env.episode.call("bump", {"by": 1}).error.startswith("the environment instance is gone")
+    assert result.timed_out and env.episode.call("bump", {"by": 1}).error.startswith(
+        "the environment instance is gone"
+    )
     env.close()
 
 
-def test_code_no_worker_can_import_is_warned_about_and_refused_where_a_sandbox_is_required(envs, caplog) -> None:
+def test_code_no_worker_can_import_is_warned_about_and_refused_where_a_sandbox_is_required(
+    envs, caplog
+) -> None:
     local = type("LocalCounter", (envs.Counter,), {})
 
     def shout(text: str) -> str:
@@ -275,10 +303,13 @@ def test_code_no_worker_can_import_is_warned_about_and_refused_where_a_sandbox_i
 
 
 def test_a_mapping_of_classes_lets_each_row_pick_its_environment_and_its_tools(envs) -> None:
-    rows = [{"prompt": "Count.", "answer": "1", "environment": "count"},
-            {"prompt": "Look.", "answer": "1", "environment": "quiet"}]
-    tasks = tasks_with(rows, environment_factory={"count": envs.Counter, "quiet": envs.Quiet},
-                       reward="trl_envs:correct")
+    rows = [
+        {"prompt": "Count.", "answer": "1", "environment": "count"},
+        {"prompt": "Look.", "answer": "1", "environment": "quiet"},
+    ]
+    tasks = tasks_with(
+        rows, environment_factory={"count": envs.Counter, "quiet": envs.Quiet}, reward="trl_envs:correct"
+    )
     assert tasks.reward_names == ("correct", "Counter")
     env = tasks.make_env(tasks.rows[1], 0)
     quiet = tasks.renderer.tokenizer.decode(env.reset())
@@ -286,36 +317,50 @@ def test_a_mapping_of_classes_lets_each_row_pick_its_environment_and_its_tools(e
     assert env.episode.call("columns", {}).text == "answer,prompt"  # the selecting column is not passed
     env.close()
     with pytest.raises(ConfigError, match=r"column 'environment' names environments \['chess'\]"):
-        tasks_with([{**rows[0], "environment": "chess"}], environment_factory={"count": envs.Counter},
-                   reward="trl_envs:correct")
+        tasks_with(
+            [{**rows[0], "environment": "chess"}],
+            environment_factory={"count": envs.Counter},
+            reward="trl_envs:correct",
+        )
 
 
 def test_a_reset_that_raises_fails_its_trajectory_alone(envs) -> None:
-    tasks = tasks_with([{"prompt": "Play [g0].", "answer": "1"}], environment_factory=envs.Broken,
-                       reward="trl_envs:correct")
+    tasks = tasks_with(
+        [{"prompt": "Play [g0].", "answer": "1"}], environment_factory=envs.Broken, reward="trl_envs:correct"
+    )
     content, rewards = run_episodes(tasks, [["x"]])
     assert content["g0"].finish_reason == "failure"
     assert "DatasetRowError: row 0 of " in rewards["g0"].failure
     assert "Broken.reset: RuntimeError: no board for Play [g0]." in rewards["g0"].failure
 
 
-@pytest.mark.parametrize(("factory", "message"), [
-    ("NoReset", "NoReset has no reset method"),
-    ("Untyped", "Untyped.move.*no JSON schema"),
-    ("make_counter", "give the environment's class"),
-])
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        ("NoReset", "NoReset has no reset method"),
+        ("Untyped", "Untyped.move.*no JSON schema"),
+        ("make_counter", "give the environment's class"),
+    ],
+)
 def test_an_environment_that_breaks_the_contract_is_refused_at_set_up(envs, factory, message) -> None:
     with pytest.raises(ConfigError, match=message):
-        tasks_with([{"prompt": "p", "answer": "1"}], environment_factory=getattr(envs, factory),
-                   reward="trl_envs:correct")
+        tasks_with(
+            [{"prompt": "p", "answer": "1"}],
+            environment_factory=getattr(envs, factory),
+            reward="trl_envs:correct",
+        )
 
 
 def test_the_yaml_name_takes_module_colon_class_and_both_names_at_once_are_refused(envs) -> None:
     tasks = tasks_with([{"prompt": "p", "answer": "1"}], environment="trl_envs:Counter", reward=None)
     assert tasks.environments[None].cls is envs.Counter and tasks.reward_names == ("Counter",)
     with pytest.raises(ConfigError, match="environment_factory and environment are the same setting"):
-        tasks_with([{"prompt": "p", "answer": "1"}], environment="trl_envs:Counter",
-                   environment_factory=envs.Counter, reward=None)
+        tasks_with(
+            [{"prompt": "p", "answer": "1"}],
+            environment="trl_envs:Counter",
+            environment_factory=envs.Counter,
+            reward=None,
+        )
     with pytest.raises(ConfigError, match=r"reward=None needs an environment with get_reward"):
         tasks_with([{"prompt": "p", "answer": "1"}], environment_factory=envs.Quiet, reward=None)
 
@@ -323,10 +368,17 @@ def test_the_yaml_name_takes_module_colon_class_and_both_names_at_once_are_refus
 def test_the_episode_bound_counts_the_text_reset_may_add(envs) -> None:
     rows = [{"prompt": "Count.", "answer": "5"}]
     plain = tasks_with(rows, tools=[envs.add], reward="trl_envs:correct", max_tool_result_chars=100)
-    with_env = tasks_with(rows, tools=[envs.add], environment_factory=envs.Quiet, reward="trl_envs:correct",
-                          max_tool_result_chars=100)
+    with_env = tasks_with(
+        rows,
+        tools=[envs.add],
+        environment_factory=envs.Quiet,
+        reward="trl_envs:correct",
+        max_tool_result_chars=100,
+    )
     env = with_env.make_env(with_env.rows[0], 0)
-    assert env.prompt_bound() == len(env.conversation.start(with_env.messages_of(with_env.rows[0]))) + 100 + 64
+    assert (
+        env.prompt_bound() == len(env.conversation.start(with_env.messages_of(with_env.rows[0]))) + 100 + 64
+    )
     assert with_env.max_episode_tokens() > plain.max_episode_tokens()
 
 
@@ -337,7 +389,9 @@ def test_a_get_reward_of_none_declines_as_a_reward_functions_none_does(envs) -> 
     for task in alone.rows:
         env = alone.make_env(task, 0)
         env.reset()
-        env.step((*alone.renderer.tokenizer.encode("done", add_special_tokens=False), alone.renderer.end_of_turn))
+        env.step(
+            (*alone.renderer.tokenizer.encode("done", add_special_tokens=False), alone.renderer.end_of_turn)
+        )
         verdicts.append(env.verdict())
         env.close()
     assert verdicts[0] == 1.0 and verdicts[0].parts == (("Judge", 1.0),) and not verdicts[0].unscorable
@@ -353,6 +407,7 @@ def test_a_get_reward_of_none_declines_as_a_reward_functions_none_does(envs) -> 
 
 # ------------------------------------------------------------------ eval split
 
+
 def test_a_separate_eval_file_is_the_held_out_set_and_every_training_row_trains(envs, tmp_path) -> None:
     train = [{"prompt": f"t{i}", "answer": str(i)} for i in range(30)]
     held = tmp_path / "test.jsonl"
@@ -362,7 +417,9 @@ def test_a_separate_eval_file_is_the_held_out_set_and_every_training_row_trains(
         assert [t.row["prompt"] for t in tasks.validation_tasks()] == ["e0", "e1", "e2"]
         sampled = {t.row["prompt"] for t in tasks.tasks(0, 300, seed=0)}
         assert sampled == {f"t{i}" for i in range(30)}
-    in_memory = DatasetTasks(train, fields={"answer": "answer"}, eval_dataset=[{"prompt": "m", "answer": "1"}])
+    in_memory = DatasetTasks(
+        train, fields={"answer": "answer"}, eval_dataset=[{"prompt": "m", "answer": "1"}]
+    )
     (task,) = in_memory.validation_tasks()
     assert task.held_out and in_memory.make_env(task, 0).reset()
     assert len(DatasetTasks(train, fields={"answer": "answer"}).validation_tasks()) > 0  # the default 10%
@@ -373,15 +430,22 @@ def test_an_eval_set_that_no_validation_would_run_is_warned_about(envs) -> None:
     from thundersync_lightning.rollout import EmbeddedEngineConfig
 
     tasks = DatasetTasks([{"prompt": "t", "answer": "1"}], eval_dataset=[{"prompt": "e", "answer": "1"}])
-    with pytest.warns(UserWarning, match=r"separate eval set \(the given rows\) that no validation will run; set val_samples > 0"):
+    with pytest.warns(
+        UserWarning,
+        match=r"separate eval set \(the given rows\) that no validation will run; set val_samples > 0",
+    ):
         RolloutDataModule(tasks=tasks, engine=EmbeddedEngineConfig(), val_samples=0)
 
 
 def test_an_eval_file_with_a_val_fraction_or_without_a_mapped_column_is_refused(envs, tmp_path) -> None:
     train = [{"prompt": "t", "answer": "1"}]
     with pytest.raises(ConfigError, match="val_fraction=0.2 with a separate eval set"):
-        DatasetTasks(train, fields={"answer": "answer"}, eval_dataset=[{"prompt": "e", "answer": "1"}],
-                     val_fraction=0.2)
+        DatasetTasks(
+            train,
+            fields={"answer": "answer"},
+            eval_dataset=[{"prompt": "e", "answer": "1"}],
+            val_fraction=0.2,
+        )
     with pytest.raises(ConfigError, match=r"lacks mapped columns: answer -> column 'answer'"):
         DatasetTasks(train, fields={"answer": "answer"}, eval_dataset=[{"prompt": "e"}])
     with pytest.raises(ConfigError, match="eval_dataset and val_path are the same setting"):

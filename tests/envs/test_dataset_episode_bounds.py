@@ -41,9 +41,16 @@ def add(a: int, b: int) -> int:
     return a + b
 '''
 
-ROWS = [{"prompt": "What is 2 + 3?", "answer": "never"},
-        {"prompt": [{"role": "system", "content": "Be brief. " * 40}, {"role": "user", "content": "\u00e9" * 300}],
-         "answer": "never"}]
+ROWS = [
+    {"prompt": "What is 2 + 3?", "answer": "never"},
+    {
+        "prompt": [
+            {"role": "system", "content": "Be brief. " * 40},
+            {"role": "user", "content": "\u00e9" * 300},
+        ],
+        "answer": "never",
+    },
+]
 
 
 def call(name: str, **arguments: object) -> str:
@@ -76,9 +83,17 @@ def tool_tasks(tmp_path_factory) -> DatasetTasks:  # noqa: ANN001
     directory.chmod(0o755)  # the tools' confined workers run as a uid of their own
     with pytest.MonkeyPatch.context() as mp:
         mp.syspath_prepend(str(directory))
-        yield DatasetTasks(ROWS, fields={"answer": "answer"}, tokenizer_path=tokenizer_dir(),
-                           tools=["flood_tools:flood", "flood_tools:add"], tool_timeout_s=5.0,
-                           max_turns=3, max_action_tokens=300, end_on_answer=False, val_fraction=0.0)
+        yield DatasetTasks(
+            ROWS,
+            fields={"answer": "answer"},
+            tokenizer_path=tokenizer_dir(),
+            tools=["flood_tools:flood", "flood_tools:add"],
+            tool_timeout_s=5.0,
+            max_turns=3,
+            max_action_tokens=300,
+            end_on_answer=False,
+            val_fraction=0.0,
+        )
 
 
 @EXAMPLES
@@ -91,23 +106,40 @@ def test_no_dataset_tool_episode_exceeds_max_episode_tokens(tool_tasks, kind, se
 
 
 @EXAMPLES
-@given(kind=st.sampled_from(["random", "texts"]), seed=st.integers(0, 2**16), text=st.sampled_from(["bytes", "chat"]))
+@given(
+    kind=st.sampled_from(["random", "texts"]),
+    seed=st.integers(0, 2**16),
+    text=st.sampled_from(["bytes", "chat"]),
+)
 def test_no_dataset_feedback_episode_exceeds_max_episode_tokens(kind, seed, text):
-    tasks = DatasetTasks(ROWS, fields={"answer": "answer"}, max_turns=3, max_action_tokens=200, val_fraction=0.0,
-                         system_prompt="You answer questions.", feedback="Wrong. " * 20,
-                         **({"tokenizer_path": tokenizer_dir()} if text == "chat" else {}))
+    tasks = DatasetTasks(
+        ROWS,
+        fields={"answer": "answer"},
+        max_turns=3,
+        max_action_tokens=200,
+        val_fraction=0.0,
+        system_prompt="You answer questions.",
+        feedback="Wrong. " * 20,
+        **({"tokenizer_path": tokenizer_dir()} if text == "chat" else {}),
+    )
     if text == "chat":
         tok = tasks.renderer.tokenizer
         encode, vocab = (lambda t: tok.encode(t, add_special_tokens=False)), len(tok)
     else:
         encode, vocab = tasks.codec.encode, tasks.vocab_size
-    check_bound(tasks, adversary(kind, TURNS, encode, vocab, seed), shortest_prompt(tasks), tasks.feedback_tokens())
+    check_bound(
+        tasks, adversary(kind, TURNS, encode, vocab, seed), shortest_prompt(tasks), tasks.feedback_tokens()
+    )
 
 
 def test_the_bound_counts_the_longest_prompt_as_reset_renders_it():
     """The second row's prompt (system message, multi-byte text) is the longer one, through the
     byte codec: the bound is its ids, plus the turns' actions and feedback."""
-    tasks = DatasetTasks(ROWS, fields={"answer": "answer"}, max_turns=2, max_action_tokens=50, val_fraction=0.0)
+    tasks = DatasetTasks(
+        ROWS, fields={"answer": "answer"}, max_turns=2, max_action_tokens=50, val_fraction=0.0
+    )
     prompts = [len(tasks.make_env(t, 0).reset()) for t in tasks.rows]
     assert prompts[1] > prompts[0]
-    assert tasks.max_episode_tokens() == prompts[1] + 2 * 50 + tasks.feedback_tokens()  # before: no bound declared
+    assert (
+        tasks.max_episode_tokens() == prompts[1] + 2 * 50 + tasks.feedback_tokens()
+    )  # before: no bound declared

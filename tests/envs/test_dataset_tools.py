@@ -38,27 +38,41 @@ def tokenizer_dir() -> str:
 
 
 def call(name: str, **arguments) -> str:  # noqa: ANN003
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
 def tool_tasks(rows, **kwargs) -> DatasetTasks:  # noqa: ANN001, ANN003
-    options = {"fields": {"answer": "answer"}, "reward": "user_tools:correct", "tokenizer_path": tokenizer_dir(),
-               "tools": ["user_tools:add", "user_tools:wait", "user_tools:explode"], "tool_timeout_s": 1.0,
-               "max_turns": 3, **kwargs}
+    options = {
+        "fields": {"answer": "answer"},
+        "reward": "user_tools:correct",
+        "tokenizer_path": tokenizer_dir(),
+        "tools": ["user_tools:add", "user_tools:wait", "user_tools:explode"],
+        "tool_timeout_s": 1.0,
+        "max_turns": 3,
+        **kwargs,
+    }
     return DatasetTasks(rows, **options)
 
 
 # ------------------------------------------------------------------ tools by name
 
+
 def test_a_tool_by_name_takes_its_schema_from_type_hints_and_docstring(user_tools) -> None:
     tool = python_tool("user_tools:add", timeout_s=5.0)
     assert tool.name == "add" and tool.description == "Add two integers."
-    assert tool.parameters == {"type": "object", "required": ["a", "b"], "properties": {
-        "a": {"type": "integer", "description": "the first integer"},
-        "b": {"type": "integer", "description": "the second integer"}}}
+    assert tool.parameters == {
+        "type": "object",
+        "required": ["a", "b"],
+        "properties": {
+            "a": {"type": "integer", "description": "the first integer"},
+            "b": {"type": "integer", "description": "the second integer"},
+        },
+    }
 
 
-def test_an_explicit_schema_that_is_not_json_schema_is_refused_at_set_up_with_each_problem(user_tools) -> None:
+def test_an_explicit_schema_that_is_not_json_schema_is_refused_at_set_up_with_each_problem(
+    user_tools,
+) -> None:
     bad = {"function": "user_tools:add", "parameters": {"type": "objekt", "required": "expression"}}
     with pytest.raises(ConfigError) as err:
         tool_tasks([{"prompt": "p", "answer": "1"}], tools=[bad])
@@ -84,7 +98,10 @@ def test_an_unimportable_tool_module_names_the_fix_in_a_few_lines(user_tools) ->
 
 # ------------------------------------------------------------------ worker processes
 
-def test_a_tool_that_hangs_is_killed_at_its_deadline_and_one_that_raises_or_dies_is_an_error(user_tools) -> None:
+
+def test_a_tool_that_hangs_is_killed_at_its_deadline_and_one_that_raises_or_dies_is_an_error(
+    user_tools,
+) -> None:
     workers = ToolWorkers()
     try:
         assert workers.call("user_tools:add", {"a": 2, "b": 3}, timeout_s=30.0).text == "5"
@@ -94,34 +111,49 @@ def test_a_tool_that_hangs_is_killed_at_its_deadline_and_one_that_raises_or_dies
         assert raised.error == "explode raised RuntimeError: exploded: x" and not raised.timed_out
         died = workers.call("user_tools:vanish", {}, timeout_s=30.0)
         assert died.error == "vanish: its worker process exited (code 3) before answering"
-        assert workers.call("user_tools:add", {"a": 1, "b": 1}, timeout_s=30.0).text == "2"  # the pool lives on
+        assert (
+            workers.call("user_tools:add", {"a": 1, "b": 1}, timeout_s=30.0).text == "2"
+        )  # the pool lives on
     finally:
         workers.close()
 
 
 # ------------------------------------------------------------------ episodes
 
+
 def test_a_tool_turn_answers_each_fault_with_an_error_and_counts_it(user_tools) -> None:
     tasks = tool_tasks([{"prompt": "What is 2 + 3?", "answer": "5"}])
     env = tasks.make_env(tasks.rows[0], 0)
     env.reset()
     r = tasks.renderer
-    action = (*r.tokenizer.encode(call("add", a=2, b=3) + call("wait", seconds=9) + call("explode", reason="y"),
-                                  add_special_tokens=False), r.end_of_turn)
+    action = (
+        *r.tokenizer.encode(
+            call("add", a=2, b=3) + call("wait", seconds=9) + call("explode", reason="y"),
+            add_special_tokens=False,
+        ),
+        r.end_of_turn,
+    )
     result = env.step(action)
-    assert (result.tool_calls, result.invalid_tool_calls, result.tool_errors, result.tool_timeouts) == (3, 0, 2, 1)
+    assert (result.tool_calls, result.invalid_tool_calls, result.tool_errors, result.tool_timeouts) == (
+        3,
+        0,
+        2,
+        1,
+    )
     assert result.tool_error == "wait did not return within 1 s and was stopped"
     text = r.tokenizer.decode(result.observation)
     assert "<tool_response>\n5\n</tool_response>" in text
     assert "[tool error] explode raised RuntimeError: exploded: y" in text
-    answer = env.step((*r.tokenizer.encode("<think>\nsum\n</think>\n\nIt is 5.", add_special_tokens=False),
-                       r.end_of_turn))
+    answer = env.step(
+        (*r.tokenizer.encode("<think>\nsum\n</think>\n\nIt is 5.", add_special_tokens=False), r.end_of_turn)
+    )
     assert answer.done and env.verdict() == 1.0
 
 
 @pytest.mark.parametrize("end_on_answer", [True, False])
-def test_a_turn_the_renderer_cannot_decode_is_an_invalid_call_not_a_failed_episode(user_tools, monkeypatch,
-                                                                                    end_on_answer) -> None:
+def test_a_turn_the_renderer_cannot_decode_is_an_invalid_call_not_a_failed_episode(
+    user_tools, monkeypatch, end_on_answer
+) -> None:
     tasks = tool_tasks([{"prompt": "What is 2 + 3?", "answer": "5"}], end_on_answer=end_on_answer)
     env = tasks.make_env(tasks.rows[0], 0)
     env.reset()
@@ -176,8 +208,9 @@ def test_a_line_that_is_not_json_is_named_by_file_and_line_and_an_empty_file_say
 
 
 def test_weighted_rewards_sum_their_values_and_keep_each_one_by_name(user_tools) -> None:
-    rewards = RewardSum(["user_tools:correct", "user_tools:brief", {"name": "regex_match", "pattern": "5"}],
-                        [1.0, 0.5, 2.0])
+    rewards = RewardSum(
+        ["user_tools:correct", "user_tools:brief", {"name": "regex_match", "pattern": "5"}], [1.0, 0.5, 2.0]
+    )
     value = rewards("p", "it is 5", {"answer": "5"})
     assert value == 1.0 * 1.0 + 0.5 * 1.0 + 2.0 * 1.0  # every reward passes
     assert value.parts == (("correct", 1.0), ("brief", 1.0), ("regex_match", 1.0))
@@ -186,8 +219,11 @@ def test_weighted_rewards_sum_their_values_and_keep_each_one_by_name(user_tools)
 
 
 def test_an_episode_counts_tool_faults_and_a_row_with_a_null_field_fails_alone(user_tools) -> None:
-    tasks = tool_tasks([{"prompt": "2+3?", "answer": "5"}, {"prompt": "1+1?", "answer": None}],
-                       reward=["user_tools:correct", "user_tools:brief"], reward_weights=[1.0, 0.5])
+    tasks = tool_tasks(
+        [{"prompt": "2+3?", "answer": "5"}, {"prompt": "1+1?", "answer": None}],
+        reward=["user_tools:correct", "user_tools:brief"],
+        reward_weights=[1.0, 0.5],
+    )
     r = tasks.renderer
     turns = iter([call("explode", reason="z") + call("wait", seconds=1), "It is 5."])
 
@@ -201,7 +237,9 @@ def test_an_episode_counts_tool_faults_and_a_row_with_a_null_field_fails_alone(u
     events: list = []
     pool = EnvPool(2, name="test-dataset-tools")
     try:
-        request = RolloutRequest(0, (GroupRequest("g0", 0, tasks.rows[0], 1), GroupRequest("g1", 1, tasks.rows[1], 1)), 0)
+        request = RolloutRequest(
+            0, (GroupRequest("g0", 0, tasks.rows[0], 1), GroupRequest("g1", 1, tasks.rows[1], 1)), 0
+        )
         assert AgentLoop(tasks, generate, pool, coalesce_s=0).run(request, 0, events.append).wait(60)
     finally:
         pool.shutdown()
@@ -217,8 +255,9 @@ def test_an_episode_counts_tool_faults_and_a_row_with_a_null_field_fails_alone(u
 
 
 @pytest.mark.parametrize(("tool_timeout_s", "warned"), [(10.0, False), (45.0, True)])
-def test_a_tool_deadline_that_outlasts_the_engines_step_timeout_is_warned_about(user_tools, caplog, tool_timeout_s,
-                                                                                warned) -> None:
+def test_a_tool_deadline_that_outlasts_the_engines_step_timeout_is_warned_about(
+    user_tools, caplog, tool_timeout_s, warned
+) -> None:
     with caplog.at_level("WARNING"):
         tool_tasks([{"prompt": "hi", "answer": "5"}], tool_timeout_s=tool_timeout_s)
     assert ("a tool turn may take 75 s" in caplog.text) is warned

@@ -85,7 +85,9 @@ def test_missing_columns_are_one_config_error_listing_each(jsonl) -> None:  # no
     with pytest.raises(ConfigError) as err:
         DatasetTasks(jsonl, fields={"answer": "sol"}, reward="nope")
     text = str(err.value)
-    assert "prompt -> column 'prompt'" in text and "answer -> column 'sol'" in text and "unknown reward" in text
+    assert (
+        "prompt -> column 'prompt'" in text and "answer -> column 'sol'" in text and "unknown reward" in text
+    )
 
 
 def run_episodes(tasks, actions, group=None):  # noqa: ANN001, ANN201
@@ -104,7 +106,8 @@ def run_episodes(tasks, actions, group=None):  # noqa: ANN001, ANN201
         task = group if group is not None else tasks.tasks(0, 1, 0)[0]
         events = []
         done = AgentLoop(tasks, generate, pool, coalesce_s=0).run(
-            RolloutRequest(0, (GroupRequest("g", 0, task, 1),), 0), 0, events.append)
+            RolloutRequest(0, (GroupRequest("g", 0, task, 1),), 0), 0, events.append
+        )
         done.wait(30)
     finally:
         pool.shutdown()
@@ -123,17 +126,24 @@ def test_single_and_multi_turn_rows_are_graded_by_the_configured_reward(jsonl) -
     _, r = run_episodes(one, [byte_action(one, task.row["answer"])], task)
     assert (r.reward, r.failure) == (1.0, None)
 
-    multi = DatasetTasks(jsonl, fields={"prompt": "question", "answer": "solution"}, reward="math_answer", max_turns=3)
-    t, r = run_episodes(multi, [byte_action(multi, "1"), byte_action(multi, f"it is {task.row['answer']}")], task)
+    multi = DatasetTasks(
+        jsonl, fields={"prompt": "question", "answer": "solution"}, reward="math_answer", max_turns=3
+    )
+    t, r = run_episodes(
+        multi, [byte_action(multi, "1"), byte_action(multi, f"it is {task.row['answer']}")], task
+    )
     assert r.reward == 1.0 and t.num_turns == 2
     assert b"Incorrect. Try again." in bytes(x for x in t.tokens if x < 256)
     assert {len(multi.validation_tasks()), len(multi.tasks(0, 5, 0))} and not set(
-        x.index for x in multi.validation_tasks()) & set(x.index for x in multi.tasks(0, 50, 0))
+        x.index for x in multi.validation_tasks()
+    ) & set(x.index for x in multi.tasks(0, 50, 0))
 
 
 def test_a_null_field_or_a_failing_reward_fails_the_trajectory_with_its_reason(tmp_path) -> None:  # noqa: ANN001
     path = tmp_path / "rows.jsonl"
-    path.write_text(json.dumps({"prompt": "q", "answer": None}) + "\n" + json.dumps({"prompt": "q", "answer": "a"}) + "\n")
+    path.write_text(
+        json.dumps({"prompt": "q", "answer": None}) + "\n" + json.dumps({"prompt": "q", "answer": "a"}) + "\n"
+    )
     tasks = DatasetTasks(str(path), fields={"answer": "answer"}, reward="exact_match", val_fraction=0.0)
     null_row = next(t for t in tasks.rows if t.row["answer"] is None)
     _, r = run_episodes(tasks, [], null_row)
@@ -144,12 +154,15 @@ def test_a_null_field_or_a_failing_reward_fails_the_trajectory_with_its_reason(t
     def boom(prompt, completion, **row):  # noqa: ANN001, ANN003, ANN202
         raise RuntimeError("grader crashed")
 
-    tasks = DatasetTasks(str(path), fields={"answer": "answer"}, reward="test_raising_reward", val_fraction=0.0)
+    tasks = DatasetTasks(
+        str(path), fields={"answer": "answer"}, reward="test_raising_reward", val_fraction=0.0
+    )
     _, r = run_episodes(tasks, [byte_action(tasks, "a")], tasks.rows[1])
     assert r.reward == 0.0 and "test_raising_reward" in r.failure and "grader crashed" in r.failure
     assert "RewardError: " in r.failure  # what rollout/reward_error_fraction counts
-    multi = DatasetTasks(str(path), fields={"answer": "answer"}, reward="test_raising_reward", val_fraction=0.0,
-                         max_turns=2)  # grading the first turn raises inside the environment's step
+    multi = DatasetTasks(
+        str(path), fields={"answer": "answer"}, reward="test_raising_reward", val_fraction=0.0, max_turns=2
+    )  # grading the first turn raises inside the environment's step
     t, r = run_episodes(multi, [byte_action(multi, "a")], multi.rows[1])
     assert t.finish_reason == "failure" and "RewardError: " in t.failure and r.reward == 0.0
 
@@ -162,8 +175,11 @@ def test_parquet_and_save_to_disk_directories_load_the_same_rows(tmp_path) -> No
     ds.save_to_disk(str(tmp_path / "rows_dir"))
     a = DatasetTasks(str(tmp_path / "rows.parquet"), fields={"prompt": "question", "answer": "solution"})
     b = DatasetTasks(str(tmp_path / "rows_dir"), fields={"prompt": "question", "answer": "solution"})
-    assert [t.row for t in a.rows] == [t.row for t in b.rows] == [
-        {**r, "prompt": r["question"], "answer": r["solution"]} for r in ROWS]  # every column, renames added
+    assert (
+        [t.row for t in a.rows]
+        == [t.row for t in b.rows]
+        == [{**r, "prompt": r["question"], "answer": r["solution"]} for r in ROWS]
+    )  # every column, renames added
 
 
 def test_a_reward_parameter_naming_no_column_is_refused_at_construction_naming_the_columns(jsonl) -> None:  # noqa: ANN001
@@ -172,12 +188,18 @@ def test_a_reward_parameter_naming_no_column_is_refused_at_construction_naming_t
         return 1.0
 
     with pytest.raises(ConfigError) as err:
-        DatasetTasks(jsonl, fields={"prompt": "question", "answer": "solution"}, reward="test_reads_reference")
+        DatasetTasks(
+            jsonl, fields={"prompt": "question", "answer": "solution"}, reward="test_reads_reference"
+        )
     text = str(err.value)
     assert "reads column 'reference'" in text
-    assert "columns: prompt, answer, question, solution, re" in text and "fields: {reference: <column>}" in text
+    assert (
+        "columns: prompt, answer, question, solution, re" in text and "fields: {reference: <column>}" in text
+    )
     # the same function runs once a column is mapped to the name; without **row it gets only what it names
-    tasks = DatasetTasks(jsonl, fields={"prompt": "question", "reference": "solution"}, reward="test_reads_reference")
+    tasks = DatasetTasks(
+        jsonl, fields={"prompt": "question", "reference": "solution"}, reward="test_reads_reference"
+    )
     assert tasks.reward_sum("p", "c", tasks.rows[0].row) == 1.0
 
 
@@ -186,11 +208,15 @@ def test_a_function_taking_fewer_positional_arguments_than_its_convention_is_ref
     def one(completion):  # noqa: ANN001, ANN202 - neither TRL's (no `completions`) nor reward(prompt, completion)
         return 1.0
 
-    with pytest.raises(ConfigError, match=r"takes fewer than the 2 positional arguments of the row convention"):
+    with pytest.raises(
+        ConfigError, match=r"takes fewer than the 2 positional arguments of the row convention"
+    ):
         DatasetTasks(jsonl, fields={"prompt": "question"}, reward="test_one_argument_reward")
 
 
-def test_an_unimportable_reward_says_which_part_failed_and_how_to_make_it_importable(tmp_path, monkeypatch) -> None:  # noqa: ANN001
+def test_an_unimportable_reward_says_which_part_failed_and_how_to_make_it_importable(
+    tmp_path, monkeypatch
+) -> None:  # noqa: ANN001
     (tmp_path / "my_rewards.py").write_text("def score(prompt, completion, **row):\n    return 1.0\n")
     tmp_path.chmod(0o755)  # the reward's worker runs as a uid of its own: it reads the module as others do
     with pytest.raises(ConfigError, match=r"(?s)module 'no_such_rewards' cannot be imported .*PYTHONPATH=\."):
@@ -223,7 +249,9 @@ def test_the_datasets_recipe_needs_no_extra_beyond_the_package() -> None:
     from pathlib import Path
 
     text = (Path(__file__).parents[2] / "pyproject.toml").read_text()
-    dependencies = text.split("dependencies = [", 1)[1].split("\n]", 1)[0]  # [project] dependencies, not extras
+    dependencies = text.split("dependencies = [", 1)[1].split("\n]", 1)[
+        0
+    ]  # [project] dependencies, not extras
     assert re.search(r'^\s*"datasets>=', dependencies, re.M)
 
 
@@ -234,13 +262,20 @@ def test_a_user_reward_runs_in_a_worker_process_stopped_at_its_deadline() -> Non
 
     endless = resolve_reward("tests.envs.user_rewards:endless")
     assert endless.path == "tests.envs.user_rewards:endless"
-    with pytest.raises(RewardError, match=r"reward 'tests.envs.user_rewards:endless': endless did not return "
-                                          r"within 1 s and was stopped"):
+    with pytest.raises(
+        RewardError,
+        match=r"reward 'tests.envs.user_rewards:endless': endless did not return "
+        r"within 1 s and was stopped",
+    ):
         call_reward(endless, "p", "c", {}, timeout_s=1.0)
     length = resolve_reward({"function": "tests.envs.user_rewards:length", "scale": 2.0})
     assert call_reward(length, [{"role": "user", "content": "p"}], "abc", {"answer": 1}) == 6.0
-    with pytest.raises(RewardError, match=r"'tests.envs.user_rewards:yes' returned True: expected a finite number"):
+    with pytest.raises(
+        RewardError, match=r"'tests.envs.user_rewards:yes' returned True: expected a finite number"
+    ):
         call_reward(resolve_reward("tests.envs.user_rewards:yes"), "p", "c", {})
-    with pytest.raises(RewardError, match=r"'tests.envs.user_rewards:explode' raised ValueError: cannot score 'c'"):
+    with pytest.raises(
+        RewardError, match=r"'tests.envs.user_rewards:explode' raised ValueError: cannot score 'c'"
+    ):
         call_reward(resolve_reward("tests.envs.user_rewards:explode"), "p", "c", {})
     assert resolve_reward("exact_match").path is None and resolve_reward(lambda p, c, **r: 1.0).path is None

@@ -50,8 +50,9 @@ TOOL_TURNS = [
 ]
 
 
-def adversary(kind: str, texts: Sequence[str], encode: Callable[[str], Sequence[int]], vocab: int,
-              seed: int) -> Callable[[Sequence[GenerationRequest]], list[Generation]]:
+def adversary(
+    kind: str, texts: Sequence[str], encode: Callable[[str], Sequence[int]], vocab: int, seed: int
+) -> Callable[[Sequence[GenerationRequest]], list[Generation]]:
     """Up to each request's budget: random ids, or a given text's ids; with or without the stop token."""
     rng = random.Random(seed)
 
@@ -82,8 +83,15 @@ def check_bound(tasks: object, generate: object, prompt_floor: int, observation_
     assert max(lengths) > prompt_floor  # the episodes acted (a bound on prompts alone would not do)
 
 
-CODE = dict(names=["leap_year"], sandbox_root="/tmp/thundersync-test-sandboxes", uid_base=3_940_000, uid_count=16,
-            max_turns=2, max_action_tokens=600, max_observation_bytes=512)
+CODE = dict(
+    names=["leap_year"],
+    sandbox_root="/tmp/thundersync-test-sandboxes",
+    uid_base=3_940_000,
+    uid_count=16,
+    max_turns=2,
+    max_action_tokens=600,
+    max_observation_bytes=512,
+)
 EXAMPLES = settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 
 
@@ -94,12 +102,20 @@ def tokenizer_dir() -> str:
 
 @needs_bwrap
 @EXAMPLES
-@given(kind=st.sampled_from(["random", "texts"]), seed=st.integers(0, 2**16), codec=st.sampled_from(["bytes", "hf"]))
+@given(
+    kind=st.sampled_from(["random", "texts"]),
+    seed=st.integers(0, 2**16),
+    codec=st.sampled_from(["bytes", "hf"]),
+)
 def test_no_text_format_code_episode_exceeds_max_episode_tokens(tokenizer_dir, kind, seed, codec):
     tasks = LocalCodeTasks(**CODE, **({"tokenizer_path": tokenizer_dir} if codec == "hf" else {}))
     encode = tasks.codec.encode
-    check_bound(tasks, adversary(kind, TEXT_ACTIONS, encode, tasks.codec.vocab_size, seed),
-                len(encode(tasks._prompt(tasks.all_tasks[0]))), 512 + OBSERVATION_FRAME_BYTES)
+    check_bound(
+        tasks,
+        adversary(kind, TEXT_ACTIONS, encode, tasks.codec.vocab_size, seed),
+        len(encode(tasks._prompt(tasks.all_tasks[0]))),
+        512 + OBSERVATION_FRAME_BYTES,
+    )
 
 
 @needs_bwrap
@@ -109,15 +125,21 @@ def test_no_tools_format_code_episode_exceeds_max_episode_tokens(tokenizer_dir, 
     tasks = LocalCodeTasks(**CODE, tokenizer_path=tokenizer_dir, action_format="tools")
     tok = tasks.renderer.tokenizer
     cap = turn_token_budget(tasks.renderer, 512)
-    check_bound(tasks, adversary(kind, TOOL_TURNS, lambda t: tok.encode(t, add_special_tokens=False), len(tok), seed),
-                tasks.max_episode_tokens() - 2 * (600 + cap), cap)
+    check_bound(
+        tasks,
+        adversary(kind, TOOL_TURNS, lambda t: tok.encode(t, add_special_tokens=False), len(tok), seed),
+        tasks.max_episode_tokens() - 2 * (600 + cap),
+        cap,
+    )
 
 
 @needs_bwrap
 @EXAMPLES
 @given(seed=st.integers(0, 2**16))
 def test_no_one_token_mutation_episode_exceeds_max_episode_tokens(seed):
-    tasks = MutationTasks(max_turns=4, uid_base=3_945_000, uid_count=16, sandbox_root="/tmp/thundersync-test-mutations")
+    tasks = MutationTasks(
+        max_turns=4, uid_base=3_945_000, uid_count=16, sandbox_root="/tmp/thundersync-test-mutations"
+    )
     check_bound(tasks, adversary("random", (), list, tasks.vocab_size + 3, seed), 1, 1)
 
 
@@ -125,16 +147,28 @@ def test_no_one_token_mutation_episode_exceeds_max_episode_tokens(seed):
 @EXAMPLES
 @given(kind=st.sampled_from(["random", "texts"]), seed=st.integers(0, 2**16))
 def test_no_tools_format_mutation_episode_exceeds_max_episode_tokens(tokenizer_dir, kind, seed):
-    tasks = MutationTasks(max_turns=2, max_action_tokens=600, action_format="tools", tokenizer_path=tokenizer_dir,
-                          uid_base=3_945_000, uid_count=16, sandbox_root="/tmp/thundersync-test-mutations")
+    tasks = MutationTasks(
+        max_turns=2,
+        max_action_tokens=600,
+        action_format="tools",
+        tokenizer_path=tokenizer_dir,
+        uid_base=3_945_000,
+        uid_count=16,
+        sandbox_root="/tmp/thundersync-test-mutations",
+    )
     tok = tasks.renderer.tokenizer
     cap = turn_token_budget(tasks.renderer, OBSERVATION_BYTES)
-    check_bound(tasks, adversary(kind, TOOL_TURNS, lambda t: tok.encode(t, add_special_tokens=False), len(tok), seed),
-                tasks.max_episode_tokens() - 2 * (600 + cap), cap)
+    check_bound(
+        tasks,
+        adversary(kind, TOOL_TURNS, lambda t: tok.encode(t, add_special_tokens=False), len(tok), seed),
+        tasks.max_episode_tokens() - 2 * (600 + cap),
+        cap,
+    )
 
 
 def test_a_byte_codec_observation_is_cut_to_its_declared_ids():
     """The text format's cut: any codec's ids of an observation are at most its bytes plus the frame."""
+
     class Wide(ByteCodec):  # a tokenizer spending two ids per byte
         def encode(self, text: str) -> tuple[int, ...]:
             return tuple(b for byte in text.encode() for b in (byte, byte))
@@ -156,7 +190,9 @@ class _Idle:
 
 
 @pytest.mark.parametrize("fmt", ["text", "tools"])
-def test_a_swebench_bound_counts_the_longest_instances_prompt_as_the_environment_renders_it(tokenizer_dir, tmp_path, fmt):
+def test_a_swebench_bound_counts_the_longest_instances_prompt_as_the_environment_renders_it(
+    tokenizer_dir, tmp_path, fmt
+):
     """SWE-bench shares the code environment (its episodes need containers: not run here); its bound
     is the longest instance's prompt, as ``reset`` returns it, plus the code family's per-turn caps."""
     import json
@@ -167,8 +203,14 @@ def test_a_swebench_bound_counts_the_longest_instances_prompt_as_the_environment
     from ._support import swebench_row
 
     task = load_tasks(None, ["leap_year"])[0]
-    rows = [swebench_row(task, "img", "0" * 40), {**swebench_row(task, "img", "0" * 40), "instance_id": "long__1",
-                                                   "problem_statement": "\u00e9 long " * 500}]
+    rows = [
+        swebench_row(task, "img", "0" * 40),
+        {
+            **swebench_row(task, "img", "0" * 40),
+            "instance_id": "long__1",
+            "problem_statement": "\u00e9 long " * 500,
+        },
+    ]
     path = tmp_path / "rows.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     extra = {"tokenizer_path": tokenizer_dir, "action_format": "tools"} if fmt == "tools" else {}

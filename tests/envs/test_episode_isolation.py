@@ -20,19 +20,28 @@ CODEC = ByteCodec()
 SEED = 11
 TURNS = 4
 # Appended by the first episode to the module under test: the grading run imports it and holds the lock.
-LOCKER = ("import fcntl as _fcntl\nimport time as _time\n\n_lock = open('/usr/bin/python3', 'rb')\n"
-          "_fcntl.flock(_lock, _fcntl.LOCK_SH)\n_time.sleep(3)\n")
-POLL = ("import fcntl, time\nf = open('/usr/bin/python3', 'rb')\nfor _ in range(30):\n    try:\n"
-        "        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n        fcntl.flock(f, fcntl.LOCK_UN)\n"
-        "    except BlockingIOError:\n        print('OBSERVED a grading run')\n        break\n"
-        "    time.sleep(0.1)\nprint('polled')\n")
+LOCKER = (
+    "import fcntl as _fcntl\nimport time as _time\n\n_lock = open('/usr/bin/python3', 'rb')\n"
+    "_fcntl.flock(_lock, _fcntl.LOCK_SH)\n_time.sleep(3)\n"
+)
+POLL = (
+    "import fcntl, time\nf = open('/usr/bin/python3', 'rb')\nfor _ in range(30):\n    try:\n"
+    "        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n        fcntl.flock(f, fcntl.LOCK_UN)\n"
+    "    except BlockingIOError:\n        print('OBSERVED a grading run')\n        break\n"
+    "    time.sleep(0.1)\nprint('polled')\n"
+)
 
 
 @needs_bwrap
 @pytest.mark.slow
 def test_an_acting_sibling_never_observes_the_grading_run_of_its_group():
-    tasks = LocalCodeTasks(names=["leap_year"], max_turns=TURNS, sandbox_root="/tmp/thundersync-test-sandboxes",
-                           uid_base=3_958_000, uid_count=8)
+    tasks = LocalCodeTasks(
+        names=["leap_year"],
+        max_turns=TURNS,
+        sandbox_root="/tmp/thundersync-test-sandboxes",
+        uid_base=3_958_000,
+        uid_count=8,
+    )
     request = make_request(tasks, step=0, num_groups=1, group_size=2, seed=SEED)
     actions = {}
     writer = derive_seed(SEED, 0, 0, 0)

@@ -39,9 +39,13 @@ CODEC = ByteCodec()
 # The grading command used before, run in the repository (cwd first on sys.path).
 OLD_TESTS = f"python3 -m pytest -rA --tb=short -p no:cacheprovider -o addopts='' {TEST_FILE}"
 # The patch capture used before: the agent's own .git, its config and attributes.
-OLD_GIT = "GIT_CONFIG_NOSYSTEM=1 git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.quotePath=false"
-OLD_DIFF = (f"{OLD_GIT} add -A . >/dev/null && "
-            f"{OLD_GIT} diff --cached --binary --no-ext-diff --no-textconv --no-color --no-renames {{base}}")
+OLD_GIT = (
+    "GIT_CONFIG_NOSYSTEM=1 git -c core.hooksPath=/dev/null -c core.fsmonitor=false -c core.quotePath=false"
+)
+OLD_DIFF = (
+    f"{OLD_GIT} add -A . >/dev/null && "
+    f"{OLD_GIT} diff --cached --binary --no-ext-diff --no-textconv --no-color --no-renames {{base}}"
+)
 
 
 @pytest.fixture
@@ -64,7 +68,9 @@ def repo_box(sandbox_dir, sandbox_budget):
         runner = os.path.join(sandbox_dir, f"runner{lease.uid}")
         write_runner(runner)
         limits = SandboxLimits(timeout_s=60.0, max_output_bytes=1 << 20)
-        return BwrapSandbox(work, lease.uid, BwrapConfig(limits), budget=sandbox_budget, ro_binds={runner: RUNNER_DIR})
+        return BwrapSandbox(
+            work, lease.uid, BwrapConfig(limits), budget=sandbox_budget, ro_binds={runner: RUNNER_DIR}
+        )
 
     yield factory
     for lease in leases:
@@ -107,12 +113,18 @@ def test_a_workspace_pytest_py_does_not_replace_pytest(repo_box):
 
 @needs_bwrap
 def test_a_pytest11_entry_point_in_the_workspace_is_not_autoloaded(repo_box):
-    plugin = ("import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
-              "    outcome = yield\n    report = outcome.get_result()\n    report.outcome = 'passed'\n"
-              "    report.longrepr = None\n")
-    box = repo_box({"evil_plugin.py": plugin,
-                    "evil-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n",
-                    "evil-1.0.dist-info/entry_points.txt": "[pytest11]\nevil = evil_plugin\n"})
+    plugin = (
+        "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+        "    outcome = yield\n    report = outcome.get_result()\n    report.outcome = 'passed'\n"
+        "    report.longrepr = None\n"
+    )
+    box = repo_box(
+        {
+            "evil_plugin.py": plugin,
+            "evil-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: evil\nVersion: 1.0\n",
+            "evil-1.0.dist-info/entry_points.txt": "[pytest11]\nevil = evil_plugin\n",
+        }
+    )
     assert old_grade(box)  # before: the plugin was autoloaded from the cwd and passed every test
     resolved, results = new_grade(box)
     assert not resolved and results.problem is None
@@ -133,9 +145,11 @@ def test_results_and_exit_code_forged_from_an_atexit_hook_are_ignored(repo_box):
 def test_patching_pytests_report_making_in_process_is_detected(repo_box):
     # The documented limit: code under test runs in the runner's process. The heuristic catches
     # the plain form of it (replacing how reports are made).
-    patcher = ("\nimport _pytest.reports as _r\n_orig = _r.TestReport.from_item_and_call.__func__\n"
-               "def _forged(cls, item, call):\n    rep = _orig(cls, item, call)\n    rep.outcome = 'passed'\n"
-               "    return rep\n_r.TestReport.from_item_and_call = classmethod(_forged)\n")
+    patcher = (
+        "\nimport _pytest.reports as _r\n_orig = _r.TestReport.from_item_and_call.__func__\n"
+        "def _forged(cls, item, call):\n    rep = _orig(cls, item, call)\n    rep.outcome = 'passed'\n"
+        "    return rep\n_r.TestReport.from_item_and_call = classmethod(_forged)\n"
+    )
     box = repo_box({"calendar_utils.py": patcher})
     assert old_grade(box)
     resolved, results = new_grade(box)
@@ -199,8 +213,18 @@ def test_report_hooks_of_the_repositorys_own_conftest_are_not_tampering(repo_box
 def test_only_result_lines_signed_with_the_runs_key_count():
     key, other = new_key(), new_key()
     real = signed_lines(key, [("FAILED", "a::t"), ("END", "1 1")])
-    out = "\n".join(["PASSED a::t", *signed_lines(other, [("PASSED", "a::t"), ("END", "1 0")]), *real,
-                     "PASSED a::t", ">>>>> Test Exit Code: 0"]) + "\n"
+    out = (
+        "\n".join(
+            [
+                "PASSED a::t",
+                *signed_lines(other, [("PASSED", "a::t"), ("END", "1 0")]),
+                *real,
+                "PASSED a::t",
+                ">>>>> Test Exit Code: 0",
+            ]
+        )
+        + "\n"
+    )
     results = parse_results(out, key)
     assert results.problem is None and results.lines == (("FAILED", "a::t"),) and results.exit_status == 1
     tag = line_tag(key)
@@ -218,10 +242,12 @@ def test_only_result_lines_signed_with_the_runs_key_count():
 # ---------------------------------------------------------------- the patch
 
 QUOTED_PATH = "t\\145sts/t\\145st_calendar.py"  # git decodes it to tests/test_calendar.py
-QUOTED = (f'diff --git "a/{QUOTED_PATH}" "b/{QUOTED_PATH}"\n'
-          f'--- "a/{QUOTED_PATH}"\n+++ "b/{QUOTED_PATH}"\n'
-          "@@ -14,3 +14,3 @@\n def test_divisible_by_400():\n"
-          "-    assert is_leap(2000)\n+    return\n     assert days_in_february(2000) == 29\n")
+QUOTED = (
+    f'diff --git "a/{QUOTED_PATH}" "b/{QUOTED_PATH}"\n'
+    f'--- "a/{QUOTED_PATH}"\n+++ "b/{QUOTED_PATH}"\n'
+    "@@ -14,3 +14,3 @@\n def test_divisible_by_400():\n"
+    "-    assert is_leap(2000)\n+    return\n     assert days_in_february(2000) == 29\n"
+)
 
 
 def test_a_c_quoted_test_path_is_recognised_by_gits_parse(sandbox_dir):
@@ -240,16 +266,19 @@ def test_a_c_quoted_test_path_is_recognised_by_gits_parse(sandbox_dir):
     assert filter_patch(QUOTED, TASK.protects) == ""
 
 
-@pytest.mark.parametrize("patch", [
-    "diff --git a/tests/test_calendar.py b/lib.py\nsimilarity index 100%\nrename from tests/test_calendar.py\n"
-    "rename to lib.py\n",
-    "diff --git a/tests/test_calendar.py b/tests/test_calendar.py\nold mode 100644\nnew mode 100755\n",
-    "diff --git a/tests/test_calendar.py b/tests/test_calendar.py\ndeleted file mode 100644\n"
-    "--- a/tests/test_calendar.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n",
-    "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n"
-    "--- a/tests/test_calendar.py\n+++ b/tests/test_calendar.py\n@@ -1 +1 @@\n-a\n+b\n",
-    "diff --git a/x.py b/x.py\nthis is not a patch\n",
-])
+@pytest.mark.parametrize(
+    "patch",
+    [
+        "diff --git a/tests/test_calendar.py b/lib.py\nsimilarity index 100%\nrename from tests/test_calendar.py\n"
+        "rename to lib.py\n",
+        "diff --git a/tests/test_calendar.py b/tests/test_calendar.py\nold mode 100644\nnew mode 100755\n",
+        "diff --git a/tests/test_calendar.py b/tests/test_calendar.py\ndeleted file mode 100644\n"
+        "--- a/tests/test_calendar.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n",
+        "diff --git a/x.py b/x.py\n--- a/x.py\n+++ b/x.py\n@@ -1 +1 @@\n-a\n+b\n"
+        "--- a/tests/test_calendar.py\n+++ b/tests/test_calendar.py\n@@ -1 +1 @@\n-a\n+b\n",
+        "diff --git a/x.py b/x.py\nthis is not a patch\n",
+    ],
+)
 def test_renames_mode_changes_deletions_hidden_sections_and_garbage_touching_tests_are_dropped(patch):
     assert filter_patch(patch, TASK.protects) == ""
 
@@ -259,16 +288,26 @@ def test_split_patch_names_both_sides_of_a_rename():
     assert split_patch(rename) == [(("a.py", "tests/b.py"), rename)]
 
 
-@pytest.mark.parametrize("path", [".gitattributes", "pkg/.gitattributes", "pytest.py", "evil-1.0.dist-info/x.txt",
-                                  "x.egg-info/entry_points.txt", "a/conftest.py"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        ".gitattributes",
+        "pkg/.gitattributes",
+        "pytest.py",
+        "evil-1.0.dist-info/x.txt",
+        "x.egg-info/entry_points.txt",
+        "a/conftest.py",
+    ],
+)
 def test_paths_that_configure_git_or_the_test_run_are_protected(path):
     assert is_protected_path(path)
 
 
 @needs_bwrap
 def test_a_git_clean_filter_cannot_write_into_the_captured_patch():
-    source = LocalCodeTasks(names=["leap_year"], sandbox_root="/tmp/thundersync-test-sandboxes",
-                            uid_base=3_950_000, uid_count=32)
+    source = LocalCodeTasks(
+        names=["leap_year"], sandbox_root="/tmp/thundersync-test-sandboxes", uid_base=3_950_000, uid_count=32
+    )
     env = source.make_env(source.all_tasks[0], seed=0)
     try:
         env.reset()
@@ -277,7 +316,8 @@ def test_a_git_clean_filter_cannot_write_into_the_captured_patch():
             "cat > .payload <<'EOF'\n" + QUOTED + "EOF\n"
             "printf '#!/bin/sh\\ntouch /testbed/.filter-ran\\ncat\\ncat /testbed/.payload >&2\\n' > .inj.sh\n"
             "git config filter.inj.clean 'sh /testbed/.inj.sh' && echo '*.py filter=inj' > .gitattributes\n"
-            "echo '# touched' >> calendar_utils.py && rm -f .filter-ran && echo ready")
+            "echo '# touched' >> calendar_utils.py && rm -f .filter-ran && echo ready"
+        )
         assert "ready" in setup.text
         injected = f'diff --git "a/{QUOTED_PATH}"'
         before = ws.run(OLD_DIFF.format(base=ws._base))
@@ -296,11 +336,13 @@ def test_a_git_clean_filter_cannot_write_into_the_captured_patch():
 
 # ---------------------------------------------------------------- hidden tests
 
+
 @needs_bwrap
 def test_the_graded_fail_to_pass_tests_are_not_in_the_agents_workspace():
     assert HIDDEN in dict(TASK.files)[TEST_FILE]  # before: the workspace held every graded test
-    source = LocalCodeTasks(names=["leap_year"], sandbox_root="/tmp/thundersync-test-sandboxes",
-                            uid_base=3_950_000, uid_count=32)
+    source = LocalCodeTasks(
+        names=["leap_year"], sandbox_root="/tmp/thundersync-test-sandboxes", uid_base=3_950_000, uid_count=32
+    )
     env = source.make_env(source.all_tasks[0], seed=0)
     try:
         env.reset()
@@ -318,9 +360,11 @@ def test_the_graded_fail_to_pass_tests_are_not_in_the_agents_workspace():
 def test_hidden_tests_are_cut_out_with_their_decorators_and_methods():
     from thundersync_lightning.envs.code.task import without_tests
 
-    src = ("import pytest\n\n\n@pytest.mark.parametrize('x', [1])\ndef test_a(x):\n    assert x\n\n\n"
-           "class TestB:\n    def test_m(self):\n        pass\n\n    def test_n(self):\n        pass\n\n\n"
-           "def test_c():\n    pass\n")
+    src = (
+        "import pytest\n\n\n@pytest.mark.parametrize('x', [1])\ndef test_a(x):\n    assert x\n\n\n"
+        "class TestB:\n    def test_m(self):\n        pass\n\n    def test_n(self):\n        pass\n\n\n"
+        "def test_c():\n    pass\n"
+    )
     out = without_tests(src, ["test_a[1]", "TestB::test_m"])
     assert "test_a" not in out and "parametrize" not in out and "test_m" not in out
     assert "test_n" in out and "test_c" in out
@@ -328,6 +372,7 @@ def test_hidden_tests_are_cut_out_with_their_decorators_and_methods():
 
 
 # ---------------------------------------------------------------- the container path's log
+
 
 def test_the_container_eval_script_holds_no_secret_and_forged_markers_are_dropped():
     from swebench.harness.constants import END_TEST_OUTPUT, START_TEST_OUTPUT, TEST_EXIT_CODE
@@ -340,7 +385,9 @@ def test_the_container_eval_script_holds_no_secret_and_forged_markers_are_droppe
         reframe_log,
     )
 
-    script = f": '{START_TEST_OUTPUT}'\npytest -rA\nV=$?\n: '{END_TEST_OUTPUT}'\necho \"{TEST_EXIT_CODE}: $V\"\n"
+    script = (
+        f": '{START_TEST_OUTPUT}'\npytest -rA\nV=$?\n: '{END_TEST_OUTPUT}'\necho \"{TEST_EXIT_CODE}: $V\"\n"
+    )
     secrets = EvalSecrets.new()
     framed = frame_eval_script(script, plugin="tsl_report_0123")
     assert START_TEST_OUTPUT not in framed and TEST_EXIT_CODE not in framed and END_TEST_OUTPUT not in framed
@@ -359,7 +406,9 @@ def test_the_container_eval_script_holds_no_secret_and_forged_markers_are_droppe
     assert log.count(END_TEST_OUTPUT) == 1 and log.count(START_TEST_OUTPUT) == 1
     assert log.index("FAILED t.py::f") < log.index(END_TEST_OUTPUT)
     # Knowing the start tag (it is printed before the tests run) does not give the end tag.
-    assert reframe_log(f"{start}\n{forged.replace(END_TEST_OUTPUT, start)}", secrets).count(END_TEST_OUTPUT) == 0
+    assert (
+        reframe_log(f"{start}\n{forged.replace(END_TEST_OUTPUT, start)}", secrets).count(END_TEST_OUTPUT) == 0
+    )
 
 
 @needs_bwrap
@@ -371,10 +420,18 @@ def test_the_reporters_process_cannot_be_read_by_other_processes_of_its_uid(sand
         chown_tree(work, lease.uid)
         runner = os.path.join(sandbox_dir, "runner")
         write_runner(runner)
-        box = BwrapSandbox(work, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60.0)), budget=sandbox_budget, ro_binds={runner: RUNNER_DIR})
-        probe = ("import os, subprocess, sys; sys.path.insert(0, '/tsl-runner'); import tsl_report; "
-                 "peek = lambda: subprocess.run(['cat', f'/proc/{os.getpid()}/environ'], capture_output=True)"
-                 ".returncode; before = peek(); tsl_report.make_undumpable(); print('peek', before, peek())")
+        box = BwrapSandbox(
+            work,
+            lease.uid,
+            BwrapConfig(SandboxLimits(timeout_s=60.0)),
+            budget=sandbox_budget,
+            ro_binds={runner: RUNNER_DIR},
+        )
+        probe = (
+            "import os, subprocess, sys; sys.path.insert(0, '/tsl-runner'); import tsl_report; "
+            "peek = lambda: subprocess.run(['cat', f'/proc/{os.getpid()}/environ'], capture_output=True)"
+            ".returncode; before = peek(); tsl_report.make_undumpable(); print('peek', before, peek())"
+        )
         out = box.run(f"python3 -I -c {shlex.quote(probe)}").text
     finally:
         lease.release()
@@ -383,6 +440,7 @@ def test_the_reporters_process_cannot_be_read_by_other_processes_of_its_uid(sand
 
 # ---------------------------------------------------------------- observations and control tokens
 
+
 def chat_tokenizer(directory: str) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
@@ -390,11 +448,17 @@ def chat_tokenizer(directory: str) -> None:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(["bash ls -la\nsubmit\nexit code 0\n"] * 10, trainer)
-    PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>",
-                            additional_special_tokens=["<|im_start|>", "<|endoftext|>"]).save_pretrained(directory)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        additional_special_tokens=["<|im_start|>", "<|endoftext|>"],
+    ).save_pretrained(directory)
 
 
 def test_command_output_cannot_forge_special_tokens_with_a_chat_tokenizer(tmp_path):
@@ -430,14 +494,21 @@ TWO_FILES = LocalTask(
     problem_statement="answer() returns 41; it must return 42. answer_for(n) must return n * n.\n",
     fail_to_pass=("tests/test_b.py::test_answer", "tests/test_c.py::test_answer_for"),
     pass_to_pass=(),
-    files=(("pkg.py", "def answer():\n    return 41\n\n\ndef answer_for(n):\n    return n\n"),
-           ("tests/test_b.py", "from pkg import answer\n\n\ndef test_answer():\n    assert answer() == 42\n"),
-           ("tests/test_c.py", "from pkg import answer_for\n\n\ndef test_answer_for():\n    assert answer_for(7) == 49\n")),
+    files=(
+        ("pkg.py", "def answer():\n    return 41\n\n\ndef answer_for(n):\n    return n\n"),
+        ("tests/test_b.py", "from pkg import answer\n\n\ndef test_answer():\n    assert answer() == 42\n"),
+        (
+            "tests/test_c.py",
+            "from pkg import answer_for\n\n\ndef test_answer_for():\n    assert answer_for(7) == 49\n",
+        ),
+    ),
 )
 # Fixes answer(), and instead of fixing answer_for() rewrites the test file pytest collects next.
-REWRITER = ("def answer():\n    return 42\n\n\ndef answer_for(n):\n    return n\n\n\n"
-            "try:\n    with open('/testbed/tests/test_c.py', 'w') as f:\n"
-            "        f.write('def test_answer_for():\\n    pass\\n')\nexcept OSError:\n    pass\n")
+REWRITER = (
+    "def answer():\n    return 42\n\n\ndef answer_for(n):\n    return n\n\n\n"
+    "try:\n    with open('/testbed/tests/test_c.py', 'w') as f:\n"
+    "        f.write('def test_answer_for():\\n    pass\\n')\nexcept OSError:\n    pass\n"
+)
 
 
 @needs_bwrap
@@ -455,7 +526,13 @@ def test_code_under_test_cannot_rewrite_a_test_file_before_it_is_collected(sandb
         chown_tree(work, lease.uid)
         runner = os.path.join(sandbox_dir, "runner")
         write_runner(runner)
-        box = BwrapSandbox(work, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60.0)), budget=sandbox_budget, ro_binds={runner: RUNNER_DIR})
+        box = BwrapSandbox(
+            work,
+            lease.uid,
+            BwrapConfig(SandboxLimits(timeout_s=60.0)),
+            budget=sandbox_budget,
+            ro_binds={runner: RUNNER_DIR},
+        )
         key = new_key()
         result = box.run(runner_command(TWO_FILES.fail_to_pass), stdin=(key + "\n").encode())
         assert statuses(parse_results(result.text, key)) == {n: "PASSED" for n in TWO_FILES.fail_to_pass}
@@ -467,7 +544,9 @@ def test_code_under_test_cannot_rewrite_a_test_file_before_it_is_collected(sandb
         ws.run("cat > pkg.py", stdin=REWRITER.encode())
         outcome = ws.evaluate(ws.diff())
         assert not outcome.resolved
-        assert outcome.report["tests_status"]["FAIL_TO_PASS"]["failure"] == ["tests/test_c.py::test_answer_for"]
+        assert outcome.report["tests_status"]["FAIL_TO_PASS"]["failure"] == [
+            "tests/test_c.py::test_answer_for"
+        ]
     finally:
         ws.close()
 

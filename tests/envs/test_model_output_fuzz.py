@@ -42,9 +42,11 @@ ADVERSARIAL_CALLS = [
     _block('{"name": "bash", "arguments": {"command": ' + DEEP + "}}"),  # RecursionError in the parser
     _block('{"name": "nope", "arguments": {"x": ' + "[" * 900 + "]" * 900 + "}}"),  # rendered recursively
     _block('{"name": "bash", "arguments": ' + '{"a": ' * 3000 + "1" + "}" * 3000 + "}"),
-    _block('{"name": "bash", "arguments": "' + '[' * 3000 + ']' * 3000 + '"}'),  # arguments as a JSON string
+    _block('{"name": "bash", "arguments": "' + "[" * 3000 + "]" * 3000 + '"}'),  # arguments as a JSON string
     _call("bash", {"command": "echo a\u0000b"}),  # NUL byte: Popen raised ValueError on the host
-    _block('{"name": "bash", "arguments": {"command": "echo \\ud800"}}'),  # lone surrogate: UnicodeEncodeError
+    _block(
+        '{"name": "bash", "arguments": {"command": "echo \\ud800"}}'
+    ),  # lone surrogate: UnicodeEncodeError
     _call("bash", {"command": "x" * 150_000}),  # past the kernel's argument limit: E2BIG
     _block('{"name": "bash", "arguments": {"command": 1e999}}'),
     _block('{"name": "bash", "arguments": {"command": NaN}}'),
@@ -56,7 +58,10 @@ ADVERSARIAL_CALLS = [
     _call("bash", [1, 2]),
     _call("str_replace_editor", {"command": "view", "path": "\u0000"}),
     _call("str_replace_editor", {"command": "view", "path": "\udc80x", "view_range": [10**400, -(10**400)]}),
-    _call("str_replace_editor", {"command": "insert", "path": "a.py", "insert_line": 10**300, "new_str": "\ud800"}),
+    _call(
+        "str_replace_editor",
+        {"command": "insert", "path": "a.py", "insert_line": 10**300, "new_str": "\ud800"},
+    ),
     _call("str_replace_editor", {"command": "create", "path": "../../etc/x", "file_text": 5}),
     _call("str_replace_editor", {"command": "str_replace", "path": "a.py", "old_str": {"a": 1}}),
     _call("str_replace_editor", {"command": "undo_edit", "path": "\ud800"}),
@@ -132,7 +137,9 @@ def test_the_branch_tools_answer_every_adversarial_call_with_an_error_observatio
     for text in ADVERSARIAL_CALLS:
         _check(env.step(_ids(branches.renderer.tokenizer, text, branches.stop_token)))
     deep = env.step(_ids(branches.renderer.tokenizer, ADVERSARIAL_CALLS[0], branches.stop_token))
-    assert deep.invalid_tool_calls == 1 and "nests deeper" in branches.renderer.tokenizer.decode(deep.observation)
+    assert deep.invalid_tool_calls == 1 and "nests deeper" in branches.renderer.tokenizer.decode(
+        deep.observation
+    )
 
 
 @FUZZ
@@ -149,7 +156,9 @@ def test_a_dataset_episode_answers_any_text_with_a_feedback_or_an_end(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps({"prompt": "what is 1 + 1?", "answer": "2"}) + "\n")
     for reward in ("exact_match", "math_answer"):
-        tasks = DatasetTasks(str(path), fields={"answer": "answer"}, reward=reward, max_turns=50, val_fraction=0.0)
+        tasks = DatasetTasks(
+            str(path), fields={"answer": "answer"}, reward=reward, max_turns=50, val_fraction=0.0
+        )
         env = tasks.make_env(tasks.rows[0], 0)
         env.reset()
         for text in [*ADVERSARIAL_CALLS, *ADVERSARIAL_TEXT, "1e999", "9" * 5000, "\\boxed{" * 3000]:
@@ -163,8 +172,16 @@ def code_envs():
     made = []
     for fmt in ("text", "tools"):
         extra = {"tokenizer_path": model_dir()} if fmt == "tools" else {}
-        tasks = LocalCodeTasks(names=["leap_year"], sandbox_root=root, uid_base=3_960_000, uid_count=8,
-                               action_format=fmt, command_timeout_s=10, max_turns=1000, **extra)
+        tasks = LocalCodeTasks(
+            names=["leap_year"],
+            sandbox_root=root,
+            uid_base=3_960_000,
+            uid_count=8,
+            action_format=fmt,
+            command_timeout_s=10,
+            max_turns=1000,
+            **extra,
+        )
         env = tasks.make_env(tasks.all_tasks[0], 0)
         env.reset()
         made.append((fmt, tasks, env))
@@ -208,12 +225,19 @@ def test_a_code_task_answers_random_actions_in_both_formats(code_envs, data):
     for fmt in ("text", "tools"):
         tasks, env = code_envs[fmt]
         if fmt == "tools":
-            args = data.draw(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | hostile_text,
-                                          lambda c: st.lists(c, max_size=3) | st.dictionaries(hostile_text, c, max_size=3),
-                                          max_leaves=8))
+            args = data.draw(
+                st.recursive(
+                    st.none() | st.booleans() | st.integers() | st.floats() | hostile_text,
+                    lambda c: st.lists(c, max_size=3) | st.dictionaries(hostile_text, c, max_size=3),
+                    max_leaves=8,
+                )
+            )
             name = data.draw(st.sampled_from(["bash", "str_replace_editor", "nope"]))
-            text = data.draw(st.sampled_from([_call(name, args), _call(name, {"command": args, "path": args}),
-                                              data.draw(hostile_text)]))
+            text = data.draw(
+                st.sampled_from(
+                    [_call(name, args), _call(name, {"command": args, "path": args}), data.draw(hostile_text)]
+                )
+            )
         else:  # any bytes after a verb: invalid UTF-8 and NUL included
             verb = data.draw(st.sampled_from([b"bash ", b"write ", b"replace ", b""]))
             raw = verb + data.draw(st.binary(max_size=300))
@@ -231,12 +255,18 @@ def test_a_mutation_task_answers_any_action(fmt):
     from thundersync_lightning.envs.mutations import MutationTasks
 
     extra = {"tokenizer_path": model_dir(), "action_format": "tools"} if fmt == "tools" else {}
-    src = MutationTasks(uid_base=3_980_000, uid_count=16, sandbox_root="/tmp/thundersync-test-mutations", **extra)
+    src = MutationTasks(
+        uid_base=3_980_000, uid_count=16, sandbox_root="/tmp/thundersync-test-mutations", **extra
+    )
     env = src.make_env(src.validation_tasks()[0], 0)
     try:
         env.reset()
         if fmt == "tools":
-            actions = [_ids(src.renderer.tokenizer, t, src.stop_token) for t in ADVERSARIAL_CALLS if "submit" not in t]
+            actions = [
+                _ids(src.renderer.tokenizer, t, src.stop_token)
+                for t in ADVERSARIAL_CALLS
+                if "submit" not in t
+            ]
         else:
             actions = [(), (-1,), (10**30,), tuple(range(-3, 400))]
         for action in actions:

@@ -46,8 +46,12 @@ def test_the_held_out_split_depends_on_the_task_id_only() -> None:
 @needs_bwrap
 @pytest.mark.parametrize("test_on_edit", [False, True])
 def test_edit_test_retry_in_the_sandbox_and_the_swebench_graded_verdict(test_on_edit: bool) -> None:
-    src = MutationTasks(test_on_edit=test_on_edit, uid_base=3_950_000, uid_count=64,
-                        sandbox_root="/tmp/thundersync-test-mutations")
+    src = MutationTasks(
+        test_on_edit=test_on_edit,
+        uid_base=3_950_000,
+        uid_count=64,
+        sandbox_root="/tmp/thundersync-test-mutations",
+    )
     v, task = src.vocab, src.validation_tasks()[0]
     wrong = (task.answer + 1) % v.k
     env = src.make_env(task, 0)
@@ -60,7 +64,9 @@ def test_edit_test_retry_in_the_sandbox_and_the_swebench_graded_verdict(test_on_
         assert env.step([v.test]).observation == (v.passed,)
         assert env.step([v.submit]).done
         outcome = env.outcome()
-        assert outcome.resolved and outcome.report["tests_status"]["FAIL_TO_PASS"]["success"] == list(task.fail_to_pass)
+        assert outcome.resolved and outcome.report["tests_status"]["FAIL_TO_PASS"]["success"] == list(
+            task.fail_to_pass
+        )
     finally:
         env.close()
     for actions, reason in (([wrong], "tests failed"), ([wrong, v.revert], "empty patch")):
@@ -79,9 +85,9 @@ def test_edit_test_retry_in_the_sandbox_and_the_swebench_graded_verdict(test_on_
 # without computing anything (the function name is filled in).
 HACKS = {
     "always-equal": "class _Yes:\n    def __eq__(self, other):\n        return True\n\n\ndef {f}(*args):\n"
-                    "    return _Yes()\n",
+    "    return _Yes()\n",
     "printed PASSED lines": "import os\n\n\ndef {f}(*args):\n    for n in {names!r}:\n"
-                            "        print('PASSED test_hidden.py::' + n, flush=True)\n    os._exit(0)\n",
+    "        print('PASSED test_hidden.py::' + n, flush=True)\n    os._exit(0)\n",
     "answers twice": "def {f}(*args):\n    print('RESULT', 0, repr(args), flush=True)\n    return None\n",
 }
 

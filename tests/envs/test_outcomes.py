@@ -50,8 +50,12 @@ for _o in _gc.get_objects():
 HACKS = {
     "pytest.xfail": _WRAP.format(body="        import pytest\n        pytest.xfail('hack')\n"),
     "pytest.skip": _WRAP.format(body="        import pytest\n        pytest.skip('hack')\n"),
-    "importorskip": _WRAP.format(body="        import pytest\n        pytest.importorskip('tsl_no_such_module')\n"),
-    "unittest.SkipTest": _WRAP.format(body="        import unittest\n        raise unittest.SkipTest('hack')\n"),
+    "importorskip": _WRAP.format(
+        body="        import pytest\n        pytest.importorskip('tsl_no_such_module')\n"
+    ),
+    "unittest.SkipTest": _WRAP.format(
+        body="        import unittest\n        raise unittest.SkipTest('hack')\n"
+    ),
     "pytest.exit": _WRAP.format(body="        import pytest\n        pytest.exit('hack', returncode=0)\n"),
     "module-level skip": "\nimport pytest\npytest.skip('hack', allow_module_level=True)\n",
     "add_marker xfail": _PLUGIN.format(mark="_pytest.mark.xfail(reason='hack')"),
@@ -82,15 +86,21 @@ def run_graded(task: LocalTask, extra: dict[str, str]):
         chown_tree(work, lease.uid)
         runner = os.path.join(budget.path, "runner")
         write_runner(runner)
-        box = BwrapSandbox(work, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60.0, max_output_bytes=1 << 20)),
-                           budget=budget, ro_binds={runner: RUNNER_DIR})
+        box = BwrapSandbox(
+            work,
+            lease.uid,
+            BwrapConfig(SandboxLimits(timeout_s=60.0, max_output_bytes=1 << 20)),
+            budget=budget,
+            ro_binds={runner: RUNNER_DIR},
+        )
         key = new_key()
         result = box.run(runner_command(task.fail_to_pass + task.pass_to_pass), stdin=(key + "\n").encode())
     finally:
         lease.release()
         budget.remove()
-    outcome = grade_runner_run(task.name, result, key, task.fail_to_pass, task.pass_to_pass, "x",
-                               declared=dict(task.files))
+    outcome = grade_runner_run(
+        task.name, result, key, task.fail_to_pass, task.pass_to_pass, "x", declared=dict(task.files)
+    )
     return outcome, parse_results(result.text, key)
 
 
@@ -99,15 +109,27 @@ def swebench_resolved(task: LocalTask, results) -> bool:
     from swebench.harness import grading
     from swebench.types import TestSpec
 
-    spec = TestSpec(instance_id=task.name, image="", eval_script_list=[], repo="local/x", version="0",
-                    FAIL_TO_PASS=list(task.fail_to_pass), PASS_TO_PASS=list(task.pass_to_pass),
-                    log_parser="parse_log_pytest", eval_type="pass_and_fail")
+    spec = TestSpec(
+        instance_id=task.name,
+        image="",
+        eval_script_list=[],
+        repo="local/x",
+        version="0",
+        FAIL_TO_PASS=list(task.fail_to_pass),
+        PASS_TO_PASS=list(task.pass_to_pass),
+        log_parser="parse_log_pytest",
+        eval_type="pass_and_fail",
+    )
     fd, path = tempfile.mkstemp(suffix=".log")
     with os.fdopen(fd, "w") as f:
         f.write(framed_log(_ok(), results.log_body(), 0))
     try:
-        report = grading.get_eval_report(spec, {"instance_id": task.name, "model_name_or_path": "m",
-                                                "model_patch": "x"}, path, include_tests_status=False)
+        report = grading.get_eval_report(
+            spec,
+            {"instance_id": task.name, "model_name_or_path": "m", "model_patch": "x"},
+            path,
+            include_tests_status=False,
+        )
     finally:
         os.unlink(path)
     return bool(report[task.name]["resolved"])
@@ -137,28 +159,42 @@ def test_code_under_test_that_marks_its_own_tests_at_run_time_earns_nothing(hack
 @needs_bwrap
 def test_the_gold_patch_still_resolves_and_markers_the_tasks_source_carries_still_count():
     declared = LocalTask(
-        name="declared", problem_statement="p\n",
+        name="declared",
+        problem_statement="p\n",
         fail_to_pass=("tests/test_m.py::test_fixed",),
         pass_to_pass=("tests/test_m.py::test_known_bug", "tests/test_m.py::TestC::test_m[1]"),
-        files=(("m.py", "def f():\n    return 1\n"),
-               ("tests/test_m.py", "import pytest\nfrom m import f\n\n\ndef test_fixed():\n    assert f() == 1\n\n\n"
+        files=(
+            ("m.py", "def f():\n    return 1\n"),
+            (
+                "tests/test_m.py",
+                "import pytest\nfrom m import f\n\n\ndef test_fixed():\n    assert f() == 1\n\n\n"
                 "@pytest.mark.xfail(reason='upstream bug')\ndef test_known_bug():\n    assert f() == 2\n\n\n"
                 "@pytest.mark.xfail(reason='upstream bug')\nclass TestC:\n"
-                "    @pytest.mark.parametrize('x', [1])\n    def test_m(self, x):\n        assert f() == 2\n")))
+                "    @pytest.mark.parametrize('x', [1])\n    def test_m(self, x):\n        assert f() == 2\n",
+            ),
+        ),
+    )
     outcome, results = run_graded(declared, {})
     assert results.problem is None and outcome.resolved, outcome.reason
     assert dict((n, s) for s, n in results.lines)["tests/test_m.py::test_known_bug"] == "XFAIL"
-    gold, _ = run_graded(TASK, {"calendar_utils.py": "\n\ndef is_leap(year):\n    return year % 4 == 0 and "
-                                                     "(year % 100 != 0 or year % 400 == 0)\n"})
+    gold, _ = run_graded(
+        TASK,
+        {
+            "calendar_utils.py": "\n\ndef is_leap(year):\n    return year % 4 == 0 and "
+            "(year % 100 != 0 or year % 400 == 0)\n"
+        },
+    )
     assert gold.resolved and gold.reason == "resolved"
 
 
 @needs_bwrap
 def test_a_reporter_whose_status_table_was_replaced_in_process_disagrees_with_the_exit_status():
-    forge = ("\nimport gc as _gc\n\n\nclass _AllPassed(dict):\n    def __setitem__(self, k, v):\n"
-             "        dict.__setitem__(self, k, 'PASSED')\n\n\n"
-             "for _o in _gc.get_objects():\n    if type(_o).__name__ == 'Reporter' and hasattr(_o, 'status'):\n"
-             "        _o.status = _AllPassed(_o.status)\n")
+    forge = (
+        "\nimport gc as _gc\n\n\nclass _AllPassed(dict):\n    def __setitem__(self, k, v):\n"
+        "        dict.__setitem__(self, k, 'PASSED')\n\n\n"
+        "for _o in _gc.get_objects():\n    if type(_o).__name__ == 'Reporter' and hasattr(_o, 'status'):\n"
+        "        _o.status = _AllPassed(_o.status)\n"
+    )
     outcome, results = run_graded(TASK, {"calendar_utils.py": forge})
     # Before: every line verified (the methods were not patched) and said PASSED: resolved.
     assert results.problem is None and swebench_resolved(TASK, results)
@@ -166,14 +202,16 @@ def test_a_reporter_whose_status_table_was_replaced_in_process_disagrees_with_th
 
 
 def test_declared_markers_are_read_from_the_tests_own_decorators_classes_pytestmark_and_body():
-    src = ("import pytest, unittest\npytestmark = [pytest.mark.filterwarnings('ignore')]\n\n"
-           "@pytest.mark.xfail\ndef test_a(): pass\n\n"
-           "def test_b():\n    pytest.skip('no network')\n\n"
-           "@pytest.mark.parametrize('x', [1, pytest.param(2, marks=pytest.mark.xfail)])\ndef test_c(x): pass\n\n"
-           "@unittest.skip('old')\nclass TestD:\n    def test_e(self): pass\n\n"
-           "class TestF(unittest.TestCase):\n    @unittest.expectedFailure\n    def test_g(self): pass\n"
-           "    def test_h(self): pass\n\n"
-           "def test_plain():\n    \"\"\"May skip, may xfail.\"\"\"\n    helper_that_may_skip = 1\n")
+    src = (
+        "import pytest, unittest\npytestmark = [pytest.mark.filterwarnings('ignore')]\n\n"
+        "@pytest.mark.xfail\ndef test_a(): pass\n\n"
+        "def test_b():\n    pytest.skip('no network')\n\n"
+        "@pytest.mark.parametrize('x', [1, pytest.param(2, marks=pytest.mark.xfail)])\ndef test_c(x): pass\n\n"
+        "@unittest.skip('old')\nclass TestD:\n    def test_e(self): pass\n\n"
+        "class TestF(unittest.TestCase):\n    @unittest.expectedFailure\n    def test_g(self): pass\n"
+        "    def test_h(self): pass\n\n"
+        'def test_plain():\n    """May skip, may xfail."""\n    helper_that_may_skip = 1\n'
+    )
     sources = {"t.py": src, "u.py": "pytestmark = pytest.mark.skipif(True, reason='x')\ndef test_i(): pass\n"}
     assert declared_markers(sources, "t.py::test_a") == {"xfail"}
     assert declared_markers(sources, "t.py::test_b") == {"skip"}
@@ -186,10 +224,16 @@ def test_declared_markers_are_read_from_the_tests_own_decorators_classes_pytestm
     for test_id in ("t.py::test_missing", "v.py::test_a", "test_a (t.TestCase)"):
         assert declared_markers(sources, test_id) == frozenset()
     # The rule on a status map: only PASSED, or a status its source declares.
-    problems = judge_statuses({"t.py::test_a": "XFAIL", "t.py::test_plain": "SKIPPED", "u.py::test_i": "ERROR"},
-                              ["t.py::test_a", "t.py::test_plain", "u.py::test_i", "t.py::test_b"], sources)
-    assert problems == ["t.py::test_plain: SKIPPED at run time, and the task's source does not mark it skip",
-                        "u.py::test_i: ERROR", "t.py::test_b: did not run"]
+    problems = judge_statuses(
+        {"t.py::test_a": "XFAIL", "t.py::test_plain": "SKIPPED", "u.py::test_i": "ERROR"},
+        ["t.py::test_a", "t.py::test_plain", "u.py::test_i", "t.py::test_b"],
+        sources,
+    )
+    assert problems == [
+        "t.py::test_plain: SKIPPED at run time, and the task's source does not mark it skip",
+        "u.py::test_i: ERROR",
+        "t.py::test_b: did not run",
+    ]
     assert judge_statuses({}, ["t.py::test_b"], sources, missing_fails=False) == []
 
 

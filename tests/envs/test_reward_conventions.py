@@ -28,7 +28,9 @@ def test_each_convention_is_recognised_by_the_parameters_the_function_names() ->
     assert resolve_reward(f"{PEER}:async_length").convention is TRL  # prompts
     assert resolve_reward(f"{PEER}:compute_score").convention is VERL  # solution_str
     assert resolve_reward("exact_match").convention is ROW
-    assert resolve_reward(f"{PEER}:correctness").convention is TRL  # (completions, answer): never (prompt, completion)
+    assert (
+        resolve_reward(f"{PEER}:correctness").convention is TRL
+    )  # (completions, answer): never (prompt, completion)
 
 
 def test_a_trl_reward_gets_trls_keyword_lists_and_the_conversational_completion_as_messages() -> None:
@@ -37,9 +39,17 @@ def test_a_trl_reward_gets_trls_keyword_lists_and_the_conversational_completion_
     params = dict(resolve_reward(f"{PEER}:format_reward").params or {})
     positional, keywords = TRL.call(inp, params, {"scale": 2})
     assert positional == ()
-    assert keywords == {  # as GRPOTrainer._calculate_rewards: every column but prompt/completion(_ids) as a list
-        "prompts": [CHAT], "completions": [[{"role": "assistant", "content": "It is 5"}]],
-        "completion_ids": [[7, 8, 2]], "answer": ["5"], "task": ["math"], "scale": 2}
+    assert (
+        keywords
+        == {  # as GRPOTrainer._calculate_rewards: every column but prompt/completion(_ids) as a list
+            "prompts": [CHAT],
+            "completions": [[{"role": "assistant", "content": "It is 5"}]],
+            "completion_ids": [[7, 8, 2]],
+            "answer": ["5"],
+            "task": ["math"],
+            "scale": 2,
+        }
+    )
     plain = RewardInput("What is 2 + 3?", "It is 5", {"prompt": "What is 2 + 3?"})
     assert TRL.call(plain, params, {})[1]["completions"] == ["It is 5"]  # a string prompt: strings, as TRL
 
@@ -49,7 +59,9 @@ def test_trl_rewards_run_in_workers_with_none_left_out_of_the_weighted_sum() -> 
     assert all(fn.path for fn in rewards.rewards)  # both in worker processes
     scored = rewards.score(RewardInput(CHAT, "It is 5", {"prompt": CHAT, "answer": 5}))
     assert scored == 0.5 * 1.0 + 2.0 * 1.0 and scored.parts == (("format_reward", 1.0), ("correctness", 1.0))
-    declined = rewards.score(RewardInput(CHAT, "It is 4", {"prompt": CHAT, "answer": None}))  # correctness: None
+    declined = rewards.score(
+        RewardInput(CHAT, "It is 4", {"prompt": CHAT, "answer": None})
+    )  # correctness: None
     assert declined == 0.5 and declined.parts == (("format_reward", 1.0),) and not declined.unscorable
     assert declined.failure is None
 
@@ -80,16 +92,27 @@ def test_a_trl_reward_returning_the_wrong_number_of_values_or_no_list_is_a_rewar
 def test_one_failing_reward_fails_the_trajectory_but_keeps_the_others_values() -> None:
     rewards = RewardSum([f"{PEER}:format_reward", f"{PEER}:two_values"])
     value = rewards.score(RewardInput("q", "it is 5", {"prompt": "q"}))
-    assert float(value) == 0.0 and value.failure.startswith("RewardError: reward 'tests.envs.peer_rewards:two_values'")
+    assert float(value) == 0.0 and value.failure.startswith(
+        "RewardError: reward 'tests.envs.peer_rewards:two_values'"
+    )
     assert value.parts == (("format_reward", 1.0),)  # still counted in format_reward's mean
 
 
-@pytest.mark.parametrize(("row", "score"), [
-    ({"data_source": "gsm8k", "reward_model": {"ground_truth": "5", "style": "rule"}}, 1.0),  # verl's data prep
-    ({"data_source": "gsm8k", "ground_truth": "5"}, 1.0),
-    ({"data_source": "gsm8k", "answer": "6"}, 0.0),
-    ({"data_source": "dict_source", "answer": "5", "extra_info": {"split": "train"}}, 0.5),  # {"score": 0.5, ...}
-])
+@pytest.mark.parametrize(
+    ("row", "score"),
+    [
+        (
+            {"data_source": "gsm8k", "reward_model": {"ground_truth": "5", "style": "rule"}},
+            1.0,
+        ),  # verl's data prep
+        ({"data_source": "gsm8k", "ground_truth": "5"}, 1.0),
+        ({"data_source": "gsm8k", "answer": "6"}, 0.0),
+        (
+            {"data_source": "dict_source", "answer": "5", "extra_info": {"split": "train"}},
+            0.5,
+        ),  # {"score": 0.5, ...}
+    ],
+)
 def test_a_verl_compute_score_runs_unchanged_with_the_rows_fields_mapped_as_verl_does(row, score) -> None:
     reward = resolve_reward(f"{PEER}:compute_score")
     assert reward.path is not None
@@ -97,11 +120,20 @@ def test_a_verl_compute_score_runs_unchanged_with_the_rows_fields_mapped_as_verl
 
 
 def test_verl_gets_its_four_arguments_with_num_turns_in_extra_info() -> None:
-    row = {"prompt": "q", "data_source": "s", "reward_model": {"ground_truth": "5"}, "extra_info": {"index": 3},
-           "other": 1}
+    row = {
+        "prompt": "q",
+        "data_source": "s",
+        "reward_model": {"ground_truth": "5"},
+        "extra_info": {"index": 3},
+        "other": 1,
+    }
     params = dict(resolve_reward(f"{PEER}:compute_score").params or {})
     assert VERL.call(RewardInput("q", "a", row, num_turns=2), params, {})[1] == {
-        "data_source": "s", "solution_str": "a", "ground_truth": "5", "extra_info": {"index": 3, "num_turns": 2}}
+        "data_source": "s",
+        "solution_str": "a",
+        "ground_truth": "5",
+        "extra_info": {"index": 3, "num_turns": 2},
+    }
 
 
 def test_a_reward_parameter_naming_a_missing_column_is_a_set_up_error_naming_the_columns(tmp_path) -> None:
@@ -130,22 +162,29 @@ def run_group(tasks, texts, task):  # noqa: ANN001, ANN201
     it = iter(texts)
 
     def generate(requests):  # noqa: ANN001, ANN202
-        return [Generation(ids, (0.0,) * len(ids))
-                for ids in ((*tasks.codec.encode(next(it)), tasks.stop_token) for _ in requests)]
+        return [
+            Generation(ids, (0.0,) * len(ids))
+            for ids in ((*tasks.codec.encode(next(it)), tasks.stop_token) for _ in requests)
+        ]
 
     pool = EnvPool(2, name="test-conventions")
     events: list = []
     try:
         done = AgentLoop(tasks, generate, pool, coalesce_s=0).run(
-            RolloutRequest(0, (GroupRequest("g", 0, task, len(texts)),), 0), 0, events.append)
+            RolloutRequest(0, (GroupRequest("g", 0, task, len(texts)),), 0), 0, events.append
+        )
         assert done.wait(60)
     finally:
         pool.shutdown()
-    return ([e.trajectory for e in events if isinstance(e, ContentReady)],
-            sorted((e for e in events if isinstance(e, RewardReady)), key=lambda e: e.trajectory_id))
+    return (
+        [e.trajectory for e in events if isinstance(e, ContentReady)],
+        sorted((e for e in events if isinstance(e, RewardReady)), key=lambda e: e.trajectory_id),
+    )
 
 
-def test_an_unscorable_completion_reaches_the_learner_flagged_and_is_warned_once_with_its_row(tmp_path, caplog) -> None:
+def test_an_unscorable_completion_reaches_the_learner_flagged_and_is_warned_once_with_its_row(
+    tmp_path, caplog
+) -> None:
     path = tmp_path / "rows.jsonl"
     path.write_text(json.dumps({"prompt": "2+3?", "answer": None, "topic": "sums"}) + "\n")
     tasks = DatasetTasks(str(path), reward=[f"{PEER}:correctness", f"{PEER}:declines"], val_fraction=0.0)
@@ -164,9 +203,23 @@ def test_a_row_that_fails_at_reset_is_a_dataset_row_error_counted_as_a_reward_er
     tasks = DatasetTasks(str(path), reward=f"{PEER}:correctness", val_fraction=0.0)
     content, rewards = run_group(tasks, ["never generated"], tasks.rows[0])
     assert "DatasetRowError: row 0 of" in rewards[0].failure and "['prompt']" in rewards[0].failure
-    record = TrajectoryRecord(content[0].trajectory_id, "g", 0, 0, 0.0, 0, 0, 0, content[0].finish_reason,
-                              rewards[0].failure, 0.0, 0.0)
-    assert record.reward_error and record.row_error  # what rollout/reward_error_fraction and summary.json count
+    record = TrajectoryRecord(
+        content[0].trajectory_id,
+        "g",
+        0,
+        0,
+        0.0,
+        0,
+        0,
+        0,
+        content[0].finish_reason,
+        rewards[0].failure,
+        0.0,
+        0.0,
+    )
+    assert (
+        record.reward_error and record.row_error
+    )  # what rollout/reward_error_fraction and summary.json count
 
 
 def test_an_async_reward_no_worker_can_import_is_awaited_in_the_callers_thread() -> None:
@@ -202,7 +255,9 @@ def test_a_trl_reward_sees_a_tool_episode_as_trls_tool_loop_gives_it(user_tools)
     seen: list[dict] = []
 
     def record(prompts, completions, completion_ids, **kwargs):  # noqa: ANN001, ANN003, ANN202
-        seen.append({"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **kwargs})
+        seen.append(
+            {"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **kwargs}
+        )
         return [1.0]
 
     chat = [{"role": "user", "content": "What is 2 + 3?"}]

@@ -21,26 +21,54 @@ from thundersync_lightning.rollout import EmbeddedEngineConfig
 from thundersync_lightning.strategy import ThunderSyncStrategy
 
 PEER = "tests.envs.peer_rewards"
-ROWS = [{"prompt": "2+3?", "answer": 5, "topic": "sums"},
-        {"prompt": "Name a colour.", "answer": None, "topic": "open"},  # correctness declines, so does `declines`
-        {"prompt": None, "answer": 1, "topic": "broken"}]  # fails at reset: a DatasetRowError
+ROWS = [
+    {"prompt": "2+3?", "answer": 5, "topic": "sums"},
+    {"prompt": "Name a colour.", "answer": None, "topic": "open"},  # correctness declines, so does `declines`
+    {"prompt": None, "answer": 1, "topic": "broken"},
+]  # fails at reset: a DatasetRowError
 
 
 def tiny_fit(mode: str, root, logger=False):  # noqa: ANN001, ANN201
     """One step: 3 groups (one per row) of 2 byte-level trajectories of at most 4 tokens, TRL's objective."""
     L.seed_everything(0)
-    tasks = DatasetTasks(ROWS, reward=[f"{PEER}:correctness", f"{PEER}:declines"], reward_weights=[2.0, 1.0],
-                         max_action_tokens=4, val_fraction=0.0)
-    data = RolloutDataModule(tasks=tasks, engine=EmbeddedEngineConfig(num_threads=1, env_workers=2), group_size=2,
-                             groups_per_step=3)
-    metrics, summary = RolloutMetrics(), RunSummary(print_summary=False, reward_curve=False, fail_empty_runs=False)
-    trainer = L.Trainer(strategy=ThunderSyncStrategy(mode=mode), accelerator="cpu", devices=1, max_steps=1,
-                        logger=logger, log_every_n_steps=1, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=str(root), callbacks=[metrics, summary])
+    tasks = DatasetTasks(
+        ROWS,
+        reward=[f"{PEER}:correctness", f"{PEER}:declines"],
+        reward_weights=[2.0, 1.0],
+        max_action_tokens=4,
+        val_fraction=0.0,
+    )
+    data = RolloutDataModule(
+        tasks=tasks,
+        engine=EmbeddedEngineConfig(num_threads=1, env_workers=2),
+        group_size=2,
+        groups_per_step=3,
+    )
+    metrics, summary = (
+        RolloutMetrics(),
+        RunSummary(print_summary=False, reward_curve=False, fail_empty_runs=False),
+    )
+    trainer = L.Trainer(
+        strategy=ThunderSyncStrategy(mode=mode),
+        accelerator="cpu",
+        devices=1,
+        max_steps=1,
+        logger=logger,
+        log_every_n_steps=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(root),
+        callbacks=[metrics, summary],
+    )
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.fit(GRPOPolicy(config={**toy_model_spec().config, "vocab_size": 259}, objective="trl"), data)
-    return metrics.last_metrics, json.loads((root / "summary.json").read_text()), [str(w.message) for w in caught]
+    return (
+        metrics.last_metrics,
+        json.loads((root / "summary.json").read_text()),
+        [str(w.message) for w in caught],
+    )
 
 
 @pytest.mark.parametrize("mode", ["streaming", "sync", "async"])
@@ -54,7 +82,9 @@ def test_unscorable_and_failed_rows_are_counted_and_warned_in_a_fit(tmp_path, mo
     finally:
         finish_wandb()
     config = read_offline_run(tmp_path)["config"]
-    assert config["objective"]["estimator"] == "grpo" and config["objective"]["scale"] == "group"  # TRL's preset
+    assert (
+        config["objective"]["estimator"] == "grpo" and config["objective"]["scale"] == "group"
+    )  # TRL's preset
     data = config["data"]
     assert (data["group_size"], data["groups_per_step"]) == (2, 3)
     assert data["tasks"]["class_path"].endswith("DatasetTasks")

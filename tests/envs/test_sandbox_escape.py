@@ -49,8 +49,11 @@ def test_the_sandbox_has_no_network_but_loopback(make_box):
     result = box.run(
         "cat /proc/net/dev; python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=5)\""
     )
-    interfaces = [line.split(":")[0].strip() for line in result.text.splitlines() if ":" in line
-                  and not line.startswith(("Inter", " face", "Traceback", "  File", "OSError"))]
+    interfaces = [
+        line.split(":")[0].strip()
+        for line in result.text.splitlines()
+        if ":" in line and not line.startswith(("Inter", " face", "Traceback", "  File", "OSError"))
+    ]
     assert result.exit_code != 0
     assert "Network is unreachable" in result.text
     assert interfaces[:1] == ["lo"] and all(i == "lo" for i in interfaces if i.isidentifier())
@@ -82,10 +85,18 @@ def test_the_sandbox_cannot_connect_to_a_listener_on_host_loopback(make_box):
 def test_writes_outside_the_workdir_fail_and_leave_the_host_untouched(make_box, sandbox_dir):
     box = make_box()
     marker = f"escape-{uuid.uuid4().hex}"
-    targets = [f"/usr/{marker}", f"/etc/{marker}", f"/{marker}", f"/testbed/../{marker}",
-               f"{sandbox_dir}/{marker}", f"/var/tmp/{marker}"]
+    targets = [
+        f"/usr/{marker}",
+        f"/etc/{marker}",
+        f"/{marker}",
+        f"/testbed/../{marker}",
+        f"{sandbox_dir}/{marker}",
+        f"/var/tmp/{marker}",
+    ]
     script = "; ".join(f"echo x > {t} && echo WROTE {t}" for t in targets)
-    result = box.run(script + f"; echo x > /tmp/{marker} && echo private-tmp-ok; echo x > inside && echo inside-ok")
+    result = box.run(
+        script + f"; echo x > /tmp/{marker} && echo private-tmp-ok; echo x > inside && echo inside-ok"
+    )
     assert "WROTE" not in result.text
     assert "private-tmp-ok" in result.text and "inside-ok" in result.text
     for t in targets + [f"/tmp/{marker}"]:
@@ -138,7 +149,7 @@ def test_a_process_ignoring_sigterm_is_killed(make_box):
     box = make_box(timeout_s=2.0)
     result = box.run(
         "trap '' TERM; python3 -c \"import signal; signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-        "while True: pass\""
+        'while True: pass"'
     )
     assert result.timed_out
     assert processes_of(box.uid) == []
@@ -147,8 +158,10 @@ def test_a_process_ignoring_sigterm_is_killed(make_box):
 def test_a_setsid_grandchild_is_dead_when_the_sandbox_returns(make_box):
     box = make_box()
     tag = "987654.321"
-    result = box.run(f"setsid nohup sleep {tag} >/dev/null 2>&1 < /dev/null & disown; "
-                     f"setsid bash -c 'trap \"\" TERM HUP; sleep {tag}' >/dev/null 2>&1 & echo started")
+    result = box.run(
+        f"setsid nohup sleep {tag} >/dev/null 2>&1 < /dev/null & disown; "
+        f"setsid bash -c 'trap \"\" TERM HUP; sleep {tag}' >/dev/null 2>&1 & echo started"
+    )
     assert result.exit_code == 0 and "started" in result.text
     assert processes_of(box.uid) == []
     assert processes_of_tag(tag) == []
@@ -224,8 +237,10 @@ def test_tmpfs_pages_count_against_the_memory_limit(make_box):
 def test_dev_is_a_small_private_tmpfs_with_only_the_basic_devices(make_box):
     box = make_box(dev_bytes=4 * 1024**2)
     # Before: `--dev` gave a /dev tmpfs of half the host's RAM, writable through /dev/shm.
-    result = box.run("head -c 100000000 /dev/zero > /dev/shm/fill; echo status=$?; stat -c %s /dev/shm/fill; "
-                     "ls /dev; echo x > /dev/null && head -c 4 /dev/urandom | wc -c")
+    result = box.run(
+        "head -c 100000000 /dev/zero > /dev/shm/fill; echo status=$?; stat -c %s /dev/shm/fill; "
+        "ls /dev; echo x > /dev/null && head -c 4 /dev/urandom | wc -c"
+    )
     assert "No space left on device" in result.text and "status=0" not in result.text
     sizes = [int(w) for w in result.text.split() if w.isdigit() and int(w) > 1000]
     assert sizes and sizes[0] <= 4 * 1024**2
@@ -260,9 +275,13 @@ def test_seccomp_denies_keyrings_io_uring_bpf_perf_userfaultfd_namespaces_mount_
     script = f"python3 -c {shlex.quote(_SYSCALLS)}"
     # Before (no filter): keyctl and add_key work and io_uring_setup reaches the kernel.
     before = dict(line.split(" ", 1) for line in make_box(seccomp=False).run(script).text.splitlines())
-    assert before["keyctl"] != "EPERM" and before["add_key"] != "EPERM" and before["io_uring_setup"] != "EPERM"
+    assert (
+        before["keyctl"] != "EPERM" and before["add_key"] != "EPERM" and before["io_uring_setup"] != "EPERM"
+    )
     after = dict(line.split(" ", 1) for line in make_box().run(script).text.splitlines())
-    assert after == {name: "EPERM" for name in after} and len(after) == (13 if platform.machine() == "x86_64" else 12)
+    assert after == {name: "EPERM" for name in after} and len(after) == (
+        13 if platform.machine() == "x86_64" else 12
+    )
 
 
 # What lets a sandbox evict a page of a shared read-only file, or see whether it is cached without a
@@ -305,9 +324,17 @@ def test_seccomp_denies_evicting_or_probing_the_page_cache_of_shared_files(make_
     assert before["fadvise_dontneed"] == "ok" and before["madvise_pageout"] == "ok", before
     assert before["process_madvise"] == "ok" and before["preadv2_nowait"] == "ok", before
     after = dict(line.split(" ", 1) for line in make_box().run(script).text.splitlines())
-    assert after == {"fadvise_dontneed": "EPERM", "madvise_pageout": "EPERM", "madvise_cold": "EPERM",
-                     "madvise_dontneed": "ok", "madvise_willneed": "ok", "process_madvise": "EPERM",
-                     "cachestat": "EPERM", "preadv2_nowait": "ENOTSUP", "preadv": "ok"}, after
+    assert after == {
+        "fadvise_dontneed": "EPERM",
+        "madvise_pageout": "EPERM",
+        "madvise_cold": "EPERM",
+        "madvise_dontneed": "ok",
+        "madvise_willneed": "ok",
+        "process_madvise": "EPERM",
+        "cachestat": "EPERM",
+        "preadv2_nowait": "ENOTSUP",
+        "preadv": "ok",
+    }, after
 
 
 def test_the_seccomp_program_checks_the_architecture_first():
@@ -315,7 +342,7 @@ def test_the_seccomp_program_checks_the_architecture_first():
 
     for arch, audit in (("x86_64", 0xC000003E), ("aarch64", 0xC00000B7)):
         prog = build_filter(arch)
-        insns = [struct.unpack("=HBBI", prog[i:i + 8]) for i in range(0, len(prog), 8)]
+        insns = [struct.unpack("=HBBI", prog[i : i + 8]) for i in range(0, len(prog), 8)]
         assert insns[0] == (0x20, 0, 0, 4)  # load seccomp_data.arch
         assert insns[1] == (0x15, 1, 0, audit) and insns[2] == (0x06, 0, 0, 0x80000000)  # else kill
         assert insns[-1] == (0x06, 0, 0, 0x00050000 | errno.EPERM)
@@ -366,8 +393,12 @@ def socket_families():
                 budget = BoundedDir(work, 16 * 1024**2, 1000, 0o700)
                 try:
                     chown_tree(work, lease.uid)
-                    box = BwrapSandbox(work, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60.0), seccomp=seccomp),
-                                       budget=budget)
+                    box = BwrapSandbox(
+                        work,
+                        lease.uid,
+                        BwrapConfig(SandboxLimits(timeout_s=60.0), seccomp=seccomp),
+                        budget=budget,
+                    )
                     run = box.run(f"python3 -c {shlex.quote(_FAMILIES)}")
                 finally:
                     budget.remove()
@@ -396,7 +427,9 @@ def test_an_abstract_unix_socket_of_the_host_or_another_sandbox_is_out_of_reach(
     host.bind("\0" + name)  # abstract names live in the network namespace
     host.listen(1)
     try:
-        probe = (f"import socket; s = socket.socket(socket.AF_UNIX); s.connect('\\0{name}'); print('connected')")
+        probe = (
+            f"import socket; s = socket.socket(socket.AF_UNIX); s.connect('\\0{name}'); print('connected')"
+        )
         result = make_box().run(f"python3 -c {shlex.quote(probe)}")
     finally:
         host.close()
@@ -408,8 +441,10 @@ def test_unix_inet_and_inet6_sockets_still_work_inside(socket_families, make_box
         assert socket_families[True][family]["socket/1/0"] == "ok"  # SOCK_STREAM
     assert socket_families[True][1]["socketpair/1/0"] == "ok"
     # The namespace's own loopback serves; the family with high bits set is the same family.
-    served = make_box().run("python3 -c \"import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1); "
-                            "c = socket.create_connection(s.getsockname()); print('served', s.accept()[1][0])\"")
+    served = make_box().run(
+        "python3 -c \"import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(1); "
+        "c = socket.create_connection(s.getsockname()); print('served', s.accept()[1][0])\""
+    )
     assert "served 127.0.0.1" in served.text, served.text
 
 
@@ -423,11 +458,16 @@ def test_the_hosts_session_keyring_is_not_visible_inside(make_box):
     box = make_box(seccomp=False)  # the keyring separation must hold even without the filter
     uid = str(box.uid)
     # Before: a child that merely switched uid still possesses (and can list) the host's keyring.
-    plain = subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "cat", "/proc/keys"],
-                           capture_output=True, text=True)
+    plain = subprocess.run(
+        ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "cat", "/proc/keys"],
+        capture_output=True,
+        text=True,
+    )
     assert desc.decode() in plain.stdout
-    inside = box.run("cat /proc/keys; python3 -c \"import ctypes; l = ctypes.CDLL(None); "
-                     "print('session', l.syscall(250, 0, -3, 0))\"")
+    inside = box.run(
+        'cat /proc/keys; python3 -c "import ctypes; l = ctypes.CDLL(None); '
+        "print('session', l.syscall(250, 0, -3, 0))\""
+    )
     assert desc.decode() not in inside.text
     assert inside.exit_code == 0
 
@@ -508,16 +548,23 @@ def test_sandboxes_run_while_the_host_process_holds_more_than_1024_fds(make_box)
 def _workspace(**kwargs):
     from thundersync_lightning.envs.code import LocalCodeTasks
 
-    source = LocalCodeTasks(names=["leap_year"], sandbox_root="/tmp/thundersync-test-sandboxes",
-                            uid_base=3_955_000, uid_count=16, **kwargs)
+    source = LocalCodeTasks(
+        names=["leap_year"],
+        sandbox_root="/tmp/thundersync-test-sandboxes",
+        uid_base=3_955_000,
+        uid_count=16,
+        **kwargs,
+    )
     env = source.make_env(source.all_tasks[0], seed=0)
     env.reset()
     return env
 
 
 def test_the_workspace_has_a_disk_and_an_inode_budget(make_box):
-    fill = ("head -c 12000000 /dev/zero > big1; head -c 12000000 /dev/zero > big2; echo bytes=$(cat big* | wc -c); "
-            "mkdir many && for i in $(seq 3000); do : > many/f$i || break; done; echo files=$(ls many | wc -l)")
+    fill = (
+        "head -c 12000000 /dev/zero > big1; head -c 12000000 /dev/zero > big2; echo bytes=$(cat big* | wc -c); "
+        "mkdir many && for i in $(seq 3000); do : > many/f$i || break; done; echo files=$(ls many | wc -l)"
+    )
     # Before: the workdir was a plain host directory: no budget beyond the per-file size limit.
     before = make_box(fsize_bytes=16 * 1024**2).run(fill)
     assert "bytes=24000000" in before.text and "files=3000" in before.text
@@ -542,8 +589,10 @@ def test_closing_a_workspace_with_a_1000_deep_tree_frees_the_directory_and_the_u
     directory, uid = ws._dir, ws._lease.uid
     name = "d" * 40  # 1000 levels: ~41 kB of path, far past PATH_MAX
     try:
-        made = ws.run(f"python3 -c \"import os\nfor _ in range(1000): os.mkdir('{name}'); os.chdir('{name}')\n"
-                      "print('deep')\"")
+        made = ws.run(
+            f"python3 -c \"import os\nfor _ in range(1000): os.mkdir('{name}'); os.chdir('{name}')\n"
+            "print('deep')\""
+        )
         assert "deep" in made.text
     finally:
         env.close()  # must not raise
@@ -552,7 +601,9 @@ def test_closing_a_workspace_with_a_1000_deep_tree_frees_the_directory_and_the_u
     again.release()
 
 
-def test_limits_the_host_cannot_enforce_are_named_in_a_warning_or_an_error(monkeypatch, sandbox_budget, caplog):
+def test_limits_the_host_cannot_enforce_are_named_in_a_warning_or_an_error(
+    monkeypatch, sandbox_budget, caplog
+):
     import logging
 
     from thundersync_lightning.envs.sandbox import BwrapConfig, BwrapSandbox, SandboxError
@@ -560,18 +611,23 @@ def test_limits_the_host_cannot_enforce_are_named_in_a_warning_or_an_error(monke
     from thundersync_lightning.envs.sandbox.cgroups import CgroupSupport
 
     why = "/sys/fs/cgroup/x is not writable by us"
-    monkeypatch.setattr(bwrap_module, "probe", lambda: CgroupSupport(0, {}, {c: why for c in ("memory", "pids", "cpu")}))
+    monkeypatch.setattr(
+        bwrap_module, "probe", lambda: CgroupSupport(0, {}, {c: why for c in ("memory", "pids", "cpu")})
+    )
     monkeypatch.setattr(bwrap_module, "_warned", set())
     with pytest.raises(SandboxError, match="not enforced for: memory, pids, cpu"):
-        BwrapSandbox(sandbox_budget.path, 4_000_000, BwrapConfig(require_kernel_limits=True), budget=sandbox_budget)
+        BwrapSandbox(
+            sandbox_budget.path, 4_000_000, BwrapConfig(require_kernel_limits=True), budget=sandbox_budget
+        )
     with caplog.at_level(logging.WARNING, logger=bwrap_module.__name__):
         box = BwrapSandbox(sandbox_budget.path, 4_000_000, BwrapConfig(), budget=sandbox_budget)
     assert box.cgroup_support is None
     assert "not enforced for: memory, pids, cpu" in caplog.text and why in caplog.text
 
 
-def test_a_sandbox_without_a_disk_budget_holding_its_writable_paths_is_a_constructor_error(sandbox_budget,
-                                                                                           tmp_path, monkeypatch):
+def test_a_sandbox_without_a_disk_budget_holding_its_writable_paths_is_a_constructor_error(
+    sandbox_budget, tmp_path, monkeypatch
+):
     from thundersync_lightning.envs.sandbox import ContainerSandbox, SandboxError
     from thundersync_lightning.envs.sandbox import container as container_module
 
@@ -587,7 +643,9 @@ def test_a_sandbox_without_a_disk_budget_holding_its_writable_paths_is_a_constru
         BwrapSandbox(inside, 4_000_000, BwrapConfig(), budget=sandbox_budget, binds={str(tmp_path): "/data"})
     with pytest.raises(SandboxError, match="outside the disk budget"):  # a link out of the budget is followed
         os.symlink(str(tmp_path), os.path.join(sandbox_budget.path, "out"))
-        BwrapSandbox(os.path.join(sandbox_budget.path, "out"), 4_000_000, BwrapConfig(), budget=sandbox_budget)
+        BwrapSandbox(
+            os.path.join(sandbox_budget.path, "out"), 4_000_000, BwrapConfig(), budget=sandbox_budget
+        )
     unenforced = BoundedDir.__new__(BoundedDir)
     unenforced.path, unenforced.enforced, unenforced.why_not = sandbox_budget.path, False, "no CAP_SYS_ADMIN"
     with pytest.raises(SandboxError, match="not enforced"):
@@ -604,15 +662,22 @@ def test_mutation_and_unit_test_reward_sandboxes_write_inside_their_disk_budget(
     from thundersync_lightning.envs.datasets.rewards import unit_tests
     from thundersync_lightning.envs.mutations import MutationTasks
 
-    source = MutationTasks(sandbox_root="/tmp/thundersync-test-sandboxes", uid_base=3_957_000, uid_count=2,
-                           disk_bytes=8 * 1024**2, disk_inodes=200)
+    source = MutationTasks(
+        sandbox_root="/tmp/thundersync-test-sandboxes",
+        uid_base=3_957_000,
+        uid_count=2,
+        disk_bytes=8 * 1024**2,
+        disk_inodes=200,
+    )
     env = source.make_env(source.tasks(0, 1, 0)[0], seed=0)
     try:
         env.reset()
         assert os.path.ismount(env._dir)
         # Before: the workspace was a plain host directory; 5 x 4 MB (each under the fsize limit) all landed.
-        filled = env._box.run("for i in 1 2 3 4 5; do head -c 4000000 /dev/zero > f$i || echo full; done; "
-                              "for i in $(seq 400); do : > n$i 2>/dev/null || { echo no-inode; break; }; done")
+        filled = env._box.run(
+            "for i in 1 2 3 4 5; do head -c 4000000 /dev/zero > f$i || echo full; done; "
+            "for i in $(seq 400); do : > n$i 2>/dev/null || { echo no-inode; break; }; done"
+        )
         assert "No space left on device" in filled.text and "no-inode" in filled.text
         directory = env._dir
     finally:
@@ -620,8 +685,16 @@ def test_mutation_and_unit_test_reward_sandboxes_write_inside_their_disk_budget(
     assert not os.path.exists(directory)
     # The dataset reward's sandbox: 5 x 20 MB (under the 64 MiB fsize limit each) do not all fit.
     writer = "import os\nfor i in range(5):\n    open(f'f{i}', 'wb').write(bytes(20_000_000))\n"
-    assert unit_tests("", writer, tests="assert sum(os.path.getsize(f'f{i}') for i in range(5)) == 10**8",
-                      uid_base=3_957_100, uid_count=1) == 0.0
+    assert (
+        unit_tests(
+            "",
+            writer,
+            tests="assert sum(os.path.getsize(f'f{i}') for i in range(5)) == 10**8",
+            uid_base=3_957_100,
+            uid_count=1,
+        )
+        == 0.0
+    )
     assert unit_tests("", "x = 1", tests="assert x == 1", uid_base=3_957_100, uid_count=1) == 1.0
 
 
@@ -648,8 +721,9 @@ def test_the_mutation_verdict_never_writes_through_a_link_the_agent_left(tmp_pat
 def test_a_workspace_left_by_a_killed_learner_is_swept_when_its_uid_is_reused():
     from thundersync_lightning.envs.code import LocalCodeTasks
 
-    source = LocalCodeTasks(names=["leap_year"], sandbox_root="/tmp/thundersync-test-sandboxes",
-                            uid_base=3_956_000, uid_count=1)
+    source = LocalCodeTasks(
+        names=["leap_year"], sandbox_root="/tmp/thundersync-test-sandboxes", uid_base=3_956_000, uid_count=1
+    )
     dead = source.make_env(source.all_tasks[0], seed=0)
     dead.reset()
     stale, uid = dead.workspace._dir, dead.workspace._lease.uid

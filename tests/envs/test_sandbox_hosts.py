@@ -41,7 +41,8 @@ def fake_service(tmp_path):
     up.mkdir()
     path = tmp_path / "bin" / "podman"
     path.parent.mkdir()
-    path.write_text(textwrap.dedent(f"""\
+    path.write_text(
+        textwrap.dedent(f"""\
         #!{sys.executable} -S
         import os, sys
         args = sys.argv[1:]
@@ -57,7 +58,8 @@ def fake_service(tmp_path):
         if sub == "run":
             print("ran")
             sys.exit(int(open({str(tmp_path / "run_status")!r}).read()))
-        """))
+        """)
+    )
     path.chmod(0o755)
     (tmp_path / "run_status").write_text("0")
 
@@ -135,13 +137,16 @@ def test_a_host_that_does_not_answer_is_skipped_and_its_reason_named(fake_servic
     assert pool.used(A) == 0
     fake_service.set_up(B, False)
     hosts_module._down.pop(B, None)
-    with pytest.raises(HostFault, match=r"every sandbox host is down: .*host-a.sock: Error: unable to connect"):
+    with pytest.raises(
+        HostFault, match=r"every sandbox host is down: .*host-a.sock: Error: unable to connect"
+    ):
         pool.acquire(wait_s=0.0)
 
 
 @pytest.mark.parametrize("service_up", [True, False])
-def test_only_a_service_that_stopped_answering_makes_a_failed_command_a_host_fault(fake_service, tmp_path,
-                                                                                   service_up):
+def test_only_a_service_that_stopped_answering_makes_a_failed_command_a_host_fault(
+    fake_service, tmp_path, service_up
+):
     fake_service.set_up(A, service_up)
     fake_service.status.write_text("125")  # what the remote client exits with when the service is gone
     config = ContainerConfig(engine=fake_service.engine, url=A)
@@ -167,7 +172,10 @@ def test_files_cross_to_a_sandbox_host_as_root_owned_tar_and_come_back_regular_f
 
     data = pack_files([("eval.sh", b"echo hi\n", 0o644), ("x.py", b"print(1)", 0o600)])
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        assert [(m.name, m.uid, m.gid, m.mode) for m in tar] == [("eval.sh", 0, 0, 0o644), ("x.py", 0, 0, 0o600)]
+        assert [(m.name, m.uid, m.gid, m.mode) for m in tar] == [
+            ("eval.sh", 0, 0, 0o644),
+            ("x.py", 0, 0, 0o600),
+        ]
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:  # what `tar -c` in a set-up container may send
         for name, kind in (("a.py", tarfile.REGTYPE), ("link.py", tarfile.SYMTYPE), ("d", tarfile.DIRTYPE)):
@@ -178,8 +186,16 @@ def test_files_cross_to_a_sandbox_host_as_root_owned_tar_and_come_back_regular_f
             tar.addfile(info, io.BytesIO(payload))
     stream = buf.getvalue()
     wanted = ["a.py", "link.py", "d", "absent.py"]
-    assert unpack_files(stream, wanted, 10) == {"a.py": b"x" * 10, "link.py": None, "d": None, "absent.py": None}
-    assert unpack_files(stream[:700], wanted, 1000)["a.py"] in (None, b"x" * 100)  # a cut stream: what it holds
+    assert unpack_files(stream, wanted, 10) == {
+        "a.py": b"x" * 10,
+        "link.py": None,
+        "d": None,
+        "absent.py": None,
+    }
+    assert unpack_files(stream[:700], wanted, 1000)["a.py"] in (
+        None,
+        b"x" * 100,
+    )  # a cut stream: what it holds
     assert unpack_files(b"not a tar", wanted, 10) == dict.fromkeys(wanted)
 
 
@@ -221,16 +237,32 @@ def _source(tmp_path, hosts, **kw):
 
     image, base = kw.pop("image")
     path = write_jsonl([swebench_row(TASK, image=image, base_commit=base)], str(tmp_path))
-    return SWEbenchTasks(instances=path, engine="podman", memory="1g", nproc=256, eval_timeout_s=300,
-                         uid_base=3_970_100, uid_count=32, sandbox_hosts=hosts, **kw)
+    return SWEbenchTasks(
+        instances=path,
+        engine="podman",
+        memory="1g",
+        nproc=256,
+        eval_timeout_s=300,
+        uid_base=3_970_100,
+        uid_count=32,
+        sandbox_hosts=hosts,
+        **kw,
+    )
 
 
 @pytest.mark.container
 def test_on_a_sandbox_host_the_disk_budget_holds_and_episodes_share_hosts_by_capacity(
-        services, instance_image, tmp_path):
+    services, instance_image, tmp_path
+):
     one, two = services(), services()
-    source = _source(tmp_path, [{"url": one.url, "capacity": 1}, {"url": two.url, "capacity": 1}],
-                     image=instance_image, disk_bytes=8 * 1024**2, disk_inodes=2000, host_wait_s=0.0)
+    source = _source(
+        tmp_path,
+        [{"url": one.url, "capacity": 1}, {"url": two.url, "capacity": 1}],
+        image=instance_image,
+        disk_bytes=8 * 1024**2,
+        disk_inodes=2000,
+        host_wait_s=0.0,
+    )
     task = source.tasks(0, 1, 0)[0]
     envs = [source.make_env(task, 0) for _ in range(3)]
     try:
@@ -239,8 +271,10 @@ def test_on_a_sandbox_host_the_disk_budget_holds_and_episodes_share_hosts_by_cap
         assert {envs[0].workspace.host, envs[1].workspace.host} == {one.url, two.url}
         with pytest.raises(HostFault, match="stayed full"):
             envs[2].reset()
-        full = envs[0].workspace.run("head -c 20000000 /dev/zero > big; echo status=$?; "
-                                     "for i in $(seq 3000); do : > f$i || break; done; ls | wc -l")
+        full = envs[0].workspace.run(
+            "head -c 20000000 /dev/zero > big; echo status=$?; "
+            "for i in $(seq 3000); do : > f$i || break; done; ls | wc -l"
+        )
         assert "No space left on device" in full.text and "status=1" in full.text
         assert int(full.text.split()[-1]) < 2000  # the inode budget too
         # a verdict's fresh tree on the host: the graded files read back as the image holds them
@@ -251,9 +285,23 @@ def test_on_a_sandbox_host_the_disk_budget_holds_and_episodes_share_hosts_by_cap
         finally:
             trees.remove(tree)
         image, _ = instance_image
-        original = subprocess.run(["podman", "run", "--rm", "--pull=never", "--ulimit", "nofile=1024:1024",
-                                   "--ulimit", "nproc=1024:1024", image, "cat", "/testbed/intervals.py"],
-                                  capture_output=True, check=True).stdout
+        original = subprocess.run(
+            [
+                "podman",
+                "run",
+                "--rm",
+                "--pull=never",
+                "--ulimit",
+                "nofile=1024:1024",
+                "--ulimit",
+                "nproc=1024:1024",
+                image,
+                "cat",
+                "/testbed/intervals.py",
+            ],
+            capture_output=True,
+            check=True,
+        ).stdout
         assert got == {"intervals.py": original, "missing.py": None, "tests": None, "../etc/passwd": None}
     finally:
         for env in envs:
@@ -262,7 +310,8 @@ def test_on_a_sandbox_host_the_disk_budget_holds_and_episodes_share_hosts_by_cap
 
 @pytest.mark.container
 def test_a_sandbox_host_killed_mid_episode_ends_its_episodes_as_host_faults_and_the_step_completes(
-        services, instance_image, tmp_path):
+    services, instance_image, tmp_path
+):
     from thundersync_lightning.envs.codec import ByteCodec
     from thundersync_lightning.envs.sandbox import find_engine
     from thundersync_lightning.envs.sandbox.reaper import owner_labels
@@ -271,13 +320,20 @@ def test_a_sandbox_host_killed_mid_episode_ends_its_episodes_as_host_faults_and_
     from ..rollout.helpers import collect
 
     service = services()
-    source = _source(tmp_path, [{"url": service.url, "capacity": 4}], image=instance_image,
-                     command_timeout_s=120, max_turns=3)
+    source = _source(
+        tmp_path,
+        [{"url": service.url, "capacity": 4}],
+        image=instance_image,
+        command_timeout_s=120,
+        max_turns=3,
+    )
     action = ByteCodec().encode("bash sleep 100") + (ByteCodec.END_OF_ACTION,)
 
     def policy(requests):
-        return [Generation(tuple(action[: r.max_new_tokens]), (0.0,) * min(len(action), r.max_new_tokens))
-                for r in requests]
+        return [
+            Generation(tuple(action[: r.max_new_tokens]), (0.0,) * min(len(action), r.max_new_tokens))
+            for r in requests
+        ]
 
     engine = find_engine("podman")
     label = owner_labels()[-1]
@@ -285,8 +341,20 @@ def test_a_sandbox_host_killed_mid_episode_ends_its_episodes_as_host_faults_and_
     def kill_when_sleeping() -> None:  # the service dies while both commands run (podman's own state, polled)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            ps = subprocess.run([engine, "--runtime", "/usr/sbin/runc", "ps", "--filter", f"label={label}",
-                                 "--format", "{{.Names}} {{.Command}}"], capture_output=True, text=True).stdout
+            ps = subprocess.run(
+                [
+                    engine,
+                    "--runtime",
+                    "/usr/sbin/runc",
+                    "ps",
+                    "--filter",
+                    f"label={label}",
+                    "--format",
+                    "{{.Names}} {{.Command}}",
+                ],
+                capture_output=True,
+                text=True,
+            ).stdout
             if sum("sleep 100" in line for line in ps.splitlines()) == 2:
                 break
             time.sleep(0.2)
@@ -326,11 +394,15 @@ def test_the_scaling_docs_sandbox_host_config_builds_a_task_source(tmp_path):
     args = dict(spec["init_args"], instances=str(tmp_path / "instances.jsonl"))
     source = getattr(importlib.import_module(module), name)(**args)
     assert [(h.url, h.capacity) for h in source.settings.hosts] == [
-        ("ssh://root@sandbox-0/run/podman/podman.sock", 32), ("ssh://root@sandbox-1/run/podman/podman.sock", 32)]
+        ("ssh://root@sandbox-0/run/podman/podman.sock", 32),
+        ("ssh://root@sandbox-1/run/podman/podman.sock", 32),
+    ]
     assert source.settings.host_wait_s == 600
 
 
-def test_a_workspace_closed_while_it_opens_frees_its_host_slot_uid_and_trees(fake_service, monkeypatch, tmp_path):
+def test_a_workspace_closed_while_it_opens_frees_its_host_slot_uid_and_trees(
+    fake_service, monkeypatch, tmp_path
+):
     """An abandoned reset (the loop's step timeout) closes the workspace from another thread while
     open() still runs: what open() took after that close is freed by open() itself."""
     from thundersync_lightning.envs.sandbox import container as container_module
@@ -360,8 +432,9 @@ def test_a_workspace_closed_while_it_opens_frees_its_host_slot_uid_and_trees(fak
             closed.append("trees")
 
     monkeypatch.setattr(workspace_module, "VolumeTrees", Trees)
-    (instance,) = load_instances(write_jsonl([swebench_row(TASK, image="localhost/x:1", base_commit="HEAD")],
-                                             str(tmp_path)))
+    (instance,) = load_instances(
+        write_jsonl([swebench_row(TASK, image="localhost/x:1", base_commit="HEAD")], str(tmp_path))
+    )
     hosts = (ContainerHost(A, 1),)
     ws = SWEbenchWorkspace(instance, SWEbenchSettings(hosts=hosts), TEST_POOL)
     with pytest.raises(SandboxError, match="closed while it was opening"):
@@ -374,8 +447,9 @@ def test_a_workspace_closed_while_it_opens_frees_its_host_slot_uid_and_trees(fak
 
 
 @pytest.mark.container
-def test_a_sandbox_host_that_hangs_fails_the_command_as_a_host_fault_within_its_deadline(services, instance_image,
-                                                                                          tmp_path):
+def test_a_sandbox_host_that_hangs_fails_the_command_as_a_host_fault_within_its_deadline(
+    services, instance_image, tmp_path
+):
     """A stopped service answers nothing: the client is killed at the command's deadline (+15 s),
     the probe gives up after 10 s, and the command raises HostFault; no wait is unbounded."""
     service = services()
@@ -386,11 +460,15 @@ def test_a_sandbox_host_that_hangs_fails_the_command_as_a_host_fault_within_its_
         assert env.workspace.run("echo up", timeout_s=10).text.strip() == "up"
         service.pause()
         outcome: list = []
-        runner = threading.Thread(target=lambda: outcome.append(_raised(env.workspace.run, "true", timeout_s=2)))
+        runner = threading.Thread(
+            target=lambda: outcome.append(_raised(env.workspace.run, "true", timeout_s=2))
+        )
         runner.start()
         runner.join(2 + 15 + hosts_module.PROBE_S + 30)  # the deadlines, and room for a loaded machine
         assert not runner.is_alive(), "the command outlived its deadlines on a hung host"
-        assert isinstance(outcome[0], HostFault) and f"sandbox host {service.url} went away" in str(outcome[0])
+        assert isinstance(outcome[0], HostFault) and f"sandbox host {service.url} went away" in str(
+            outcome[0]
+        )
     finally:
         service.pause(False)
         env.close()

@@ -43,16 +43,27 @@ def test_the_cpu_config_fits_a_step_where_the_gold_instance_resolves_and_the_emp
     episodes = tmp_path / "episodes.jsonl"
     config["data"]["tasks"]["class_path"] = "tests.envs.swe_gold_tasks.GoldPatchSWEbenchTasks"
     config["data"]["tasks"]["init_args"].update(
-        instances=str(instances), max_turns=1, max_action_tokens=8, episode_log=str(episodes),
-        sandbox_root="/tmp/thundersync-test-sandboxes", uid_base=3_990_000, uid_count=16,
+        instances=str(instances),
+        max_turns=1,
+        max_action_tokens=8,
+        episode_log=str(episodes),
+        sandbox_root="/tmp/thundersync-test-sandboxes",
+        uid_base=3_990_000,
+        uid_count=16,
     )
     path = tmp_path / "swebench_cpu.yaml"
     path.write_text(yaml.safe_dump(config))
     cli = os.path.join(os.path.dirname(sys.executable), "thundersync-lightning")
-    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]))
-    run = subprocess.run([cli, "fit", "--config", str(path)], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=1500)
+    env = dict(
+        os.environ,
+        HF_HUB_OFFLINE="1",
+        WANDB_MODE="offline",
+        OMP_NUM_THREADS="1",
+        PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+    )
+    run = subprocess.run(
+        [cli, "fit", "--config", str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500
+    )
     assert run.returncode == 0, run.stderr[-3000:]
 
     with open(tmp_path / "summary.json") as f:

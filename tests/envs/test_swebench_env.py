@@ -58,7 +58,12 @@ def test_a_swebench_instance_is_graded_by_make_test_spec_and_get_eval_report_fro
         (instance,) = load_instances(write_jsonl([row], str(tmp_path)))
         spec = make_test_spec(instance)
         chown_tree(repo, lease.uid)
-        box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60, max_output_bytes=1 << 20)), budget=sandbox_budget)
+        box = BwrapSandbox(
+            repo,
+            lease.uid,
+            BwrapConfig(SandboxLimits(timeout_s=60, max_output_bytes=1 << 20)),
+            budget=sandbox_budget,
+        )
         if apply_gold:
             assert box.run("git apply -", stdin=TASK.gold_patch.encode()).exit_code == 0
         run = box.run(spec.eval_script)
@@ -203,7 +208,9 @@ def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows
         repo = os.path.join(sandbox_dir, "testbed")
         os.mkdir(repo)
         base = git_repo(TASK, repo)
-        (instance,) = load_instances(write_jsonl([swebench_row(TASK, image="unused", base_commit=base)], str(tmp_path)))
+        (instance,) = load_instances(
+            write_jsonl([swebench_row(TASK, image="unused", base_commit=base)], str(tmp_path))
+        )
         spec = make_test_spec(instance)
         if variant == "forged":
             with open(os.path.join(repo, "intervals.py"), "a") as f:
@@ -223,8 +230,13 @@ def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows
         chown_tree(repo, lease.uid)
         scripts = os.path.join(sandbox_dir, "eval")
         write_eval_dir(scripts, script, spec.log_parser, "/bin/bash")
-        box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60, max_output_bytes=1 << 20)), budget=sandbox_budget,
-                           ro_binds={scripts: EVAL_DIR})
+        box = BwrapSandbox(
+            repo,
+            lease.uid,
+            BwrapConfig(SandboxLimits(timeout_s=60, max_output_bytes=1 << 20)),
+            budget=sandbox_budget,
+            ro_binds={scripts: EVAL_DIR},
+        )
         if variant == "gold":
             assert box.run("git apply -", stdin=TASK.gold_patch.encode()).exit_code == 0
         if variant == "forged":  # before: graded from the log, the forged lines resolve the instance
@@ -244,14 +256,18 @@ def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows
         assert not any(t in peeked for t in secrets.stdin().decode().split())
     elif variant == "install":  # before: the planted line ran first and read the key from its pipe
         assert "PLANT-RAN after-the-key" in result.text  # it still runs, as test code, once the key is gone
-        assert "USERCUSTOMIZE-RAN" not in result.text  # the eval directory's empty usercustomize is found first
+        assert (
+            "USERCUSTOMIZE-RAN" not in result.text
+        )  # the eval directory's empty usercustomize is found first
         assert outcome.report["tests_status"]["FAIL_TO_PASS"]["failure"] == list(TASK.fail_to_pass)
     elif variant == "xfail":  # before: swebench counted the signed XFAIL as a pass
         assert outcome.report["tests_status"]["FAIL_TO_PASS"]["success"] == list(TASK.fail_to_pass)
         assert f"{TASK.fail_to_pass[0]}: XFAIL at run time" in outcome.reason
     else:
         status = outcome.report["tests_status"]
-        assert status["FAIL_TO_PASS"]["success" if variant == "gold" else "failure"] == list(TASK.fail_to_pass)
+        assert status["FAIL_TO_PASS"]["success" if variant == "gold" else "failure"] == list(
+            TASK.fail_to_pass
+        )
         assert sorted(status["PASS_TO_PASS"]["success"]) == sorted(TASK.pass_to_pass)
 
 
@@ -273,8 +289,13 @@ def test_the_container_eval_run_gets_a_read_only_script_and_its_key_on_stdin_onl
     MANIFEST = f"{'0' * 64}  /testbed/conftest.py\n"
 
     monkeypatch.setattr(container_module, "find_engine", lambda engine="auto": "/usr/bin/podman")
-    monkeypatch.setattr(trees_module, "copy_from_image", lambda image, src, dest, config=None: (
-        shutil.copyfile("/bin/bash", dest) if src == "/bin/bash" else git_repo(TASK, dest)))
+    monkeypatch.setattr(
+        trees_module,
+        "copy_from_image",
+        lambda image, src, dest, config=None: (
+            shutil.copyfile("/bin/bash", dest) if src == "/bin/bash" else git_repo(TASK, dest)
+        ),
+    )
     runs = []
     nodes = list(TASK.fail_to_pass + TASK.pass_to_pass)
 
@@ -285,8 +306,10 @@ def test_the_container_eval_run_gets_a_read_only_script_and_its_key_on_stdin_onl
         for spec in mounts:
             host, inside, _ = spec.split(":")
             if inside == EVAL_DIR:
-                files = {n: (os.stat(os.path.join(host, n)), open(os.path.join(host, n), "rb").read())
-                         for n in os.listdir(host)}
+                files = {
+                    n: (os.stat(os.path.join(host, n)), open(os.path.join(host, n), "rb").read())
+                    for n in os.listdir(host)
+                }
                 files[""] = (os.stat(host), b"")
         runs.append((argv, mounts, stdin, files))
         if command == manifest_command():  # the original tree's pytest configuration
@@ -296,13 +319,17 @@ def test_the_container_eval_run_gets_a_read_only_script_and_its_key_on_stdin_onl
         key = stdin.decode().split()[0]
         tag = EvalSecrets(key).config_tag  # the eval shell's manifest before the tests: unchanged
         lines = [f"{tag} {line}" for line in MANIFEST.splitlines()] + [f"{tag} end"]
-        lines += [f"PASSED {n}" for n in nodes] if not signed else signed_lines(
-            key, [("PASSED", n) for n in nodes] + [("END", f"{len(nodes)} 0")])
+        lines += (
+            [f"PASSED {n}" for n in nodes]
+            if not signed
+            else signed_lines(key, [("PASSED", n) for n in nodes] + [("END", f"{len(nodes)} 0")])
+        )
         return SandboxResult(0, ("\n".join(lines) + "\n").encode())
 
     monkeypatch.setattr(container_module.ContainerSandbox, "run", run)
-    (instance,) = load_instances(write_jsonl([swebench_row(TASK, image="localhost/x:1", base_commit="HEAD")],
-                                             str(tmp_path)))
+    (instance,) = load_instances(
+        write_jsonl([swebench_row(TASK, image="localhost/x:1", base_commit="HEAD")], str(tmp_path))
+    )
     ws = SWEbenchWorkspace(instance, SWEbenchSettings(root=os.path.join(sandbox_dir, "ws")), TEST_POOL)
     try:
         ws.open()
@@ -316,7 +343,9 @@ def test_the_container_eval_run_gets_a_read_only_script_and_its_key_on_stdin_onl
     assert scripts.endswith(f":{EVAL_DIR}:ro") and argv[-1] == eval_command()
     assert not any(key in a for a in argv)
     plugin = [n for n in files if n.startswith("tsl_report_")]
-    assert sorted(files) == sorted(["", "eval.sh", SHELL_NAME, "sitecustomize.py", "usercustomize.py", *plugin])
+    assert sorted(files) == sorted(
+        ["", "eval.sh", SHELL_NAME, "sitecustomize.py", "usercustomize.py", *plugin]
+    )
     assert len(plugin) == 1
     for name, (st, text) in files.items():
         assert st.st_uid == 0 and st.st_mode & 0o022 == 0 and key.encode() not in text, name
@@ -337,7 +366,9 @@ def test_the_declared_markers_of_a_swebench_instance_come_from_the_image_with_it
     before = open(os.path.join(testbed, rel)).read()
     after = before.replace(f"def {name}(", f"@pytest.mark.xfail(reason='upstream')\ndef {name}(")
     assert after != before
-    test_patch = "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}"))
+    test_patch = "".join(
+        difflib.unified_diff(before.splitlines(True), after.splitlines(True), f"a/{rel}", f"b/{rel}")
+    )
     row = dict(swebench_row(TASK, image="unused", base_commit="HEAD"), test_patch=test_patch)
     (instance,) = load_instances(write_jsonl([row], str(tmp_path)))
     from swebench.harness.utils import make_test_spec
@@ -347,7 +378,9 @@ def test_the_declared_markers_of_a_swebench_instance_come_from_the_image_with_it
     ws = SWEbenchWorkspace(instance, SWEbenchSettings(), TEST_POOL)
     ws._trees = HostTrees("unused", ws.config, 0, str(tmp_path), 1, 1, False)  # where the fresh copy lies
     declared = ws._declared_sources(Tree(testbed, None, None), make_test_spec(instance))
-    assert declared[rel] == after and open(os.path.join(testbed, rel)).read() == before  # the copy is untouched
+    assert (
+        declared[rel] == after and open(os.path.join(testbed, rel)).read() == before
+    )  # the copy is untouched
     from thundersync_lightning.envs.code.outcomes import declared_markers
 
     assert declared_markers(declared, TASK.fail_to_pass[0]) == {"xfail"}
@@ -364,6 +397,7 @@ def test_rows_without_the_fields_swebench_5_needs_are_rejected(tmp_path):
 
 # ---------------------------------------------------------------- container backend (podman)
 
+
 @pytest.fixture(params=["local", "sandbox_host"])
 def swebench_source(request, instance_image, tmp_path):
     """The instance on this host's engine, and on a sandbox host (a podman service reached by URL):
@@ -373,9 +407,18 @@ def swebench_source(request, instance_image, tmp_path):
     hosts = None
     if request.param == "sandbox_host":
         hosts = [{"url": request.getfixturevalue("podman_service").url, "capacity": 4}]
-    return SWEbenchTasks(instances=path, engine="podman", command_timeout_s=60, eval_timeout_s=300,
-                         memory="1g", nproc=256, sandbox_root="/tmp/thundersync-test-sandboxes",
-                         uid_base=3_970_000, uid_count=32, sandbox_hosts=hosts)
+    return SWEbenchTasks(
+        instances=path,
+        engine="podman",
+        command_timeout_s=60,
+        eval_timeout_s=300,
+        memory="1g",
+        nproc=256,
+        sandbox_root="/tmp/thundersync-test-sandboxes",
+        uid_base=3_970_000,
+        uid_count=32,
+        sandbox_hosts=hosts,
+    )
 
 
 def act(env, text):
@@ -389,9 +432,13 @@ def test_in_a_container_the_gold_patch_resolves_the_instance(swebench_source):
     try:
         assert TASK.problem_statement.strip() in CODEC.decode(env.reset())
         assert "intervals.py" in act(env, "bash ls; id -u")
-        obs = act(env, f"bash\ncat > /tmp/p <<'EOF_P'\n{TASK.gold_patch}EOF_P\ngit apply /tmp/p && echo applied")
+        obs = act(
+            env, f"bash\ncat > /tmp/p <<'EOF_P'\n{TASK.gold_patch}EOF_P\ngit apply /tmp/p && echo applied"
+        )
         assert "applied" in obs
-        assert "unreachable" in act(env, "bash python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53))\"")
+        assert "unreachable" in act(
+            env, "bash python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53))\""
+        )
         env.step(CODEC.encode("submit"))
         assert env.verdict() == 1.0
         assert env.outcome().report["tests_status"]["FAIL_TO_PASS"]["success"] == list(TASK.fail_to_pass)
@@ -408,8 +455,11 @@ def test_in_a_container_no_change_and_test_edits_earn_zero(swebench_source):
         untouched.reset()
         assert untouched.verdict() == 0.0
         gamed.reset()
-        act(gamed, "bash\nprintf '\\n\\ndef test_touching():\\n    pass\\n' >> tests/test_intervals.py\n"
-                   "echo '# touched' >> intervals.py")
+        act(
+            gamed,
+            "bash\nprintf '\\n\\ndef test_touching():\\n    pass\\n' >> tests/test_intervals.py\n"
+            "echo '# touched' >> intervals.py",
+        )
         assert gamed.verdict() == 0.0
         assert gamed.outcome().report["tests_status"]["FAIL_TO_PASS"]["failure"] == list(TASK.fail_to_pass)
     finally:
@@ -434,8 +484,11 @@ def test_in_a_container_code_under_test_cannot_read_the_eval_shells_memory(swebe
     try:
         env.reset()
         patch = TASK.gold_patch
-        act(env, f"bash\ncat > /tmp/p <<'EOF_P'\n{patch}EOF_P\ngit apply /tmp/p && cat >> intervals.py <<'EOF_Q'\n"
-                 f"{PEEK}EOF_Q")
+        act(
+            env,
+            f"bash\ncat > /tmp/p <<'EOF_P'\n{patch}EOF_P\ngit apply /tmp/p && cat >> intervals.py <<'EOF_Q'\n"
+            f"{PEEK}EOF_Q",
+        )
         env.step(CODEC.encode("submit"))
         assert env.verdict() == 1.0  # the fix still counts; nothing was learnt from the shell
     finally:
@@ -454,8 +507,10 @@ def test_a_container_command_is_contained_and_cleaned_up(swebench_source):
     try:
         env.reset()
         ws = env.workspace
-        out = ws.run("touch /usr/x 2>&1; cat /proc/self/status | grep CapEff; setsid sleep 1000 & echo bg",
-                     timeout_s=30)
+        out = ws.run(
+            "touch /usr/x 2>&1; cat /proc/self/status | grep CapEff; setsid sleep 1000 & echo bg",
+            timeout_s=30,
+        )
         assert "Read-only file system" in out.text and "0000000000000000" in out.text
         slow = ws.run("sleep 100", timeout_s=2)
         assert slow.timed_out
@@ -470,7 +525,9 @@ def test_a_container_command_is_contained_and_cleaned_up(swebench_source):
         listener.listen(1)
         try:
             port = listener.getsockname()[1]
-            probe = ws.run(f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 5)\"")
+            probe = ws.run(
+                f"python3 -c \"import socket; socket.create_connection(('127.0.0.1', {port}), 5)\""
+            )
             assert probe.exit_code != 0 and "Connection refused" in probe.text
         finally:
             listener.close()
@@ -486,9 +543,15 @@ def ours(engine: str, what: str) -> list[str]:
     from thundersync_lightning.envs.sandbox.reaper import owner_labels
 
     label = owner_labels()[-1]
-    args = ["ps", "-a", "--format", "{{.Names}}"] if what == "ps" else ["volume", "ls", "--format", "{{.Name}}"]
-    return subprocess.run([engine, "--runtime", "/usr/sbin/runc", *args, "--filter", f"label={label}"],
-                          capture_output=True, text=True, check=True).stdout.split()
+    args = (
+        ["ps", "-a", "--format", "{{.Names}}"] if what == "ps" else ["volume", "ls", "--format", "{{.Name}}"]
+    )
+    return subprocess.run(
+        [engine, "--runtime", "/usr/sbin/runc", *args, "--filter", f"label={label}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
 
 
 @pytest.mark.container
@@ -498,27 +561,51 @@ def test_a_missing_image_is_an_error_not_a_zero_reward(tmp_path):
     from thundersync_lightning.envs.sandbox import SandboxError
 
     row = swebench_row(TASK, image="localhost/thundersync-no-such-image:none", base_commit="0" * 40)
-    source = SWEbenchTasks(instances=write_jsonl([row], str(tmp_path)), engine="podman",
-                           sandbox_root="/tmp/thundersync-test-sandboxes", uid_base=3_970_000, uid_count=32)
+    source = SWEbenchTasks(
+        instances=write_jsonl([row], str(tmp_path)),
+        engine="podman",
+        sandbox_root="/tmp/thundersync-test-sandboxes",
+        uid_base=3_970_000,
+        uid_count=32,
+    )
     env = source.make_env(source.tasks(0, 1, 0)[0], 0)
     with pytest.raises(SandboxError, match="no-such-image"):
         env.reset()
     env.close()
 
 
-def test_containers_never_pull_get_no_host_proxy_and_have_cpu_memory_and_swap_limits(sandbox_budget, monkeypatch):
+def test_containers_never_pull_get_no_host_proxy_and_have_cpu_memory_and_swap_limits(
+    sandbox_budget, monkeypatch
+):
     from thundersync_lightning.envs.sandbox import ContainerConfig, ContainerSandbox, SandboxLimits
     from thundersync_lightning.envs.sandbox import container as container_module
 
     monkeypatch.setattr(container_module, "find_engine", lambda engine="auto": "/usr/bin/podman")
-    config = ContainerConfig(engine="podman", runtime="", memory="1g", limits=SandboxLimits(cpus=1.5, nproc=64))
-    box = ContainerSandbox(sandbox_budget.path, "localhost/x:y", 4_000_000, config,
-                           ro_volumes={"/h/base.git": "/b.git"}, budget=sandbox_budget)
+    config = ContainerConfig(
+        engine="podman", runtime="", memory="1g", limits=SandboxLimits(cpus=1.5, nproc=64)
+    )
+    box = ContainerSandbox(
+        sandbox_budget.path,
+        "localhost/x:y",
+        4_000_000,
+        config,
+        ro_volumes={"/h/base.git": "/b.git"},
+        budget=sandbox_budget,
+    )
     argv = box.argv("true", "tsl-test", 10.0)
     flags = " ".join(argv)
-    for expected in ("--pull=never", "--http-proxy=false", "--cpus 1.5", "--memory 1g", "--memory-swap 1g",
-                     "--pids-limit 64", "--network none", "--cap-drop all", "--read-only",
-                     "-v /h/base.git:/b.git:ro"):
+    for expected in (
+        "--pull=never",
+        "--http-proxy=false",
+        "--cpus 1.5",
+        "--memory 1g",
+        "--memory-swap 1g",
+        "--pids-limit 64",
+        "--network none",
+        "--cap-drop all",
+        "--read-only",
+        "-v /h/base.git:/b.git:ro",
+    ):
         assert expected in flags, expected
     assert argv.index("--pull=never") < argv.index("localhost/x:y")
     from thundersync_lightning.envs.sandbox.reaper import host_key, process_start
@@ -528,14 +615,18 @@ def test_containers_never_pull_get_no_host_proxy_and_have_cpu_memory_and_swap_li
 
 
 @needs_bwrap
-def test_the_container_paths_patch_capture_uses_a_host_copy_of_the_base_commit(tmp_path, sandbox_dir, sandbox_budget):
+def test_the_container_paths_patch_capture_uses_a_host_copy_of_the_base_commit(
+    tmp_path, sandbox_dir, sandbox_budget
+):
     from thundersync_lightning.envs.code.patches import BASE_GIT_DIR, capture_command
     from thundersync_lightning.envs.swebench.workspace import SWEbenchSettings, SWEbenchWorkspace
 
     repo = os.path.join(sandbox_dir, "testbed")
     os.mkdir(repo)
     base = git_repo(TASK, repo)
-    (instance,) = load_instances(write_jsonl([swebench_row(TASK, image="unused", base_commit=base)], str(tmp_path)))
+    (instance,) = load_instances(
+        write_jsonl([swebench_row(TASK, image="unused", base_commit=base)], str(tmp_path))
+    )
     from thundersync_lightning.envs.swebench.trees import HostTrees
 
     ws = SWEbenchWorkspace(instance, SWEbenchSettings(), TEST_POOL)
@@ -545,17 +636,27 @@ def test_the_container_paths_patch_capture_uses_a_host_copy_of_the_base_commit(t
     lease = TEST_POOL.acquire()
     try:
         chown_tree(repo, lease.uid)
-        box = BwrapSandbox(repo, lease.uid, BwrapConfig(SandboxLimits(timeout_s=60)), budget=sandbox_budget,
-                           ro_binds={os.path.join(sandbox_dir, "base.git"): BASE_GIT_DIR})
+        box = BwrapSandbox(
+            repo,
+            lease.uid,
+            BwrapConfig(SandboxLimits(timeout_s=60)),
+            budget=sandbox_budget,
+            ro_binds={os.path.join(sandbox_dir, "base.git"): BASE_GIT_DIR},
+        )
         # The agent's own repository config would run a filter; the capture never reads it.
-        box.run("git config filter.x.clean 'touch /testbed/.ran; cat' && echo '*.py filter=x' > .gitattributes && "
-                "git apply - && rm -f .ran", stdin=TASK.gold_patch.encode())
+        box.run(
+            "git config filter.x.clean 'touch /testbed/.ran; cat' && echo '*.py filter=x' > .gitattributes && "
+            "git apply - && rm -f .ran",
+            stdin=TASK.gold_patch.encode(),
+        )
         patch = box.run(capture_command(base)).text
     finally:
         lease.release()
     from thundersync_lightning.envs.code import patch_paths
 
-    added = [line for line in TASK.gold_patch.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    added = [
+        line for line in TASK.gold_patch.splitlines() if line.startswith("+") and not line.startswith("+++")
+    ]
     assert added and all(line in patch.splitlines() for line in added)
     assert set(patch_paths(patch)) == {"intervals.py", ".gitattributes"}
     assert not os.path.exists(os.path.join(repo, ".ran"))
@@ -563,7 +664,10 @@ def test_the_container_paths_patch_capture_uses_a_host_copy_of_the_base_commit(t
 
 
 def test_held_out_instances_never_train_and_are_the_validation_tasks(tmp_path):
-    rows = [dict(swebench_row(TASK, image="unused", base_commit="0" * 40), instance_id=f"repo__x-{k}") for k in range(12)]
+    rows = [
+        dict(swebench_row(TASK, image="unused", base_commit="0" * 40), instance_id=f"repo__x-{k}")
+        for k in range(12)
+    ]
     path = write_jsonl(rows, str(tmp_path))
     by_id = SWEbenchTasks(instances=path, val_instance_ids=["repo__x-3", "repo__x-7"])
     assert [r["instance_id"] for r in by_id.validation_tasks()] == ["repo__x-3", "repo__x-7"]

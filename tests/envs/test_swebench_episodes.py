@@ -34,8 +34,10 @@ class FakeWorkspace:
 
     def evaluate(self, patch):
         self.calls.append("evaluate")
-        status = {"FAIL_TO_PASS": {"success": ["a"], "failure": []}, "PASS_TO_PASS": {"success": ["b", "c"],
-                                                                                     "failure": []}}
+        status = {
+            "FAIL_TO_PASS": {"success": ["a"], "failure": []},
+            "PASS_TO_PASS": {"success": ["b", "c"], "failure": []},
+        }
         return EvalOutcome(patch == "fix", "resolved", {"tests_status": status})
 
     def protects(self, path):
@@ -59,7 +61,10 @@ def test_an_episode_writes_one_line_with_its_phases_reward_and_test_counts(tmp_p
     assert inner.calls == ["open", "run ls", "run pwd", "diff", "evaluate", "close"]
     assert rec["instance_id"] == "lib__lib-1" and rec["seed"] == 7 and rec["commands"] == 2
     assert rec["reward"] == 1.0 and rec["resolved"] is True and rec["verdict"] == "resolved"
-    assert rec["tests"] == {"FAIL_TO_PASS": {"success": 1, "failure": 0}, "PASS_TO_PASS": {"success": 2, "failure": 0}}
+    assert rec["tests"] == {
+        "FAIL_TO_PASS": {"success": 1, "failure": 0},
+        "PASS_TO_PASS": {"success": 2, "failure": 0},
+    }
     assert rec["error"] is None
     for key in ("container_start_s", "commands_s", "verdict_s"):
         assert 0.0 <= rec[key] <= rec["episode_s"]
@@ -73,7 +78,11 @@ def test_an_episode_whose_container_never_started_is_logged_with_the_error_and_n
         timed.open()
     timed.close()
     (rec,) = read_episodes(path)
-    assert rec["reward"] is None and rec["verdict"] is None and rec["error"] == "open: RuntimeError: image missing"
+    assert (
+        rec["reward"] is None
+        and rec["verdict"] is None
+        and rec["error"] == "open: RuntimeError: image missing"
+    )
 
 
 def test_an_unwritable_episode_log_never_fails_the_episode(tmp_path):

@@ -60,7 +60,7 @@ class Box:
         return [step(i) for i in range(n)]
 '''
 
-TINY_TESTS = '''from tinylib import Box, clamp, total
+TINY_TESTS = """from tinylib import Box, clamp, total
 
 
 def test_clamp_low():
@@ -85,7 +85,7 @@ def test_inside():
 
 def test_nested():
     assert Box().nested(3) == [1, 3, 5]
-'''
+"""
 
 
 def test_every_site_rewrites_only_its_own_bytes_and_equals_the_tree_edit():
@@ -96,8 +96,8 @@ def test_every_site_rewrites_only_its_own_bytes_and_equals_the_tree_edit():
         mutated = apply_site(TINY, site)
         assert mutated is not None, site
         out = mutated.encode()
-        assert out[:site.start] == data[:site.start]
-        assert out[site.start + len(site.new.encode()):] == data[site.end:]
+        assert out[: site.start] == data[: site.start]
+        assert out[site.start + len(site.new.encode()) :] == data[site.end :]
         assert ast.dump(ast.parse(mutated)) != ast.dump(ast.parse(TINY))
 
 
@@ -109,8 +109,12 @@ def test_sites_lie_in_function_bodies_named_by_qualified_function():
     lines = TINY.split("\n")
     assert all("def " not in lines[s.line - 1] for s in found)
     step = [s for s in found if s.function == "Box.nested.step"]
-    assert {(s.old, s.kind) for s in step} == {("*", "op_swap"), ("+", "op_swap"), ("2", "const_shift"),
-                                               ("1", "const_shift")}
+    assert {(s.old, s.kind) for s in step} == {
+        ("*", "op_swap"),
+        ("+", "op_swap"),
+        ("2", "const_shift"),
+        ("1", "const_shift"),
+    }
     assert {s.kind for s in found} == {"cmp_flip", "op_swap", "bool_swap", "const_shift"}
     augmented = [s for s in found if s.function == "total" and s.kind == "op_swap"]
     assert augmented and all(s.old == "+=" and s.new.endswith("=") for s in augmented)
@@ -132,8 +136,10 @@ def _run(statuses: dict[str, str]) -> PytestRun:
     return PytestRun(statuses, {t: f"{t} broke" for t, s in statuses.items() if s == "FAILED"})
 
 
-BASE = _run({f"t.py::test_{i}": "PASSED" for i in range(6)} | {"t.py::test_flaky": "FAILED",
-                                                              "t.py::test_x[a b]": "PASSED"})
+BASE = _run(
+    {f"t.py::test_{i}": "PASSED" for i in range(6)}
+    | {"t.py::test_flaky": "FAILED", "t.py::test_x[a b]": "PASSED"}
+)
 
 
 def _fake(site: Site) -> PytestRun | None:
@@ -148,17 +154,28 @@ def _fake(site: Site) -> PytestRun | None:
 
 def test_bug_selection_is_seeded_one_per_function_and_grades_only_tests_that_passed_clean():
     candidates = find_sites("tinylib.py", TINY)
-    first = select_bugs(candidates, BASE, _fake, seed=3, count=4, max_tries=50, max_fail_to_pass=3,
-                        num_pass_to_pass=2)
-    assert first == select_bugs(list(reversed(candidates)), BASE, _fake, seed=3, count=4, max_tries=50,
-                                max_fail_to_pass=3, num_pass_to_pass=2)
+    first = select_bugs(
+        candidates, BASE, _fake, seed=3, count=4, max_tries=50, max_fail_to_pass=3, num_pass_to_pass=2
+    )
+    assert first == select_bugs(
+        list(reversed(candidates)),
+        BASE,
+        _fake,
+        seed=3,
+        count=4,
+        max_tries=50,
+        max_fail_to_pass=3,
+        num_pass_to_pass=2,
+    )
     assert first and len({b.site.function for b in first}) == len(first)
     for bug in first:
         assert bug.site.line not in (9, 11)
         assert 1 <= len(bug.fail_to_pass) <= 3 and len(bug.pass_to_pass) == 2
         assert not set(bug.fail_to_pass) & set(bug.pass_to_pass)
         graded = set(bug.fail_to_pass) | set(bug.pass_to_pass)
-        assert "t.py::test_flaky" not in graded and "t.py::test_x[a b]" not in graded  # failed clean / unparseable
+        assert (
+            "t.py::test_flaky" not in graded and "t.py::test_x[a b]" not in graded
+        )  # failed clean / unparseable
         assert bug.messages[0] == (bug.fail_to_pass[0], f"{bug.fail_to_pass[0]} broke")
 
 
@@ -174,9 +191,11 @@ def test_bug_selection_stops_after_max_tries():
 
 
 def test_the_pytest_log_is_read_as_swebench_reads_it_and_addresses_are_blanked():
-    log = ("PASSED a.py::test_a\nFAILED a.py::test_b - AssertionError: <object at 0x7f3a2b> != 3\n"
-           "ERROR a.py::test_c - ValueError: bad\nSKIPPED [1] a.py:3: why\n"
-           "PASSED a.py::test_d[two words]\nFAILED a.py::test_e[x y] - assert 1 == 2\n")
+    log = (
+        "PASSED a.py::test_a\nFAILED a.py::test_b - AssertionError: <object at 0x7f3a2b> != 3\n"
+        "ERROR a.py::test_c - ValueError: bad\nSKIPPED [1] a.py:3: why\n"
+        "PASSED a.py::test_d[two words]\nFAILED a.py::test_e[x y] - assert 1 == 2\n"
+    )
     run = parse_test_run(log)  # test_d / test_e: swebench would read "a.py::test_d[two": never graded
     assert run.statuses == {"a.py::test_a": "PASSED", "a.py::test_b": "FAILED", "a.py::test_c": "ERROR"}
     assert run.messages["a.py::test_b"] == "AssertionError: <object at 0x...> != 3"
@@ -185,7 +204,9 @@ def test_the_pytest_log_is_read_as_swebench_reads_it_and_addresses_are_blanked()
 
 
 def test_the_gold_patch_applies_with_git_and_the_statement_never_shows_the_fix(tmp_path):
-    site = next(s for s in find_sites("tinylib.py", TINY) if s.function == "clamp" and s.old == "<" and s.new == ">=")
+    site = next(
+        s for s in find_sites("tinylib.py", TINY) if s.function == "clamp" and s.old == "<" and s.new == ">="
+    )
     buggy = apply_site(TINY, site)
     assert buggy is not None
     patch = gold_patch("tinylib.py", buggy, TINY)
@@ -194,7 +215,9 @@ def test_the_gold_patch_applies_with_git_and_the_statement_never_shows_the_fix(t
     assert (tmp_path / "tinylib.py").read_text() == TINY
     from thundersync_lightning.envs.swebench.synth import Bug
 
-    bug = Bug(site, ("t.py::test_0", "t.py::test_1"), ("t.py::test_2",), (("t.py::test_0", "assert -5 == 0"),))
+    bug = Bug(
+        site, ("t.py::test_0", "t.py::test_1"), ("t.py::test_2",), (("t.py::test_0", "assert -5 == 0"),)
+    )
     text = problem_statement(bug, ["t.py"])
     assert "`clamp`" in text and "assert -5 == 0" in text and "1 more failing" in text
     assert "x < lo" not in text and "x >= lo" not in text and "+    if" not in text
@@ -206,8 +229,14 @@ def test_a_bug_injected_into_a_tiny_library_fails_its_tests_and_the_gold_patch_m
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
 
     def pytest_run() -> PytestRun | None:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-rA", "--tb=no", "-p", "no:cacheprovider",
-                               "test_tinylib.py"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "pytest", "-rA", "--tb=no", "-p", "no:cacheprovider", "test_tinylib.py"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         return parse_test_run(done.stdout) if done.returncode in (0, 1) else None
 
     def run(site: Site) -> PytestRun | None:
@@ -226,8 +255,13 @@ def test_a_bug_injected_into_a_tiny_library_fails_its_tests_and_the_gold_patch_m
     broken = pytest_run()
     assert broken is not None
     assert {t for t, s in broken.statuses.items() if s == "FAILED"} == set(bug.fail_to_pass)
-    subprocess.run(["git", "apply", "-"], cwd=tmp_path, input=gold_patch("tinylib.py", buggy, TINY).encode(),
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["git", "apply", "-"],
+        cwd=tmp_path,
+        input=gold_patch("tinylib.py", buggy, TINY).encode(),
+        check=True,
+        capture_output=True,
+    )
     fixed = pytest_run()
     assert fixed is not None and set(bug.fail_to_pass) <= fixed.passed()
 
@@ -265,8 +299,11 @@ def test_the_committed_instances_are_swebench_rows_from_five_licensed_libraries(
         assert json.loads(row["FAIL_TO_PASS"]) and row["test_patch"] == ""
         assert not set(json.loads(row["FAIL_TO_PASS"])) & set(json.loads(row["PASS_TO_PASS"]))
         assert row["base_commit"] in row["eval_script"] and row["log_parser"] == "parse_log_pytest"
-        added = [line[1:].strip() for line in row["patch"].split("\n") if line.startswith("+") and
-                 not line.startswith("+++")]
+        added = [
+            line[1:].strip()
+            for line in row["patch"].split("\n")
+            if line.startswith("+") and not line.startswith("+++")
+        ]
         assert added and not any(a in row["problem_statement"] for a in added if a)
 
 

@@ -47,8 +47,14 @@ def test_a_fit_on_tool_call_episodes_logs_the_invalid_tool_call_fraction(tmp_pat
     save_model(str(tmp_path / "model"))
     (tmp_path / "run.py").write_text(RUN)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "run.py", str(tmp_path / "model")], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "run.py", str(tmp_path / "model")],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["rollout/trajectories_count"] == 4

@@ -25,8 +25,23 @@ def test_the_tool_demo_config_builds_its_start_fits_and_reports_held_out_pass_at
     assert "envs.branches.start runs/demo-tools/start" in makefile and "configs/tool_learn.yaml" in makefile
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
     start = tmp_path / "start"
-    subprocess.run([sys.executable, "-m", "thundersync_lightning.envs.branches.start", str(start), "--steps", "5",
-                    "--copy-name", "0.5"], check=True, env=env, cwd=ROOT, capture_output=True, timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "thundersync_lightning.envs.branches.start",
+            str(start),
+            "--steps",
+            "5",
+            "--copy-name",
+            "0.5",
+        ],
+        check=True,
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        timeout=600,
+    )
     record = json.loads((start / "start.json").read_text())
     assert record["copy_name"] == 0.5 and record["steps"] == 5
     run = tmp_path / "run"

@@ -69,8 +69,9 @@ def test_no_call_starts_once_the_turns_deadline_has_passed(monkeypatch):
         now[0] += 10.0
         return ToolResult("done")
 
-    conv = ToolConversation(r, [Tool("slow", "Slow.", {"type": "object"}, slow)],
-                            budget=TurnBudget(max_calls=8, deadline_s=25.0))
+    conv = ToolConversation(
+        r, [Tool("slow", "Slow.", {"type": "object"}, slow)], budget=TurnBudget(max_calls=8, deadline_s=25.0)
+    )
     conv.start([{"role": "user", "content": "go"}])
     turn = conv.respond(sampled(r, call("slow") * 6), sandbox=None)
     assert len(ran) == 3 and turn.invalid == 3  # started at 0, 10 and 20 s; none at 30 s
@@ -90,6 +91,7 @@ def test_a_turns_results_together_stay_within_its_character_budget():
 
 # -- max_episode_tokens() against adversarial policies ----------------------------------------
 
+
 def _policy(kind: str, texts: Sequence[str], tokenizer: object, vocab: int, seed: int):  # noqa: ANN202
     """A GenerateFn writing, up to each request's budget: random ids, or the given texts' ids (many
     calls per turn, unknown tools, huge arguments), with or without the stop token."""
@@ -103,7 +105,9 @@ def _policy(kind: str, texts: Sequence[str], tokenizer: object, vocab: int, seed
             if kind == "random" or tokenizer is None:
                 ids = [rng.randrange(vocab) for _ in range(req.max_new_tokens)]
             else:
-                ids = list(tokenizer.encode(rng.choice(texts), add_special_tokens=False))[: req.max_new_tokens]
+                ids = list(tokenizer.encode(rng.choice(texts), add_special_tokens=False))[
+                    : req.max_new_tokens
+                ]
             if req.stop_token is not None and rng.random() < 0.5 and len(ids) < req.max_new_tokens:
                 ids.append(req.stop_token)
             out.append(Generation(tuple(ids), (0.0,) * len(ids)))
@@ -144,7 +148,10 @@ def test_no_branch_episode_exceeds_max_episode_tokens_whatever_the_policy_writes
     generate = _policy(kind, BRANCH_TEXTS, tok, len(tok), seed)
     bound = branch_tasks.max_episode_tokens()
     for traj in _episodes(branch_tasks, generate):
-        assert len(traj.tokens) <= bound, (len(traj.tokens), bound)  # before: past it with many calls per turn
+        assert len(traj.tokens) <= bound, (
+            len(traj.tokens),
+            bound,
+        )  # before: past it with many calls per turn
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
@@ -156,6 +163,7 @@ def test_no_guessing_game_episode_exceeds_max_episode_tokens(seed, turns, digits
 
 
 # -- the context and the step timeout -----------------------------------------------------------
+
 
 class _Chatty:
     """An environment whose every observation is 1000 tokens."""
@@ -195,7 +203,9 @@ class _Commands:
     """An environment whose step runs ``n`` commands through a RunGuard (what a workspace's
     sandboxes share: its close cancels the guard, and no command starts after it)."""
 
-    def __init__(self, n: int, first: threading.Event, release: threading.Event, closed: threading.Event) -> None:
+    def __init__(
+        self, n: int, first: threading.Event, release: threading.Event, closed: threading.Event
+    ) -> None:
         self.n, self.first, self.release, self.closed = n, first, release, closed
         self.guard = RunGuard()
         self.started = 0
@@ -251,12 +261,20 @@ def test_after_a_step_timeout_no_further_command_of_the_ended_episode_starts():
 
 # -- code tasks: a turn's observation within max_observation_bytes -------------------------------
 
+
 @needs_bwrap
 @pytest.mark.parametrize("fmt", ["text", "tools"])
 def test_a_code_tasks_turn_stays_within_its_observation_bytes(fmt):
     extra = {"tokenizer_path": model_dir()} if fmt == "tools" else {}
-    tasks = LocalCodeTasks(names=["leap_year"], sandbox_root="/tmp/thundersync-test-sandboxes", uid_base=3_960_000,
-                           uid_count=64, max_observation_bytes=512, action_format=fmt, **extra)
+    tasks = LocalCodeTasks(
+        names=["leap_year"],
+        sandbox_root="/tmp/thundersync-test-sandboxes",
+        uid_base=3_960_000,
+        uid_count=64,
+        max_observation_bytes=512,
+        action_format=fmt,
+        **extra,
+    )
     env = tasks.make_env(tasks.all_tasks[0], 0)
     try:
         env.reset()

@@ -42,7 +42,9 @@ def test_a_stored_assistant_message_holds_each_call_once_and_keeps_its_reasoning
     conv.respond(sampled(r, text), sandbox=None)
     message = conv.messages[1]
     assert message["content"] == "<think>\nplan\n</think>\n\nLooking."
-    assert message["tool_calls"] == [{"type": "function", "function": {"name": "echo", "arguments": {"text": "x"}}}]
+    assert message["tool_calls"] == [
+        {"type": "function", "function": {"name": "echo", "arguments": {"text": "x"}}}
+    ]
     rendered = r.render_text(conv.messages, add_generation_prompt=False)
     assert rendered.count('"name": "echo", "arguments"') == 1 and "plan" in rendered
 

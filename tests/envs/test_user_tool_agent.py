@@ -62,13 +62,23 @@ data:
   groups_per_step: 3
 """
 
-ROWS = [{"prompt": [{"role": "system", "content": "Use the tools."}, {"role": "user", "content": "What is 2 + 3?"}],
-         "answer": "5"},
-        {"prompt": "What is 4 + 4?", "answer": "8"},
-        {"prompt": "What is 1 + 1?", "answer": None}]  # cannot be scored: its trajectories fail, the fit goes on
+ROWS = [
+    {
+        "prompt": [
+            {"role": "system", "content": "Use the tools."},
+            {"role": "user", "content": "What is 2 + 3?"},
+        ],
+        "answer": "5",
+    },
+    {"prompt": "What is 4 + 4?", "answer": "8"},
+    {"prompt": "What is 1 + 1?", "answer": None},
+]  # cannot be scored: its trajectories fail, the fit goes on
 
-CALLS = ['{"name": "add", "arguments": {"a": 2, "b": 3}}', '{"name": "wait", "arguments": {"seconds": 9}}',
-         '{"name": "explode", "arguments": {"reason": "x"}}']
+CALLS = [
+    '{"name": "add", "arguments": {"a": 2, "b": 3}}',
+    '{"name": "wait", "arguments": {"seconds": 9}}',
+    '{"name": "explode", "arguments": {"reason": "x"}}',
+]
 
 
 def save_start(model: str) -> None:
@@ -77,8 +87,13 @@ def save_start(model: str) -> None:
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
 
     save_tokenizer(model)
-    config = {**model_config(len(AutoTokenizer.from_pretrained(model))), "num_hidden_layers": 2, "hidden_size": 128,
-              "intermediate_size": 256, "num_attention_heads": 2}
+    config = {
+        **model_config(len(AutoTokenizer.from_pretrained(model))),
+        "num_hidden_layers": 2,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_attention_heads": 2,
+    }
     torch.manual_seed(0)
     Qwen3ForCausalLM(Qwen3Config(**config)).save_pretrained(model)
 
@@ -92,9 +107,14 @@ def teach_calls(model: str, steps: int = 150) -> None:
     from thundersync_lightning.envs.datasets import DatasetTasks
 
     tok = AutoTokenizer.from_pretrained(model)
-    tasks = DatasetTasks(ROWS[:2], fields={"answer": "answer"}, reward="exact_match", tokenizer_path=model,
-                         tools=["agent_tools:add", "agent_tools:wait", "agent_tools:explode"],
-                         template_kwargs={"enable_thinking": False})
+    tasks = DatasetTasks(
+        ROWS[:2],
+        fields={"answer": "answer"},
+        reward="exact_match",
+        tokenizer_path=model,
+        tools=["agent_tools:add", "agent_tools:wait", "agent_tools:explode"],
+        template_kwargs={"enable_thinking": False},
+    )
     rows = []
     for task in tasks.rows:
         prompt = list(tasks.renderer.prompt_ids(tasks.messages_of(task), [t.schema() for t in tasks.tools]))
@@ -130,12 +150,25 @@ def test_a_user_tool_agent_from_yaml_fits_through_a_hanging_tool_a_raising_tool_
         sys.modules.pop("agent_tools", None)
     (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     run = tmp_path / "run"
-    (tmp_path / "agent.yaml").write_text(CONFIG.format(run=run, model=tmp_path / "model", data=tmp_path / "rows.jsonl"))
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    (tmp_path / "agent.yaml").write_text(
+        CONFIG.format(run=run, model=tmp_path / "model", data=tmp_path / "rows.jsonl")
+    )
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "WANDB_MODE": "offline",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]),
+    }
     cli = Path(sys.executable).with_name("thundersync-lightning")
-    proc = subprocess.run([str(cli), "fit", "--config", "agent.yaml", f"--trainer.default_root_dir={run}"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [str(cli), "fit", "--config", "agent.yaml", f"--trainer.default_root_dir={run}"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 2 and summary["trajectories"] == 2 * 3 * 4
@@ -143,21 +176,36 @@ def test_a_user_tool_agent_from_yaml_fits_through_a_hanging_tool_a_raising_tool_
     failures = ("explode raised RuntimeError: exploded: x", "wait did not return within 1 s and was stopped")
     assert summary["tool_error_first"] in failures
     warned = [line for line in proc.stderr.splitlines() if "of the tool calls" in line]  # once per kind
-    assert [sum("tool calls raised" in w for w in warned), sum("tool calls timed out" in w for w in warned)] == [1, 1]
+    assert [
+        sum("tool calls raised" in w for w in warned),
+        sum("tool calls timed out" in w for w in warned),
+    ] == [1, 1]
     assert all("The first tool failure of" in w and any(f in w for f in failures) for w in warned)
     (metrics,) = run.glob("csv/version_*/metrics.csv")
-    rows = [dict(zip(metrics.read_text().splitlines()[0].split(","), line.split(",")))
-            for line in metrics.read_text().splitlines()[1:]]
+    rows = [
+        dict(zip(metrics.read_text().splitlines()[0].split(","), line.split(",")))
+        for line in metrics.read_text().splitlines()[1:]
+    ]
     steps = [r for r in rows if r.get("rollout/tool_error_fraction")]
     assert len(steps) == 2  # each step's own counts
     assert sum(float(r["rollout/tool_error_fraction"]) for r in steps) > 0
     assert sum(float(r["rollout/tool_timeout_fraction"]) for r in steps) > 0
-    assert all(0.0 <= float(r[f"rollout/reward/{name}_mean"]) <= 1.0 for r in steps for name in ("correct", "regex_match"))
+    assert all(
+        0.0 <= float(r[f"rollout/reward/{name}_mean"]) <= 1.0
+        for r in steps
+        for name in ("correct", "regex_match")
+    )
     assert sum(float(r["rollout/failures_count"]) for r in rows if r.get("rollout/failures_count")) >= 2 * 4
     ckpt = max((run / "checkpoints").glob("*.ckpt"), key=lambda p: (p.name == "last.ckpt", p.stat().st_mtime))
     exported = tmp_path / "exported"
-    proc = subprocess.run([str(cli), "export", "--ckpt_path", str(ckpt), "--out", str(exported)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [str(cli), "export", "--ckpt_path", str(ckpt), "--out", str(exported)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     check_export(ckpt, exported)
 
@@ -173,8 +221,12 @@ def check_export(ckpt: Path, exported: Path) -> None:
     trained = GRPOPolicy.load_from_checkpoint(ckpt, map_location="cpu", weights_only=False).model.eval()
     served = AutoModelForCausalLM.from_pretrained(exported, local_files_only=True).eval()
     tok = AutoTokenizer.from_pretrained(exported, local_files_only=True)
-    text = tok.apply_chat_template([{"role": "user", "content": "What is 2 + 3?"}], tokenize=False,
-                                   add_generation_prompt=True, enable_thinking=False)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "What is 2 + 3?"}],
+        tokenize=False,
+        add_generation_prompt=True,
+        enable_thinking=False,
+    )
     ids = torch.tensor([tok.encode(text, add_special_tokens=False)])
     assert "<think>" in text and ids.shape[1] > 5
     with torch.no_grad():

@@ -20,7 +20,9 @@ from thundersync_lightning.envs.tools.confine import confinement
 
 from .test_dataset_tools import call, tokenizer_dir
 
-needs_bwrap = pytest.mark.skipif(not bwrap_available(), reason="bubblewrap and root are needed to confine workers")
+needs_bwrap = pytest.mark.skipif(
+    not bwrap_available(), reason="bubblewrap and root are needed to confine workers"
+)
 
 # docs/custom.md's calculator before this change: eval without builtins
 CALCULATOR = '''
@@ -81,8 +83,12 @@ def calculate(workers: ToolWorkers, expression: str) -> str:
 
 
 @needs_bwrap
-def test_the_calculator_escape_runs_as_its_own_uid_without_host_files_network_or_memory(user_dir, monkeypatch) -> None:
-    monkeypatch.syspath_prepend("/")  # a top-level directory on sys.path is not bound (it would show the host)
+def test_the_calculator_escape_runs_as_its_own_uid_without_host_files_network_or_memory(
+    user_dir, monkeypatch
+) -> None:
+    monkeypatch.syspath_prepend(
+        "/"
+    )  # a top-level directory on sys.path is not bound (it would show the host)
     host = socket.socket()
     host.bind(("127.0.0.1", 0))
     host.listen(1)
@@ -97,12 +103,23 @@ def test_the_calculator_escape_runs_as_its_own_uid_without_host_files_network_or
         assert "No such file" in calculate(workers, f"{POPEN}('cat /etc/passwd 2>&1').read()")  # not bound
         assert calculate(workers, f"{POPEN}('ls {user_dir.parent}').read()").split() == [user_dir.name]
         assert sorted(calculate(workers, f"{POPEN}('env').read()").split()) == [  # sh adds PWD (and SHLVL)
-            "HOME=/tmp", "LANG=C.UTF-8", "PATH=/usr/bin:/bin", "PWD=/tmp", "PYTHONDONTWRITEBYTECODE=1", "TMPDIR=/tmp"]
-        net = calculate(workers, f"{POPEN}('bash -c \"echo x > /dev/tcp/127.0.0.1/{port}\" 2>&1; echo rc=$?').read()")
+            "HOME=/tmp",
+            "LANG=C.UTF-8",
+            "PATH=/usr/bin:/bin",
+            "PWD=/tmp",
+            "PYTHONDONTWRITEBYTECODE=1",
+            "TMPDIR=/tmp",
+        ]
+        net = calculate(
+            workers, f"{POPEN}('bash -c \"echo x > /dev/tcp/127.0.0.1/{port}\" 2>&1; echo rc=$?').read()"
+        )
         assert "Connection refused" in net and "rc=1" in net  # its own network namespace's loopback
         with pytest.raises(BlockingIOError):
             host.accept()  # nothing reached the host's listener
-        assert calculate(workers, "('x' * (1536 * 1024**2)).__len__()") == "[error] calculator raised MemoryError"
+        assert (
+            calculate(workers, "('x' * (1536 * 1024**2)).__len__()")
+            == "[error] calculator raised MemoryError"
+        )
         assert calculate(workers, "6 * 7") == "42"  # the worker lives on after each refusal
     finally:
         workers.close()
@@ -112,7 +129,10 @@ def test_the_calculator_escape_runs_as_its_own_uid_without_host_files_network_or
 def test_a_plain_worker_still_has_an_empty_environment_and_a_memory_cap(user_dir) -> None:
     workers = ToolWorkers(max_idle=1, limits=WorkerLimits(sandbox="rlimits"))
     try:
-        assert calculate(workers, "('x' * (1536 * 1024**2)).__len__()") == "[error] calculator raised MemoryError"
+        assert (
+            calculate(workers, "('x' * (1536 * 1024**2)).__len__()")
+            == "[error] calculator raised MemoryError"
+        )
         env = calculate(workers, f"{POPEN}('env').read()").split()
         assert "HOME=/tmp" in env and not [e for e in env if e.startswith(("PYTHONPATH=", "WANDB", "HF_"))]
     finally:
@@ -120,9 +140,15 @@ def test_a_plain_worker_still_has_an_empty_environment_and_a_memory_cap(user_dir
 
 
 def agent_tasks() -> DatasetTasks:
-    return DatasetTasks([{"prompt": "What is 2 + 3?", "answer": "5"}], fields={"answer": "answer"},
-                        reward="agent_module:correct", tokenizer_path=tokenizer_dir(),
-                        tools=["agent_module:tamper", "agent_module:notes"], tool_timeout_s=30.0, max_turns=3)
+    return DatasetTasks(
+        [{"prompt": "What is 2 + 3?", "answer": "5"}],
+        fields={"answer": "answer"},
+        reward="agent_module:correct",
+        tokenizer_path=tokenizer_dir(),
+        tools=["agent_module:tamper", "agent_module:notes"],
+        tool_timeout_s=30.0,
+        max_turns=3,
+    )
 
 
 def run_turn(tasks: DatasetTasks, env, text: str):  # noqa: ANN001, ANN201
@@ -146,7 +172,9 @@ def test_one_episodes_tool_call_changes_no_other_episodes_tools_and_no_reward(us
     b.close()
 
 
-def test_a_closed_episodes_worker_is_gone_with_its_groups_and_uid_and_its_tools_refuse_calls(user_dir) -> None:
+def test_a_closed_episodes_worker_is_gone_with_its_groups_and_uid_and_its_tools_refuse_calls(
+    user_dir,
+) -> None:
     tasks = agent_tasks()
     env = tasks.make_env(tasks.rows[0], 0)
     env.reset()
@@ -175,8 +203,9 @@ def test_a_host_that_cannot_confine_warns_or_with_require_sandbox_refuses(monkey
 
 
 def test_worker_limits_come_from_a_mapping_and_every_bad_field_is_named() -> None:
-    assert WorkerLimits.of({"memory_bytes": 2**31, "sandbox": "rlimits"}) == WorkerLimits(memory_bytes=2**31,
-                                                                                           sandbox="rlimits")
+    assert WorkerLimits.of({"memory_bytes": 2**31, "sandbox": "rlimits"}) == WorkerLimits(
+        memory_bytes=2**31, sandbox="rlimits"
+    )
     with pytest.raises(ConfigError, match=r"unknown keys \['memory'\]"):
         WorkerLimits.of({"memory": 1})
     with pytest.raises(ConfigError) as err:
@@ -186,7 +215,9 @@ def test_worker_limits_come_from_a_mapping_and_every_bad_field_is_named() -> Non
 
 def test_a_sources_worker_limits_confine_its_rewards_too() -> None:
     rows = [{"prompt": "p", "answer": "5"}]
-    tight = DatasetTasks(rows, reward="tests.envs.user_rewards:hungry", worker_limits={"memory_bytes": 512 * 1024**2})
+    tight = DatasetTasks(
+        rows, reward="tests.envs.user_rewards:hungry", worker_limits={"memory_bytes": 512 * 1024**2}
+    )
     failed = tight.reward_sum("p", "c", tight.rows[0].row)  # a reward's failure is the verdict's (issue 50)
     assert failed == 0.0 and "MemoryError" in failed.failure
     roomy = DatasetTasks(rows, reward="tests.envs.user_rewards:hungry")
@@ -206,7 +237,9 @@ def test_closing_an_episode_ends_its_running_tool_call_at_once(user_dir) -> None
 
     workers._take = take_and_tell
     outcome = []
-    caller = threading.Thread(target=lambda: outcome.append(workers.call("slow_tools:wait", {}, timeout_s=600.0)))
+    caller = threading.Thread(
+        target=lambda: outcome.append(workers.call("slow_tools:wait", {}, timeout_s=600.0))
+    )
     caller.start()
     assert taken.wait(60)
     workers.close()  # the episode ends while its call runs

@@ -30,7 +30,9 @@ CONFIG = {
 def _policy(dtype: str, objective: Objective, lora: bool = False) -> GRPOPolicy:
     torch.manual_seed(0)
     config = dict(CONFIG, attn_implementation="sdpa" if dtype == "float64" else "eager")
-    policy = GRPOPolicy(config=config, dtype=dtype, objective=objective, lora=LoraSettings(r=4) if lora else None)
+    policy = GRPOPolicy(
+        config=config, dtype=dtype, objective=objective, lora=LoraSettings(r=4) if lora else None
+    )
     policy.eval()  # no dropout: the two passes must see the same function
     if dtype == "float64":
         for module in policy.modules():
@@ -73,14 +75,20 @@ def _gradient(
     for kind, t in events:
         if kind == "reward":
             kind = kinds.get(t.trajectory_id)
-            acc.add_reward(t.trajectory_id, rewards[t.trajectory_id], kind == "failed", unscorable=kind == "unscorable")
+            acc.add_reward(
+                t.trajectory_id, rewards[t.trajectory_id], kind == "failed", unscorable=kind == "unscorable"
+            )
             continue
         prefix = None
         if cut:
-            prefix = prefixes.get(t.group_id) or prefixes.setdefault(t.group_id, policy.encode_prefix(t.prompt))
+            prefix = prefixes.get(t.group_id) or prefixes.setdefault(
+                t.group_id, policy.encode_prefix(t.prompt)
+            )
         extra = {"prefix": prefix} if cut else {}
         scores = policy.score_tokens([t], entropy=obj.needs_entropy, reference=obj.needs_reference, **extra)
-        acc.add_tokens([t.trajectory_id], scores, engine_logprobs([t], scores.mask, scores.logprobs.dtype), prefix=prefix)
+        acc.add_tokens(
+            [t.trajectory_id], scores, engine_logprobs([t], scores.mask, scores.logprobs.dtype), prefix=prefix
+        )
     report = acc.finish()
     assert report.backward_passes > 0
     out = torch.cat([p.grad.reshape(-1) for p in params])
@@ -91,7 +99,13 @@ def _gradient(
 
 OBJECTIVES = [
     Objective(),
-    Objective(estimator="rloo", loss_agg="token-mean", kl_coef=0.1, entropy_coef=0.05, is_correction="token_truncate"),
+    Objective(
+        estimator="rloo",
+        loss_agg="token-mean",
+        kl_coef=0.1,
+        entropy_coef=0.05,
+        is_correction="token_truncate",
+    ),
     Objective(scale="batch", std="sample", kl_coef=0.1, failed="drop", loss_agg="seq-mean-token-mean"),
 ]
 

@@ -65,7 +65,9 @@ def test_a_right_padded_forward_gives_every_real_token_the_scores_of_its_row_alo
     # one forward for all rows (no micro-batch cut), no padding mask: per-token logprobs, entropies
     # and the reference's logprobs of each row equal its own unpadded forward's
     torch.manual_seed(0)
-    policy = GRPOPolicy(config=TOY_MODEL, score_max_padding=float("inf"), objective={"kl_coef": 0.1, "entropy_coef": 0.01})
+    policy = GRPOPolicy(
+        config=TOY_MODEL, score_max_padding=float("inf"), objective={"kl_coef": 0.1, "entropy_coef": 0.01}
+    )
     rows = [_trajectory([14], [Segment((3,), True)], "a"), _trajectory([14, 2, 2, 7], [Segment((3, 4, 5, 6, 1, 2), True)], "b"),
             _trajectory([14, 2], [Segment((9, 9), True), Segment((10,), False), Segment((4,), True)], "c")]  # fmt: skip
     batched = policy.score_tokens(rows, entropy=True, reference=True)
@@ -134,9 +136,12 @@ def test_length_sorted_micro_batches_give_the_scores_of_one_batch_in_the_origina
     split = GRPOPolicy(config=TOY_MODEL, score_batch_tokens=8)  # at most one or two rows a forward
     split.load_state_dict(whole.state_dict())
     trajectories = [
-        _trajectory([14] * (1 + k % 3), [Segment(tuple(range(1, 2 + k)), True)], f"t{k}") for k in (4, 0, 2, 5, 1, 3)
+        _trajectory([14] * (1 + k % 3), [Segment(tuple(range(1, 2 + k)), True)], f"t{k}")
+        for k in (4, 0, 2, 5, 1, 3)
     ]
-    assert torch.allclose(split.trajectory_logprobs(trajectories), whole.trajectory_logprobs(trajectories), atol=1e-5)
+    assert torch.allclose(
+        split.trajectory_logprobs(trajectories), whole.trajectory_logprobs(trajectories), atol=1e-5
+    )
 
 
 @pytest.mark.parametrize("max_padding", [0.0, 0.25, float("inf")])
@@ -166,7 +171,9 @@ def test_score_max_padding_changes_forwards_not_scores():
     ]
     calls = []
     tight.model.register_forward_hook(lambda *_: calls.append(1))
-    assert torch.allclose(tight.trajectory_logprobs(trajectories), loose.trajectory_logprobs(trajectories), atol=1e-5)
+    assert torch.allclose(
+        tight.trajectory_logprobs(trajectories), loose.trajectory_logprobs(trajectories), atol=1e-5
+    )
     assert len(calls) == 6  # six distinct lengths: six forwards
     with pytest.raises(ConfigError, match="score_max_padding"):
         GRPOPolicy(config=TOY_MODEL, score_max_padding=-1.0)
@@ -188,7 +195,9 @@ def test_a_forwards_fixed_cost_lets_short_rows_share_a_forward_that_padding_alon
             for chunk in chunks:
                 ls = [lengths[i] for i in chunk]
                 padded = len(ls) * max(ls)
-                assert len(ls) == 1 or padded <= min(600, max((1 + max_padding) * sum(ls), sum(ls) + overhead))
+                assert len(ls) == 1 or padded <= min(
+                    600, max((1 + max_padding) * sum(ls), sum(ls) + overhead)
+                )
 
 
 @pytest.mark.parametrize("forward_tokens", [0, 64, 10_000])
@@ -203,7 +212,9 @@ def test_score_forward_tokens_changes_forwards_not_scores(forward_tokens):
     ]  # 3, 6, ..., 18 tokens
     calls = []
     policy.model.register_forward_hook(lambda *_: calls.append(1))
-    assert torch.allclose(policy.trajectory_logprobs(trajectories), reference.trajectory_logprobs(trajectories), atol=1e-5)
+    assert torch.allclose(
+        policy.trajectory_logprobs(trajectories), reference.trajectory_logprobs(trajectories), atol=1e-5
+    )
     # 0: one forward per length; 64: 3..18 padded to 18 is 108 for 63 real (45 padded <= 64); 10k: one
     assert len(calls) == {0: 6, 64: 1, 10_000: 1}[forward_tokens]
     with pytest.raises(ConfigError, match="score_forward_tokens"):

@@ -27,8 +27,10 @@ from thundersync_lightning.core import Objective
 from thundersync_lightning.envs.datasets import DatasetTasks
 
 # per row of the page's train.jsonl (0: math, answer 5; 1: chat, no answer): each trajectory's turns
-SCRIPTS = {0: [[call("note", text="2+3=5"), "It is 5"], ["It is 4"], ["five"]],
-           1: [["Hello"], ["Hi there"], [""]]}
+SCRIPTS = {
+    0: [[call("note", text="2+3=5"), "It is 5"], ["It is 4"], ["five"]],
+    1: [["Hello"], ["Hi there"], [""]],
+}
 
 
 @pytest.mark.slow  # starts a second Python that imports TRL
@@ -38,10 +40,17 @@ def test_the_pages_rewards_environment_and_advantages_equal_trls_own_code(tmp_pa
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "my_agent", raising=False)
     agent = importlib.import_module("my_agent")
-    tasks = DatasetTasks(str(tmp_path / "train.jsonl"), tokenizer_path=str(tmp_path / "model"), tools=[agent.calculator],
-                         environment_factory=agent.Scratchpad, reward=[agent.correctness, agent.brevity],
-                         reward_weights=[1.0, 0.5], max_action_tokens=24, max_turns=2,
-                         template_kwargs={"enable_thinking": False})
+    tasks = DatasetTasks(
+        str(tmp_path / "train.jsonl"),
+        tokenizer_path=str(tmp_path / "model"),
+        tools=[agent.calculator],
+        environment_factory=agent.Scratchpad,
+        reward=[agent.correctness, agent.brevity],
+        reward_weights=[1.0, 0.5],
+        max_action_tokens=24,
+        max_turns=2,
+        template_kwargs={"enable_thinking": False},
+    )
     r = tasks.renderer
     ours, spec_rows, completions = [], [], []
     for index, scripts in SCRIPTS.items():
@@ -61,14 +70,30 @@ def test_the_pages_rewards_environment_and_advantages_equal_trls_own_code(tmp_pa
             parts = dict(verdict.parts)
             spec_rows.append({**task.row, "environment_reward": parts.get("Scratchpad")})
             completions.append([{"role": "assistant", "content": turns[-1]}])
-    spec = {"reward_funcs": ["my_agent:correctness", "my_agent:brevity", "tests.peers.doc_environment_reward:scratchpad"],
-            "reward_weights": [1.0, 0.5, 1.0], "num_generations": 3, "scale_rewards": "group",
-            "inputs": spec_rows, "prompts": [row["prompt"] for row in spec_rows], "completions": completions,
-            "completion_ids": [[] for _ in spec_rows]}
+    spec = {
+        "reward_funcs": [
+            "my_agent:correctness",
+            "my_agent:brevity",
+            "tests.peers.doc_environment_reward:scratchpad",
+        ],
+        "reward_weights": [1.0, 0.5, 1.0],
+        "num_generations": 3,
+        "scale_rewards": "group",
+        "inputs": spec_rows,
+        "prompts": [row["prompt"] for row in spec_rows],
+        "completions": completions,
+        "completion_ids": [[] for _ in spec_rows],
+    }
     (tmp_path / "in.json").write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(tmp_path)])}
-    proc = subprocess.run([PEER_PYTHON, str(ROOT / "tests/peers/trl_rewards_advantages.py"), "in.json", "out.json"],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [PEER_PYTHON, str(ROOT / "tests/peers/trl_rewards_advantages.py"), "in.json", "out.json"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     trl = json.loads((tmp_path / "out.json").read_text())
     names = ("correctness", "brevity", "Scratchpad")
@@ -83,5 +108,9 @@ def test_the_pages_rewards_environment_and_advantages_equal_trls_own_code(tmp_pa
             assert abs(float(value) - trl["rewards"][k]) <= 1e-6 * max(1.0, abs(trl["rewards"][k])), k
     assert trl["unscorable"] == [False] * 3 + [True] * 3  # the chat row: every reward declined
     objective = Objective.preset("trl")  # TRL's advantages: GRPO over the scorable members, 0 for the others
-    math_group = objective.advantages(torch.tensor([float(v) for v in ours[:3]], dtype=torch.float64)).tolist()
-    assert all(abs(a - b) <= 1e-5 for a, b in zip(trl["advantages"], math_group + [0.0] * 3)), trl["advantages"]
+    math_group = objective.advantages(
+        torch.tensor([float(v) for v in ours[:3]], dtype=torch.float64)
+    ).tolist()
+    assert all(abs(a - b) <= 1e-5 for a, b in zip(trl["advantages"], math_group + [0.0] * 3)), trl[
+        "advantages"
+    ]

@@ -87,10 +87,17 @@ def compute(spec: dict[str, Any]) -> dict[str, Any]:
         scale_rewards=spec.get("scale_rewards", "group"),
     )
     trainer._metrics = {"train": {}}
-    rewards_per_func = GRPOTrainer._calculate_rewards(trainer, spec["inputs"], spec["prompts"], spec["completions"],
-                                                      spec["completion_ids"])
-    scope = {**vars(grpo_trainer), "self": trainer, "device": device, "rewards_per_func": rewards_per_func,
-             "num_generations": int(spec["num_generations"]), "torch": torch}
+    rewards_per_func = GRPOTrainer._calculate_rewards(
+        trainer, spec["inputs"], spec["prompts"], spec["completions"], spec["completion_ids"]
+    )
+    scope = {
+        **vars(grpo_trainer),
+        "self": trainer,
+        "device": device,
+        "rewards_per_func": rewards_per_func,
+        "num_generations": int(spec["num_generations"]),
+        "torch": torch,
+    }
     exec(_advantage_block(GRPOTrainer) + "\n" + END, scope)  # noqa: S102 - TRL's own lines, from its installed source
 
     def plain(t: Any) -> Any:

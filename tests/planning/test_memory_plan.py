@@ -21,8 +21,9 @@ ARCH = Architecture(layers=2, hidden=64, intermediate=128, q_dim=64, kv_dim=32, 
 
 def inputs(**kw) -> PlanInputs:
     model = kw.pop("model", ModelShape(P, P, 4, ARCH, lora_params_per_rank=ARCH.lora_params_per_rank))
-    base = dict(model=model, groups_per_step=8, group_size=4, max_tokens_per_trajectory=64,
-                max_batch_trajectories=4)
+    base = dict(
+        model=model, groups_per_step=8, group_size=4, max_tokens_per_trajectory=64, max_batch_trajectories=4
+    )
     return PlanInputs(**{**base, **kw})
 
 
@@ -57,7 +58,9 @@ def test_unbounded_limits_are_planned_at_their_worst_case_and_the_table_says_so(
     "group_size, open_groups, held, sums",
     [(4, 2, 4, 4), (4, 2, 7, 1), (4, 2, 8, 0), (2, 3, 0, 3), (2, 3, 4, 2), (1, 2, 0, 0), (8, 1, 3, 2)],
 )
-def test_sums_and_held_gradients_are_bounded_by_what_an_unfolded_group_can_keep(group_size, open_groups, held, sums):
+def test_sums_and_held_gradients_are_bounded_by_what_an_unfolded_group_can_keep(
+    group_size, open_groups, held, sums
+):
     # a group keeps <= min(2, G - 1) sums (it folds once every member is scored and known) and, with
     # h held members, <= G buffers: every buffer belongs to a scored member of an unfolded group
     plan = plan_memory(inputs(group_size=group_size, max_open_groups=open_groups, max_held_trajectories=held))
@@ -71,7 +74,10 @@ def test_the_held_bound_never_exceeds_the_trajectories_of_the_open_groups():
 
 
 def test_offload_moves_sums_and_held_gradients_to_the_host_and_adds_device_staging():
-    none, pinned = plan_memory(inputs(max_open_groups=1)), plan_memory(inputs(max_open_groups=1, offload="pinned"))
+    none, pinned = (
+        plan_memory(inputs(max_open_groups=1)),
+        plan_memory(inputs(max_open_groups=1, offload="pinned")),
+    )
     moved = none.bytes_of("group sums", "held gradients")
     assert pinned.pinned_host_bytes == moved + 2 * 4 * P  # and the two buffers the copies land in
     assert pinned.device_bytes == none.device_bytes - moved + 2 * 4 * P  # double-buffered staging
@@ -80,7 +86,10 @@ def test_offload_moves_sums_and_held_gradients_to_the_host_and_adds_device_stagi
 
 
 def test_a_held_trajectory_holds_two_gradients_when_failed_ones_are_dropped_with_regulariser_terms():
-    one, two = plan_memory(inputs(max_held_trajectories=3)), plan_memory(inputs(max_held_trajectories=3, held_regulariser=True))
+    one, two = (
+        plan_memory(inputs(max_held_trajectories=3)),
+        plan_memory(inputs(max_held_trajectories=3, held_regulariser=True)),
+    )
     assert one.row("held gradients").total == 3 * 4 * P
     assert two.row("held gradients").total == 2 * 3 * 4 * P
     assert plan_memory(inputs(max_held_trajectories=0)).row("held gradients").total == 0  # 0: never hold
@@ -159,12 +168,15 @@ def test_lora_and_sharding_are_suggested_when_the_weights_state_does_not_fit():
 
 
 def test_invalid_inputs_are_reported_together():
-    with pytest.raises(ConfigError, match=r"sharding='zero3'.*offload='pinned' needs a GPU.*max_open_groups must"):
+    with pytest.raises(
+        ConfigError, match=r"sharding='zero3'.*offload='pinned' needs a GPU.*max_open_groups must"
+    ):
         inputs(sharding="zero3", accelerator="cpu", offload="pinned", max_open_groups=0)
 
 
 @pytest.mark.parametrize(
-    "text, expected", [("80GB", 80 * 10**9), ("80GiB", 80 * 2**30), ("512 MiB", 512 * 2**20), ("1.5TB", 1.5e12), ("42", 42)]
+    "text, expected",
+    [("80GB", 80 * 10**9), ("80GiB", 80 * 2**30), ("512 MiB", 512 * 2**20), ("1.5TB", 1.5e12), ("42", 42)],
 )
 def test_sizes_read_decimal_and_binary_units(text, expected):
     assert parse_bytes(text) == expected
@@ -183,8 +195,17 @@ def test_a_negative_or_infinite_size_is_a_config_error(text):
 
 
 def test_the_architecture_is_read_from_a_hugging_face_config_mapping():
-    arch = Architecture.of({"hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100, "num_attention_heads": 2,
-                            "num_key_value_heads": 1, "head_dim": 32, "intermediate_size": 128})
+    arch = Architecture.of(
+        {
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "vocab_size": 100,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "intermediate_size": 128,
+        }
+    )
     assert (arch.q_dim, arch.kv_dim, arch.intermediate) == (64, 32, 128)
     assert Architecture.of({"hidden_size": 64}) is None
 
@@ -210,8 +231,9 @@ def test_a_token_cap_bounds_a_calls_padded_tokens_by_the_scorers_padding_rule():
     plain = plan_memory(inputs(max_batch_trajectories=8))  # 8 rows x 64 tokens
     assert plain.row("activations").device == 8 * 64 * per_token
     # (1 + 0.25) x 128 real tokens + 2 x (8 // 2) shared forwards' fixed padding = 168 < 512
-    capped = plan_memory(inputs(max_batch_trajectories=8, max_batch_tokens=128, score_max_padding=0.25,
-                                score_forward_tokens=2))
+    capped = plan_memory(
+        inputs(max_batch_trajectories=8, max_batch_tokens=128, score_max_padding=0.25, score_forward_tokens=2)
+    )
     assert capped.row("activations").device == 168 * per_token
     assert "max_batch_tokens=128" in capped.row("activations").note
     # a cap under one trajectory still lets that trajectory through alone, unpadded: T = 64 tokens
@@ -230,8 +252,13 @@ def test_a_token_cap_bounds_a_calls_padded_tokens_by_the_scorers_padding_rule():
 
 
 def test_a_plan_whose_activations_do_not_fit_suggests_the_largest_token_cap_that_fits():
-    i = inputs(max_batch_trajectories=16, max_open_groups=1, max_held_trajectories=0, score_max_padding=0.25,
-               score_forward_tokens=0)
+    i = inputs(
+        max_batch_trajectories=16,
+        max_open_groups=1,
+        max_held_trajectories=0,
+        score_max_padding=0.25,
+        score_forward_tokens=0,
+    )
     plan = plan_memory(i)
     per_token = plan.row("activations").device // (16 * 64)
     room = plan.device_bytes - plan.row("activations").device + 700 * per_token  # 700 padded tokens
@@ -246,8 +273,11 @@ def test_a_plan_whose_activations_do_not_fit_suggests_the_largest_token_cap_that
 
 
 def test_token_cap_and_padding_inputs_are_validated():
-    with pytest.raises(ConfigError, match=r"max_batch_tokens must be >= 1 or None.*score_max_padding must.*"
-                                          r"score_forward_tokens must"):
+    with pytest.raises(
+        ConfigError,
+        match=r"max_batch_tokens must be >= 1 or None.*score_max_padding must.*"
+        r"score_forward_tokens must",
+    ):
         inputs(max_batch_tokens=0, score_max_padding=-1.0, score_forward_tokens=-1)
 
 
@@ -260,9 +290,15 @@ def test_extra_buffers_per_open_group_are_planned_in_streaming_only():
 
 def test_a_bucketed_vllm_publish_adds_its_buckets_and_a_tensor_larger_than_a_bucket_counts_whole():
     # ARCH: the largest tensor is the 128 x 64 MLP matrix (I > V), 4 bytes a weight: 32768 B
-    rows = {r.name: r.device for r in plan_memory(inputs(weight_sync_buckets=2, weight_sync_bucket_bytes=1 << 20)).rows}
+    rows = {
+        r.name: r.device
+        for r in plan_memory(inputs(weight_sync_buckets=2, weight_sync_bucket_bytes=1 << 20)).rows
+    }
     assert rows["weight sync"] == 2 * (1 << 20)  # ipc: the learner's bucket and the engine's copy
-    rows = {r.name: r.device for r in plan_memory(inputs(weight_sync_buckets=1, weight_sync_bucket_bytes=1024)).rows}
+    rows = {
+        r.name: r.device
+        for r in plan_memory(inputs(weight_sync_buckets=1, weight_sync_bucket_bytes=1024)).rows
+    }
     assert rows["weight sync"] == 128 * 64 * 4  # nccl: one bucket, as large as the largest tensor
     assert "weight sync" not in {r.name for r in plan_memory(inputs()).rows}
 
@@ -295,6 +331,7 @@ def test_vllm_servers_on_other_machines_leave_the_learner_only_its_share_and_one
     )  # fmt: skip
     assert planned.engine_device_fraction == 0 and planned.engine_device_bytes == 0  # no colocated engine
     assert planned.weight_sync_buckets == 1 and planned.weight_sync_bucket_bytes == 1024
+
 
 def test_lora_on_the_attention_saves_no_down_proj_input_and_lora_on_down_proj_does():
     # a frozen linear's backward needs only its weight: down_proj's input (the SwiGLU product, e I

@@ -89,7 +89,10 @@ class ScriptedEnv(GuessingGameEnv):
             time.sleep(SLOW_VERDICT_S)
         if self.mode == "verdict_env":
             return 1.0 if os.environ.get(ENV_MARK) == "1" else 0.0
-        if self.mode in ("verdict_gated", "nondeterministic"):  # the test decides when these verdicts may finish
+        if self.mode in (
+            "verdict_gated",
+            "nondeterministic",
+        ):  # the test decides when these verdicts may finish
             deadline = time.monotonic() + 60.0
             while self.gate and not os.path.exists(self.gate) and time.monotonic() < deadline:
                 time.sleep(0.01)

@@ -12,7 +12,9 @@ from thundersync_lightning.rollout import EmbeddedEngineConfig, TraceReplayEngin
 
 def test_an_invalid_embedded_config_lists_every_problem_at_once():
     with pytest.raises(ConfigError) as err:
-        EmbeddedEngineConfig(temperature=0.0, top_p=1.5, env_workers=0, verdict_timeout_s=-1, start_method="fork")
+        EmbeddedEngineConfig(
+            temperature=0.0, top_p=1.5, env_workers=0, verdict_timeout_s=-1, start_method="fork"
+        )
     message = str(err.value)
     for name in ("temperature", "top_p", "env_workers", "verdict_timeout_s", "start_method='fork'"):
         assert name in message
@@ -60,8 +62,14 @@ def test_yaml_with_a_misspelt_engine_option_fails_naming_it():
     [
         (lambda: TraceReplayEngineConfig(gen_median=2.0), "gen_median=2.0 has no effect with source='trace'"),
         (lambda: TraceReplayEngineConfig(source="lognormal", trace="x.json"), "trace='x.json' has no effect"),
-        (lambda: TraceReplayEngineConfig(source="lognormal", pareto_alpha=3.0), "pareto_alpha=3.0 has no effect"),
-        (lambda: TraceReplayEngineConfig(source="pareto", verdict_sigma=2.0), "verdict_sigma=2.0 has no effect"),
+        (
+            lambda: TraceReplayEngineConfig(source="lognormal", pareto_alpha=3.0),
+            "pareto_alpha=3.0 has no effect",
+        ),
+        (
+            lambda: TraceReplayEngineConfig(source="pareto", verdict_sigma=2.0),
+            "verdict_sigma=2.0 has no effect",
+        ),
     ],
 )
 def test_a_replay_option_that_the_chosen_source_ignores_is_rejected(build, named):
@@ -102,7 +110,9 @@ def test_the_vllm_engines_wait_is_derived_from_the_environment_limits_too(kind, 
     assert swe.event_timeout_s == "auto"
     assert swe.event_limit_s(max_turns=16) == 600 + 2 * (16 * 300 + 2400)  # 15000 s
     assert swe.transfer_timeout_s == 600  # a publish's buckets do not wait on episodes
-    assert cls(step_timeout_s=None, **extra).event_limit_s(max_turns=4) is None  # unbounded calls: unbounded wait
+    assert (
+        cls(step_timeout_s=None, **extra).event_limit_s(max_turns=4) is None
+    )  # unbounded calls: unbounded wait
     explicit = cls(event_timeout_s=900.0, step_timeout_s=300.0, verdict_timeout_s=2400.0, **extra)
     with caplog.at_level("WARNING"):
         assert explicit.event_limit_s(max_turns=16) == 900.0 and explicit.transfer_timeout_s == 900.0
@@ -118,4 +128,6 @@ def test_the_vllm_engines_wait_is_derived_from_the_environment_limits_too(kind, 
     parser.add_argument("--engine", type=cls)
     base = [f"--engine.urls={extra['urls']}"] if extra else []
     for value, expected in (("auto", "auto"), ("30", 30.0)):
-        assert parser.parse_args([*base, f"--engine.event_timeout_s={value}"]).engine.event_timeout_s == expected
+        assert (
+            parser.parse_args([*base, f"--engine.event_timeout_s={value}"]).engine.event_timeout_s == expected
+        )

@@ -77,7 +77,11 @@ def test_every_engine_config_fits_the_contract_with_typed_sampling_and_footprint
     assert check_engine(engine) == []
     assert [m.name for m in ENGINE_CONTRACT] == ["build", "sampling", "footprint"]
     assert isinstance(engine.sampling, EngineSampling) and isinstance(engine.footprint, EngineFootprint)
-    assert engine.sampling.temperature in (None, 1.0) and engine.sampling.top_p == 1.0 and engine.sampling.top_k == 0
+    assert (
+        engine.sampling.temperature in (None, 1.0)
+        and engine.sampling.top_p == 1.0
+        and engine.sampling.top_k == 0
+    )
 
 
 @pytest.mark.parametrize("engine", [e for e in ENGINES if e.footprint.max_context_tokens], ids=_name)
@@ -90,11 +94,17 @@ def test_an_engines_context_limit_bounds_the_planned_trajectory_also_inside_a_po
 
 
 def test_a_pool_of_colocated_engines_plans_each_engines_share_and_a_placed_pool_only_engine_zeros():
-    vllm = VLLMEngineConfig(multiprocessing=True, weight_sync="ipc", kv_cache_memory_bytes=None, gpu_memory_utilization=0.3)
+    vllm = VLLMEngineConfig(
+        multiprocessing=True, weight_sync="ipc", kv_cache_memory_bytes=None, gpu_memory_utilization=0.3
+    )
     shared = EnginePoolConfig(engine=vllm, num_engines=2).footprint
     assert shared.device_fraction == pytest.approx(0.6) and shared.weight_sync_buckets == 4
-    placed = EnginePoolConfig(engine=vllm, num_engines=2, per_engine=[{}, {"engine_kwargs": {"device_ids": [1]}}])
-    assert placed.footprint.device_fraction == pytest.approx(0.3) and placed.footprint.weight_sync_buckets == 2
+    placed = EnginePoolConfig(
+        engine=vllm, num_engines=2, per_engine=[{}, {"engine_kwargs": {"device_ids": [1]}}]
+    )
+    assert (
+        placed.footprint.device_fraction == pytest.approx(0.3) and placed.footprint.weight_sync_buckets == 2
+    )
 
 
 def test_an_in_process_engine_refuses_a_pool_for_the_reason_its_footprint_declares():

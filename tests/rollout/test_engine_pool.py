@@ -42,7 +42,9 @@ MODES = ("ok", "verdict_gated", "step_raises")
 
 
 def _request(step: int, gate: str = "", groups: int = 6, modes: tuple[str, ...] = MODES) -> RolloutRequest:
-    return make_request(ScriptedTasks(modes=modes, gate=gate), step=step, num_groups=groups, group_size=3, seed=4)
+    return make_request(
+        ScriptedTasks(modes=modes, gate=gate), step=step, num_groups=groups, group_size=3, seed=4
+    )
 
 
 def _next_version(pool: EnginePool) -> int:
@@ -62,7 +64,9 @@ def _summary(events) -> dict[str, tuple]:
 @pytest.fixture(scope="module")
 def pool(spec) -> Iterator[EnginePool]:
     before = children()
-    config = EnginePoolConfig(engine=EmbeddedEngineConfig(env_workers=8, max_engine_restarts=1), num_engines=2)
+    config = EnginePoolConfig(
+        engine=EmbeddedEngineConfig(env_workers=8, max_engine_restarts=1), num_engines=2
+    )
     pool = config.build(spec, ScriptedTasks(modes=MODES))
     assert len({e.pid for e in pool.engines}) == 2  # type: ignore[attr-defined]
     yield pool
@@ -218,7 +222,9 @@ def test_a_killed_engine_of_the_pool_restarts_and_the_request_completes_with_the
     assert wait_until(lambda: gone(dead), 10.0)
 
 
-def test_an_engine_dying_past_its_restart_budget_fails_the_pool_and_shutdown_leaves_no_process(pool, spec, tmp_path):
+def test_an_engine_dying_past_its_restart_budget_fails_the_pool_and_shutdown_leaves_no_process(
+    pool, spec, tmp_path
+):
     # runs last on the module's pool: kill engine 1 until its restart budget (1) is spent
     # the pool's engine processes, restarts included (other modules' engines may be alive too)
     victim, started = pool.engines[1], {e.pid for e in pool.engines}  # type: ignore[attr-defined]
@@ -234,7 +240,9 @@ def test_an_engine_dying_past_its_restart_budget_fails_the_pool_and_shutdown_lea
         _summary(list(events))
         (tmp_path / "never").unlink()
         started |= {e.pid for e in pool.engines}  # type: ignore[attr-defined]
-    with pytest.raises(EngineError, match=r"engine 1 of 2 failed during step 6: .*died.*max_engine_restarts=1"):
+    with pytest.raises(
+        EngineError, match=r"engine 1 of 2 failed during step 6: .*died.*max_engine_restarts=1"
+    ):
         list(events)
     version = _next_version(pool)
     with pytest.raises(EngineError, match="engine 1 of 2"):
@@ -252,7 +260,9 @@ def test_an_engine_dying_past_its_restart_budget_fails_the_pool_and_shutdown_lea
 def test_an_invalid_pool_config_lists_every_problem_at_once():
     with pytest.raises(ConfigError) as err:
         EnginePoolConfig(
-            engine=EmbeddedEngineConfig(), num_engines=2, per_engine=[{"temperature": 0.5}, {"devise": "cpu"}, {}]
+            engine=EmbeddedEngineConfig(),
+            num_engines=2,
+            per_engine=[{"temperature": 0.5}, {"devise": "cpu"}, {}],
         )
     message = str(err.value)
     assert "per_engine has 3 entries for num_engines=2" in message
@@ -266,7 +276,9 @@ def test_an_invalid_pool_config_lists_every_problem_at_once():
 
 def test_per_engine_places_each_engine_and_the_pool_reads_as_its_engine_for_the_sampling_checks():
     config = EnginePoolConfig(
-        engine=EmbeddedEngineConfig(temperature=0.7, top_p=0.9), num_engines=2, per_engine=[{}, {"device": "cuda:1"}]
+        engine=EmbeddedEngineConfig(temperature=0.7, top_p=0.9),
+        num_engines=2,
+        per_engine=[{}, {"device": "cuda:1"}],
     )
     assert [m.device for m in config.members()] == ["cpu", "cuda:1"]
     assert config.sampling == EmbeddedEngineConfig(temperature=0.7, top_p=0.9).sampling
@@ -306,7 +318,9 @@ def test_a_vllm_engine_with_worker_processes_runs_on_its_learner_ranks_gpu_unles
     tp = VLLMEngineConfig(multiprocessing=True, weight_sync="file", tensor_parallel_size=2)
     assert colocated_device_ids(tp, learner_device=2, accepts=True) is None
     # a pool placing its engines explicitly: per_engine device_ids win
-    pool = EnginePoolConfig(engine=workers, per_engine=[{"engine_kwargs": {"device_ids": [k]}} for k in (4, 5)])
+    pool = EnginePoolConfig(
+        engine=workers, per_engine=[{"engine_kwargs": {"device_ids": [k]}} for k in (4, 5)]
+    )
     assert [colocated_device_ids(m, learner_device=0, accepts=True) for m in pool.members()] == [None, None]
     assert [m.engine_kwargs["device_ids"] for m in pool.members()] == [[4], [5]]
     with pytest.raises(ConfigError, match="multiprocessing=False"):

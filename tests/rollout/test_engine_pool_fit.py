@@ -15,9 +15,14 @@ ENGINE = EmbeddedEngineConfig(num_threads=1, env_workers=4)
 
 
 def _fit(engine, mode: str) -> tuple:
-    params, steps, _ = fit(mode, steps=2, data=toy_data(engine=engine), dtype="float64")  # summation order only
+    params, steps, _ = fit(
+        mode, steps=2, data=toy_data(engine=engine), dtype="float64"
+    )  # summation order only
     trajectories = [
-        {t.trajectory_id: (t.prompt, tuple(seg.tokens for seg in t.segments), t.reward) for t in s.trajectories}
+        {
+            t.trajectory_id: (t.prompt, tuple(seg.tokens for seg in t.segments), t.reward)
+            for t in s.trajectories
+        }
         for s in steps
     ]
     return params, trajectories

@@ -67,7 +67,9 @@ def test_a_call_past_its_timeout_gives_its_slot_to_a_new_thread_so_queued_calls_
     never = threading.Event()
     try:
         stuck = pool.submit(never.wait, timeout_s=0.05, what="step")
-        after = pool.submit(lambda: "ran", timeout_s=None)  # queued behind the only thread, which never returns
+        after = pool.submit(
+            lambda: "ran", timeout_s=None
+        )  # queued behind the only thread, which never returns
         assert stuck.result(timeout=10).failure == "step timed out after 0.05 s"
         assert after.result(timeout=10).value == "ran"
         assert pool.hung == 1 and "step timed out after 0.05 s; its thread cannot be stopped" in caplog.text

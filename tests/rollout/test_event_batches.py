@@ -34,8 +34,14 @@ def test_the_reader_hands_out_a_batch_one_message_at_a_time_before_later_ones_an
     write.send(("batch", [("event", 2, "d"), ("fatal", "boom")]))
     write.close()  # the process died: what it sent is still handed out, then end-of-file
     got = [reader.receive(1.0) for _ in range(6)]
-    assert got == [("event", 1, "a"), ("event", 1, "b"), ("applied", 3), ("event", 1, "c"), ("event", 2, "d"),
-                   ("fatal", "boom")]
+    assert got == [
+        ("event", 1, "a"),
+        ("event", 1, "b"),
+        ("applied", 3),
+        ("event", 1, "c"),
+        ("event", 2, "d"),
+        ("fatal", "boom"),
+    ]
     with pytest.raises(ProcessGone):
         reader.receive(1.0)
     reader.close()

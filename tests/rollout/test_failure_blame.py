@@ -39,15 +39,18 @@ def _guess(requests: Sequence[GenerationRequest]) -> list[Generation]:
     return [Generation((0,) * r.max_new_tokens, (0.0,) * r.max_new_tokens) for r in requests]
 
 
-@pytest.mark.parametrize(("mode", "host_fault", "reason"), [
-    ("reset_raises", True, "reset raised RuntimeError"),  # nothing acted yet
-    ("step_raises", False, "step raised ValueError: tool crashed"),
-    ("step_host_fault", True, "step raised HostFault"),
-    ("step_stuck", False, "step timed out"),
-    ("verdict_raises", False, "verdict raised RuntimeError"),
-    ("verdict_host_fault", True, "verdict raised HostFault"),
-    ("verdict_nan", False, "verdict returned nan"),
-])
+@pytest.mark.parametrize(
+    ("mode", "host_fault", "reason"),
+    [
+        ("reset_raises", True, "reset raised RuntimeError"),  # nothing acted yet
+        ("step_raises", False, "step raised ValueError: tool crashed"),
+        ("step_host_fault", True, "step raised HostFault"),
+        ("step_stuck", False, "step timed out"),
+        ("verdict_raises", False, "verdict raised RuntimeError"),
+        ("verdict_host_fault", True, "verdict raised HostFault"),
+        ("verdict_nan", False, "verdict returned nan"),
+    ],
+)
 def test_only_a_fault_no_action_can_cause_is_marked_droppable(mode, host_fault, reason):
     tasks = ScriptedTasks(modes=(mode,), max_turns=1)
     pool = EnvPool(4)
@@ -71,15 +74,28 @@ REWARDS = {"s0-g0-t0": 1.0, "s0-g0-t1": 0.5, "s0-g0-t2": 0.0}
 def _trajectory(tid: str, failure: str | None = None) -> Trajectory:
     g = torch.Generator().manual_seed(sum(map(ord, tid)))
     action = tuple(int(x) for x in torch.randint(0, VOCAB, (4,), generator=g))
-    return Trajectory(tid, "s0-g0", 0, (1, 2), (Segment(action, True),), 0, 1, "failure" if failure else "stop",
-                      0.0, 0.0, failure=failure)
+    return Trajectory(
+        tid,
+        "s0-g0",
+        0,
+        (1, 2),
+        (Segment(action, True),),
+        0,
+        1,
+        "failure" if failure else "stop",
+        0.0,
+        0.0,
+        failure=failure,
+    )
 
 
 def _gradient(last: RewardReady) -> torch.Tensor:
     """The step's gradient under failed="drop" when t2's reward event is ``last``."""
     policy = TinyPolicy()
     acc = StreamingGRPO(list(policy.parameters()), objective=Objective(failed="drop"))
-    events = [ContentReady(_trajectory(t, last.failure if t == last.trajectory_id else None), 0.0) for t in REWARDS]
+    events = [
+        ContentReady(_trajectory(t, last.failure if t == last.trajectory_id else None), 0.0) for t in REWARDS
+    ]
     events += [RewardReady(t, "s0-g0", REWARDS[t], 0.0) for t in ("s0-g0-t0", "s0-g0-t1")] + [last]
     StepRunner(REQ, PolicySnapshot(policy), acc, policy.score).run(iter(events))
     acc.finish()
@@ -90,7 +106,9 @@ def test_under_drop_a_failure_the_episode_caused_trains_at_the_floor_and_only_a_
     graded_worst = _gradient(RewardReady("s0-g0-t2", "s0-g0", 0.5, 0.0))  # the worst graded reward of t0, t1
     crashed = _gradient(RewardReady("s0-g0-t2", "s0-g0", 0.0, 0.0, "step raised ValueError: NUL byte"))
     host = _gradient(RewardReady("s0-g0-t2", "s0-g0", 0.0, 0.0, "reset raised OSError", host_fault=True))
-    assert torch.allclose(crashed, graded_worst, rtol=1e-12, atol=1e-15)  # before: the crash left the group (= host)
+    assert torch.allclose(
+        crashed, graded_worst, rtol=1e-12, atol=1e-15
+    )  # before: the crash left the group (= host)
     assert not torch.allclose(host, graded_worst)
 
 
@@ -98,10 +116,13 @@ def test_the_steps_records_mark_a_host_fault_and_only_a_host_fault():
     policy = TinyPolicy()
     acc = StreamingGRPO(list(policy.parameters()), objective=Objective(failed="drop"))
     events = [ContentReady(_trajectory(t, "failed" if t != "s0-g0-t0" else None), 0.0) for t in REWARDS]
-    events += [RewardReady("s0-g0-t0", "s0-g0", 1.0, 0.0),
-               RewardReady("s0-g0-t1", "s0-g0", 0.0, 0.0, "step raised ValueError: NUL byte"),
-               RewardReady("s0-g0-t2", "s0-g0", 0.0, 0.0, "step raised HostFault: sandbox host went away",
-                           host_fault=True)]
+    events += [
+        RewardReady("s0-g0-t0", "s0-g0", 1.0, 0.0),
+        RewardReady("s0-g0-t1", "s0-g0", 0.0, 0.0, "step raised ValueError: NUL byte"),
+        RewardReady(
+            "s0-g0-t2", "s0-g0", 0.0, 0.0, "step raised HostFault: sandbox host went away", host_fault=True
+        ),
+    ]
     outcome = StepRunner(REQ, PolicySnapshot(policy), acc, policy.score).run(iter(events))
     acc.finish()
     marks = {r.trajectory_id: (r.failure is not None, r.host_fault) for r in outcome.records(0)}

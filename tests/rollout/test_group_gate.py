@@ -80,8 +80,11 @@ class GateTasks:
 
     def __init__(self, plans: list[Plan], rec: Recorder, seed: int = 3) -> None:
         self.plans, self.rec = plans, rec
-        self.behaviour = {derive_seed(seed, 0, g, k): (f"s0-g{g}-t{k}", b)
-                          for g, plan in enumerate(plans) for k, b in enumerate(plan.samples)}
+        self.behaviour = {
+            derive_seed(seed, 0, g, k): (f"s0-g{g}-t{k}", b)
+            for g, plan in enumerate(plans)
+            for k, b in enumerate(plan.samples)
+        }
 
     def tasks(self, step: int, num_groups: int, seed: int) -> list[Plan]:
         return self.plans[:num_groups]
@@ -238,8 +241,10 @@ def test_no_verdict_of_a_task_runs_while_an_episode_of_that_task_acts_in_another
         runs = [(request, 0)]
     else:
         src.long = {derive_seed(3, 0, 0, k) for k in range(2)}  # step 0 acts long, step 1 submits at once
-        runs = [(make_request(src, step=0, num_groups=1, group_size=2, seed=3), 0),
-                (make_request(src, step=1, num_groups=1, group_size=2, seed=3), 1)]
+        runs = [
+            (make_request(src, step=0, num_groups=1, group_size=2, seed=3), 0),
+            (make_request(src, step=1, num_groups=1, group_size=2, seed=3), 1),
+        ]
     events: list = []
     lock = threading.Lock()
     short_done = threading.Semaphore(0)
@@ -265,6 +270,7 @@ def test_no_verdict_of_a_task_runs_while_an_episode_of_that_task_acts_in_another
 
 
 # ---------------------------------------------------------------- episodes wait for running verdicts
+
 
 def test_a_new_episode_of_a_task_is_admitted_only_once_no_verdict_of_it_is_pending():
     gate = VerdictGate()

@@ -28,7 +28,11 @@ def test_an_engine_process_dies_within_seconds_when_its_learner_is_sigkilled(met
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), HF_HUB_OFFLINE="1")
     learner = subprocess.Popen(
         [sys.executable, "-m", "tests.rollout.orphan_learner", method],
-        cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     engine_pid = None
     try:

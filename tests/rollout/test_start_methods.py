@@ -27,7 +27,9 @@ def _rollout(method: str, spec, tasks: ScriptedTasks, seed: int = 3):
     engine = EmbeddedEngineConfig(start_method=method).build(spec, tasks)
     try:
         engine.publish(random_model(spec, 7).state_dict(), version=0)
-        trajectories, rewards, _ = collect(engine.rollout(make_request(tasks, step=1, num_groups=3, group_size=4, seed=seed)))
+        trajectories, rewards, _ = collect(
+            engine.rollout(make_request(tasks, step=1, num_groups=3, group_size=4, seed=seed))
+        )
         parent = psutil.Process(engine.pid).ppid()
     finally:
         engine.shutdown()
@@ -53,7 +55,9 @@ def test_forked_and_spawned_engines_give_the_same_trajectories_and_rewards(spec)
     assert forked_parent != os.getpid() and psutil.Process(forked_parent).ppid() == os.getpid()
 
 
-@pytest.mark.parametrize("method", ["forkserver", pytest.param("spawn", marks=pytest.mark.slow)])  # spawn: ~12 s
+@pytest.mark.parametrize(
+    "method", ["forkserver", pytest.param("spawn", marks=pytest.mark.slow)]
+)  # spawn: ~12 s
 def test_the_engine_process_sees_the_learners_environment_as_it_is_when_the_process_starts(
     spec, monkeypatch, method
 ):

@@ -29,8 +29,14 @@ def _checkpoint(path: Path, model: torch.nn.Module, **hparams: object) -> str:
     spec = toy_model_spec()
     state = {f"model.{k}": v for k, v in model.state_dict().items()}
     state["reference.lm_head.weight"] = torch.zeros(1)  # other submodules are ignored
-    base = {"model_type": spec.model_type, "config": dict(spec.config), "pretrained_path": None,
-            "dtype": "float32", "lora": None, "lr": 3e-3}
+    base = {
+        "model_type": spec.model_type,
+        "config": dict(spec.config),
+        "pretrained_path": None,
+        "dtype": "float32",
+        "lora": None,
+        "lr": 3e-3,
+    }
     torch.save({"hyper_parameters": {**base, **hparams}, "state_dict": state, "epoch": 0}, path)
     return str(path)
 
@@ -39,26 +45,36 @@ def test_teacher_logprobs_from_the_embedded_engine_equal_a_transformers_forward_
     spec = toy_model_spec()
     student, teacher = random_model(spec, 0), random_model(spec, 1)
     config = EmbeddedEngineConfig(
-        temperature=TEMPERATURE, env_workers=4, teacher=TeacherConfig(ckpt_path=_checkpoint(tmp_path / "t.ckpt", teacher))
+        temperature=TEMPERATURE,
+        env_workers=4,
+        teacher=TeacherConfig(ckpt_path=_checkpoint(tmp_path / "t.ckpt", teacher)),
     )
     tasks = GuessingGameTasks(latency="none")
     with config.build(spec, tasks) as engine:
         engine.publish(student.state_dict(), version=0)
-        trajectories, _, _ = collect(engine.rollout(make_request(tasks, step=0, num_groups=3, group_size=4, seed=2)))
+        trajectories, _, _ = collect(
+            engine.rollout(make_request(tasks, step=0, num_groups=3, group_size=4, seed=2))
+        )
     assert len(trajectories) == 12
     worst_teacher, worst_student = 0.0, 0.0
     for t in trajectories.values():
         assert all(s.teacher_logprobs is None for s in t.segments if not s.scored)
         got = torch.tensor(t.teacher_logprobs)
-        worst_teacher = max(worst_teacher, float((got - learner_logprobs(teacher, t, TEMPERATURE)).abs().max()))
+        worst_teacher = max(
+            worst_teacher, float((got - learner_logprobs(teacher, t, TEMPERATURE)).abs().max())
+        )
         worst_student = max(worst_student, float((got - torch.tensor(t.sampling_logprobs)).abs().max()))
     assert worst_teacher <= 1e-5
     assert worst_student > 1e-2  # the teacher is another model than the one sampling
 
 
 def _episode() -> Trajectory:
-    segments = (Segment((3, 1), True, (-1.0, -1.0)), Segment((9, 10), False), Segment((5,), True, (-1.0,)),
-                Segment((), True, ()))
+    segments = (
+        Segment((3, 1), True, (-1.0, -1.0)),
+        Segment((9, 10), False),
+        Segment((5,), True, (-1.0,)),
+        Segment((), True, ()),
+    )
     return Trajectory("t0", "g0", 0, (12, 2), segments, 0, 2, "submit", 0.0, 0.0)
 
 
@@ -66,7 +82,9 @@ def test_the_scorer_fills_every_scored_segment_from_a_local_pretrained_directory
     spec = toy_model_spec()
     teacher = random_model(spec, 4)
     teacher.save_pretrained(tmp_path / "teacher")
-    scorer = TeacherScorer.from_config(TeacherConfig(pretrained_path=str(tmp_path / "teacher")), temperature=0.7)
+    scorer = TeacherScorer.from_config(
+        TeacherConfig(pretrained_path=str(tmp_path / "teacher")), temperature=0.7
+    )
     scored = scorer(_episode())
     assert [s.teacher_logprobs is not None for s in scored.segments] == [True, False, True, False]
     expected = learner_logprobs(teacher, scored, temperature=0.7)
@@ -89,9 +107,13 @@ def test_a_teacher_with_another_vocabulary_is_refused_at_set_up_naming_both_size
     wide = TeacherConfig(model_type="qwen3", config={**spec.config, "vocab_size": 32})
     with pytest.raises(ConfigError, match="teacher's vocabulary has 32 tokens and the student's 16"):
         EmbeddedEngineConfig(teacher=wide).build(spec, GuessingGameTasks(latency="none"))
-    ckpt = _checkpoint(tmp_path / "wide.ckpt", random_model(spec, 0), config={**spec.config, "vocab_size": 20})
+    ckpt = _checkpoint(
+        tmp_path / "wide.ckpt", random_model(spec, 0), config={**spec.config, "vocab_size": 20}
+    )
     with pytest.raises(ConfigError, match="teacher's vocabulary has 20 tokens and the student's 16"):
-        EmbeddedEngineConfig(teacher=TeacherConfig(ckpt_path=ckpt)).build(spec, GuessingGameTasks(latency="none"))
+        EmbeddedEngineConfig(teacher=TeacherConfig(ckpt_path=ckpt)).build(
+            spec, GuessingGameTasks(latency="none")
+        )
 
 
 def test_unusable_teacher_configurations_are_refused_with_the_reason(tmp_path):

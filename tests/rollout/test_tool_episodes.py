@@ -28,7 +28,9 @@ def test_a_sampled_tool_episode_is_scored_by_the_learner_with_the_engine_logprob
     events: list = []
     try:
         loop = AgentLoop(tasks, HFGenerator(model, temperature=0.9), pool)
-        assert loop.run(make_request(tasks, step=0, num_groups=2, group_size=3, seed=1), 0, events.append).wait(60)
+        assert loop.run(
+            make_request(tasks, step=0, num_groups=2, group_size=3, seed=1), 0, events.append
+        ).wait(60)
     finally:
         pool.shutdown()
     trajs, rewards, _ = collect(events)

@@ -82,7 +82,9 @@ def test_finite_real_verdicts_pass_through_as_floats(value, reward):
 
 def test_a_verdict_with_a_huge_repr_is_reported_shortened():
     reward, failure = check_verdict("x" * 10_000)
-    assert reward == 0.0 and failure is not None and len(failure) < 200 and failure.endswith("not a real number")
+    assert (
+        reward == 0.0 and failure is not None and len(failure) < 200 and failure.endswith("not a real number")
+    )
 
 
 def test_a_weighted_verdict_says_its_failure_its_given_parts_and_whether_it_is_unscorable():
@@ -94,7 +96,9 @@ def test_a_weighted_verdict_says_its_failure_its_given_parts_and_whether_it_is_u
     assert read_verdict(scored) == Verdict(2.0, None, (("fmt", 1.0),), False)
     declined = WeightedReward.combine([("fmt", None), ("correct", None)], [2.0, 5.0])
     assert read_verdict(declined) == Verdict(0.0, None, (), True)
-    failed = WeightedReward.combine([("fmt", 1.0), ("correct", None)], [2.0, 5.0], failure="RewardError: boom")
+    failed = WeightedReward.combine(
+        [("fmt", 1.0), ("correct", None)], [2.0, 5.0], failure="RewardError: boom"
+    )
     assert read_verdict(failed) == Verdict(0.0, "RewardError: boom", (("fmt", 1.0),), False)
     assert read_verdict(0.5) == Verdict(0.5, None, (), False)
     assert read_verdict("x").failure == "verdict returned str 'x', not a real number"

@@ -100,7 +100,9 @@ def test_the_shipped_servers_config_builds_a_valid_engine_config_at_the_learners
 
     import yaml
 
-    config = yaml.safe_load((Path(__file__).resolve().parents[2] / "configs" / "gpu_vllm_servers.yaml").read_text())
+    config = yaml.safe_load(
+        (Path(__file__).resolve().parents[2] / "configs" / "gpu_vllm_servers.yaml").read_text()
+    )
     engine = config["data"]["engine"]
     assert engine["class_path"] == "thundersync_lightning.rollout.VLLMServerEngineConfig"
     built = VLLMServerEngineConfig(**engine["init_args"])
@@ -154,15 +156,31 @@ def test_a_server_whose_responses_name_no_weight_version_is_a_set_up_error(monke
     flags = server_client._CHECKED_FLAGS
     answers = {
         "/health": {},
-        "/server_info?config_format=json": {"vllm_config": {
-            "model_config": {"logprobs_mode": flags["--logprobs-mode"], "generation_config": flags["--generation-config"],
-                             "max_model_len": 64, "dtype": "torch.float32"},
-            "parallel_config": {"worker_extension_cls": flags["--worker-extension-cls"]}}},
+        "/server_info?config_format=json": {
+            "vllm_config": {
+                "model_config": {
+                    "logprobs_mode": flags["--logprobs-mode"],
+                    "generation_config": flags["--generation-config"],
+                    "max_model_len": 64,
+                    "dtype": "torch.float32",
+                },
+                "parallel_config": {"worker_extension_cls": flags["--worker-extension-cls"]},
+            }
+        },
         "/get_world_size?include_dp=false": {"world_size": 1},
-        "/inference/v1/generate": {"choices": [{"token_ids": [5], "logprobs": {"content": [
-            {"token_id": 5, "logprob": -0.5}]}, **({"weight_versions": versions} if versions else {})}]},
+        "/inference/v1/generate": {
+            "choices": [
+                {
+                    "token_ids": [5],
+                    "logprobs": {"content": [{"token_id": 5, "logprob": -0.5}]},
+                    **({"weight_versions": versions} if versions else {}),
+                }
+            ]
+        },
     }
-    monkeypatch.setattr(ServerClient, "call", lambda self, method, route, body=None, timeout_s=None: answers[route])
+    monkeypatch.setattr(
+        ServerClient, "call", lambda self, method, route, body=None, timeout_s=None: answers[route]
+    )
     client = ServerClient("http://127.0.0.1:9", 5.0, 5.0)
     if versions is None:
         with pytest.raises(EngineError, match="names no weight version in its responses"):

@@ -22,7 +22,9 @@ if __name__ == "__main__":
         "global": Objective(loss_agg="token-mean", scale="batch", std="sample", kl_coef=0.05),
     }
     L.seed_everything(0)
-    policy = GRPOPolicy(config=TOY_MODEL, objective=objectives[sys.argv[4] if len(sys.argv) > 4 else "default"])
+    policy = GRPOPolicy(
+        config=TOY_MODEL, objective=objectives[sys.argv[4] if len(sys.argv) > 4 else "default"]
+    )
     record = RecordSteps()
     trainer = L.Trainer(
         strategy=ThunderSyncStrategy(mode=mode, boundary_cut=len(sys.argv) > 5 and sys.argv[5] == "cut"),

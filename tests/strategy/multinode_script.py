@@ -19,7 +19,9 @@ if __name__ == "__main__":
     out, num_nodes = sys.argv[1], int(sys.argv[2])
     replay = TraceReplayEngineConfig(time_scale_s=0.001)
     gloo = {"process_group_backend": "gloo"}
-    params, steps, trainer = fit("streaming", 2, data=toy_data(engine=replay), num_nodes=num_nodes, strategy_kwargs=gloo)
+    params, steps, trainer = fit(
+        "streaming", 2, data=toy_data(engine=replay), num_nodes=num_nodes, strategy_kwargs=gloo
+    )
     torch.save(
         {
             "params": params,

@@ -21,8 +21,16 @@ from thundersync_lightning.core.types import ModelSpec
 from thundersync_lightning.planning.memory_plan import Architecture, ModelShape, PlanInputs, plan_memory
 from thundersync_lightning.rollout.hf_model import build_model
 
-CONFIG = {"vocab_size": 4096, "hidden_size": 256, "intermediate_size": 1024, "num_hidden_layers": 4,
-          "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 64, "tie_word_embeddings": False}
+CONFIG = {
+    "vocab_size": 4096,
+    "hidden_size": 256,
+    "intermediate_size": 1024,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "tie_word_embeddings": False,
+}
 ROWS = ("weights", "gradients", "optimizer state", "group sums", "held gradients", "step gradient")
 
 
@@ -62,8 +70,18 @@ def run(model: torch.nn.Module, params: list[torch.Tensor]) -> StreamingGRPO:
 def main() -> None:
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    warm = build_model(ModelSpec(config={**CONFIG, "vocab_size": 32, "hidden_size": 64, "intermediate_size": 64,
-                                         "num_hidden_layers": 1, "num_attention_heads": 1})).train()
+    warm = build_model(
+        ModelSpec(
+            config={
+                **CONFIG,
+                "vocab_size": 32,
+                "hidden_size": 64,
+                "intermediate_size": 64,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 1,
+            }
+        )
+    ).train()
     run(warm, list(warm.parameters()))  # lazy initialisation of autograd, threads and allocator pools
     torch.optim.AdamW(warm.parameters()).step()
     del warm
@@ -87,13 +105,17 @@ def main() -> None:
             max_batch_trajectories=1,
         )
     )
-    print(json.dumps({
-        "params": n,
-        "planned": {r: plan.row(r).total for r in ROWS},
-        "planned_accumulator": plan.bytes_of("group sums", "held gradients", "step gradient"),
-        "accounted_accumulator_peak": acc.report.peak_bytes.total,  # type: ignore[attr-defined]
-        "measured_rss_growth": measured,
-    }))
+    print(
+        json.dumps(
+            {
+                "params": n,
+                "planned": {r: plan.row(r).total for r in ROWS},
+                "planned_accumulator": plan.bytes_of("group sums", "held gradients", "step gradient"),
+                "accounted_accumulator_peak": acc.report.peak_bytes.total,  # type: ignore[attr-defined]
+                "measured_rss_growth": measured,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,9 @@ def full_params(module: torch.nn.Module) -> torch.Tensor:
 def optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[int, int]:
     """(tensors, bytes) of optimizer state held by this rank (ZeRO's local optimizer, FSDP2's local shards)."""
     local = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer.optim: this rank's partition
-    tensors = [v.to_local() if isinstance(v, DTensor) else v for s in local.state.values() for v in s.values()]
+    tensors = [
+        v.to_local() if isinstance(v, DTensor) else v for s in local.state.values() for v in s.values()
+    ]
     tensors = [t for t in tensors if torch.is_tensor(t) and t.dim() > 0]  # the step counters are scalars
     return len(tensors), sum(t.numel() * t.element_size() for t in tensors)
 
@@ -106,13 +108,19 @@ if __name__ == "__main__":
             torch.save(uneven_fsdp2(), out / f"uneven-fsdp2.rank{torch.distributed.get_rank()}.pt")
             continue
         if mode == "resume":
-            ckpts = ModelCheckpoint(dirpath=out / f"ckpt-{sharding}", every_n_train_steps=2, save_top_k=-1, filename="{step}")
-            whole, trainer, _ = fit("streaming", sharding, devices, 4, callbacks=[ckpts], enable_checkpointing=True)
+            ckpts = ModelCheckpoint(
+                dirpath=out / f"ckpt-{sharding}", every_n_train_steps=2, save_top_k=-1, filename="{step}"
+            )
+            whole, trainer, _ = fit(
+                "streaming", sharding, devices, 4, callbacks=[ckpts], enable_checkpointing=True
+            )
             uninterrupted = full_params(whole)
             policy, trainer, record = fit(
                 "streaming", sharding, devices, 4, ckpt_path=str(out / f"ckpt-{sharding}" / "step=2.ckpt")
             )
-            saved = torch.load(out / f"ckpt-{sharding}" / "step=2.ckpt", weights_only=False)["optimizer_states"][0]
+            saved = torch.load(out / f"ckpt-{sharding}" / "step=2.ckpt", weights_only=False)[
+                "optimizer_states"
+            ][0]
             result = {"uninterrupted": uninterrupted, "steps": [s.step for s in record.steps]}
             result["saved_state_entries"] = len(saved["state"])  # parameters with optimizer state in the file
         else:

@@ -55,7 +55,9 @@ def test_a_call_spanning_destinations_takes_direct_rows_then_buckets_largest_fir
     waiting = ["c1", "b0", "a0", "b1", "c0", "b2"]
     batch = mixed(waiting, rewards)
     assert batch == Batch("direct", ["a0", "c1", "c0", "b0", "b1", "b2"])
-    assert count_destinations(batch.trajectories, rewards, OWNER, MEMBERS) == 5  # step, (c, 1), (b, 0), b1, b2
+    assert (
+        count_destinations(batch.trajectories, rewards, OWNER, MEMBERS) == 5
+    )  # step, (c, 1), (b, 0), b1, b2
     assert mixed(waiting, rewards, hold=0) == Batch("direct", ["a0", "c1", "c0", "b0"])
     assert mixed(waiting, rewards, hold=1) == Batch("direct", ["a0", "c1", "c0", "b0", "b1"])
     assert mixed(waiting, rewards, max_batch=3) == Batch("direct", ["a0", "c1", "c0"])
@@ -91,7 +93,9 @@ def test_a_token_cap_takes_the_longest_prefix_within_it_on_every_path():
     partial = {"c0": 1.0, "c1": 1.0}
     assert capped(["c0", "c1", "a0"], partial, 8) == Batch("bucket", ["c0", "c1"])
     assert capped(["c0", "c1", "a0"], partial, 7) == Batch("bucket", ["c0"])
-    assert capped(["c0", "c1", "a0"], bucket, 9, destinations=99) == Batch("direct", ["c0", "c1"])  # then a0 (5)
+    assert capped(["c0", "c1", "a0"], bucket, 9, destinations=99) == Batch(
+        "direct", ["c0", "c1"]
+    )  # then a0 (5)
     assert capped(["b1", "b2", "a0"], {}, 9, destinations=99) == Batch("held", ["b1", "b2", "a0"])
 
 

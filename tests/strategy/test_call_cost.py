@@ -11,8 +11,14 @@ from hypothesis import strategies as st
 from thundersync_lightning.strategy.call_cost import CallCost
 
 
-@given(a=st.floats(0.0, 0.05), b=st.floats(1e-4, 0.05), sizes=st.lists(st.integers(1, 64), min_size=2, max_size=40))
-def test_calls_on_an_exact_line_give_its_fixed_and_per_row_seconds_and_k_is_the_ceiling_of_their_ratio(a, b, sizes):
+@given(
+    a=st.floats(0.0, 0.05),
+    b=st.floats(1e-4, 0.05),
+    sizes=st.lists(st.integers(1, 64), min_size=2, max_size=40),
+)
+def test_calls_on_an_exact_line_give_its_fixed_and_per_row_seconds_and_k_is_the_ceiling_of_their_ratio(
+    a, b, sizes
+):
     cost = CallCost()
     cost.observe((n, a + b * n) for n in sizes)
     if len(set(sizes)) < 2:

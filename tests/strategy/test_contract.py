@@ -83,7 +83,15 @@ def test_every_contract_violation_of_module_and_tasks_is_reported_in_one_error_b
     with pytest.raises(ConfigError) as caught:
         trainer.fit(_Bare(), data)
     message = str(caught.value)
-    for name in ("score_tokens", "model_spec", "weights_for_engine", "max_turns", "verdict", "sampling", "footprint"):
+    for name in (
+        "score_tokens",
+        "model_spec",
+        "weights_for_engine",
+        "max_turns",
+        "verdict",
+        "sampling",
+        "footprint",
+    ):
         assert f"`{name}`" in message, name
     assert engine.built == 0
 

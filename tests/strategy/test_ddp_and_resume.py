@@ -19,8 +19,14 @@ SCRIPT = Path(__file__).with_name("ddp_script.py")
 VALIDATE_SCRIPT = Path(__file__).with_name("ddp_validate_script.py")
 
 
-def _run(tmp_path: Path, devices: int, mode: str = "streaming", objective: str = "default", cut: str = "",
-         script: Path = SCRIPT) -> dict:
+def _run(
+    tmp_path: Path,
+    devices: int,
+    mode: str = "streaming",
+    objective: str = "default",
+    cut: str = "",
+    script: Path = SCRIPT,
+) -> dict:
     out = tmp_path / f"{script.stem}-{devices}-{objective}-{cut}.pt"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
@@ -63,8 +69,9 @@ def test_resuming_from_a_barrier_checkpoint_reproduces_the_uninterrupted_run(tmp
     uninterrupted, _, _ = fit("streaming", steps=4, dtype="float64")  # float64: summation order only
     checkpoints = ModelCheckpoint(dirpath=tmp_path, every_n_train_steps=2, save_top_k=-1, filename="{step}")
     fit("streaming", steps=2, callbacks=[checkpoints], enable_checkpointing=True, dtype="float64")
-    resumed, steps, _ = fit("streaming", steps=4, ckpt_path=None, resume_from=str(tmp_path / "step=2.ckpt"),
-                            dtype="float64")
+    resumed, steps, _ = fit(
+        "streaming", steps=4, ckpt_path=None, resume_from=str(tmp_path / "step=2.ckpt"), dtype="float64"
+    )
     assert [s.step for s in steps] == [2, 3]
     assert [s.policy_version for s in steps] == [2, 3]
     # completion order (timing) changes summation order: float noise, amplified a little by AdamW

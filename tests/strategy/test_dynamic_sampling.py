@@ -16,8 +16,15 @@ from thundersync_lightning.strategy.runner import Replacements, RunnerSettings, 
 from .test_held_bound import TinyPolicy, event
 
 # group index -> rewards of its 3 members; 0, 2 and 3 carry no signal
-REWARDS = {0: (1.0, 1.0, 1.0), 1: (1.0, 0.0, 0.0), 2: (0.0, 0.0, 0.0), 3: (0.5, 0.5, 0.5), 4: (0.0, 1.0, 1.0),
-           5: (0.0, 0.5, 1.0), 6: (1.0, 0.0, 1.0)}
+REWARDS = {
+    0: (1.0, 1.0, 1.0),
+    1: (1.0, 0.0, 0.0),
+    2: (0.0, 0.0, 0.0),
+    3: (0.5, 0.5, 0.5),
+    4: (0.0, 1.0, 1.0),
+    5: (0.0, 0.5, 1.0),
+    6: (1.0, 0.0, 1.0),
+}
 
 
 def group(i: int) -> GroupRequest:
@@ -26,7 +33,11 @@ def group(i: int) -> GroupRequest:
 
 def events_of(req: RolloutRequest, seed: int) -> Iterator:
     """Every content and reward event of ``req`` in a seeded shuffled order (contents first per trajectory)."""
-    rewards = {t: REWARDS[g.group_index][k] for g in req.groups for k, t in enumerate(req.trajectory_ids()[g.group_id])}
+    rewards = {
+        t: REWARDS[g.group_index][k]
+        for g in req.groups
+        for k, t in enumerate(req.trajectory_ids()[g.group_id])
+    }
     owner = {t: g for g, ts in req.trajectory_ids().items() for t in ts}
     order = [("content", t) for t in owner] + [("reward", t) for t in owner]
     random.Random(seed).shuffle(order)
@@ -44,8 +55,9 @@ def run(defer: bool, reserve: int, seed: int = 0):
         return events_of(r, seed + len(issued))
 
     replacements = Replacements(tuple(group(i) for i in range(3, 3 + reserve)), issue)
-    runner = StepRunner(req, PolicySnapshot(policy), acc, policy.score, RunnerSettings(defer=defer),
-                        replacements=replacements)
+    runner = StepRunner(
+        req, PolicySnapshot(policy), acc, policy.score, RunnerSettings(defer=defer), replacements=replacements
+    )
     outcome = runner.run(events_of(req, seed))
     report = acc.finish()
     return policy.logits.grad.clone(), report, outcome, issued
@@ -94,8 +106,13 @@ def test_a_reserve_without_a_filtering_accumulator_is_refused():
     policy = TinyPolicy()
     req = RolloutRequest(step=0, groups=(group(0),), seed=0)
     with pytest.raises(GroupError, match="replacement groups need an accumulator with filter_groups"):
-        StepRunner(req, PolicySnapshot(policy), StreamingGRPO(list(policy.parameters())), policy.score,
-                   replacements=Replacements((group(1),), lambda r: iter(())))
+        StepRunner(
+            req,
+            PolicySnapshot(policy),
+            StreamingGRPO(list(policy.parameters())),
+            policy.score,
+            replacements=Replacements((group(1),), lambda r: iter(())),
+        )
 
 
 def _fit(mode: str, steps: int = 2, **data_kwargs):
@@ -115,12 +132,23 @@ def _fit(mode: str, steps: int = 2, **data_kwargs):
     policy = GRPOPolicy(config=TOY_MODEL, objective=objective)
     grads, record = GradientAtBarrier(), RecordSteps()
     trainer = L.Trainer(
-        strategy=ThunderSyncStrategy(mode=mode), accelerator="cpu", devices=1, max_steps=steps, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, callbacks=[grads, record],
+        strategy=ThunderSyncStrategy(mode=mode),
+        accelerator="cpu",
+        devices=1,
+        max_steps=steps,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[grads, record],
     )
     data = RolloutDataModule(
-        tasks=GuessingGameTasks(latency="none"), engine=EmbeddedEngineConfig(num_threads=1, env_workers=4),
-        group_size=4, groups_per_step=4, seed=0, **data_kwargs,
+        tasks=GuessingGameTasks(latency="none"),
+        engine=EmbeddedEngineConfig(num_threads=1, env_workers=4),
+        group_size=4,
+        groups_per_step=4,
+        seed=0,
+        **data_kwargs,
     )
     trainer.fit(policy, data)
     return grads.grads, record.steps
@@ -134,10 +162,17 @@ def test_a_fit_with_dynamic_sampling_gives_the_same_gradient_in_streaming_and_sy
     for a, b, s, t in zip(streaming, sync, steps, sync_steps):
         assert float(b.norm()) > 0 and float((a - b).norm() / b.norm()) <= 1e-5
         assert (s.groups_generated, s.groups_filtered, s.groups_folded) == (
-            t.groups_generated, t.groups_filtered, t.groups_folded)
+            t.groups_generated,
+            t.groups_filtered,
+            t.groups_folded,
+        )
         assert s.groups_folded == s.groups_generated - s.groups_filtered <= 4
-        assert s.groups_folded == 4 or s.groups_generated == 8  # enough informative groups, or the budget spent
-    assert sum(s.groups_filtered for s in steps) > 0  # the untrained toy policy really has uninformative groups
+        assert (
+            s.groups_folded == 4 or s.groups_generated == 8
+        )  # enough informative groups, or the budget spent
+    assert (
+        sum(s.groups_filtered for s in steps) > 0
+    )  # the untrained toy policy really has uninformative groups
     _, async_steps = _fit("async", steps=2, dynamic_sampling=True, max_extra_groups=4)
     assert all(s.groups_folded == s.groups_generated - s.groups_filtered for s in async_steps)
 
@@ -149,7 +184,9 @@ def test_dynamic_sampling_options_are_checked():
     from thundersync_lightning.rollout import EmbeddedEngineConfig
 
     def data(**kw):
-        return RolloutDataModule(tasks=GuessingGameTasks(), engine=EmbeddedEngineConfig(), groups_per_step=3, **kw)
+        return RolloutDataModule(
+            tasks=GuessingGameTasks(), engine=EmbeddedEngineConfig(), groups_per_step=3, **kw
+        )
 
     assert data(dynamic_sampling=True).max_extra_groups == 3
     assert data(dynamic_sampling=True, max_extra_groups=7).max_extra_groups == 7

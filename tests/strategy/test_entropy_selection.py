@@ -68,7 +68,9 @@ def test_streaming_refuses_a_step_wide_entropy_threshold_and_says_why():
 def test_sync_applies_the_steps_own_threshold(seed):
     policy = EntropyPolicy()
     acc = StreamingGRPO(list(policy.parameters()), objective=OBJ)
-    runner = StepRunner(REQ, PolicySnapshot(policy), acc, policy.score, RunnerSettings(defer=True, max_batch_trajectories=3))
+    runner = StepRunner(
+        REQ, PolicySnapshot(policy), acc, policy.score, RunnerSettings(defer=True, max_batch_trajectories=3)
+    )
     runner.run(iter(_events(seed)))
     acc.finish()
     got = policy.logits.grad.clone()
@@ -83,6 +85,7 @@ def test_sync_applies_the_steps_own_threshold(seed):
     assert float((got - expected).norm() / expected.norm()) <= 1e-12
     everything = trajectory_terms(replace(OBJ, top_entropy_quantile=1.0), policy.score(trajs), None)
     policy.logits.grad = None
-    reference_loss(replace(OBJ, top_entropy_quantile=1.0), everything, list(owner.values()),
-                   [REWARDS[t] for t in owner]).backward()
+    reference_loss(
+        replace(OBJ, top_entropy_quantile=1.0), everything, list(owner.values()), [REWARDS[t] for t in owner]
+    ).backward()
     assert float((policy.logits.grad - expected).norm() / expected.norm()) > 1e-6  # the selection acts

@@ -43,8 +43,11 @@ def test_a_bad_mode_is_rejected_with_the_valid_modes():
 
 
 def test_the_old_objective_options_of_the_strategy_say_where_they_moved():
-    with pytest.raises(ConfigError, match=r"estimator='rloo': the objective moved to the LightningModule.*"
-                       r"--model.objective.estimator"):
+    with pytest.raises(
+        ConfigError,
+        match=r"estimator='rloo': the objective moved to the LightningModule.*"
+        r"--model.objective.estimator",
+    ):
         ThunderSyncStrategy(mode="sync", estimator="rloo")
     with pytest.raises(ConfigError, match="eps=0.1: the objective moved"):
         ThunderSyncStrategy(eps=0.1)
@@ -60,7 +63,9 @@ def test_a_token_cap_below_one_token_is_rejected_with_its_value(value):
 
 @pytest.mark.parametrize("value", [0, -1, True, 2.0, None, "Auto"])
 def test_a_row_wait_below_one_or_not_an_integer_or_auto_is_rejected_with_its_value(value):
-    with pytest.raises(ConfigError, match=rf"min_batch_trajectories must be an integer >= 1 or 'auto', got {value!r}"):
+    with pytest.raises(
+        ConfigError, match=rf"min_batch_trajectories must be an integer >= 1 or 'auto', got {value!r}"
+    ):
         ThunderSyncStrategy(min_batch_trajectories=value)
     assert ThunderSyncStrategy().min_batch_trajectories == "auto"
     assert ThunderSyncStrategy(min_batch_trajectories=1).min_batch_trajectories == 1
@@ -72,7 +77,9 @@ def test_a_row_wait_above_the_row_cap_is_rejected_naming_both():
     assert ThunderSyncStrategy(min_batch_trajectories=8, max_batch_trajectories=8).min_batch_trajectories == 8
 
 
-@pytest.mark.parametrize("option", ["boundary_cutt", "find_unused_parameters", "ddp_comm_hook", "static_graph"])
+@pytest.mark.parametrize(
+    "option", ["boundary_cutt", "find_unused_parameters", "ddp_comm_hook", "static_graph"]
+)
 def test_an_unknown_or_ddp_wrapper_option_is_rejected_by_name(option):
     with pytest.raises(ConfigError, match=f"{option}=True is not an option of ThunderSyncStrategy"):
         ThunderSyncStrategy(**{option: True})
@@ -137,11 +144,15 @@ class _DroppingConfig:
     footprint = TraceReplayEngineConfig().footprint
 
     def build(self, model_spec, tasks):
-        return _DroppingEngine(TraceReplayEngineConfig(source="lognormal", time_scale_s=1e-4).build(model_spec, tasks))
+        return _DroppingEngine(
+            TraceReplayEngineConfig(source="lognormal", time_scale_s=1e-4).build(model_spec, tasks)
+        )
 
 
 def test_an_engine_whose_groups_do_not_match_the_group_size_raises_naming_the_trajectories():
-    data = RolloutDataModule(tasks=toy_data().tasks, engine=_DroppingConfig(), group_size=3, groups_per_step=2)
+    data = RolloutDataModule(
+        tasks=toy_data().tasks, engine=_DroppingConfig(), group_size=3, groups_per_step=2
+    )
     with pytest.raises(GroupError, match="t2"):
         _trainer().fit(GRPOPolicy(config=TOY_MODEL), data)
 

@@ -37,10 +37,17 @@ def _strategy(**kw) -> ThunderSyncStrategy:
 
 
 def test_the_planned_bytes_match_the_measured_rss_growth_within_15_percent():
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]), "OMP_NUM_THREADS": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        "OMP_NUM_THREADS": "1",
+    }
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("rss_script.py"))],
-        env=env, capture_output=True, text=True, timeout=600,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -52,8 +59,12 @@ def test_the_planned_bytes_match_the_measured_rss_growth_within_15_percent():
 
 def test_the_fit_plan_reads_the_live_module_data_and_strategy():
     policy = GRPOPolicy(config=TOY_MODEL, lora=LoraSettings(r=4))
-    trainer = SimpleNamespace(lightning_module=policy, datamodule=toy_data(groups=6, group_size=3), precision="32-true")
-    plan = memory_check.fit_plan(trainer, _strategy(max_open_groups=2, offload="cpu", max_batch_trajectories=5))
+    trainer = SimpleNamespace(
+        lightning_module=policy, datamodule=toy_data(groups=6, group_size=3), precision="32-true"
+    )
+    plan = memory_check.fit_plan(
+        trainer, _strategy(max_open_groups=2, offload="cpu", max_batch_trajectories=5)
+    )
     i = plan.inputs
     trainable = sum(p.numel() for p in policy.parameters() if p.requires_grad)
     assert i.model.trainable_params == trainable < i.model.total_params and i.model.lora
@@ -82,18 +93,35 @@ def test_the_fit_plan_reads_the_token_cap_and_the_policys_padding_rule():
 def test_the_fit_plan_reads_the_held_bound_and_sharding_when_the_strategy_has_them():
     strategy = _strategy()
     strategy.max_held_trajectories, strategy.sharding = 3, "zero1"
-    trainer = SimpleNamespace(lightning_module=GRPOPolicy(config=TOY_MODEL), datamodule=toy_data(), precision="bf16-true")
+    trainer = SimpleNamespace(
+        lightning_module=GRPOPolicy(config=TOY_MODEL), datamodule=toy_data(), precision="bf16-true"
+    )
     i = memory_check.fit_plan(trainer, strategy).inputs
-    assert (i.max_held_trajectories, i.held_trajectories, i.sharding, i.model.param_bytes) == (3, 3, "zero1", 2)
+    assert (i.max_held_trajectories, i.held_trajectories, i.sharding, i.model.param_bytes) == (
+        3,
+        3,
+        "zero1",
+        2,
+    )
 
 
 def test_a_fit_whose_plan_does_not_fit_is_refused_before_the_engine_starts_naming_the_fix(monkeypatch):
     # 24 MiB free: the unbounded plan (4 open groups x 2 sums + 16 held gradients of 0.6 MB, and a split
     # backward call holding up to 17 gradients: 29.6 MiB) does not fit; without the split (20.2 MiB) it would
     monkeypatch.setattr(memory_check, "machine_capacity", lambda device: (24 * 2**20, 24 * 2**20))
-    data = RolloutDataModule(tasks=toy_data().tasks, engine=_EngineThatMustNotStart(), group_size=4, groups_per_step=4)
-    trainer = L.Trainer(strategy=ThunderSyncStrategy(), accelerator="cpu", devices=1, max_steps=1, logger=False,
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    data = RolloutDataModule(
+        tasks=toy_data().tasks, engine=_EngineThatMustNotStart(), group_size=4, groups_per_step=4
+    )
+    trainer = L.Trainer(
+        strategy=ThunderSyncStrategy(),
+        accelerator="cpu",
+        devices=1,
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     with pytest.raises(ConfigError) as err:
         trainer.fit(GRPOPolicy(config=TOY_MODEL), data)
     message = str(err.value)
@@ -110,18 +138,26 @@ class _UnboundedTasks(type(toy_data().tasks)):
     max_episode_tokens = None  # type: ignore[assignment]
 
 
-def test_a_plan_bounded_only_by_the_model_context_is_a_worst_case_that_warns_instead_of_refusing(monkeypatch, caplog):
+def test_a_plan_bounded_only_by_the_model_context_is_a_worst_case_that_warns_instead_of_refusing(
+    monkeypatch, caplog
+):
     policy = GRPOPolicy(config=TOY_MODEL)
-    data = RolloutDataModule(tasks=_UnboundedTasks(latency="none"), engine=EmbeddedEngineConfig(num_threads=1),
-                             group_size=4, groups_per_step=4)
-    plan = memory_check.fit_plan(SimpleNamespace(lightning_module=policy, datamodule=data, precision="32-true"),
-                                 _strategy())
+    data = RolloutDataModule(
+        tasks=_UnboundedTasks(latency="none"),
+        engine=EmbeddedEngineConfig(num_threads=1),
+        group_size=4,
+        groups_per_step=4,
+    )
+    plan = memory_check.fit_plan(
+        SimpleNamespace(lightning_module=policy, datamodule=data, precision="32-true"), _strategy()
+    )
     assert plan.inputs.max_tokens_per_trajectory == TOY_MODEL["max_position_embeddings"]
     assert not plan.inputs.tokens_bounded and "T unbounded" in plan.table()
     monkeypatch.setattr(memory_check, "machine_capacity", lambda device: (2**20, 2**20))
     with caplog.at_level(logging.WARNING, logger="thundersync_lightning.strategy.setup_checks"):
         problems, certain = memory_check.memory_problems(
-            SimpleNamespace(lightning_module=policy, datamodule=data, precision="32-true"), _strategy())
+            SimpleNamespace(lightning_module=policy, datamodule=data, precision="32-true"), _strategy()
+        )
     assert problems and not certain and "max_context_tokens" in problems[0]
 
 
@@ -138,11 +174,15 @@ def test_an_unknown_memory_check_value_is_rejected():
         ThunderSyncStrategy(memory_check="maybe")
 
 
-def test_memory_check_off_neither_plans_nor_refuses_and_error_refuses_what_warn_only_logs(monkeypatch, caplog):
+def test_memory_check_off_neither_plans_nor_refuses_and_error_refuses_what_warn_only_logs(
+    monkeypatch, caplog
+):
     from thundersync_lightning.strategy import setup_checks
 
     planned = []
-    monkeypatch.setattr(setup_checks, "memory_problems", lambda t, s: planned.append(1) or (["too big"], True))
+    monkeypatch.setattr(
+        setup_checks, "memory_problems", lambda t, s: planned.append(1) or (["too big"], True)
+    )
     setup_checks.check_memory(None, None, "off")
     assert planned == []
     with caplog.at_level(logging.WARNING, logger="thundersync_lightning.strategy.setup_checks"):

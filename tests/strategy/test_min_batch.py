@@ -44,7 +44,9 @@ def run(order, sizes, rewards, least: int, source=None, rows: int = 32, tokens: 
     policy = TinyPolicy()
     req = request(sizes)
     acc = Observed(list(policy.parameters()), **bounds)
-    settings = RunnerSettings(min_batch_trajectories=least, max_batch_trajectories=rows, max_batch_tokens=tokens)
+    settings = RunnerSettings(
+        min_batch_trajectories=least, max_batch_trajectories=rows, max_batch_tokens=tokens
+    )
     runner = StepRunner(req, PolicySnapshot(policy), acc, policy.score, settings)
     acc.runner = runner
     owner = {t: g for g, ts in req.trajectory_ids().items() for t in ts}
@@ -72,7 +74,9 @@ def steps(draw):
     tokens=st.sampled_from([None, 5, 10, 15]),  # every trajectory has 5 tokens (2 prompt, 3 action)
     open_groups=st.sampled_from([None, 1]),
 )
-def test_no_call_starts_with_fewer_rows_than_the_wait_while_content_is_to_come(step, least, rows, tokens, open_groups):
+def test_no_call_starts_with_fewer_rows_than_the_wait_while_content_is_to_come(
+    step, least, rows, tokens, open_groups
+):
     sizes, rewards, order = step
     total = sum(sizes)
     caps = dict(rows=rows, tokens=tokens, max_open_groups=open_groups)

@@ -81,14 +81,18 @@ def test_bounding_held_gradients_keeps_them_within_the_bound_without_changing_th
     bounded, steps, _ = fit(mode, steps=3, data=data, strategy_kwargs={"max_held_trajectories": 1})
     assert relative(bounded, runs[mode][0]) <= 1e-5
     assert max(s.peak_held_trajectories for s in steps) <= 1
-    assert all(s.peak_held_bytes <= 2 * bounded.numel() * bounded.element_size() for s in steps)  # grad S_i, R_i
+    assert all(
+        s.peak_held_bytes <= 2 * bounded.numel() * bounded.element_size() for s in steps
+    )  # grad S_i, R_i
     assert len(steps[-1].trajectories) == 16
 
 
 @pytest.mark.parametrize("split", [True, False])
 def test_the_split_backward_on_or_off_applies_the_synchronous_update(runs, split):
     # verdict latency: calls that span destinations (buckets, held rows) occur in streaming
-    params, steps, _ = fit("streaming", steps=3, data=toy_data(latency=True), strategy_kwargs={"split_backward": split})
+    params, steps, _ = fit(
+        "streaming", steps=3, data=toy_data(latency=True), strategy_kwargs={"split_backward": split}
+    )
     assert relative(params, runs["sync"][0]) <= 1e-5
     assert all(s.backward_passes >= 1 for s in steps)
 
@@ -100,7 +104,9 @@ def test_a_token_cap_cuts_every_learner_call_without_changing_the_update(runs, m
     assert relative(params, runs[mode][0]) <= 1e-5
     for stats in steps:
         calls = [i for i in stats.busy if i.kind == "backward"]
-        assert all(i.tokens <= 16 or i.trajectories == 1 for i in calls), [(i.trajectories, i.tokens) for i in calls]
+        assert all(i.tokens <= 16 or i.trajectories == 1 for i in calls), [
+            (i.trajectories, i.tokens) for i in calls
+        ]
         assert sum(i.tokens for i in calls) == stats.learner_tokens
         assert sum(i.trajectories for i in calls) == 16
         assert len(calls) >= -(-stats.learner_tokens // 16)
@@ -108,8 +114,12 @@ def test_a_token_cap_cuts_every_learner_call_without_changing_the_update(runs, m
         assert [sum(i.kind == "backward" for i in s.busy) for s in runs["sync"][1]] == [1, 1, 1]
 
 
-@pytest.mark.parametrize("option", [{"split_backward": True}, {"split_backward": False}, {"boundary_cut": True}])
-def test_a_token_cap_with_held_gradients_the_split_backward_or_the_boundary_cut_keeps_the_update(runs, option):
+@pytest.mark.parametrize(
+    "option", [{"split_backward": True}, {"split_backward": False}, {"boundary_cut": True}]
+)
+def test_a_token_cap_with_held_gradients_the_split_backward_or_the_boundary_cut_keeps_the_update(
+    runs, option
+):
     # verdict latency: buckets and held rows are cut too, and split calls span several destinations
     params, steps, _ = fit("streaming", steps=3, data=toy_data(latency=True),
                            strategy_kwargs={"max_batch_tokens": 12, **option})  # fmt: skip
@@ -123,7 +133,9 @@ def test_a_token_cap_with_held_gradients_the_split_backward_or_the_boundary_cut_
 @pytest.mark.parametrize("mode", ["streaming", "sync", "async"])
 def test_waiting_for_rows_before_a_call_keeps_the_update(runs, mode):
     # verdict latency: without the wait, the streaming learner takes lone held rows as content lands
-    params, steps, _ = fit(mode, steps=3, data=toy_data(latency=True), strategy_kwargs={"min_batch_trajectories": 4})
+    params, steps, _ = fit(
+        mode, steps=3, data=toy_data(latency=True), strategy_kwargs={"min_batch_trajectories": 4}
+    )
     assert relative(params, runs[mode][0]) <= 1e-5
     for stats in steps:
         calls = [i for i in stats.busy if i.kind == "backward"]
@@ -145,7 +157,9 @@ def test_waiting_for_rows_with_every_other_call_option_keeps_the_update(runs, op
 
 @pytest.mark.parametrize("mode", ["streaming", "async"])
 def test_an_automatic_row_wait_follows_the_recent_calls_cost_line_and_keeps_the_update(runs, mode):
-    params, steps, _ = fit(mode, steps=3, data=toy_data(latency=True), strategy_kwargs={"min_batch_trajectories": "auto"})
+    params, steps, _ = fit(
+        mode, steps=3, data=toy_data(latency=True), strategy_kwargs={"min_batch_trajectories": "auto"}
+    )
     assert relative(params, runs[mode][0]) <= 1e-5
     replay = CallCost()  # each step's wait from the calls of the steps before it, as the strategy fitted it
     for stats in steps:

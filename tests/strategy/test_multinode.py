@@ -20,8 +20,22 @@ import torch
 from ._fit import relative
 
 SCRIPT = Path(__file__).with_name("multinode_script.py")
-_LAUNCH_VARS = ("SLURM_", "TORCHELASTIC_", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "JSM_", "OMPI_", "PMI_", "KUBERNETES_")
+_LAUNCH_VARS = (
+    "SLURM_",
+    "TORCHELASTIC_",
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "NODE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "JSM_",
+    "OMPI_",
+    "PMI_",
+    "KUBERNETES_",
+)
 
 
 def _free_port() -> int:
@@ -37,14 +51,27 @@ def _node_env(kind: str, node: int, nodes: int, port: int) -> dict[str, str]:
         return {**common, "NODE_RANK": str(node), "LOCAL_RANK": "0", "WORLD_SIZE": str(nodes)}
     if kind == "slurm":  # srun --nodes=2 --ntasks-per-node=1: SLURMEnvironment
         return {
-            **common, "SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "thundersync", "SLURM_NTASKS": str(nodes),
-            "SLURM_NTASKS_PER_NODE": "1", "SLURM_NNODES": str(nodes), "SLURM_NODEID": str(node),
-            "SLURM_PROCID": str(node), "SLURM_LOCALID": "0", "SLURM_NODELIST": "127.0.0.1",
+            **common,
+            "SLURM_JOB_ID": "4242",
+            "SLURM_JOB_NAME": "thundersync",
+            "SLURM_NTASKS": str(nodes),
+            "SLURM_NTASKS_PER_NODE": "1",
+            "SLURM_NNODES": str(nodes),
+            "SLURM_NODEID": str(node),
+            "SLURM_PROCID": str(node),
+            "SLURM_LOCALID": "0",
+            "SLURM_NODELIST": "127.0.0.1",
         }
     assert kind == "torchelastic"  # torchrun --nnodes=2 --nproc-per-node=1: TorchElasticEnvironment
     return {
-        **common, "TORCHELASTIC_RUN_ID": "thundersync", "RANK": str(node), "GROUP_RANK": str(node),
-        "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": str(nodes), "GROUP_WORLD_SIZE": str(nodes),
+        **common,
+        "TORCHELASTIC_RUN_ID": "thundersync",
+        "RANK": str(node),
+        "GROUP_RANK": str(node),
+        "LOCAL_RANK": "0",
+        "LOCAL_WORLD_SIZE": "1",
+        "WORLD_SIZE": str(nodes),
+        "GROUP_WORLD_SIZE": str(nodes),
     }
 
 
@@ -69,7 +96,11 @@ def _launch(tmp_path: Path, kind: str | None, nodes: int) -> list[dict]:
     return [torch.load(f"{out}-{rank}.pt") for rank in range(nodes)]
 
 
-ENVIRONMENTS = {"lightning": "LightningEnvironment", "slurm": "SLURMEnvironment", "torchelastic": "TorchElasticEnvironment"}
+ENVIRONMENTS = {
+    "lightning": "LightningEnvironment",
+    "slurm": "SLURMEnvironment",
+    "torchelastic": "TorchElasticEnvironment",
+}
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +110,17 @@ def single(tmp_path_factory) -> dict:
 
 
 # Lightning's own variables stay in make test; SLURM's and torchrun's are make test-slow (~12 s each)
-@pytest.mark.parametrize("kind", ["lightning", pytest.param("slurm", marks=pytest.mark.slow),
-                                  pytest.param("torchelastic", marks=pytest.mark.slow)])
-def test_two_nodes_launched_by_environment_variables_train_the_parameters_of_one_process(tmp_path, single, kind):
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "lightning",
+        pytest.param("slurm", marks=pytest.mark.slow),
+        pytest.param("torchelastic", marks=pytest.mark.slow),
+    ],
+)
+def test_two_nodes_launched_by_environment_variables_train_the_parameters_of_one_process(
+    tmp_path, single, kind
+):
     ranks = _launch(tmp_path, kind, 2)
     assert [r["environment"] for r in ranks] == [ENVIRONMENTS[kind]] * 2
     assert [r["rank"] for r in ranks] == [(0, 0, 0), (1, 1, 0)]  # (global, node, local)

@@ -30,8 +30,16 @@ class GradientAtBarrier(Callback):
         self.grads.append(torch.cat([p.grad.detach().reshape(-1).clone() for p in ps]))
 
 
-def _fit(mode: str, objective: Any, steps: int = 2, engine: Any = None, callbacks=(), temperature=1.0, cut=False,
-         dtype: str = "float32"):
+def _fit(
+    mode: str,
+    objective: Any,
+    steps: int = 2,
+    engine: Any = None,
+    callbacks=(),
+    temperature=1.0,
+    cut=False,
+    dtype: str = "float32",
+):
     L.seed_everything(0)
     policy = GRPOPolicy(config=TOY_MODEL, objective=objective, temperature=temperature, dtype=dtype)
     grads, record = GradientAtBarrier(), RecordSteps()
@@ -63,10 +71,18 @@ OBJECTIVES = {
     ),
     "trl-batch-drop": Objective.preset("trl", scale="batch", failed="drop", kl_coef=0.05, kl_estimator="k2"),
     "trl-kl-clip-min-overlong": Objective.preset(
-        "trl", kl_coef=0.05, is_min=0.5, overlong_filter=True, is_batch_normalize=True,
-        overlong_buffer=2, overlong_max_tokens=4, off_policy_mask=-1.0,  # -1: every trajectory flagged
+        "trl",
+        kl_coef=0.05,
+        is_min=0.5,
+        overlong_filter=True,
+        is_batch_normalize=True,
+        overlong_buffer=2,
+        overlong_max_tokens=4,
+        off_policy_mask=-1.0,  # -1: every trajectory flagged
     ),
-    "verl-rejection": Objective.preset("verl", rs="token_k1,seq_mean_k3", rs_threshold="0.999_1.001,0.01", kl_coef=0.05),
+    "verl-rejection": Objective.preset(
+        "verl", rs="token_k1,seq_mean_k3", rs_threshold="0.999_1.001,0.01", kl_coef=0.05
+    ),
 }
 
 
@@ -123,7 +139,9 @@ def test_a_temperature_mismatch_let_through_fails_the_kl_check_of_the_staleness_
 
 def test_importance_correction_without_engine_logprobs_is_refused_before_any_rollout():
     engine = TraceReplayEngineConfig(time_scale_s=0.001)
-    with pytest.raises(ConfigError, match="is_correction='sequence_mask' needs the engine's sampling logprobs"):
+    with pytest.raises(
+        ConfigError, match="is_correction='sequence_mask' needs the engine's sampling logprobs"
+    ):
         _fit("streaming", "trl", engine=engine)
 
 
@@ -147,7 +165,12 @@ def test_async_rollouts_are_measured_off_policy_and_importance_correction_runs_o
 
 
 @pytest.mark.parametrize(
-    "mode", ["streaming", pytest.param("sync", marks=pytest.mark.slow), pytest.param("async", marks=pytest.mark.slow)]
+    "mode",
+    [
+        "streaming",
+        pytest.param("sync", marks=pytest.mark.slow),
+        pytest.param("async", marks=pytest.mark.slow),
+    ],
 )
 def test_the_boundary_cut_applies_the_uncut_gradient_in_every_mode(mode):
     objective = OBJECTIVES["rloo-token-mean-kl-entropy"]

@@ -26,7 +26,9 @@ def test_opd_with_grpo_streams_the_same_gradient_as_sync_and_opd_alone_trains_wi
         assert float(b.norm()) > 0
         assert float((a - b).norm() / b.norm()) <= 1e-5
     assert all(s.staleness_max == 0 for s in steps)
-    alone, _ = _fit("sync", Objective(opd_coef=0.5, reward_coef=0.0, loss_agg="token-mean"), steps=1, engine=_engine())
+    alone, _ = _fit(
+        "sync", Objective(opd_coef=0.5, reward_coef=0.0, loss_agg="token-mean"), steps=1, engine=_engine()
+    )
     assert float(alone[0].norm()) > 0  # the teacher's signal alone moves the student
     assert float((alone[0] - sync[0]).norm() / sync[0].norm()) > 1e-3  # and the reward term is part of sync's
 
@@ -34,7 +36,10 @@ def test_opd_with_grpo_streams_the_same_gradient_as_sync_and_opd_alone_trains_wi
 @pytest.mark.parametrize(
     "engine, match",
     [
-        (EmbeddedEngineConfig(num_threads=1, env_workers=4), "opd_coef=0.5 needs a teacher's logprobs.*EmbeddedEngineConfig has no teacher"),
+        (
+            EmbeddedEngineConfig(num_threads=1, env_workers=4),
+            "opd_coef=0.5 needs a teacher's logprobs.*EmbeddedEngineConfig has no teacher",
+        ),
         (TraceReplayEngineConfig(time_scale_s=0.001), "TraceReplayEngineConfig has no teacher"),
     ],
 )

@@ -101,8 +101,12 @@ def test_prepare_ahead_off_leaves_the_engine_unprepared():
 )
 def test_the_embedded_engine_trains_the_same_parameters_with_and_without_prepare_ahead(mode):
     # float64: the two differ by summation order alone, which load cannot push past the bound
-    prepared, prepared_steps, _ = fit(mode, steps=STEPS, strategy_kwargs={"prepare_ahead": True}, dtype="float64")
-    unprepared, unprepared_steps, _ = fit(mode, steps=STEPS, strategy_kwargs={"prepare_ahead": False}, dtype="float64")
+    prepared, prepared_steps, _ = fit(
+        mode, steps=STEPS, strategy_kwargs={"prepare_ahead": True}, dtype="float64"
+    )
+    unprepared, unprepared_steps, _ = fit(
+        mode, steps=STEPS, strategy_kwargs={"prepare_ahead": False}, dtype="float64"
+    )
     assert [outcomes(s) for s in prepared_steps] == [outcomes(s) for s in unprepared_steps]
     # the same trajectories and rewards; logprobs and the summation order of gradients follow batch
     # composition and completion order by float rounding only (the streaming == sync criterion)

@@ -38,7 +38,10 @@ def test_the_penalty_is_zero_then_linear_over_the_window_then_full(length, penal
     "fields, match",
     [
         ({"overlong_buffer": 4}, "overlong_buffer and overlong_max_tokens go together"),
-        ({"overlong_buffer": 8, "overlong_max_tokens": 6}, "overlong_buffer must be in 1..overlong_max_tokens"),
+        (
+            {"overlong_buffer": 8, "overlong_max_tokens": 6},
+            "overlong_buffer must be in 1..overlong_max_tokens",
+        ),
         ({"overlong_penalty": -1.0}, "overlong_penalty must be a finite number >= 0"),
     ],
 )
@@ -54,9 +57,24 @@ def _trajectory(tid: str, gid: str, length: int) -> Trajectory:
 
 
 REQ = RolloutRequest(0, (GroupRequest("s0-g0", 0, None, 4), GroupRequest("s0-g1", 1, None, 3)), 0)
-LENGTHS = {"s0-g0-t0": 1, "s0-g0-t1": 4, "s0-g0-t2": 7, "s0-g0-t3": 3, "s0-g1-t0": 5, "s0-g1-t1": 5, "s0-g1-t2": 2}
-REWARDS = {"s0-g0-t0": 1.0, "s0-g0-t1": 1.0, "s0-g0-t2": 0.0, "s0-g0-t3": 1.0, "s0-g1-t0": 1.0, "s0-g1-t1": 1.0,
-           "s0-g1-t2": 1.0}
+LENGTHS = {
+    "s0-g0-t0": 1,
+    "s0-g0-t1": 4,
+    "s0-g0-t2": 7,
+    "s0-g0-t3": 3,
+    "s0-g1-t0": 5,
+    "s0-g1-t1": 5,
+    "s0-g1-t2": 2,
+}
+REWARDS = {
+    "s0-g0-t0": 1.0,
+    "s0-g0-t1": 1.0,
+    "s0-g0-t2": 0.0,
+    "s0-g0-t3": 1.0,
+    "s0-g1-t0": 1.0,
+    "s0-g1-t1": 1.0,
+    "s0-g1-t2": 1.0,
+}
 
 
 def _run(seed: int, defer: bool) -> torch.Tensor:
@@ -66,7 +84,9 @@ def _run(seed: int, defer: bool) -> torch.Tensor:
     events = [ContentReady(_trajectory(t, g, LENGTHS[t]), 0.0) for t, g in owner.items()]
     events += [RewardReady(t, g, REWARDS[t], 0.0) for t, g in owner.items()]
     random.Random(seed).shuffle(events)
-    outcome = StepRunner(REQ, PolicySnapshot(policy), acc, policy.score, RunnerSettings(defer=defer)).run(iter(events))
+    outcome = StepRunner(REQ, PolicySnapshot(policy), acc, policy.score, RunnerSettings(defer=defer)).run(
+        iter(events)
+    )
     assert outcome.rewards == {t: OBJ.shaped_reward(REWARDS[t], LENGTHS[t]) for t in owner}
     acc.finish()
     return policy.logits.grad.clone()

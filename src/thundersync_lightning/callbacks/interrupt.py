@@ -113,8 +113,12 @@ class InterruptCheckpoint(Checkpoint):
         raise SIGTERMException(128 + signum)
 
     def _watch_sigterm(self, trainer: pl.Trainer) -> None:
-        if (self._term_previous is None and self.save_on_exception and trainer.world_size == 1
-                and threading.current_thread() is threading.main_thread()):
+        if (
+            self._term_previous is None
+            and self.save_on_exception
+            and trainer.world_size == 1
+            and threading.current_thread() is threading.main_thread()
+        ):
             self._term_previous = signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _unwatch_sigterm(self) -> None:

@@ -116,8 +116,16 @@ class RolloutMetrics(StepStatsCallback):
     @property
     def metric_keys(self) -> list[str]:
         """Every key this monitor logs."""
-        counts = ["trajectories", "failures", "host_faults", "groups_folded", "groups_aborted", "groups_generated", "groups_kept",
-                  "groups_dropped"]
+        counts = [
+            "trajectories",
+            "failures",
+            "host_faults",
+            "groups_folded",
+            "groups_aborted",
+            "groups_generated",
+            "groups_kept",
+            "groups_dropped",
+        ]
         return [
             "rollout/reward_mean",
             "rollout/pass_rate",
@@ -167,8 +175,12 @@ class RolloutMetrics(StepStatsCallback):
             "truncated_actions": Sum(float(sum(t.truncated_actions for t in trajs))),
             "tool_errors": Sum(float(sum(t.tool_errors - t.tool_timeouts for t in trajs))),
             "tool_timeouts": Sum(float(sum(t.tool_timeouts for t in trajs))),
-            **{f"rollout/reward/{name}_mean": Mean([v for t in trajs for n, v in t.reward_parts if n == name])
-               for name in self.reward_names},
+            **{
+                f"rollout/reward/{name}_mean": Mean(
+                    [v for t in trajs for n, v in t.reward_parts if n == name]
+                )
+                for name in self.reward_names
+            },
             **{
                 f"rollout/finish_{r}_count": Sum(float(sum(t.finish_reason == r for t in trajs)))
                 for r in FINISH_REASONS
@@ -193,7 +205,9 @@ class RolloutMetrics(StepStatsCallback):
         calls, invalid = reduced["tool_calls"], reduced["invalid_tool_calls"]
         out["rollout/invalid_tool_call_fraction"] = invalid / calls if calls > 0 else 0.0
         actions = reduced["actions"]
-        out["rollout/truncated_action_fraction"] = reduced["truncated_actions"] / actions if actions > 0 else 0.0
+        out["rollout/truncated_action_fraction"] = (
+            reduced["truncated_actions"] / actions if actions > 0 else 0.0
+        )
         out["rollout/tool_error_fraction"] = reduced["tool_errors"] / calls if calls > 0 else 0.0
         out["rollout/tool_timeout_fraction"] = reduced["tool_timeouts"] / calls if calls > 0 else 0.0
         out["train/loss"] = stats.loss
@@ -210,14 +224,20 @@ class RolloutMetrics(StepStatsCallback):
 
     def _check_tool_errors(self, metrics: dict[str, float], stats: StepStats) -> None:
         """Warn once per kind (a tool that raised, a tool past its deadline) with the first reason."""
-        for kind, key, timed_out in (("raised", "rollout/tool_error_fraction", False),
-                                     ("timed out", "rollout/tool_timeout_fraction", True)):
+        for kind, key, timed_out in (
+            ("raised", "rollout/tool_error_fraction", False),
+            ("timed out", "rollout/tool_timeout_fraction", True),
+        ):
             if kind in self._tool_warned or not metrics[key] > 0:
                 continue
             self._tool_warned.add(kind)
-            first = next((t for t in stats.trajectories if t.tool_error and (t.tool_timeouts > 0) == timed_out),
-                         next((t for t in stats.trajectories if t.tool_error), None))
-            example = f" The first tool failure of {first.trajectory_id}: {first.tool_error}." if first else ""
+            first = next(
+                (t for t in stats.trajectories if t.tool_error and (t.tool_timeouts > 0) == timed_out),
+                next((t for t in stats.trajectories if t.tool_error), None),
+            )
+            example = (
+                f" The first tool failure of {first.trajectory_id}: {first.tool_error}." if first else ""
+            )
             rank_zero_warn(
                 f"Step {stats.step}: {metrics[key]:.0%} of the tool calls {kind} ({key}); the model was told "
                 f"'[tool error] ...' and the episode went on.{example} Fix the tool"

@@ -158,7 +158,9 @@ class RunChecks(Callback):
 
     def _check_same_run(self, trainer: pl.Trainer, recorded: dict[str, Any]) -> None:
         ckpt_path = trainer.ckpt_path
-        differences = resume_differences(recorded, run_identity(trainer), str(ckpt_path) if ckpt_path else None)
+        differences = resume_differences(
+            recorded, run_identity(trainer), str(ckpt_path) if ckpt_path else None
+        )
         if not differences:
             return
         text = (

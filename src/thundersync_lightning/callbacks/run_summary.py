@@ -154,9 +154,13 @@ class RunSummary(StepStatsCallback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"steps": [asdict(s) for s in self.steps], "wall_seconds": self.wall_seconds,
-                "val_pass_at_1": list(self.val_pass_at_1), "tool_error_first": self.tool_error_first,
-                "reward_error_first": self.reward_error_first}
+        return {
+            "steps": [asdict(s) for s in self.steps],
+            "wall_seconds": self.wall_seconds,
+            "val_pass_at_1": list(self.val_pass_at_1),
+            "tool_error_first": self.tool_error_first,
+            "reward_error_first": self.reward_error_first,
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

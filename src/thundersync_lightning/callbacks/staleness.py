@@ -59,7 +59,9 @@ class StalenessMonitor(StepStatsCallback):
             (float noise between two implementations of one distribution is ~1e-7 or below).
     """
 
-    def __init__(self, require_zero: bool | None = None, max_bucket: int = 2, kl_tolerance: float = 1e-3) -> None:
+    def __init__(
+        self, require_zero: bool | None = None, max_bucket: int = 2, kl_tolerance: float = 1e-3
+    ) -> None:
         if max_bucket < 1:
             raise ValueError(f"max_bucket must be >= 1, got {max_bucket}")
         if not kl_tolerance >= 0:

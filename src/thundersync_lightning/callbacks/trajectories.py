@@ -152,7 +152,9 @@ def printable(text: object, newlines: bool = True) -> str:
     """``str(text)`` with every control character of :data:`_CONTROL` (and newlines, unless
     ``newlines``) written as ``\\xNN`` or ``\\uNNNN``: no ESC sequence, carriage return, bell or
     bidirectional override reaches a terminal."""
-    out = _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", str(text))
+    out = _CONTROL.sub(
+        lambda m: f"\\x{ord(m[0]):02x}" if ord(m[0]) < 0x100 else f"\\u{ord(m[0]):04x}", str(text)
+    )
     return out if newlines else out.replace("\n", "\\n")
 
 
@@ -174,13 +176,21 @@ def _transcript(entry: dict[str, Any]) -> str:
 def format_trajectory(entry: dict[str, Any]) -> str:
     """A decoded trajectory as text for a terminal: a header line starting ``---``, then the prompt,
     each action and observation under its marker, model text escaped and framed (module docstring)."""
-    reward = "unscorable" if entry.get("unscorable") else "pending" if entry["reward"] is None else f"{entry['reward']:g}"
+    reward = (
+        "unscorable"
+        if entry.get("unscorable")
+        else "pending"
+        if entry["reward"] is None
+        else f"{entry['reward']:g}"
+    )
     head = (
         f"--- step {entry['step']}  {printable(entry['trajectory_id'])}  reward {reward}  "
         f"finish {printable(entry['finish_reason'])}  turns {entry['num_turns']}"
     )
     if entry.get("truncated_actions"):
-        head += f"  truncated actions {entry['truncated_actions']} (the token budget ended them, not the model)"
+        head += (
+            f"  truncated actions {entry['truncated_actions']} (the token budget ended them, not the model)"
+        )
     if entry.get("failure"):
         head += f"\n[failure]\n{framed(entry['failure'])}"
     return f"{head}\n[prompt]\n{framed(entry['prompt'])}\n{_transcript(entry)}"

@@ -70,7 +70,9 @@ class RolloutBatch:
         ]
 
     def request(self, step: int, rank: int = 0, world_size: int = 1) -> RolloutRequest:
-        groups = tuple(g for g in self._groups(step, rank, world_size) if g.group_index < self.groups_per_step)
+        groups = tuple(
+            g for g in self._groups(step, rank, world_size) if g.group_index < self.groups_per_step
+        )
         return RolloutRequest(step=step, groups=groups, seed=self.seed)
 
     def reserve(self, step: int, rank: int = 0, world_size: int = 1) -> tuple[GroupRequest, ...]:

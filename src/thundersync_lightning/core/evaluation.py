@@ -175,8 +175,9 @@ class ValidationOutcome:
         return {name: (means.get(name, 0.0), sizes[over]) for name, over in VALIDATION_METRICS.items()}
 
 
-def collect_validation(plan: ValidationBatch, request: RolloutRequest, events: Iterator[RolloutEvent],
-                       version: int) -> ValidationOutcome:
+def collect_validation(
+    plan: ValidationBatch, request: RolloutRequest, events: Iterator[RolloutEvent], version: int
+) -> ValidationOutcome:
     """Wait for every event of ``request`` (issued from ``plan`` to an engine holding ``version``)."""
     content: dict[str, Any] = {}
     rewards: dict[str, float] = {}
@@ -200,7 +201,8 @@ def collect_validation(plan: ValidationBatch, request: RolloutRequest, events: I
     if missing:
         raise GroupError(f"validation batch {plan.batch_index}: the engine never completed {missing[:5]}")
     passed = tuple(
-        sum(1 for t in ids if t not in failed and rewards[t] >= plan.pass_threshold) for ids in members.values()
+        sum(1 for t in ids if t not in failed and rewards[t] >= plan.pass_threshold)
+        for ids in members.values()
     )
     order = [t for ids in members.values() for t in ids]
     return ValidationOutcome(

@@ -52,12 +52,12 @@ TRL_NAMES: dict[str, str] = {
     "num_generations": "data.group_size, trajectories per prompt",
     "num_generations_eval": "data.val_samples, trajectories per held-out prompt",
     "per_device_train_batch_size": "data.groups_per_step, groups of group_size trajectories per optimizer "
-                                   "step over all ranks",
+    "step over all ranks",
     "generation_batch_size": "data.groups_per_step, groups per optimizer step over all ranks",
     "steps_per_generation": "none: every step's rollouts come from that step's weights (zero staleness); "
-                            "data.groups_per_step sets the step's size",
+    "data.groups_per_step sets the step's size",
     "gradient_accumulation_steps": "none: a step's trajectories are accumulated as they stream in; "
-                                   "data.groups_per_step sets the step's size",
+    "data.groups_per_step sets the step's size",
     "num_iterations": "none: one optimizer step per batch of rollouts (on-policy, the ratio is 1)",
     "epsilon": "none: one optimizer step per batch of rollouts, the ratio is 1 and no clip applies",
     "epsilon_high": "none: one optimizer step per batch of rollouts, the ratio is 1 and no clip applies",
@@ -74,7 +74,7 @@ TRL_NAMES: dict[str, str] = {
     "learning_rate": "model.lr",
     "beta": "model.objective.kl_coef (the 'trl' preset's kl_estimator k3_corrected is TRL's)",
     "loss_type": "model.objective.loss_agg (dapo: token-mean, grpo: seq-mean-token-mean, dr_grpo: "
-                 "seq-mean-token-sum-norm; docs/objective.md)",
+    "seq-mean-token-sum-norm; docs/objective.md)",
     "scale_rewards": "model.objective.scale (group, batch or none)",
     "mask_truncated_completions": "model.objective.overlong_filter",
     "vllm_importance_sampling_correction": "model.objective.is_correction",

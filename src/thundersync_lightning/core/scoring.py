@@ -77,7 +77,11 @@ def scored_inputs(
     if objective.overlong_filter:
         scores = mark_truncated(scores, trajectories)
     engine = engine_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
-    teacher = teacher_logprobs(trajectories, scores.mask, scores.logprobs.dtype) if objective.needs_teacher else None
+    teacher = (
+        teacher_logprobs(trajectories, scores.mask, scores.logprobs.dtype)
+        if objective.needs_teacher
+        else None
+    )
     return ScoredInputs(scores, engine, teacher)
 
 

@@ -67,7 +67,10 @@ class Segment:
     teacher_logprobs: tuple[float, ...] | None = None  # teacher logprobs, one per token
 
     def __post_init__(self) -> None:
-        for name, what in (("logprobs", "logprob per sampled token"), ("teacher_logprobs", "teacher logprob per token")):
+        for name, what in (
+            ("logprobs", "logprob per sampled token"),
+            ("teacher_logprobs", "teacher logprob per token"),
+        ):
             values = getattr(self, name)
             if values is not None and len(values) != len(self.tokens):
                 raise ValueError(
@@ -92,9 +95,13 @@ class Trajectory:
     content_ready_at: float
     failure: str | None = None
     tool_calls: int = 0  # tool calls (or code text actions) the policy made
-    invalid_tool_calls: int = 0  # of which invalid: malformed, failing the schema, refused or raising, over budget
+    invalid_tool_calls: int = (
+        0  # of which invalid: malformed, failing the schema, refused or raising, over budget
+    )
     truncated_actions: int = 0  # actions that reached the token budget without the stop (end-of-turn) token
-    tool_errors: int = 0  # of the calls whose tool ran, those that failed: raised, died or overran its deadline
+    tool_errors: int = (
+        0  # of the calls whose tool ran, those that failed: raised, died or overran its deadline
+    )
     tool_timeouts: int = 0  # of which the tool overran its deadline (and was stopped)
     tool_error: str | None = None  # the first tool failure's reason
 
@@ -185,8 +192,13 @@ class WeightedReward(float):
     failure: str | None
     unscorable: bool
 
-    def __new__(cls, value: float, parts: Sequence[tuple[str, float]] = (), failure: str | None = None,
-                unscorable: bool = False) -> WeightedReward:
+    def __new__(
+        cls,
+        value: float,
+        parts: Sequence[tuple[str, float]] = (),
+        failure: str | None = None,
+        unscorable: bool = False,
+    ) -> WeightedReward:
         self = super().__new__(cls, value)
         self.parts = tuple((str(n), float(r)) for n, r in parts)
         self.failure, self.unscorable = failure, bool(unscorable)
@@ -196,8 +208,9 @@ class WeightedReward(float):
         return (float(self), self.parts, self.failure, self.unscorable)
 
     @classmethod
-    def combine(cls, parts: Sequence[tuple[str, float | None]], weights: Sequence[float],
-                failure: str | None = None) -> WeightedReward:
+    def combine(
+        cls, parts: Sequence[tuple[str, float | None]], weights: Sequence[float], failure: str | None = None
+    ) -> WeightedReward:
         """``sum_i weights[i] * r_i`` over the parts whose ``r_i`` is not None, with those parts;
         unscorable when every ``r_i`` is None; 0.0 with ``failure`` (and the given parts) when set."""
         if len(parts) != len(weights):

@@ -24,11 +24,17 @@ def import_object(path: str, what: str) -> Any:
         if missing and module != missing and not module.startswith(missing + "."):
             fix = f"it imports {missing!r}, which is not installed: pip install {missing.split('.')[0]}"
         else:
-            fix = (f"a file ./{module.replace('.', '/')}.py needs PYTHONPATH=. (or the directory that holds it; the "
-                   "engine's process imports it too), a package must be installed (pip install -e .)")
-        raise ConfigError(f"{what} {path!r}: module {module!r} cannot be imported ({exc}).\n  Fix: {fix}") from None
+            fix = (
+                f"a file ./{module.replace('.', '/')}.py needs PYTHONPATH=. (or the directory that holds it; the "
+                "engine's process imports it too), a package must be installed (pip install -e .)"
+            )
+        raise ConfigError(
+            f"{what} {path!r}: module {module!r} cannot be imported ({exc}).\n  Fix: {fix}"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - the user's module raised while importing
-        raise ConfigError(f"{what} {path!r}: importing module {module!r} raised {type(exc).__name__}: {exc}") from None
+        raise ConfigError(
+            f"{what} {path!r}: importing module {module!r} raised {type(exc).__name__}: {exc}"
+        ) from None
     if not hasattr(imported, attr):
         public = sorted(n for n, v in vars(imported).items() if callable(v) and not n.startswith("_"))
         raise ConfigError(

@@ -59,8 +59,12 @@ class ChatRenderer:
     Raises ConfigError when there is no template or it does not end assistant turns with the EOS token.
     """
 
-    def __init__(self, tokenizer_path: str, chat_template: str | None = None,
-                 template_kwargs: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer_path: str,
+        chat_template: str | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
         self.tokenizer_path = tokenizer_path
         self.chat_template = chat_template
         self.template_kwargs = dict(template_kwargs or {})
@@ -69,8 +73,13 @@ class ChatRenderer:
         self.check_template()
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"tokenizer_path": self.tokenizer_path, "chat_template": self.chat_template,
-                "template_kwargs": self.template_kwargs, "_tok": None, "_added": None}
+        return {
+            "tokenizer_path": self.tokenizer_path,
+            "chat_template": self.chat_template,
+            "template_kwargs": self.template_kwargs,
+            "_tok": None,
+            "_added": None,
+        }
 
     @property
     def tokenizer(self) -> Any:
@@ -98,7 +107,9 @@ class ChatRenderer:
         """The stop token of an assistant turn (the tokenizer's EOS id)."""
         eos = self.tokenizer.eos_token_id
         if eos is None:
-            raise ConfigError(f"the tokenizer in {self.tokenizer_path!r} has no eos_token: set one to end turns")
+            raise ConfigError(
+                f"the tokenizer in {self.tokenizer_path!r} has no eos_token: set one to end turns"
+            )
         return int(eos)
 
     @property
@@ -107,12 +118,19 @@ class ChatRenderer:
 
     # -- rendering ------------------------------------------------------------------------------
 
-    def render_text(self, messages: Sequence[Message], add_generation_prompt: bool,
-                    tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+    def render_text(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> str:
         """The template's text of ``messages`` (with ``tools`` and ``template_kwargs``)."""
         text = self.tokenizer.apply_chat_template(
-            [dict(m) for m in messages], tools=list(tools) if tools else None, tokenize=False,
-            add_generation_prompt=add_generation_prompt, **self.template_kwargs,
+            [dict(m) for m in messages],
+            tools=list(tools) if tools else None,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **self.template_kwargs,
         )
         return str(text)
 
@@ -131,19 +149,25 @@ class ChatRenderer:
         """Markup through the tokenizer, sentinel ``i`` (i >= ``first``) as plain ``contents[i]``."""
         seen = [int(m.group(1)) for m in _SENTINEL_RE.finditer(text)]
         if sorted(seen) != list(range(first, len(contents))):
-            raise ConfigError("the chat template does not copy each message's content verbatim exactly once; its "
-                              "rendering cannot be split into template markup and untrusted text")
+            raise ConfigError(
+                "the chat template does not copy each message's content verbatim exactly once; its "
+                "rendering cannot be split into template markup and untrusted text"
+            )
         ids: list[int] = []
         pos = 0
         for m in _SENTINEL_RE.finditer(text):
-            ids.extend(self.tokenizer.encode(text[pos:m.start()], add_special_tokens=False))
+            ids.extend(self.tokenizer.encode(text[pos : m.start()], add_special_tokens=False))
             ids.extend(encode_plain(self.tokenizer, contents[int(m.group(1))], self.added_ids))
             pos = m.end()
         ids.extend(self.tokenizer.encode(text[pos:], add_special_tokens=False))
         return tuple(int(i) for i in ids)
 
-    def render(self, messages: Sequence[Message], add_generation_prompt: bool,
-               tools: Sequence[Mapping[str, Any]] | None = None) -> tuple[int, ...]:
+    def render(
+        self,
+        messages: Sequence[Message],
+        add_generation_prompt: bool,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> tuple[int, ...]:
         """The token ids of a whole conversation (plus the generation prompt when asked).
 
         The model's own contents are tokenized as the template renders them; every other
@@ -151,12 +175,18 @@ class ChatRenderer:
         masked, contents = self._masked(messages, own_too=False)
         return self._encode(self.render_text(masked, add_generation_prompt, tools), contents)
 
-    def prompt_ids(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> tuple[int, ...]:
+    def prompt_ids(
+        self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> tuple[int, ...]:
         """The first turn: ``messages`` and the generation prompt."""
         return self.render(messages, add_generation_prompt=True, tools=tools)
 
-    def suffix_ids(self, history: Sequence[Message], new: Sequence[Message],
-                   tools: Sequence[Mapping[str, Any]] | None = None) -> tuple[int, ...]:
+    def suffix_ids(
+        self,
+        history: Sequence[Message],
+        new: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> tuple[int, ...]:
         """What follows an assistant turn's end-of-turn token: ``history`` ends with that turn;
         ``new`` (tool results, a user message) as the template renders them there, then the
         generation prompt. Every content of ``history`` is a sentinel while rendering, so the cut
@@ -174,27 +204,35 @@ class ChatRenderer:
             if cut < 0:
                 break
         if turns == 0 or cut < 0:
-            raise ConfigError("the chat template does not end an assistant turn with the tokenizer's eos_token "
-                              f"({eot!r}); set eos_token to the template's end-of-turn token")
+            raise ConfigError(
+                "the chat template does not end an assistant turn with the tokenizer's eos_token "
+                f"({eot!r}); set eos_token to the template's end-of-turn token"
+            )
         n_history = sum(1 for m in history if isinstance(m.get("content"), str))
-        return self._encode(after[cut + len(eot):], contents, first=n_history)
+        return self._encode(after[cut + len(eot) :], contents, first=n_history)
 
-    def observation_ids(self, history: Sequence[Message], observation: str,
-                        tools: Sequence[Mapping[str, Any]] | None = None) -> tuple[int, ...]:
+    def observation_ids(
+        self, history: Sequence[Message], observation: str, tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> tuple[int, ...]:
         """:meth:`suffix_ids` of one user message."""
         return self.suffix_ids(history, [{"role": "user", "content": observation}], tools)
 
-    def assistant_ids(self, history: Sequence[Message], content: str,
-                      tools: Sequence[Mapping[str, Any]] | None = None) -> tuple[int, ...]:
+    def assistant_ids(
+        self, history: Sequence[Message], content: str, tools: Sequence[Mapping[str, Any]] | None = None
+    ) -> tuple[int, ...]:
         """An assistant turn as the template renders it, through its end-of-turn token (what the
         engine generates when the policy writes ``content`` and stops): scripted policies in tests."""
         before = self.render(history, add_generation_prompt=True, tools=tools)
-        after = self.render([*history, {"role": _OWN, "content": content}], add_generation_prompt=False, tools=tools)
+        after = self.render(
+            [*history, {"role": _OWN, "content": content}], add_generation_prompt=False, tools=tools
+        )
         eot = self.end_of_turn
         ends = [i for i in range(len(before), len(after)) if after[i] == eot]
         if not ends:
-            raise ConfigError("the chat template does not end an assistant turn with the tokenizer's eos_token")
-        return after[len(before): ends[0] + 1]
+            raise ConfigError(
+                "the chat template does not end an assistant turn with the tokenizer's eos_token"
+            )
+        return after[len(before) : ends[0] + 1]
 
     def check_template(self) -> None:
         """Raise ConfigError for a missing template or one without the EOS token at the end of a turn."""

@@ -73,8 +73,11 @@ def _model_ids(tokenizer: Any, text: str) -> list[int] | None:
     if backend is None or not text:
         return None if backend is None else []
     normalized = backend.normalizer.normalize_str(text) if backend.normalizer is not None else text
-    pieces = (backend.pre_tokenizer.pre_tokenize_str(normalized) if backend.pre_tokenizer is not None
-              else [(normalized, (0, len(normalized)))])
+    pieces = (
+        backend.pre_tokenizer.pre_tokenize_str(normalized)
+        if backend.pre_tokenizer is not None
+        else [(normalized, (0, len(normalized)))]
+    )
     return [tok.id for piece, _ in pieces for tok in backend.model.tokenize(piece)]
 
 

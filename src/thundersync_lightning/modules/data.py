@@ -146,12 +146,26 @@ class RolloutDataModule(LightningDataModule):
         self.max_extra_groups = (max_extra_groups or groups_per_step) if dynamic_sampling else 0
         self._engine: RolloutEngine | None = None
         # the run config (W&B, hparams.yaml) gets every data setting under "data", as the YAML names them
-        self.save_hyperparameters({"data": {
-            "tasks": plain_settings(tasks), "engine": plain_settings(engine), "group_size": group_size,
-            "groups_per_step": groups_per_step, "seed": seed, "steps_per_epoch": steps_per_epoch,
-            "val_samples": val_samples, "val_tasks": val_tasks, "val_groups": val_groups, "val_pass_k": val_pass_k,
-            "val_pass_threshold": val_pass_threshold, "val_seed": val_seed, "dynamic_sampling": dynamic_sampling,
-            "max_extra_groups": max_extra_groups}})
+        self.save_hyperparameters(
+            {
+                "data": {
+                    "tasks": plain_settings(tasks),
+                    "engine": plain_settings(engine),
+                    "group_size": group_size,
+                    "groups_per_step": groups_per_step,
+                    "seed": seed,
+                    "steps_per_epoch": steps_per_epoch,
+                    "val_samples": val_samples,
+                    "val_tasks": val_tasks,
+                    "val_groups": val_groups,
+                    "val_pass_k": val_pass_k,
+                    "val_pass_threshold": val_pass_threshold,
+                    "val_seed": val_seed,
+                    "dynamic_sampling": dynamic_sampling,
+                    "max_extra_groups": max_extra_groups,
+                }
+            }
+        )
 
     @property
     def engine(self) -> RolloutEngine | None:
@@ -196,8 +210,15 @@ class RolloutDataModule(LightningDataModule):
             held_out = held_out[: self.val_tasks]
         if not held_out:
             raise ConfigError(f"{type(self.tasks).__name__}.validation_tasks() returned no tasks")
-        return ValidationLoader(held_out, self._engine, self.val_samples, self.val_groups, self.val_seed,
-                                self.val_pass_k, self.val_pass_threshold)
+        return ValidationLoader(
+            held_out,
+            self._engine,
+            self.val_samples,
+            self.val_groups,
+            self.val_seed,
+            self.val_pass_k,
+            self.val_pass_threshold,
+        )
 
     @override
     def teardown(self, stage: str) -> None:

@@ -122,7 +122,11 @@ class GRPOPolicy(LightningModule):
         super().__init__()
         problems = []
         for name in unknown:
-            hint = f"it moved to {_MOVED[name]}" if name in _MOVED else f"it is not an option of GRPOPolicy{trl_hint(name)}"
+            hint = (
+                f"it moved to {_MOVED[name]}"
+                if name in _MOVED
+                else f"it is not an option of GRPOPolicy{trl_hint(name)}"
+            )
             problems.append(f"{name}={unknown[name]!r}: {hint}")
         if score_batch_tokens < 1:
             problems.append(f"score_batch_tokens must be >= 1, got {score_batch_tokens}")
@@ -140,7 +144,9 @@ class GRPOPolicy(LightningModule):
         self._objective = Objective.of(objective)
         self.save_hyperparameters(ignore=["objective", "unknown"])
         self.hparams["objective"] = self._objective.to_dict()  # plain data in hparams and checkpoints
-        self.save_hyperparameters(dict(self.hparams))  # hparams_initial (the run config loggers get) has it too
+        self.save_hyperparameters(
+            dict(self.hparams)
+        )  # hparams_initial (the run config loggers get) has it too
         self._spec = ModelSpec(
             model_type=model_type,
             config=dict(TINY_QWEN3 if config is None else config),
@@ -157,7 +163,9 @@ class GRPOPolicy(LightningModule):
         )
         if self._objective.needs_reference and lora is None:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
-            log.info("KL reference policy: a frozen copy of the initial weights (%d bytes)", self.reference_bytes)
+            log.info(
+                "KL reference policy: a frozen copy of the initial weights (%d bytes)", self.reference_bytes
+            )
 
     @property
     def objective(self) -> Objective:
@@ -181,12 +189,16 @@ class GRPOPolicy(LightningModule):
         """The chat template of the tokenizer saved with ``pretrained_path`` (the same renderer the
         environments use, e.g. ``DatasetTasks(tokenizer_path=<the same directory>)``)."""
         if self._spec.pretrained_path is None:
-            raise ConfigError("GRPOPolicy.chat_renderer needs pretrained_path (a model directory with its tokenizer)")
+            raise ConfigError(
+                "GRPOPolicy.chat_renderer needs pretrained_path (a model directory with its tokenizer)"
+            )
         if self._chat is None:
             self._chat = ChatRenderer(self._spec.pretrained_path)
         return self._chat
 
-    def render_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False) -> Tensor:
+    def render_chat(
+        self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = False
+    ) -> Tensor:
         """Token ids of a conversation under the model's chat template, shape (T,)."""
         return torch.tensor(self.chat_renderer.render(messages, add_generation_prompt), dtype=torch.long)
 
@@ -243,7 +255,11 @@ class GRPOPolicy(LightningModule):
         of each of its rows.
         """
         if prefix is not None:
-            bad = [t.trajectory_id for t in trajectories if tuple(t.tokens[: len(prefix.tokens)]) != prefix.tokens]
+            bad = [
+                t.trajectory_id
+                for t in trajectories
+                if tuple(t.tokens[: len(prefix.tokens)]) != prefix.tokens
+            ]
             if bad or any(len(t.tokens) <= len(prefix.tokens) for t in trajectories):
                 raise ConfigError(
                     f"boundary cut: trajectories {bad[:4] or [t.trajectory_id for t in trajectories]} do not "
@@ -252,17 +268,24 @@ class GRPOPolicy(LightningModule):
                 )
         lengths = [len(t.tokens) for t in trajectories]
         chunks = micro_batches(
-            lengths, self.hparams.score_batch_tokens, self.hparams.score_max_padding, self.hparams.score_forward_tokens
+            lengths,
+            self.hparams.score_batch_tokens,
+            self.hparams.score_max_padding,
+            self.hparams.score_forward_tokens,
         )
         order = [i for chunk in chunks for i in chunk]
         if watch is None:
-            parts = [self._score_padded([trajectories[i] for i in c], entropy, reference, prefix) for c in chunks]
+            parts = [
+                self._score_padded([trajectories[i] for i in c], entropy, reference, prefix) for c in chunks
+            ]
         else:
             parts = []
             with watch:
                 for chunk in chunks:
                     with watch.rows(chunk):
-                        parts.append(self._score_padded([trajectories[i] for i in chunk], entropy, reference, prefix))
+                        parts.append(
+                            self._score_padded([trajectories[i] for i in chunk], entropy, reference, prefix)
+                        )
         width = max(p[0].shape[1] for p in parts)
 
         def cat(k: int) -> Tensor | None:
@@ -278,7 +301,11 @@ class GRPOPolicy(LightningModule):
         return TokenScores(lp, mask.bool(), ent, ref)  # type: ignore[union-attr,arg-type]
 
     def _score_padded(
-        self, trajectories: Sequence[Trajectory], entropy: bool, reference: bool, prefix: SharedPrefix | None = None
+        self,
+        trajectories: Sequence[Trajectory],
+        entropy: bool,
+        reference: bool,
+        prefix: SharedPrefix | None = None,
     ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         """One right-padded forward over ``trajectories``: (n, L-1) logprobs, mask, entropy, reference.
 
@@ -332,7 +359,10 @@ class GRPOPolicy(LightningModule):
             cache.update(kv[2 * layer].expand(n, -1, -1, -1), kv[2 * layer + 1].expand(n, -1, -1, -1), layer)
         positions = torch.arange(p, length, device=self.device).expand(n, -1)
         out = self.model(
-            input_ids=ids[:, p:], attention_mask=attention, position_ids=positions, **{cache_kwarg(self.model): cache}
+            input_ids=ids[:, p:],
+            attention_mask=attention,
+            position_ids=positions,
+            **{cache_kwarg(self.model): cache},
         )
         logits = torch.cat([last.expand(n, -1)[:, None], out.logits], dim=1)  # (n, C+1, V)
         lp, z = self._token_logprobs(logits, ids[:, p:])  # (n, C), (n, C, V)
@@ -385,14 +415,18 @@ class GRPOPolicy(LightningModule):
         obj = self._objective
         scores = self.score_tokens(trajectories, **score_needs(obj))
         # this batch is the step: its own entropy quantile (one process)
-        threshold = step_entropy_threshold(obj, [scores.entropy[scores.mask]] if scores.entropy is not None else [])
+        threshold = step_entropy_threshold(
+            obj, [scores.entropy[scores.mask]] if scores.entropy is not None else []
+        )
         terms = objective_terms(obj, trajectories, scores, threshold)
         n = len(trajectories)
         failed = list(failed) if failed is not None else [False] * n
         unscored = list(unscorable) if unscorable is not None else [False] * n
         graded = [not (f or u) for f, u in zip(failed, unscored)]
-        rewards = [obj.shaped_reward(float(r), t.num_scored_tokens) if g else float(r)
-                   for r, t, g in zip(rewards, trajectories, graded)]
+        rewards = [
+            obj.shaped_reward(float(r), t.num_scored_tokens) if g else float(r)
+            for r, t, g in zip(rewards, trajectories, graded)
+        ]
         refused = [g and obj.refused_reward(r) is not None for r, g in zip(rewards, graded)]
         host = list(host_fault) if host_fault is not None else failed
         return reference_loss(
@@ -414,7 +448,9 @@ class GRPOPolicy(LightningModule):
                 "RolloutDataModule(dynamic_sampling=True) issues replacement groups inside the step, which "
                 "needs strategy='thundersync' (any mode); under a stock strategy set dynamic_sampling=False"
             )
-        got = collect_batch(batch, self.global_step, self.weights_for_engine(), self.global_rank, self.trainer.world_size)
+        got = collect_batch(
+            batch, self.global_step, self.weights_for_engine(), self.global_rank, self.trainer.world_size
+        )
         return self.grpo_loss(
             got.trajectories, got.rewards, got.failed, host_fault=got.host_fault, unscorable=got.unscorable
         )
@@ -434,12 +470,17 @@ class GRPOPolicy(LightningModule):
         # would skip the collective); every rank updates and logs every metric in every batch.
         for name, (value, weight) in batch.weighted_metrics().items():
             metric = self.val_metrics[name]
-            metric.update(torch.tensor(value, dtype=torch.float64), torch.tensor(float(weight), dtype=torch.float64))
+            metric.update(
+                torch.tensor(value, dtype=torch.float64), torch.tensor(float(weight), dtype=torch.float64)
+            )
             self.log(f"val/{name}", metric, on_step=False, on_epoch=True)
 
     @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
         params = [p for p in self.parameters() if p.requires_grad]
         return torch.optim.AdamW(
-            params, lr=self.hparams.lr, weight_decay=self.hparams.weight_decay, betas=tuple(self.hparams.betas)
+            params,
+            lr=self.hparams.lr,
+            weight_decay=self.hparams.weight_decay,
+            betas=tuple(self.hparams.betas),
         )

@@ -27,8 +27,10 @@ def plain_settings(obj: Any) -> dict[str, Any]:
     else:
         kept = getattr(obj, "init_args", None)
         args = kept if isinstance(kept, Mapping) else {}
-    return {"class_path": f"{cls.__module__}.{cls.__qualname__}",
-            "init_args": {str(k): plain_value(v) for k, v in args.items()}}
+    return {
+        "class_path": f"{cls.__module__}.{cls.__qualname__}",
+        "init_args": {str(k): plain_value(v) for k, v in args.items()},
+    }
 
 
 def plain_value(value: Any) -> Any:

@@ -27,17 +27,46 @@ __all__ = ["QWEN3_ARCHITECTURES", "model_shape", "hf_config"]
 
 log = logging.getLogger(__name__)
 
-_QWEN3_COMMON = {"vocab_size": 151936, "head_dim": 128, "num_key_value_heads": 8, "max_position_embeddings": 40960}
+_QWEN3_COMMON = {
+    "vocab_size": 151936,
+    "head_dim": 128,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 40960,
+}
 #: Published Qwen3 configurations (Hugging Face ``config.json``), keyed by model directory name.
 QWEN3_ARCHITECTURES: dict[str, dict[str, Any]] = {
-    "Qwen3-0.6B": {**_QWEN3_COMMON, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
-                   "num_attention_heads": 16, "tie_word_embeddings": True},
-    "Qwen3-1.7B": {**_QWEN3_COMMON, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
-                   "num_attention_heads": 16, "tie_word_embeddings": True},
-    "Qwen3-8B": {**_QWEN3_COMMON, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
-                 "num_attention_heads": 32, "tie_word_embeddings": False},
-    "Qwen3-32B": {**_QWEN3_COMMON, "hidden_size": 5120, "intermediate_size": 25600, "num_hidden_layers": 64,
-                  "num_attention_heads": 64, "tie_word_embeddings": False},
+    "Qwen3-0.6B": {
+        **_QWEN3_COMMON,
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "tie_word_embeddings": True,
+    },
+    "Qwen3-1.7B": {
+        **_QWEN3_COMMON,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "tie_word_embeddings": True,
+    },
+    "Qwen3-8B": {
+        **_QWEN3_COMMON,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "tie_word_embeddings": False,
+    },
+    "Qwen3-32B": {
+        **_QWEN3_COMMON,
+        "hidden_size": 5120,
+        "intermediate_size": 25600,
+        "num_hidden_layers": 64,
+        "num_attention_heads": 64,
+        "tie_word_embeddings": False,
+    },
 }
 
 

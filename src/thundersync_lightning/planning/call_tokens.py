@@ -35,14 +35,21 @@ def call_padded_tokens(
     if max_batch_tokens is None:
         return plain, plain_note
     if max_padding is None or math.isinf(max_padding):
-        return plain, plain_note + f" (max_batch_tokens={max_batch_tokens} bounds real tokens; the scorer's padding is unknown)"
+        return (
+            plain,
+            plain_note
+            + f" (max_batch_tokens={max_batch_tokens} bounds real tokens; the scorer's padding is unknown)",
+        )
     shared = rows // 2  # micro-batches of >= 2 rows: the only ones padded
     several = math.ceil((1.0 + max_padding) * max_batch_tokens) + forward_tokens * shared
     capped = max(max_tokens_per_trajectory, several)  # one trajectory alone: T, unpadded
     if capped >= plain:
         return plain, plain_note
     if several <= max_tokens_per_trajectory:
-        return capped, f"max_batch_tokens={max_batch_tokens}: at most one {max_tokens_per_trajectory}-token trajectory"
+        return (
+            capped,
+            f"max_batch_tokens={max_batch_tokens}: at most one {max_tokens_per_trajectory}-token trajectory",
+        )
     return capped, (
         f"max_batch_tokens={max_batch_tokens}: {max_batch_tokens} tokens x (1 + {max_padding:g} padding) "
         f"+ {forward_tokens} x {shared} shared forwards"

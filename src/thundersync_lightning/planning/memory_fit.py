@@ -57,7 +57,6 @@ class Verdict:
         return "\n".join(lines)
 
 
-
 def suggestions(
     i: PlanInputs, device: int, host: int, plan: Callable[[PlanInputs], MemoryPlan]
 ) -> tuple[str, ...]:
@@ -83,7 +82,7 @@ def suggestions(
     if i.call_destinations and fits(replace(i, call_destinations=0)):
         out.append(f"{strategy}.split_backward=false (one backward per destination)")
     if i.offload == "none" and i.mode != "sync":
-        for where in (("pinned", "cpu") if i.accelerator == "gpu" else ()):
+        for where in ("pinned", "cpu") if i.accelerator == "gpu" else ():
             if fits(replace(i, offload=where)):
                 out.append(f"{strategy}.offload={where}")
                 break
@@ -105,10 +104,16 @@ def suggestions(
     tight = replace(i, max_open_groups=1, max_held_trajectories=0, max_batch_trajectories=1)
     combos = [("", tight)]
     if lora:
-        combos.append((f"model.lora.r={_LORA_RANK}, ", replace(tight, model=lora_inputs.model, reference=False)))
+        combos.append(
+            (f"model.lora.r={_LORA_RANK}, ", replace(tight, model=lora_inputs.model, reference=False))
+        )
     offloads = ("pinned", "none") if i.accelerator == "gpu" and i.mode != "sync" else (i.offload,)
-    candidates = [(label, where, replace(base, offload=where)) for label, base in combos for where in offloads]
-    together = f"together: {{}}{strategy}.max_open_groups=1, max_held_trajectories=0, max_batch_trajectories=1, "
+    candidates = [
+        (label, where, replace(base, offload=where)) for label, base in combos for where in offloads
+    ]
+    together = (
+        f"together: {{}}{strategy}.max_open_groups=1, max_held_trajectories=0, max_batch_trajectories=1, "
+    )
     for label, where, x in candidates:
         if fits(x):
             return (together.format(label) + f"offload={where}",)

@@ -195,9 +195,17 @@ class PlanInputs:
         if self.accelerator not in ("gpu", "cpu"):
             problems.append(f"accelerator={self.accelerator!r} is not 'gpu' or 'cpu'")
         if self.offload == "pinned" and self.accelerator == "cpu":
-            problems.append("offload='pinned' needs a GPU (page-locked memory); use offload='cpu' on a CPU run")
-        for name in ("world_size", "groups_per_step", "group_size", "max_tokens_per_trajectory",
-                     "max_batch_trajectories", "accumulator_bytes"):
+            problems.append(
+                "offload='pinned' needs a GPU (page-locked memory); use offload='cpu' on a CPU run"
+            )
+        for name in (
+            "world_size",
+            "groups_per_step",
+            "group_size",
+            "max_tokens_per_trajectory",
+            "max_batch_trajectories",
+            "accumulator_bytes",
+        ):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("max_open_groups", "max_prompt_tokens", "max_batch_tokens"):
@@ -238,7 +246,9 @@ class PlanInputs:
         """Dense reward sums over the open groups (module docstring: at most ``min(2, G - 1)`` per
         group, and with the held gradients at most ``G`` buffers per group)."""
         per_group = min(2, self.group_size - 1)
-        return max(0, min(per_group * self.open_groups, self.open_groups * self.group_size - self.held_trajectories))
+        return max(
+            0, min(per_group * self.open_groups, self.open_groups * self.group_size - self.held_trajectories)
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +314,12 @@ class MemoryPlan:
     def _needs(self, device_bytes: int, host_bytes: int) -> tuple[int, int, int, int]:
         if self.inputs.accelerator == "cpu":  # the device is the host
             return 0, 0, self.device_bytes + self.host_bytes, host_bytes
-        return self.device_bytes, device_bytes - self.engine_reserve(device_bytes), self.host_bytes, host_bytes
+        return (
+            self.device_bytes,
+            device_bytes - self.engine_reserve(device_bytes),
+            self.host_bytes,
+            host_bytes,
+        )
 
     def fits_bytes(self, device_bytes: int, host_bytes: int) -> bool:
         """The verdict alone (no suggestions searched)."""
@@ -339,11 +354,17 @@ class MemoryPlan:
         )
         lines.append(
             f"bounds: {i.open_groups} open groups ("
-            + ("max_open_groups unbounded: every group of the step on this rank" if i.max_open_groups is None
-               else f"max_open_groups={i.max_open_groups}")
+            + (
+                "max_open_groups unbounded: every group of the step on this rank"
+                if i.max_open_groups is None
+                else f"max_open_groups={i.max_open_groups}"
+            )
             + f"), {i.held_trajectories} held trajectories ("
-            + ("max_held_trajectories unbounded: every trajectory of the open groups"
-               if i.max_held_trajectories is None else f"max_held_trajectories={i.max_held_trajectories}")
+            + (
+                "max_held_trajectories unbounded: every trajectory of the open groups"
+                if i.max_held_trajectories is None
+                else f"max_held_trajectories={i.max_held_trajectories}"
+            )
             + ")"
         )
         if i.engine_device_fraction or i.engine_device_bytes:
@@ -368,19 +389,27 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
     # On a CPU run the device is the host: "device" rows are host memory there (as in ByteUsage).
     offload_where = {"none": "device", "cpu": "pageable_host", "pinned": "pinned_host"}[i.offload]
     rows = [
-        at("weights", p * e / n + p * e if fsdp else p * e,
-           f"P e, sharded over {n} + gathered once per step" if fsdp else "P e"),
+        at(
+            "weights",
+            p * e / n + p * e if fsdp else p * e,
+            f"P e, sharded over {n} + gathered once per step" if fsdp else "P e",
+        ),
     ]
     if i.reference:
         rows.append(at("reference copy", p * e, "P e: a frozen copy for kl_coef (LoRA needs none)"))
     if i.teacher_params:
         where = "device" if i.teacher_on_device else "pageable_host"
-        rows.append(at("OPD teacher", i.teacher_params * e, "the engine's teacher, at the policy's dtype", where))
+        rows.append(
+            at("OPD teacher", i.teacher_params * e, "the engine's teacher, at the policy's dtype", where)
+        )
     states = OPTIMIZER_STATES[i.optimizer]
     rows += [
         at("gradients", pt * e / (n if fsdp else 1), "P_t e" + (f" / {n}" if fsdp else "")),
-        at("optimizer state", states * pt * e / shard,
-           f"{states} x P_t e ({i.optimizer})" + (f" / {n} ({i.sharding})" if shard > 1 else "")),
+        at(
+            "optimizer state",
+            states * pt * e / shard,
+            f"{states} x P_t e ({i.optimizer})" + (f" / {n} ({i.sharding})" if shard > 1 else ""),
+        ),
     ]
     dense, held_n = i.sum_buffers, i.held_trajectories
     sums = (dense + i.group_extra_buffers * i.open_groups) * pt * a if streaming else 0
@@ -389,13 +418,27 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
     sync_note = "sync mode: every reward is known when scored"
     reached = "worst case: reached when rewards land after content and partial groups are scored"
     rows += [
-        at("group sums", sums, f"({dense} sums + {i.group_extra_buffers} x {i.open_groups} open groups) x P_t a "
-           f"({reached})" if streaming else sync_note, offload_where),
-        at("held gradients", held,
-           f"{held_n} held x {per_held} x P_t a (worst case: reached when verdicts lag the learner's calls)"
-           if streaming else sync_note, offload_where),
-        at("step gradient", (2 if i.regulariser_buffer else 1) * pt * a,
-           "2 x P_t a (scale=batch keeps R apart)" if i.regulariser_buffer else "P_t a"),
+        at(
+            "group sums",
+            sums,
+            f"({dense} sums + {i.group_extra_buffers} x {i.open_groups} open groups) x P_t a ({reached})"
+            if streaming
+            else sync_note,
+            offload_where,
+        ),
+        at(
+            "held gradients",
+            held,
+            f"{held_n} held x {per_held} x P_t a (worst case: reached when verdicts lag the learner's calls)"
+            if streaming
+            else sync_note,
+            offload_where,
+        ),
+        at(
+            "step gradient",
+            (2 if i.regulariser_buffer else 1) * pt * a,
+            "2 x P_t a (scale=batch keeps R apart)" if i.regulariser_buffer else "P_t a",
+        ),
     ]
     if i.offload != "none" and i.accelerator == "gpu" and streaming:
         rows.append(at("staging", 2 * pt * a, "2 x P_t a: double-buffered copies to and from the host"))
@@ -403,16 +446,35 @@ def plan_memory(inputs: PlanInputs) -> MemoryPlan:
         rows.append(at("landing", 2 * pt * a, "2 x P_t a: pinned buffers the copies land in", "pinned_host"))
     call = min(i.max_batch_trajectories, i.groups_on_rank * i.group_size)  # trajectories of one call
     d = min(call + 1, i.call_destinations) if streaming and i.call_destinations else 1
-    rows.append(at("backward", d * pt * e, "P_t e: one autograd result before it is added" if d == 1
-                   else f"{d} x P_t e: the destinations of one split-backward call"))
+    rows.append(
+        at(
+            "backward",
+            d * pt * e,
+            "P_t e: one autograd result before it is added"
+            if d == 1
+            else f"{d} x P_t e: the destinations of one split-backward call",
+        )
+    )
     if n > 1:
-        rows.append(at("collective", pt * e, "P_t e: the flat reduce-scatter input at the barrier" if fsdp
-                       else "P_t e: the flat all-reduce at the barrier"))
+        rows.append(
+            at(
+                "collective",
+                pt * e,
+                "P_t e: the flat reduce-scatter input at the barrier"
+                if fsdp
+                else "P_t e: the flat all-reduce at the barrier",
+            )
+        )
     if i.weight_sync_buckets:
         largest = max(arch.vocab, arch.intermediate) * arch.hidden * e if (arch := m.architecture) else 0
         bucket = max(i.weight_sync_bucket_bytes, largest)
-        rows.append(at("weight sync", i.weight_sync_buckets * bucket,
-                       f"{i.weight_sync_buckets} x max(bucket, largest tensor): a bucketed vLLM publish"))
+        rows.append(
+            at(
+                "weight sync",
+                i.weight_sync_buckets * bucket,
+                f"{i.weight_sync_buckets} x max(bucket, largest tensor): a bucketed vLLM publish",
+            )
+        )
     rows += _activation_rows(i)
     if i.device_overhead_bytes:
         rows.append(at("runtime", i.device_overhead_bytes, "CUDA context and allocator slack (fixed)"))
@@ -425,7 +487,11 @@ def _activation_rows(i: PlanInputs) -> list[PlanRow]:
         return [PlanRow("activations", note="unknown: the model has no Hugging Face style config")]
     trajectories = min(i.max_batch_trajectories, i.groups_on_rank * i.group_size)
     tokens, how = call_padded_tokens(
-        trajectories, i.max_tokens_per_trajectory, i.max_batch_tokens, i.score_max_padding, i.score_forward_tokens
+        trajectories,
+        i.max_tokens_per_trajectory,
+        i.max_batch_tokens,
+        i.score_max_padding,
+        i.score_forward_tokens,
     )
     per_token = arch.token_activation_bytes(e, i.entropy, i.model.frozen_down_proj)
     rows = [

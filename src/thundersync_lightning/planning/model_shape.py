@@ -102,5 +102,10 @@ class ModelShape:
         """The same model with LoRA adapters of ``rank`` (only they train; by default on the
         attention projections, which ``lora_params_per_rank`` counts: ``down_proj`` stays frozen)."""
         adapters = rank * self.lora_params_per_rank
-        return replace(self, total_params=self.total_params + adapters, trainable_params=adapters, lora=True,
-                       frozen_down_proj=frozen_down_proj)
+        return replace(
+            self,
+            total_params=self.total_params + adapters,
+            trainable_params=adapters,
+            lora=True,
+            frozen_down_proj=frozen_down_proj,
+        )

@@ -97,7 +97,9 @@ class EmbeddedEngineConfig:
     def __post_init__(self) -> None:
         p: list[str] = []
         if self.start_method not in _START_METHODS:
-            p.append(f"start_method={self.start_method!r}: use one of {list(_START_METHODS)} on this platform")
+            p.append(
+                f"start_method={self.start_method!r}: use one of {list(_START_METHODS)} on this platform"
+            )
         if self.teacher is not None and not isinstance(self.teacher, TeacherConfig):
             p.append(f"teacher must be a TeacherConfig or None, got {type(self.teacher).__name__}")
         if not self.temperature > 0:
@@ -123,7 +125,9 @@ class EmbeddedEngineConfig:
     @property
     def sampling(self) -> EngineSampling:
         """softmax(z / T) with top_p truncation; logprobs reported; a teacher when one is set."""
-        return EngineSampling(self.temperature, self.top_p, 0, logprobs=True, teacher=self.teacher is not None)
+        return EngineSampling(
+            self.temperature, self.top_p, 0, logprobs=True, teacher=self.teacher is not None
+        )
 
     @property
     def footprint(self) -> EngineFootprint:
@@ -136,7 +140,9 @@ class EmbeddedEngineConfig:
     def idle_limit_s(self, max_turns: int) -> float | None:
         """Seconds a learner waits for the next event before EngineError (None: no limit)."""
         if self.idle_timeout_s == "auto":
-            return event_wait_s(max_turns, self.step_timeout_s, self.verdict_timeout_s, self.startup_timeout_s)
+            return event_wait_s(
+                max_turns, self.step_timeout_s, self.verdict_timeout_s, self.startup_timeout_s
+            )
         return None if self.idle_timeout_s is None else float(self.idle_timeout_s)
 
     def build(self, model_spec: ModelSpec, tasks: TaskSource) -> EmbeddedEngine:

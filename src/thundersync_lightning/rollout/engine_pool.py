@@ -211,7 +211,9 @@ class EnginePool:
             self._check_open()
             stale = [e for e in self._engines if e.version != version]
             results = _each(lambda engine: engine.publish(weights, version), stale)
-            failed = [(self._engines.index(e), r) for e, r in zip(stale, results) if isinstance(r, BaseException)]
+            failed = [
+                (self._engines.index(e), r) for e, r in zip(stale, results) if isinstance(r, BaseException)
+            ]
             if failed:
                 k, exc = failed[0]
                 self._incomplete = (
@@ -242,7 +244,9 @@ class EnginePool:
         with self._lock:
             self._check_open()
             if self._incomplete is not None:
-                raise EngineError(f"refusing to generate: {self._incomplete}. Publish a complete state_dict first.")
+                raise EngineError(
+                    f"refusing to generate: {self._incomplete}. Publish a complete state_dict first."
+                )
             n = len(self._engines)
             placement = place_groups(len(request.groups), n, self._cursor)
             self._cursor = (self._cursor + len(request.groups)) % n
@@ -290,7 +294,9 @@ class _Ended:
 class _PoolStream(Iterator[RolloutEvent]):
     """The merged events of one request: a thread per engine stream feeds one queue."""
 
-    def __init__(self, parts: list[tuple[int, Iterator[RolloutEvent]]], num_engines: int, expected: int, step: int):
+    def __init__(
+        self, parts: list[tuple[int, Iterator[RolloutEvent]]], num_engines: int, expected: int, step: int
+    ):
         self._queue: queue.SimpleQueue[RolloutEvent | _Ended] = queue.SimpleQueue()
         self._running = len(parts)
         self._remaining = expected
@@ -298,7 +304,10 @@ class _PoolStream(Iterator[RolloutEvent]):
         self._step = step
         for k, events in parts:
             threading.Thread(
-                target=_drain, args=(k, events, self._queue), name=f"thundersync-pool-{step}-e{k}", daemon=True
+                target=_drain,
+                args=(k, events, self._queue),
+                name=f"thundersync-pool-{step}-e{k}",
+                daemon=True,
             ).start()
 
     def __next__(self) -> RolloutEvent:
@@ -344,7 +353,9 @@ def _each(fn: Callable[[T], Any], items: Sequence[T]) -> list[Any]:
     if len(items) == 1:
         run(0)
         return results
-    threads = [threading.Thread(target=run, args=(k,), name=f"thundersync-pool-call-{k}") for k in range(len(items))]
+    threads = [
+        threading.Thread(target=run, args=(k,), name=f"thundersync-pool-call-{k}") for k in range(len(items))
+    ]
     for t in threads:
         t.start()
     for t in threads:

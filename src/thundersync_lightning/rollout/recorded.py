@@ -41,7 +41,9 @@ def _shifted(event: RolloutEvent, by: float) -> RolloutEvent:
     """``event`` with every time in it moved by ``by`` seconds."""
     if isinstance(event, ContentReady):
         t = event.trajectory
-        moved = dataclasses.replace(t, submitted_at=t.submitted_at + by, content_ready_at=t.content_ready_at + by)
+        moved = dataclasses.replace(
+            t, submitted_at=t.submitted_at + by, content_ready_at=t.content_ready_at + by
+        )
         return ContentReady(moved, event.time + by)
     return dataclasses.replace(event, time=event.time + by)
 
@@ -57,10 +59,14 @@ class Recording:
         self.engine = engine
         self._events: dict[_Key, tuple[float, list[tuple[float, RolloutEvent]]]] = {}
 
-    def add(self, request: RolloutRequest, requested_at: float, events: list[tuple[float, RolloutEvent]]) -> None:
+    def add(
+        self, request: RolloutRequest, requested_at: float, events: list[tuple[float, RolloutEvent]]
+    ) -> None:
         self._events[_key(request)] = (requested_at, events)
 
-    def replay(self, request: RolloutRequest, clock: Callable[[], float] = time.monotonic) -> Iterator[RolloutEvent]:
+    def replay(
+        self, request: RolloutRequest, clock: Callable[[], float] = time.monotonic
+    ) -> Iterator[RolloutEvent]:
         """The recorded events of ``request``, each due as long after now as it was recorded."""
         requested_at, events = self._lookup(request)
         now = clock()
@@ -166,7 +172,9 @@ class RecordedEngines:
     def footprint(self) -> EngineFootprint:
         """Nothing generates; episodes keep the recorded engine's bound."""
         engine = self._recording.engine
-        return EngineFootprint(max_context_tokens=None if engine is None else engine.footprint.max_context_tokens)
+        return EngineFootprint(
+            max_context_tokens=None if engine is None else engine.footprint.max_context_tokens
+        )
 
     def build(self, model_spec: Any, tasks: Any) -> RolloutEngine:
         return _RecordedEngine(self._recording)

@@ -93,7 +93,9 @@ def _read_checkpoint(path: str) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # noqa: BLE001 - any unreadable file is a configuration problem
-        raise ConfigError(f"TeacherConfig(ckpt_path={path!r}) is not a readable Lightning checkpoint: {exc}") from exc
+        raise ConfigError(
+            f"TeacherConfig(ckpt_path={path!r}) is not a readable Lightning checkpoint: {exc}"
+        ) from exc
 
 
 def teacher_spec(config: TeacherConfig) -> tuple[ModelSpec, dict[str, torch.Tensor] | None]:
@@ -123,7 +125,9 @@ def teacher_spec(config: TeacherConfig) -> tuple[ModelSpec, dict[str, torch.Tens
     )
     weights = {k[len(_MODEL_PREFIX) :]: v for k, v in state.items() if k.startswith(_MODEL_PREFIX)}
     if not weights:
-        raise ConfigError(f"TeacherConfig(ckpt_path={config.ckpt_path!r}): its state_dict has no 'model.*' weights")
+        raise ConfigError(
+            f"TeacherConfig(ckpt_path={config.ckpt_path!r}): its state_dict has no 'model.*' weights"
+        )
     return spec, weights
 
 
@@ -159,7 +163,9 @@ def load_teacher(config: TeacherConfig, device: str | torch.device = "cpu") -> A
         try:
             model.load_state_dict(weights, strict=True)
         except RuntimeError as exc:
-            raise ConfigError(f"the teacher checkpoint's weights do not fit its own architecture: {exc}") from exc
+            raise ConfigError(
+                f"the teacher checkpoint's weights do not fit its own architecture: {exc}"
+            ) from exc
     return model.requires_grad_(False).eval()
 
 
@@ -201,7 +207,9 @@ def teacher_input(trajectory: Trajectory) -> tuple[int, ...] | None:
     if trajectory.num_scored_tokens == 0:
         return None
     if not trajectory.prompt:
-        raise ValueError(f"trajectory {trajectory.trajectory_id!r} has no prompt: its first token has no context")
+        raise ValueError(
+            f"trajectory {trajectory.trajectory_id!r} has no prompt: its first token has no context"
+        )
     end, pos = len(trajectory.prompt), len(trajectory.prompt)
     for seg in trajectory.segments:
         pos += len(seg.tokens)
@@ -219,7 +227,9 @@ def with_teacher_logprobs(trajectory: Trajectory, picked: Sequence[float]) -> Tr
     segments, pos = [], len(trajectory.prompt)  # token index of the segment's first token
     for seg in trajectory.segments:
         if seg.scored and seg.tokens:
-            seg = replace(seg, teacher_logprobs=tuple(float(p) for p in picked[pos - 1 : pos - 1 + len(seg.tokens)]))
+            seg = replace(
+                seg, teacher_logprobs=tuple(float(p) for p in picked[pos - 1 : pos - 1 + len(seg.tokens)])
+            )
         segments.append(seg)
         pos += len(seg.tokens)
     return replace(trajectory, segments=tuple(segments))

@@ -90,14 +90,21 @@ def next_batch(
             buckets.setdefault((gid, rewards[tid]), []).append(tid)
     pending = [t for t in waiting if t not in rewards][: max(0, hold)]
     # sorted() is stable: equal buckets keep their order, so the largest is the first of the largest
-    places = ([direct] if direct else []) + sorted(buckets.values(), key=len, reverse=True) + [[t] for t in pending]
+    places = (
+        ([direct] if direct else [])
+        + sorted(buckets.values(), key=len, reverse=True)
+        + [[t] for t in pending]
+    )
     chosen = [t for place in places[: max(1, destinations)] for t in place]
     path: BatchPath = "direct" if direct else "bucket" if buckets else "held"
     return Batch(path, cut(chosen)) if chosen else None
 
 
 def count_destinations(
-    batch: Sequence[str], rewards: Mapping[str, float], owner: Mapping[str, str], members: Mapping[str, Sequence[str]]
+    batch: Sequence[str],
+    rewards: Mapping[str, float],
+    owner: Mapping[str, str],
+    members: Mapping[str, Sequence[str]],
 ) -> int:
     """How many places a batch's gradients go: the step's gradient (rows of fully rewarded
     groups), one sum per (group, reward), one held gradient per reward-pending row."""

@@ -73,7 +73,9 @@ class EventIntake:
 
     def start(self, events: Iterator[RolloutEvent]) -> None:
         self._streams += 1
-        pump = threading.Thread(target=_pump, args=(events, self._inbox), name="thundersync-events", daemon=True)
+        pump = threading.Thread(
+            target=_pump, args=(events, self._inbox), name="thundersync-events", daemon=True
+        )
         pump.start()
 
     def drain(self, block: bool) -> bool:
@@ -159,7 +161,11 @@ class EventIntake:
         if unscorable:
             self.outcome.unscorable.add(event.trajectory_id)
         self.acc.planned.note_verdict(
-            event.trajectory_id, event.reward, failed=host_fault, failure=bool(event.failure), unscorable=unscorable
+            event.trajectory_id,
+            event.reward,
+            failed=host_fault,
+            failure=bool(event.failure),
+            unscorable=unscorable,
         )
 
     def _admit(self, gid: str) -> bool:

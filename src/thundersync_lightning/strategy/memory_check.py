@@ -29,8 +29,16 @@ from ..planning.memory_plan import MemoryPlan, PlanInputs, format_bytes, plan_me
 from ..planning.model_shape import Architecture, ModelShape
 from .objective_checks import module_objective
 
-__all__ = ["STRATEGY_KEYS", "SCORING_KEYS", "plan_inputs", "fit_plan", "machine_capacity", "memory_problems",
-           "param_bytes", "optimizer_kind"]
+__all__ = [
+    "STRATEGY_KEYS",
+    "SCORING_KEYS",
+    "plan_inputs",
+    "fit_plan",
+    "machine_capacity",
+    "memory_problems",
+    "param_bytes",
+    "optimizer_kind",
+]
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +49,17 @@ DEFAULT_MAX_TOKENS = 4096
 _HALF = {"bf16-true", "16-true", "bf16", "16", "half"}
 _DOUBLE = {"64-true", "64", "double"}
 _DTYPE_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8, "double": 8}
-STRATEGY_KEYS = ("mode", "offload", "max_open_groups", "max_held_trajectories", "max_batch_trajectories",
-                 "max_batch_tokens", "boundary_cut", "sharding", "split_backward")
+STRATEGY_KEYS = (
+    "mode",
+    "offload",
+    "max_open_groups",
+    "max_held_trajectories",
+    "max_batch_trajectories",
+    "max_batch_tokens",
+    "boundary_cut",
+    "sharding",
+    "split_backward",
+)
 #: The module's options that bound a call's padding (GRPOPolicy's; a module without them: unknown).
 SCORING_KEYS = ("score_max_padding", "score_forward_tokens")
 
@@ -123,14 +140,22 @@ def plan_inputs(
         mode=strategy.get("mode", "streaming"),
         max_open_groups=strategy.get("max_open_groups"),
         max_held_trajectories=strategy.get("max_held_trajectories"),
-        groups_per_step=int(data.get("groups_per_step", 16))  # with dynamic sampling's reserve: the most a step opens
-        + (int(data.get("max_extra_groups") or data.get("groups_per_step", 16)) if data.get("dynamic_sampling") else 0),
+        groups_per_step=int(
+            data.get("groups_per_step", 16)
+        )  # with dynamic sampling's reserve: the most a step opens
+        + (
+            int(data.get("max_extra_groups") or data.get("groups_per_step", 16))
+            if data.get("dynamic_sampling")
+            else 0
+        ),
         group_size=int(data.get("group_size", 8)),
         max_tokens_per_trajectory=min(known) if known else DEFAULT_MAX_TOKENS,
         tokens_bounded=bounded,
         max_batch_trajectories=int(strategy.get("max_batch_trajectories", 32)),
         max_batch_tokens=strategy.get("max_batch_tokens"),
-        score_max_padding=None if scoring.get("score_max_padding") is None else float(scoring["score_max_padding"]),
+        score_max_padding=None
+        if scoring.get("score_max_padding") is None
+        else float(scoring["score_max_padding"]),
         score_forward_tokens=int(scoring.get("score_forward_tokens") or 0),
         boundary_cut=bool(strategy.get("boundary_cut", False)),
         reference=(objective.needs_reference and not model.lora) if reference is None else reference,
@@ -244,14 +269,18 @@ def memory_problems(trainer: Any, strategy: Any) -> tuple[list[str], bool]:
         device = host = host + resident
     verdict = plan.fits(device, host)
     if verdict.fits:
-        log.info("memory plan fits: %s on the %s", format_bytes(plan.device_bytes + plan.host_bytes),
-                 plan.inputs.accelerator)
+        log.info(
+            "memory plan fits: %s on the %s",
+            format_bytes(plan.device_bytes + plan.host_bytes),
+            plan.inputs.accelerator,
+        )
         return [], False
     where = "GPU" if plan.inputs.accelerator == "gpu" else "host (a CPU run: the device is the host)"
     certain = plan.inputs.tokens_bounded
     unbounded = (
-        "" if certain else
-        f"Nothing bounds an episode's length but the model's context ({plan.inputs.max_tokens_per_trajectory} "
+        ""
+        if certain
+        else f"Nothing bounds an episode's length but the model's context ({plan.inputs.max_tokens_per_trajectory} "
         "tokens), so this is a worst case: set the engine's max_context_tokens (vLLM: max_model_len) to plan "
         "and bound it.\n"
     )

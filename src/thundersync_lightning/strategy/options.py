@@ -20,7 +20,9 @@ MODES = ("streaming", "sync", "async")
 _OBJECTIVE_FIELDS = frozenset(Objective.__dataclass_fields__) | {"objective"}
 
 
-def option_problems(options: Mapping[str, Any], unknown: Mapping[str, Any], valid: Sequence[str]) -> list[str]:
+def option_problems(
+    options: Mapping[str, Any], unknown: Mapping[str, Any], valid: Sequence[str]
+) -> list[str]:
     """Problems of ``ThunderSyncStrategy(**options, **unknown)``; ``valid``: its option names."""
     problems = []
     for name in sorted(unknown):

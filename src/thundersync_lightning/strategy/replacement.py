@@ -36,7 +36,11 @@ class ReplacementIssuer:
     """Decides, once per group with every verdict in, whether to issue a replacement (module docstring)."""
 
     def __init__(
-        self, replacements: Replacements, request: RolloutRequest, accumulator: StreamingGRPO, outcome: StepOutcome
+        self,
+        replacements: Replacements,
+        request: RolloutRequest,
+        accumulator: StreamingGRPO,
+        outcome: StepOutcome,
     ) -> None:
         if replacements.reserve and not accumulator.filter_groups:
             raise GroupError("StepRunner: replacement groups need an accumulator with filter_groups=True")

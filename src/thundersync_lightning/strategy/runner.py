@@ -120,7 +120,9 @@ class StepRunner:
         self._prefixes: dict[str, SharedPrefix] = {}
         self._entropy_threshold: float | None = None  # top_entropy_quantile: the step's (sync only)
         accumulator.plan_groups(request.trajectory_ids())
-        self.outcome = StepOutcome(min_batch_trajectories=self.min_batch, groups_generated=len(request.groups))
+        self.outcome = StepOutcome(
+            min_batch_trajectories=self.min_batch, groups_generated=len(request.groups)
+        )
         issuer = ReplacementIssuer(replacements, request, accumulator, self.outcome) if replacements else None
         self.intake = EventIntake(
             request, snapshot, settings.allowed_staleness, accumulator, self.outcome, settings.clock,
@@ -231,7 +233,9 @@ class StepRunner:
         watch = self.acc.backend.watch(count_destinations(tids, rewards, planned.owners, planned.membership))
         extra = {"watch": watch} if watch is not None else {}
         scores = self.score(trajectories, prefix=prefix, **extra)
-        self.acc.add_scored(trajectories, scores, entropy_threshold=self._entropy_threshold, prefix=prefix, watch=watch)
+        self.acc.add_scored(
+            trajectories, scores, entropy_threshold=self._entropy_threshold, prefix=prefix, watch=watch
+        )
         cut = len(prefix.tokens) if prefix is not None else 0
         self.outcome.learner_tokens += sum(len(t.tokens) - cut for t in trajectories)
 
@@ -268,7 +272,9 @@ class StepRunner:
     def _check_complete(self) -> None:
         missing = []
         for gid, members in self.acc.planned.membership.items():
-            lacking = [t for t in members if t not in self.outcome.trajectories or t not in self.outcome.rewards]
+            lacking = [
+                t for t in members if t not in self.outcome.trajectories or t not in self.outcome.rewards
+            ]
             if lacking:
                 missing.append(f"{gid}: {lacking}")
         if missing:

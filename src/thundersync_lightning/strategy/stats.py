@@ -45,7 +45,9 @@ class TrajectoryRecord:
     tool_error: str | None = None  # the first tool failure's reason
     reward_parts: tuple[tuple[str, float], ...] = ()  # (name, r_i) of a weighted sum of rewards
     host_fault: bool = False  # the failure is one no action caused (a host fault: may leave its group)
-    unscorable: bool = False  # every reward declined it (TRL's None): out of its group's statistics, advantage 0
+    unscorable: bool = (
+        False  # every reward declined it (TRL's None): out of its group's statistics, advantage 0
+    )
 
     @property
     def reward_error(self) -> bool:
@@ -114,12 +116,18 @@ class StepStats:
     peak_held_bytes: int = 0  # most bytes held gradients took at once (also in ``accumulator``, by location)
     num_groups_global: int = 0
     learner_tokens: int = 0  # tokens the learner ran forward+backward on this rank this step
-    backward_passes: int = 0  # the accumulator's backward passes (one per destination of a call, or one per split call)
+    backward_passes: int = (
+        0  # the accumulator's backward passes (one per destination of a call, or one per split call)
+    )
     loss: float = 0.0  # the global surrogate loss -(1/N) sum A_i S_i
     rollout_issued_at: float | None = None  # when the step's rollout was requested (may precede step_start)
     min_batch_trajectories: int = 1  # rows a learner call waited for while content was to land (1: none)
-    groups_generated: int = 0  # groups requested this step on this rank, dynamic-sampling replacements included
-    groups_filtered: int = 0  # dynamic sampling: groups without signal, counted nowhere (replaced while the reserve lasts)
+    groups_generated: int = (
+        0  # groups requested this step on this rank, dynamic-sampling replacements included
+    )
+    groups_filtered: int = (
+        0  # dynamic sampling: groups without signal, counted nowhere (replaced while the reserve lasts)
+    )
     # on-policy check over every rank's scored tokens (None: the engine reported no logprobs)
     logprob_diff_mean: float | None = None  # mean |logp_engine - logp_learner|
     logprob_diff_max: float | None = None  # max |logp_engine - logp_learner|

@@ -67,7 +67,6 @@ MemoryCheck = Literal["error", "warn", "off"]
 ASYNC_RESUME_KEY = "thundersync_async_rollout"
 
 
-
 class ThunderSyncStrategy(DDPStrategy):
     """Streaming GRPO over Lightning's DDP machinery (one device, several, CPU or GPU).
 
@@ -184,7 +183,9 @@ class ThunderSyncStrategy(DDPStrategy):
             timeout=timeout,
             start_method=start_method,
         )
-        self._issuer = RolloutIssuer(mode, launch_ahead, prepare_ahead)  # holds mode, launch_ahead, prepare_ahead
+        self._issuer = RolloutIssuer(
+            mode, launch_ahead, prepare_ahead
+        )  # holds mode, launch_ahead, prepare_ahead
         self.offload: Offload = offload
         self.max_open_groups = max_open_groups
         self.max_held_trajectories = max_held_trajectories
@@ -254,14 +255,25 @@ class ThunderSyncStrategy(DDPStrategy):
         check_memory(trainer, self, self.memory_check)
 
     def _validate(self, trainer: Any) -> None:
-        problems = setup_problems(trainer, self.mode, self.boundary_cut, self.sharding, self.precision_plugin,
-                                  self.num_nodes * self.num_processes)
+        problems = setup_problems(
+            trainer,
+            self.mode,
+            self.boundary_cut,
+            self.sharding,
+            self.precision_plugin,
+            self.num_nodes * self.num_processes,
+        )
         if problems:
             raise ConfigError("; ".join(problems))
 
     @override
     def setup(self, trainer: Any) -> None:
-        log.debug("set-up: mode=%s sharding=%s world size %d", self.mode, self.sharding, self.num_nodes * self.num_processes)
+        log.debug(
+            "set-up: mode=%s sharding=%s world size %d",
+            self.mode,
+            self.sharding,
+            self.num_nodes * self.num_processes,
+        )
         self._validate(trainer)
         # async with checkpoints: keep a CPU copy of each step's rollout weights (exact resume)
         fitting = trainer.state.fn == TrainerFn.FITTING
@@ -330,9 +342,19 @@ class ThunderSyncStrategy(DDPStrategy):
         objective = module_objective(module)
         params = [p for p in module.parameters() if p.requires_grad]
         acc = self._learner.accumulator(
-            params, objective, self.offload, self.max_open_groups, self.max_held_trajectories,
-            partial(choose_backend, self.split_backward, module, mode=self.mode, boundary_cut=self.boundary_cut,
-                    sharding=self.sharding),
+            params,
+            objective,
+            self.offload,
+            self.max_open_groups,
+            self.max_held_trajectories,
+            partial(
+                choose_backend,
+                self.split_backward,
+                module,
+                mode=self.mode,
+                boundary_cut=self.boundary_cut,
+                sharding=self.sharding,
+            ),
             plan.dynamic_sampling,
         )
         request = plan.request(step, self.global_rank, self.world_size)
@@ -414,11 +436,18 @@ class ThunderSyncStrategy(DDPStrategy):
         step.loss = -(s * parts[0] + parts[1]) / d if d > 0 else 0.0
         self._layout.reduce_gradients(self.lightning_module)
         step.busy.append(Interval(start, time.monotonic(), "barrier"))
-        log.debug("step %d barrier: %d groups over ranks, loss %.6g", self._snapshot.version, step.num_groups, step.loss)
+        log.debug(
+            "step %d barrier: %d groups over ranks, loss %.6g",
+            self._snapshot.version,
+            step.num_groups,
+            step.loss,
+        )
         return closure_loss
 
     @override
-    def optimizer_step(self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any) -> Any:
+    def optimizer_step(
+        self, optimizer: Any, closure: Callable[[], Any], model: Any = None, **kwargs: Any
+    ) -> Any:
         out = super().optimizer_step(optimizer, closure, model, **kwargs)
         step = self._step
         if step is None:
@@ -460,12 +489,16 @@ class ThunderSyncStrategy(DDPStrategy):
 
     @override
     def optimizer_state(self, optimizer: Any) -> dict[str, Any]:
-        return self._layout.optimizer_state(self.lightning_module, optimizer, partial(super().optimizer_state, optimizer))
+        return self._layout.optimizer_state(
+            self.lightning_module, optimizer, partial(super().optimizer_state, optimizer)
+        )
 
     @override
     def load_optimizer_state_dict(self, checkpoint: Mapping[str, Any]) -> None:
         default = partial(super().load_optimizer_state_dict, checkpoint)
-        self._layout.load_optimizer_states(self.lightning_module, self.optimizers, checkpoint["optimizer_states"], default)
+        self._layout.load_optimizer_states(
+            self.lightning_module, self.optimizers, checkpoint["optimizer_states"], default
+        )
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:

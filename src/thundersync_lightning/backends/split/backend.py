@@ -55,7 +55,9 @@ class SplitBackend:
             every destination dense (same gradient up to summation order).
     """
 
-    def __init__(self, model: nn.Module, params: Sequence[Tensor], *, strict: bool = True, factors: bool = True) -> None:
+    def __init__(
+        self, model: nn.Module, params: Sequence[Tensor], *, strict: bool = True, factors: bool = True
+    ) -> None:
         if not isinstance(factors, bool):
             raise ConfigError(f"SplitBackend: factors must be True or False, got {factors!r}")
         self.capture = RowCapture(model, params, strict=strict)
@@ -87,7 +89,9 @@ class SplitBackend:
         if call.watch is not self.capture:
             raise ConfigError("SplitBackend.deliver: the batch was scored under another backend's watch")
         try:
-            if len(call.inputs) != len(self._params) or any(a is not b for a, b in zip(call.inputs, self._params)):
+            if len(call.inputs) != len(self._params) or any(
+                a is not b for a, b in zip(call.inputs, self._params)
+            ):
                 raise ConfigError(
                     "the split backward takes the gradients of the trainable parameters alone: it cannot be "
                     "combined with a shared prefix (the boundary cut)"

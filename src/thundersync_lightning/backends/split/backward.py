@@ -63,10 +63,16 @@ def unsupported_modules(model: nn.Module, params: Sequence[Tensor]) -> list[str]
     for name, module in model.named_modules():
         mine = _owned(module, wanted)
         owned.update(id(p) for _, p in mine)
-        if mine and not isinstance(module, (nn.Linear, nn.Embedding)) and any(True for _ in module.children()):
+        if (
+            mine
+            and not isinstance(module, (nn.Linear, nn.Embedding))
+            and any(True for _ in module.children())
+        ):
             problems.append(f"{name or 'model'}: a module with submodules owns trainable parameters")
-        if mine and isinstance(module, nn.Embedding) and (
-            module.max_norm is not None or module.scale_grad_by_freq or module.sparse
+        if (
+            mine
+            and isinstance(module, nn.Embedding)
+            and (module.max_norm is not None or module.scale_grad_by_freq or module.sparse)
         ):
             problems.append(f"{name or 'model'}: nn.Embedding with max_norm, scale_grad_by_freq or sparse")
     missing = len(wanted - owned)
@@ -126,7 +132,9 @@ class RowCapture:
         finally:
             self._rows = None
 
-    def _hook(self, module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object], output: object) -> None:
+    def _hook(
+        self, module: nn.Module, args: tuple[object, ...], kwargs: dict[str, object], output: object
+    ) -> None:
         if not torch.is_grad_enabled() or not isinstance(output, Tensor) or not output.requires_grad:
             return
         if self._rows is None:
@@ -174,13 +182,17 @@ def split_gradients(
     Embedding weights kept as factors, formed when the coefficient is known) instead of dense
     gradients. Checked against :func:`~thundersync_lightning.core.accumulator.jobs.run_jobs` on first use."""
     if capture.recording:
-        raise RuntimeError("split_gradients: leave `with capture:` (the scoring) before splitting its backward")
+        raise RuntimeError(
+            "split_gradients: leave `with capture:` (the scoring) before splitting its backward"
+        )
     if capture.refused is not None:  # the forward showed a module it cannot split: one backward per job
         if capture.strict:
             raise ConfigError(capture.refused)
         return run_jobs(label, jobs, params), len(jobs)
     if not capture.records:
-        raise InvalidLogprobError("split_gradients: nothing was recorded; score the batch inside `with capture:`")
+        raise InvalidLogprobError(
+            "split_gradients: nothing was recorded; score the batch inside `with capture:`"
+        )
     parts = [terms.score] + ([terms.regulariser] if terms.regulariser is not None else [])
     n = terms.score.shape[0]
     weights = _job_weights(jobs, parts)  # (J, parts, n)
@@ -232,16 +244,26 @@ def _job_weights(jobs: Sequence[Job], parts: list[Tensor]) -> Tensor:
     terms = torch.stack([job.term for job in jobs])
     try:
         w = torch.autograd.grad(
-            terms, parts, torch.eye(len(jobs), dtype=terms.dtype, device=terms.device),
-            retain_graph=True, allow_unused=True, is_grads_batched=True,
+            terms,
+            parts,
+            torch.eye(len(jobs), dtype=terms.dtype, device=terms.device),
+            retain_graph=True,
+            allow_unused=True,
+            is_grads_batched=True,
         )
     except RuntimeError:  # an op without a batching rule: one small backward per job
-        w = tuple(torch.stack(g) if g[0] is not None else None for g in zip(*(
-            torch.autograd.grad(job.term, parts, retain_graph=True, allow_unused=True) for job in jobs
-        )))  # type: ignore[misc]
+        w = tuple(
+            torch.stack(g) if g[0] is not None else None
+            for g in zip(
+                *(torch.autograd.grad(job.term, parts, retain_graph=True, allow_unused=True) for job in jobs)
+            )
+        )  # type: ignore[misc]
     return torch.stack(
-        [torch.zeros(len(jobs), *p.shape, dtype=p.dtype, device=p.device) if g is None else g.detach()
-         for g, p in zip(w, parts)], dim=1,
+        [
+            torch.zeros(len(jobs), *p.shape, dtype=p.dtype, device=p.device) if g is None else g.detach()
+            for g, p in zip(w, parts)
+        ],
+        dim=1,
     )
 
 

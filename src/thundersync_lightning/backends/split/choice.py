@@ -31,7 +31,14 @@ from ...core.gradients.backward import BackwardBackend, PlainBackward
 from .backend import SplitBackend, destinations_within
 from .backward import unsupported_modules
 
-__all__ = ["SplitSetting", "split_problems", "choose_backend", "planned_destinations", "auto_splits", "AUTO_MAX_PARAMS"]
+__all__ = [
+    "SplitSetting",
+    "split_problems",
+    "choose_backend",
+    "planned_destinations",
+    "auto_splits",
+    "AUTO_MAX_PARAMS",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +53,12 @@ def auto_splits(trainable_params: int) -> bool:
 
 
 def planned_destinations(
-    setting: SplitSetting, mode: str, boundary_cut: bool, sharding: str, trainable_params: int, param_bytes: int
+    setting: SplitSetting,
+    mode: str,
+    boundary_cut: bool,
+    sharding: str,
+    trainable_params: int,
+    param_bytes: int,
 ) -> int:
     """For the memory plan: 0 where the fit will not split, else the most destinations one split
     call may span (:func:`destinations_within`; the plan also caps it by the call's trajectories)."""
@@ -57,7 +69,9 @@ def planned_destinations(
     return destinations_within(trainable_params * param_bytes)
 
 
-def split_problems(module: Any, params: Sequence[Tensor], mode: str, boundary_cut: bool, sharding: str) -> list[str]:
+def split_problems(
+    module: Any, params: Sequence[Tensor], mode: str, boundary_cut: bool, sharding: str
+) -> list[str]:
     """Why this fit cannot split its backward (empty: it can)."""
     problems = []
     if mode != "streaming":
@@ -70,7 +84,9 @@ def split_problems(module: Any, params: Sequence[Tensor], mode: str, boundary_cu
     taken = inspect.signature(score).parameters if score is not None else {}
     if "watch" not in taken:
         renamed = " (its capture= keyword is now called watch=)" if "capture" in taken else ""
-        problems.append(f"{type(module).__name__}.score_tokens takes no watch= (see GRPOPolicy.score_tokens){renamed}")
+        problems.append(
+            f"{type(module).__name__}.score_tokens takes no watch= (see GRPOPolicy.score_tokens){renamed}"
+        )
     return problems + unsupported_modules(module, params)
 
 
@@ -92,7 +108,9 @@ def choose_backend(
     if setting == "auto" and not auto_splits(size):
         log.info(
             "split_backward='auto' leaves the split off: %d trainable parameters > %d (slower on CPU; "
-            "pass split_backward=True to split, e.g. on a GPU)", size, AUTO_MAX_PARAMS,
+            "pass split_backward=True to split, e.g. on a GPU)",
+            size,
+            AUTO_MAX_PARAMS,
         )
         return PlainBackward()
     return SplitBackend(module, params, strict=setting is True)

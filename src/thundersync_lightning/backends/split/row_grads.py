@@ -51,7 +51,9 @@ class Layout:
     at: dict[int, Tensor]  # each job's positions as an index tensor (shared by the forward's records)
 
     @staticmethod
-    def of(rows: tuple[int, ...], owner: list[int], device: torch.device, jobs: Callable[[int], bool]) -> Layout:
+    def of(
+        rows: tuple[int, ...], owner: list[int], device: torch.device, jobs: Callable[[int], bool]
+    ) -> Layout:
         by_job: dict[int, list[int]] = {}
         for pos, row in enumerate(rows):
             if owner[row] >= 0 and jobs(owner[row]):
@@ -73,7 +75,9 @@ class Layouts:
         layout = self._built.get((id(rows), which))
         if layout is None:
             factor = self._factor
-            jobs = {"all": lambda j: True, "dense": lambda j: not factor[j], "factor": lambda j: factor[j]}[which]
+            jobs = {"all": lambda j: True, "dense": lambda j: not factor[j], "factor": lambda j: factor[j]}[
+                which
+            ]
             layout = self._built[(id(rows), which)] = Layout.of(rows, self._owner, self._device, jobs)
         return layout
 
@@ -119,7 +123,9 @@ def _factor_pieces(
                 ids, rows = ids[keep], rows[keep]
             pieces[j].setdefault(k, []).append(EmbeddingFactors(ids, rows))
         else:
-            pieces[j].setdefault(k, []).append(LinearFactors(xs.reshape(-1, xs.shape[-1]), ds.reshape(-1, ds.shape[-1])))
+            pieces[j].setdefault(k, []).append(
+                LinearFactors(xs.reshape(-1, xs.shape[-1]), ds.reshape(-1, ds.shape[-1]))
+            )
 
 
 def _dense_grads(
@@ -169,7 +175,12 @@ SEGMENT_BYTES = 4 * 2**20
 
 
 def _segment_grads(
-    module: nn.Module, owned: list[tuple[str, nn.Parameter]], x: Tensor, dy: Tensor, slots: Tensor, m: int,
+    module: nn.Module,
+    owned: list[tuple[str, nn.Parameter]],
+    x: Tensor,
+    dy: Tensor,
+    slots: Tensor,
+    m: int,
     scale: bool,
 ) -> list[tuple[str, Tensor]] | None:
     """Each slot's parameter gradients, (m, *shape), for rows assigned to ``slots`` (b,)."""
@@ -178,15 +189,28 @@ def _segment_grads(
     if scale:
         wide = torch.promote_types(dy.dtype, torch.float32)
         per_row = (dy.to(wide) * x.to(wide)).reshape(b, -1, x.shape[-1]).sum(1)  # (b, d)
-        return [("weight", per_row.new_zeros(m, x.shape[-1]).index_add_(0, slots, per_row).to(module.weight.dtype))]
+        return [
+            (
+                "weight",
+                per_row.new_zeros(m, x.shape[-1]).index_add_(0, slots, per_row).to(module.weight.dtype),
+            )
+        ]
     if isinstance(module, nn.Embedding):
         ids = x.reshape(b, -1)
         wide = torch.promote_types(dy.dtype, torch.float32)
         rows = dy.reshape(b, ids.shape[1], -1).to(wide)
-        keep = ids.ne(module.padding_idx) if module.padding_idx is not None else torch.ones_like(ids, dtype=torch.bool)
+        keep = (
+            ids.ne(module.padding_idx)
+            if module.padding_idx is not None
+            else torch.ones_like(ids, dtype=torch.bool)
+        )
         flat = (slots[:, None] * module.num_embeddings + ids)[keep]
-        table = rows.new_zeros(m * module.num_embeddings, module.embedding_dim).index_add_(0, flat, rows[keep])
-        return [("weight", table.view(m, module.num_embeddings, module.embedding_dim).to(module.weight.dtype))]
+        table = rows.new_zeros(m * module.num_embeddings, module.embedding_dim).index_add_(
+            0, flat, rows[keep]
+        )
+        return [
+            ("weight", table.view(m, module.num_embeddings, module.embedding_dim).to(module.weight.dtype))
+        ]
     assert isinstance(module, nn.Linear)
     wide = torch.promote_types(dy.dtype, torch.float32)  # per-row sums of low-precision rows add up in fp32
     d3 = dy.reshape(b, -1, dy.shape[-1]).to(wide)
@@ -198,7 +222,9 @@ def _segment_grads(
         summed = per_row.new_zeros(m, *per_row.shape[1:]).index_add_(0, slots, per_row)
         result.append(("weight", summed.to(module.weight.dtype)))
     if "bias" in names:
-        result.append(("bias", d3.new_zeros(m, d3.shape[-1]).index_add_(0, slots, d3.sum(1)).to(module.bias.dtype)))
+        result.append(
+            ("bias", d3.new_zeros(m, d3.shape[-1]).index_add_(0, slots, d3.sum(1)).to(module.bias.dtype))
+        )
     return result
 
 
@@ -210,7 +236,9 @@ def _param_grads(
         d2 = dy.reshape(-1, dy.shape[-1])
         result = []
         if "weight" in names:
-            result.append(("weight", (d2.t() @ x.reshape(-1, x.shape[-1]).to(d2.dtype)).to(module.weight.dtype)))
+            result.append(
+                ("weight", (d2.t() @ x.reshape(-1, x.shape[-1]).to(d2.dtype)).to(module.weight.dtype))
+            )
         if "bias" in names:
             result.append(("bias", d2.sum(0).to(module.bias.dtype)))
         return result

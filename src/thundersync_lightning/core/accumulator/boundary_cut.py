@@ -81,7 +81,10 @@ class LeafSums:
         kind = destination.kind
         if kind == "direct":
             self.direct = flat if self.direct is None else self.direct + flat
-        elif kind in ("regulariser_now", "regulariser_sum"):  # the leaves fold at the group's close: kept or filtered then
+        elif kind in (
+            "regulariser_now",
+            "regulariser_sum",
+        ):  # the leaves fold at the group's close: kept or filtered then
             self._add_regulariser(flat, regulariser_apart)
         elif kind == "sum":
             reward = destination.reward
@@ -93,7 +96,9 @@ class LeafSums:
 
     def _add_regulariser(self, flat: Tensor, apart: bool) -> None:
         if apart:
-            self.direct_regulariser = flat if self.direct_regulariser is None else self.direct_regulariser + flat
+            self.direct_regulariser = (
+                flat if self.direct_regulariser is None else self.direct_regulariser + flat
+            )
         else:
             self.direct = flat if self.direct is None else self.direct + flat
 

@@ -94,7 +94,9 @@ class Bounds:
             "reward lands); deliver their rewards (add_reward) first, or raise the limit"
         )
 
-    def recount(self, groups: Mapping[Hashable, GroupSums], touched: Iterable[Hashable], buffer_bytes: int) -> int:
+    def recount(
+        self, groups: Mapping[Hashable, GroupSums], touched: Iterable[Hashable], buffer_bytes: int
+    ) -> int:
         """Recount the ``touched`` groups from themselves (the one source of truth; a group no
         longer in ``groups`` is forgotten), update the held counts and peaks over every open group,
         and return the device bytes the groups hold outside flat buffers (deferred gradients, leaf sums)."""

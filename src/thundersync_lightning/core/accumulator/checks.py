@@ -45,7 +45,9 @@ def finite_reward(trajectory_id: Hashable, reward: float) -> float:
     try:
         value = float(reward)
     except (TypeError, ValueError):
-        raise InvalidRewardError(f"reward of trajectory {trajectory_id!r} is not a number: {reward!r}") from None
+        raise InvalidRewardError(
+            f"reward of trajectory {trajectory_id!r} is not a number: {reward!r}"
+        ) from None
     if not math.isfinite(value):
         raise InvalidRewardError(
             f"reward of trajectory {trajectory_id!r} is {value}; rewards must be finite (a NaN would "

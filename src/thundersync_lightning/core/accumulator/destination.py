@@ -60,8 +60,11 @@ class Destination:
         return self.kind in ("sum", "held", "regulariser_held")
 
     def __str__(self) -> str:
-        where = [f"{k}={v!r}" for k, v in (("group", self.group), ("trajectory", self.trajectory),
-                                            ("reward", self.reward)) if v is not None]
+        where = [
+            f"{k}={v!r}"
+            for k, v in (("group", self.group), ("trajectory", self.trajectory), ("reward", self.reward))
+            if v is not None
+        ]
         return f"{self.kind}({', '.join(where)}{', flagged' if self.flagged else ''})"
 
 

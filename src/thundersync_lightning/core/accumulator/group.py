@@ -71,8 +71,12 @@ class GroupSums:
     members: tuple[Hashable, ...]
     _rewards: dict[Hashable, float] = field(default_factory=dict)
     _scores: dict[Hashable, float] = field(default_factory=dict)  # S_i values, for the objective
-    _held: dict[Hashable, torch.Tensor | DeferredGradient] = field(default_factory=dict)  # grads awaiting their reward
-    _held_regulariser: dict[Hashable, torch.Tensor | DeferredGradient] = field(default_factory=dict)  # grad R_i awaiting its verdict
+    _held: dict[Hashable, torch.Tensor | DeferredGradient] = field(
+        default_factory=dict
+    )  # grads awaiting their reward
+    _held_regulariser: dict[Hashable, torch.Tensor | DeferredGradient] = field(
+        default_factory=dict
+    )  # grad R_i awaiting its verdict
     _regulariser: dict[Hashable, float] = field(default_factory=dict)  # R_i values, for the objective
     _tokens: dict[Hashable, float] = field(default_factory=dict)  # scored-token counts
     _is_weights: dict[Hashable, tuple[float, float]] = field(default_factory=dict)  # IS weight (sum, count)
@@ -87,11 +91,17 @@ class GroupSums:
     _g2: torch.Tensor | None = None  # sum grad S_i, after collapse
     _shift: float = 0.0
     _scale: float = 1.0  # z: G1 holds sum (r_i - c) / z grad S_i (module docstring)
-    _deferred: list[tuple[float, DeferredGradient]] = field(default_factory=list)  # reward-known (reward, gradient)
+    _deferred: list[tuple[float, DeferredGradient]] = field(
+        default_factory=list
+    )  # reward-known (reward, gradient)
     _direct: int = 0  # contributions already added to the step gradient (early fold or direct path)
-    _flagged: set[Hashable] = field(default_factory=set)  # off_policy_mask: members whose A counts only if >= 0
+    _flagged: set[Hashable] = field(
+        default_factory=set
+    )  # off_policy_mask: members whose A counts only if >= 0
     _flagged_sums: dict[float | None, torch.Tensor] = field(default_factory=dict)  # their gradients by reward
-    _regulariser_sum: torch.Tensor | None = None  # dynamic sampling: sum of grad R_i until the group is known informative
+    _regulariser_sum: torch.Tensor | None = (
+        None  # dynamic sampling: sum of grad R_i until the group is known informative
+    )
     _filtered: bool = False  # dynamic sampling: every verdict in and no signal: the group counts nowhere
     _final: tuple[Objective, tuple[float, float]] | None = None  # (a_g, b_g) once every verdict is in
 
@@ -114,7 +124,11 @@ class GroupSums:
     def floor(self) -> float:
         """f_g from the graded rewards known so far (final once every verdict is in): the worst of
         them, 0.0 with none (the group's failures are then all equal)."""
-        graded = [r for t, r in self._rewards.items() if not (t in self._floored or t in self._unscorable or t in self._dropped)]
+        graded = [
+            r
+            for t, r in self._rewards.items()
+            if not (t in self._floored or t in self._unscorable or t in self._dropped)
+        ]
         return min(graded) if graded else 0.0
 
     def advantage(self, objective: Objective, trajectory_id: Hashable) -> float:
@@ -204,7 +218,9 @@ class GroupSums:
     def reward_tensor(self) -> torch.Tensor:
         """Rewards of the scorable members, floored ones at f_g (float64; once every verdict is in)."""
         floor = self.floor() if self._floored else 0.0
-        return torch.tensor([floor if t in self._floored else self._rewards[t] for t in self.scorable()], dtype=torch.float64)
+        return torch.tensor(
+            [floor if t in self._floored else self._rewards[t] for t in self.scorable()], dtype=torch.float64
+        )
 
     @property
     def has_sums(self) -> bool:
@@ -218,7 +234,9 @@ class GroupSums:
         """What the group holds now; a flat buffer takes ``buffer_bytes``, a deferred gradient its own bytes."""
         held = (*self._held.values(), *self._held_regulariser.values())
         held_bytes = sum(h.nbytes if isinstance(h, DeferredGradient) else buffer_bytes for h in held)
-        side = sum(h.nbytes for h in held if isinstance(h, DeferredGradient)) + sum(c.nbytes for _, c in self._deferred)
+        side = sum(h.nbytes for h in held if isinstance(h, DeferredGradient)) + sum(
+            c.nbytes for _, c in self._deferred
+        )
         side += self._leaves.nbytes if self._leaves is not None else 0
         return GroupUsage(len(self._held.keys() | self._held_regulariser.keys()), held_bytes, side)
 
@@ -330,7 +348,9 @@ class GroupSums:
         """grad R of members (per-parameter, a stored flat buffer or a deferred gradient) into :attr:`regulariser_sum`."""
         self._regulariser_sum = _add_to(store, self._regulariser_sum, grads)
 
-    def fold_into(self, final: torch.Tensor, store: GradientStore, a: float, b: float, floor: float = 0.0) -> None:
+    def fold_into(
+        self, final: torch.Tensor, store: GradientStore, a: float, b: float, floor: float = 0.0
+    ) -> None:
         """``final += sum_i (a r_i + b) grad S_i`` from the sums, floored members at r_i = ``floor``
         (the caller then drops them)."""
         if self._g1 is not None:
@@ -341,7 +361,9 @@ class GroupSums:
         for r, h in self._by_reward.items():
             final.add_(store.to_device(h), alpha=a * r + b)
         if self._deferred:
-            fold_deferred(store.split(final), [c for _, c in self._deferred], [a * r + b for r, _ in self._deferred])
+            fold_deferred(
+                store.split(final), [c for _, c in self._deferred], [a * r + b for r, _ in self._deferred]
+            )
         for r, h in self._flagged_sums.items():
             coef = a * (floor if r is None else r) + b
             if coef > 0:  # a flagged member with A < 0 trains nothing

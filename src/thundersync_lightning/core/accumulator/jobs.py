@@ -47,16 +47,25 @@ def jobs_of(routing: Routing, rows: Sequence[Hashable], terms: TrajectoryTerms) 
         jobs.append(Job(STEP_REGULARISER, torch.stack(routing.direct_regulariser).sum()))
     jobs += [Job(dest, terms.score[r].sum()) for dest, r in routing.buckets.items()]
     regulariser = terms.regulariser
-    jobs += [Job(Destination.group_regulariser(g), regulariser[r].sum()) for g, r in routing.group_regulariser.items()]  # type: ignore[index]
+    jobs += [
+        Job(Destination.group_regulariser(g), regulariser[r].sum())
+        for g, r in routing.group_regulariser.items()
+    ]  # type: ignore[index]
     jobs += [Job(Destination.held(rows[i]), terms.score[i]) for i in routing.held]
-    jobs += [Job(Destination.held(rows[i], regulariser=True), regulariser[i]) for i in routing.held_regulariser]  # type: ignore[index]
+    jobs += [
+        Job(Destination.held(rows[i], regulariser=True), regulariser[i]) for i in routing.held_regulariser
+    ]  # type: ignore[index]
     return jobs
 
 
-def run_jobs(label: Hashable, jobs: Sequence[Job], inputs: Sequence[Tensor], *, retain: bool = False) -> list[Grads]:
+def run_jobs(
+    label: Hashable, jobs: Sequence[Job], inputs: Sequence[Tensor], *, retain: bool = False
+) -> list[Grads]:
     """Each job's gradient with respect to ``inputs`` (the graph is freed after the last one
     unless ``retain``)."""
-    return [grad_of(label, job.term, inputs, retain=retain or k < len(jobs) - 1) for k, job in enumerate(jobs)]
+    return [
+        grad_of(label, job.term, inputs, retain=retain or k < len(jobs) - 1) for k, job in enumerate(jobs)
+    ]
 
 
 def grad_of(label: Hashable, output: Tensor, inputs: Sequence[Tensor], retain: bool = False) -> Grads:
@@ -106,6 +115,10 @@ def select_terms(terms: TrajectoryTerms, rows: list[int]) -> TrajectoryTerms:
     weights = terms.is_weights[index.to(terms.is_weights.device)] if terms.is_weights is not None else None
     flagged = terms.flagged[index.cpu()] if terms.flagged is not None else None
     return TrajectoryTerms(
-        terms.score[index], regulariser, terms.tokens[index.to(terms.tokens.device)], terms.on_policy, weights,
+        terms.score[index],
+        regulariser,
+        terms.tokens[index.to(terms.tokens.device)],
+        terms.on_policy,
+        weights,
         flagged,
     )

@@ -50,7 +50,12 @@ class StepLedger:
         self.folded.append(closed.stat)
 
     def report(
-        self, glob: BatchTotals, denominator: float, batch_scale: float, peak: ByteUsage, held: tuple[int, int]
+        self,
+        glob: BatchTotals,
+        denominator: float,
+        batch_scale: float,
+        peak: ByteUsage,
+        held: tuple[int, int],
     ) -> StreamingReport:
         """The barrier's report (``glob``: the global counts; ``held``: peak held trajectories and bytes)."""
         return StreamingReport(

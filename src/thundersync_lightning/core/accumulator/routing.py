@@ -89,7 +89,9 @@ def route(
         elif group.zero_advantage(objective) or group.is_unscorable(tid):
             routing.skipped += r_term is None
         elif verdict:
-            routing.buckets.setdefault(Destination.group_sum(gid, group.reward_of(tid), flagged), []).append(i)
+            routing.buckets.setdefault(Destination.group_sum(gid, group.reward_of(tid), flagged), []).append(
+                i
+            )
         else:
             routing.held.append(i)
         if r_term is not None:

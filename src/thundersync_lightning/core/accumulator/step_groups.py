@@ -38,7 +38,9 @@ class StepGroups:
             raise GroupError(f"group {group_id!r} is planned twice in this step")
         taken = [t for t in members if t in self._owner]
         if taken:
-            raise DuplicateEventError(f"trajectories {taken} of group {group_id!r} already belong to another group")
+            raise DuplicateEventError(
+                f"trajectories {taken} of group {group_id!r} already belong to another group"
+            )
         self._members[group_id] = tuple(members)
         self._owner.update({t: group_id for t in members})
 
@@ -63,7 +65,13 @@ class StepGroups:
         return len(self._owner)
 
     def note_verdict(
-        self, trajectory_id: Hashable, reward: float, failed: bool, *, failure: bool = False, unscorable: bool = False
+        self,
+        trajectory_id: Hashable,
+        reward: float,
+        failed: bool,
+        *,
+        failure: bool = False,
+        unscorable: bool = False,
     ) -> None:
         """A verdict arrived (its group opened or not): ``reward`` as the objective sees it (shaped);
         ``failed``: a host-fault failure (dropped under ``failed="drop"``); ``failure``: any failed
@@ -86,5 +94,7 @@ class StepGroups:
     def informative(self, group_id: Hashable) -> bool:
         """Every verdict of the group is in and its kept rewards carry signal (dynamic sampling)."""
         kept = [t for t in self._members[group_id] if not self.is_dropped(t) and t not in self._unscorable]
-        rewards = self._objective.scored_rewards([self._rewards[t] for t in kept], [t in self._floored for t in kept])
+        rewards = self._objective.scored_rewards(
+            [self._rewards[t] for t in kept], [t in self._floored for t in kept]
+        )
         return informative(rewards, self._objective.singleton == "reward")

@@ -130,7 +130,9 @@ class StreamingGRPO:
         self.filter_groups = filter_groups
         self._bounds = Bounds(max_open_groups, max_held_trajectories)
         self._store = GradientStore(self._params, offload)
-        self._store.reserve(self._bounds.buffers(objective.failed == "drop" and objective.has_regulariser_terms))
+        self._store.reserve(
+            self._bounds.buffers(objective.failed == "drop" and objective.has_regulariser_terms)
+        )
         self._step = StepGradient(self._store)
         self.reset()
 
@@ -445,7 +447,11 @@ class StreamingGRPO:
     # ------------------------------------------------------------------ internals
     def _step_buffer(self, kind: str) -> torch.Tensor:
         """The step buffer of a ``direct`` job or of R terms (``regulariser_now``: their own when s is deferred)."""
-        return self._step.unscaled() if kind == "regulariser_now" and self._regulariser_apart else self._step.scaled()
+        return (
+            self._step.unscaled()
+            if kind == "regulariser_now" and self._regulariser_apart
+            else self._step.scaled()
+        )
 
     def _decide(self, group: GroupSums) -> None:
         """Dynamic sampling, every verdict in: a kept group's R sum joins the step's gradient."""
@@ -471,7 +477,9 @@ class StreamingGRPO:
 
     def _describe_open(self) -> str:
         parts = [g.describe_missing(gid) for gid, g in self._groups.items()]
-        return "; ".join(parts) + ". Deliver the missing events or abort_group() the groups that cannot finish."
+        return (
+            "; ".join(parts) + ". Deliver the missing events or abort_group() the groups that cannot finish."
+        )
 
     # ================================================================== queries (read-only)
     @property

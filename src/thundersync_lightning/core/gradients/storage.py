@@ -89,7 +89,9 @@ class GradientStore:
         self.numel = sum(p.numel() for p in params)
         self._shapes = [p.shape for p in params]
         self._numels = [p.numel() for p in params]
-        self._where = "device" if offload == "none" else ("pinned_host" if offload == "pinned" else "pageable_host")
+        self._where = (
+            "device" if offload == "none" else ("pinned_host" if offload == "pinned" else "pageable_host")
+        )
         self._free: dict[str, list[torch.Tensor]] = {"device": [], "pinned_host": [], "pageable_host": []}
         if copies is None and offload == "pinned" and self.device.type == "cuda":
             copies = CudaCopies(self.device)
@@ -167,7 +169,9 @@ class GradientStore:
 
     def _parts(self, grads: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
         return [
-            torch.zeros(n, dtype=self.dtype, device=self.device) if g is None else g.reshape(-1).to(self.dtype)
+            torch.zeros(n, dtype=self.dtype, device=self.device)
+            if g is None
+            else g.reshape(-1).to(self.dtype)
             for g, n in zip(grads, self._numels)
         ]
 

@@ -65,7 +65,11 @@ _DIVIDES_BY_STD: set[Callable[..., Any]] = set()
 
 
 def register_estimator(
-    name: str, coefficients: Coefficients | None = None, *, overwrite: bool = False, divides_by_std: bool = False
+    name: str,
+    coefficients: Coefficients | None = None,
+    *,
+    overwrite: bool = False,
+    divides_by_std: bool = False,
 ) -> Any:
     """Register an affine-in-reward estimator ``(rewards, eps) -> (a_g, b_g)`` under ``name`` (a call, or
     a decorator without ``coefficients``; :class:`~thundersync_lightning.core.registry.Registry` rules).
@@ -87,8 +91,10 @@ def get_estimator(name: str | enum.Enum) -> Coefficients:
     if isinstance(name, str) and ":" in name and name not in _REGISTRY:
         fn = import_object(name, "advantage estimator")
         if not callable(fn):
-            raise ConfigError(f"advantage estimator {name!r} is a {type(fn).__name__}: name a function "
-                              "(rewards, eps) -> (a_g, b_g)")
+            raise ConfigError(
+                f"advantage estimator {name!r} is a {type(fn).__name__}: name a function "
+                "(rewards, eps) -> (a_g, b_g)"
+            )
         register_estimator(name, fn)
     return _REGISTRY.get(name)  # type: ignore[arg-type]
 

@@ -84,7 +84,9 @@ log = logging.getLogger(__name__)
 
 Std = Literal["population", "sample"]
 Scale = Literal["group", "batch", "none"]
-LossAgg = Literal["group-sum", "seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+LossAgg = Literal[
+    "group-sum", "seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"
+]
 Singleton = Literal["zero", "reward"]
 KLEstimator = Literal["k1", "k2", "k3", "k3_corrected"]
 ISCorrection = Literal["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
@@ -93,7 +95,13 @@ Failed = Literal["floor", "drop"]
 _CHOICES: dict[str, tuple[str, ...]] = {
     "std": ("population", "sample"),
     "scale": ("group", "batch", "none"),
-    "loss_agg": ("group-sum", "seq-mean-token-sum", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+    "loss_agg": (
+        "group-sum",
+        "seq-mean-token-sum",
+        "token-mean",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum-norm",
+    ),
     "singleton": ("zero", "reward"),
     "kl_estimator": ("k1", "k2", "k3", "k3_corrected"),
     "is_correction": ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"),
@@ -216,7 +224,9 @@ class Objective:
     def __post_init__(self) -> None:
         problems = []
         name = str(getattr(self.estimator, "value", self.estimator))
-        object.__setattr__(self, "estimator", name if ":" in name else name.lower())  # module paths keep their case
+        object.__setattr__(
+            self, "estimator", name if ":" in name else name.lower()
+        )  # module paths keep their case
         try:
             get_estimator(self.estimator)  # imports a ``module:function`` estimator
         except ConfigError as err:
@@ -235,33 +245,48 @@ class Objective:
         ):
             problems.append(f"failure_reward must be None or a finite number, got {self.failure_reward!r}")
         if not (isinstance(self.max_abs_reward, (int, float)) and self.max_abs_reward > 0):
-            problems.append(f"max_abs_reward must be a number > 0 (math.inf: no bound), got {self.max_abs_reward!r}")
+            problems.append(
+                f"max_abs_reward must be a number > 0 (math.inf: no bound), got {self.max_abs_reward!r}"
+            )
         elif self.failure_reward is not None and abs(self.failure_reward) > self.max_abs_reward:
-            problems.append(f"failure_reward={self.failure_reward} is beyond max_abs_reward={self.max_abs_reward}")
+            problems.append(
+                f"failure_reward={self.failure_reward} is beyond max_abs_reward={self.max_abs_reward}"
+            )
         for name in ("eps", "kl_coef", "entropy_coef", "opd_coef", "reward_coef"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 problems.append(f"{name} must be a finite number >= 0, got {value!r}")
         if not (isinstance(self.is_cap, (int, float)) and self.is_cap > 0):
             problems.append(f"is_cap must be > 0, got {self.is_cap!r}")
-        elif self.is_min is not None and not (isinstance(self.is_min, (int, float)) and 0 <= self.is_min <= self.is_cap):
-            problems.append(f"is_min must be None or a number in [0, is_cap={self.is_cap}], got {self.is_min!r}")
+        elif self.is_min is not None and not (
+            isinstance(self.is_min, (int, float)) and 0 <= self.is_min <= self.is_cap
+        ):
+            problems.append(
+                f"is_min must be None or a number in [0, is_cap={self.is_cap}], got {self.is_min!r}"
+            )
         if self.rs is not None:
             try:
                 parse_rejection(self.rs, self.rs_threshold)
             except ConfigError as err:
                 problems.append(str(err))
         elif self.rs_threshold is not None:
-            problems.append(f"rs_threshold={self.rs_threshold!r} is only used with rs (rejection sampling options)")
+            problems.append(
+                f"rs_threshold={self.rs_threshold!r} is only used with rs (rejection sampling options)"
+            )
         if (self.overlong_buffer is None) != (self.overlong_max_tokens is None):
-            problems.append("overlong_buffer and overlong_max_tokens go together (DAPO's window and maximum length)")
+            problems.append(
+                "overlong_buffer and overlong_max_tokens go together (DAPO's window and maximum length)"
+            )
         elif self.overlong_buffer is not None and not (0 < self.overlong_buffer <= self.overlong_max_tokens):
             problems.append(
                 f"overlong_buffer must be in 1..overlong_max_tokens, got {self.overlong_buffer} and "
                 f"{self.overlong_max_tokens}"
             )
-        if not (isinstance(self.overlong_penalty, (int, float)) and math.isfinite(self.overlong_penalty)
-                and self.overlong_penalty >= 0):
+        if not (
+            isinstance(self.overlong_penalty, (int, float))
+            and math.isfinite(self.overlong_penalty)
+            and self.overlong_penalty >= 0
+        ):
             problems.append(f"overlong_penalty must be a finite number >= 0, got {self.overlong_penalty!r}")
         if not (isinstance(self.top_entropy_quantile, (int, float)) and 0 < self.top_entropy_quantile <= 1):
             problems.append(f"top_entropy_quantile must be in (0, 1], got {self.top_entropy_quantile!r}")
@@ -282,7 +307,9 @@ class Objective:
                     f"e.g. the maximum completion length), got {self.norm_tokens!r}"
                 )
         elif self.norm_tokens is not None:
-            problems.append(f"norm_tokens is only used by loss_agg='seq-mean-token-sum-norm', not {self.loss_agg!r}")
+            problems.append(
+                f"norm_tokens is only used by loss_agg='seq-mean-token-sum-norm', not {self.loss_agg!r}"
+            )
         if problems:
             raise ConfigError("invalid Objective: " + "; ".join(problems))
 
@@ -293,7 +320,9 @@ class Objective:
         try:
             base = PRESETS[str(name).lower()]
         except KeyError:
-            raise ConfigError(f"unknown objective preset {name!r}; valid presets: {', '.join(PRESETS)}") from None
+            raise ConfigError(
+                f"unknown objective preset {name!r}; valid presets: {', '.join(PRESETS)}"
+            ) from None
         return replace(base, **overrides) if overrides else base
 
     @staticmethod
@@ -319,7 +348,9 @@ class Objective:
                 data["failed"] = "floor"
             preset = data.pop("preset", None)
             return Objective.preset(preset, **data) if preset is not None else Objective(**data)
-        raise ConfigError(f"an objective must be an Objective, a preset name or a mapping, got {type(value).__name__}")
+        raise ConfigError(
+            f"an objective must be an Objective, a preset name or a mapping, got {type(value).__name__}"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

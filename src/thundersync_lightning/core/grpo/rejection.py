@@ -51,7 +51,9 @@ def parse_rejection(rs: str, threshold: str | float | None) -> tuple[RejectionOp
     names = list(dict.fromkeys(o.strip() for o in str(rs).split(",") if o.strip()))
     unknown = [n for n in names if n not in REJECTION_OPTIONS]
     if not names or unknown:
-        raise ConfigError(f"rs={rs!r}: options must be comma-separated names from {', '.join(REJECTION_OPTIONS)}")
+        raise ConfigError(
+            f"rs={rs!r}: options must be comma-separated names from {', '.join(REJECTION_OPTIONS)}"
+        )
     if threshold is None or isinstance(threshold, bool):
         raise ConfigError(f"rs={rs!r} needs rs_threshold (one number, 'lo_hi' for k1, or one per option)")
     specs = [p.strip() for p in str(threshold).split(",") if p.strip()]
@@ -66,11 +68,17 @@ def _option(name: str, spec: str) -> RejectionOption:
     try:
         parts = [float(p) for p in spec.split("_")] if name.endswith("k1") else [float(spec)]
     except ValueError:
-        raise ConfigError(f"rs_threshold {spec!r} of option {name!r} is not a number (k1 takes 'lo_hi')") from None
+        raise ConfigError(
+            f"rs_threshold {spec!r} of option {name!r} is not a number (k1 takes 'lo_hi')"
+        ) from None
     if len(parts) == 1 and name.endswith("k1"):
         parts = [1.0 / parts[0] if parts[0] > 0 else -1.0, parts[0]]
-    if len(parts) != (2 if name.endswith("k1") else 1) or any(not (p > 0 and math.isfinite(p)) for p in parts):
-        raise ConfigError(f"rs_threshold {spec!r} of option {name!r} must be positive ('lo_hi' with lo <= hi for k1)")
+    if len(parts) != (2 if name.endswith("k1") else 1) or any(
+        not (p > 0 and math.isfinite(p)) for p in parts
+    ):
+        raise ConfigError(
+            f"rs_threshold {spec!r} of option {name!r} must be positive ('lo_hi' with lo <= hi for k1)"
+        )
     if name.endswith("k1"):
         if parts[0] > parts[1]:
             raise ConfigError(f"rs_threshold {spec!r} of option {name!r}: lo must be <= hi")

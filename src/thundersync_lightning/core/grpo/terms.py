@@ -75,7 +75,9 @@ class TokenScores:
             if t is not None and tuple(t.shape) != shape:
                 raise InvalidLogprobError(f"TokenScores.{name} has shape {tuple(t.shape)}, logprobs {shape}")
         if self.truncated is not None and tuple(self.truncated.shape) != shape[:1]:
-            raise InvalidLogprobError(f"TokenScores.truncated has shape {tuple(self.truncated.shape)}, want ({shape[0]},)")
+            raise InvalidLogprobError(
+                f"TokenScores.truncated has shape {tuple(self.truncated.shape)}, want ({shape[0]},)"
+            )
 
     @property
     def n(self) -> int:
@@ -147,7 +149,9 @@ def entropy_threshold(quantile: float, entropies: Sequence[Tensor]) -> float:
     """The (1 - quantile)-quantile of the scored tokens' entropies (``entropies``: 1-D tensors of
     scored positions, e.g. ``scores.entropy[scores.mask]`` per call; every rank's for a global one).
     With no scored token: +inf (no token is selected)."""
-    flat = torch.cat([e.detach().reshape(-1).double().cpu() for e in entropies]) if entropies else torch.zeros(0)
+    flat = (
+        torch.cat([e.detach().reshape(-1).double().cpu() for e in entropies]) if entropies else torch.zeros(0)
+    )
     if flat.numel() == 0:
         return math.inf
     return float(torch.quantile(flat, 1.0 - quantile))
@@ -173,7 +177,11 @@ def teacher_logprobs(trajectories: Sequence[Trajectory], mask: Tensor, dtype: to
 
 
 def _layout(
-    trajectories: Sequence[Trajectory], rows: list[tuple[float, ...]], mask: Tensor, dtype: torch.dtype, what: str
+    trajectories: Sequence[Trajectory],
+    rows: list[tuple[float, ...]],
+    mask: Tensor,
+    dtype: torch.dtype,
+    what: str,
 ) -> Tensor:
     counts = mask.sum(-1).tolist()
     for t, r, c in zip(trajectories, rows, counts):
@@ -318,7 +326,9 @@ def trajectory_terms(
                     "batch has none; give the engine a teacher (EmbeddedEngineConfig or VLLMEngineConfig: teacher=TeacherConfig(...))"
                 )
             p = teacher.to(device=lp.device, dtype=lp.dtype)
-            advantage = -(lp.detach() - p) * m  # (n, L): per-token OPD advantage, masked (p is 0 off the mask)
+            advantage = (
+                -(lp.detach() - p) * m
+            )  # (n, L): per-token OPD advantage, masked (p is 0 off the mask)
             per_token = per_token + objective.opd_coef * advantage * lp
         regulariser = k * (per_token * m).sum(-1)
     flagged = None
@@ -349,7 +359,9 @@ def reference_loss(
     n = len(group_ids)
     failed = list(failed) if failed is not None else [False] * n
     host = list(host_fault) if host_fault is not None else failed
-    unscored = [bool(u) and not f for u, f in zip(unscorable, failed)] if unscorable is not None else [False] * n
+    unscored = (
+        [bool(u) and not f for u, f in zip(unscorable, failed)] if unscorable is not None else [False] * n
+    )
     keep = [not (f and h and objective.failed == "drop") for f, h in zip(failed, host)]
     by_group: dict[Hashable, list[int]] = {}
     for i, g in enumerate(group_ids):
@@ -375,7 +387,9 @@ def reference_loss(
     s = objective.batch_scale(totals)
     adv = torch.zeros(n, dtype=torch.float64)
     for members in by_group.values():
-        adv[members] = objective.advantages(torch.tensor([scored[i] for i in members], dtype=torch.float64), s)
+        adv[members] = objective.advantages(
+            torch.tensor([scored[i] for i in members], dtype=torch.float64), s
+        )
     if terms.flagged is not None:  # off_policy_mask: a flagged trajectory keeps A >= 0 only
         adv = torch.where(terms.flagged.to(torch.bool) & (adv < 0), torch.zeros_like(adv), adv)
     weight = torch.tensor(keep, dtype=torch.float64)

@@ -9,7 +9,17 @@ from typing import Any
 from ...core.types import StepResult
 from ..tools import Tool, ToolConversation, ToolResult
 
-__all__ = ['BRANCHES', 'VERBS', 'PHRASES', 'MAIN_BRANCH', 'BranchTask', 'BranchRepo', 'BranchEnv', 'branch_tools', 'expected_state']
+__all__ = [
+    "BRANCHES",
+    "VERBS",
+    "PHRASES",
+    "MAIN_BRANCH",
+    "BranchTask",
+    "BranchRepo",
+    "BranchEnv",
+    "branch_tools",
+    "expected_state",
+]
 
 
 BRANCHES = ("alpha", "docs", "hotfix", "release")
@@ -20,8 +30,12 @@ PHRASES: Mapping[str, tuple[str, ...]] = {
     "create": ("Create a branch named {}.", "Start a new branch {}."),
 }
 MAIN_BRANCH = "main"
-_NAME = {"type": "object", "properties": {"name": {"type": "string", "description": "the branch name"}},
-         "required": ["name"], "additionalProperties": False}
+_NAME = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "description": "the branch name"}},
+    "required": ["name"],
+    "additionalProperties": False,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +102,7 @@ def branch_tools() -> list[Tool]:
         Tool("delete_branch", "Delete a branch.", _NAME, delete),
         Tool("create_branch", "Create a new branch.", _NAME, create),
     ]
+
 
 class BranchEnv:
     """One episode: the repository, and the tool conversation that acts on it."""

@@ -42,7 +42,7 @@ from .env import (
     branch_tools,
 )
 
-__all__ = ['BranchTasks', 'all_branch_tasks', 'is_held_out', 'OBSERVATION_TOKENS']
+__all__ = ["BranchTasks", "all_branch_tasks", "is_held_out", "OBSERVATION_TOKENS"]
 
 OBSERVATION_TOKENS = 128  # a turn's observation, at most (its TurnBudget's max_tokens)
 
@@ -64,7 +64,9 @@ def all_branch_tasks(variants: int = 8, seed: int = 0) -> list[BranchTask]:
                 if verb != "create":
                     present.add(name)
                 phrase = PHRASES[verb][i % len(PHRASES[verb])]
-                out.append(BranchTask(f"{verb}-{name}-{i}", verb, name, phrase.format(name), tuple(sorted(present))))
+                out.append(
+                    BranchTask(f"{verb}-{name}-{i}", verb, name, phrase.format(name), tuple(sorted(present)))
+                )
     return out
 
 
@@ -131,14 +133,23 @@ class BranchTasks:
         if not isinstance(task, BranchTask):
             raise ConfigError(f"BranchTasks.make_env: expected a BranchTask, got {type(task).__name__}")
         del seed  # deterministic environment
-        return BranchEnv(task, ToolConversation(self.renderer, branch_tools(), self.tool_parser, max_result_chars=256,
-                                                budget=TurnBudget(max_calls=2, max_chars=512,
-                                                                  max_tokens=OBSERVATION_TOKENS)))
+        return BranchEnv(
+            task,
+            ToolConversation(
+                self.renderer,
+                branch_tools(),
+                self.tool_parser,
+                max_result_chars=256,
+                budget=TurnBudget(max_calls=2, max_chars=512, max_tokens=OBSERVATION_TOKENS),
+            ),
+        )
 
     def max_episode_tokens(self) -> int:
         """A bound on one episode, whatever the policy writes: the longest prompt, and per turn an
         action and an observation (at most :data:`OBSERVATION_TOKENS`, the turn budget's)."""
         schemas = [t.schema() for t in branch_tools()]
-        prompt = max(len(self.renderer.prompt_ids([{"role": "user", "content": r}], schemas))
-                     for r in {t.request for t in self.all_tasks})
+        prompt = max(
+            len(self.renderer.prompt_ids([{"role": "user", "content": r}], schemas))
+            for r in {t.request for t in self.all_tasks}
+        )
         return prompt + self.max_turns * (self.max_action_tokens + OBSERVATION_TOKENS)

@@ -75,18 +75,28 @@ TEMPLATE = """\
 (the agent loop keeps the sampled ids, so the template never re-renders them)."""
 
 MODEL_CONFIG: dict[str, Any] = {
-    "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-    "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 512, "tie_word_embeddings": True,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
 }
 
 
 def call_text(tool: str, name: str) -> str:
     """A call as the model writes it (the template's own example format)."""
-    return f'<tool_call>\n{json.dumps({"name": tool, "arguments": {"name": name}})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': tool, 'arguments': {'name': name}})}\n</tool_call>"
 
 
 def _error(tool: str, name: str) -> str:
-    return f"error: no branch named '{name}'" if tool != "create_branch" else f"error: a branch named '{name}' already exists"
+    return (
+        f"error: no branch named '{name}'"
+        if tool != "create_branch"
+        else f"error: a branch named '{name}' already exists"
+    )
 
 
 def save_tokenizer(directory: str, vocab_size: int = 768, seed: int = 0) -> None:
@@ -100,10 +110,20 @@ def save_tokenizer(directory: str, vocab_size: int = 768, seed: int = 0) -> None
     from transformers import PreTrainedTokenizerFast
 
     rng = random.Random(seed)
-    markup = ["system\n# Tools\n<tools>\n", "\n</tools>\nCall a tool: ", '\n{"name": <name>, "arguments": <args>}\n',
-              "user\n", "assistant\n", "\n", "\n<tool_response>\n", "error: no branch named ", "error: already on ",
-              "error: cannot delete the current branch ", "error: a branch named ' already exists",
-              "[invalid tool call] No tool call found. Call one of the tools; call submit when you are done."]
+    markup = [
+        "system\n# Tools\n<tools>\n",
+        "\n</tools>\nCall a tool: ",
+        '\n{"name": <name>, "arguments": <args>}\n',
+        "user\n",
+        "assistant\n",
+        "\n",
+        "\n<tool_response>\n",
+        "error: no branch named ",
+        "error: already on ",
+        "error: cannot delete the current branch ",
+        "error: a branch named ' already exists",
+        "[invalid tool call] No tool call found. Call one of the tools; call submit when you are done.",
+    ]
     corpus = (markup + [json.dumps(t.schema()) for t in branch_tools()]) * 16
     for phrases in PHRASES.values():
         for phrase in phrases:
@@ -112,15 +132,27 @@ def save_tokenizer(directory: str, vocab_size: int = 768, seed: int = 0) -> None
                 corpus.append(call_text(f"{rng.choice(VERBS)}_branch", name))
     tok = Tokenizer(models.BPE())
     names = Regex("|".join([t.name for t in branch_tools()] + list(BRANCHES)))
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(names, "isolated"),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(names, "isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(corpus * 4, trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   additional_special_tokens=["<|im_start|>"])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>"],
+    )
     fast.chat_template = TEMPLATE
     fast.save_pretrained(directory)
 
@@ -135,8 +167,14 @@ class FormatExamples:
     suffix after it, ...); :data:`TEMPLATE` is prefix-stable, so each piece depends on its own
     message only and is rendered once."""
 
-    def __init__(self, renderer: Any, max_turns: int = 3, copy_name: float = 0.0, prefer_tool: float = 0.0) -> None:
-        bad = [f"{k}={v}" for k, v in (("copy_name", copy_name), ("prefer_tool", prefer_tool)) if not 0.0 <= v <= 1.0]
+    def __init__(
+        self, renderer: Any, max_turns: int = 3, copy_name: float = 0.0, prefer_tool: float = 0.0
+    ) -> None:
+        bad = [
+            f"{k}={v}"
+            for k, v in (("copy_name", copy_name), ("prefer_tool", prefer_tool))
+            if not 0.0 <= v <= 1.0
+        ]
         if bad:
             raise ValueError(f"{', '.join(bad)}: a probability in [0, 1]")
         self.renderer, self.max_turns = renderer, max_turns
@@ -154,13 +192,15 @@ class FormatExamples:
                 ids = self.renderer.assistant_ids([user], call_text(*args), self.schemas)
             else:
                 result = {"role": "tool", "name": args[0], "content": _error(*args)}
-                ids = self.renderer.suffix_ids([user, {"role": "assistant", "content": call_text(*args)}], [result],
-                                               self.schemas)
+                ids = self.renderer.suffix_ids(
+                    [user, {"role": "assistant", "content": call_text(*args)}], [result], self.schemas
+                )
             self._cache[key] = tuple(ids)
         return self._cache[key]
 
-    def sample(self, rng: random.Random, request: str, name: str | None = None,
-               tool: str | None = None) -> tuple[list[int], list[bool]]:
+    def sample(
+        self, rng: random.Random, request: str, name: str | None = None, tool: str | None = None
+    ) -> tuple[list[int], list[bool]]:
         """One conversation about ``request`` (asking for ``tool`` on branch ``name``): a call;
         after it, half the time, an error result and another call (at most ``max_turns`` calls)."""
         ids = list(self._piece(("prompt", request)))
@@ -169,7 +209,11 @@ class FormatExamples:
         while turns < self.max_turns and rng.random() < 0.5:
             turns += 1
         for k in range(turns):
-            called = tool if tool is not None and rng.random() < self.prefer_tool else f"{rng.choice(VERBS)}_branch"
+            called = (
+                tool
+                if tool is not None and rng.random() < self.prefer_tool
+                else f"{rng.choice(VERBS)}_branch"
+            )
             branch = name if name is not None and rng.random() < self.copy_name else rng.choice(BRANCHES)
             call = self._piece(("call", called, branch))
             ids += call
@@ -181,8 +225,16 @@ class FormatExamples:
         return ids, targets
 
 
-def build_start(directory: str, steps: int = 150, batch: int = 32, lr: float = 3e-3, seed: int = 0,
-                samples: int = 96, copy_name: float = 0.0, prefer_tool: float = 0.0) -> dict[str, Any]:
+def build_start(
+    directory: str,
+    steps: int = 150,
+    batch: int = 32,
+    lr: float = 3e-3,
+    seed: int = 0,
+    samples: int = 96,
+    copy_name: float = 0.0,
+    prefer_tool: float = 0.0,
+) -> dict[str, Any]:
     """Write the tokenizer and the format-pretrained model into ``directory``; return its record."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
@@ -203,12 +255,16 @@ def build_start(directory: str, steps: int = 150, batch: int = 32, lr: float = 3
     pad = renderer.tokenizer.pad_token_id
     losses = []
     for _ in range(steps):
-        rows = [examples.sample(rng, t.request, t.name, f"{t.verb}_branch")
-                for t in (rng.choice(requests) for _ in range(batch))]
+        rows = [
+            examples.sample(rng, t.request, t.name, f"{t.verb}_branch")
+            for t in (rng.choice(requests) for _ in range(batch))
+        ]
         width = max(len(ids) for ids, _ in rows)
         ids = torch.tensor([r + [pad] * (width - len(r)) for r, _ in rows])  # (B, T), right-padded
         mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r, _ in rows])
-        labels = torch.tensor([[i if t else -100 for i, t in zip(r, tg)] + [-100] * (width - len(r)) for r, tg in rows])
+        labels = torch.tensor(
+            [[i if t else -100 for i, t in zip(r, tg)] + [-100] * (width - len(r)) for r, tg in rows]
+        )
         loss = model(input_ids=ids, attention_mask=mask, labels=labels).loss
         opt.zero_grad()
         loss.backward()
@@ -216,9 +272,19 @@ def build_start(directory: str, steps: int = 150, batch: int = 32, lr: float = 3
         losses.append(float(loss.detach()))
     model.save_pretrained(directory)
     sampled = sample_first_calls(model, renderer, samples, seed)
-    record = {"steps": steps, "batch": batch, "lr": lr, "seed": seed, "copy_name": copy_name, "prefer_tool": prefer_tool, "loss_first": losses[0],
-              "loss_last": sum(losses[-10:]) / len(losses[-10:]), **sampled,
-              "seconds": time.monotonic() - started, "config": {"vocab_size": config.vocab_size, **MODEL_CONFIG}}
+    record = {
+        "steps": steps,
+        "batch": batch,
+        "lr": lr,
+        "seed": seed,
+        "copy_name": copy_name,
+        "prefer_tool": prefer_tool,
+        "loss_first": losses[0],
+        "loss_last": sum(losses[-10:]) / len(losses[-10:]),
+        **sampled,
+        "seconds": time.monotonic() - started,
+        "config": {"vocab_size": config.vocab_size, **MODEL_CONFIG},
+    }
     with open(os.path.join(directory, "start.json"), "w") as f:
         json.dump(record, f, indent=1)
     return record
@@ -260,13 +326,30 @@ def main() -> None:
     parser.add_argument("directory")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--copy-name", type=float, default=0.0,
-                        help="probability that a call names the request's branch (else a uniform one)")
-    parser.add_argument("--prefer-tool", type=float, default=0.0,
-                        help="probability that a call uses the requested tool (else a uniform one)")
+    parser.add_argument(
+        "--copy-name",
+        type=float,
+        default=0.0,
+        help="probability that a call names the request's branch (else a uniform one)",
+    )
+    parser.add_argument(
+        "--prefer-tool",
+        type=float,
+        default=0.0,
+        help="probability that a call uses the requested tool (else a uniform one)",
+    )
     args = parser.parse_args()
-    print(json.dumps(build_start(args.directory, steps=args.steps, seed=args.seed, copy_name=args.copy_name,
-                                 prefer_tool=args.prefer_tool)))
+    print(
+        json.dumps(
+            build_start(
+                args.directory,
+                steps=args.steps,
+                seed=args.seed,
+                copy_name=args.copy_name,
+                prefer_tool=args.prefer_tool,
+            )
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -18,8 +18,17 @@ import json
 import shlex
 from dataclasses import dataclass
 
-__all__ = ["Bash", "WriteFile", "ReplaceInFile", "Submit", "Invalid", "Action", "parse_action",
-           "ACTION_HELP", "edit_command"]
+__all__ = [
+    "Bash",
+    "WriteFile",
+    "ReplaceInFile",
+    "Submit",
+    "Invalid",
+    "Action",
+    "parse_action",
+    "ACTION_HELP",
+    "edit_command",
+]
 
 ACTION_HELP = """\
 Reply with exactly one action per turn. The first line names it:
@@ -116,7 +125,9 @@ def parse_action(text: str) -> Action:
         if not parsed[0]:
             return Invalid("replace: the SEARCH text is empty")
         return ReplaceInFile(arg, *parsed)
-    return Invalid(f"unknown action {verb[:40]!r}: the first line must start with bash, write, replace or submit")
+    return Invalid(
+        f"unknown action {verb[:40]!r}: the first line must start with bash, write, replace or submit"
+    )
 
 
 _EDIT_SCRIPT = r"""

@@ -21,18 +21,31 @@ from ..tools import ToolConversation, clip_text
 from .actions import ACTION_HELP, Bash, Invalid, Submit, edit_command, parse_action
 from .grading import EvalOutcome
 
-__all__ = ["Workspace", "CodeEnv", "format_observation", "clip_bytes", "OBSERVATION_FRAME_BYTES", "render_prompt", "ActionFormat", "TOOLS_HELP"]
+__all__ = [
+    "Workspace",
+    "CodeEnv",
+    "format_observation",
+    "clip_bytes",
+    "OBSERVATION_FRAME_BYTES",
+    "render_prompt",
+    "ActionFormat",
+    "TOOLS_HELP",
+]
 
 ActionFormat = Literal["text", "tools"]
 
-TOOLS_HELP = ("Use the tools to inspect and edit the repository; call one tool per step and read its result. "
-              "Call submit when you are done: the hidden tests then decide your reward.")
+TOOLS_HELP = (
+    "Use the tools to inspect and edit the repository; call one tool per step and read its result. "
+    "Call submit when you are done: the hidden tests then decide your reward."
+)
 
 
 class Workspace(Protocol):
     def open(self) -> None: ...
 
-    def run(self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None) -> SandboxResult: ...
+    def run(
+        self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None
+    ) -> SandboxResult: ...
 
     def diff(self) -> str | None: ...
 
@@ -41,19 +54,25 @@ class Workspace(Protocol):
     def close(self) -> None: ...
 
 
-def render_prompt(problem_statement: str, files: Sequence[str] = (), action_format: ActionFormat = "text") -> str:
+def render_prompt(
+    problem_statement: str, files: Sequence[str] = (), action_format: ActionFormat = "text"
+) -> str:
     if action_format == "tools":
         return f"{_problem(problem_statement, files)}{TOOLS_HELP}\n"
-    return (f"{_problem(problem_statement, files)}{ACTION_HELP}\n"
-            "Each action ends with the end-of-action token; you then see the result.\n\n")
+    return (
+        f"{_problem(problem_statement, files)}{ACTION_HELP}\n"
+        "Each action ends with the end-of-action token; you then see the result.\n\n"
+    )
 
 
 def _problem(problem_statement: str, files: Sequence[str]) -> str:
     listing = "".join(f"  {f}\n" for f in files[:200])
     more = f"  ... and {len(files) - 200} more\n" if len(files) > 200 else ""
     repo = f"Repository files:\n{listing}{more}\n" if files else ""
-    return ("You are fixing a bug in the Python repository in your working directory.\n\n"
-            f"Problem:\n{problem_statement.strip()}\n\n{repo}")
+    return (
+        "You are fixing a bug in the Python repository in your working directory.\n\n"
+        f"Problem:\n{problem_statement.strip()}\n\n{repo}"
+    )
 
 
 OBSERVATION_FRAME_BYTES = len("\n<observation>\n\n</observation>\n")
@@ -68,7 +87,7 @@ def clip_bytes(text: str, max_bytes: int) -> str:
     note = f"\n[... {len(data) - max_bytes} bytes cut ...]\n".encode()
     room = max(0, max_bytes - len(note))
     head = room * 2 // 3
-    kept = data[:head] + note + data[len(data) - (room - head):] if room > head else data[:head] + note
+    kept = data[:head] + note + data[len(data) - (room - head) :] if room > head else data[:head] + note
     return kept[:max_bytes].decode("utf-8", "ignore")
 
 
@@ -77,7 +96,11 @@ def format_observation(result: SandboxResult, max_bytes: int) -> str:
     out = result.output
     if len(out) > max_bytes:
         head = max_bytes * 2 // 3
-        out = out[:head] + f"\n[... {len(out) - max_bytes} bytes cut ...]\n".encode() + out[-(max_bytes - head):]
+        out = (
+            out[:head]
+            + f"\n[... {len(out) - max_bytes} bytes cut ...]\n".encode()
+            + out[-(max_bytes - head) :]
+        )
     status = "timed out" if result.timed_out else f"exit code {result.exit_code}"
     if result.truncated and not result.timed_out:
         status = "output limit reached, command stopped"
@@ -126,8 +149,9 @@ class CodeEnv:
     def _observe(self, text: str) -> tuple[int, ...]:
         """The framed observation: its text at most ``max_observation_bytes`` UTF-8 bytes (head and
         tail), plus the frame (:data:`OBSERVATION_FRAME_BYTES`); at most as many ids as bytes."""
-        ids = self.codec.encode(f"\n<observation>\n{clip_bytes(text.rstrip(), self.max_observation_bytes)}"
-                                "\n</observation>\n")
+        ids = self.codec.encode(
+            f"\n<observation>\n{clip_bytes(text.rstrip(), self.max_observation_bytes)}\n</observation>\n"
+        )
         # one id per byte at most (ByteCodec, byte-level BPE): the cut binds only for a tokenizer that
         # spends more (a prefix-space token), so max_episode_tokens() holds with any codec
         return ids[: self.max_observation_bytes + OBSERVATION_FRAME_BYTES]
@@ -176,7 +200,11 @@ class CodeEnv:
         try:
             decoded = self.codec.decode(ids)
         except Exception as exc:  # noqa: BLE001 - ids no tokenizer can decode: an invalid action
-            text, done, invalid = self._invalid(f"the action cannot be decoded ({type(exc).__name__})"), False, True
+            text, done, invalid = (
+                self._invalid(f"the action cannot be decoded ({type(exc).__name__})"),
+                False,
+                True,
+            )
         else:
             text, done, invalid = self.act_text(decoded)
         self.done = done

@@ -22,8 +22,16 @@ from .outcomes import judge_statuses
 from .patches import filter_patch, split_patch
 from .runner import RunnerResults, check_exit, parse_results
 
-__all__ = ["EvalOutcome", "split_patch", "filter_patch", "framed_log", "runner_log", "grade_log",
-           "grade_with_spec", "grade_runner_run"]
+__all__ = [
+    "EvalOutcome",
+    "split_patch",
+    "filter_patch",
+    "framed_log",
+    "runner_log",
+    "grade_log",
+    "grade_with_spec",
+    "grade_runner_run",
+]
 
 _MAX_REASONS = 8
 
@@ -66,8 +74,9 @@ def runner_log(results: RunnerResults, result: SandboxResult) -> str:
     return framed_log(result, results.log_body())
 
 
-def grade_with_spec(test_spec: Any, log: str, model_patch: str,
-                    declared: Mapping[str, str] | None = None) -> EvalOutcome:
+def grade_with_spec(
+    test_spec: Any, log: str, model_patch: str, declared: Mapping[str, str] | None = None
+) -> EvalOutcome:
     """``swebench.harness.grading.get_eval_report`` on ``log`` (written to a temporary file), held
     to the rule of :mod:`.outcomes`: ``declared`` is the original source of the graded test files
     (path -> text, read on the host from the task, never from the run; None: no file marks any
@@ -78,8 +87,11 @@ def grade_with_spec(test_spec: Any, log: str, model_patch: str,
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(log)
-        prediction = {"instance_id": test_spec.instance_id, "model_name_or_path": "thundersync",
-                      "model_patch": model_patch}
+        prediction = {
+            "instance_id": test_spec.instance_id,
+            "model_name_or_path": "thundersync",
+            "model_patch": model_patch,
+        }
         report = grading.get_eval_report(test_spec, prediction, path, include_tests_status=True)
         status_map, found = grading.get_logs_eval(test_spec, path)
     finally:
@@ -87,16 +99,21 @@ def grade_with_spec(test_spec: Any, log: str, model_patch: str,
     entry = report[test_spec.instance_id]
     resolved = bool(entry.get("resolved"))
     graded = list(test_spec.FAIL_TO_PASS) + list(test_spec.PASS_TO_PASS)
-    problems = judge_statuses(status_map if found else {}, graded, declared or {},
-                              missing_fails=getattr(test_spec.eval_type, "value", test_spec.eval_type) != "fail_only",
-                              resolve=getattr(grading, "_resolve_case", None))
+    problems = judge_statuses(
+        status_map if found else {},
+        graded,
+        declared or {},
+        missing_fails=getattr(test_spec.eval_type, "value", test_spec.eval_type) != "fail_only",
+        resolve=getattr(grading, "_resolve_case", None),
+    )
     if resolved and problems:
         resolved = False
         entry = {**entry, "resolved": False}
     if problems:
         entry = {**entry, "outcome_problems": problems}
-    shown = "; ".join(problems[:_MAX_REASONS]) + (f"; ... {len(problems) - _MAX_REASONS} more"
-                                                 if len(problems) > _MAX_REASONS else "")
+    shown = "; ".join(problems[:_MAX_REASONS]) + (
+        f"; ... {len(problems) - _MAX_REASONS} more" if len(problems) > _MAX_REASONS else ""
+    )
     if resolved:
         reason = "resolved"
     else:
@@ -105,22 +122,42 @@ def grade_with_spec(test_spec: Any, log: str, model_patch: str,
     return EvalOutcome(resolved, reason, entry, log)
 
 
-def grade_log(instance_id: str, log: str, fail_to_pass: Sequence[str], pass_to_pass: Sequence[str],
-              model_patch: str, log_parser: str = "parse_log_pytest",
-              declared: Mapping[str, str] | None = None) -> EvalOutcome:
+def grade_log(
+    instance_id: str,
+    log: str,
+    fail_to_pass: Sequence[str],
+    pass_to_pass: Sequence[str],
+    model_patch: str,
+    log_parser: str = "parse_log_pytest",
+    declared: Mapping[str, str] | None = None,
+) -> EvalOutcome:
     """Grade a framed pytest log against FAIL_TO_PASS / PASS_TO_PASS with swebench's functions
     (``declared``: see :func:`grade_with_spec`)."""
     from swebench.types import TestSpec
 
-    spec = TestSpec(instance_id=instance_id, image="", eval_script_list=[], repo="local/" + instance_id,
-                    version="0", FAIL_TO_PASS=list(fail_to_pass), PASS_TO_PASS=list(pass_to_pass),
-                    log_parser=log_parser, eval_type="pass_and_fail")
+    spec = TestSpec(
+        instance_id=instance_id,
+        image="",
+        eval_script_list=[],
+        repo="local/" + instance_id,
+        version="0",
+        FAIL_TO_PASS=list(fail_to_pass),
+        PASS_TO_PASS=list(pass_to_pass),
+        log_parser=log_parser,
+        eval_type="pass_and_fail",
+    )
     return grade_with_spec(spec, log, model_patch, declared)
 
 
-def grade_runner_run(instance_id: str, result: SandboxResult, key: str, fail_to_pass: Sequence[str],
-                     pass_to_pass: Sequence[str], model_patch: str,
-                     declared: Mapping[str, str] | None = None) -> EvalOutcome:
+def grade_runner_run(
+    instance_id: str,
+    result: SandboxResult,
+    key: str,
+    fail_to_pass: Sequence[str],
+    pass_to_pass: Sequence[str],
+    model_patch: str,
+    declared: Mapping[str, str] | None = None,
+) -> EvalOutcome:
     """Grade one run of the local runner (:func:`.runner.runner_command`, ``key`` on its stdin):
     only the reporter's verified lines count, cross-checked against the exit status the host
     observed (:func:`.runner.check_exit`); a run we stopped (deadline, output cap) keeps whatever
@@ -130,5 +167,6 @@ def grade_runner_run(instance_id: str, result: SandboxResult, key: str, fail_to_
         results = check_exit(results, result.exit_code)
     if results.problem is not None and not (result.timed_out or result.truncated):
         return EvalOutcome(False, f"no trustworthy test results: {results.problem}", log=result.text)
-    return grade_log(instance_id, runner_log(results, result), fail_to_pass, pass_to_pass, model_patch,
-                     declared=declared)
+    return grade_log(
+        instance_id, runner_log(results, result), fail_to_pass, pass_to_pass, model_patch, declared=declared
+    )

@@ -33,8 +33,10 @@ __all__ = ["declared_markers", "judge_statuses", "MARKER_OF_STATUS"]
 # The status a marker may legitimately produce, and the word that declares it in the source.
 MARKER_OF_STATUS = {"XFAIL": "xfail", "SKIPPED": "skip"}
 # The names (pytest's and unittest's) that declare them, as identifiers (``Name`` or ``Attribute``).
-_NAMES = {"xfail": frozenset({"xfail", "expectedFailure"}),
-          "skip": frozenset({"skip", "skipif", "skipIf", "skipUnless", "skipTest", "importorskip", "SkipTest"})}
+_NAMES = {
+    "xfail": frozenset({"xfail", "expectedFailure"}),
+    "skip": frozenset({"skip", "skipif", "skipIf", "skipUnless", "skipTest", "importorskip", "SkipTest"}),
+}
 
 
 def _names(nodes: list[ast.AST]) -> set[str]:
@@ -56,16 +58,27 @@ def _marking_nodes(tree: ast.Module, path: list[str]) -> list[ast.AST] | None:
 
     def marks_of(body: list[ast.stmt]) -> None:
         for node in body:
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-                node, ast.AnnAssign) else []
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, ast.AnnAssign)
+                else []
+            )
             if any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in targets):
                 out.append(node)
 
     body: list[ast.stmt] = tree.body
     marks_of(body)
     for i, name in enumerate(path):
-        node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                     and n.name == name), None)
+        node = next(
+            (
+                n
+                for n in body
+                if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == name
+            ),
+            None,
+        )
         if node is None:
             return None
         out += node.decorator_list
@@ -113,7 +126,11 @@ def judge_statuses(
     to its key in ``status_map`` (swebench's tolerance of truncated parametrized ids)."""
     problems = []
     for test_id in dict.fromkeys(graded):
-        key = resolve(test_id, status_map) if resolve is not None else (test_id if test_id in status_map else None)
+        key = (
+            resolve(test_id, status_map)
+            if resolve is not None
+            else (test_id if test_id in status_map else None)
+        )
         status = status_map.get(key) if key is not None else None
         if status == "PASSED":
             continue
@@ -125,5 +142,7 @@ def judge_statuses(
         if marker is None:
             problems.append(f"{test_id}: {status}")
         elif marker not in declared_markers(sources, test_id):
-            problems.append(f"{test_id}: {status} at run time, and the task's source does not mark it {marker}")
+            problems.append(
+                f"{test_id}: {status} at run time, and the task's source does not mark it {marker}"
+            )
     return problems

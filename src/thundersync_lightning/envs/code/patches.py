@@ -30,8 +30,14 @@ __all__ = ["patch_paths", "split_patch", "filter_patch", "capture_command", "BAS
 BASE_GIT_DIR = "/tsl-base.git"  # where the host's bare copy of the original commit is bound (read-only)
 _MAX_FILES = 2000
 
-_HOST_GIT_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1",
-                 "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_ATTR_NOSYSTEM": "1", "LC_ALL": "C"}
+_HOST_GIT_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": "/nonexistent",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_ATTR_NOSYSTEM": "1",
+    "LC_ALL": "C",
+}
 
 
 def _numstat(patch: bytes, reverse: bool) -> list[str] | None:
@@ -121,18 +127,36 @@ def capture_command(base: str, workdir: str = "/testbed", git_dir: str = BASE_GI
     """Shell command printing the work tree's diff against commit ``base`` of the read-only bare
     repository at ``git_dir`` (stdout only; non-zero exit when git fails)."""
     q = shlex.quote
-    config = " ".join(f"-c {c}" for c in (
-        "core.bare=false", "core.hooksPath=/dev/null", "core.fsmonitor=false", "core.attributesFile=/dev/null",
-        "core.excludesFile=/dev/null", "core.autocrlf=false", "core.safecrlf=false", "core.symlinks=true",
-        "core.quotePath=true", "core.untrackedCache=false", "diff.noprefix=false", "diff.mnemonicPrefix=false",
-        "diff.relative=false", "diff.external=", "safe.directory=*",
-    ))
-    env = (f"GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null GIT_ATTR_NOSYSTEM=1 HOME=/nonexistent "
-           f"XDG_CONFIG_HOME=/nonexistent GIT_DIR={q(git_dir)} GIT_WORK_TREE={q(workdir)} "
-           "GIT_INDEX_FILE=/tmp/tsl-index GIT_OBJECT_DIRECTORY=/tmp/tsl-objects "
-           f"GIT_ALTERNATE_OBJECT_DIRECTORIES={q(git_dir + '/objects')} GIT_TERMINAL_PROMPT=0 GIT_OPTIONAL_LOCKS=0")
+    config = " ".join(
+        f"-c {c}"
+        for c in (
+            "core.bare=false",
+            "core.hooksPath=/dev/null",
+            "core.fsmonitor=false",
+            "core.attributesFile=/dev/null",
+            "core.excludesFile=/dev/null",
+            "core.autocrlf=false",
+            "core.safecrlf=false",
+            "core.symlinks=true",
+            "core.quotePath=true",
+            "core.untrackedCache=false",
+            "diff.noprefix=false",
+            "diff.mnemonicPrefix=false",
+            "diff.relative=false",
+            "diff.external=",
+            "safe.directory=*",
+        )
+    )
+    env = (
+        f"GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null GIT_ATTR_NOSYSTEM=1 HOME=/nonexistent "
+        f"XDG_CONFIG_HOME=/nonexistent GIT_DIR={q(git_dir)} GIT_WORK_TREE={q(workdir)} "
+        "GIT_INDEX_FILE=/tmp/tsl-index GIT_OBJECT_DIRECTORY=/tmp/tsl-objects "
+        f"GIT_ALTERNATE_OBJECT_DIRECTORIES={q(git_dir + '/objects')} GIT_TERMINAL_PROMPT=0 GIT_OPTIONAL_LOCKS=0"
+    )
     git = f"env -i PATH=/usr/bin:/bin LC_ALL=C {env} git {config}"
-    return (f"exec 2>/dev/null; cd {q(workdir)} && mkdir -p /tmp/tsl-objects && "
-            f"{git} read-tree {q(base)} && {git} add -A -- . && "
-            f"{git} diff --cached --binary --full-index --no-ext-diff --no-textconv --no-color --no-renames "
-            f"--src-prefix=a/ --dst-prefix=b/ {q(base)}")
+    return (
+        f"exec 2>/dev/null; cd {q(workdir)} && mkdir -p /tmp/tsl-objects && "
+        f"{git} read-tree {q(base)} && {git} add -A -- . && "
+        f"{git} diff --cached --binary --full-index --no-ext-diff --no-textconv --no-color --no-renames "
+        f"--src-prefix=a/ --dst-prefix=b/ {q(base)}"
+    )

@@ -36,8 +36,17 @@ import shlex
 from collections.abc import Mapping
 from fnmatch import fnmatchcase
 
-__all__ = ["CONFIG_FILE_NAMES", "PLUGIN_FILE_NAMES", "STARTUP_MODULES", "manifest_command", "parse_manifest",
-           "config_changes", "with_contents", "listed", "module_name"]
+__all__ = [
+    "CONFIG_FILE_NAMES",
+    "PLUGIN_FILE_NAMES",
+    "STARTUP_MODULES",
+    "manifest_command",
+    "parse_manifest",
+    "config_changes",
+    "with_contents",
+    "listed",
+    "module_name",
+]
 
 #: Files pytest reads its configuration from (any directory).
 CONFIG_FILE_NAMES = ("pytest.ini", ".pytest.ini", "pyproject.toml", "tox.ini", "setup.cfg", "conftest.py")
@@ -48,8 +57,14 @@ STARTUP_MODULES = ("sitecustomize", "usercustomize")
 # What the manifest lists, as find matches it (one source for the shell command and :func:`listed`):
 # file names (``-name``), full paths (``-path``: ``*`` crosses ``/``), and links by name (a linked
 # directory is not descended into, so the link itself stands for it).
-_NAMES = (*CONFIG_FILE_NAMES, *PLUGIN_FILE_NAMES, *(f"{m}*" for m in STARTUP_MODULES),
-          "test_*.so", "*_test.so", "*_test.*.so")
+_NAMES = (
+    *CONFIG_FILE_NAMES,
+    *PLUGIN_FILE_NAMES,
+    *(f"{m}*" for m in STARTUP_MODULES),
+    "test_*.so",
+    "*_test.so",
+    "*_test.*.so",
+)
 _PATHS = (*(f"*/{m}/*" for m in STARTUP_MODULES), "*/test_*/__init__.py", "*/*_test/__init__.py")
 _LINKS = ("test_*", "*_test")
 
@@ -76,9 +91,11 @@ def manifest_command(root: str = "/testbed") -> str:
     names = " -o ".join([*(f"-name {q(n)}" for n in _NAMES), *(f"-path {q(p)}" for p in _PATHS)])
     links = " -o ".join(f"-name {q(n)}" for n in _LINKS)
     r = q(root)
-    return (f"find {r} -path {q(root.rstrip('/') + '/.git')} -prune -o \\( \\( {names} \\) "
-            f"\\( -type f -o -type l \\) \\) -print0 -o \\( -type l \\( {links} \\) \\) -print0 2>/dev/null "
-            "| LC_ALL=C sort -z | LC_ALL=C xargs -0 -r sha256sum -- 2>&1")
+    return (
+        f"find {r} -path {q(root.rstrip('/') + '/.git')} -prune -o \\( \\( {names} \\) "
+        f"\\( -type f -o -type l \\) \\) -print0 -o \\( -type l \\( {links} \\) \\) -print0 2>/dev/null "
+        "| LC_ALL=C sort -z | LC_ALL=C xargs -0 -r sha256sum -- 2>&1"
+    )
 
 
 def parse_manifest(text: str) -> dict[str, str]:
@@ -96,7 +113,9 @@ def parse_manifest(text: str) -> dict[str, str]:
     return out
 
 
-def with_contents(manifest: Mapping[str, str], files: Mapping[str, bytes | None], root: str = "/testbed") -> dict[str, str]:
+def with_contents(
+    manifest: Mapping[str, str], files: Mapping[str, bytes | None], root: str = "/testbed"
+) -> dict[str, str]:
     """``manifest`` with the files of ``files`` (path relative to ``root`` -> content, None:
     deleted) in their new state: the original tree's manifest once the instance's test patch is
     applied, when that patch touches a configuration file."""

@@ -46,7 +46,11 @@ __all__ = ["Reporter", "keyed_hash", "line_tag", "line_mac", "signed_lines", "ma
 
 REPORT_FD_ENV = "TSL_REPORT_FD"
 _PR_SET_DUMPABLE = 4
-_RESTORED = ("PYTEST_ADDOPTS", "PYTHONPATH", "PYTHONNOUSERSITE")  # the container path's wrapper saves these as TSL_ORIG_*
+_RESTORED = (
+    "PYTEST_ADDOPTS",
+    "PYTHONPATH",
+    "PYTHONNOUSERSITE",
+)  # the container path's wrapper saves these as TSL_ORIG_*
 
 
 def keyed_hash(key: str, message: str) -> str:
@@ -98,10 +102,22 @@ _OWN = ("pytest_sessionstart", "pytest_collectreport", "pytest_runtest_logreport
 # tests are collected or run (code under test reaching pytest's Config through `gc` and registering a
 # hookwrapper of pytest_runtest_makereport that turns failures into passes), or one removed, is
 # tampering; a conftest.py that pytest itself loads on the way (a subdirectory's) is not.
-_REPORT_HOOKS = ("pytest_runtest_protocol", "pytest_runtest_setup", "pytest_runtest_call", "pytest_runtest_teardown",
-                 "pytest_runtest_makereport", "pytest_runtest_logreport", "pytest_report_teststatus",
-                 "pytest_pyfunc_call", "pytest_runtestloop", "pytest_make_collect_report", "pytest_collectreport",
-                 "pytest_sessionfinish", "pytest_report_to_serializable", "pytest_report_from_serializable")
+_REPORT_HOOKS = (
+    "pytest_runtest_protocol",
+    "pytest_runtest_setup",
+    "pytest_runtest_call",
+    "pytest_runtest_teardown",
+    "pytest_runtest_makereport",
+    "pytest_runtest_logreport",
+    "pytest_report_teststatus",
+    "pytest_pyfunc_call",
+    "pytest_runtestloop",
+    "pytest_make_collect_report",
+    "pytest_collectreport",
+    "pytest_sessionfinish",
+    "pytest_report_to_serializable",
+    "pytest_report_from_serializable",
+)
 
 
 def _hookimpls(caller) -> list:
@@ -132,8 +148,11 @@ def _from_conftest(manager, impl) -> bool:
         return False
     path = getattr(plugin, "__file__", None) or ""
     code = getattr(getattr(impl, "function", None), "__code__", None)
-    return (os.path.basename(path) == "conftest.py" and code is not None
-            and os.path.abspath(code.co_filename) == os.path.abspath(path))
+    return (
+        os.path.basename(path) == "conftest.py"
+        and code is not None
+        and os.path.abspath(code.co_filename) == os.path.abspath(path)
+    )
 
 
 def _where(function) -> str:
@@ -178,7 +197,11 @@ class Reporter:
             except (ImportError, AttributeError):
                 continue
             if parts[-1] in vars(owner):
-                self._watched[module[len("_pytest."):] + "." + path] = (owner, parts[-1], vars(owner)[parts[-1]])
+                self._watched[module[len("_pytest.") :] + "." + path] = (
+                    owner,
+                    parts[-1],
+                    vars(owner)[parts[-1]],
+                )
         self._own = {name: vars(Reporter).get(name) for name in _OWN}
         self._hooks = None  # the report hooks' implementations when collection starts
         self.status = {}  # node id -> status
@@ -221,8 +244,11 @@ class Reporter:
             self.status[nodeid] = "XFAIL" if xfail else "SKIPPED"
 
     def pytest_sessionfinish(self, session, exitstatus) -> None:
-        tampered = [name for name, (owner, attr, original) in self._watched.items()
-                    if vars(owner).get(attr) is not original]
+        tampered = [
+            name
+            for name, (owner, attr, original) in self._watched.items()
+            if vars(owner).get(attr) is not original
+        ]
         tampered += [name for name, fn in self._own.items() if vars(Reporter).get(name) is not fn]
         if self._hooks is not None:
             try:
@@ -235,7 +261,7 @@ class Reporter:
         entries.append(("END", f"{len(self.status)} {int(exitstatus)}"))
         data = ("\n" + "\n".join(signed_lines(self._key, entries)) + "\n").encode("utf-8", "replace")
         while data:
-            data = data[os.write(self._out, data):]
+            data = data[os.write(self._out, data) :]
 
 
 def _read_key(fd: int) -> str:

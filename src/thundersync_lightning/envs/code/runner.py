@@ -38,12 +38,21 @@ from pathlib import Path
 from . import reporter
 from .reporter import line_mac, line_tag
 
-__all__ = ["RUNNER_DIR", "write_runner", "write_host_dir", "runner_command", "new_key", "parse_results",
-           "RunnerResults", "reporter_source", "check_exit"]
+__all__ = [
+    "RUNNER_DIR",
+    "write_runner",
+    "write_host_dir",
+    "runner_command",
+    "new_key",
+    "parse_results",
+    "RunnerResults",
+    "reporter_source",
+    "check_exit",
+]
 
 RUNNER_DIR = "/tsl-runner"  # bound read-only inside the sandbox
 
-_RUNNER = r'''
+_RUNNER = r"""
 import os
 import sys
 
@@ -66,7 +75,7 @@ def main():
 
 
 main()
-'''
+"""
 
 _INI = """[pytest]
 pythonpath = {workdir}
@@ -93,15 +102,34 @@ def write_host_dir(directory: str, files: Sequence[tuple[str, str]]) -> None:
 
 def write_runner(directory: str, workdir: str = "/testbed") -> None:
     """Write the runner script, its reporter and its pytest.ini into the (host-owned) ``directory``."""
-    write_host_dir(directory, [("run_tests.py", _RUNNER), ("tsl_report.py", reporter_source()),
-                               ("pytest.ini", _INI.format(workdir=workdir))])
+    write_host_dir(
+        directory,
+        [
+            ("run_tests.py", _RUNNER),
+            ("tsl_report.py", reporter_source()),
+            ("pytest.ini", _INI.format(workdir=workdir)),
+        ],
+    )
 
 
 def runner_command(node_ids: Sequence[str], python: str = "python3", workdir: str = "/testbed") -> str:
     """The sandbox command running ``node_ids``' files through the host's runner."""
     files = list(dict.fromkeys(n.split("::", 1)[0] for n in node_ids))
-    args = [python, "-I", f"{RUNNER_DIR}/run_tests.py", "-c", f"{RUNNER_DIR}/pytest.ini", f"--rootdir={workdir}",
-            f"--confcutdir={workdir}", "-p", "no:cacheprovider", "-q", "--tb=short", "--", *files]
+    args = [
+        python,
+        "-I",
+        f"{RUNNER_DIR}/run_tests.py",
+        "-c",
+        f"{RUNNER_DIR}/pytest.ini",
+        f"--rootdir={workdir}",
+        f"--confcutdir={workdir}",
+        "-p",
+        "no:cacheprovider",
+        "-q",
+        "--tb=short",
+        "--",
+        *files,
+    ]
     return "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 exec " + " ".join(shlex.quote(a) for a in args)
 
 
@@ -123,8 +151,11 @@ class RunnerResults:
         """The results as pytest ``-rA`` summary lines (what swebench's pytest parser reads), an
         unexpected pass (XPASS, a status swebench does not know) as FAILED; ``skipped=False`` leaves
         out SKIPPED tests, which ``-rA`` prints in a form the parser ignores."""
-        return "".join(f"{'FAILED' if status == 'XPASS' else status} {nodeid}\n" for status, nodeid in self.lines
-                       if skipped or status != "SKIPPED")
+        return "".join(
+            f"{'FAILED' if status == 'XPASS' else status} {nodeid}\n"
+            for status, nodeid in self.lines
+            if skipped or status != "SKIPPED"
+        )
 
 
 _FAILING = frozenset({"FAILED", "ERROR"})
@@ -147,8 +178,10 @@ def check_exit(results: RunnerResults, observed: int | None) -> RunnerResults:
     if observed is not None and status != observed:
         problem = f"the reporter says exit status {status}, the runner exited with {observed}"
     elif (status == 0 and failing) or (status == 1 and not failing):
-        problem = (f"exit status {status} disagrees with the reported outcomes "
-                   f"({'some' if failing else 'no'} test failed or errored)")
+        problem = (
+            f"exit status {status} disagrees with the reported outcomes "
+            f"({'some' if failing else 'no'} test failed or errored)"
+        )
     return results if problem is None else replace(results, problem=problem)
 
 
@@ -169,7 +202,9 @@ def parse_results(output: str, key: str) -> RunnerResults:
         if end is not None:
             return RunnerResults((), None, "results after the reporter's end line")
         if not secrets.compare_digest(mac, line_mac(key, index, kind, rest)):
-            return RunnerResults((), None, f"result line {index} fails authentication (forged, altered or moved)")
+            return RunnerResults(
+                (), None, f"result line {index} fails authentication (forged, altered or moved)"
+            )
         index += 1
         if kind == "END":
             count, _, status = rest.partition(" ")
@@ -186,5 +221,7 @@ def parse_results(output: str, key: str) -> RunnerResults:
     if end[0] != len(lines):
         return RunnerResults((), None, f"the reporter announced {end[0]} results, {len(lines)} arrived")
     if tampered:
-        return RunnerResults(tuple(lines), end[1], f"pytest internals were patched during the run: {tampered}")
+        return RunnerResults(
+            tuple(lines), end[1], f"pytest internals were patched during the run: {tampered}"
+        )
     return RunnerResults(tuple(lines), end[1], None)

@@ -25,9 +25,6 @@ from .workspace import LocalWorkspace, WorkspaceSettings
 __all__ = ["LocalCodeTasks", "SplitLocalCodeTasks", "uid_pool"]
 
 
-
-
-
 @strict_options
 class LocalCodeTasks:
     """Local repository tasks; text is byte-level (stop token ``ByteCodec.END_OF_ACTION``) unless
@@ -80,25 +77,42 @@ class LocalCodeTasks:
         template_kwargs: dict[str, Any] | None = None,
         tool_parser: str = "hermes",
     ) -> None:
-        problems = [f"{k} must be >= 1" for k, v in (("max_turns", max_turns),
-                    ("max_action_tokens", max_action_tokens), ("uid_count", uid_count)) if v < 1]
+        problems = [
+            f"{k} must be >= 1"
+            for k, v in (
+                ("max_turns", max_turns),
+                ("max_action_tokens", max_action_tokens),
+                ("uid_count", uid_count),
+            )
+            if v < 1
+        ]
         if problems:
             raise ConfigError("LocalCodeTasks: " + "; ".join(problems))
         self.task_dir, self.names = task_dir, list(names) if names is not None else None
         self.max_turns, self.max_action_tokens = max_turns, max_action_tokens
         self.max_observation_bytes = max_observation_bytes
         self.uid_base, self.uid_count = uid_base, uid_count
-        limits = SandboxLimits(timeout_s=command_timeout_s, memory_bytes=memory_bytes, nproc=nproc, cpus=cpus,
-                               disk_bytes=disk_bytes, disk_inodes=disk_inodes)
+        limits = SandboxLimits(
+            timeout_s=command_timeout_s,
+            memory_bytes=memory_bytes,
+            nproc=nproc,
+            cpus=cpus,
+            disk_bytes=disk_bytes,
+            disk_inodes=disk_inodes,
+        )
         self.settings = WorkspaceSettings(
             bwrap=BwrapConfig(limits=limits, ro_binds=tuple(ro_binds or ())),
-            root=sandbox_root, python=python, test_timeout_s=test_timeout_s, parallel_tests=parallel_tests,
+            root=sandbox_root,
+            python=python,
+            test_timeout_s=test_timeout_s,
+            parallel_tests=parallel_tests,
         )
         self._tasks: list[LocalTask] | None = None
         self.codec: TextCodec = HFTokenizerCodec(tokenizer_path) if tokenizer_path else ByteCodec()
         self.action_format, self.tool_parser = action_format, tool_parser
-        self.renderer = tool_renderer("LocalCodeTasks", action_format, tokenizer_path, chat_template,
-                                      template_kwargs, tool_parser)
+        self.renderer = tool_renderer(
+            "LocalCodeTasks", action_format, tokenizer_path, chat_template, template_kwargs, tool_parser
+        )
 
     @property
     def stop_token(self) -> int | None:
@@ -119,10 +133,21 @@ class LocalCodeTasks:
             raise ConfigError(f"LocalCodeTasks.make_env: expected a LocalTask, got {type(task).__name__}")
         del seed  # the environment is deterministic
         workspace = LocalWorkspace(task, self.settings, uid_pool(self.uid_base, self.uid_count))
-        conversation = (None if self.renderer is None else tool_conversation(
-            self.renderer, self.tool_parser, self.settings.python, self.max_observation_bytes))
-        return CodeEnv(workspace, self._prompt(task), self.codec, self.max_observation_bytes, self.settings.python,
-                       conversation)
+        conversation = (
+            None
+            if self.renderer is None
+            else tool_conversation(
+                self.renderer, self.tool_parser, self.settings.python, self.max_observation_bytes
+            )
+        )
+        return CodeEnv(
+            workspace,
+            self._prompt(task),
+            self.codec,
+            self.max_observation_bytes,
+            self.settings.python,
+            conversation,
+        )
 
     def _prompt(self, task: LocalTask) -> str:
         return render_prompt(task.problem_statement, [path for path, _ in task.files], self.action_format)
@@ -131,10 +156,14 @@ class LocalCodeTasks:
         """A bound on one episode's tokens whatever the policy writes (the memory planner's): the
         longest prompt of :attr:`all_tasks`, then per turn ``max_action_tokens`` and the observation
         cap (:func:`~.tools.code_episode_tokens`)."""
-        return code_episode_tokens((self._prompt(t) for t in self.all_tasks), max_turns=self.max_turns,
-                                   max_action_tokens=self.max_action_tokens,
-                                   max_observation_bytes=self.max_observation_bytes, codec=self.codec,
-                                   renderer=self.renderer)
+        return code_episode_tokens(
+            (self._prompt(t) for t in self.all_tasks),
+            max_turns=self.max_turns,
+            max_action_tokens=self.max_action_tokens,
+            max_observation_bytes=self.max_observation_bytes,
+            codec=self.codec,
+            renderer=self.renderer,
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -145,8 +174,9 @@ class LocalCodeTasks:
 class SplitLocalCodeTasks(LocalCodeTasks):
     """``LocalCodeTasks`` arguments, plus ``val_names`` (explicit held-out tasks) or ``val_fraction``."""
 
-    def __init__(self, *args: Any, val_names: list[str] | None = None, val_fraction: float = 0.25,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, val_names: list[str] | None = None, val_fraction: float = 0.25, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         if not 0.0 < val_fraction < 1.0:
             raise ConfigError(f"SplitLocalCodeTasks: val_fraction={val_fraction} must be in (0, 1)")
@@ -162,8 +192,10 @@ class SplitLocalCodeTasks(LocalCodeTasks):
         held = [t for t in self.all_tasks if self._held_out(t)]
         unknown = sorted(set(self.val_names or ()) - {t.name for t in self.all_tasks})
         if unknown or not held or len(held) == len(self.all_tasks):
-            raise ConfigError(f"SplitLocalCodeTasks: the split leaves {len(held)} of {len(self.all_tasks)} tasks "
-                              f"held out (unknown val_names: {unknown}); both sides need at least one task")
+            raise ConfigError(
+                f"SplitLocalCodeTasks: the split leaves {len(held)} of {len(self.all_tasks)} tasks "
+                f"held out (unknown val_names: {unknown}); both sides need at least one task"
+            )
         return held
 
     def tasks(self, step: int, num_groups: int, seed: int) -> list[LocalTask]:

@@ -31,7 +31,9 @@ from .pytest_config import CONFIG_FILE_NAMES, PLUGIN_FILE_NAMES, STARTUP_MODULES
 
 __all__ = ["LocalTask", "load_task", "load_tasks", "shipped_tasks_dir", "is_protected_path", "without_tests"]
 
-_PROTECTED_NAMES = frozenset({*CONFIG_FILE_NAMES, *PLUGIN_FILE_NAMES, ".gitattributes", ".gitmodules", "pytest.py"})
+_PROTECTED_NAMES = frozenset(
+    {*CONFIG_FILE_NAMES, *PLUGIN_FILE_NAMES, ".gitattributes", ".gitmodules", "pytest.py"}
+)
 _TEST_DIRS = frozenset({"tests", "test", "testing"})
 
 
@@ -82,8 +84,14 @@ def without_tests(source: str, names: list[str]) -> str | None:
         parts = [re.sub(r"\[.*\]$", "", p) for p in name.split("::")]
         body, node = tree.body, None
         for part in parts:
-            node = next((n for n in body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                         and n.name == part), None)
+            node = next(
+                (
+                    n
+                    for n in body
+                    if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.name == part
+                ),
+                None,
+            )
             if node is None:
                 return None
             body = node.body if isinstance(node, ast.ClassDef) else []
@@ -199,7 +207,9 @@ def load_tasks(root: str | os.PathLike[str] | None = None, names: list[str] | No
         by_name = {t.name: t for t in tasks}
         missing = [n for n in names if n not in by_name]
         if missing:
-            raise ConfigError(f"unknown task names {missing}; available under {str(base)!r}: {sorted(by_name)}")
+            raise ConfigError(
+                f"unknown task names {missing}; available under {str(base)!r}: {sorted(by_name)}"
+            )
         tasks = [by_name[n] for n in names]
     if not tasks:
         raise ConfigError(f"no tasks (directories with a task.yaml) under {str(base)!r}")

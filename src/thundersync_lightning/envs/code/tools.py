@@ -32,8 +32,15 @@ from ..tools import Tool, ToolConversation, ToolResult, TurnBudget, get_tool_par
 from ..tools.conversation import NOTE_TOKENS, turn_token_cap
 from .env import OBSERVATION_FRAME_BYTES, ActionFormat, format_observation
 
-__all__ = ["swe_tools", "EDITOR_COMMANDS", "tool_renderer", "tool_conversation", "turn_token_budget",
-           "code_episode_tokens", "NOTE_TOKENS"]
+__all__ = [
+    "swe_tools",
+    "EDITOR_COMMANDS",
+    "tool_renderer",
+    "tool_conversation",
+    "turn_token_budget",
+    "code_episode_tokens",
+    "NOTE_TOKENS",
+]
 
 
 EDITOR_COMMANDS = ("view", "create", "str_replace", "insert", "undo_edit")
@@ -116,8 +123,12 @@ payload = None if old is None else base64.b64encode(old.encode("utf-8", "surroga
 print(MARK + json.dumps(payload))
 """.replace("MARK", repr(_MARK))
 
-_BASH = {"type": "object", "properties": {"command": {"type": "string", "description": "the shell command"}},
-         "required": ["command"], "additionalProperties": False}
+_BASH = {
+    "type": "object",
+    "properties": {"command": {"type": "string", "description": "the shell command"}},
+    "required": ["command"],
+    "additionalProperties": False,
+}
 _EDITOR = {
     "type": "object",
     "properties": {
@@ -151,7 +162,9 @@ def swe_tools(python: str = "python3", max_output_bytes: int = 2048) -> list[Too
             text, _, tail = text.partition(_MARK)
             try:
                 encoded = json.loads(tail.strip())
-                previous = None if encoded is None else base64.b64decode(encoded).decode("utf-8", "surrogateescape")
+                previous = (
+                    None if encoded is None else base64.b64decode(encoded).decode("utf-8", "surrogateescape")
+                )
             except ValueError:
                 previous = False
         ok = result.exit_code == 0 and not result.timed_out
@@ -167,7 +180,9 @@ def swe_tools(python: str = "python3", max_output_bytes: int = 2048) -> list[Too
             history = undo.get(path)
             if not history:
                 return ToolResult(f"[error] no edit of {path} to undo")
-            shown, _, _ = run_editor(workspace, {"command": "restore", "path": path, "content": history.pop()})
+            shown, _, _ = run_editor(
+                workspace, {"command": "restore", "path": path, "content": history.pop()}
+            )
             return ToolResult(shown)
         shown, ok, previous = run_editor(workspace, args)
         if ok and cmd != "view":
@@ -182,15 +197,29 @@ def swe_tools(python: str = "python3", max_output_bytes: int = 2048) -> list[Too
 
     return [
         Tool("bash", "Run a shell command in the repository (bounded time and output).", _BASH, bash),
-        Tool("str_replace_editor", "View, create and edit files: view, create, str_replace, insert, undo_edit.",
-             _EDITOR, editor),
-        Tool("submit", "Finish: the hidden tests decide the reward.",
-             {"type": "object", "properties": {}, "additionalProperties": False}, submit),
+        Tool(
+            "str_replace_editor",
+            "View, create and edit files: view, create, str_replace, insert, undo_edit.",
+            _EDITOR,
+            editor,
+        ),
+        Tool(
+            "submit",
+            "Finish: the hidden tests decide the reward.",
+            {"type": "object", "properties": {}, "additionalProperties": False},
+            submit,
+        ),
     ]
 
 
-def tool_renderer(owner: str, action_format: str, tokenizer_path: str | None, chat_template: str | None = None,
-                  template_kwargs: Mapping[str, Any] | None = None, tool_parser: str = "hermes") -> ChatRenderer | None:
+def tool_renderer(
+    owner: str,
+    action_format: str,
+    tokenizer_path: str | None,
+    chat_template: str | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+    tool_parser: str = "hermes",
+) -> ChatRenderer | None:
     """The chat renderer of a code task source in ``tools`` format (None in ``text`` format).
 
     Raises ConfigError naming every problem: an unknown format, ``tools`` without a tokenizer
@@ -199,8 +228,10 @@ def tool_renderer(owner: str, action_format: str, tokenizer_path: str | None, ch
     if action_format not in get_args(ActionFormat):
         problems.append(f"action_format={action_format!r}: must be one of {list(get_args(ActionFormat))}")
     elif action_format == "tools" and not tokenizer_path:
-        problems.append("action_format='tools' needs tokenizer_path (a local tokenizer with a chat template that "
-                        "renders tools, e.g. the pretrained model's directory)")
+        problems.append(
+            "action_format='tools' needs tokenizer_path (a local tokenizer with a chat template that "
+            "renders tools, e.g. the pretrained model's directory)"
+        )
     try:
         get_tool_parser(tool_parser)
     except ConfigError as exc:
@@ -228,18 +259,31 @@ def turn_token_budget(renderer: ChatRenderer, max_output_bytes: int, max_calls: 
     return turn_token_cap(renderer, [t.schema() for t in swe_tools()], max_output_bytes, calls)
 
 
-def tool_conversation(renderer: ChatRenderer, tool_parser: str = "hermes", python: str = "python3",
-                      max_output_bytes: int = 2048) -> ToolConversation:
+def tool_conversation(
+    renderer: ChatRenderer, tool_parser: str = "hermes", python: str = "python3", max_output_bytes: int = 2048
+) -> ToolConversation:
     """One episode's conversation over fresh :func:`swe_tools`; a turn's results together are at
     most ``max_output_bytes`` characters (the task's observation limit per turn), at most 8 calls,
     and at most :func:`turn_token_budget` tokens."""
     budget = TurnBudget(max_chars=max_output_bytes, max_tokens=turn_token_budget(renderer, max_output_bytes))
-    return ToolConversation(renderer, swe_tools(python, max_output_bytes), tool_parser,
-                            max_result_chars=max_output_bytes, budget=budget)
+    return ToolConversation(
+        renderer,
+        swe_tools(python, max_output_bytes),
+        tool_parser,
+        max_result_chars=max_output_bytes,
+        budget=budget,
+    )
 
 
-def code_episode_tokens(prompts: Iterable[str], *, max_turns: int, max_action_tokens: int, max_observation_bytes: int,
-                        codec: TextCodec | None, renderer: ChatRenderer | None) -> int:
+def code_episode_tokens(
+    prompts: Iterable[str],
+    *,
+    max_turns: int,
+    max_action_tokens: int,
+    max_observation_bytes: int,
+    codec: TextCodec | None,
+    renderer: ChatRenderer | None,
+) -> int:
     """``max_episode_tokens()`` of a code task source: the longest prompt, then per turn an action of
     at most ``max_action_tokens`` and an observation of at most (text format)
     ``max_observation_bytes + OBSERVATION_FRAME_BYTES`` ids (:class:`~.env.CodeEnv` cuts there) or
@@ -254,7 +298,8 @@ def code_episode_tokens(prompts: Iterable[str], *, max_turns: int, max_action_to
         observation = max_observation_bytes + OBSERVATION_FRAME_BYTES
     else:
         schemas = [t.schema() for t in swe_tools()]
-        prompt = max((len(renderer.prompt_ids([{"role": "user", "content": p}], schemas)) for p in prompts),
-                     default=0)
+        prompt = max(
+            (len(renderer.prompt_ids([{"role": "user", "content": p}], schemas)) for p in prompts), default=0
+        )
         observation = turn_token_budget(renderer, max_output_bytes=max_observation_bytes)
     return prompt + max_turns * (max_action_tokens + observation)

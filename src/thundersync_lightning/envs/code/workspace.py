@@ -70,10 +70,18 @@ def grading_slots(n: int) -> threading.BoundedSemaphore:
 
 
 def _host_git(cwd: str, *args: str) -> str:
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
-           "GIT_AUTHOR_NAME": "task", "GIT_AUTHOR_EMAIL": "task@localhost",
-           "GIT_COMMITTER_NAME": "task", "GIT_COMMITTER_EMAIL": "task@localhost",
-           "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": "/nonexistent",
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": "/dev/null",
+        "GIT_AUTHOR_NAME": "task",
+        "GIT_AUTHOR_EMAIL": "task@localhost",
+        "GIT_COMMITTER_NAME": "task",
+        "GIT_COMMITTER_EMAIL": "task@localhost",
+        "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z",
+        "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z",
+    }
     out = subprocess.run(["git", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
     if out.returncode != 0:
         raise SandboxError(f"git {' '.join(args)} failed in {cwd}: {out.stderr.strip()}")
@@ -123,7 +131,9 @@ class LocalWorkspace:
             write_runner(os.path.join(self._dir, "runner"))
             chown_tree(agent, lease.uid)
             os.chmod(agent, 0o700)
-            self._sandbox = BwrapSandbox(agent, lease.uid, self.settings.bwrap, budget=self._budget, guard=self._guard)
+            self._sandbox = BwrapSandbox(
+                agent, lease.uid, self.settings.bwrap, budget=self._budget, guard=self._guard
+            )
         except BaseException:
             self.close()
             raise
@@ -131,14 +141,21 @@ class LocalWorkspace:
     def _mount_budget(self, path: str) -> None:
         global _warned_budget
         lim = self.settings.bwrap.limits
-        self._budget = BoundedDir(path, lim.disk_bytes, lim.disk_inodes, 0o711,
-                                  require=self.settings.bwrap.require_kernel_limits)
+        self._budget = BoundedDir(
+            path, lim.disk_bytes, lim.disk_inodes, 0o711, require=self.settings.bwrap.require_kernel_limits
+        )
         if not self._budget.enforced and not _warned_budget:
             _warned_budget = True
-            log.warning("workspace disk/inode budget not enforced (tmpfs mount failed: %s); the agent can fill "
-                        "the host's disk under %s", self._budget.why_not, self.settings.root)
+            log.warning(
+                "workspace disk/inode budget not enforced (tmpfs mount failed: %s); the agent can fill "
+                "the host's disk under %s",
+                self._budget.why_not,
+                self.settings.root,
+            )
 
-    def run(self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None) -> SandboxResult:
+    def run(
+        self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None
+    ) -> SandboxResult:
         if self._sandbox is None:
             raise SandboxError("LocalWorkspace.run before open() or after close()")
         return self._sandbox.run(command, stdin=stdin, timeout_s=timeout_s)
@@ -146,9 +163,18 @@ class LocalWorkspace:
     def _big(self, workdir: str, cap: int, budget: BoundedDir | None = None) -> BwrapSandbox:
         assert self._lease is not None and self._dir is not None and self._budget is not None
         limits = replace(self.settings.bwrap.limits, max_output_bytes=cap)
-        ro = {os.path.join(self._dir, "base.git"): BASE_GIT_DIR, os.path.join(self._dir, "runner"): RUNNER_DIR}
-        return BwrapSandbox(workdir, self._lease.uid, replace(self.settings.bwrap, limits=limits),
-                            budget=budget or self._budget, guard=self._guard, ro_binds=ro)
+        ro = {
+            os.path.join(self._dir, "base.git"): BASE_GIT_DIR,
+            os.path.join(self._dir, "runner"): RUNNER_DIR,
+        }
+        return BwrapSandbox(
+            workdir,
+            self._lease.uid,
+            replace(self.settings.bwrap, limits=limits),
+            budget=budget or self._budget,
+            guard=self._guard,
+            ro_binds=ro,
+        )
 
     def diff(self) -> str | None:
         """The agent's changes against the original commit, git's stdout only, computed with the
@@ -156,7 +182,8 @@ class LocalWorkspace:
         if self._sandbox is None or self._base is None:
             raise SandboxError("LocalWorkspace.diff before open() or after close()")
         result = self._big(self._sandbox.workdir, self.settings.max_patch_bytes).run(
-            capture_command(self._base), timeout_s=60.0)
+            capture_command(self._base), timeout_s=60.0
+        )
         return result.text if result.ok else None
 
     def evaluate(self, patch: str) -> EvalOutcome:
@@ -171,8 +198,13 @@ class LocalWorkspace:
         evaldir = tempfile.mkdtemp(prefix=f"{task.name}-u{self._lease.uid}-eval-", dir=self.settings.root)
         lim = self.settings.bwrap.limits
         try:
-            budget = BoundedDir(evaldir, lim.disk_bytes, lim.disk_inodes, 0o700,
-                                require=self.settings.bwrap.require_kernel_limits)
+            budget = BoundedDir(
+                evaldir,
+                lim.disk_bytes,
+                lim.disk_inodes,
+                0o700,
+                require=self.settings.bwrap.require_kernel_limits,
+            )
         except BaseException:
             remove_tree(evaldir)
             raise
@@ -180,18 +212,25 @@ class LocalWorkspace:
             task.materialize(evaldir)
             chown_tree(evaldir, self._lease.uid)
             box = self._big(evaldir, self.settings.max_log_bytes, budget)
-            applied = box.run("GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null git apply --whitespace=nowarn -",
-                              stdin=patch.encode(), timeout_s=60.0)
+            applied = box.run(
+                "GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null git apply --whitespace=nowarn -",
+                stdin=patch.encode(),
+                timeout_s=60.0,
+            )
             if not applied.ok:
                 return EvalOutcome(False, "patch did not apply", log=applied.text)
             _freeze(evaldir)  # the code under test must not rewrite tests that are not yet collected
             key = new_key()
             with grading_slots(self.settings.parallel_tests):
-                tests = box.run(runner_command(task.fail_to_pass + task.pass_to_pass, self.settings.python),
-                                stdin=(key + "\n").encode(), timeout_s=self.settings.test_timeout_s)
+                tests = box.run(
+                    runner_command(task.fail_to_pass + task.pass_to_pass, self.settings.python),
+                    stdin=(key + "\n").encode(),
+                    timeout_s=self.settings.test_timeout_s,
+                )
             # The task's own files say which graded tests may legitimately be skipped or xfail.
-            return grade_runner_run(task.name, tests, key, task.fail_to_pass, task.pass_to_pass, patch,
-                                    declared=dict(task.files))
+            return grade_runner_run(
+                task.name, tests, key, task.fail_to_pass, task.pass_to_pass, patch, declared=dict(task.files)
+            )
         finally:
             budget.remove()
 

@@ -96,7 +96,9 @@ def finite_or_none(value: Any, who: str) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(float(value)):
-        raise RewardError(f"{who} returned {_short(value)}: expected a finite number (or None: not applicable)")
+        raise RewardError(
+            f"{who} returned {_short(value)}: expected a finite number (or None: not applicable)"
+        )
     return float(value)
 
 
@@ -122,8 +124,9 @@ class RewardConvention:
     def __reduce__(self) -> tuple[Any, tuple[str]]:
         return _by_name, (self.name,)  # pickled by name: a task source travels to the engine's process
 
-    def call(self, inp: RewardInput, params: Mapping[str, inspect.Parameter] | None,
-             fixed: Mapping[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    def call(
+        self, inp: RewardInput, params: Mapping[str, inspect.Parameter] | None, fixed: Mapping[str, Any]
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """Arguments of one call: the convention's, then the columns, then the fixed keywords
         (``params`` None: the signature is unknown, every column goes)."""
         positional, keywords = self.arguments(inp)
@@ -135,13 +138,21 @@ class RewardConvention:
                 keywords[name] = [value] if self.as_list else value
         keywords.update(fixed)
         if params is not None:
-            ordered = [p.name for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+            ordered = [
+                p.name for p in params.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+            ]
             taken = set(ordered[: len(positional)])  # filled by position: a same-named column would clash
             keywords = {k: v for k, v in keywords.items() if k not in taken and (takes_all or k in params)}
         return positional, keywords
 
-    def problems(self, label: str, params: Mapping[str, inspect.Parameter], columns: Sequence[str],
-                 fixed: Mapping[str, Any], origin: str) -> list[str]:
+    def problems(
+        self,
+        label: str,
+        params: Mapping[str, inspect.Parameter],
+        columns: Sequence[str],
+        fixed: Mapping[str, Any],
+        origin: str,
+    ) -> list[str]:
         """Each parameter this convention cannot fill from ``columns`` (see the module docstring)."""
         out = []
         filled = set(self.own) | set(columns) | set(fixed)
@@ -151,39 +162,59 @@ class RewardConvention:
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or p.name in filled:
                 continue
             if p.name in self.refused:
-                out.append(f"reward {label!r} ({self.name} convention) names {p.name!r}: {self.refused[p.name]}")
+                out.append(
+                    f"reward {label!r} ({self.name} convention) names {p.name!r}: {self.refused[p.name]}"
+                )
             elif p.default is p.empty:
-                out.append(f"reward {label!r} ({self.name} convention) reads column {p.name!r}, which {origin} does "
-                           f"not have (columns: {', '.join(columns)}); add the column or map one to it with "
-                           f"fields: {{{p.name}: <column>}}")
+                out.append(
+                    f"reward {label!r} ({self.name} convention) reads column {p.name!r}, which {origin} does "
+                    f"not have (columns: {', '.join(columns)}); add the column or map one to it with "
+                    f"fields: {{{p.name}: <column>}}"
+                )
         if len(ordered) < self.positional and not any(p.kind is p.VAR_POSITIONAL for p in params.values()):
-            out.append(f"reward {label!r}{inspect.Signature(list(params.values()))} takes fewer than the "
-                       f"{self.positional} positional arguments of the {self.name} convention "
-                       "(reward(prompt, completion, **row))")
+            out.append(
+                f"reward {label!r}{inspect.Signature(list(params.values()))} takes fewer than the "
+                f"{self.positional} positional arguments of the {self.name} convention "
+                "(reward(prompt, completion, **row))"
+            )
         return out
 
 
 # ------------------------------------------------------------------ TRL
 def _trl_arguments(inp: RewardInput) -> tuple[tuple[Any, ...], dict[str, Any]]:
     completion = inp.completion_messages if inp.conversational else inp.completion
-    return (), {"prompts": [inp.prompt], "completions": [completion], "completion_ids": [list(inp.completion_ids)]}
+    return (), {
+        "prompts": [inp.prompt],
+        "completions": [completion],
+        "completion_ids": [list(inp.completion_ids)],
+    }
 
 
 def _trl_value(value: Any, who: str) -> float | None:
     if not isinstance(value, list | tuple):
-        raise RewardError(f"{who} returned {_short(value)}: a TRL reward returns a list (one value per completion)")
+        raise RewardError(
+            f"{who} returned {_short(value)}: a TRL reward returns a list (one value per completion)"
+        )
     if len(value) != 1:
-        raise RewardError(f"{who} returned {len(value)} values for 1 completion: a TRL reward returns one value "
-                          "per completion it is given")
+        raise RewardError(
+            f"{who} returned {len(value)} values for 1 completion: a TRL reward returns one value "
+            "per completion it is given"
+        )
     return finite_or_none(value[0], who)
 
 
-_NOT_PASSED = ("is TRL's and is not passed here (rewards run per trajectory in a worker process); read it "
-               "from **kwargs with a default, or drop it")
+_NOT_PASSED = (
+    "is TRL's and is not passed here (rewards run per trajectory in a worker process); read it "
+    "from **kwargs with a default, or drop it"
+)
 TRL = RewardConvention(
-    "trl", lambda names: bool(names & {"completions", "prompts"}),
-    frozenset({"prompts", "completions", "completion_ids"}), _trl_arguments, _trl_value,
-    skip_columns=frozenset({"prompt", "completion", "completion_ids"}), as_list=True,
+    "trl",
+    lambda names: bool(names & {"completions", "prompts"}),
+    frozenset({"prompts", "completions", "completion_ids"}),
+    _trl_arguments,
+    _trl_value,
+    skip_columns=frozenset({"prompt", "completion", "completion_ids"}),
+    as_list=True,
     refused={k: _NOT_PASSED for k in ("trainer_state", "log_extra", "log_metric", "environments")},
 )
 
@@ -200,8 +231,12 @@ def ground_truth_of(row: Mapping[str, Any]) -> Any:
 def _verl_arguments(inp: RewardInput) -> tuple[tuple[Any, ...], dict[str, Any]]:
     extra = inp.row.get("extra_info")
     extra_info = {**(dict(extra) if isinstance(extra, Mapping) else {}), "num_turns": inp.num_turns}
-    return (), {"data_source": inp.row.get("data_source"), "solution_str": inp.completion,
-                "ground_truth": ground_truth_of(inp.row), "extra_info": extra_info}
+    return (), {
+        "data_source": inp.row.get("data_source"),
+        "solution_str": inp.completion,
+        "ground_truth": ground_truth_of(inp.row),
+        "extra_info": extra_info,
+    }
 
 
 def _verl_value(value: Any, who: str) -> float | None:
@@ -213,16 +248,23 @@ def _verl_value(value: Any, who: str) -> float | None:
 
 
 VERL = RewardConvention(
-    "verl", lambda names: "solution_str" in names,
-    frozenset({"data_source", "solution_str", "ground_truth", "extra_info"}), _verl_arguments, _verl_value,
+    "verl",
+    lambda names: "solution_str" in names,
+    frozenset({"data_source", "solution_str", "ground_truth", "extra_info"}),
+    _verl_arguments,
+    _verl_value,
     passes_columns=False,
 )
 
 
 # ------------------------------------------------------------------ one trajectory
 ROW = RewardConvention(
-    "row", lambda names: True, frozenset(), lambda inp: ((inp.prompt, inp.completion), {}),
-    lambda value, who: finite_or_none(value, who), positional=2,
+    "row",
+    lambda names: True,
+    frozenset(),
+    lambda inp: ((inp.prompt, inp.completion), {}),
+    lambda value, who: finite_or_none(value, who),
+    positional=2,
 )
 
 CONVENTIONS: tuple[RewardConvention, ...] = (TRL, VERL, ROW)  # first match wins; ROW matches anything

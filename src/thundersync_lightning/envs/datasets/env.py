@@ -11,7 +11,7 @@ from .conventions import RewardError, RewardInput
 if TYPE_CHECKING:  # annotations only: the source builds this environment
     from .source import DatasetTasks
 
-__all__ = ['DatasetTask', 'DatasetEnv']
+__all__ = ["DatasetTask", "DatasetEnv"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +83,9 @@ class DatasetEnv:
         src = self.source
         if src.renderer is not None:
             obs = src.renderer.observation_ids(self.messages, src.feedback)
-            obs = (obs if closed else (stop, *obs))[: src.feedback_tokens()]  # closes a turn cut at max_action_tokens
+            obs = (obs if closed else (stop, *obs))[
+                : src.feedback_tokens()
+            ]  # closes a turn cut at max_action_tokens
         else:
             obs = self._encode(("" if closed else "\n") + src.feedback + "\n")
         self.messages.append({"role": "user", "content": src.feedback})
@@ -91,9 +93,10 @@ class DatasetEnv:
         return StepResult(obs, False)
 
     def _grade(self, completion: str) -> WeightedReward:
-        messages = tuple(self.messages[self._prompt_messages:])  # the answer graded is the last one
-        inp = RewardInput(self.prompt, completion, self.task.row, messages, tuple(self.completion_ids),
-                          len(self.answers))
+        messages = tuple(self.messages[self._prompt_messages :])  # the answer graded is the last one
+        inp = RewardInput(
+            self.prompt, completion, self.task.row, messages, tuple(self.completion_ids), len(self.answers)
+        )
         return self.source.grade(self.task, inp)
 
     def verdict(self) -> float:

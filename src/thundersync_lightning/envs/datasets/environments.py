@@ -93,11 +93,14 @@ def _one_class(spec: Any, where: str) -> EnvironmentClass:
         raise ConfigError(
             f"{where}: give the environment's class (or 'module:Class' in YAML), got {type(cls).__name__} "
             f"{cls!r:.80}. Its tools are read from the class's methods; a factory function hides them "
-            "(give the class, with defaults for its constructor's arguments)")
+            "(give the class, with defaults for its constructor's arguments)"
+        )
     members = dict(inspect.getmembers(cls, predicate=inspect.isfunction))
     if "reset" not in members:
-        raise ConfigError(f"{where}: {cls.__name__} has no reset method; an environment class defines "
-                          "reset(self, **row) -> str | None (TRL's environment_factory contract)")
+        raise ConfigError(
+            f"{where}: {cls.__name__} has no reset method; an environment class defines "
+            "reset(self, **row) -> str | None (TRL's environment_factory contract)"
+        )
     methods, problems = [], []
     for name, fn in members.items():
         if name.startswith("_") or name in _SPECIAL:
@@ -146,12 +149,21 @@ class _WorkerHost:
         self.path = path
         self.workers = ToolWorkers(max_idle=1, limits=limits)
 
-    def run(self, what: str, positional: tuple[Any, ...], arguments: Mapping[str, Any], timeout_s: float,
-            text: int | None, label: str) -> _Reply:
+    def run(
+        self,
+        what: str,
+        positional: tuple[Any, ...],
+        arguments: Mapping[str, Any],
+        timeout_s: float,
+        text: int | None,
+        label: str,
+    ) -> _Reply:
         got = self.workers.exchange(f"{_HOST}:{what}", positional, arguments, timeout_s, text)
         if isinstance(got, ToolOutcome):
             if got.timed_out:
-                return _Reply(error=f"{label} did not return within {timeout_s:g} s and was stopped", timed_out=True)
+                return _Reply(
+                    error=f"{label} did not return within {timeout_s:g} s and was stopped", timed_out=True
+                )
             return _Reply(error=f"{label}: its worker process exited before answering")
         status, payload = got
         return _Reply(payload) if status == "ok" else _Reply(error=str(payload))
@@ -203,7 +215,9 @@ class _ThreadHost:
         if not done.wait(timeout_s):
             self.gone = True
             self.calls.put(None)  # the thread ends if the call ever returns
-            return _Reply(error=f"{what} did not return within {timeout_s:g} s and was abandoned", timed_out=True)
+            return _Reply(
+                error=f"{what} did not return within {timeout_s:g} s and was abandoned", timed_out=True
+            )
         return box[0]
 
     def start(self, row: Mapping[str, Any], timeout_s: float) -> _Reply:
@@ -228,8 +242,14 @@ class EnvironmentEpisode:
     """One trajectory's instance of ``env`` (see the module docstring); not thread-safe (an episode
     is driven by one thread at a time)."""
 
-    def __init__(self, env: EnvironmentClass, tool_timeout_s: float, timeout_s: float, max_chars: int,
-                 limits: WorkerLimits | None = None) -> None:
+    def __init__(
+        self,
+        env: EnvironmentClass,
+        tool_timeout_s: float,
+        timeout_s: float,
+        max_chars: int,
+        limits: WorkerLimits | None = None,
+    ) -> None:
         self.env, self.limits = env, limits
         self.tool_timeout_s, self.timeout_s, self.max_chars = tool_timeout_s, timeout_s, max_chars
         self.host: _WorkerHost | _ThreadHost | None = None
@@ -239,27 +259,37 @@ class EnvironmentEpisode:
         RuntimeError (the trajectory fails) when reset raised, overran its deadline or returned
         something else than a string or None."""
         self.close()
-        self.host = _WorkerHost(self.env.path, self.limits) if self.env.path is not None else _ThreadHost(self.env.cls)
+        self.host = (
+            _WorkerHost(self.env.path, self.limits)
+            if self.env.path is not None
+            else _ThreadHost(self.env.cls)
+        )
         reply = self.host.start(row, self.timeout_s)
         where = f"environment {self.env.name}.reset"
         if reply.error is not None:
             raise RuntimeError(f"{where}: {reply.error}")
         if reply.value is not None and not isinstance(reply.value, str):
-            raise RuntimeError(f"{where} returned {type(reply.value).__name__} {reply.value!r:.120}: "
-                               "expected a string (appended to the prompt) or None")
+            raise RuntimeError(
+                f"{where} returned {type(reply.value).__name__} {reply.value!r:.120}: "
+                "expected a string (appended to the prompt) or None"
+            )
         return reply.value
 
     def tools(self) -> list[Tool]:
         """The class's methods as tools calling into this episode's instance."""
-        return [Tool(name, description, parameters, _MethodHandler(self, name))
-                for name, description, parameters in self.env.methods]
+        return [
+            Tool(name, description, parameters, _MethodHandler(self, name))
+            for name, description, parameters in self.env.methods
+        ]
 
     def call(self, method: str, arguments: Mapping[str, Any]) -> ToolResult:
         if self.host is None:
             return ToolResult(f"[tool error] {GONE}", error=GONE)
         reply = self.host.call(method, arguments, self.tool_timeout_s, self.max_chars)
         if reply.error is not None:
-            error = reply.error if reply.timed_out or reply.error == GONE else f"{method} raised {reply.error}"
+            error = (
+                reply.error if reply.timed_out or reply.error == GONE else f"{method} raised {reply.error}"
+            )
             return ToolResult(f"[tool error] {error}", error=error, timed_out=reply.timed_out)
         return ToolResult(str(reply.value))
 

@@ -35,8 +35,12 @@ class RewardSum:
     """``specs`` (one spec or a list) with ``weights`` (None: 1 each); ConfigError lists every problem.
     ``limits`` confine the workers of the rewards that run in one (None: the defaults)."""
 
-    def __init__(self, specs: RewardSpec | Sequence[RewardSpec], weights: Sequence[float] | None = None,
-                 limits: WorkerLimits | None = None) -> None:
+    def __init__(
+        self,
+        specs: RewardSpec | Sequence[RewardSpec],
+        weights: Sequence[float] | None = None,
+        limits: WorkerLimits | None = None,
+    ) -> None:
         self.limits = limits
         listed = list(specs) if isinstance(specs, Sequence) and not isinstance(specs, str) else [specs]
         problems: list[str] = []

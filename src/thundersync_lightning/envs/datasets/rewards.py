@@ -52,9 +52,21 @@ from ..tools.confine import WorkerLimits
 from ..tools.workers import ToolOutcome, reward_workers, worker_path
 from .conventions import RewardConvention, RewardError, RewardInput, convention_of
 
-__all__ = ["RewardFn", "RewardError", "RewardInput", "register_reward", "get_reward", "resolve_reward",
-           "call_reward", "check_reward_signature",
-           "reward_names", "exact_match", "regex_match", "math_answer", "unit_tests"]
+__all__ = [
+    "RewardFn",
+    "RewardError",
+    "RewardInput",
+    "register_reward",
+    "get_reward",
+    "resolve_reward",
+    "call_reward",
+    "check_reward_signature",
+    "reward_names",
+    "exact_match",
+    "regex_match",
+    "math_answer",
+    "unit_tests",
+]
 
 RewardFn = Callable[..., float]
 REWARD_TIMEOUT_S = 60.0  # past it a reward's worker process is killed and the trajectory fails
@@ -106,8 +118,10 @@ def resolve_reward(spec: str | Mapping[str, Any] | RewardFn) -> _Bound:
         kwargs = dict(spec)
         name, path = kwargs.pop("name", None), kwargs.pop("function", None)
         if (name is None) == (path is None):
-            raise ConfigError(f"reward {dict(spec)!r}: give exactly one of 'name' (registered: "
-                              f"{', '.join(reward_names())}) or 'function' ('module:callable')")
+            raise ConfigError(
+                f"reward {dict(spec)!r}: give exactly one of 'name' (registered: "
+                f"{', '.join(reward_names())}) or 'function' ('module:callable')"
+            )
         if name is not None:
             return _Bound(get_reward(name), name, kwargs)
         fn = _import_reward(str(path))
@@ -138,9 +152,14 @@ def _worker_path(fn: RewardFn) -> str | None:
     return worker_path(fn)
 
 
-def call_reward(fn: _Bound, inp: RewardInput | Any, completion: str | None = None,
-                row: Mapping[str, Any] | None = None, timeout_s: float = REWARD_TIMEOUT_S,
-                limits: WorkerLimits | None = None) -> float | None:
+def call_reward(
+    fn: _Bound,
+    inp: RewardInput | Any,
+    completion: str | None = None,
+    row: Mapping[str, Any] | None = None,
+    timeout_s: float = REWARD_TIMEOUT_S,
+    limits: WorkerLimits | None = None,
+) -> float | None:
     """``fn``'s value for one trajectory (``inp``, or ``prompt, completion, row``): a float, or None
     where it declined; RewardError naming the function and what went wrong (it raised, returned
     neither a finite number nor None, or overran ``timeout_s`` in its worker process, confined by
@@ -172,7 +191,9 @@ async def _awaited(value: Any) -> Any:
 
 # ---------------------------------------------------------------------- built-ins
 @register_reward("exact_match")
-def exact_match(prompt: str, completion: str, answer: Any = None, ignore_case: bool = False, **row: Any) -> float:
+def exact_match(
+    prompt: str, completion: str, answer: Any = None, ignore_case: bool = False, **row: Any
+) -> float:
     if answer is None:
         raise ValueError("exact_match needs the row's 'answer' field (map it with fields: {answer: ...})")
     a, b = completion.strip(), str(answer).strip()
@@ -182,7 +203,9 @@ def exact_match(prompt: str, completion: str, answer: Any = None, ignore_case: b
 @register_reward("regex_match")
 def regex_match(prompt: str, completion: str, pattern: str | None = None, **row: Any) -> float:
     if pattern is None:
-        raise ValueError("regex_match needs a pattern (reward: {name: regex_match, pattern: ...} or a row field)")
+        raise ValueError(
+            "regex_match needs a pattern (reward: {name: regex_match, pattern: ...} or a row field)"
+        )
     return float(re.search(pattern, completion) is not None)
 
 
@@ -202,7 +225,9 @@ def _number(text: str) -> float | None:
 
 
 @register_reward("math_answer")
-def math_answer(prompt: str, completion: str, answer: Any = None, tolerance: float = 1e-6, **row: Any) -> float:
+def math_answer(
+    prompt: str, completion: str, answer: Any = None, tolerance: float = 1e-6, **row: Any
+) -> float:
     if answer is None:
         raise ValueError("math_answer needs the row's 'answer' field")
     boxed = _BOXED.findall(completion)
@@ -247,8 +272,16 @@ _main()
 
 
 @register_reward("unit_tests")
-def unit_tests(prompt: str, completion: str, tests: str | None = None, timeout_s: float = 10.0,
-               uid_base: int = 3_500_000, uid_count: int = 256, python: str = "python3", **row: Any) -> float:
+def unit_tests(
+    prompt: str,
+    completion: str,
+    tests: str | None = None,
+    timeout_s: float = 10.0,
+    uid_base: int = 3_500_000,
+    uid_count: int = 256,
+    python: str = "python3",
+    **row: Any,
+) -> float:
     """Run ``completion`` (code, fenced or not), then ``tests``, in a bubblewrap sandbox: 1 only when
     every assert ran, proved by a per-run nonce the runner prints after the last one.
 
@@ -269,8 +302,9 @@ def unit_tests(prompt: str, completion: str, tests: str | None = None, timeout_s
     lease = _pool(UidPool, uid_base, uid_count).acquire()
     root = "/tmp/thundersync-reward-sandboxes"
     os.makedirs(root, mode=0o711, exist_ok=True)
-    limits = SandboxLimits(timeout_s=timeout_s, nproc=64, memory_bytes=512 * 1024**2, disk_bytes=64 * 1024**2,
-                           disk_inodes=10_000)
+    limits = SandboxLimits(
+        timeout_s=timeout_s, nproc=64, memory_bytes=512 * 1024**2, disk_bytes=64 * 1024**2, disk_inodes=10_000
+    )
     work = tempfile.mkdtemp(dir=root)
     budget = None
     nonce = secrets.token_hex(16).encode()

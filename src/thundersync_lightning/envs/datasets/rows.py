@@ -52,7 +52,9 @@ def _jsonl(path: str) -> list[dict[str, Any]]:
             try:
                 row = json.loads(line)
             except ValueError as exc:
-                raise ConfigError(f"{path}:{number}: not valid JSON ({exc}): {line.strip()[:120]!r}") from None
+                raise ConfigError(
+                    f"{path}:{number}: not valid JSON ({exc}): {line.strip()[:120]!r}"
+                ) from None
             if not isinstance(row, dict):
                 raise ConfigError(f"{path}:{number}: a row must be a JSON object, got {type(row).__name__}")
             rows.append(row)
@@ -89,7 +91,9 @@ def read_rows(source: Any, split: str = "train") -> Rows:
         elif ext in (".jsonl", ".json"):
             rows = _jsonl(path) if ext == ".jsonl" else _json(path)
         else:
-            raise ConfigError(f"DatasetTasks: {path!r}: use .jsonl, .json, .parquet or a save_to_disk directory")
+            raise ConfigError(
+                f"DatasetTasks: {path!r}: use .jsonl, .json, .parquet or a save_to_disk directory"
+            )
         origin = path
     elif isinstance(source, Sequence) and not isinstance(source, (str, bytes)):
         if not all(isinstance(r, Mapping) for r in source):
@@ -121,6 +125,8 @@ def _in_memory(data: Any, split: str, origin: str | None = None) -> list[dict[st
             raise ConfigError(f"DatasetTasks: {where} has splits {list(data)}, not {split!r}")
         data = data[split]
     if not isinstance(data, datasets.Dataset):
-        raise ConfigError(f"DatasetTasks: data must be a file path, a datasets.Dataset or a list of dicts, "
-                          f"got {type(data).__name__}")
+        raise ConfigError(
+            f"DatasetTasks: data must be a file path, a datasets.Dataset or a list of dicts, "
+            f"got {type(data).__name__}"
+        )
     return [dict(r) for r in data]

@@ -78,7 +78,7 @@ from .reward_sum import RewardSum
 from .rows import DatasetRowError, read_rows
 from .tool_env import DatasetToolEnv
 
-__all__ = ['DatasetTasks', 'load_rows']
+__all__ = ["DatasetTasks", "load_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -162,17 +162,23 @@ class DatasetTasks:
             problems.append("eval_dataset and val_path are the same setting (a held-out set): give one")
         eval_source = eval_dataset if eval_dataset is not None else val_path
         if eval_source is not None and val_fraction:
-            problems.append(f"val_fraction={val_fraction} with a separate eval set: the eval set is the held-out "
-                            "set and every training row trains; drop val_fraction (or the eval set)")
+            problems.append(
+                f"val_fraction={val_fraction} with a separate eval set: the eval set is the held-out "
+                "set and every training row trains; drop val_fraction (or the eval set)"
+            )
         val_fraction = (0.0 if eval_source is not None else 0.1) if val_fraction is None else val_fraction
         if not 0.0 <= val_fraction < 1.0:
             problems.append(f"val_fraction={val_fraction} must be in [0, 1)")
         if environment_factory is not None and environment is not None:
-            problems.append("environment_factory and environment are the same setting (TRL's name in Python, the "
-                            "YAML key): give one")
+            problems.append(
+                "environment_factory and environment are the same setting (TRL's name in Python, the "
+                "YAML key): give one"
+            )
         self.environments: dict[str | None, EnvironmentClass] = {}
         try:
-            self.environments = environment_classes(environment_factory if environment is None else environment)
+            self.environments = environment_classes(
+                environment_factory if environment is None else environment
+            )
         except ConfigError as exc:
             problems.append(str(exc))
         if not tool_timeout_s > 0:
@@ -202,10 +208,14 @@ class DatasetTasks:
         for rows in (data, held):
             if rows is None:
                 continue
-            lacking = [f"{name} -> column {col!r}" for name, col in mapping.items() if col not in rows.columns]
+            lacking = [
+                f"{name} -> column {col!r}" for name, col in mapping.items() if col not in rows.columns
+            ]
             if lacking:
-                problems.append(f"{rows.origin!r} lacks mapped columns: {', '.join(lacking)} "
-                                f"(columns: {list(rows.columns)})")
+                problems.append(
+                    f"{rows.origin!r} lacks mapped columns: {', '.join(lacking)} "
+                    f"(columns: {list(rows.columns)})"
+                )
             missing += lacking
         columns = [*mapping, *(c for c in data.columns if c not in mapping)]
         if reward_sum is not None and not missing:
@@ -217,12 +227,18 @@ class DatasetTasks:
         if tools or self.environments:
             if not tokenizer_path or not use_chat_template:
                 what = "tools" if tools else "an environment (its methods are tools)"
-                problems.append(f"{what} need the model's chat template: set tokenizer_path (the model's directory)")
+                problems.append(
+                    f"{what} need the model's chat template: set tokenizer_path (the model's directory)"
+                )
             try:
                 self.tools = python_tools(tools or [], tool_timeout_s)
             except ConfigError as exc:
                 problems.append(str(exc))
-        if self.tools or self.environments or (reward_sum is not None and any(r.path for r in reward_sum.rewards)):
+        if (
+            self.tools
+            or self.environments
+            or (reward_sum is not None and any(r.path for r in reward_sum.rewards))
+        ):
             try:  # a host that cannot confine the user's functions: warned, or (require_sandbox) refused here
                 confinement(self.worker_limits)
             except ConfigError as exc:
@@ -241,15 +257,22 @@ class DatasetTasks:
         self.feedback, self.success_reward, self.system_prompt = feedback, success_reward, system_prompt
         self.val_fraction = val_fraction
         self.columns = tuple(columns)
+
         def task(i: int, r: dict[str, Any], columns: tuple[str, ...], held_out: bool = False) -> DatasetTask:
-            return DatasetTask(i, {**{c: r.get(c) for c in columns}, **{n: r.get(c) for n, c in mapping.items()}},
-                               held_out)
+            return DatasetTask(
+                i, {**{c: r.get(c) for c in columns}, **{n: r.get(c) for n, c in mapping.items()}}, held_out
+            )
 
         self.rows = [task(i, r, data.columns) for i, r in enumerate(data.rows)]
-        self.eval_rows = [task(i, r, held.columns, True) for i, r in enumerate(held.rows)] if held is not None else []
+        self.eval_rows = (
+            [task(i, r, held.columns, True) for i, r in enumerate(held.rows)] if held is not None else []
+        )
         self._unscorable_warned = threading.Lock()  # taken once: the first unscorable completion is warned
-        self.renderer = (ChatRenderer(tokenizer_path, chat_template, template_kwargs)
-                         if tokenizer_path and use_chat_template else None)
+        self.renderer = (
+            ChatRenderer(tokenizer_path, chat_template, template_kwargs)
+            if tokenizer_path and use_chat_template
+            else None
+        )
         self.tokenizer_path = tokenizer_path
         self.codec = ByteCodec() if tokenizer_path is None else None
         self.turn_budget: TurnBudget | None = None
@@ -259,10 +282,15 @@ class DatasetTasks:
             self.turn_budget = TurnBudget(max_calls=calls, max_chars=chars, max_tokens=cap)
             turn_s = (self.turn_budget.deadline_s or 0.0) + tool_timeout_s  # a call may start at the deadline
             if turn_s > STEP_TIMEOUT_S:
-                log.warning("DatasetTasks: a tool turn may take %g s (its %g s deadline + tool_timeout_s %g), past "
-                            "the engines' default step_timeout_s of %g s: raise the engine's step_timeout_s above "
-                            "it, or such turns fail their trajectory", turn_s, self.turn_budget.deadline_s,
-                            tool_timeout_s, STEP_TIMEOUT_S)
+                log.warning(
+                    "DatasetTasks: a tool turn may take %g s (its %g s deadline + tool_timeout_s %g), past "
+                    "the engines' default step_timeout_s of %g s: raise the engine's step_timeout_s above "
+                    "it, or such turns fail their trajectory",
+                    turn_s,
+                    self.turn_budget.deadline_s,
+                    tool_timeout_s,
+                    STEP_TIMEOUT_S,
+                )
         self._episode_bound: int | None = None
         self._feedback_tokens: int | None = None
 
@@ -325,8 +353,13 @@ class DatasetTasks:
         schemas = {t.name: t.schema() for t in self.tools}
         for env in self.environments.values():
             for name, description, parameters in env.methods:
-                schemas.setdefault(name, {"type": "function", "function": {
-                    "name": name, "description": description, "parameters": parameters}})
+                schemas.setdefault(
+                    name,
+                    {
+                        "type": "function",
+                        "function": {"name": name, "description": description, "parameters": parameters},
+                    },
+                )
         return list(schemas.values())
 
     def _unconfined_problems(self) -> list[str]:
@@ -336,11 +369,15 @@ class DatasetTasks:
         names += [f"environment {e.name}" for e in self.environments.values() if e.path is None]
         if not names:
             return []
-        why = (f"{', '.join(names)}: no worker can import it (defined in __main__ or in a function), so it runs "
-               "in a thread of the engine's process, with its deadline but not confined")
+        why = (
+            f"{', '.join(names)}: no worker can import it (defined in __main__ or in a function), so it runs "
+            "in a thread of the engine's process, with its deadline but not confined"
+        )
         if self.worker_limits.require_sandbox:
-            return [f"{why}; worker_limits.require_sandbox refuses that. Fix: define it in a module of yours "
-                    "(my_agent.py) and import it from there"]
+            return [
+                f"{why}; worker_limits.require_sandbox refuses that. Fix: define it in a module of yours "
+                "(my_agent.py) and import it from there"
+            ]
         log.warning("DatasetTasks: %s. Define it in a module of yours to run it in a confined worker.", why)
         return []
 
@@ -351,20 +388,28 @@ class DatasetTasks:
         for env in self.environments.values():
             clash = sorted(set(own) & set(env.tool_names()))
             if clash:
-                problems.append(f"environment {env.name}'s methods {clash} have the names of tools in tools=; "
-                                "rename one of them (a call must name one tool)")
+                problems.append(
+                    f"environment {env.name}'s methods {clash} have the names of tools in tools=; "
+                    "rename one of them (a call must name one tool)"
+                )
             if not own and not env.methods:
-                problems.append(f"environment {env.name} has no public method and tools= is empty: an episode "
-                                "needs a tool (get_reward sees the completion only through the calls)")
+                problems.append(
+                    f"environment {env.name} has no public method and tools= is empty: an episode "
+                    "needs a tool (get_reward sees the completion only through the calls)"
+                )
         if column is not None:
             names = [k for k in self.environments if k is not None]
             for rows in data:
                 if rows is None:
                     continue
-                bad = sorted({str(r.get(column)) for r in rows.rows if r.get(column) not in self.environments})
+                bad = sorted(
+                    {str(r.get(column)) for r in rows.rows if r.get(column) not in self.environments}
+                )
                 if bad:
-                    problems.append(f"{rows.origin!r}: column {column!r} names environments {bad[:5]} that are not "
-                                    f"among environment_factory's {names}")
+                    problems.append(
+                        f"{rows.origin!r}: column {column!r} names environments {bad[:5]} that are not "
+                        f"among environment_factory's {names}"
+                    )
         return problems
 
     def messages_of(self, task: DatasetTask) -> list[dict[str, Any]]:
@@ -374,30 +419,49 @@ class DatasetTasks:
         if isinstance(prompt, str):
             messages = [{"role": "user", "content": prompt}]
         else:
-            ok = isinstance(prompt, list) and prompt and all(
-                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in prompt)
+            ok = (
+                isinstance(prompt, list)
+                and prompt
+                and all(
+                    isinstance(m, dict)
+                    and isinstance(m.get("role"), str)
+                    and isinstance(m.get("content"), str)
+                    for m in prompt
+                )
+            )
             if not ok:
-                raise DatasetRowError(f"row {task.index} of {self.origin(task)!r}: prompt must be a string or a list of "
-                                 f"{{'role': ..., 'content': <string>}} messages, got {str(prompt)[:120]}")
+                raise DatasetRowError(
+                    f"row {task.index} of {self.origin(task)!r}: prompt must be a string or a list of "
+                    f"{{'role': ..., 'content': <string>}} messages, got {str(prompt)[:120]}"
+                )
             messages = [dict(m) for m in prompt]
         if self.system_prompt and messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages
 
-    def grade(self, task: DatasetTask, inp: RewardInput, episode: EnvironmentEpisode | None = None) -> WeightedReward:
+    def grade(
+        self, task: DatasetTask, inp: RewardInput, episode: EnvironmentEpisode | None = None
+    ) -> WeightedReward:
         """The rewards' weighted sum for ``inp`` (with ``episode``'s ``get_reward`` as one more reward of
         weight 1, TRL's ``environment_factory``); the first unscorable completion is warned with its row."""
-        value = (self.reward_sum.score(inp) if self.reward_sum is not None
-                 else WeightedReward(0.0, (), None, unscorable=True))
+        value = (
+            self.reward_sum.score(inp)
+            if self.reward_sum is not None
+            else WeightedReward(0.0, (), None, unscorable=True)
+        )
         if episode is not None and episode.env.has_reward:
             value = _with_environment_reward(value, episode)
         if value.unscorable and self._unscorable_warned.acquire(blocking=False):
             row = {k: (v if len(repr(v)) <= 200 else repr(v)[:197] + "...") for k, v in task.row.items()}
-            log.warning("Every reward returned None for a completion of row %d of %s (unscorable: it leaves its "
-                        "group's mean and std and its advantage is 0; counted in rollout/unscorable_fraction, not "
-                        "warned again). Row: %s; completion: %.200r. Make sure at least one reward scores each row.",
-                        task.index, self.origin(task), row, inp.completion)
+            log.warning(
+                "Every reward returned None for a completion of row %d of %s (unscorable: it leaves its "
+                "group's mean and std and its advantage is 0; counted in rollout/unscorable_fraction, not "
+                "warned again). Row: %s; completion: %.200r. Make sure at least one reward scores each row.",
+                task.index,
+                self.origin(task),
+                row,
+                inp.completion,
+            )
         return value
 
     def feedback_tokens(self) -> int:
@@ -408,9 +472,14 @@ class DatasetTasks:
                 history = [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]
                 self._feedback_tokens = 1 + len(self.renderer.observation_ids(history, self.feedback))
             else:
-                encode = (self.codec.encode if self.codec is not None
-                          else lambda t: self._plain_tokenizer().encode(t, add_special_tokens=False))
-                self._feedback_tokens = max(len(encode("\n" + self.feedback + "\n")), len(encode(self.feedback + "\n")))
+                encode = (
+                    self.codec.encode
+                    if self.codec is not None
+                    else lambda t: self._plain_tokenizer().encode(t, add_special_tokens=False)
+                )
+                self._feedback_tokens = max(
+                    len(encode("\n" + self.feedback + "\n")), len(encode(self.feedback + "\n"))
+                )
         return self._feedback_tokens
 
     def max_episode_tokens(self) -> int:
@@ -424,7 +493,9 @@ class DatasetTasks:
             for task in [*self.rows, *self.eval_rows]:
                 try:
                     env = self.make_env(task, 0)
-                    prompt = max(prompt, env.prompt_bound() if isinstance(env, DatasetToolEnv) else len(env.reset()))
+                    prompt = max(
+                        prompt, env.prompt_bound() if isinstance(env, DatasetToolEnv) else len(env.reset())
+                    )
                 except ValueError:  # a null field or a malformed prompt: the episode fails before acting
                     continue
             if self.turn_budget is not None:
@@ -439,7 +510,9 @@ class DatasetTasks:
         del seed
         nulls = [name for name in self.fields if task.row.get(name) is None]
         if nulls:
-            raise DatasetRowError(f"row {task.index} of {self.origin(task)!r} has no value for mapped field(s) {nulls}")
+            raise DatasetRowError(
+                f"row {task.index} of {self.origin(task)!r} has no value for mapped field(s) {nulls}"
+            )
         if self.tools or self.environments:
             return DatasetToolEnv(self, task)
         return DatasetEnv(self, task)

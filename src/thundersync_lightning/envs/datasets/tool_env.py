@@ -44,11 +44,21 @@ class DatasetToolEnv:
         env = source.environment_of(task)
         assert source.renderer is not None and (source.tools or env is not None)
         self.source, self.task = source, task
-        self.episode = (EnvironmentEpisode(env, source.tool_timeout_s, REWARD_TIMEOUT_S, source.max_tool_result_chars,
-                                           source.worker_limits) if env is not None else None)
+        self.episode = (
+            EnvironmentEpisode(
+                env,
+                source.tool_timeout_s,
+                REWARD_TIMEOUT_S,
+                source.max_tool_result_chars,
+                source.worker_limits,
+            )
+            if env is not None
+            else None
+        )
         tools = [*source.tools, *(self.episode.tools() if self.episode is not None else [])]
-        self.conversation = ToolConversation(source.renderer, tools, source.tool_parser,
-                                             source.max_tool_result_chars, source.turn_budget)
+        self.conversation = ToolConversation(
+            source.renderer, tools, source.tool_parser, source.max_tool_result_chars, source.turn_budget
+        )
         self.answer: str | None = None
         self.last_text = ""
         self.completion_ids: list[int] = []
@@ -68,21 +78,30 @@ class DatasetToolEnv:
         self._prompt_messages = len(messages)
         if self.episode is None:
             return self.conversation.start(messages)
-        row = {k: v for k, v in self.task.row.items() if k != "environment" or None in self.source.environments}
+        row = {
+            k: v for k, v in self.task.row.items() if k != "environment" or None in self.source.environments
+        }
         try:
             observation = self.episode.reset(row)
         except RuntimeError as exc:  # the row cannot be an episode: counted as a reward error, warned
-            raise DatasetRowError(f"row {self.task.index} of {self.source.origin(self.task)!r}: {exc}") from None
+            raise DatasetRowError(
+                f"row {self.task.index} of {self.source.origin(self.task)!r}: {exc}"
+            ) from None
         if observation is None:
             return self.conversation.start(messages)
         bound = self.prompt_bound()
         last = messages[-1]
-        messages[-1] = {**last, "content": last["content"] + clip_text(observation, self.source.max_tool_result_chars)}
+        messages[-1] = {
+            **last,
+            "content": last["content"] + clip_text(observation, self.source.max_tool_result_chars),
+        }
         ids = self.conversation.start(messages)
         if len(ids) > bound:
-            raise DatasetRowError(f"row {self.task.index} of {self.source.origin(self.task)!r}: the prompt with "
-                                  f"{self.episode.env.name}.reset's text is {len(ids)} tokens, past its bound of "
-                                  f"{bound} (the prompt's own tokens + one per character of max_tool_result_chars)")
+            raise DatasetRowError(
+                f"row {self.task.index} of {self.source.origin(self.task)!r}: the prompt with "
+                f"{self.episode.env.name}.reset's text is {len(ids)} tokens, past its bound of "
+                f"{bound} (the prompt's own tokens + one per character of max_tool_result_chars)"
+            )
         return ids
 
     def prompt_bound(self) -> int:
@@ -108,15 +127,24 @@ class DatasetToolEnv:
             return StepResult((), True)
         turn = self.conversation.respond(ids, self.workers)
         self.completion_ids.extend(turn.observation)
-        return StepResult(turn.observation, turn.done, turn.calls, turn.invalid, turn.errors, turn.timeouts,
-                          turn.first_error)
+        return StepResult(
+            turn.observation,
+            turn.done,
+            turn.calls,
+            turn.invalid,
+            turn.errors,
+            turn.timeouts,
+            turn.first_error,
+        )
 
     def verdict(self) -> float:
         answer = self.answer if self.answer is not None else self.last_text
-        messages = self.conversation.messages[self._prompt_messages:]
+        messages = self.conversation.messages[self._prompt_messages :]
         if self.answer is not None:  # the answer ended the episode: no turn appended it
             messages = [*messages, {"role": "assistant", "content": self.answer}]
-        inp = RewardInput(self.prompt, answer, self.task.row, tuple(messages), tuple(self.completion_ids), self.turns)
+        inp = RewardInput(
+            self.prompt, answer, self.task.row, tuple(messages), tuple(self.completion_ids), self.turns
+        )
         return self.source.grade(self.task, inp, self.episode)
 
     def close(self) -> None:

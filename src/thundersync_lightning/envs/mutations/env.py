@@ -50,15 +50,24 @@ from ..sandbox.uids import UidLease, UidPool
 from ..tools import ToolConversation
 from .generate import MutationTask
 
-__all__ = ["ActionVocab", "MutationEnv", "test_script", "result_script", "graded_log", "parse_results",
-           "tools_prompt"]
+__all__ = [
+    "ActionVocab",
+    "MutationEnv",
+    "test_script",
+    "result_script",
+    "graded_log",
+    "parse_results",
+    "tools_prompt",
+]
 
 
 def tools_prompt(task: MutationTask) -> str:
     """The task in words, for a model that acts through tools."""
-    return (f"The function `{task.function}` in solution.py has a bug: some of its visible tests fail. "
-            "Fix solution.py. Run the visible tests with `python3 -I test_visible.py` (they print PASSED or "
-            "FAILED per test). Call submit when they pass: hidden tests then decide your reward.")
+    return (
+        f"The function `{task.function}` in solution.py has a bug: some of its visible tests fail. "
+        "Fix solution.py. Run the visible tests with `python3 -I test_visible.py` (they print PASSED or "
+        "FAILED per test). Call submit when they pass: hidden tests then decide your reward."
+    )
 
 
 class ActionVocab:
@@ -76,23 +85,23 @@ class ActionVocab:
 
 def _load(function: str) -> str:
     """Script lines that bind ``fn`` to ``function`` of the agent's ``solution.py`` (None when it fails)."""
-    return ("ns = {}\n"
-            "try:\n"
-            "    with open('solution.py') as f:\n"
-            "        exec(compile(f.read(), 'solution.py', 'exec'), ns)\n"
-            f"    fn = ns[{function!r}]\n"
-            "except BaseException as exc:\n"
-            "    fn = None\n"
-            "    print('ERROR loading solution.py:', type(exc).__name__, exc)\n")
+    return (
+        "ns = {}\n"
+        "try:\n"
+        "    with open('solution.py') as f:\n"
+        "        exec(compile(f.read(), 'solution.py', 'exec'), ns)\n"
+        f"    fn = ns[{function!r}]\n"
+        "except BaseException as exc:\n"
+        "    fn = None\n"
+        "    print('ERROR loading solution.py:', type(exc).__name__, exc)\n"
+    )
 
 
 def test_script(function: str, cases: Sequence[tuple[str, tuple, object]], file: str) -> str:
     """A plain Python test script printing one pytest-style status line per case."""
     rows = ",\n    ".join(repr((name, args, expected)) for name, args, expected in cases)
     return (
-        f"CASES = [\n    {rows},\n]\n"
-        + _load(function)
-        + "for name, args, expected in CASES:\n"
+        f"CASES = [\n    {rows},\n]\n" + _load(function) + "for name, args, expected in CASES:\n"
         "    try:\n"
         "        ok = fn is not None and fn(*args) == expected\n"
         "    except Exception:\n"
@@ -106,9 +115,7 @@ def result_script(function: str, cases: Sequence[tuple[str, tuple, object]]) -> 
     expected values stay on the host, see :func:`graded_log`)."""
     args = [a for _, a, _ in cases]
     return (
-        f"ARGS = {args!r}\n"
-        + _load(function)
-        + "for i, args in enumerate(ARGS):\n"
+        f"ARGS = {args!r}\n" + _load(function) + "for i, args in enumerate(ARGS):\n"
         "    try:\n"
         "        value = repr(fn(*args))\n"
         "    except Exception:\n"
@@ -200,7 +207,9 @@ class MutationEnv:
     def reset(self) -> tuple[int, ...]:
         if self._box is None:
             if not bwrap_available(self.bwrap.bwrap):
-                raise SandboxError("mutation tasks need root and bubblewrap, setpriv, prlimit (make test installs them)")
+                raise SandboxError(
+                    "mutation tasks need root and bubblewrap, setpriv, prlimit (make test installs them)"
+                )
             os.makedirs(self.root, mode=0o711, exist_ok=True)
             self._lease = self.pool.acquire()
             try:
@@ -208,11 +217,18 @@ class MutationEnv:
                 sweep_stale(self.root, marker)  # left by a holder of this uid that died
                 self._dir = tempfile.mkdtemp(prefix=f"{self.task.task_id}{marker}", dir=self.root)
                 lim = self.bwrap.limits
-                self._budget = BoundedDir(self._dir, lim.disk_bytes, lim.disk_inodes, 0o700,
-                                          require=self.bwrap.require_kernel_limits)
+                self._budget = BoundedDir(
+                    self._dir,
+                    lim.disk_bytes,
+                    lim.disk_inodes,
+                    0o700,
+                    require=self.bwrap.require_kernel_limits,
+                )
                 chown_tree(self._dir, self._lease.uid)
                 os.chmod(self._dir, 0o700)
-                self._write("test_visible.py", test_script(self.task.function, self.task.visible, "test_visible.py"))
+                self._write(
+                    "test_visible.py", test_script(self.task.function, self.task.visible, "test_visible.py")
+                )
                 self._box = BwrapSandbox(self._dir, self._lease.uid, self.bwrap, budget=self._budget)
             except BaseException:
                 self.close()
@@ -267,9 +283,14 @@ class MutationEnv:
     # ------------------------------------------------------------------ verdict
     def patch(self) -> str:
         """The agent's change as a unified diff of ``solution.py`` (empty when nothing changed)."""
-        return "".join(difflib.unified_diff(
-            self.task.buggy.splitlines(keepends=True), self._current.splitlines(keepends=True),
-            "a/solution.py", "b/solution.py"))
+        return "".join(
+            difflib.unified_diff(
+                self.task.buggy.splitlines(keepends=True),
+                self._current.splitlines(keepends=True),
+                "a/solution.py",
+                "b/solution.py",
+            )
+        )
 
     def outcome(self) -> EvalOutcome:
         """Hidden tests on the final file, graded with swebench's FAIL_TO_PASS / PASS_TO_PASS report."""
@@ -284,11 +305,14 @@ class MutationEnv:
                     # on stdin, not a file: nothing is written into the agent's directory, so a
                     # directory the agent filled to its disk budget is graded like any other
                     assert self._box is not None
-                    run = self._box.run(f"{self.python} -I -",
-                                        stdin=result_script(self.task.function, self.task.hidden).encode())
+                    run = self._box.run(
+                        f"{self.python} -I -",
+                        stdin=result_script(self.task.function, self.task.hidden).encode(),
+                    )
                     log = framed_log(run, graded_log(run.text, self.task.hidden, "test_hidden.py"))
-                    self._outcome = grade_log(self.task.task_id, log, self.task.fail_to_pass,
-                                              self.task.pass_to_pass, patch)
+                    self._outcome = grade_log(
+                        self.task.task_id, log, self.task.fail_to_pass, self.task.pass_to_pass, patch
+                    )
             return self._outcome
 
     def verdict(self) -> float:

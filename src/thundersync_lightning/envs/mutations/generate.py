@@ -147,12 +147,19 @@ def _tasks_of(seed: Seed, k: int, num_visible: int) -> list[MutationTask]:
             order = [correct, *decoys]
             rng.shuffle(order)
             names_ok = list(zip((c[0] for c in hidden), hidden_ok))
-            out.append(MutationTask(
-                task_id=task_id, function=seed.name, buggy=buggy, candidates=tuple(order),
-                answer=order.index(correct), visible=tuple(visible), hidden=tuple(hidden),
-                fail_to_pass=tuple(f"test_hidden.py::{n}" for n, ok in names_ok if not ok),
-                pass_to_pass=tuple(f"test_hidden.py::{n}" for n, ok in names_ok if ok),
-            ))
+            out.append(
+                MutationTask(
+                    task_id=task_id,
+                    function=seed.name,
+                    buggy=buggy,
+                    candidates=tuple(order),
+                    answer=order.index(correct),
+                    visible=tuple(visible),
+                    hidden=tuple(hidden),
+                    fail_to_pass=tuple(f"test_hidden.py::{n}" for n, ok in names_ok if not ok),
+                    pass_to_pass=tuple(f"test_hidden.py::{n}" for n, ok in names_ok if ok),
+                )
+            )
     return out
 
 

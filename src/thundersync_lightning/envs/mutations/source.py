@@ -27,7 +27,6 @@ __all__ = ["MutationTasks", "is_held_out", "OBSERVATION_BYTES"]
 OBSERVATION_BYTES = 2048  # tools format: a turn's results together, at most (characters)
 
 
-
 def is_held_out(task_id: str, val_fraction: float) -> bool:
     """The split rule: a hash of the id alone decides."""
     return held_out(task_id, val_fraction)
@@ -89,15 +88,28 @@ class MutationTasks:
             raise ConfigError("MutationTasks: " + "; ".join(problems))
         self.num_candidates, self.num_visible, self.max_turns = num_candidates, num_visible, max_turns
         self.val_fraction = val_fraction
-        self.sandbox_root, self.uid_base, self.uid_count, self.python = sandbox_root, uid_base, uid_count, python
-        self.bwrap = BwrapConfig(limits=SandboxLimits(timeout_s=timeout_s, memory_bytes=memory_bytes, nproc=nproc,
-                                                      max_output_bytes=16 * 1024, disk_bytes=disk_bytes,
-                                                      disk_inodes=disk_inodes))
+        self.sandbox_root, self.uid_base, self.uid_count, self.python = (
+            sandbox_root,
+            uid_base,
+            uid_count,
+            python,
+        )
+        self.bwrap = BwrapConfig(
+            limits=SandboxLimits(
+                timeout_s=timeout_s,
+                memory_bytes=memory_bytes,
+                nproc=nproc,
+                max_output_bytes=16 * 1024,
+                disk_bytes=disk_bytes,
+                disk_inodes=disk_inodes,
+            )
+        )
         self.vocab = ActionVocab(num_candidates)
         self.test_on_edit = test_on_edit
         self.action_format, self.tool_parser = action_format, tool_parser
-        self.renderer = tool_renderer("MutationTasks", action_format, tokenizer_path, chat_template,
-                                      template_kwargs, tool_parser)
+        self.renderer = tool_renderer(
+            "MutationTasks", action_format, tokenizer_path, chat_template, template_kwargs, tool_parser
+        )
         self.max_action_tokens = 1 if self.renderer is None else max_action_tokens
 
     @property
@@ -137,10 +149,21 @@ class MutationTasks:
         if not isinstance(task, MutationTask):
             raise ConfigError(f"MutationTasks.make_env: expected a MutationTask, got {type(task).__name__}")
         del seed  # deterministic environment
-        conversation = (None if self.renderer is None else
-                        tool_conversation(self.renderer, self.tool_parser, self.python, OBSERVATION_BYTES))
-        return MutationEnv(task, self.vocab, uid_pool(self.uid_base, self.uid_count), self.sandbox_root,
-                           self.bwrap, self.python, self.test_on_edit, conversation)
+        conversation = (
+            None
+            if self.renderer is None
+            else tool_conversation(self.renderer, self.tool_parser, self.python, OBSERVATION_BYTES)
+        )
+        return MutationEnv(
+            task,
+            self.vocab,
+            uid_pool(self.uid_base, self.uid_count),
+            self.sandbox_root,
+            self.bwrap,
+            self.python,
+            self.test_on_edit,
+            conversation,
+        )
 
     def max_episode_tokens(self) -> int:
         """A bound on one episode's tokens whatever the policy writes (the memory planner's). Text
@@ -149,6 +172,11 @@ class MutationTasks:
         :data:`OBSERVATION_BYTES` per turn."""
         if self.renderer is None:
             return 1 + 2 * self.max_turns
-        return code_episode_tokens((tools_prompt(t) for t in self.all_tasks), max_turns=self.max_turns,
-                                   max_action_tokens=self.max_action_tokens, max_observation_bytes=OBSERVATION_BYTES,
-                                   codec=None, renderer=self.renderer)
+        return code_episode_tokens(
+            (tools_prompt(t) for t in self.all_tasks),
+            max_turns=self.max_turns,
+            max_action_tokens=self.max_action_tokens,
+            max_observation_bytes=OBSERVATION_BYTES,
+            codec=None,
+            renderer=self.renderer,
+        )

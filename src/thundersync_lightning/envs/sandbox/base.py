@@ -22,7 +22,18 @@ from typing import Protocol, runtime_checkable
 
 from ...core.errors import ConfigError, HostFault, ThunderSyncError
 
-__all__ = ["SandboxError", "InvalidCommand", "check_command", "SandboxLimits", "SandboxResult", "Sandbox", "RunGuard", "run_bounded", "wait_readable", "kill_group"]
+__all__ = [
+    "SandboxError",
+    "InvalidCommand",
+    "check_command",
+    "SandboxLimits",
+    "SandboxResult",
+    "Sandbox",
+    "RunGuard",
+    "run_bounded",
+    "wait_readable",
+    "kill_group",
+]
 
 _TRUNCATED = b"\n[output truncated]\n"
 
@@ -48,7 +59,9 @@ def check_command(command: object) -> bytes:
     try:
         data = command.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise InvalidCommand(f"the command is not valid UTF-8 text ({exc.reason} at character {exc.start})") from None
+        raise InvalidCommand(
+            f"the command is not valid UTF-8 text ({exc.reason} at character {exc.start})"
+        ) from None
     nul = data.find(0)
     if nul >= 0:
         raise InvalidCommand(f"the command contains a NUL byte (at byte {nul})")
@@ -64,7 +77,9 @@ class SandboxLimits:
     timeout_s: float = 30.0
     max_output_bytes: int = 64 * 1024
     nproc: int = 256
-    memory_bytes: int = 2 * 1024**3  # the whole command's memory (cgroup; tmpfs included) and each process's address space
+    memory_bytes: int = (
+        2 * 1024**3
+    )  # the whole command's memory (cgroup; tmpfs included) and each process's address space
     fsize_bytes: int = 64 * 1024**2
     nofile: int = 1024
     tmpfs_bytes: int = 256 * 1024**2
@@ -76,8 +91,19 @@ class SandboxLimits:
     def __post_init__(self) -> None:
         problems = [
             f"{name}={getattr(self, name)!r} must be > 0"
-            for name in ("timeout_s", "max_output_bytes", "nproc", "memory_bytes", "fsize_bytes", "nofile",
-                         "tmpfs_bytes", "cpus", "dev_bytes", "disk_bytes", "disk_inodes")
+            for name in (
+                "timeout_s",
+                "max_output_bytes",
+                "nproc",
+                "memory_bytes",
+                "fsize_bytes",
+                "nofile",
+                "tmpfs_bytes",
+                "cpus",
+                "dev_bytes",
+                "disk_bytes",
+                "disk_inodes",
+            )
             if not getattr(self, name) > 0
         ]
         if problems:
@@ -156,7 +182,9 @@ class RunGuard:
 class Sandbox(Protocol):
     """Runs shell commands with a private writable working directory (``/testbed`` inside)."""
 
-    def run(self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None) -> SandboxResult: ...
+    def run(
+        self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None
+    ) -> SandboxResult: ...
 
     def close(self) -> None: ...
 
@@ -365,5 +393,10 @@ def run_bounded(
         output += f"\n[timed out after {timeout_s:g} s]\n".encode()
     if cancelled:
         output += b"\n[cancelled: the sandbox was closed]\n"
-    return SandboxResult(exit_code=exit_code, output=output, timed_out=timed_out, truncated=reader.truncated,
-                         cancelled=cancelled)
+    return SandboxResult(
+        exit_code=exit_code,
+        output=output,
+        timed_out=timed_out,
+        truncated=reader.truncated,
+        cancelled=cancelled,
+    )

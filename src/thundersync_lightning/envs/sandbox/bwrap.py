@@ -41,8 +41,15 @@ from .cgroups import CgroupSupport, CommandCgroup, probe
 from .fs import BoundedDir, check_budget
 from .seccomp import build_filter, filter_fd
 
-__all__ = ["BwrapConfig", "BwrapSandbox", "bwrap_available", "chown_tree", "drop_privileges", "join_cgroups",
-           "system_mounts"]
+__all__ = [
+    "BwrapConfig",
+    "BwrapSandbox",
+    "bwrap_available",
+    "chown_tree",
+    "drop_privileges",
+    "join_cgroups",
+    "system_mounts",
+]
 
 WORKDIR = "/testbed"
 
@@ -87,21 +94,55 @@ def drop_privileges(uid: int, nproc: int, memory_bytes: int, fsize_bytes: int, n
     files, no core dumps), then becomes ``uid`` with no groups and no capabilities, and runs the
     rest (bwrap must start unprivileged: see the module docstring)."""
     u = str(uid)
-    return ["prlimit", f"--nproc={nproc}", f"--as={memory_bytes}", f"--fsize={fsize_bytes}", f"--nofile={nofile}",
-            "--core=0", "--",
-            "setpriv", f"--reuid={u}", f"--regid={u}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all",
-            "--"]
+    return [
+        "prlimit",
+        f"--nproc={nproc}",
+        f"--as={memory_bytes}",
+        f"--fsize={fsize_bytes}",
+        f"--nofile={nofile}",
+        "--core=0",
+        "--",
+        "setpriv",
+        f"--reuid={u}",
+        f"--regid={u}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+        "--",
+    ]
 
 
 def system_mounts(dev_bytes: int, ro_binds: tuple[str, ...] = ()) -> list[str]:
     """bwrap arguments for what every sandbox sees of the host: read-only /usr (with the /bin, /sbin,
     /lib, /lib64 links), the few /etc files programs read, ``ro_binds`` at their own paths, a
     private /proc and a small private /dev (a tmpfs of ``dev_bytes``, only harmless devices)."""
-    argv = ["--ro-bind", "/usr", "/usr",
-            "--symlink", "usr/bin", "/bin", "--symlink", "usr/sbin", "/sbin",
-            "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64"]
-    for path in ("/etc/alternatives", "/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d",
-                 "/etc/localtime", "/etc/ssl", "/etc/python3", "/etc/python3.11"):
+    argv = [
+        "--ro-bind",
+        "/usr",
+        "/usr",
+        "--symlink",
+        "usr/bin",
+        "/bin",
+        "--symlink",
+        "usr/sbin",
+        "/sbin",
+        "--symlink",
+        "usr/lib",
+        "/lib",
+        "--symlink",
+        "usr/lib64",
+        "/lib64",
+    ]
+    for path in (
+        "/etc/alternatives",
+        "/etc/ld.so.cache",
+        "/etc/ld.so.conf",
+        "/etc/ld.so.conf.d",
+        "/etc/localtime",
+        "/etc/ssl",
+        "/etc/python3",
+        "/etc/python3.11",
+    ):
         if os.path.exists(path):
             argv += ["--ro-bind", path, path]
     for path in ro_binds:
@@ -109,9 +150,22 @@ def system_mounts(dev_bytes: int, ro_binds: tuple[str, ...] = ()) -> list[str]:
     argv += ["--proc", "/proc", "--size", str(dev_bytes), "--tmpfs", "/dev"]
     for dev in _DEVICES:
         argv += ["--dev-bind", f"/dev/{dev}", f"/dev/{dev}"]
-    argv += ["--symlink", "/proc/self/fd", "/dev/fd", "--symlink", "/proc/self/fd/0", "/dev/stdin",
-             "--symlink", "/proc/self/fd/1", "/dev/stdout", "--symlink", "/proc/self/fd/2", "/dev/stderr",
-             "--dir", "/dev/shm"]
+    argv += [
+        "--symlink",
+        "/proc/self/fd",
+        "/dev/fd",
+        "--symlink",
+        "/proc/self/fd/0",
+        "/dev/stdin",
+        "--symlink",
+        "/proc/self/fd/1",
+        "/dev/stdout",
+        "--symlink",
+        "/proc/self/fd/2",
+        "/dev/stderr",
+        "--dir",
+        "/dev/shm",
+    ]
     return argv
 
 
@@ -157,8 +211,9 @@ class BwrapSandbox:
         self.uid = uid
         self.config = config or BwrapConfig()
         self.binds = dict(binds or {})
-        self.budget = check_budget("BwrapSandbox", budget, [self.workdir, *self.binds],
-                                   require=self.config.require_kernel_limits)
+        self.budget = check_budget(
+            "BwrapSandbox", budget, [self.workdir, *self.binds], require=self.config.require_kernel_limits
+        )
         self.ro_binds = dict(ro_binds or {})
         self.guard = guard if guard is not None else RunGuard()
         self.cgroup_support = self._cgroup_support()
@@ -170,8 +225,10 @@ class BwrapSandbox:
         support = probe()
         if support.missing:
             missing = ", ".join(support.missing)
-            msg = (f"sandbox cgroup limits not enforced for: {missing} ({support.describe_missing()}); "
-                   "falling back to per-process rlimits (RLIMIT_AS per process, RLIMIT_NPROC per uid, no CPU cap)")
+            msg = (
+                f"sandbox cgroup limits not enforced for: {missing} ({support.describe_missing()}); "
+                "falling back to per-process rlimits (RLIMIT_AS per process, RLIMIT_NPROC per uid, no CPU cap)"
+            )
             if self.config.require_kernel_limits:
                 raise SandboxError(msg)
             with _warn_lock:
@@ -189,17 +246,34 @@ class BwrapSandbox:
         cgroup_procs: tuple[str, ...] = (),
     ) -> list[str]:
         lim = self.config.limits
-        argv = join_cgroups(cgroup_procs) + drop_privileges(self.uid, lim.nproc, lim.memory_bytes, lim.fsize_bytes,
-                                                           lim.nofile)
+        argv = join_cgroups(cgroup_procs) + drop_privileges(
+            self.uid, lim.nproc, lim.memory_bytes, lim.fsize_bytes, lim.nofile
+        )
         argv += [
-            self.config.bwrap, "--unshare-all", "--unshare-user", "--disable-userns",
-            "--die-with-parent", "--new-session", "--hostname", "sandbox",
+            self.config.bwrap,
+            "--unshare-all",
+            "--unshare-user",
+            "--disable-userns",
+            "--die-with-parent",
+            "--new-session",
+            "--hostname",
+            "sandbox",
             *(["--info-fd", str(info_fd)] if info_fd is not None else []),
             *system_mounts(lim.dev_bytes, self.config.ro_binds),
-            "--size", str(lim.tmpfs_bytes), "--tmpfs", "/tmp", "--clearenv",
+            "--size",
+            str(lim.tmpfs_bytes),
+            "--tmpfs",
+            "/tmp",
+            "--clearenv",
         ]
-        base_env = {"PATH": self.config.path, "HOME": "/tmp", "LANG": "C.UTF-8", "TMPDIR": "/tmp",
-                    "PYTHONDONTWRITEBYTECODE": "1", "TERM": "dumb"}
+        base_env = {
+            "PATH": self.config.path,
+            "HOME": "/tmp",
+            "LANG": "C.UTF-8",
+            "TMPDIR": "/tmp",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "TERM": "dumb",
+        }
         base_env.update(env or {})
         for key, value in base_env.items():
             argv += ["--setenv", key, value]
@@ -258,8 +332,13 @@ class BwrapSandbox:
 
         try:
             return run_bounded(
-                self.argv(command, env, info_fd=write_end, seccomp_fd=seccomp_fd,
-                          cgroup_procs=tuple(cgroup.procs_files) if cgroup is not None else ()),
+                self.argv(
+                    command,
+                    env,
+                    info_fd=write_end,
+                    seccomp_fd=seccomp_fd,
+                    cgroup_procs=tuple(cgroup.procs_files) if cgroup is not None else (),
+                ),
                 timeout_s=timeout_s if timeout_s is not None else lim.timeout_s,
                 max_output_bytes=lim.max_output_bytes,
                 stdin=stdin,
@@ -284,4 +363,3 @@ class BwrapSandbox:
     def close(self) -> None:
         """Kill commands in flight (their namespaces included), wait for them, refuse new ones."""
         self.guard.cancel()
-

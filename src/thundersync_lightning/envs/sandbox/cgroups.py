@@ -86,7 +86,7 @@ def _join(mount_root: str, mount_point: str, group: str) -> str | None:
     """The host directory of ``group`` under a mount whose root is ``mount_root``."""
     if group != mount_root and not group.startswith(mount_root.rstrip("/") + "/"):
         return None  # our group is not visible through this mount
-    rel = group[len(mount_root):].lstrip("/")
+    rel = group[len(mount_root) :].lstrip("/")
     return os.path.join(mount_point, rel) if rel else mount_point
 
 
@@ -114,9 +114,11 @@ def _probe_v2(mounts, own) -> CgroupSupport | None:
                 with open(os.path.join(parent, "cgroup.subtree_control"), "w") as f:
                     f.write(" ".join("+" + c for c in todo))
         except OSError as e:
-            why = (f"cannot enable it in {parent}/cgroup.subtree_control ({e.strerror}): run the learner in a "
-                   "delegated cgroup with no processes of its own in that group (e.g. systemd-run --scope "
-                   "-p Delegate=yes, then move the learner into a leaf)")
+            why = (
+                f"cannot enable it in {parent}/cgroup.subtree_control ({e.strerror}): run the learner in a "
+                "delegated cgroup with no processes of its own in that group (e.g. systemd-run --scope "
+                "-p Delegate=yes, then move the learner into a leaf)"
+            )
             return CgroupSupport(0, {}, {c: why for c in _LIMITS})
         if not _writable_dir(parent):
             return CgroupSupport(0, {}, {c: f"{parent} is not writable" for c in _LIMITS})
@@ -139,7 +141,9 @@ def _probe_v1(mounts, own) -> CgroupSupport:
             missing[c] = f"{point} is not writable by us"
         else:
             parents[c] = point
-    memsw = "memory" in parents and os.path.exists(os.path.join(parents["memory"], "memory.memsw.limit_in_bytes"))
+    memsw = "memory" in parents and os.path.exists(
+        os.path.join(parents["memory"], "memory.memsw.limit_in_bytes")
+    )
     return CgroupSupport(1 if parents else 0, parents, missing, memsw)
 
 

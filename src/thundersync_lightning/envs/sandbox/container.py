@@ -38,8 +38,15 @@ from .reaper import ContainerReaper, container_name, owner_labels, reaper_for
 if TYPE_CHECKING:
     from .volumes import BoundedVolume
 
-__all__ = ["ContainerConfig", "ContainerSandbox", "find_engine", "image_exists", "copy_from_image", "locked_down_args",
-           "global_args"]
+__all__ = [
+    "ContainerConfig",
+    "ContainerSandbox",
+    "find_engine",
+    "image_exists",
+    "copy_from_image",
+    "locked_down_args",
+    "global_args",
+]
 
 WORKDIR = "/testbed"
 _RUNC = "/usr/sbin/runc"
@@ -58,7 +65,9 @@ class ContainerConfig:
     limits: SandboxLimits = field(default_factory=SandboxLimits)
     memory: str = "2g"
     shell: str = "/bin/bash"
-    url: str | None = None  # podman's service on a sandbox host (``podman --url``); None: CONTAINER_HOST, else this host
+    url: str | None = (
+        None  # podman's service on a sandbox host (``podman --url``); None: CONTAINER_HOST, else this host
+    )
 
     def __post_init__(self) -> None:
         if self.url is None and self.engine in ("auto", "podman") and os.environ.get("CONTAINER_HOST"):
@@ -66,9 +75,11 @@ class ContainerConfig:
             # host's directories would name paths that host does not have)
             object.__setattr__(self, "url", os.environ["CONTAINER_HOST"])
         if self.url is not None and not self.url.startswith(URL_SCHEMES):
-            raise ConfigError(f"ContainerConfig: url={self.url!r} must start with one of {', '.join(URL_SCHEMES)} "
-                              "(podman --url: unix:///run/podman/podman.sock, ssh://user@host/run/podman/podman.sock, "
-                              "tcp://host:port)")
+            raise ConfigError(
+                f"ContainerConfig: url={self.url!r} must start with one of {', '.join(URL_SCHEMES)} "
+                "(podman --url: unix:///run/podman/podman.sock, ssh://user@host/run/podman/podman.sock, "
+                "tcp://host:port)"
+            )
         if self.url is not None and self.engine == "docker":
             raise ConfigError("ContainerConfig: url names a podman service; engine='docker' has none")
 
@@ -124,11 +135,16 @@ def copy_from_image(image: str, src: str, dest: str, config: ContainerConfig | N
     name = container_name("cp")
     reaper.started(name)
     try:
-        created = subprocess.run([engine, *g, "create", "--pull=never", *owner_labels(), "--name", name, image, "true"],
-                                 capture_output=True, text=True)
+        created = subprocess.run(
+            [engine, *g, "create", "--pull=never", *owner_labels(), "--name", name, image, "true"],
+            capture_output=True,
+            text=True,
+        )
         if created.returncode != 0:
-            raise SandboxError(f"cannot create a container of image {image!r} (it must be present locally: images "
-                               f"are never pulled): {created.stderr.strip()[-500:]}")
+            raise SandboxError(
+                f"cannot create a container of image {image!r} (it must be present locally: images "
+                f"are never pulled): {created.stderr.strip()[-500:]}"
+            )
         copied = subprocess.run([engine, *g, "cp", f"{name}:{src}", dest], capture_output=True, text=True)
         if copied.returncode != 0:
             raise SandboxError(f"cannot copy {src} out of image {image!r}: {copied.stderr.strip()[-500:]}")
@@ -137,21 +153,58 @@ def copy_from_image(image: str, src: str, dest: str, config: ContainerConfig | N
         reaper.finished(name)
 
 
-def locked_down_args(engine: str, config: ContainerConfig, uid: int, name: str,
-                     add_caps: tuple[str, ...] = (), detach: bool = False) -> list[str]:
+def locked_down_args(
+    engine: str,
+    config: ContainerConfig,
+    uid: int,
+    name: str,
+    add_caps: tuple[str, ...] = (),
+    detach: bool = False,
+) -> list[str]:
     """``run`` arguments every container of ours gets, before its mounts (see the module docstring);
     ``add_caps``: only for set-up containers that copy the image's files before any agent acts."""
     lim = config.limits
     return [
-        engine, *global_args(engine, config), "run", "--rm", "-d" if detach else "-i", "--name", name,
-        "--pull=never", *(["--http-proxy=false"] if _is_podman(engine) else []), *owner_labels(),
-        "--network", "none", "--read-only", "--cap-drop", "all", *[a for c in add_caps for a in ("--cap-add", c)],
-        "--security-opt", "no-new-privileges", "--user", f"{uid}:{uid}",
-        "--log-driver", "none", "--pids-limit", str(lim.nproc), "--memory", config.memory,
-        "--memory-swap", config.memory, "--cpus", f"{lim.cpus:g}", "--shm-size", str(lim.dev_bytes),
-        "--ulimit", f"nofile={lim.nofile}:{lim.nofile}", "--ulimit", f"nproc={lim.nproc}:{lim.nproc}",
-        "--ulimit", f"fsize={lim.fsize_bytes}:{lim.fsize_bytes}",
-        "--tmpfs", f"/tmp:rw,size={lim.tmpfs_bytes},mode=1777",
+        engine,
+        *global_args(engine, config),
+        "run",
+        "--rm",
+        "-d" if detach else "-i",
+        "--name",
+        name,
+        "--pull=never",
+        *(["--http-proxy=false"] if _is_podman(engine) else []),
+        *owner_labels(),
+        "--network",
+        "none",
+        "--read-only",
+        "--cap-drop",
+        "all",
+        *[a for c in add_caps for a in ("--cap-add", c)],
+        "--security-opt",
+        "no-new-privileges",
+        "--user",
+        f"{uid}:{uid}",
+        "--log-driver",
+        "none",
+        "--pids-limit",
+        str(lim.nproc),
+        "--memory",
+        config.memory,
+        "--memory-swap",
+        config.memory,
+        "--cpus",
+        f"{lim.cpus:g}",
+        "--shm-size",
+        str(lim.dev_bytes),
+        "--ulimit",
+        f"nofile={lim.nofile}:{lim.nofile}",
+        "--ulimit",
+        f"nproc={lim.nproc}:{lim.nproc}",
+        "--ulimit",
+        f"fsize={lim.fsize_bytes}:{lim.fsize_bytes}",
+        "--tmpfs",
+        f"/tmp:rw,size={lim.tmpfs_bytes},mode=1777",
     ]
 
 
@@ -163,10 +216,18 @@ class ContainerSandbox:
     A volume's name is a source in ``ro_volumes`` too."""
 
     def __init__(
-        self, workdir: str | BoundedVolume, image: str, uid: int, config: ContainerConfig | None = None,
-        env: Mapping[str, str] | None = None, guard: RunGuard | None = None,
-        ro_volumes: Mapping[str, str] | None = None, *, budget: BoundedDir | None = None,
-        mount_at: str = WORKDIR, add_caps: tuple[str, ...] = (),
+        self,
+        workdir: str | BoundedVolume,
+        image: str,
+        uid: int,
+        config: ContainerConfig | None = None,
+        env: Mapping[str, str] | None = None,
+        guard: RunGuard | None = None,
+        ro_volumes: Mapping[str, str] | None = None,
+        *,
+        budget: BoundedDir | None = None,
+        mount_at: str = WORKDIR,
+        add_caps: tuple[str, ...] = (),
     ) -> None:
         self.config = config or ContainerConfig()
         engine = find_engine(self.config.engine)
@@ -183,7 +244,9 @@ class ContainerSandbox:
             self.workdir, self.budget = workdir.name, None
         else:
             if budget is None:
-                raise TypeError("ContainerSandbox: a host workdir needs its disk budget: budget=BoundedDir(...)")
+                raise TypeError(
+                    "ContainerSandbox: a host workdir needs its disk budget: budget=BoundedDir(...)"
+                )
             if not os.path.isdir(workdir):
                 raise SandboxError(f"ContainerSandbox: workdir {workdir!r} does not exist")
             self.workdir = os.path.abspath(workdir)
@@ -191,7 +254,9 @@ class ContainerSandbox:
         self.env = dict(env or {})
         self.ro_volumes = dict(ro_volumes or {})
         self.guard = guard if guard is not None else RunGuard()
-        reaper_for(engine, global_args(engine, self.config))  # started now: its sweep removes dead owners' containers
+        reaper_for(
+            engine, global_args(engine, self.config)
+        )  # started now: its sweep removes dead owners' containers
 
     @property
     def reaper(self) -> ContainerReaper:
@@ -202,9 +267,15 @@ class ContainerSandbox:
         secs = max(1, int(timeout_s + 0.999))
         argv = [
             *locked_down_args(self.engine, self.config, self.uid, name, self.add_caps),
-            "-v", f"{self.workdir}:{self.mount_at}:rw", "-w", self.mount_at,
+            "-v",
+            f"{self.workdir}:{self.mount_at}:rw",
+            "-w",
+            self.mount_at,
             *[a for host, inside in self.ro_volumes.items() for a in ("-v", f"{host}:{inside}:ro")],
-            "-e", "HOME=/tmp", "-e", "PYTHONDONTWRITEBYTECODE=1",
+            "-e",
+            "HOME=/tmp",
+            "-e",
+            "PYTHONDONTWRITEBYTECODE=1",
         ]
         for key, value in self.env.items():
             argv += ["-e", f"{key}={value}"]
@@ -214,7 +285,9 @@ class ContainerSandbox:
             argv += [self.image, "timeout", "-s", "KILL", str(secs), self.config.shell, "-c", command]
         return argv
 
-    def run(self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None) -> SandboxResult:
+    def run(
+        self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None
+    ) -> SandboxResult:
         check_command(command)  # InvalidCommand before anything starts (Popen would raise on the host)
         self.guard.enter()  # raises after close()
         try:
@@ -234,11 +307,17 @@ class ContainerSandbox:
         try:
             # The client gets a little longer than the container so the server-side kill wins.
             result = run_bounded(
-                self.argv(command, name, timeout), timeout_s=timeout + 15.0,
-                max_output_bytes=lim.max_output_bytes, stdin=stdin if stdin is not None else b"",
+                self.argv(command, name, timeout),
+                timeout_s=timeout + 15.0,
+                max_output_bytes=lim.max_output_bytes,
+                stdin=stdin if stdin is not None else b"",
                 guard=self.guard,
             )
-            if result.exit_code not in (None, 0) and not result.cancelled and time.monotonic() - start >= timeout:
+            if (
+                result.exit_code not in (None, 0)
+                and not result.cancelled
+                and time.monotonic() - start >= timeout
+            ):
                 note = f"\n[timed out after {timeout:g} s]\n".encode()
                 result = replace(result, exit_code=None, timed_out=True, output=result.output + note)
             down = self._host_down(result)
@@ -263,8 +342,11 @@ class ContainerSandbox:
         """``rm -f`` the container; False when a remote engine did not answer (in time)."""
         args = ["rm", "-f", "-t", "0", name] if _is_podman(self.engine) else ["rm", "-f", name]
         try:
-            done = subprocess.run([self.engine, *global_args(self.engine, self.config), *args],
-                                  capture_output=True, timeout=_REMOTE_RM_S if self.config.url else 120)
+            done = subprocess.run(
+                [self.engine, *global_args(self.engine, self.config), *args],
+                capture_output=True,
+                timeout=_REMOTE_RM_S if self.config.url else 120,
+            )
         except subprocess.TimeoutExpired:
             if self.config.url is None:
                 raise

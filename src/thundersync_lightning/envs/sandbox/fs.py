@@ -91,8 +91,12 @@ def _mount(path: str, size_bytes: int, inodes: int, mode: int) -> str | None:
     """Mount a bounded tmpfs at ``path``; None on success, else why not."""
     opts = f"size={size_bytes},nr_inodes={inodes},mode={mode:o},nosuid,nodev"
     try:
-        r = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tsl-workdir", path],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", opts, "tsl-workdir", path],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.SubprocessError) as e:
         return str(e)
     return None if r.returncode == 0 else (r.stderr.strip() or f"mount exited with {r.returncode}")
@@ -106,15 +110,19 @@ class BoundedDir:
     ``require=True`` a host that cannot mount raises :class:`SandboxError` instead.
     """
 
-    def __init__(self, path: str, size_bytes: int, inodes: int, mode: int = 0o711, require: bool = False) -> None:
+    def __init__(
+        self, path: str, size_bytes: int, inodes: int, mode: int = 0o711, require: bool = False
+    ) -> None:
         self.path = path
         self.why_not = _mount(path, size_bytes, inodes, mode)
         self.enforced = self.why_not is None
         if not self.enforced:
             os.chmod(path, mode)
         if not self.enforced and require:
-            raise SandboxError(f"cannot give {path} a disk/inode budget (tmpfs mount failed: {self.why_not}); "
-                               "run as root with CAP_SYS_ADMIN, or allow unbounded workdirs")
+            raise SandboxError(
+                f"cannot give {path} a disk/inode budget (tmpfs mount failed: {self.why_not}); "
+                "run as root with CAP_SYS_ADMIN, or allow unbounded workdirs"
+            )
 
     def remove(self) -> bool:
         """Unmount (everything inside goes at once) and remove the directory. Never raises."""
@@ -137,14 +145,18 @@ def check_budget(owner: str, budget: object, writable: list[str], require: bool 
     sandbox writes to); else :class:`SandboxError`. With ``require``, an unenforced budget (a host
     that cannot mount) is an error too."""
     if not isinstance(budget, BoundedDir):
-        raise SandboxError(f"{owner}: budget={budget!r} is not a BoundedDir; every sandbox needs a disk and inode "
-                           "budget holding its writable directories (sandbox.fs.BoundedDir), else its writes go "
-                           "to the host's disk unbounded")
+        raise SandboxError(
+            f"{owner}: budget={budget!r} is not a BoundedDir; every sandbox needs a disk and inode "
+            "budget holding its writable directories (sandbox.fs.BoundedDir), else its writes go "
+            "to the host's disk unbounded"
+        )
     root = os.path.realpath(budget.path)
     outside = [p for p in writable if os.path.commonpath([root, os.path.realpath(p)]) != root]
     if outside:
-        raise SandboxError(f"{owner}: writable paths {outside} lie outside the disk budget at {budget.path!r}; "
-                           "make them inside it")
+        raise SandboxError(
+            f"{owner}: writable paths {outside} lie outside the disk budget at {budget.path!r}; "
+            "make them inside it"
+        )
     if require and not budget.enforced:
         raise SandboxError(f"{owner}: the disk budget at {budget.path!r} is not enforced ({budget.why_not})")
     return budget

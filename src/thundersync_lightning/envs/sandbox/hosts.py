@@ -29,7 +29,16 @@ from typing import Any
 
 from ...core.errors import ConfigError, HostFault
 
-__all__ = ["URL_SCHEMES", "ContainerHost", "HostLease", "HostPool", "host_fault", "host_pool", "parse_hosts", "probe"]
+__all__ = [
+    "URL_SCHEMES",
+    "ContainerHost",
+    "HostLease",
+    "HostPool",
+    "host_fault",
+    "host_pool",
+    "parse_hosts",
+    "probe",
+]
 
 URL_SCHEMES = ("unix://", "ssh://", "tcp://")  # what ``podman --url`` takes
 
@@ -49,7 +58,9 @@ class ContainerHost:
 
     def __post_init__(self) -> None:
         if not self.url.startswith(URL_SCHEMES):
-            raise ConfigError(f"sandbox host url={self.url!r}: expected unix://, ssh:// or tcp:// (podman --url)")
+            raise ConfigError(
+                f"sandbox host url={self.url!r}: expected unix://, ssh:// or tcp:// (podman --url)"
+            )
         if self.capacity < 1:
             raise ConfigError(f"sandbox host {self.url}: capacity={self.capacity} must be >= 1")
 
@@ -71,7 +82,9 @@ def parse_hosts(hosts: Sequence[str | Mapping[str, Any] | ContainerHost]) -> tup
                 raise ConfigError(f"sandbox_hosts[{i}]: capacity={capacity!r} must be a whole number")
             out.append(ContainerHost(str(h["url"]), capacity))
         else:
-            raise ConfigError(f"sandbox_hosts[{i}]: expected a URL or {{url, capacity}}, got {type(h).__name__}")
+            raise ConfigError(
+                f"sandbox_hosts[{i}]: expected a URL or {{url, capacity}}, got {type(h).__name__}"
+            )
     urls = [h.url for h in out]
     if len(set(urls)) != len(urls):
         raise ConfigError(f"sandbox_hosts: a URL is listed twice: {urls}")
@@ -81,8 +94,13 @@ def parse_hosts(hosts: Sequence[str | Mapping[str, Any] | ContainerHost]) -> tup
 def probe(engine: str, url: str, timeout_s: float = PROBE_S) -> str | None:
     """None when the podman service at ``url`` answers; else why not."""
     try:
-        done = subprocess.run([engine, "--url", url, "version", "--format", "{{.Server.Version}}"],
-                              capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [engine, "--url", url, "version", "--format", "{{.Server.Version}}"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         return f"no answer within {timeout_s:g} s"
     except OSError as exc:
@@ -157,11 +175,15 @@ class HostPool:
                     self._used[host.url] += 1
                     return host
                 if len(down) == len(self.hosts):
-                    raise HostFault("every sandbox host is down: " + "; ".join(f"{u}: {w}" for u, w in down.items()))
+                    raise HostFault(
+                        "every sandbox host is down: " + "; ".join(f"{u}: {w}" for u, w in down.items())
+                    )
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise HostFault(f"every sandbox host stayed full for {wait_s:g} s: "
-                                    + ", ".join(f"{h.url} {self._used[h.url]}/{h.capacity}" for h in self.hosts))
+                    raise HostFault(
+                        f"every sandbox host stayed full for {wait_s:g} s: "
+                        + ", ".join(f"{h.url} {self._used[h.url]}/{h.capacity}" for h in self.hosts)
+                    )
                 self._cond.wait(min(left, DOWN_S))  # a released slot wakes us; a down mark expires
 
     def _release(self, host: ContainerHost) -> None:

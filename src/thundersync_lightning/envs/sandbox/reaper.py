@@ -113,13 +113,20 @@ class ContainerReaper:
     def _start(self) -> None:
         host = host_key()
         pid, start = _owner()
-        spec = {"engine": self.engine, "global_args": self.global_args, "host": host,
-                "owner": f"{host}.{pid}.{start}"}
+        spec = {
+            "engine": self.engine,
+            "global_args": self.global_args,
+            "host": host,
+            "owner": f"{host}.{pid}.{start}",
+        }
         read, write = os.pipe()  # both close-on-exec: no other child inherits the write end
         try:
             self.process = subprocess.Popen(
                 [sys.executable or "python3", "-I", "-S", os.path.abspath(__file__), json.dumps(spec)],
-                stdin=read, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                stdin=read,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
             )
         except BaseException:
             os.close(write)
@@ -205,8 +212,13 @@ if hasattr(os, "register_at_fork"):
 
 def _engine(spec: dict, *args: str, timeout: float = 120.0) -> str:
     try:
-        out = subprocess.run([spec["engine"], *spec["global_args"], *args], capture_output=True, text=True,
-                             timeout=timeout, stdin=subprocess.DEVNULL)
+        out = subprocess.run(
+            [spec["engine"], *spec["global_args"], *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError):
         return ""
     return out.stdout
@@ -219,11 +231,16 @@ def _remove(spec: dict, names: Sequence[str]) -> None:
     names = list(names)
     for i in range(0, len(names), _RM_PARALLEL):
         procs = []
-        for name in names[i:i + _RM_PARALLEL]:
+        for name in names[i : i + _RM_PARALLEL]:
             try:
-                procs.append(subprocess.Popen([spec["engine"], *spec["global_args"], *force, name],
-                                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                              stderr=subprocess.DEVNULL))
+                procs.append(
+                    subprocess.Popen(
+                        [spec["engine"], *spec["global_args"], *force, name],
+                        stdin=subprocess.DEVNULL,
+                        stdout=subprocess.DEVNULL,
+                        stderr=subprocess.DEVNULL,
+                    )
+                )
             except OSError:
                 continue
         for proc in procs:
@@ -235,13 +252,17 @@ def _remove(spec: dict, names: Sequence[str]) -> None:
 
 
 def _labelled(spec: dict, label: str) -> list[str]:
-    return _engine(spec, "ps", "-a", "--filter", f"label={label}", "--format", "{{.Names}}", timeout=60).split()
+    return _engine(
+        spec, "ps", "-a", "--filter", f"label={label}", "--format", "{{.Names}}", timeout=60
+    ).split()
 
 
 def _labelled_volumes(spec: dict, label: str) -> list[str]:
     if os.path.basename(spec["engine"]) != "podman":
         return []
-    return _engine(spec, "volume", "ls", "--filter", f"label={label}", "--format", "{{.Name}}", timeout=60).split()
+    return _engine(
+        spec, "volume", "ls", "--filter", f"label={label}", "--format", "{{.Name}}", timeout=60
+    ).split()
 
 
 def _remove_volumes(spec: dict, names: Sequence[str]) -> None:
@@ -256,8 +277,13 @@ def _alive(pid: int, start: int) -> bool:
 
 def sweep_dead_owners(spec: dict) -> list[str]:
     """Remove this host's containers whose owner process is gone; their names."""
+
     def dead(names: list[str]) -> list[str]:
-        return [n for n in names if (m := NAME_RE.match(n)) is not None and not _alive(int(m.group(1)), int(m.group(2)))]
+        return [
+            n
+            for n in names
+            if (m := NAME_RE.match(n)) is not None and not _alive(int(m.group(1)), int(m.group(2)))
+        ]
 
     containers = dead(_labelled(spec, f"tsl.host={spec['host']}"))
     _remove(spec, containers)

@@ -56,41 +56,122 @@ import sys
 
 from .base import SandboxError
 
-__all__ = ["ALLOWED_FAMILIES", "DENIED_ADVICE", "DENIED_SYSCALLS", "build_filter", "filter_fd", "seccomp_supported"]
+__all__ = [
+    "ALLOWED_FAMILIES",
+    "DENIED_ADVICE",
+    "DENIED_SYSCALLS",
+    "build_filter",
+    "filter_fd",
+    "seccomp_supported",
+]
 
 # Syscall numbers per architecture (x86_64: asm/unistd_64.h; aarch64: asm-generic/unistd.h).
 _NUMBERS: dict[str, dict[str, int]] = {
     "x86_64": {
-        "keyctl": 250, "add_key": 248, "request_key": 249,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-        "bpf": 321, "perf_event_open": 298, "userfaultfd": 323, "ptrace": 101,
-        "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312,
-        "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "mount_setattr": 442,
-        "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "move_mount": 429, "open_tree": 428,
-        "unshare": 272, "setns": 308,
-        "open_by_handle_at": 304, "name_to_handle_at": 303,
-        "swapon": 167, "swapoff": 168, "reboot": 169, "kexec_load": 246, "kexec_file_load": 320,
-        "init_module": 175, "finit_module": 313, "delete_module": 176, "acct": 163, "quotactl": 179,
-        "syslog": 103, "lookup_dcookie": 212, "settimeofday": 164, "clock_settime": 227,
-        "clock_adjtime": 305, "adjtimex": 159, "vhangup": 153, "iopl": 172, "ioperm": 173, "uselib": 134,
-        "pidfd_getfd": 438, "modify_ldt": 154,
-        "fadvise64": 221, "process_madvise": 440, "cachestat": 451,
+        "keyctl": 250,
+        "add_key": 248,
+        "request_key": 249,
+        "io_uring_setup": 425,
+        "io_uring_enter": 426,
+        "io_uring_register": 427,
+        "bpf": 321,
+        "perf_event_open": 298,
+        "userfaultfd": 323,
+        "ptrace": 101,
+        "process_vm_readv": 310,
+        "process_vm_writev": 311,
+        "kcmp": 312,
+        "mount": 165,
+        "umount2": 166,
+        "pivot_root": 155,
+        "chroot": 161,
+        "mount_setattr": 442,
+        "fsopen": 430,
+        "fsconfig": 431,
+        "fsmount": 432,
+        "fspick": 433,
+        "move_mount": 429,
+        "open_tree": 428,
+        "unshare": 272,
+        "setns": 308,
+        "open_by_handle_at": 304,
+        "name_to_handle_at": 303,
+        "swapon": 167,
+        "swapoff": 168,
+        "reboot": 169,
+        "kexec_load": 246,
+        "kexec_file_load": 320,
+        "init_module": 175,
+        "finit_module": 313,
+        "delete_module": 176,
+        "acct": 163,
+        "quotactl": 179,
+        "syslog": 103,
+        "lookup_dcookie": 212,
+        "settimeofday": 164,
+        "clock_settime": 227,
+        "clock_adjtime": 305,
+        "adjtimex": 159,
+        "vhangup": 153,
+        "iopl": 172,
+        "ioperm": 173,
+        "uselib": 134,
+        "pidfd_getfd": 438,
+        "modify_ldt": 154,
+        "fadvise64": 221,
+        "process_madvise": 440,
+        "cachestat": 451,
     },
     "aarch64": {
-        "keyctl": 219, "add_key": 217, "request_key": 218,
-        "io_uring_setup": 425, "io_uring_enter": 426, "io_uring_register": 427,
-        "bpf": 280, "perf_event_open": 241, "userfaultfd": 282, "ptrace": 117,
-        "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272,
-        "mount": 40, "umount2": 39, "pivot_root": 41, "chroot": 51, "mount_setattr": 442,
-        "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "move_mount": 429, "open_tree": 428,
-        "unshare": 97, "setns": 268,
-        "open_by_handle_at": 265, "name_to_handle_at": 264,
-        "swapon": 224, "swapoff": 225, "reboot": 142, "kexec_load": 104, "kexec_file_load": 294,
-        "init_module": 105, "finit_module": 273, "delete_module": 106, "acct": 89, "quotactl": 60,
-        "syslog": 116, "lookup_dcookie": 18, "settimeofday": 170, "clock_settime": 112,
-        "clock_adjtime": 266, "adjtimex": 171, "vhangup": 58,
+        "keyctl": 219,
+        "add_key": 217,
+        "request_key": 218,
+        "io_uring_setup": 425,
+        "io_uring_enter": 426,
+        "io_uring_register": 427,
+        "bpf": 280,
+        "perf_event_open": 241,
+        "userfaultfd": 282,
+        "ptrace": 117,
+        "process_vm_readv": 270,
+        "process_vm_writev": 271,
+        "kcmp": 272,
+        "mount": 40,
+        "umount2": 39,
+        "pivot_root": 41,
+        "chroot": 51,
+        "mount_setattr": 442,
+        "fsopen": 430,
+        "fsconfig": 431,
+        "fsmount": 432,
+        "fspick": 433,
+        "move_mount": 429,
+        "open_tree": 428,
+        "unshare": 97,
+        "setns": 268,
+        "open_by_handle_at": 265,
+        "name_to_handle_at": 264,
+        "swapon": 224,
+        "swapoff": 225,
+        "reboot": 142,
+        "kexec_load": 104,
+        "kexec_file_load": 294,
+        "init_module": 105,
+        "finit_module": 273,
+        "delete_module": 106,
+        "acct": 89,
+        "quotactl": 60,
+        "syslog": 116,
+        "lookup_dcookie": 18,
+        "settimeofday": 170,
+        "clock_settime": 112,
+        "clock_adjtime": 266,
+        "adjtimex": 171,
+        "vhangup": 58,
         "pidfd_getfd": 438,
-        "fadvise64_64": 223, "process_madvise": 440, "cachestat": 451,
+        "fadvise64_64": 223,
+        "process_madvise": 440,
+        "cachestat": 451,
     },
 }
 DENIED_SYSCALLS: dict[str, frozenset[str]] = {arch: frozenset(t) for arch, t in _NUMBERS.items()}
@@ -158,8 +239,10 @@ def build_filter(arch: str | None = None, errno_value: int = errno.EPERM) -> byt
     """The raw ``sock_filter`` array for ``arch`` (default: this host's), as bwrap reads it."""
     arch = arch or _machine()
     if arch not in _NUMBERS:
-        raise SandboxError(f"no seccomp syscall table for architecture {arch!r} (have: {sorted(_NUMBERS)}); "
-                           "pass seccomp=False in BwrapConfig to run without the filter on this host")
+        raise SandboxError(
+            f"no seccomp syscall table for architecture {arch!r} (have: {sorted(_NUMBERS)}); "
+            "pass seccomp=False in BwrapConfig to run without the filter on this host"
+        )
     prog: list[tuple[int, int, str | None, str | None] | str] = [
         (_LD_W_ABS, _OFF_ARCH, None, None),
         (_JEQ_K, _AUDIT_ARCH[arch], "nr", None),
@@ -173,16 +256,23 @@ def build_filter(arch: str | None = None, errno_value: int = errno.EPERM) -> byt
     prog += [(_JEQ_K, _MADVISE[arch], "madvise", None)]
     prog += [(_JEQ_K, nr, "enosys", None) for nr in _ENOSYS_CALLS[arch]]
     prog += [(_JEQ_K, nr, "deny", None) for nr in sorted(set(_NUMBERS[arch].values()))]
-    prog += ["allow", (_RET_K, _RET_ALLOW, None, None),
-             "madvise", (_LD_W_ABS, _OFF_ARG2_LOW, None, None)]
+    prog += ["allow", (_RET_K, _RET_ALLOW, None, None), "madvise", (_LD_W_ABS, _OFF_ARG2_LOW, None, None)]
     prog += [(_JEQ_K, advice, "deny", None) for advice in sorted(DENIED_ADVICE.values())]
-    prog += [(_RET_K, _RET_ALLOW, None, None),
-             "enosys", (_RET_K, _RET_ERRNO | errno.ENOSYS, None, None),
-             "socket", (_LD_W_ABS, _OFF_ARG0_LOW, None, None)]
+    prog += [
+        (_RET_K, _RET_ALLOW, None, None),
+        "enosys",
+        (_RET_K, _RET_ERRNO | errno.ENOSYS, None, None),
+        "socket",
+        (_LD_W_ABS, _OFF_ARG0_LOW, None, None),
+    ]
     prog += [(_JEQ_K, family, "family_ok", None) for family in sorted(ALLOWED_FAMILIES.values())]
-    prog += [(_RET_K, _RET_ERRNO | errno.EAFNOSUPPORT, None, None),
-             "family_ok", (_RET_K, _RET_ALLOW, None, None),  # BPF jumps only forward: a second ALLOW
-             "deny", (_RET_K, _RET_ERRNO | (errno_value & 0xFFFF), None, None)]
+    prog += [
+        (_RET_K, _RET_ERRNO | errno.EAFNOSUPPORT, None, None),
+        "family_ok",
+        (_RET_K, _RET_ALLOW, None, None),  # BPF jumps only forward: a second ALLOW
+        "deny",
+        (_RET_K, _RET_ERRNO | (errno_value & 0xFFFF), None, None),
+    ]
     return _assemble(prog)
 
 

@@ -43,8 +43,15 @@ class BoundedVolume:
     """A ``disk_bytes`` / ``disk_inodes`` tmpfs volume on ``config``'s engine host, root directory
     owned by ``uid`` with ``mode``, kept mounted by a holder container of ``image``."""
 
-    def __init__(self, config: ContainerConfig, image: str, disk_bytes: int, disk_inodes: int, uid: int,
-                 mode: int = 0o755) -> None:
+    def __init__(
+        self,
+        config: ContainerConfig,
+        image: str,
+        disk_bytes: int,
+        disk_inodes: int,
+        uid: int,
+        mode: int = 0o755,
+    ) -> None:
         engine = find_engine(config.engine)
         if engine is None:
             raise SandboxError(f"BoundedVolume: no container engine for engine={config.engine!r}")
@@ -58,12 +65,37 @@ class BoundedVolume:
         self._created = False
         self.reaper.started(self._holder)
         try:
-            self._call([engine, *self._g, "volume", "create", *owner_labels(), "--opt", "type=tmpfs", "--opt",
-                        "device=tmpfs", "--opt", f"o={opts}", self.name], what="create the workspace volume")
+            self._call(
+                [
+                    engine,
+                    *self._g,
+                    "volume",
+                    "create",
+                    *owner_labels(),
+                    "--opt",
+                    "type=tmpfs",
+                    "--opt",
+                    "device=tmpfs",
+                    "--opt",
+                    f"o={opts}",
+                    self.name,
+                ],
+                what="create the workspace volume",
+            )
             self._created = True
-            self._call([*locked_down_args(engine, config, 65534, self._holder, detach=True),
-                        "-v", f"{self.name}:/tsl-hold:ro", "--timeout", str(HOLD_S), image, "sleep", "infinity"],
-                       what="start the volume's holder")
+            self._call(
+                [
+                    *locked_down_args(engine, config, 65534, self._holder, detach=True),
+                    "-v",
+                    f"{self.name}:/tsl-hold:ro",
+                    "--timeout",
+                    str(HOLD_S),
+                    image,
+                    "sleep",
+                    "infinity",
+                ],
+                what="start the volume's holder",
+            )
         except BaseException:
             self.remove()
             raise
@@ -83,12 +115,20 @@ class BoundedVolume:
     def remove(self) -> None:
         """Remove the holder, then the volume (its RAM with it). Never raises."""
         rm_s = 30.0 if self.config.url else 120.0
-        for args in (["rm", "-f", "-t", "0", self._holder], ["volume", "rm", "-f", self.name] if self._created else []):
+        for args in (
+            ["rm", "-f", "-t", "0", self._holder],
+            ["volume", "rm", "-f", self.name] if self._created else [],
+        ):
             if not args:
                 continue
             try:
-                done = subprocess.run([self.engine, *self._g, *args], capture_output=True, text=True, timeout=rm_s,
-                                      stdin=subprocess.DEVNULL)
+                done = subprocess.run(
+                    [self.engine, *self._g, *args],
+                    capture_output=True,
+                    text=True,
+                    timeout=rm_s,
+                    stdin=subprocess.DEVNULL,
+                )
                 why = None if done.returncode == 0 else done.stderr.strip()[-300:]
             except (OSError, subprocess.SubprocessError) as e:
                 why = str(e)
@@ -99,11 +139,18 @@ class BoundedVolume:
         self.reaper.finished(self._holder)
 
 
-def setup_box(config: ContainerConfig, image: str, tree: BoundedVolume, mount_at: str = "/tsl-dst",
-              ro_volumes: Mapping[str, str] | None = None) -> ContainerSandbox:
+def setup_box(
+    config: ContainerConfig,
+    image: str,
+    tree: BoundedVolume,
+    mount_at: str = "/tsl-dst",
+    ro_volumes: Mapping[str, str] | None = None,
+) -> ContainerSandbox:
     """A set-up container for ``tree`` (bound at ``mount_at``): root with :data:`SETUP_CAPS`, the
     image's own /testbed visible. Only for trees no agent command has touched yet."""
-    return ContainerSandbox(tree, image, 0, config, ro_volumes=ro_volumes, mount_at=mount_at, add_caps=SETUP_CAPS)
+    return ContainerSandbox(
+        tree, image, 0, config, ro_volumes=ro_volumes, mount_at=mount_at, add_caps=SETUP_CAPS
+    )
 
 
 def pack_files(files: Iterable[tuple[str, bytes, int]]) -> bytes:

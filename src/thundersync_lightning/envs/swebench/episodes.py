@@ -86,9 +86,19 @@ class TimedWorkspace:
     def __init__(self, inner: Workspace, episodes: EpisodeLog, instance_id: str, seed: int) -> None:
         self.inner, self.episodes = inner, episodes
         self.record: dict[str, Any] = {
-            "instance_id": instance_id, "seed": seed, "started_at": None, "episode_s": None,
-            "container_start_s": None, "commands": 0, "commands_s": 0.0, "verdict_s": 0.0,
-            "reward": None, "resolved": None, "verdict": None, "tests": None, "error": None,
+            "instance_id": instance_id,
+            "seed": seed,
+            "started_at": None,
+            "episode_s": None,
+            "container_start_s": None,
+            "commands": 0,
+            "commands_s": 0.0,
+            "verdict_s": 0.0,
+            "reward": None,
+            "resolved": None,
+            "verdict": None,
+            "tests": None,
+            "error": None,
         }
         self._opened_at: float | None = None
         self._closed = False
@@ -108,7 +118,9 @@ class TimedWorkspace:
         finally:
             self.record["container_start_s"] = time.monotonic() - t0
 
-    def run(self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None) -> SandboxResult:
+    def run(
+        self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None
+    ) -> SandboxResult:
         t0 = time.monotonic()
         try:
             return self.inner.run(command, stdin=stdin, timeout_s=timeout_s)
@@ -137,8 +149,9 @@ class TimedWorkspace:
         finally:
             self.record["verdict_s"] += time.monotonic() - t0
         status = outcome.report.get("tests_status") if isinstance(outcome.report, dict) else None
-        self.record.update(reward=outcome.reward, resolved=outcome.resolved, verdict=outcome.reason,
-                           tests=_counts(status))
+        self.record.update(
+            reward=outcome.reward, resolved=outcome.resolved, verdict=outcome.reason, tests=_counts(status)
+        )
         return outcome
 
     def close(self) -> None:
@@ -161,5 +174,10 @@ def _counts(status: Any) -> dict[str, dict[str, int]] | None:
     """swebench's tests_status as counts (success / failure per FAIL_TO_PASS and PASS_TO_PASS)."""
     if not isinstance(status, dict):
         return None
-    return {k: {"success": len(status.get(k, {}).get("success", [])),
-                "failure": len(status.get(k, {}).get("failure", []))} for k in ("FAIL_TO_PASS", "PASS_TO_PASS")}
+    return {
+        k: {
+            "success": len(status.get(k, {}).get("success", [])),
+            "failure": len(status.get(k, {}).get("failure", [])),
+        }
+        for k in ("FAIL_TO_PASS", "PASS_TO_PASS")
+    }

@@ -71,9 +71,21 @@ from ..code.reporter import REPORT_FD_ENV, keyed_hash
 from ..code.runner import check_exit, new_key, parse_results, reporter_source, write_host_dir
 from ..sandbox.base import SandboxResult
 
-__all__ = ["EVAL_DIR", "EvalSecrets", "frame_eval_script", "eval_command", "write_eval_dir", "reframe_log",
-           "uses_reporter", "grade_eval_run", "warn_if_dumpable", "SHELL_NAME", "eval_files", "FRESH_BYTECODE",
-           "STARTUP_FILES"]
+__all__ = [
+    "EVAL_DIR",
+    "EvalSecrets",
+    "frame_eval_script",
+    "eval_command",
+    "write_eval_dir",
+    "reframe_log",
+    "uses_reporter",
+    "grade_eval_run",
+    "warn_if_dumpable",
+    "SHELL_NAME",
+    "eval_files",
+    "FRESH_BYTECODE",
+    "STARTUP_FILES",
+]
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +121,7 @@ class EvalSecrets:
     def config_manifest(self, output: str) -> dict[str, str] | None:
         """The manifest the eval shell printed before the tests (None: it printed none, or no end)."""
         prefix = self.config_tag + " "
-        lines = [line[len(prefix):] for line in output.split("\n") if line.startswith(prefix)]
+        lines = [line[len(prefix) :] for line in output.split("\n") if line.startswith(prefix)]
         if not lines or lines[-1] != "end":
             return None
         return parse_manifest("\n".join(lines[:-1]))
@@ -127,8 +139,16 @@ def _markers() -> tuple[str, ...]:
         TESTS_TIMEOUT,
     )
 
-    return (START_TEST_OUTPUT, END_TEST_OUTPUT, TEST_EXIT_CODE, APPLY_PATCH_FAIL, APPLY_PATCH_PASS, RESET_FAILED,
-            TESTS_ERROR, TESTS_TIMEOUT)
+    return (
+        START_TEST_OUTPUT,
+        END_TEST_OUTPUT,
+        TEST_EXIT_CODE,
+        APPLY_PATCH_FAIL,
+        APPLY_PATCH_PASS,
+        RESET_FAILED,
+        TESTS_ERROR,
+        TESTS_TIMEOUT,
+    )
 
 
 # The first shell's prelude. xtrace is off inside the helpers (their expansions would print the key);
@@ -185,16 +205,22 @@ FRESH_BYTECODE = (
 )
 #: The eval directory's start-up modules, first on the test command's ``sys.path`` (``PYTHONPATH``):
 #: the work tree's (a module, a package, whatever the install step wrote) never run at start-up.
-STARTUP_FILES = (("sitecustomize.py", "# thundersync: the host's, found first: no other runs at start-up\n"),
-                 ("usercustomize.py", "# thundersync: the host's, found first: no other runs at start-up\n"))
+STARTUP_FILES = (
+    ("sitecustomize.py", "# thundersync: the host's, found first: no other runs at start-up\n"),
+    ("usercustomize.py", "# thundersync: the host's, found first: no other runs at start-up\n"),
+)
 
 
 def eval_command() -> str:
     """The container's command: become the execute-only shell (:data:`SHELL_NAME`), which reads the
     secrets from stdin, then sources ``/tsl-eval/eval.sh``."""
-    prelude = (_PRELUDE.replace("@EVAL_DIR@", EVAL_DIR).replace("@FD_ENV@", REPORT_FD_ENV)
-               .replace("@FD@", str(_KEY_FD)).replace("@MANIFEST@", manifest_command())
-               .replace("@FRESH_BYTECODE@", FRESH_BYTECODE))
+    prelude = (
+        _PRELUDE.replace("@EVAL_DIR@", EVAL_DIR)
+        .replace("@FD_ENV@", REPORT_FD_ENV)
+        .replace("@FD@", str(_KEY_FD))
+        .replace("@MANIFEST@", manifest_command())
+        .replace("@FRESH_BYTECODE@", FRESH_BYTECODE)
+    )
     return f"exec {EVAL_DIR}/{SHELL_NAME} -c {shlex.quote(prelude)}"
 
 
@@ -259,8 +285,14 @@ def reframe_log(output: str, secrets: EvalSecrets) -> str:
     return "\n".join(out)
 
 
-def grade_eval_run(spec: Any, result: SandboxResult, secrets: EvalSecrets, patch: str,
-                   declared: Mapping[str, str] | None = None, config: Mapping[str, str] | None = None) -> EvalOutcome:
+def grade_eval_run(
+    spec: Any,
+    result: SandboxResult,
+    secrets: EvalSecrets,
+    patch: str,
+    declared: Mapping[str, str] | None = None,
+    config: Mapping[str, str] | None = None,
+) -> EvalOutcome:
     """Grade one run of :func:`eval_command` (``spec``: swebench's TestSpec) with swebench's report,
     held to the rule of :mod:`.code.outcomes`: ``declared`` is the original source of the graded
     test files (the image's, with the instance's test patch applied on the host; never the run's).
@@ -273,11 +305,17 @@ def grade_eval_run(spec: Any, result: SandboxResult, secrets: EvalSecrets, patch
     if config is not None:
         seen = secrets.config_manifest(result.text)
         if seen is None:
-            return EvalOutcome(False, "void run: no pytest configuration manifest before the tests", log=result.text)
+            return EvalOutcome(
+                False, "void run: no pytest configuration manifest before the tests", log=result.text
+            )
         changes = config_changes(config, seen)
         if changes:
-            return EvalOutcome(False, "void run: the pytest configuration changed before the tests started: "
-                               + "; ".join(changes[:20]), log=result.text)
+            return EvalOutcome(
+                False,
+                "void run: the pytest configuration changed before the tests started: "
+                + "; ".join(changes[:20]),
+                log=result.text,
+            )
 
     if uses_reporter(spec.log_parser):
         results = parse_results(result.text, secrets.key)
@@ -285,10 +323,14 @@ def grade_eval_run(spec: Any, result: SandboxResult, secrets: EvalSecrets, patch
             results = check_exit(results, None)
         if results.problem is not None and not (result.timed_out or result.truncated):
             return EvalOutcome(False, f"no trustworthy test results: {results.problem}", log=result.text)
-        log_text = f"{APPLY_PATCH_PASS}\n" + framed_log(result, results.log_body(skipped=False), results.exit_status)
+        log_text = f"{APPLY_PATCH_PASS}\n" + framed_log(
+            result, results.log_body(skipped=False), results.exit_status
+        )
         return grade_with_spec(spec, log_text, patch, declared)
     note = f"\n{TESTS_TIMEOUT}\n" if result.timed_out else f"\n{TESTS_ERROR}\n" if result.truncated else ""
-    return grade_with_spec(spec, f"{APPLY_PATCH_PASS}\n{reframe_log(result.text, secrets)}{note}", patch, declared)
+    return grade_with_spec(
+        spec, f"{APPLY_PATCH_PASS}\n{reframe_log(result.text, secrets)}{note}", patch, declared
+    )
 
 
 def warn_if_dumpable() -> None:
@@ -305,6 +347,7 @@ def warn_if_dumpable() -> None:
     except (OSError, ValueError):
         return
     if value == 1:
-        log.warning("fs.suid_dumpable is 1 on this host: code under test in a SWE-bench container can read the eval "
-                    "shell's memory and with it the run's key; set `sysctl fs.suid_dumpable=0` (or 2)")
-
+        log.warning(
+            "fs.suid_dumpable is 1 on this host: code under test in a SWE-bench container can read the eval "
+            "shell's memory and with it the run's key; set `sysctl fs.suid_dumpable=0` (or 2)"
+        )

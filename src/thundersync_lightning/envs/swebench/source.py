@@ -37,7 +37,7 @@ from ..selection import held_out, pick
 from .episodes import EpisodeLog, TimedWorkspace
 from .workspace import SWEbenchSettings, SWEbenchWorkspace
 
-__all__ = ['SWEbenchTasks', 'load_instances']
+__all__ = ["SWEbenchTasks", "load_instances"]
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +49,18 @@ def load_instances(path: str, instance_ids: list[str] | None = None) -> list[dic
     from swebench.harness.utils import load_swebench_dataset
 
     rows = [dict(r) for r in load_swebench_dataset(path, instance_ids=instance_ids)]
-    need = ("instance_id", "image", "eval_script", "log_parser", "eval_type", "FAIL_TO_PASS",
-            "PASS_TO_PASS", "problem_statement", "repo", "version")
+    need = (
+        "instance_id",
+        "image",
+        "eval_script",
+        "log_parser",
+        "eval_type",
+        "FAIL_TO_PASS",
+        "PASS_TO_PASS",
+        "problem_statement",
+        "repo",
+        "version",
+    )
     problems = [f"{r.get('instance_id', '?')}: missing {k}" for r in rows for k in need if k not in r]
     if problems:
         raise ConfigError("SWE-bench rows lack fields swebench 5 grading needs: " + "; ".join(problems[:10]))
@@ -133,16 +143,23 @@ class SWEbenchTasks:
         limits = SandboxLimits(timeout_s=command_timeout_s, nproc=nproc, cpus=cpus)
         self.settings = SWEbenchSettings(
             container=ContainerConfig(engine=engine, runtime=runtime, limits=limits, memory=memory),
-            root=sandbox_root, eval_timeout_s=eval_timeout_s, image_override=image_override,
-            disk_bytes=disk_bytes, disk_inodes=disk_inodes, hosts=parse_hosts(sandbox_hosts or ()),
+            root=sandbox_root,
+            eval_timeout_s=eval_timeout_s,
+            image_override=image_override,
+            disk_bytes=disk_bytes,
+            disk_inodes=disk_inodes,
+            hosts=parse_hosts(sandbox_hosts or ()),
             host_wait_s=host_wait_s,
         )
         if self.settings.hosts and engine not in ("auto", "podman"):
-            raise ConfigError(f"SWEbenchTasks: sandbox_hosts are podman services; engine={engine!r} cannot reach them")
+            raise ConfigError(
+                f"SWEbenchTasks: sandbox_hosts are podman services; engine={engine!r} cannot reach them"
+            )
         self.codec: TextCodec = HFTokenizerCodec(tokenizer_path) if tokenizer_path else ByteCodec()
         self.action_format, self.tool_parser = action_format, tool_parser
-        self.renderer = tool_renderer("SWEbenchTasks", action_format, tokenizer_path, chat_template,
-                                      template_kwargs, tool_parser)
+        self.renderer = tool_renderer(
+            "SWEbenchTasks", action_format, tokenizer_path, chat_template, template_kwargs, tool_parser
+        )
         self._rows: list[dict[str, Any]] | None = None
         self.episode_log = EpisodeLog(episode_log) if episode_log else None
 
@@ -183,9 +200,16 @@ class SWEbenchTasks:
         workspace: Workspace = SWEbenchWorkspace(task, self.settings, uid_pool(self.uid_base, self.uid_count))
         if self.episode_log is not None:
             workspace = TimedWorkspace(workspace, self.episode_log, str(task["instance_id"]), seed)
-        conversation = (None if self.renderer is None else tool_conversation(
-            self.renderer, self.tool_parser, max_output_bytes=self.max_observation_bytes))
-        return CodeEnv(workspace, self._prompt(task), self.codec, self.max_observation_bytes, conversation=conversation)
+        conversation = (
+            None
+            if self.renderer is None
+            else tool_conversation(
+                self.renderer, self.tool_parser, max_output_bytes=self.max_observation_bytes
+            )
+        )
+        return CodeEnv(
+            workspace, self._prompt(task), self.codec, self.max_observation_bytes, conversation=conversation
+        )
 
     def _prompt(self, row: dict[str, Any]) -> str:
         return render_prompt(str(row["problem_statement"]), (), self.action_format)
@@ -194,10 +218,14 @@ class SWEbenchTasks:
         """A bound on one episode's tokens whatever the policy writes (the memory planner's): the
         longest prompt of :attr:`rows`, then per turn ``max_action_tokens`` and the observation cap
         (:func:`~..code.tools.code_episode_tokens`, as for local code tasks)."""
-        return code_episode_tokens((self._prompt(r) for r in self.rows), max_turns=self.max_turns,
-                                   max_action_tokens=self.max_action_tokens,
-                                   max_observation_bytes=self.max_observation_bytes, codec=self.codec,
-                                   renderer=self.renderer)
+        return code_episode_tokens(
+            (self._prompt(r) for r in self.rows),
+            max_turns=self.max_turns,
+            max_action_tokens=self.max_action_tokens,
+            max_observation_bytes=self.max_observation_bytes,
+            codec=self.codec,
+            renderer=self.renderer,
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

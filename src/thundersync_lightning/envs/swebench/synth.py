@@ -31,18 +31,46 @@ from dataclasses import dataclass
 
 from ..mutations.generate import sites
 
-__all__ = ["Site", "PytestRun", "Bug", "find_sites", "apply_site", "parse_test_run", "select_bugs", "gold_patch",
-           "problem_statement", "eval_script", "gradable"]
+__all__ = [
+    "Site",
+    "PytestRun",
+    "Bug",
+    "find_sites",
+    "apply_site",
+    "parse_test_run",
+    "select_bugs",
+    "gold_patch",
+    "problem_statement",
+    "eval_script",
+    "gradable",
+]
 
-_SYMBOL = {ast.Lt: "<", ast.LtE: "<=", ast.Gt: ">", ast.GtE: ">=", ast.Eq: "==", ast.NotEq: "!=",
-           ast.Add: "+", ast.Sub: "-", ast.Mult: "*", ast.FloorDiv: "//", ast.Mod: "%",
-           ast.And: "and", ast.Or: "or"}
+_SYMBOL = {
+    ast.Lt: "<",
+    ast.LtE: "<=",
+    ast.Gt: ">",
+    ast.GtE: ">=",
+    ast.Eq: "==",
+    ast.NotEq: "!=",
+    ast.Add: "+",
+    ast.Sub: "-",
+    ast.Mult: "*",
+    ast.FloorDiv: "//",
+    ast.Mod: "%",
+    ast.And: "and",
+    ast.Or: "or",
+}
 # Exactly one token of the site's kind may lie between its operands (parentheses and spaces aside).
 _CMP_TOKEN = re.compile(r"<=|>=|==|!=|<|>")
 _BIN_TOKEN = re.compile(r"\*\*|//|[+\-*%/@&|^]|<<|>>")
 _BOOL_TOKEN = re.compile(r"\b(?:and|or)\b")
-_KIND = {ast.Compare: "cmp_flip", ast.BinOp: "op_swap", ast.AugAssign: "op_swap", ast.BoolOp: "bool_swap",
-         ast.Constant: "const_shift"}
+_KIND = {
+    ast.Compare: "cmp_flip",
+    ast.BinOp: "op_swap",
+    ast.AugAssign: "op_swap",
+    ast.BoolOp: "bool_swap",
+    ast.Constant: "const_shift",
+}
 _STATUSES = ("PASSED", "FAILED", "ERROR", "XFAIL", "XPASS")  # SKIPPED lines name a file:line, not a test id
 _RESULT = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+)(?: - (.*))?$")
 
@@ -106,8 +134,12 @@ def _functions(tree: ast.AST) -> dict[int, str]:
             for part in (*node.decorator_list, node.args, *([node.returns] if node.returns else [])):
                 handle(part, scope, func)
             body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
-                    and isinstance(body[0].value.value, str):
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
                 body = body[1:]
             for stmt in body:
                 handle(stmt, f"{name}.", name)
@@ -133,6 +165,7 @@ def _offsets(data: bytes) -> list[int]:
 
 def _span(node: ast.AST, index: int | None, data: bytes, lines: list[int]) -> tuple[int, int] | None:
     """The byte span of the site's token in ``data`` (None: not exactly one token of its kind there)."""
+
     def at(line: int, col: int) -> int:
         return lines[line - 1] + col
 
@@ -187,14 +220,13 @@ def find_sites(path: str, source: str) -> list[Site]:
         span = _span(node, slot, data, lines)
         if span is None:
             continue
-        old = data[span[0]:span[1]].decode()
+        old = data[span[0] : span[1]].decode()
         for alt in alternatives:
             value = alt() if isinstance(alt, type) else alt
             if isinstance(value, int) and value < 0:
                 continue  # "-1" in place of "0" parses as a unary minus: not the tree edit
             new = _text(value, isinstance(node, ast.AugAssign))
-            out.append(Site(path, name, node.lineno, span[0], span[1], old, new, index,
-                            _KIND[type(node)]))
+            out.append(Site(path, name, node.lineno, span[0], span[1], old, new, index, _KIND[type(node)]))
     return sorted(out, key=lambda s: (s.start, s.new))
 
 
@@ -202,9 +234,9 @@ def apply_site(source: str, site: Site) -> str | None:
     """``source`` with ``site`` applied, or None where the text edit is not exactly the tree edit
     (what :mod:`..mutations.generate` would make of the same site)."""
     data = source.encode()
-    if data[site.start:site.end].decode() != site.old:
+    if data[site.start : site.end].decode() != site.old:
         return None
-    mutated = (data[:site.start] + site.new.encode() + data[site.end:]).decode()
+    mutated = (data[: site.start] + site.new.encode() + data[site.end :]).decode()
     try:
         got = ast.parse(mutated)
     except SyntaxError:
@@ -251,9 +283,18 @@ def parse_test_run(log: str) -> PytestRun:
     return PytestRun(statuses, messages)
 
 
-def select_bugs(candidates: Sequence[Site], baseline: PytestRun, run: Callable[[Site], PytestRun | None], *,
-                seed: int, count: int, max_tries: int, max_fail_to_pass: int = 10,
-                num_pass_to_pass: int = 10, num_messages: int = 3) -> list[Bug]:
+def select_bugs(
+    candidates: Sequence[Site],
+    baseline: PytestRun,
+    run: Callable[[Site], PytestRun | None],
+    *,
+    seed: int,
+    count: int,
+    max_tries: int,
+    max_fail_to_pass: int = 10,
+    num_pass_to_pass: int = 10,
+    num_messages: int = 3,
+) -> list[Bug]:
     """Up to ``count`` bugs from ``candidates``, trying at most ``max_tries`` of them in a seeded
     order. ``run(site)`` runs the targeted tests on the tree with ``site`` applied (None: the run
     failed as a whole: timed out, crashed; the candidate is skipped)."""
@@ -289,8 +330,9 @@ def gold_patch(path: str, buggy: str, clean: str) -> str:
     """The fix as a git-style unified diff of ``path`` (buggy -> clean), three lines of context."""
     if not buggy.endswith("\n") or not clean.endswith("\n"):
         raise ValueError(f"{path}: the file must end with a newline (a diff of its last line needs a marker)")
-    hunks = difflib.unified_diff(buggy.splitlines(keepends=True), clean.splitlines(keepends=True),
-                                 f"a/{path}", f"b/{path}", n=3)
+    hunks = difflib.unified_diff(
+        buggy.splitlines(keepends=True), clean.splitlines(keepends=True), f"a/{path}", f"b/{path}", n=3
+    )
     body = "".join(hunks)
     return f"diff --git a/{path} b/{path}\n{body}" if body else ""
 
@@ -301,15 +343,18 @@ def problem_statement(bug: Bug, test_files: Sequence[str]) -> str:
     shown = "".join(f"    {t}\n        {msg or '(failed)'}\n" for t, msg in bug.messages)
     more = len(bug.fail_to_pass) - len(bug.messages)
     tail = f"    ... and {more} more failing test(s)\n" if more > 0 else ""
-    return (f"`{site.function}` in `{site.path}` gives wrong results.\n\n"
-            f"After a recent change, {len(bug.fail_to_pass)} test(s) of the library's own suite fail "
-            f"({', '.join(test_files)}):\n\n{shown}{tail}\n"
-            "The tests describe the intended behaviour and are correct; fix the library code so that "
-            "they pass again without breaking the other tests.\n")
+    return (
+        f"`{site.function}` in `{site.path}` gives wrong results.\n\n"
+        f"After a recent change, {len(bug.fail_to_pass)} test(s) of the library's own suite fail "
+        f"({', '.join(test_files)}):\n\n{shown}{tail}\n"
+        "The tests describe the intended behaviour and are correct; fix the library code so that "
+        "they pass again without breaking the other tests.\n"
+    )
 
 
-def eval_script(base_commit: str, test_files: Sequence[str], pytest_args: Sequence[str] = (),
-                pythonpath: str = "") -> str:
+def eval_script(
+    base_commit: str, test_files: Sequence[str], pytest_args: Sequence[str] = (), pythonpath: str = ""
+) -> str:
     """swebench's eval-script shape: restore the test files from the base, run the targeted tests
     between the markers with ``-rA`` (what the pytest log parser reads), restore again.
     ``pythonpath`` (a src layout) is exported before the start marker, never set on the test
@@ -318,14 +363,19 @@ def eval_script(base_commit: str, test_files: Sequence[str], pytest_args: Sequen
     args = "".join(f" {a}" for a in pytest_args)
     # exported before the start marker: the graded run's harness prepends its own entry to it
     env = [f"export PYTHONPATH={pythonpath}"] if pythonpath else []
-    return "\n".join([
-        "#!/bin/bash",
-        "set -uxo pipefail",
-        "cd /testbed",
-        *env,
-        f"git -c core.hooksPath=/dev/null checkout {base_commit} -- {files}",
-        ": '>>>>> Start Test Output'",
-        f"python3 -m pytest -rA --tb=no -p no:cacheprovider{args} {files}",
-        ": '>>>>> End Test Output'",
-        f"git -c core.hooksPath=/dev/null checkout {base_commit} -- {files}",
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                "#!/bin/bash",
+                "set -uxo pipefail",
+                "cd /testbed",
+                *env,
+                f"git -c core.hooksPath=/dev/null checkout {base_commit} -- {files}",
+                ": '>>>>> Start Test Output'",
+                f"python3 -m pytest -rA --tb=no -p no:cacheprovider{args} {files}",
+                ": '>>>>> End Test Output'",
+                f"git -c core.hooksPath=/dev/null checkout {base_commit} -- {files}",
+            ]
+        )
+        + "\n"
+    )

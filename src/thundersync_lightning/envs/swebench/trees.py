@@ -33,7 +33,12 @@ __all__ = ["Tree", "Trees", "HostTrees", "VolumeTrees", "MAX_SOURCE_BYTES"]
 log = logging.getLogger(__name__)
 
 MAX_SOURCE_BYTES = 4 * 1024 * 1024
-_GIT_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
+_GIT_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": "/nonexistent",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+}
 _EVAL_BYTES, _EVAL_INODES = 64 * 1024**2, 1000
 
 
@@ -69,8 +74,16 @@ def _is_head(base: str, head: str) -> bool:
 class HostTrees:
     """Trees in a host directory under ``root`` (one tmpfs budget per tree where the host can mount)."""
 
-    def __init__(self, image: str, config: ContainerConfig, uid: int, root: str, disk_bytes: int, disk_inodes: int,
-                 require_budget: bool) -> None:
+    def __init__(
+        self,
+        image: str,
+        config: ContainerConfig,
+        uid: int,
+        root: str,
+        disk_bytes: int,
+        disk_inodes: int,
+        require_budget: bool,
+    ) -> None:
         self.image, self.config, self.uid, self.root = image, config, uid, root
         self.disk = (disk_bytes, disk_inodes, require_budget)
         self._dir: str | None = None
@@ -87,8 +100,7 @@ class HostTrees:
         self._dir = tempfile.mkdtemp(prefix=f"swe-u{self.uid}-", dir=self.root)
         self.agent_budget = self._budget(self._dir)
         if not self.agent_budget.enforced:
-            log.warning("SWE-bench workspace disk/inode budget not enforced: %s",
-                                                self.agent_budget.why_not)
+            log.warning("SWE-bench workspace disk/inode budget not enforced: %s", self.agent_budget.why_not)
         agent = os.path.join(self._dir, "agent")
         copy_from_image(self.image, "/testbed", agent, self.config)
         base = self._base_git(agent, base)
@@ -100,11 +112,21 @@ class HostTrees:
     def _base_git(self, agent: str, base: str) -> str:
         dest = os.path.join(self._dir or "", "base.git")
         git = ["git", "-c", "safe.directory=*", "-c", "core.hooksPath=/dev/null"]
-        head = subprocess.run([*git, "-C", agent, "rev-parse", "HEAD"], env=_GIT_ENV, capture_output=True,
-                              text=True, timeout=120).stdout.strip()
+        head = subprocess.run(
+            [*git, "-C", agent, "rev-parse", "HEAD"],
+            env=_GIT_ENV,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout.strip()
         shallow = _is_head(base, head)
-        args = ["clone", "-q", "--bare", *(["--depth=1", f"file://{agent}"] if shallow else ["--no-hardlinks", agent]),
-                dest]
+        args = [
+            "clone",
+            "-q",
+            "--bare",
+            *(["--depth=1", f"file://{agent}"] if shallow else ["--no-hardlinks", agent]),
+            dest,
+        ]
         done = subprocess.run([*git, *args], env=_GIT_ENV, capture_output=True, text=True, timeout=1800)
         if done.returncode != 0:
             raise SandboxError(f"cannot copy the base commit of {agent}: {done.stderr.strip()[-500:]}")
@@ -153,7 +175,12 @@ class HostTrees:
         out: dict[str, bytes | None] = {}
         for rel in paths:
             src = os.path.join(tree.workdir, rel)
-            if rel.startswith("/") or ".." in rel.split("/") or os.path.islink(src) or not os.path.isfile(src):
+            if (
+                rel.startswith("/")
+                or ".." in rel.split("/")
+                or os.path.islink(src)
+                or not os.path.isfile(src)
+            ):
                 out[rel] = None
                 continue
             with open(src, "rb") as f:
@@ -178,7 +205,9 @@ class HostTrees:
 class VolumeTrees:
     """Trees as bounded volumes of the sandbox host's podman service (``config.url``)."""
 
-    def __init__(self, image: str, config: ContainerConfig, uid: int, disk_bytes: int, disk_inodes: int) -> None:
+    def __init__(
+        self, image: str, config: ContainerConfig, uid: int, disk_bytes: int, disk_inodes: int
+    ) -> None:
         self.image, self.config, self.uid = image, config, uid
         self.disk = (disk_bytes, disk_inodes)
         self.agent: Any = None
@@ -192,8 +221,15 @@ class VolumeTrees:
         self._volumes.append(volume)
         return volume
 
-    def _setup(self, tree: BoundedVolume, command: str, what: str, stdin: bytes | None = None,
-               ro: dict[str, str] | None = None, cap: int | None = None) -> bytes:
+    def _setup(
+        self,
+        tree: BoundedVolume,
+        command: str,
+        what: str,
+        stdin: bytes | None = None,
+        ro: dict[str, str] | None = None,
+        cap: int | None = None,
+    ) -> bytes:
         config = self.config if cap is None else self._capped(cap)
         done = setup_box(config, self.image, tree, ro_volumes=ro).run(command, stdin=stdin, timeout_s=1800.0)
         if not done.ok:
@@ -201,8 +237,11 @@ class VolumeTrees:
         return done.output
 
     def _fill(self, tree: BoundedVolume) -> None:
-        self._setup(tree, f"cp -a /testbed/. /tsl-dst/ && chown -R {self.uid}:{self.uid} /tsl-dst",
-                    "copy the image's /testbed")
+        self._setup(
+            tree,
+            f"cp -a /testbed/. /tsl-dst/ && chown -R {self.uid}:{self.uid} /tsl-dst",
+            "copy the image's /testbed",
+        )
 
     def open(self, base: str) -> str:
         agent = self._volume(self.uid)
@@ -210,14 +249,20 @@ class VolumeTrees:
         self._base = self._volume(0)
         # A global config of our own (HOME is the container's /tmp): upload-pack, run by the clone,
         # reads safe.directory only from there (the tree belongs to the workspace uid, not root).
-        script = ("printf '[safe]\\n\\tdirectory = *\\n[core]\\n\\thooksPath = /dev/null\\n' > /tmp/.gitconfig && "
-                  "head=$(git -C /tsl-src rev-parse HEAD) || exit 3; "
-                  f"if [ {shlex.quote(base)} = HEAD ] || [ {shlex.quote(base)} = \"$head\" ]; then "
-                  "git clone -q --bare --depth=1 file:///tsl-src /tsl-dst; else "
-                  "git clone -q --bare --no-hardlinks /tsl-src /tsl-dst; fi && chmod -R a+rX,go-w /tsl-dst "
-                  "&& printf 'HEAD=%s\\n' \"$head\"")
-        out = self._setup(self._base, f"export HOME=/tmp GIT_CONFIG_NOSYSTEM=1; {script}",
-                          "copy the base commit", ro={agent.name: "/tsl-src"}).decode("utf-8", "replace")
+        script = (
+            "printf '[safe]\\n\\tdirectory = *\\n[core]\\n\\thooksPath = /dev/null\\n' > /tmp/.gitconfig && "
+            "head=$(git -C /tsl-src rev-parse HEAD) || exit 3; "
+            f'if [ {shlex.quote(base)} = HEAD ] || [ {shlex.quote(base)} = "$head" ]; then '
+            "git clone -q --bare --depth=1 file:///tsl-src /tsl-dst; else "
+            "git clone -q --bare --no-hardlinks /tsl-src /tsl-dst; fi && chmod -R a+rX,go-w /tsl-dst "
+            "&& printf 'HEAD=%s\\n' \"$head\""
+        )
+        out = self._setup(
+            self._base,
+            f"export HOME=/tmp GIT_CONFIG_NOSYSTEM=1; {script}",
+            "copy the base commit",
+            ro={agent.name: "/tsl-src"},
+        ).decode("utf-8", "replace")
         head = next((line[5:] for line in out.splitlines() if line.startswith("HEAD=")), "")
         self.agent = agent
         return head if _is_head(base, head) else base
@@ -239,8 +284,10 @@ class VolumeTrees:
         listed = "\0".join(names).encode() + b"\0"
         cap = len(names) * (MAX_SOURCE_BYTES + 1024) + 10240
         done = setup_box(self._capped(cap), self.image, tree.workdir).run(
-            "tar -c -f - --no-recursion --ignore-failed-read --null -T - 2>/dev/null; exit 0", stdin=listed,
-            timeout_s=600.0)
+            "tar -c -f - --no-recursion --ignore-failed-read --null -T - 2>/dev/null; exit 0",
+            stdin=listed,
+            timeout_s=600.0,
+        )
         found = unpack_files(done.output, names, MAX_SOURCE_BYTES)
         return {p: found.get(p) for p in paths}
 
@@ -251,9 +298,13 @@ class VolumeTrees:
         volume = self._volume(0, (_EVAL_BYTES, _EVAL_INODES))
         files = [(name, text.encode(), 0o644) for name, text in eval_files(script, log_parser)]
         shell = shlex.quote(self.config.shell)
-        self._setup(volume, f"tar -x -f - -C /tsl-dst && cp -L {shell} /tsl-dst/{SHELL_NAME} && "
-                            f"chmod 0711 /tsl-dst/{SHELL_NAME} && chmod 0755 /tsl-dst",
-                    "write the eval files", stdin=pack_files(files))
+        self._setup(
+            volume,
+            f"tar -x -f - -C /tsl-dst && cp -L {shell} /tsl-dst/{SHELL_NAME} && "
+            f"chmod 0711 /tsl-dst/{SHELL_NAME} && chmod 0755 /tsl-dst",
+            "write the eval files",
+            stdin=pack_files(files),
+        )
         tree.volumes.append(volume)
         return volume.name
 
@@ -268,4 +319,3 @@ class VolumeTrees:
         self.agent = self._base = None
         for volume in volumes:
             volume.remove()
-

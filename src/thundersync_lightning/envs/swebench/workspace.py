@@ -22,14 +22,21 @@ from ..sandbox.uids import UidLease, UidPool
 from .eval_run import EVAL_DIR, EvalSecrets, eval_command, grade_eval_run, warn_if_dumpable
 from .trees import MAX_SOURCE_BYTES, HostTrees, Tree, Trees, VolumeTrees
 
-__all__ = ['SWEbenchSettings', 'SWEbenchWorkspace']
+__all__ = ["SWEbenchSettings", "SWEbenchWorkspace"]
 
 log = logging.getLogger(__name__)
 
 
-_APPLY = "GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null git -c core.hooksPath=/dev/null apply --verbose " \
-         "--whitespace=nowarn -"
-_GIT_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
+_APPLY = (
+    "GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null git -c core.hooksPath=/dev/null apply --verbose "
+    "--whitespace=nowarn -"
+)
+_GIT_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": "/nonexistent",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,8 +82,14 @@ class SWEbenchWorkspace:
         """The sandbox host's URL (None: this host's engine)."""
         return self.config.url
 
-    def _box(self, workdir: Any, cap: int | None = None, base_git: bool = False,
-             eval_source: str | None = None, budget: BoundedDir | None = None) -> ContainerSandbox:
+    def _box(
+        self,
+        workdir: Any,
+        cap: int | None = None,
+        base_git: bool = False,
+        eval_source: str | None = None,
+        budget: BoundedDir | None = None,
+    ) -> ContainerSandbox:
         assert self._lease is not None and self._trees is not None
         config = self.config
         if cap is not None:
@@ -84,8 +97,15 @@ class SWEbenchWorkspace:
         ro = {self._trees.base_source(): BASE_GIT_DIR} if base_git else {}
         if eval_source is not None:
             ro[eval_source] = EVAL_DIR
-        return ContainerSandbox(workdir, self.image, self._lease.uid, config, guard=self._guard, ro_volumes=ro,
-                                budget=budget if budget is not None else self._trees.agent_budget)
+        return ContainerSandbox(
+            workdir,
+            self.image,
+            self._lease.uid,
+            config,
+            guard=self._guard,
+            ro_volumes=ro,
+            budget=budget if budget is not None else self._trees.agent_budget,
+        )
 
     def open(self) -> None:
         if self._sandbox is not None:
@@ -104,8 +124,15 @@ class SWEbenchWorkspace:
             if self.config.url is not None:
                 trees = VolumeTrees(self.image, self.config, lease.uid, s.disk_bytes, s.disk_inodes)
             else:
-                trees = HostTrees(self.image, self.config, lease.uid, s.root, s.disk_bytes, s.disk_inodes,
-                                  s.require_disk_budget)
+                trees = HostTrees(
+                    self.image,
+                    self.config,
+                    lease.uid,
+                    s.root,
+                    s.disk_bytes,
+                    s.disk_inodes,
+                    s.require_disk_budget,
+                )
             self._trees = trees
             self._base = trees.open(self._base)
             if self._guard.cancelled:
@@ -120,7 +147,9 @@ class SWEbenchWorkspace:
             lease.release()
             raise
 
-    def run(self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None) -> SandboxResult:
+    def run(
+        self, command: str, *, stdin: bytes | None = None, timeout_s: float | None = None
+    ) -> SandboxResult:
         if self._sandbox is None:
             raise SandboxError("SWEbenchWorkspace.run before open() or after close()")
         return self._sandbox.run(command, stdin=stdin, timeout_s=timeout_s)
@@ -149,7 +178,9 @@ class SWEbenchWorkspace:
             return EvalOutcome(False, "empty patch (after dropping changes to tests, or unparseable)")
         spec = make_test_spec(self.instance)
         trees = self._trees
-        tree = trees.fresh()  # a disk budget of its own: a workspace the agent filled is graded like any other
+        tree = (
+            trees.fresh()
+        )  # a disk budget of its own: a workspace the agent filled is graded like any other
         try:
             patched = self._patched_files(tree, self._graded_paths(spec))  # before anything runs in the copy
             declared = _texts(patched)
@@ -161,9 +192,9 @@ class SWEbenchWorkspace:
             scripts = trees.write_eval(tree, spec.eval_script, spec.log_parser)
             warn_if_dumpable()
             secrets = EvalSecrets.new()
-            result = self._box(tree.workdir, self.settings.max_log_bytes, eval_source=scripts,
-                               budget=tree.budget).run(eval_command(), stdin=secrets.stdin(),
-                                                       timeout_s=self.settings.eval_timeout_s)
+            result = self._box(
+                tree.workdir, self.settings.max_log_bytes, eval_source=scripts, budget=tree.budget
+            ).run(eval_command(), stdin=secrets.stdin(), timeout_s=self.settings.eval_timeout_s)
             return grade_eval_run(spec, result, secrets, patch, declared, config)
         finally:
             trees.remove(tree)
@@ -205,8 +236,14 @@ class SWEbenchWorkspace:
                     out.write(data)
             test_patch = str(self.instance.get("test_patch") or "")
             if test_patch.strip():
-                subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], cwd=scratch, input=test_patch.encode(),
-                               env=_GIT_ENV, capture_output=True, timeout=120)
+                subprocess.run(
+                    ["git", "apply", "--whitespace=nowarn", "-"],
+                    cwd=scratch,
+                    input=test_patch.encode(),
+                    env=_GIT_ENV,
+                    capture_output=True,
+                    timeout=120,
+                )
             out: dict[str, bytes | None] = {}
             for rel in paths:
                 try:

@@ -46,8 +46,14 @@ class Tool:
 
     def schema(self) -> dict[str, Any]:
         """The definition passed to the chat template."""
-        return {"type": "function",
-                "function": {"name": self.name, "description": self.description, "parameters": dict(self.parameters)}}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": dict(self.parameters),
+            },
+        }
 
 
 def check_arguments(schema: Mapping[str, Any], value: Any, where: str = "arguments") -> str | None:

@@ -59,12 +59,19 @@ __all__ = ["WorkerLimits", "Worker", "start_worker", "confinement", "caller_path
 log = logging.getLogger(__name__)
 
 MAIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker_main.py")
-_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8", "TMPDIR": "/tmp",
-        "PYTHONDONTWRITEBYTECODE": "1"}
+_ENV = {
+    "PATH": "/usr/bin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+    "TMPDIR": "/tmp",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
 # Binds each host path ("$1" ...) under a tmpfs on the stage, as root, then runs the rest ("--" ...).
-_STAGE = ('stage=$1; shift; mount -t tmpfs -o mode=0755,size=65536,nr_inodes=4096 tsl-stage "$stage" || exit 125; '
-          'i=0; while [ "$1" != -- ]; do if [ -d "$1" ]; then mkdir "$stage/$i"; else : > "$stage/$i"; fi '
-          '&& mount --bind "$1" "$stage/$i" || exit 125; i=$((i + 1)); shift; done; shift; exec "$@"')
+_STAGE = (
+    'stage=$1; shift; mount -t tmpfs -o mode=0755,size=65536,nr_inodes=4096 tsl-stage "$stage" || exit 125; '
+    'i=0; while [ "$1" != -- ]; do if [ -d "$1" ]; then mkdir "$stage/$i"; else : > "$stage/$i"; fi '
+    '&& mount --bind "$1" "$stage/$i" || exit 125; i=$((i + 1)); shift; done; shift; exec "$@"'
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,10 +104,11 @@ class WorkerLimits:
     uid_count: int = 512
 
     def __post_init__(self) -> None:
-        problems = [f"{name}={getattr(self, name)!r} must be > 0"
-                    for name in ("memory_bytes", "nproc", "fsize_bytes", "nofile", "tmpfs_bytes", "cpus",
-                                 "uid_count")
-                    if not getattr(self, name) > 0]
+        problems = [
+            f"{name}={getattr(self, name)!r} must be > 0"
+            for name in ("memory_bytes", "nproc", "fsize_bytes", "nofile", "tmpfs_bytes", "cpus", "uid_count")
+            if not getattr(self, name) > 0
+        ]
         if self.sandbox not in ("bwrap", "rlimits"):
             problems.append(f"sandbox={self.sandbox!r} must be 'bwrap' or 'rlimits'")
         if self.uid_base < 1000:
@@ -116,7 +124,9 @@ class WorkerLimits:
         if isinstance(value, WorkerLimits):
             return value
         if not isinstance(value, Mapping):
-            raise ConfigError(f"worker_limits must be a mapping of WorkerLimits fields, got {type(value).__name__}")
+            raise ConfigError(
+                f"worker_limits must be a mapping of WorkerLimits fields, got {type(value).__name__}"
+            )
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(value) - known)
         if unknown:
@@ -127,8 +137,10 @@ class WorkerLimits:
 def _bwrap_missing() -> str | None:
     """Why this process cannot start confined workers, or None when it can."""
     if not bwrap_available():
-        return ("bubblewrap, setpriv or prlimit is missing, or the engine is not root (only root can give a "
-                "worker a uid of its own)")
+        return (
+            "bubblewrap, setpriv or prlimit is missing, or the engine is not root (only root can give a "
+            "worker a uid of its own)"
+        )
     missing = [t for t in ("unshare", "mount") if shutil.which(t) is None]
     return f"{' and '.join(missing)} not found" if missing else None
 
@@ -152,10 +164,12 @@ def confinement(limits: WorkerLimits) -> Literal["bwrap", "rlimits"]:
     why = _bwrap_missing()
     if why is None:
         return "bwrap"
-    message = (f"the user's tools and rewards cannot be confined: {why}. They run as plain processes with the "
-               f"engine's uid ({os.geteuid()}), files and network, under rlimits only (memory, file size, open "
-               "files). Fix: install bubblewrap (apt-get install bubblewrap) and run the engine as root, or set "
-               "worker_limits: {require_sandbox: true} to refuse to run unconfined")
+    message = (
+        f"the user's tools and rewards cannot be confined: {why}. They run as plain processes with the "
+        f"engine's uid ({os.geteuid()}), files and network, under rlimits only (memory, file size, open "
+        "files). Fix: install bubblewrap (apt-get install bubblewrap) and run the engine as root, or set "
+        "worker_limits: {require_sandbox: true} to refuse to run unconfined"
+    )
     if limits.require_sandbox:
         raise ConfigError(message)
     _warn_once(message)
@@ -186,20 +200,33 @@ def _binds(paths: Iterable[str]) -> tuple[str, ...]:
     """The host paths a confined worker needs bound for ``paths`` (the caller's ``sys.path``):
     the interpreter's prefixes, the worker script's directory and each existing entry, those
     already under /usr or under another bound path left out; unreadable ones named in a warning."""
-    wanted = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-              os.path.dirname(os.path.realpath(sys.executable)), os.path.dirname(MAIN), *paths]
+    wanted = [
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        os.path.dirname(os.path.realpath(sys.executable)),
+        os.path.dirname(MAIN),
+        *paths,
+    ]
     kept: list[str] = []
     for path in sorted({os.path.normpath(p) for p in wanted}, key=lambda p: (p.count("/"), p)):
-        if not os.path.exists(path) or any(path == k or path.startswith(k.rstrip("/") + "/") for k in ("/usr", *kept)):
+        if not os.path.exists(path) or any(
+            path == k or path.startswith(k.rstrip("/") + "/") for k in ("/usr", *kept)
+        ):
             continue
         if path.count("/") < 2 or path.split("/")[1] in ("proc", "sys", "dev"):
-            _warn_once(f"confined tool and reward workers do not see {path} (on sys.path): a top-level or kernel "
-                       "directory would show them the host; put your modules in a directory of their own")
+            _warn_once(
+                f"confined tool and reward workers do not see {path} (on sys.path): a top-level or kernel "
+                "directory would show them the host; put your modules in a directory of their own"
+            )
             continue
         if not _readable(path):
-            _warn_once(f"confined tool and reward workers cannot read {path} (mode {os.stat(path).st_mode & 0o777:o}; "
-                       "they run as a uid of their own): modules there cannot be imported by them. Fix: chmod "
-                       f"o+rx {path} (o+r for its files)")
+            _warn_once(
+                f"confined tool and reward workers cannot read {path} (mode {os.stat(path).st_mode & 0o777:o}; "
+                "they run as a uid of their own): modules there cannot be imported by them. Fix: chmod "
+                f"o+rx {path} (o+r for its files)"
+            )
             continue
         kept.append(path)
     return tuple(kept)
@@ -222,7 +249,9 @@ _uid_lock = threading.Lock()
 
 def _lease(limits: WorkerLimits) -> UidLease:
     with _uid_lock:
-        pool = _uid_pools.setdefault((limits.uid_base, limits.uid_count), UidPool(limits.uid_base, limits.uid_count))
+        pool = _uid_pools.setdefault(
+            (limits.uid_base, limits.uid_count), UidPool(limits.uid_base, limits.uid_count)
+        )
     return pool.acquire()
 
 
@@ -267,13 +296,25 @@ class Worker:
 def start_worker(limits: WorkerLimits, paths: tuple[str, ...]) -> Worker:
     """A worker process for calls from a caller whose ``sys.path`` is ``paths``; HostFault when
     the host cannot start one."""
-    rlimits = ["prlimit", f"--as={limits.memory_bytes}", f"--fsize={limits.fsize_bytes}",
-               f"--nofile={limits.nofile}", "--core=0", "--"]
+    rlimits = [
+        "prlimit",
+        f"--as={limits.memory_bytes}",
+        f"--fsize={limits.fsize_bytes}",
+        f"--nofile={limits.nofile}",
+        "--core=0",
+        "--",
+    ]
     python = [sys.executable, "-u", MAIN]
     if confinement(limits) == "rlimits":
         try:
-            proc = subprocess.Popen(rlimits + python, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=subprocess.DEVNULL, env=dict(_ENV), start_new_session=True)
+            proc = subprocess.Popen(
+                rlimits + python,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                env=dict(_ENV),
+                start_new_session=True,
+            )
         except OSError as exc:
             raise HostFault(f"could not start a tool worker: {exc}") from exc
         return Worker(proc, frozenset(paths))
@@ -285,18 +326,43 @@ def start_worker(limits: WorkerLimits, paths: tuple[str, ...]) -> Worker:
         lease = _lease(limits)
         support = probe() if limits.cgroups else None
         if support is not None and support.missing:
-            _warn_once(f"tool and reward workers' cgroup limits not enforced for {', '.join(support.missing)} "
-                       f"({support.describe_missing()}): rlimits only (address space per process, processes per uid)")
+            _warn_once(
+                f"tool and reward workers' cgroup limits not enforced for {', '.join(support.missing)} "
+                f"({support.describe_missing()}): rlimits only (address space per process, processes per uid)"
+            )
         if support is not None and support.parents:
             cgroup = CommandCgroup(support, limits.memory_bytes, limits.nproc, limits.cpus)
         stage = _stage_dir()
-        argv = [*join_cgroups(cgroup.procs_files if cgroup is not None else ()),
-                "unshare", "--mount", "--propagation", "private", "--",
-                "/bin/sh", "-c", _STAGE, "tsl-stage", stage, *binds, "--",
-                *drop_privileges(lease.uid, limits.nproc, limits.memory_bytes, limits.fsize_bytes, limits.nofile),
-                "bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-                "--new-session", "--hostname", "worker", *system_mounts(1024**2),
-                "--size", str(limits.tmpfs_bytes), "--tmpfs", "/tmp", "--clearenv"]
+        argv = [
+            *join_cgroups(cgroup.procs_files if cgroup is not None else ()),
+            "unshare",
+            "--mount",
+            "--propagation",
+            "private",
+            "--",
+            "/bin/sh",
+            "-c",
+            _STAGE,
+            "tsl-stage",
+            stage,
+            *binds,
+            "--",
+            *drop_privileges(lease.uid, limits.nproc, limits.memory_bytes, limits.fsize_bytes, limits.nofile),
+            "bwrap",
+            "--unshare-all",
+            "--unshare-user",
+            "--disable-userns",
+            "--die-with-parent",
+            "--new-session",
+            "--hostname",
+            "worker",
+            *system_mounts(1024**2),
+            "--size",
+            str(limits.tmpfs_bytes),
+            "--tmpfs",
+            "/tmp",
+            "--clearenv",
+        ]
         for i, path in enumerate(binds):  # after /tmp: a module directory under /tmp stays visible
             argv += ["--ro-bind", f"{stage}/{i}", path]
         for key, value in _ENV.items():
@@ -305,9 +371,16 @@ def start_worker(limits: WorkerLimits, paths: tuple[str, ...]) -> Worker:
             seccomp_fd = filter_fd(build_filter())
             argv += ["--seccomp", str(seccomp_fd)]
         argv += ["--chdir", "/tmp", "--remount-ro", "/", "--", *python]
-        proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, cwd="/", start_new_session=True,
-                                pass_fds=() if seccomp_fd is None else (seccomp_fd,))
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+            cwd="/",
+            start_new_session=True,
+            pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+        )
     except BaseException as exc:
         if cgroup is not None:
             cgroup.remove()

@@ -50,8 +50,9 @@ NOTE_TOKENS = 64  # per message of a turn: a cut note ("[... N characters cut ..
 
 NO_CALL = "No tool call found. Call one of the tools ({names})."
 NO_CALL_SUBMIT = "No tool call found. Call one of the tools ({names}); call submit when you are done."
-UNFINISHED = ("the turn reached its token limit without its end-of-turn token; calls run only from a turn "
-              "that ends")
+UNFINISHED = (
+    "the turn reached its token limit without its end-of-turn token; calls run only from a turn that ends"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,13 +67,18 @@ class TurnBudget:
     ``max_episode_tokens()`` counts ``max_tokens`` per turn."""
 
     max_calls: int = 8
-    deadline_s: float | None = 30.0  # + one command's timeout (code tasks: 20 s) < the loop's step_timeout_s (60 s)
+    deadline_s: float | None = (
+        30.0  # + one command's timeout (code tasks: 20 s) < the loop's step_timeout_s (60 s)
+    )
     max_chars: int = 8192
     max_tokens: int | None = None
 
     def __post_init__(self) -> None:
-        problems = [f"{name}={getattr(self, name)!r} must be > 0" for name in ("max_calls", "max_chars")
-                    if not getattr(self, name) > 0]
+        problems = [
+            f"{name}={getattr(self, name)!r} must be > 0"
+            for name in ("max_calls", "max_chars")
+            if not getattr(self, name) > 0
+        ]
         if self.max_tokens is not None and not self.max_tokens > 0:
             problems.append(f"max_tokens={self.max_tokens!r} must be > 0 or None")
         if self.deadline_s is not None and not self.deadline_s > 0:
@@ -96,8 +102,9 @@ class ToolTurn:
     first_error: str | None = None
 
 
-def turn_token_cap(renderer: ChatRenderer, schemas: Sequence[Mapping[str, Any]], max_chars: int,
-                   max_calls: int) -> int:
+def turn_token_cap(
+    renderer: ChatRenderer, schemas: Sequence[Mapping[str, Any]], max_chars: int, max_calls: int
+) -> int:
     """A turn's observation ``max_tokens``: 1 (the end of turn, when the engine cut the turn) + the
     template's markup of ``max_calls + 1`` tool messages and the generation prompt + ``max_chars``
     + :data:`NOTE_TOKENS` per message. A turn whose text takes at most one token per character fits;
@@ -105,7 +112,9 @@ def turn_token_cap(renderer: ChatRenderer, schemas: Sequence[Mapping[str, Any]],
     for any tokenizer and any output)."""
     messages = max_calls + 1
     history = [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]
-    markup = len(renderer.suffix_ids(history, [{"role": "tool", "name": "tool", "content": ""}] * messages, schemas))
+    markup = len(
+        renderer.suffix_ids(history, [{"role": "tool", "name": "tool", "content": ""}] * messages, schemas)
+    )
     return 1 + markup + max_chars + NOTE_TOKENS * messages
 
 
@@ -114,7 +123,9 @@ def clip_text(text: str, limit: int) -> str:
     if len(text) <= limit:
         return text
     head = limit * 2 // 3
-    return f"{text[:head]}\n[... {len(text) - limit} characters cut ...]\n{text[len(text) - (limit - head):]}"
+    return (
+        f"{text[:head]}\n[... {len(text) - limit} characters cut ...]\n{text[len(text) - (limit - head) :]}"
+    )
 
 
 class ToolConversation:
@@ -130,9 +141,15 @@ class ToolConversation:
             without the end-of-turn token); default: refuse them as invalid.
     """
 
-    def __init__(self, renderer: ChatRenderer, tools: Sequence[Tool], parser: str = "hermes",
-                 max_result_chars: int = 4096, budget: TurnBudget | None = None,
-                 run_unfinished_turns: bool = False) -> None:
+    def __init__(
+        self,
+        renderer: ChatRenderer,
+        tools: Sequence[Tool],
+        parser: str = "hermes",
+        max_result_chars: int = 4096,
+        budget: TurnBudget | None = None,
+        run_unfinished_turns: bool = False,
+    ) -> None:
         names = [t.name for t in tools]
         if len(set(names)) != len(names) or not names:
             raise ConfigError(f"ToolConversation: tool names must be unique and non-empty, got {names}")
@@ -229,17 +246,31 @@ class ToolConversation:
         if not parsed.calls:
             reminder = NO_CALL_SUBMIT if "submit" in self.tools else NO_CALL
             new.append({"role": "user", "content": reminder.format(names=", ".join(self.tools))})
-        return _turn(self._observe(text, kept, new, closed, parsed.message_content), False, len(parsed.calls), invalid, failures)
+        return _turn(
+            self._observe(text, kept, new, closed, parsed.message_content),
+            False,
+            len(parsed.calls),
+            invalid,
+            failures,
+        )
 
     def _add_assistant(self, text: str, kept: Sequence[ToolCall], stripped: str | None = None) -> None:
         """The turn as a stored message: kept calls as ``tool_calls`` and, with any, the text without
         its call blocks (``stripped``, the parser's ``message_content``) so each call shows once."""
         valid = [{"type": "function", "function": {"name": c.name, "arguments": c.arguments}} for c in kept]
         content = stripped if valid and stripped is not None else text
-        self.messages.append({"role": "assistant", "content": content, **({"tool_calls": valid} if valid else {})})
+        self.messages.append(
+            {"role": "assistant", "content": content, **({"tool_calls": valid} if valid else {})}
+        )
 
-    def _observe(self, text: str, kept: Sequence[ToolCall], new: list[dict[str, Any]],
-                 closed: bool, stripped: str | None = None) -> tuple[int, ...]:
+    def _observe(
+        self,
+        text: str,
+        kept: Sequence[ToolCall],
+        new: list[dict[str, Any]],
+        closed: bool,
+        stripped: str | None = None,
+    ) -> tuple[int, ...]:
         """The tokens after the turn (the end of turn first when the engine cut it). A turn the
         template cannot render is kept without its calls and answered by one error message (so
         later turns render too); a turn over ``max_tokens`` is answered by one error message."""
@@ -256,8 +287,12 @@ class ToolConversation:
         obs = suffix if closed else (eot, *suffix)
         limit = self.budget.max_tokens
         if limit is not None and len(obs) > limit:
-            new = [_error(f"[over budget] the turn's results take {len(obs)} tokens; at most {limit}: "
-                          "make fewer calls or ask for less output")]
+            new = [
+                _error(
+                    f"[over budget] the turn's results take {len(obs)} tokens; at most {limit}: "
+                    "make fewer calls or ask for less output"
+                )
+            ]
             suffix = self.renderer.suffix_ids(self.messages, new, self.schemas)
             obs = (suffix if closed else (eot, *suffix))[:limit]
         self.messages.extend(new)
@@ -274,7 +309,15 @@ def _brief(exc: BaseException) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _turn(observation: tuple[int, ...], done: bool, calls: int, invalid: int,
-          failures: Sequence[ToolResult]) -> ToolTurn:
-    return ToolTurn(observation, done, calls, invalid, len(failures), sum(f.timed_out for f in failures),
-                    failures[0].error if failures else None)
+def _turn(
+    observation: tuple[int, ...], done: bool, calls: int, invalid: int, failures: Sequence[ToolResult]
+) -> ToolTurn:
+    return ToolTurn(
+        observation,
+        done,
+        calls,
+        invalid,
+        len(failures),
+        sum(f.timed_out for f in failures),
+        failures[0].error if failures else None,
+    )

@@ -23,8 +23,18 @@ from typing import Any
 
 from ...core.registry import Registry
 
-__all__ = ["ToolCall", "CallError", "ParsedTurn", "ToolParser", "register_tool_parser", "get_tool_parser",
-           "tool_parser_names", "parse_hermes", "MAX_DEPTH", "nesting"]
+__all__ = [
+    "ToolCall",
+    "CallError",
+    "ParsedTurn",
+    "ToolParser",
+    "register_tool_parser",
+    "get_tool_parser",
+    "tool_parser_names",
+    "parse_hermes",
+    "MAX_DEPTH",
+    "nesting",
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,8 +36,14 @@ from ...core.user_code import import_object
 from .base import Tool, ToolResult
 from .workers import ToolWorkers, worker_path
 
-__all__ = ["PythonToolHandler", "InThreadToolHandler", "python_tool", "python_tools", "check_tool_schema",
-           "schema_of"]
+__all__ = [
+    "PythonToolHandler",
+    "InThreadToolHandler",
+    "python_tool",
+    "python_tools",
+    "check_tool_schema",
+    "schema_of",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +56,18 @@ class PythonToolHandler:
     max_chars: int = 65536
 
     def __call__(self, workers: Any, arguments: Mapping[str, Any]) -> ToolResult:
-        if not isinstance(workers, ToolWorkers):  # a pool shared beyond the episode would carry its changes on
-            raise TypeError(f"a Python tool runs in its episode's own ToolWorkers, given as the handler's context; "
-                            f"got {type(workers).__name__}")
+        if not isinstance(
+            workers, ToolWorkers
+        ):  # a pool shared beyond the episode would carry its changes on
+            raise TypeError(
+                f"a Python tool runs in its episode's own ToolWorkers, given as the handler's context; "
+                f"got {type(workers).__name__}"
+            )
         outcome = workers.call(self.path, arguments, self.timeout_s, self.max_chars)
         if outcome.error is not None:
-            return ToolResult(f"[tool error] {outcome.error}", error=outcome.error, timed_out=outcome.timed_out)
+            return ToolResult(
+                f"[tool error] {outcome.error}", error=outcome.error, timed_out=outcome.timed_out
+            )
         return ToolResult(outcome.text)
 
 
@@ -108,17 +120,23 @@ def check_tool_schema(parameters: Any, where: str) -> list[str]:
     if not isinstance(parameters, Mapping):
         return [f"{where}: parameters must be a JSON Schema object, got {type(parameters).__name__}"]
     problems = []
-    for err in sorted(Draft202012Validator(Draft202012Validator.META_SCHEMA).iter_errors(dict(parameters)),
-                      key=lambda e: list(e.absolute_path)):
+    for err in sorted(
+        Draft202012Validator(Draft202012Validator.META_SCHEMA).iter_errors(dict(parameters)),
+        key=lambda e: list(e.absolute_path),
+    ):
         at = "/".join(str(p) for p in err.absolute_path) or "(top)"
         problems.append(f"{where}: parameters/{at}: {err.message}")
     if not problems and parameters.get("type") != "object":
-        problems.append(f"{where}: parameters must have type 'object' (the call's arguments are a JSON object), "
-                        f"got {parameters.get('type')!r}")
+        problems.append(
+            f"{where}: parameters must have type 'object' (the call's arguments are a JSON object), "
+            f"got {parameters.get('type')!r}"
+        )
     return problems
 
 
-def python_tool(spec: str | Mapping[str, Any] | Callable[..., Any], timeout_s: float, max_chars: int = 65536) -> Tool:
+def python_tool(
+    spec: str | Mapping[str, Any] | Callable[..., Any], timeout_s: float, max_chars: int = 65536
+) -> Tool:
     """A :class:`Tool` from ``"module:function"``, ``{function: ..., name?, description?, parameters?}``
     or the function itself (its schema from its type hints and docstring)."""
     if callable(spec) and not isinstance(spec, (str, Mapping)):
@@ -127,8 +145,10 @@ def python_tool(spec: str | Mapping[str, Any] | Callable[..., Any], timeout_s: f
     path = fields.pop("function", None)
     unknown = sorted(set(fields) - {"name", "description", "parameters"})
     if not isinstance(path, str) or unknown:
-        raise ConfigError(f"tool {spec!r}: give a function, 'module:function' or a mapping with 'function' and optionally "
-                          f"'name', 'description', 'parameters'{f' (unknown keys: {unknown})' if unknown else ''}")
+        raise ConfigError(
+            f"tool {spec!r}: give a function, 'module:function' or a mapping with 'function' and optionally "
+            f"'name', 'description', 'parameters'{f' (unknown keys: {unknown})' if unknown else ''}"
+        )
     fn = import_object(path, "tool")
     if not callable(fn):
         raise ConfigError(f"tool {path!r} is not callable")
@@ -148,11 +168,16 @@ def _function_tool(fn: Callable[..., Any], timeout_s: float, max_chars: int) -> 
     """TRL's ``tools=[fn]``: the function object, run in a worker when one can import it."""
     name = getattr(fn, "__name__", None)
     if not isinstance(name, str) or not name.isidentifier():
-        raise ConfigError(f"tool {fn!r:.80}: a function tool needs a name (a lambda has none); define it with def")
+        raise ConfigError(
+            f"tool {fn!r:.80}: a function tool needs a name (a lambda has none); define it with def"
+        )
     parameters, description = _schema_of(fn, name)
     path = worker_path(fn)
-    handler: Any = (PythonToolHandler(path, timeout_s, max_chars) if path is not None
-                    else InThreadToolHandler(fn, timeout_s, max_chars))
+    handler: Any = (
+        PythonToolHandler(path, timeout_s, max_chars)
+        if path is not None
+        else InThreadToolHandler(fn, timeout_s, max_chars)
+    )
     return Tool(name, description, parameters, handler)
 
 
@@ -173,15 +198,21 @@ def _schema_of(fn: Any, path: str) -> tuple[dict[str, Any], str]:
             "argument a type hint and describe it under 'Args:' in a Google-style docstring, or write the schema: "
             f"{{function: {path}, parameters: {{type: object, properties: {{...}}}}}}"
         ) from None
-    return dict(schema.get("parameters", {"type": "object", "properties": {}})), str(schema.get("description", ""))
+    return dict(schema.get("parameters", {"type": "object", "properties": {}})), str(
+        schema.get("description", "")
+    )
 
 
-def python_tools(specs: Sequence[str | Mapping[str, Any] | Callable[..., Any]], timeout_s: float, max_chars: int = 65536) -> list[Tool]:
+def python_tools(
+    specs: Sequence[str | Mapping[str, Any] | Callable[..., Any]], timeout_s: float, max_chars: int = 65536
+) -> list[Tool]:
     """Every tool of ``specs``; the problems of all of them in one ConfigError, names unique."""
     tools, problems = [], []
     if isinstance(specs, (str, Mapping)) or callable(specs) or not isinstance(specs, Sequence):
-        raise ConfigError(f"tools must be a list (of functions, 'module:function' names or mappings), got "
-                          f"{type(specs).__name__} {specs!r:.80}")
+        raise ConfigError(
+            f"tools must be a list (of functions, 'module:function' names or mappings), got "
+            f"{type(specs).__name__} {specs!r:.80}"
+        )
     for spec in specs:
         try:
             tools.append(python_tool(spec, timeout_s, max_chars))

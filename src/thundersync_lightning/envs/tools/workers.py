@@ -71,7 +71,9 @@ class ToolWorkers:
         self._closed = False
         self._lock = threading.Lock()
 
-    def call(self, path: str, arguments: Mapping[str, Any], timeout_s: float, max_chars: int = 65536) -> ToolOutcome:
+    def call(
+        self, path: str, arguments: Mapping[str, Any], timeout_s: float, max_chars: int = 65536
+    ) -> ToolOutcome:
         """Run ``module:function(**arguments)`` in a worker; wait at most ``timeout_s`` seconds."""
         got = self.exchange(path, (), arguments, timeout_s, max_chars)
         if isinstance(got, ToolOutcome):
@@ -81,8 +83,14 @@ class ToolWorkers:
             return ToolOutcome(text)
         return ToolOutcome("", f"{path.rpartition(':')[2]} raised {text}")
 
-    def exchange(self, path: str, positional: tuple[Any, ...], arguments: Mapping[str, Any], timeout_s: float,
-                 max_chars: int | None) -> tuple[str, Any] | ToolOutcome:
+    def exchange(
+        self,
+        path: str,
+        positional: tuple[Any, ...],
+        arguments: Mapping[str, Any],
+        timeout_s: float,
+        max_chars: int | None,
+    ) -> tuple[str, Any] | ToolOutcome:
         """``module:function(*positional, **arguments)`` in a worker: its (status, payload) reply
         ("ok" and the text, or with ``max_chars`` None the value as plain JSON data; "error" and
         what it raised; "value" and why its value is not plain data), or the :class:`ToolOutcome`

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ...core.types import StepResult
 
-__all__ = ['GuessingTask', 'GuessingGameEnv']
+__all__ = ["GuessingTask", "GuessingGameEnv"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -50,7 +50,7 @@ from ...core.options import strict_options
 from ...core.types import ModelSpec, derive_seed
 from .env import GuessingGameEnv, GuessingTask
 
-__all__ = ['GuessingGameTasks', 'toy_model_spec']
+__all__ = ["GuessingGameTasks", "toy_model_spec"]
 
 
 def toy_model_spec(vocab_size: int = 16) -> ModelSpec:

@@ -154,7 +154,9 @@ class EnvPool:
     def _arm(self, future: Future[Any], deadline: float, what: str, timeout_s: float) -> None:
         with self._timer:
             reason = f"{what} timed out after {timeout_s:g} s"
-            heapq.heappush(self._deadlines, (deadline, next(self._counter), future, reason, threading.get_ident()))
+            heapq.heappush(
+                self._deadlines, (deadline, next(self._counter), future, reason, threading.get_ident())
+            )
             self._timer.notify()
 
     def _watch(self) -> None:
@@ -175,8 +177,13 @@ class EnvPool:
                     wait = self._deadlines[0][0] - now if self._deadlines else None
                     self._timer.wait(timeout=wait)
             for future, reason in expired:  # resolve outside the lock: callbacks run here
-                log.warning("%s: %s; its thread cannot be stopped, so it is set aside and a new thread takes its "
-                            "place in the pool (%d calls set aside so far)", self.name, reason, self.hung)
+                log.warning(
+                    "%s: %s; its thread cannot be stopped, so it is set aside and a new thread takes its "
+                    "place in the pool (%d calls set aside so far)",
+                    self.name,
+                    reason,
+                    self.hung,
+                )
                 _resolve(future, Outcome(None, reason))
 
 

@@ -21,25 +21,38 @@ log = logging.getLogger(__name__)
 VLLM_SLACK_S = 600.0  # generation of a long step plus one engine restart (vLLM's start on a GPU)
 
 
-def event_wait_s(max_turns: int, step_timeout_s: float | None, verdict_timeout_s: float | None,
-                 slack_s: float) -> float | None:
+def event_wait_s(
+    max_turns: int, step_timeout_s: float | None, verdict_timeout_s: float | None, slack_s: float
+) -> float | None:
     """``slack_s + 2 * (max_turns * step_timeout_s + verdict_timeout_s)``; None when either limit is None."""
     if step_timeout_s is None or verdict_timeout_s is None:
         return None
     return slack_s + 2.0 * (max(1, max_turns) * step_timeout_s + verdict_timeout_s)
 
 
-def warn_if_short(owner: str, explicit_s: float, max_turns: int, step_timeout_s: float | None,
-                  verdict_timeout_s: float | None) -> None:
+def warn_if_short(
+    owner: str,
+    explicit_s: float,
+    max_turns: int,
+    step_timeout_s: float | None,
+    verdict_timeout_s: float | None,
+) -> None:
     """Warn when an explicit wait is shorter than one episode's own bound (``max_turns`` calls and a
     verdict): a healthy step could then fail with EngineError."""
     if step_timeout_s is None or verdict_timeout_s is None:
         return
     episode = max(1, max_turns) * step_timeout_s + verdict_timeout_s
     if explicit_s < episode:
-        log.warning("%s.event_timeout_s=%g s is shorter than one episode may take (max_turns %d x step_timeout_s "
-                    "%g + verdict_timeout_s %g = %g s): a healthy step can fail with EngineError; use 'auto'",
-                    owner, explicit_s, max_turns, step_timeout_s, verdict_timeout_s, episode)
+        log.warning(
+            "%s.event_timeout_s=%g s is shorter than one episode may take (max_turns %d x step_timeout_s "
+            "%g + verdict_timeout_s %g = %g s): a healthy step can fail with EngineError; use 'auto'",
+            owner,
+            explicit_s,
+            max_turns,
+            step_timeout_s,
+            verdict_timeout_s,
+            episode,
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -72,8 +72,6 @@ from .verdict import Verdict, check_verdict, read_verdict
 __all__ = ["GenerationRequest", "Generation", "GenerateFn", "AgentLoop", "check_verdict"]
 
 
-
-
 def _after(reset: Future[Outcome[Any]], admitted: Future[None]) -> Future[Outcome[Any]]:
     """A future with ``reset``'s outcome, done once ``reset`` is done and ``admitted`` is set (never
     when ``admitted`` is cancelled: the run that waited for it has ended)."""
@@ -262,7 +260,8 @@ class AgentLoop:
         resets: dict[str, Future[Outcome[Any]]] = {}
         for ep, prepared in episodes:
             resets[ep.trajectory_id] = future = prepared or self.pool.submit(
-                self._resetter(ep), self.step_timeout_s, "reset")
+                self._resetter(ep), self.step_timeout_s, "reset"
+            )
             # The reset runs no model output; the first action waits until no verdict of the task is pending.
             admissions[ep.trajectory_id] = admitted = gate.admit(ep.gate_key)
             pending[_after(future, admitted)] = ep
@@ -286,16 +285,26 @@ class AgentLoop:
                 segments=tuple(ep.segments),
                 policy_version=version,
                 num_turns=ep.turns,
-                finish_reason=reason, submitted_at=submitted, content_ready_at=clock(), failure=failure,
-                tool_calls=ep.tool_calls, invalid_tool_calls=ep.invalid_tool_calls, tool_errors=ep.tool_errors,
-                tool_timeouts=ep.tool_timeouts, tool_error=ep.tool_error, truncated_actions=sum(  # budget-ended
-                    self.tasks.stop_token not in (None, *seg.tokens) for seg in ep.segments if seg.scored),
+                finish_reason=reason,
+                submitted_at=submitted,
+                content_ready_at=clock(),
+                failure=failure,
+                tool_calls=ep.tool_calls,
+                invalid_tool_calls=ep.invalid_tool_calls,
+                tool_errors=ep.tool_errors,
+                tool_timeouts=ep.tool_timeouts,
+                tool_error=ep.tool_error,
+                truncated_actions=sum(  # budget-ended
+                    self.tasks.stop_token not in (None, *seg.tokens) for seg in ep.segments if seg.scored
+                ),
             )
             if self.annotate is not None:  # its time counts: content is ready once annotated
                 traj = replace(self.annotate(traj), content_ready_at=clock())
             emit_content(ContentReady(traj, traj.content_ready_at))
             if failure is not None:
-                stopped(ep, self._close(ep, at_once=True))  # a call may still run past its timeout: close kills it
+                stopped(
+                    ep, self._close(ep, at_once=True)
+                )  # a call may still run past its timeout: close kills it
                 emit_reward(RewardReady(ep.trajectory_id, ep.group_id, 0.0, clock(), failure, host_fault))
             else:
                 gate.hold(ep.gate_key, lambda: self._start_verdict(ep, emit_reward, clock))
@@ -314,7 +323,9 @@ class AgentLoop:
                     ep.tool_errors += outcome.value.tool_errors
                     ep.tool_timeouts += outcome.value.tool_timeouts
                     ep.tool_error = ep.tool_error or outcome.value.tool_error
-                    room = None if self.max_context_tokens is None else self.max_context_tokens - len(ep.context)
+                    room = (
+                        None if self.max_context_tokens is None else self.max_context_tokens - len(ep.context)
+                    )
                     if room is not None and len(obs) > room:  # the last observation, cut to the context
                         obs = tuple(obs[: max(0, room)])
                     if obs:
@@ -433,9 +444,21 @@ class AgentLoop:
                 return
             try:
                 outcome = f.result()
-                verdict = read_verdict(outcome.value) if outcome.ok else Verdict(0.0, outcome.failure, (), False)
-                emit(RewardReady(ep.trajectory_id, ep.group_id, verdict.reward, clock(), verdict.failure,
-                                 outcome.host_fault, verdict.parts, verdict.unscorable))
+                verdict = (
+                    read_verdict(outcome.value) if outcome.ok else Verdict(0.0, outcome.failure, (), False)
+                )
+                emit(
+                    RewardReady(
+                        ep.trajectory_id,
+                        ep.group_id,
+                        verdict.reward,
+                        clock(),
+                        verdict.failure,
+                        outcome.host_fault,
+                        verdict.parts,
+                        verdict.unscorable,
+                    )
+                )
             finally:
                 # Also after a timeout: close() is how an environment frees a stuck run, so the
                 # verdict ends only once it has returned.
@@ -458,4 +481,3 @@ class AgentLoop:
         if at_once:
             return run_detached(env.close, "close")
         return self.pool.submit(env.close, self.step_timeout_s, "close")
-

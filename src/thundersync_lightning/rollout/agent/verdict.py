@@ -45,7 +45,10 @@ def check_verdict(value: Any) -> tuple[float, str | None]:
         try:
             reward = float(value)
         except (TypeError, ValueError, OverflowError) as exc:
-            return 0.0, f"verdict returned {type(value).__name__} {_short(value)}, not convertible to float ({exc})"
+            return (
+                0.0,
+                f"verdict returned {type(value).__name__} {_short(value)}, not convertible to float ({exc})",
+            )
         if math.isfinite(reward):
             return reward, None
         return 0.0, f"verdict returned {reward!r}"

@@ -93,9 +93,7 @@ class EmbeddedEngine:
         config: engine settings (defaults: CPU, 1 thread, T=1, top_p=1).
     """
 
-    def __init__(
-        self, model_spec: ModelSpec, tasks: TaskSource, config: EmbeddedEngineConfig
-    ) -> None:
+    def __init__(self, model_spec: ModelSpec, tasks: TaskSource, config: EmbeddedEngineConfig) -> None:
         self.config = config
         if self.config.teacher is not None:  # a wrong teacher fails here, before the process starts
             check_teacher(self.config.teacher, model_spec)
@@ -259,8 +257,13 @@ class EmbeddedEngine:
                     "survive more deaths."
                 )
             self._restarts += 1
-            log.warning("%s; restart %d of %d, replaying %d request(s)", what, self._restarts, budget,
-                        len(self._streams))
+            log.warning(
+                "%s; restart %d of %d, replaying %d request(s)",
+                what,
+                self._restarts,
+                budget,
+                len(self._streams),
+            )
             try:
                 process = GenerationProcess(self._model_spec, self._tasks, self.config)
             except EngineError as exc:

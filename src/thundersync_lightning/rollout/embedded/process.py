@@ -164,7 +164,8 @@ class GenerationProcess:
                 msg = self.receive(poll_s)
             except ProcessGone:
                 raise EngineError(
-                    f"the generation process exited during start-up (exit code {self.exitcode}); " + _START_HINT
+                    f"the generation process exited during start-up (exit code {self.exitcode}); "
+                    + _START_HINT
                 ) from None
             if msg is None:
                 if time.monotonic() > deadline:
@@ -240,7 +241,11 @@ def _context(method: str, model_spec: ModelSpec) -> Any:
     if method == "forkserver":
         kind = model_spec.model_type
         ctx.set_forkserver_preload(
-            ["__main__", "thundersync_lightning.rollout.embedded.worker", f"transformers.models.{kind}.modeling_{kind}"]
+            [
+                "__main__",
+                "thundersync_lightning.rollout.embedded.worker",
+                f"transformers.models.{kind}.modeling_{kind}",
+            ]
         )
     return ctx
 

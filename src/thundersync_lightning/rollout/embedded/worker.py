@@ -174,7 +174,11 @@ def worker_main(
         generate = HFGenerator(
             model, temperature=cfg.temperature, top_p=cfg.top_p, max_batch_size=cfg.max_batch_size
         )
-        teacher = None if cfg.teacher is None else TeacherScorer.from_config(cfg.teacher, cfg.temperature, cfg.device)
+        teacher = (
+            None
+            if cfg.teacher is None
+            else TeacherScorer.from_config(cfg.teacher, cfg.temperature, cfg.device)
+        )
         pool = EnvPool(cfg.env_workers, name="thundersync-env")
         loop = AgentLoop(
             tasks,

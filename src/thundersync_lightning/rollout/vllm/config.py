@@ -111,7 +111,10 @@ class VLLMEngineConfig(EventLimits):
             )
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             problems.append("kv_cache_memory_bytes must be positive (or null on GPU)")
-        if not isinstance(self.gpu_memory_utilization, (int, float)) or not 0 < self.gpu_memory_utilization <= 1:
+        if (
+            not isinstance(self.gpu_memory_utilization, (int, float))
+            or not 0 < self.gpu_memory_utilization <= 1
+        ):
             problems.append(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_model_len is not None and self.max_model_len < 2:
             problems.append(f"max_model_len must be >= 2, got {self.max_model_len}")
@@ -135,7 +138,9 @@ class VLLMEngineConfig(EventLimits):
             )
         if self.kv_cache_memory_bytes is not None:
             problems += inapplicable(
-                self, ("gpu_memory_utilization",), "while kv_cache_memory_bytes is set (leave it at its default 0.5)"
+                self,
+                ("gpu_memory_utilization",),
+                "while kv_cache_memory_bytes is set (leave it at its default 0.5)",
             )
         in_process_auto = self.weight_sync == "auto" and not self.multiprocessing
         sync = f"weight_sync={self.weight_sync!r}" + (
@@ -176,7 +181,9 @@ class VLLMEngineConfig(EventLimits):
             policy_copies=int(fixed_kv),
             weight_sync_buckets=buckets,
             weight_sync_bucket_bytes=self.weight_sync_bucket_bytes if buckets else 0,
-            exclusive_in_process=None if self.multiprocessing else (
+            exclusive_in_process=None
+            if self.multiprocessing
+            else (
                 "VLLMEngineConfig(multiprocessing=False) runs inside the learner's process, and vLLM keeps one "
                 "in-process engine per process: set multiprocessing: true and weight_sync: file"
             ),

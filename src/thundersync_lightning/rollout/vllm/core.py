@@ -121,7 +121,11 @@ class RestartingCore:
         c = self._config
         transport: Any = self._weight_sync
         return StreamedPublish(
-            transport, c.tensor_parallel_size, c.transfer_timeout_s, c.weight_sync_bucket_bytes, self.loop.call
+            transport,
+            c.tensor_parallel_size,
+            c.transfer_timeout_s,
+            c.weight_sync_bucket_bytes,
+            self.loop.call,
         )
 
     def _transfer(self, weights: Mapping[str, Tensor], path: str | None = None) -> None:

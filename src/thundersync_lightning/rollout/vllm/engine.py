@@ -154,8 +154,12 @@ class VLLMEngine:
         self._version = -1
         self._broken: str | None = None
         self._closed = False
-        self._order = IssueOrder(self._agents.run, config.event_limit_s(int(getattr(tasks, "max_turns", 1))),
-                                 "VLLMEngineConfig", "vllm-rollout")
+        self._order = IssueOrder(
+            self._agents.run,
+            config.event_limit_s(int(getattr(tasks, "max_turns", 1))),
+            "VLLMEngineConfig",
+            "vllm-rollout",
+        )
         self.last_publish_seconds: float | None = None
         self.publish_count = 0
 

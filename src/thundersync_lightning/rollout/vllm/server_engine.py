@@ -71,7 +71,10 @@ class VLLMServerEngine:
 
     def __init__(self, config: VLLMServerEngineConfig, model_spec: ModelSpec, tasks: TaskSource) -> None:
         self.config = config
-        clients = [ServerClient(u, config.request_timeout_s, config.connect_timeout_s) for u in _rank_urls(config.urls)]
+        clients = [
+            ServerClient(u, config.request_timeout_s, config.connect_timeout_s)
+            for u in _rank_urls(config.urls)
+        ]
         infos = [c.info() for c in clients]  # an unreachable or misconfigured server fails here, named
         dtypes = {c.url: i.dtype for c, i in zip(clients, infos) if i.dtype != model_spec.dtype}
         if dtypes:
@@ -84,7 +87,11 @@ class VLLMServerEngine:
             self._layout = materialize_model(model_spec, workdir)
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
-        short = {c.url: i.max_model_len for c, i in zip(clients, infos) if i.max_model_len < (config.max_model_len or 0)}
+        short = {
+            c.url: i.max_model_len
+            for c, i in zip(clients, infos)
+            if i.max_model_len < (config.max_model_len or 0)
+        }
         if short:
             raise EngineError(
                 f"the vLLM servers {short} allow shorter contexts than max_model_len={config.max_model_len}: "
@@ -113,8 +120,12 @@ class VLLMServerEngine:
         self._version = -1
         self._broken: str | None = None
         self._closed = False
-        self._order = IssueOrder(self._agents.run, config.event_limit_s(int(getattr(tasks, "max_turns", 1))),
-                                 "VLLMServerEngineConfig", "vllm-server-rollout")
+        self._order = IssueOrder(
+            self._agents.run,
+            config.event_limit_s(int(getattr(tasks, "max_turns", 1))),
+            "VLLMServerEngineConfig",
+            "vllm-server-rollout",
+        )
         self.last_publish_seconds: float | None = None
         self.publish_count = 0
         self.restart_count = 0  # times a restarted server took over a step's lost requests
@@ -156,7 +167,9 @@ class VLLMServerEngine:
             self._broken = f"the publish of version {version} has not completed"
             revived = self._fleet.revive()
             for client in revived:
-                log.warning("the vLLM server at %s answers again: it rejoins with version %d", client.url, version)
+                log.warning(
+                    "the vLLM server at %s answers again: it rejoins with version %d", client.url, version
+                )
             if revived:  # a restarted server's workers are not in the current transfer group
                 self._publisher.close()
             servers = [(c, self._fleet.info(c).workers) for c in self._fleet.require_live()]
@@ -170,7 +183,9 @@ class VLLMServerEngine:
                     f"the publish of version {version} failed half-way ({type(exc).__name__}: {exc}); the "
                     "servers are labelled partial and their answers are refused"
                 )
-                raise EngineError(f"{self._broken}. Publish a complete state_dict again before the next rollout.") from exc
+                raise EngineError(
+                    f"{self._broken}. Publish a complete state_dict again before the next rollout."
+                ) from exc
             if self.config.restart_wait_s > 0:  # a copy: the learner steps its parameters in place
                 self._snapshot = {name: t.detach().to("cpu", copy=True) for name, t in weights.items()}
             self._version = version
@@ -216,7 +231,9 @@ class VLLMServerEngine:
             if self._fleet.live:
                 return
             wait_s = self.config.restart_wait_s
-            log.warning("every vLLM server is gone (%s); waiting up to %g s for one to be restarted", reasons, wait_s)
+            log.warning(
+                "every vLLM server is gone (%s); waiting up to %g s for one to be restarted", reasons, wait_s
+            )
             deadline = time.monotonic() + wait_s
             while not self._fleet.revive():
                 if time.monotonic() > deadline:
@@ -247,7 +264,6 @@ class VLLMServerEngine:
                 "not the learner's). Call engine.publish(model.state_dict(), version=0) first."
             )
         return self._version
-
 
 
 def _rank_urls(urls: Sequence[str]) -> list[str]:

@@ -72,7 +72,9 @@ class FleetPublish:
         self._sender: WeightSender | None = None
         self._members: tuple[tuple[ServerClient, int], ...] = ()
 
-    def publish(self, servers: Sequence[tuple[ServerClient, int]], weights: Mapping[str, Tensor], version: int) -> None:
+    def publish(
+        self, servers: Sequence[tuple[ServerClient, int]], weights: Mapping[str, Tensor], version: int
+    ) -> None:
         """Load ``weights`` into every worker of ``servers`` ((client, workers) pairs) and label them ``version``."""
         members = tuple(servers)
         try:
@@ -84,7 +86,9 @@ class FleetPublish:
             sender = self._sender
             info = sender.prepare(weights, self._bucket_bytes)
             wire = publish_to_json(info)
-            received = [_in_thread(lambda c=c: c.collective_rpc("thundersync_receive_json", wire)) for c, _ in members]
+            received = [
+                _in_thread(lambda c=c: c.collective_rpc("thundersync_receive_json", wire)) for c, _ in members
+            ]
             sent: BaseException | None = None
             try:
                 sender.send(weights, info)
@@ -116,7 +120,9 @@ class FleetPublish:
         wire = join_to_json(sender.join_info)
         joined, first = [], 1
         for client, workers in members:
-            joined.append(_in_thread(lambda c=client, r=first: c.collective_rpc("thundersync_join_json", wire, str(r))))
+            joined.append(
+                _in_thread(lambda c=client, r=first: c.collective_rpc("thundersync_join_json", wire, str(r)))
+            )
             first += workers
         connected = _in_thread(sender.connect)
         try:
@@ -128,12 +134,17 @@ class FleetPublish:
         return sender
 
 
-def _each(members: Sequence[tuple[ServerClient, int]], fn: Callable[[ServerClient], object], timeout_s: float) -> None:
+def _each(
+    members: Sequence[tuple[ServerClient, int]], fn: Callable[[ServerClient], object], timeout_s: float
+) -> None:
     _results([_in_thread(lambda c=c: fn(c)) for c, _ in members], timeout_s, members, None)
 
 
 def _results(
-    futures: Sequence[Future[T]], timeout_s: float, members: Sequence[tuple[ServerClient, int]], sent: BaseException | None
+    futures: Sequence[Future[T]],
+    timeout_s: float,
+    members: Sequence[tuple[ServerClient, int]],
+    sent: BaseException | None,
 ) -> list[T]:
     """Every future's result (one per server, flattened when a result is a list of per-worker values);
     the first failure raised, naming the server, after all have finished; the learner's own ``sent`` first."""

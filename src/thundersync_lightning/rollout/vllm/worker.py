@@ -140,12 +140,16 @@ class WeightSyncExtension:
     def _thundersync_receive(self, publish: PublishInfo) -> int:
         receiver: WeightReceiver | None = getattr(self, "_thundersync_receiver", None)
         if receiver is None:
-            raise EngineError("thundersync_receive before thundersync_join: this worker has not joined the group")
+            raise EngineError(
+                "thundersync_receive before thundersync_join: this worker has not joined the group"
+            )
         counted = _Counting()
         receiver.receive_into(publish, lambda pairs: self._thundersync_reload(counted.wrap(pairs)))
         return counted.count
 
-    def _thundersync_reload(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> None:
+    def _thundersync_reload(
+        self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+    ) -> None:
         worker: Any = self
         pairs = weights.items() if isinstance(weights, Mapping) else weights
         with torch.no_grad():

@@ -402,7 +402,9 @@ class WeightReceiver:
             result = consume(pairs)
             left = sum(1 for _ in pairs)  # a consumer that stops early must not stall the sender
             if left:
-                raise EngineError(f"the receiver's loader stopped {left} tensors before the end of the publish")
+                raise EngineError(
+                    f"the receiver's loader stopped {left} tensors before the end of the publish"
+                )
             return result
         except BaseException:
             if not state["aborted"]:

@@ -90,14 +90,20 @@ class Layout:
     def module_state_dict(self, module: nn.Module, default: Callable[[], dict]) -> dict:
         return default()
 
-    def load_module_state_dict(self, module: nn.Module, state: Mapping[str, Any], default: Callable[[], None]) -> None:
+    def load_module_state_dict(
+        self, module: nn.Module, state: Mapping[str, Any], default: Callable[[], None]
+    ) -> None:
         default()
 
     def optimizer_state(self, module: nn.Module, optimizer: Any, default: Callable[[], dict]) -> dict:
         return default()
 
     def load_optimizer_states(
-        self, module: nn.Module, optimizers: Sequence[Any], states: Sequence[Mapping[str, Any]], default: Callable[[], None]
+        self,
+        module: nn.Module,
+        optimizers: Sequence[Any],
+        states: Sequence[Mapping[str, Any]],
+        default: Callable[[], None],
     ) -> None:
         default()
 

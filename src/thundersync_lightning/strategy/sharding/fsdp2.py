@@ -82,7 +82,9 @@ class FSDP2(Layout):
     def __init__(self, distributed: bool) -> None:
         super().__init__(distributed)
         self._units: list[FSDPModule] = []
-        self._shards: dict[str, DTensor] = {}  # trainable parameter name -> its shard (what the optimizer steps)
+        self._shards: dict[
+            str, DTensor
+        ] = {}  # trainable parameter name -> its shard (what the optimizer steps)
         self._gathered: dict[str, Tensor] = {}
         self._shard_versions: dict[str, int] = {}
 
@@ -98,7 +100,9 @@ class FSDP2(Layout):
     # ------------------------------------------------------------------ set-up
     def shard(self, module: nn.Module, device: torch.device) -> None:
         if not self.distributed:
-            raise ConfigError("sharding='fsdp2' needs a process group: run with devices >= 2 (or num_nodes >= 2)")
+            raise ConfigError(
+                "sharding='fsdp2' needs a process group: run with devices >= 2 (or num_nodes >= 2)"
+            )
         mesh = init_device_mesh(device.type, (dist.get_world_size(),))
         units = shard_units(module)
         for unit in units:
@@ -132,7 +136,9 @@ class FSDP2(Layout):
             unit.unshard()
         self._gathered = dict(trainable(module))
         if any(isinstance(p, DTensor) for p in self._gathered.values()):
-            raise RuntimeError("FSDP2 unshard left sharded parameters registered; the step needs full weights")
+            raise RuntimeError(
+                "FSDP2 unshard left sharded parameters registered; the step needs full weights"
+            )
 
     def check_frozen(self, module: nn.Module) -> None:
         """The gathered tensors are still the registered ones and no shard was written since ``gather``
@@ -169,7 +175,12 @@ class FSDP2(Layout):
             local_shape = shard.to_local().shape
             local = piece[: local_shape.numel()].view(local_shape).clone()
             shard.grad = DTensor.from_local(
-                local, shard.device_mesh, shard.placements, run_check=False, shape=shard.shape, stride=shard.stride()
+                local,
+                shard.device_mesh,
+                shard.placements,
+                run_check=False,
+                shape=shard.shape,
+                stride=shard.stride(),
             )
             p.grad = None  # the full gradient is spent: free it before the optimizer step
 
@@ -201,7 +212,9 @@ class FSDP2(Layout):
         self._unshard(module)
         return state
 
-    def load_module_state_dict(self, module: nn.Module, state: Mapping[str, Any], default: Callable[[], None]) -> None:
+    def load_module_state_dict(
+        self, module: nn.Module, state: Mapping[str, Any], default: Callable[[], None]
+    ) -> None:
         if not self._units:
             return default()  # before set-up: a plain module loads the full state as it is
         self._reshard()
@@ -215,11 +228,17 @@ class FSDP2(Layout):
         return state
 
     def load_optimizer_states(
-        self, module: nn.Module, optimizers: Sequence[Any], states: Sequence[Mapping[str, Any]], default: Callable[[], None]
+        self,
+        module: nn.Module,
+        optimizers: Sequence[Any],
+        states: Sequence[Mapping[str, Any]],
+        default: Callable[[], None],
     ) -> None:
         self._reshard()
         for optimizer, state in zip(optimizers, states):
-            set_optimizer_state_dict(module, _inner(optimizer), dict(state), options=StateDictOptions(full_state_dict=True))
+            set_optimizer_state_dict(
+                module, _inner(optimizer), dict(state), options=StateDictOptions(full_state_dict=True)
+            )
         self._unshard(module)
 
 

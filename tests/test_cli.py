@@ -221,7 +221,7 @@ def test_the_readme_command_stopped_by_ctrl_c_resumes_the_same_run_with_ckpt_pat
         if line.startswith("step 1 "):
             os.killpg(first.pid, signal.SIGINT)
             break
-    out, err = first.communicate(timeout=300)
+    out, err = first.communicate(timeout=1200)
     assert first.returncode == 1, err[-3000:]
     stopped = json.loads((root / "summary.json").read_text())
     assert stopped["stopped_by"] == "KeyboardInterrupt" and stopped["steps"] >= 2

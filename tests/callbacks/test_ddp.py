@@ -14,7 +14,7 @@ from tests.callbacks.helpers import subprocess_env
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run(*args: str, timeout: int = 120) -> None:
+def run(*args: str, timeout: int = 1200) -> None:  # a hang guard: a loaded machine runs it slowly
     # this checkout's package first (an editable install elsewhere must not shadow it)
     env = subprocess_env(PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "src")]), OMP_NUM_THREADS="1")
     proc = subprocess.run(

@@ -47,7 +47,7 @@ from ..core.snapshot import PolicySnapshot
 from .barrier import StepInFlight, global_totals
 from .fit_learner import FitLearner
 from .issuing import RolloutIssuer, publish
-from .objective_checks import module_objective
+from .objective_checks import module_objective, share_sampling
 from .options import option_problems
 from .records import progress_listener
 from .runner import Replacements, RunnerSettings, StepRunner
@@ -265,6 +265,7 @@ class ThunderSyncStrategy(DDPStrategy):
         )
         if problems:
             raise ConfigError("; ".join(problems))
+        share_sampling(trainer.lightning_module, getattr(trainer, "datamodule", None))
 
     @override
     def setup(self, trainer: Any) -> None:

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 import subprocess
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 import thundersync_lightning
 
+PACKAGE = Path(thundersync_lightning.__file__).parent
 TOP = ("core", "planning", "backends", "strategy", "rollout", "envs", "modules", "callbacks")
 
 
@@ -57,3 +60,16 @@ def test_a_task_source_imported_from_envs_loads_its_family_only():
     assert out[0] == "thundersync_lightning.envs.toy.source"
     loaded = eval(out[1])  # noqa: S307 - our own printed list
     assert not [m for m in loaded if m.split(".")[2] not in ("toy",)], loaded
+
+
+def test_no_package_exports_through_a_star_import_and_the_core_names_every_error():
+    from thundersync_lightning import core
+    from thundersync_lightning.core import errors
+
+    starred = [
+        str(init.relative_to(PACKAGE))
+        for init in PACKAGE.rglob("__init__.py")
+        if re.search(r"^\s*from \S+ import \*", init.read_text(), re.M)
+    ]
+    assert starred == []
+    assert set(errors.__all__) <= set(core.__all__)

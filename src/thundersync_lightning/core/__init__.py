@@ -5,8 +5,26 @@ This package never imports Lightning.
 
 from .accumulator.report import GroupStat, StreamingReport
 from .accumulator.streaming import StreamingGRPO
-from .errors import *  # noqa: F403
-from .errors import __all__ as _errors_all
+from .contract import check_engine, check_module, check_tasks
+from .errors import (
+    AccumulatorSpentError,
+    ConfigError,
+    DuplicateEventError,
+    EngineError,
+    GroupError,
+    HeldGradientLimitError,
+    HostFault,
+    InvalidLogprobError,
+    InvalidRewardError,
+    NonFiniteAdvantageError,
+    OpenGroupLimitError,
+    OpenGroupsError,
+    PolicyChangedError,
+    RunFailed,
+    StalenessError,
+    ThunderSyncError,
+    UnknownTrajectoryError,
+)
 from .gradients.backward import BackwardBackend, ForwardWatch, PlainBackward
 from .gradients.deferred import DeferredGradient
 from .gradients.storage import ByteUsage, Offload
@@ -78,6 +96,9 @@ __all__ = [
     "available_estimators",
     "get_estimator",
     "register_estimator",
+    "check_module",
+    "check_tasks",
+    "check_engine",
     "Environment",
     "RolloutEngine",
     "PreparesAhead",
@@ -97,5 +118,21 @@ __all__ = [
     "derive_seed",
     "group_id",
     "trajectory_id",
-    *_errors_all,
+    "ThunderSyncError",
+    "InvalidRewardError",
+    "InvalidLogprobError",
+    "UnknownTrajectoryError",
+    "DuplicateEventError",
+    "GroupError",
+    "OpenGroupsError",
+    "OpenGroupLimitError",
+    "HeldGradientLimitError",
+    "AccumulatorSpentError",
+    "PolicyChangedError",
+    "StalenessError",
+    "EngineError",
+    "ConfigError",
+    "NonFiniteAdvantageError",
+    "RunFailed",
+    "HostFault",
 ]

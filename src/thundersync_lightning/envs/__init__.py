@@ -2,8 +2,9 @@
 ``datasets``, ``swebench``), each with ``source.py`` (its ``TaskSource``) and ``env.py`` (its
 ``Environment``); ``sandbox`` and ``tools`` hold what the families share.
 
-The task sources are importable from here (``from thundersync_lightning.envs import DatasetTasks``);
-each is imported when first asked for, so using one family loads no other.
+The task sources are importable from here (``from thundersync_lightning.envs import DatasetTasks``),
+and so is the chat template every family renders with (``ChatRenderer``); each is imported when
+first asked for, so using one family loads no other.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-#: public name -> the family package that defines it
+#: public name -> the family package (or shared module) that defines it
 _SOURCES = {
     "GuessingGameTasks": "toy",
     "LocalCodeTasks": "code",
@@ -19,6 +20,7 @@ _SOURCES = {
     "MutationTasks": "mutations",
     "DatasetTasks": "datasets",
     "SWEbenchTasks": "swebench",
+    "ChatRenderer": "chat",
 }
 
 __all__ = list(_SOURCES)

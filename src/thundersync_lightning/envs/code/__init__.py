@@ -7,6 +7,7 @@ from .grading import EvalOutcome, filter_patch, grade_log, split_patch
 from .patches import patch_paths
 from .source import LocalCodeTasks, SplitLocalCodeTasks
 from .task import LocalTask, is_protected_path, load_task, load_tasks, shipped_tasks_dir
+from .tools import swe_tools
 from .workspace import LocalWorkspace, WorkspaceSettings
 
 __all__ = [
@@ -38,4 +39,5 @@ __all__ = [
     "shipped_tasks_dir",
     "LocalWorkspace",
     "WorkspaceSettings",
+    "swe_tools",
 ]

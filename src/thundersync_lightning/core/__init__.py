@@ -3,6 +3,7 @@
 This package never imports Lightning.
 """
 
+from .accumulator.bounds import AccumulatorBounds
 from .accumulator.report import GroupStat, StreamingReport
 from .accumulator.streaming import StreamingGRPO
 from .contract import check_engine, check_module, check_tasks
@@ -82,6 +83,7 @@ __all__ = [
     "trajectory_terms",
     "reference_loss",
     "StreamingGRPO",
+    "AccumulatorBounds",
     "StreamingReport",
     "BackwardBackend",
     "PlainBackward",

@@ -73,3 +73,17 @@ def test_no_package_exports_through_a_star_import_and_the_core_names_every_error
     ]
     assert starred == []
     assert set(errors.__all__) <= set(core.__all__)
+
+
+def test_every_code_example_of_the_docs_imports_from_a_package_not_a_module_inside_one():
+    """A module moved behind its package's ``__all__`` then breaks no user who copied an example."""
+    root = PACKAGE.parents[1]
+    docs = [root / "README.md", root / "benchmarks" / "README.md", *(root / "docs").glob("*.md")]
+    imported = re.compile(r"^\s*from (thundersync_lightning[\w.]*) import", re.M)
+    deep = [
+        f"{doc.relative_to(root)}: {name}"
+        for doc in docs
+        for name in imported.findall(doc.read_text())
+        if not (PACKAGE.parent / name.replace(".", "/") / "__init__.py").exists()
+    ]
+    assert deep == []

@@ -60,7 +60,7 @@ def build_instance(engine: str, ctx: str) -> tuple[Any, dict[str, Any]]:
 
 
 def one_round(source: Any, task: Any, commands: int) -> dict[str, float]:
-    from thundersync_lightning.envs.code import ByteCodec
+    from thundersync_lightning.envs.codec import ByteCodec
 
     codec = ByteCodec()
     env = source.make_env(source.tasks(0, 1, 0)[0], 0)

@@ -229,3 +229,40 @@ def test_the_core_and_the_planner_import_no_lightning():
         if any(name.split(".")[0] in ("lightning", "pytorch_lightning") for name in _imports(path))
     ]
     assert offenders == []
+
+
+ENVS = PACKAGE / "envs"
+# a task family is a package of envs/ with a source.py (its TaskSource); every other module of envs/
+# (its top-level modules, sandbox/, tools/, repo/) is the toolkit the families share
+FAMILIES = sorted(p.name for p in ENVS.iterdir() if (p / "source.py").is_file())
+
+
+def _family_of(name: str) -> str | None:
+    parts = name.split(".")
+    if parts[:2] != [PACKAGE.name, "envs"] or len(parts) < 3:
+        return None
+    return parts[2] if parts[2] in FAMILIES else None
+
+
+def test_no_task_family_imports_another_familys_package():
+    assert {"code", "swebench", "mutations", "toy"} <= set(FAMILIES)  # the rule is not vacuous
+    offenders = [
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for family in FAMILIES
+        for path in (ENVS / family).rglob("*.py")
+        for name in _imports(path)
+        if _family_of(name) not in (None, family)
+    ]
+    assert offenders == []
+
+
+def test_the_envs_toolkit_imports_no_task_family():
+    toolkit = [p for p in ENVS.rglob("*.py") if p.relative_to(ENVS).parts[0] not in FAMILIES]
+    assert {"codec.py", "selection.py", "episode.py", "grading.py"} <= {p.name for p in toolkit}
+    offenders = [
+        f"{path.relative_to(PACKAGE)} imports {name}"
+        for path in toolkit
+        for name in _imports(path)
+        if _family_of(name) is not None
+    ]
+    assert offenders == []

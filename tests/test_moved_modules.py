@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from thundersync_lightning.core.moved_modules import MOVED
+from thundersync_lightning.core.moved_modules import MOVED, MOVED_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
 FROM_IMPORT = re.compile(r"from thundersync_lightning((?:\.\w+)*) import ([\w, ()\n]+)")
@@ -27,6 +27,26 @@ def test_an_old_path_warns_and_is_the_new_module(old):
     assert module is new
     messages = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
     assert f"thundersync_lightning.{old} moved to thundersync_lightning.{MOVED[old]}" in " ".join(messages)
+
+
+@pytest.mark.parametrize(
+    ("package", "name"), sorted((package, name) for package, names in MOVED_NAMES.items() for name in names)
+)
+def test_a_name_a_package_stopped_exporting_warns_and_is_the_same_object(package, name):
+    new = importlib.import_module(f"thundersync_lightning.{MOVED_NAMES[package][name]}")
+    old = importlib.import_module(f"thundersync_lightning.{package}")
+    assert name not in old.__all__
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        value = getattr(old, name)
+    assert value is getattr(new, name)
+    messages = " ".join(str(w.message) for w in caught if issubclass(w.category, DeprecationWarning))
+    assert (
+        f"thundersync_lightning.{package}.{name} moved to thundersync_lightning.{MOVED_NAMES[package][name]}"
+        in messages
+    )
+    with pytest.raises(AttributeError, match="no attribute 'never_there'"):
+        old.never_there  # noqa: B018 - the attribute access is the test
 
 
 def test_an_old_class_path_in_a_config_resolves_to_the_same_class():
@@ -62,6 +82,6 @@ def test_the_repo_itself_uses_only_new_paths():
             package = m.group(1).lstrip(".")
             for alias in m.group(2).replace("(", "").replace(")", "").split(","):
                 module = f"{package}.{alias.strip().split(' as ')[0]}".lstrip(".")
-                if module in MOVED:
+                if module in MOVED or alias.strip().split(" as ")[0] in MOVED_NAMES.get(package, {}):
                     hits.append(f"{name}: {m.group(0)}")
     assert hits == []

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from thundersync_lightning.envs.code.env import CodeEnv
+from thundersync_lightning.envs.repo.episode import CodeEnv
 from thundersync_lightning.envs.swebench.source import SWEbenchTasks
 
 

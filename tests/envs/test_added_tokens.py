@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from thundersync_lightning.envs.code import HFTokenizerCodec
+from thundersync_lightning.envs.codec import HFTokenizerCodec
 from thundersync_lightning.envs.tokens import added_token_ids, encode_plain
 
 from .qwen_style import ADDED, SPECIAL, save_tokenizer

@@ -11,20 +11,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from thundersync_lightning.core.protocols import Environment, TaskSource
-from thundersync_lightning.envs.code import (
+from thundersync_lightning.envs.code import LocalCodeTasks
+from thundersync_lightning.envs.codec import ByteCodec
+from thundersync_lightning.envs.repo.actions import (
     ACTION_HELP,
     Bash,
-    ByteCodec,
     Invalid,
-    LocalCodeTasks,
     ReplaceInFile,
     Submit,
     WriteFile,
-    filter_patch,
-    format_observation,
     parse_action,
-    split_patch,
 )
+from thundersync_lightning.envs.repo.episode import format_observation
+from thundersync_lightning.envs.repo.patches import filter_patch, split_patch
 from thundersync_lightning.envs.sandbox import SandboxResult
 
 from ._support import needs_bwrap
@@ -270,7 +269,7 @@ def test_a_hugging_face_tokenizer_can_replace_the_byte_codec(tmp_path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from thundersync_lightning.envs.code import HFTokenizerCodec
+    from thundersync_lightning.envs.codec import HFTokenizerCodec
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from thundersync_lightning.envs.code import ByteCodec, LocalCodeTasks, load_tasks
+from thundersync_lightning.envs.code import LocalCodeTasks, load_tasks
+from thundersync_lightning.envs.codec import ByteCodec
 
 from ._support import needs_bwrap
 

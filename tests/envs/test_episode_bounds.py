@@ -19,11 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from thundersync_lightning.envs.code import ByteCodec, LocalCodeTasks
-from thundersync_lightning.envs.code.env import OBSERVATION_FRAME_BYTES
-from thundersync_lightning.envs.code.tools import turn_token_budget
+from thundersync_lightning.envs.code import LocalCodeTasks
+from thundersync_lightning.envs.codec import ByteCodec
 from thundersync_lightning.envs.mutations import MutationTasks
 from thundersync_lightning.envs.mutations.source import OBSERVATION_BYTES
+from thundersync_lightning.envs.repo.episode import OBSERVATION_FRAME_BYTES
+from thundersync_lightning.envs.repo.tools import turn_token_budget
 from thundersync_lightning.rollout import Generation, GenerationRequest
 
 from ._support import needs_bwrap
@@ -32,7 +33,7 @@ from .test_turn_budget import _episodes, call
 
 FLOODS = ("yes | head -c 100000", "head -c 5000 /dev/urandom", "python3 -c \"print('\\u00e9' * 3000)\"")
 
-TEXT_ACTIONS = [  # the action language of envs/code/actions.py
+TEXT_ACTIONS = [  # the action language of envs/repo/actions.py
     *(f"bash {c}" for c in FLOODS),
     "\u00e9" * 400 + " not an action",
     "edit solution.py\n" + "x" * 3000,
@@ -173,7 +174,7 @@ def test_a_byte_codec_observation_is_cut_to_its_declared_ids():
         def encode(self, text: str) -> tuple[int, ...]:
             return tuple(b for byte in text.encode() for b in (byte, byte))
 
-    from thundersync_lightning.envs.code.env import CodeEnv
+    from thundersync_lightning.envs.repo.episode import CodeEnv
 
     env = CodeEnv(workspace=None, prompt="", codec=Wide(), max_observation_bytes=100)  # type: ignore[arg-type]
     assert len(env._observe("x" * 5000)) == 100 + OBSERVATION_FRAME_BYTES  # before: 2 * (100 + frame)

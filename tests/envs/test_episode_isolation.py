@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 
 from thundersync_lightning.core.types import ContentReady, derive_seed
-from thundersync_lightning.envs.code import ByteCodec, LocalCodeTasks
+from thundersync_lightning.envs.code import LocalCodeTasks
+from thundersync_lightning.envs.codec import ByteCodec
 from thundersync_lightning.rollout import AgentLoop, EnvPool, Generation, make_request
 from thundersync_lightning.rollout.sampling import turn_seed
 

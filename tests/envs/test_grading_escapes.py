@@ -10,7 +10,9 @@ import tempfile
 
 import pytest
 
-from thundersync_lightning.envs.code import ByteCodec, LocalCodeTasks, LocalTask, is_protected_path
+from thundersync_lightning.envs.code import LocalCodeTasks, LocalTask
+from thundersync_lightning.envs.codec import ByteCodec
+from thundersync_lightning.envs.repo.pytest_config import is_protected_path
 
 from ._support import needs_bwrap
 
@@ -114,7 +116,7 @@ def install_step_run(
     result, its secrets, the original tree's configuration manifest)."""
     from swebench.harness.utils import make_test_spec
 
-    from thundersync_lightning.envs.code.pytest_config import manifest_command, parse_manifest
+    from thundersync_lightning.envs.repo.pytest_config import manifest_command, parse_manifest
     from thundersync_lightning.envs.sandbox import BwrapConfig, BwrapSandbox, SandboxLimits, chown_tree
     from thundersync_lightning.envs.swebench.eval_run import (
         EVAL_DIR,
@@ -229,7 +231,7 @@ def test_a_mutation_task_whose_directory_the_agent_filled_is_graded_like_any_oth
 def test_the_expected_manifest_follows_the_test_patch_and_any_difference_is_named():
     import hashlib
 
-    from thundersync_lightning.envs.code.pytest_config import config_changes, parse_manifest, with_contents
+    from thundersync_lightning.envs.repo.pytest_config import config_changes, parse_manifest, with_contents
 
     digest = hashlib.sha256(b"old\n").hexdigest()
     original = parse_manifest(f"{digest}  /testbed/tests/conftest.py\n{digest}  /testbed/setup.cfg\n")
@@ -405,7 +407,7 @@ SHADOW = {
 @needs_bwrap
 def test_a_package_that_shadows_a_graded_test_module_is_dropped_from_the_patch(sandbox_dir, sandbox_budget):
     from thundersync_lightning.envs.code import LocalWorkspace, WorkspaceSettings
-    from thundersync_lightning.envs.code.runner import (
+    from thundersync_lightning.envs.repo.runner import (
         RUNNER_DIR,
         new_key,
         parse_results,
@@ -530,7 +532,7 @@ def test_in_a_container_what_the_install_step_plants_does_not_grade_the_run(
 def test_the_manifest_lists_exactly_the_files_listed_names(sandbox_dir):
     import subprocess
 
-    from thundersync_lightning.envs.code.pytest_config import listed, manifest_command, parse_manifest
+    from thundersync_lightning.envs.repo.pytest_config import listed, manifest_command, parse_manifest
 
     root = os.path.join(sandbox_dir, "testbed")  # no "test_" in the path above the tree (patterns span "/")
     files = [

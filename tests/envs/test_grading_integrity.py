@@ -10,17 +10,13 @@ import subprocess
 
 import pytest
 
-from thundersync_lightning.envs.code import (
-    ByteCodec,
-    LocalCodeTasks,
-    LocalTask,
-    is_protected_path,
-    load_tasks,
-)
-from thundersync_lightning.envs.code.grading import framed_log, grade_log, runner_log
-from thundersync_lightning.envs.code.patches import filter_patch, patch_paths, split_patch
-from thundersync_lightning.envs.code.reporter import line_tag, signed_lines
-from thundersync_lightning.envs.code.runner import (
+from thundersync_lightning.envs.code import LocalCodeTasks, LocalTask, load_tasks
+from thundersync_lightning.envs.codec import ByteCodec
+from thundersync_lightning.envs.repo.grading import framed_log, grade_log, runner_log
+from thundersync_lightning.envs.repo.patches import filter_patch, patch_paths, split_patch
+from thundersync_lightning.envs.repo.pytest_config import is_protected_path
+from thundersync_lightning.envs.repo.reporter import line_tag, signed_lines
+from thundersync_lightning.envs.repo.runner import (
     RUNNER_DIR,
     new_key,
     parse_results,
@@ -464,8 +460,8 @@ def chat_tokenizer(directory: str) -> None:
 def test_command_output_cannot_forge_special_tokens_with_a_chat_tokenizer(tmp_path):
     from transformers import AutoTokenizer
 
-    from thundersync_lightning.envs.code import HFTokenizerCodec
-    from thundersync_lightning.envs.code.env import CodeEnv
+    from thundersync_lightning.envs.codec import HFTokenizerCodec
+    from thundersync_lightning.envs.repo.episode import CodeEnv
 
     chat_tokenizer(str(tmp_path))
     raw = AutoTokenizer.from_pretrained(str(tmp_path))
@@ -554,7 +550,7 @@ def test_code_under_test_cannot_rewrite_a_test_file_before_it_is_collected(sandb
 def test_a_tokenizer_that_ignores_split_special_tokens_still_yields_no_special_ids(tmp_path):
     from transformers import AutoTokenizer
 
-    from thundersync_lightning.envs.code import HFTokenizerCodec
+    from thundersync_lightning.envs.codec import HFTokenizerCodec
 
     chat_tokenizer(str(tmp_path))
     raw = AutoTokenizer.from_pretrained(str(tmp_path))

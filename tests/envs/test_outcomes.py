@@ -9,9 +9,9 @@ import tempfile
 import pytest
 
 from thundersync_lightning.envs.code import LocalTask, load_tasks
-from thundersync_lightning.envs.code.grading import framed_log, grade_runner_run
-from thundersync_lightning.envs.code.outcomes import declared_markers, judge_statuses
-from thundersync_lightning.envs.code.runner import (
+from thundersync_lightning.envs.repo.grading import framed_log, grade_runner_run
+from thundersync_lightning.envs.repo.outcomes import declared_markers, judge_statuses
+from thundersync_lightning.envs.repo.runner import (
     RUNNER_DIR,
     check_exit,
     new_key,
@@ -238,7 +238,7 @@ def test_declared_markers_are_read_from_the_tests_own_decorators_classes_pytestm
 
 
 def test_the_exit_status_cross_check():
-    from thundersync_lightning.envs.code.runner import RunnerResults
+    from thundersync_lightning.envs.repo.runner import RunnerResults
 
     ok = RunnerResults((("PASSED", "a"), ("XPASS", "b")), 0, None)
     assert check_exit(ok, 0).problem is None

@@ -16,8 +16,9 @@ import subprocess
 import pytest
 
 from thundersync_lightning.core.errors import ConfigError
-from thundersync_lightning.envs.code import ByteCodec, load_tasks
-from thundersync_lightning.envs.code.grading import grade_with_spec
+from thundersync_lightning.envs.code import load_tasks
+from thundersync_lightning.envs.codec import ByteCodec
+from thundersync_lightning.envs.repo.grading import grade_with_spec
 from thundersync_lightning.envs.sandbox import (
     BwrapConfig,
     BwrapSandbox,
@@ -194,7 +195,7 @@ def test_the_container_eval_run_in_bubblewrap_grades_from_the_reporter_and_shows
     plugin) run by bubblewrap instead of podman: the same command, script and grading."""
     from swebench.harness.utils import make_test_spec
 
-    from thundersync_lightning.envs.code.grading import grade_with_spec
+    from thundersync_lightning.envs.repo.grading import grade_with_spec
     from thundersync_lightning.envs.swebench.eval_run import (
         EVAL_DIR,
         EvalSecrets,
@@ -278,8 +279,8 @@ def test_the_container_eval_run_gets_a_read_only_script_and_its_key_on_stdin_onl
 ):
     """SWEbenchWorkspace.evaluate against a stand-in for the container runs: what each run gets
     (argv, mounts, stdin, the script directory's files) and how its output is graded."""
-    from thundersync_lightning.envs.code.pytest_config import manifest_command
-    from thundersync_lightning.envs.code.reporter import signed_lines
+    from thundersync_lightning.envs.repo.pytest_config import manifest_command
+    from thundersync_lightning.envs.repo.reporter import signed_lines
     from thundersync_lightning.envs.sandbox import SandboxResult
     from thundersync_lightning.envs.sandbox import container as container_module
     from thundersync_lightning.envs.swebench import trees as trees_module
@@ -381,7 +382,7 @@ def test_the_declared_markers_of_a_swebench_instance_come_from_the_image_with_it
     assert (
         declared[rel] == after and open(os.path.join(testbed, rel)).read() == before
     )  # the copy is untouched
-    from thundersync_lightning.envs.code.outcomes import declared_markers
+    from thundersync_lightning.envs.repo.outcomes import declared_markers
 
     assert declared_markers(declared, TASK.fail_to_pass[0]) == {"xfail"}
 
@@ -618,7 +619,7 @@ def test_containers_never_pull_get_no_host_proxy_and_have_cpu_memory_and_swap_li
 def test_the_container_paths_patch_capture_uses_a_host_copy_of_the_base_commit(
     tmp_path, sandbox_dir, sandbox_budget
 ):
-    from thundersync_lightning.envs.code.patches import BASE_GIT_DIR, capture_command
+    from thundersync_lightning.envs.repo.patches import BASE_GIT_DIR, capture_command
     from thundersync_lightning.envs.swebench.workspace import SWEbenchSettings, SWEbenchWorkspace
 
     repo = os.path.join(sandbox_dir, "testbed")
@@ -652,7 +653,7 @@ def test_the_container_paths_patch_capture_uses_a_host_copy_of_the_base_commit(
         patch = box.run(capture_command(base)).text
     finally:
         lease.release()
-    from thundersync_lightning.envs.code import patch_paths
+    from thundersync_lightning.envs.repo.patches import patch_paths
 
     added = [
         line for line in TASK.gold_patch.splitlines() if line.startswith("+") and not line.startswith("+++")

@@ -6,8 +6,8 @@ import pickle
 
 import pytest
 
-from thundersync_lightning.envs.code.env import CodeEnv
-from thundersync_lightning.envs.code.grading import EvalOutcome
+from thundersync_lightning.envs.repo.episode import CodeEnv
+from thundersync_lightning.envs.repo.grading import EvalOutcome
 from thundersync_lightning.envs.sandbox.base import SandboxResult
 from thundersync_lightning.envs.swebench.episodes import EpisodeLog, TimedWorkspace, read_episodes
 

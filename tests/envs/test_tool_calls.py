@@ -125,7 +125,7 @@ def test_an_unknown_parser_name_is_a_config_error_listing_the_known_ones():
     ],
 )
 def test_arguments_are_checked_against_the_tool_schema(value, problem):
-    from thundersync_lightning.envs.code.tools import swe_tools
+    from thundersync_lightning.envs.repo.tools import swe_tools
 
     editor = next(t for t in swe_tools() if t.name == "str_replace_editor")
     found = check_arguments(editor.parameters, value)

@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 
 from thundersync_lightning.core.types import ContentReady, StepResult
 from thundersync_lightning.envs.branches import BranchTasks
-from thundersync_lightning.envs.code import ByteCodec, LocalCodeTasks
-from thundersync_lightning.envs.code.env import OBSERVATION_FRAME_BYTES
+from thundersync_lightning.envs.code import LocalCodeTasks
+from thundersync_lightning.envs.codec import ByteCodec
+from thundersync_lightning.envs.repo.episode import OBSERVATION_FRAME_BYTES
 from thundersync_lightning.envs.sandbox import RunGuard
 from thundersync_lightning.envs.tools import Tool, ToolConversation, ToolResult, TurnBudget
 from thundersync_lightning.envs.toy import GuessingGameTasks

@@ -5,7 +5,8 @@ an old path (in code, or as a YAML ``class_path``) warns once and binds the old 
 module itself, so classes, functions and ``isinstance`` checks are the same objects. Where a split
 file's parts moved to two modules, the old path answers with the package that re-exports both.
 Paths where a package now stands at the old name (``rollout.embedded``, ``rollout.weights``,
-``envs.toy``) re-export their public names and need no entry.
+``envs.toy``) re-export their public names and need no entry. A name a package stopped
+re-exporting (:data:`MOVED_NAMES`) is answered by the package's ``__getattr__`` the same way.
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import importlib.machinery
 import sys
 import warnings
 from types import ModuleType
+from typing import Any
 
-__all__ = ["MOVED", "MovedModuleFinder", "install"]
+__all__ = ["MOVED", "MOVED_NAMES", "MovedModuleFinder", "install", "moved_name"]
 
 _PACKAGE = "thundersync_lightning"
 
@@ -83,6 +85,32 @@ MOVED: dict[str, str] = {
     "envs.local_split": "envs.code.source",
     "envs.user_code": "core.user_code",
     "envs.code.codec": "envs.codec",
+    # round three: envs/code a family like the others; what several families use is the toolkit's
+    "envs.code.env": "envs.repo.episode",
+    "envs.code.actions": "envs.repo.actions",
+    "envs.code.tools": "envs.repo.tools",
+    "envs.code.grading": "envs.repo.grading",
+    "envs.code.outcomes": "envs.repo.outcomes",
+    "envs.code.runner": "envs.repo.runner",
+    "envs.code.reporter": "envs.repo.reporter",
+    "envs.code.patches": "envs.repo.patches",
+    "envs.code.pytest_config": "envs.repo.pytest_config",
+}
+
+#: package -> {name it no longer exports: the module that defines it}; the package's ``__getattr__``
+#: answers the old name through :func:`moved_name`
+MOVED_NAMES: dict[str, dict[str, str]] = {
+    "envs.code": {
+        **dict.fromkeys(("ByteCodec", "HFTokenizerCodec", "TextCodec"), "envs.codec"),
+        **dict.fromkeys(
+            ("ACTION_HELP", "Bash", "Invalid", "ReplaceInFile", "Submit", "WriteFile", "parse_action"),
+            "envs.repo.actions",
+        ),
+        **dict.fromkeys(("CodeEnv", "Workspace", "format_observation", "render_prompt"), "envs.repo.episode"),
+        **dict.fromkeys(("EvalOutcome", "grade_log"), "envs.repo.grading"),
+        **dict.fromkeys(("filter_patch", "split_patch", "patch_paths"), "envs.repo.patches"),
+        "is_protected_path": "envs.repo.pytest_config",
+    },
 }
 
 
@@ -117,3 +145,17 @@ def install() -> None:
     """Put the finder on ``sys.meta_path`` once (idempotent)."""
     if not any(isinstance(f, MovedModuleFinder) for f in sys.meta_path):
         sys.meta_path.append(MovedModuleFinder())
+
+
+def moved_name(package: str, name: str) -> Any:
+    """``package``'s ``__getattr__``: ``name`` from the module that now defines it, with a
+    DeprecationWarning, where :data:`MOVED_NAMES` lists it; else the usual AttributeError."""
+    new = MOVED_NAMES.get(package.removeprefix(_PACKAGE + "."), {}).get(name)
+    if new is None:
+        raise AttributeError(f"module {package!r} has no attribute {name!r}")
+    warnings.warn(
+        f"{package}.{name} moved to {_PACKAGE}.{new}.{name}; the old name is removed in the next release",
+        DeprecationWarning,
+        stacklevel=3,  # the line that asked for the name
+    )
+    return getattr(importlib.import_module(f"{_PACKAGE}.{new}"), name)

@@ -1,6 +1,8 @@
 """Task families: one package per family (``toy``, ``code``, ``branches``, ``mutations``,
 ``datasets``, ``swebench``), each with ``source.py`` (its ``TaskSource``) and ``env.py`` (its
-``Environment``); ``sandbox`` and ``tools`` hold what the families share.
+``Environment``). Everything else here is the toolkit the families share (``sandbox``, ``tools``,
+``repo``: the repository-fixing episode and its trusted grading, and the top-level modules); a
+family imports the toolkit, never another family.
 
 The task sources are importable from here (``from thundersync_lightning.envs import DatasetTasks``),
 and so is the chat template every family renders with (``ChatRenderer``); each is imported when

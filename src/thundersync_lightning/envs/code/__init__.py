@@ -1,43 +1,25 @@
-"""Code environments: local repository tasks in bubblewrap, graded with swebench's functions."""
+"""Local code tasks: small repositories shipped as YAML (:mod:`.task`), each episode in a
+bubblewrap workspace on the host (:mod:`.workspace`), graded with the shared repository toolkit
+(:mod:`..repo`: the episode, the trusted pytest run, swebench's report)."""
 
-from ..codec import ByteCodec, HFTokenizerCodec, TextCodec
-from .actions import ACTION_HELP, Bash, Invalid, ReplaceInFile, Submit, WriteFile, parse_action
-from .env import CodeEnv, Workspace, format_observation, render_prompt
-from .grading import EvalOutcome, filter_patch, grade_log, split_patch
-from .patches import patch_paths
+from typing import Any
+
+from ...core.moved_modules import moved_name
 from .source import LocalCodeTasks, SplitLocalCodeTasks
-from .task import LocalTask, is_protected_path, load_task, load_tasks, shipped_tasks_dir
-from .tools import swe_tools
+from .task import LocalTask, load_task, load_tasks, shipped_tasks_dir
 from .workspace import LocalWorkspace, WorkspaceSettings
 
 __all__ = [
-    "ACTION_HELP",
-    "Bash",
-    "Invalid",
-    "ReplaceInFile",
-    "Submit",
-    "WriteFile",
-    "parse_action",
-    "ByteCodec",
-    "HFTokenizerCodec",
-    "TextCodec",
-    "CodeEnv",
-    "Workspace",
-    "format_observation",
-    "render_prompt",
-    "EvalOutcome",
-    "filter_patch",
-    "grade_log",
-    "split_patch",
-    "patch_paths",
     "LocalCodeTasks",
     "SplitLocalCodeTasks",
     "LocalTask",
-    "is_protected_path",
     "load_task",
     "load_tasks",
     "shipped_tasks_dir",
     "LocalWorkspace",
     "WorkspaceSettings",
-    "swe_tools",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    return moved_name(__name__, name)  # the toolkit's names this package re-exported (deprecated)

@@ -13,13 +13,13 @@ from typing import Any
 from ...core.errors import ConfigError
 from ...core.options import strict_options
 from ..codec import ByteCodec, HFTokenizerCodec, TextCodec
+from ..repo.episode import ActionFormat, CodeEnv, render_prompt
+from ..repo.tools import code_episode_tokens, tool_conversation, tool_renderer
 from ..sandbox.base import SandboxLimits
 from ..sandbox.bwrap import BwrapConfig
 from ..sandbox.uids import uid_pool
 from ..selection import held_out, pick
-from .env import ActionFormat, CodeEnv, render_prompt
 from .task import LocalTask, load_tasks
-from .tools import code_episode_tokens, tool_conversation, tool_renderer
 from .workspace import LocalWorkspace, WorkspaceSettings
 
 __all__ = ["LocalCodeTasks", "SplitLocalCodeTasks", "uid_pool"]
@@ -43,7 +43,7 @@ class LocalCodeTasks:
         sandbox_root: host folder for the workspaces. uid_base / uid_count: the sandbox uids.
         python: interpreter with pytest inside the sandbox. ro_binds: extra read-only host paths.
         tokenizer_path: a local HF tokenizer directory instead of the byte-level codec.
-        action_format: ``text`` (the action language of ``envs/code/actions.py``) or ``tools``
+        action_format: ``text`` (the action language of ``envs/repo/actions.py``) or ``tools``
             (native tool calls through the tokenizer's chat template: ``bash``,
             ``str_replace_editor``, ``submit``; needs ``tokenizer_path``).
         chat_template / template_kwargs / tool_parser: ``tools`` format only: a Jinja template
@@ -155,7 +155,7 @@ class LocalCodeTasks:
     def max_episode_tokens(self) -> int:
         """A bound on one episode's tokens whatever the policy writes (the memory planner's): the
         longest prompt of :attr:`all_tasks`, then per turn ``max_action_tokens`` and the observation
-        cap (:func:`~.tools.code_episode_tokens`)."""
+        cap (:func:`~..repo.tools.code_episode_tokens`)."""
         return code_episode_tokens(
             (self._prompt(t) for t in self.all_tasks),
             max_turns=self.max_turns,

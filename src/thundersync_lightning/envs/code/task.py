@@ -27,48 +27,13 @@ from pathlib import Path
 import yaml
 
 from ...core.errors import ConfigError
-from .pytest_config import CONFIG_FILE_NAMES, PLUGIN_FILE_NAMES, STARTUP_MODULES, module_name
+from ..repo.pytest_config import is_protected_path
 
-__all__ = ["LocalTask", "load_task", "load_tasks", "shipped_tasks_dir", "is_protected_path", "without_tests"]
-
-_PROTECTED_NAMES = frozenset(
-    {*CONFIG_FILE_NAMES, *PLUGIN_FILE_NAMES, ".gitattributes", ".gitmodules", "pytest.py"}
-)
-_TEST_DIRS = frozenset({"tests", "test", "testing"})
-
-
-def _shadows_a_test_module(module: str, graded: frozenset[str]) -> bool:
-    """A module (or package) of this name would win over a test module of the same name in its directory."""
-    return module.startswith("test_") or module.endswith("_test") or module in graded
+__all__ = ["LocalTask", "load_task", "load_tasks", "shipped_tasks_dir", "without_tests"]
 
 
 def shipped_tasks_dir() -> str:
     return str(Path(__file__).with_name("tasks"))
-
-
-def is_protected_path(path: str, test_files: tuple[str, ...] = ()) -> bool:
-    """True for test files and files that configure the test run or run code before it: changes to
-    them never count. Besides the names: every form Python imports a start-up module
-    (``sitecustomize``, ``usercustomize``) or a test module from (a module of any suffix, a package
-    directory, an extension module: ``test_x/__init__.py`` or ``test_x.cpython-311-x86_64-linux-gnu.so``
-    shadow ``test_x.py``), for pytest's default test module names and those of ``test_files``."""
-    path = path.strip()
-    if path.startswith("./"):
-        path = path[2:]
-    parts = path.split("/")
-    base = parts[-1]
-    modules = [module_name(p) for p in parts]
-    graded = frozenset(module_name(f.rsplit("/", 1)[-1]) for f in test_files)
-    return (
-        path in test_files
-        or any(p in _TEST_DIRS for p in parts[:-1])
-        or any(m in STARTUP_MODULES or _shadows_a_test_module(m, graded) for m in modules)
-        or base in _PROTECTED_NAMES
-        or base.endswith(".pth")
-        or "__pycache__" in parts
-        or base.endswith(".pyc")
-        or any(p.endswith((".dist-info", ".egg-info")) for p in parts[:-1])
-    )
 
 
 def without_tests(source: str, names: list[str]) -> str | None:

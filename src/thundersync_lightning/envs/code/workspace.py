@@ -6,8 +6,8 @@ its own where the host allows it, see :mod:`..sandbox.fs`) holding
 * ``agent/``: the repository as the agent sees it (the FAIL_TO_PASS tests cut out), a git
   repository at that state, owned by the sandbox uid;
 * ``base.git``: a root-owned bare copy of that commit, bound read-only when the patch is captured
-  (so the agent's git config, hooks and filters are never used; see :mod:`.patches`);
-* ``runner/``: the host-written test runner and pytest.ini (see :mod:`.runner`), bound read-only;
+  (so the agent's git config, hooks and filters are never used; see :mod:`..repo.patches`);
+* ``runner/``: the host-written test runner and pytest.ini (see :mod:`..repo.runner`), bound read-only;
 * for each verdict, a fresh copy of the ORIGINAL repository (hidden tests included), in a
   directory beside the workspace's with a disk and inode budget of its own (a workspace the agent
   filled to its budget is graded like any other): the agent's filtered patch is applied there, the
@@ -27,13 +27,13 @@ import tempfile
 import threading
 from dataclasses import dataclass, field, replace
 
+from ..repo.grading import EvalOutcome, grade_runner_run
+from ..repo.patches import BASE_GIT_DIR, capture_command, filter_patch
+from ..repo.runner import RUNNER_DIR, new_key, runner_command, write_runner
 from ..sandbox.base import RunGuard, SandboxError, SandboxLimits, SandboxResult
 from ..sandbox.bwrap import BwrapConfig, BwrapSandbox, bwrap_available, chown_tree
 from ..sandbox.fs import BoundedDir, release_workdir, remove_tree, sweep_stale
 from ..sandbox.uids import UidLease, UidPool
-from .grading import EvalOutcome, grade_runner_run
-from .patches import BASE_GIT_DIR, capture_command, filter_patch
-from .runner import RUNNER_DIR, new_key, runner_command, write_runner
 from .task import LocalTask
 
 __all__ = ["WorkspaceSettings", "LocalWorkspace", "grading_slots"]

@@ -4,9 +4,10 @@ See :mod:`.generate` (how tasks are made), :mod:`.env` (the action language and 
 swebench-graded verdict) and :mod:`.source` (the task source and its held-out split).
 """
 
+from ..mutation_sites import mutate, sites
 from .corpus import SEEDS, Seed
 from .env import ActionVocab, MutationEnv, parse_results, test_script
-from .generate import MutationTask, generate_tasks, mutate, sites
+from .generate import MutationTask, generate_tasks
 from .source import MutationTasks, is_held_out
 
 __all__ = [

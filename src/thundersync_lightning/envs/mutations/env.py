@@ -22,7 +22,7 @@ arguments only and prints one ``RESULT <i> <repr>`` line per case; the host comp
 parsed as a Python literal, with the expected one (which never enters the sandbox), so neither a
 printed ``PASSED`` line nor a returned object whose ``__eq__`` says yes can pass a case, and a case
 answered twice fails. The pytest-style log the host builds from that is graded by swebench's
-FAIL_TO_PASS / PASS_TO_PASS report (:func:`~thundersync_lightning.envs.code.grading.grade_log`).
+FAIL_TO_PASS / PASS_TO_PASS report (:func:`~thundersync_lightning.envs.repo.grading.grade_log`).
 
 Native tool calls (``conversation``): the same task as a small repository. The prompt names the
 buggy function in ``solution.py`` and the visible tests (``python3 -I test_visible.py``); the
@@ -42,7 +42,7 @@ import threading
 from collections.abc import Sequence
 
 from ...core.types import StepResult
-from ..code.grading import EvalOutcome, framed_log, grade_log
+from ..repo.grading import EvalOutcome, framed_log, grade_log
 from ..sandbox.base import SandboxError, SandboxResult
 from ..sandbox.bwrap import BwrapConfig, BwrapSandbox, bwrap_available, chown_tree
 from ..sandbox.fs import BoundedDir, release_workdir, sweep_stale

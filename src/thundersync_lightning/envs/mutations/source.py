@@ -13,12 +13,13 @@ from typing import Any
 
 from ...core.errors import ConfigError
 from ...core.types import ModelSpec
-from ..code.env import ActionFormat
-from ..code.tools import code_episode_tokens, tool_conversation, tool_renderer
+from ..repo.episode import ActionFormat
+from ..repo.tools import code_episode_tokens, tool_conversation, tool_renderer
 from ..sandbox.base import SandboxLimits
 from ..sandbox.bwrap import BwrapConfig
 from ..sandbox.uids import uid_pool
 from ..selection import held_out, pick
+from ..tiny_model import toy_model_spec
 from .env import ActionVocab, MutationEnv, tools_prompt
 from .generate import MutationTask, generate_tasks
 
@@ -141,8 +142,6 @@ class MutationTasks:
 
     def model_spec(self) -> ModelSpec:
         """The tiny Qwen3 of the toy task, vocabulary rounded up to a multiple of 8."""
-        from ..toy.source import toy_model_spec
-
         return toy_model_spec(vocab_size=8 * -(-self.vocab.size // 8))
 
     def make_env(self, task: Any, seed: int) -> MutationEnv:
@@ -168,7 +167,7 @@ class MutationTasks:
     def max_episode_tokens(self) -> int:
         """A bound on one episode's tokens whatever the policy writes (the memory planner's). Text
         format: ``[START]``, then per turn one action token and at most one answer token. Tools
-        format: :func:`~..code.tools.code_episode_tokens` over the tasks' prompts, with
+        format: :func:`~..repo.tools.code_episode_tokens` over the tasks' prompts, with
         :data:`OBSERVATION_BYTES` per turn."""
         if self.renderer is None:
             return 1 + 2 * self.max_turns

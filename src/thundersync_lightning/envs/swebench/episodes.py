@@ -1,7 +1,7 @@
 """Per-episode phase times of SWE-bench workspaces, one JSON line per episode.
 
 :class:`TimedWorkspace` wraps an episode's workspace and times what it does, in the order
-:class:`~..code.env.CodeEnv` calls it:
+:class:`~..repo.episode.CodeEnv` calls it:
 
     container_start_s   ``open``: the image's /testbed copied out, the base commit copied, the shell
     commands_s          every agent command (``run``), ``commands`` of them
@@ -28,8 +28,8 @@ import threading
 import time
 from typing import Any
 
-from ..code.env import Workspace
-from ..code.grading import EvalOutcome
+from ..repo.episode import Workspace
+from ..repo.grading import EvalOutcome
 from ..sandbox.base import SandboxResult
 
 __all__ = ["EpisodeLog", "TimedWorkspace", "read_episodes"]

@@ -65,10 +65,10 @@ from dataclasses import dataclass
 from secrets import token_hex
 from typing import Any
 
-from ..code.grading import EvalOutcome, framed_log, grade_with_spec
-from ..code.pytest_config import config_changes, manifest_command, parse_manifest
-from ..code.reporter import REPORT_FD_ENV, keyed_hash
-from ..code.runner import check_exit, new_key, parse_results, reporter_source, write_host_dir
+from ..repo.grading import EvalOutcome, framed_log, grade_with_spec
+from ..repo.pytest_config import config_changes, manifest_command, parse_manifest
+from ..repo.reporter import REPORT_FD_ENV, keyed_hash
+from ..repo.runner import check_exit, new_key, parse_results, reporter_source, write_host_dir
 from ..sandbox.base import SandboxResult
 
 __all__ = [

@@ -26,9 +26,9 @@ from typing import Any
 
 from ...core.errors import ConfigError
 from ...core.options import strict_options
-from ..code.env import ActionFormat, CodeEnv, Workspace, render_prompt
-from ..code.tools import code_episode_tokens, tool_conversation, tool_renderer
 from ..codec import ByteCodec, HFTokenizerCodec, TextCodec
+from ..repo.episode import ActionFormat, CodeEnv, Workspace, render_prompt
+from ..repo.tools import code_episode_tokens, tool_conversation, tool_renderer
 from ..sandbox.base import SandboxLimits
 from ..sandbox.container import ContainerConfig
 from ..sandbox.hosts import parse_hosts
@@ -217,7 +217,7 @@ class SWEbenchTasks:
     def max_episode_tokens(self) -> int:
         """A bound on one episode's tokens whatever the policy writes (the memory planner's): the
         longest prompt of :attr:`rows`, then per turn ``max_action_tokens`` and the observation cap
-        (:func:`~..code.tools.code_episode_tokens`, as for local code tasks)."""
+        (:func:`~..repo.tools.code_episode_tokens`, as for local code tasks)."""
         return code_episode_tokens(
             (self._prompt(r) for r in self.rows),
             max_turns=self.max_turns,

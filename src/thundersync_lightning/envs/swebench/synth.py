@@ -1,7 +1,7 @@
 """SWE-smith-style instances from a real library: one bug injected into a function its own tests cover.
 
 (SWE-smith, arXiv 2504.21798.) A *site* is one operator or integer literal inside a function body,
-of the kinds :func:`..mutations.generate.sites` knows (comparison, arithmetic also in ``+=``,
+of the kinds :func:`..mutation_sites.sites` knows (comparison, arithmetic also in ``+=``,
 ``and``/``or``, integer literal). A *candidate* replaces one site with another value of its kind by
 rewriting only the site's bytes; the rest of the file keeps its text, so the gold patch is a one-line
 diff. A candidate is kept only where the rewritten text parses to exactly the tree that the tree-level
@@ -29,7 +29,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ..mutations.generate import sites
+from ..mutation_sites import sites
 
 __all__ = [
     "Site",
@@ -79,7 +79,7 @@ _RESULT = re.compile(r"^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+)(?: - (.*
 class Site:
     """One candidate edit of ``path``: bytes ``start:end`` (``old``) become ``new``, inside
     ``function`` (its dotted qualified name), on ``line``. ``index``: the site's position in
-    :func:`..mutations.generate.sites`'s walk of the module; ``kind``: ``cmp_flip``,
+    :func:`..mutation_sites.sites`'s walk of the module; ``kind``: ``cmp_flip``,
     ``op_swap``, ``bool_swap`` or ``const_shift``."""
 
     path: str

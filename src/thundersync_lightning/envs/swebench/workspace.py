@@ -10,10 +10,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...core.errors import ConfigError
-from ..code.grading import EvalOutcome
-from ..code.patches import BASE_GIT_DIR, capture_command, filter_patch, patch_paths
-from ..code.pytest_config import manifest_command, parse_manifest, with_contents
-from ..code.task import is_protected_path
+from ..repo.grading import EvalOutcome
+from ..repo.patches import BASE_GIT_DIR, capture_command, filter_patch, patch_paths
+from ..repo.pytest_config import is_protected_path, manifest_command, parse_manifest, with_contents
 from ..sandbox.base import RunGuard, SandboxError, SandboxResult
 from ..sandbox.container import ContainerConfig, ContainerSandbox, find_engine
 from ..sandbox.fs import BoundedDir, release_workdir

@@ -30,7 +30,7 @@ from ..chat import ChatRenderer
 from ..codec import TextCodec
 from ..tools import Tool, ToolConversation, ToolResult, TurnBudget, get_tool_parser
 from ..tools.conversation import NOTE_TOKENS, turn_token_cap
-from .env import OBSERVATION_FRAME_BYTES, ActionFormat, format_observation
+from .episode import OBSERVATION_FRAME_BYTES, ActionFormat, format_observation
 
 __all__ = [
     "swe_tools",
@@ -286,7 +286,7 @@ def code_episode_tokens(
 ) -> int:
     """``max_episode_tokens()`` of a code task source: the longest prompt, then per turn an action of
     at most ``max_action_tokens`` and an observation of at most (text format)
-    ``max_observation_bytes + OBSERVATION_FRAME_BYTES`` ids (:class:`~.env.CodeEnv` cuts there) or
+    ``max_observation_bytes + OBSERVATION_FRAME_BYTES`` ids (:class:`~.episode.CodeEnv` cuts there) or
     (tools format) :func:`turn_token_budget` tokens (:class:`ToolConversation` cuts there).
 
     A prompt is the codec's ids of its text, or (tools) the template's rendering with the tools;

@@ -13,7 +13,7 @@ or an extension module named like a test module wins over the ``.py`` file in th
 graded test names passes pytest's import check). An agent that changes one of them changes how its
 tests are run:
 
-- **in its patch**: every such path is a protected path (:func:`~.task.is_protected_path`), so
+- **in its patch**: every such path is a protected path (:func:`is_protected_path`), so
   a diff touching one is dropped before grading;
 - **through the install step** of an eval script (SWE-bench's ``pip install -e .`` runs the
   agent's ``setup.py``, which can rewrite ``setup.cfg``, write a ``.pytest.ini`` or a
@@ -46,6 +46,7 @@ __all__ = [
     "with_contents",
     "listed",
     "module_name",
+    "is_protected_path",
 ]
 
 #: Files pytest reads its configuration from (any directory).
@@ -144,3 +145,39 @@ def config_changes(expected: Mapping[str, str], actual: Mapping[str, str]) -> li
         elif expected[path] != actual[path] and not path.endswith(".so"):
             out.append(f"{path} changed")
     return out
+
+
+_PROTECTED_NAMES = frozenset(
+    {*CONFIG_FILE_NAMES, *PLUGIN_FILE_NAMES, ".gitattributes", ".gitmodules", "pytest.py"}
+)
+_TEST_DIRS = frozenset({"tests", "test", "testing"})
+
+
+def _shadows_a_test_module(module: str, graded: frozenset[str]) -> bool:
+    """A module (or package) of this name would win over a test module of the same name in its directory."""
+    return module.startswith("test_") or module.endswith("_test") or module in graded
+
+
+def is_protected_path(path: str, test_files: tuple[str, ...] = ()) -> bool:
+    """True for test files and files that configure the test run or run code before it: changes to
+    them never count. Besides the names: every form Python imports a start-up module
+    (``sitecustomize``, ``usercustomize``) or a test module from (a module of any suffix, a package
+    directory, an extension module: ``test_x/__init__.py`` or ``test_x.cpython-311-x86_64-linux-gnu.so``
+    shadow ``test_x.py``), for pytest's default test module names and those of ``test_files``."""
+    path = path.strip()
+    if path.startswith("./"):
+        path = path[2:]
+    parts = path.split("/")
+    base = parts[-1]
+    modules = [module_name(p) for p in parts]
+    graded = frozenset(module_name(f.rsplit("/", 1)[-1]) for f in test_files)
+    return (
+        path in test_files
+        or any(p in _TEST_DIRS for p in parts[:-1])
+        or any(m in STARTUP_MODULES or _shadows_a_test_module(m, graded) for m in modules)
+        or base in _PROTECTED_NAMES
+        or base.endswith(".pth")
+        or "__pycache__" in parts
+        or base.endswith(".pyc")
+        or any(p.endswith((".dist-info", ".egg-info")) for p in parts[:-1])
+    )

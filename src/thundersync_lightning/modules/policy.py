@@ -7,9 +7,10 @@ the learner's per-token log-probabilities are
 
 with z the logits and T the engine's sampling temperature (the engine reports logprobs of the same
 temperature-scaled distribution). T has one home, the engine config: the strategy hands the engine's
-declared :class:`~thundersync_lightning.core.EngineSampling` to :meth:`use_engine_sampling` at set-up. :meth:`score_tokens` is the one hook the strategy calls: it
-returns l (and, when the objective asks, entropies and the reference policy's log-probabilities)
-as :class:`~thundersync_lightning.core.TokenScores`; the module's
+declared :class:`~thundersync_lightning.core.EngineSampling` to :meth:`use_engine_sampling` at
+set-up. :meth:`score_tokens` is the one hook the strategy calls: it returns l (and, when the
+objective asks, entropies and the reference policy's log-probabilities) as
+:class:`~thundersync_lightning.core.TokenScores`; the module's
 :class:`~thundersync_lightning.core.Objective` (``objective=``, saved with the checkpoint) turns
 them into the loss in every mode. :meth:`training_step` computes the same loss in one expression
 so the module also trains under stock strategies.

@@ -93,9 +93,9 @@ def add_score_forward_tokens_arg(parser: argparse.ArgumentParser) -> None:
 
 
 def add_call_cap_args(parser: argparse.ArgumentParser) -> None:
-    """``--max-batch-trajectories N``, ``--max-batch-tokens N`` and ``--min-batch-trajectories N|auto``: a learner call's caps
-    (``ThunderSyncStrategy`` options), defaulting to the strategy's own defaults (read from its
-    signature, so the two cannot drift)."""
+    """``--max-batch-trajectories N``, ``--max-batch-tokens N`` and ``--min-batch-trajectories N|auto``:
+    a learner call's caps (``ThunderSyncStrategy`` options), defaulting to the strategy's own defaults
+    (read from its signature, so the two cannot drift)."""
     import inspect
 
     from thundersync_lightning.strategy import ThunderSyncStrategy

@@ -56,12 +56,13 @@ def overlap(out: Path, folder: str = "overlap", name: str = "overlap_long") -> l
     if data is None:
         return []
     rows = [
-        f"streaming {data['speedup_streaming_vs_sync']:.2f}x sync, async {data['speedup_async_vs_sync']:.2f}x "
-        f"sync, efficiency {data['efficiency']:.2f}"
+        f"streaming {data['speedup_streaming_vs_sync']:.2f}x sync, async "
+        f"{data['speedup_async_vs_sync']:.2f}x sync, efficiency {data['efficiency']:.2f}"
     ]
     for mode, r in data["modes"].items():
         rows.append(
-            f"{mode}: step {r['median_step_s']:.3f} s, idle {r['learner_idle_fraction']:.1%}, MFU {r['mfu']:.1%}"
+            f"{mode}: step {r['median_step_s']:.3f} s, idle "
+            f"{r['learner_idle_fraction']:.1%}, MFU {r['mfu']:.1%}"
         )
     return rows
 
@@ -96,9 +97,10 @@ def engine(out: Path) -> list[str]:
         return []
     return [
         f"{data['model']} ({data['parameters'] / 1e6:.2f}M, {data['precision']}): engine "
-        f"{data['engine_tokens_per_s_median']:.0f} tokens/s, learner idle {data['learner_idle_fraction_median']:.1%}, "
-        f"staleness max {data['staleness_max']}, {data['turns_mean']:.2f} turns, {data['tool_calls']} valid and "
-        f"{data['invalid_tool_calls']} invalid tool calls (random weights)"
+        f"{data['engine_tokens_per_s_median']:.0f} tokens/s, learner idle "
+        f"{data['learner_idle_fraction_median']:.1%}, staleness max {data['staleness_max']}, "
+        f"{data['turns_mean']:.2f} turns, {data['tool_calls']} valid and {data['invalid_tool_calls']} "
+        "invalid tool calls (random weights)"
     ]
 
 
@@ -237,7 +239,8 @@ def plan(committed_tsv: str, budget_s: int, limits: list[str]) -> str:
         if total > budget_s:
             later.append(name)
         lines.append(
-            f"{name:18} {limit:>6} {planned:>8} {total:>6}  {source}{'  (past BUDGET_S)' if total > budget_s else ''}"
+            f"{name:18} {limit:>6} {planned:>8} {total:>6}  "
+            f"{source}{'  (past BUDGET_S)' if total > budget_s else ''}"
         )
     if later:
         lines.append(

@@ -36,7 +36,10 @@ def trace_ceiling(trace: str, seed: int, groups: int, group_size: int, steps: in
         / statistics.median(max(m, work) for m in makespans),
         "throughput_ratio": sum(m + work for m in makespans) / sum(max(m, work) for m in makespans),
         "mean_of_per_step_ratios": statistics.mean((m + work) / max(m, work) for m in makespans),
-        "note": "sync step = makespan + B*G units, perfect streaming step = max(makespan, B*G units), in trace units",
+        "note": (
+            "sync step = makespan + B*G units, perfect streaming step = "
+            "max(makespan, B*G units), in trace units"
+        ),
     }
 
 

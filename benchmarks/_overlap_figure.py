@@ -83,8 +83,8 @@ def timeline_png(
         )
     axes[-1].set_xlim(xmin - 0.01 * xmax, xmax * 1.01)
     axes[-1].set_xlabel(
-        "seconds from the end of the step before (two consecutive steps; dotted: step end; hatched: learner idle; "
-        "async's rollouts start before 0: issued one step ahead)"
+        "seconds from the end of the step before (two consecutive steps; dotted: step end; hatched: learner "
+        "idle; async's rollouts start before 0: issued one step ahead)"
     )
     handles = [
         Patch(color="tab:blue", label="generation (content ready)"),
@@ -93,9 +93,10 @@ def timeline_png(
     ]
     fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.955), ncol=7, fontsize=7)
     fig.suptitle(
-        f"streaming {results['speedup_streaming_vs_sync']:.2f}x sync, async {results['speedup_async_vs_sync']:.2f}x, "
-        f"bound {results['bound_speedup']:.2f}x, efficiency {results['efficiency']:.2f} "
-        f"(trace {args.trace}, {args.groups}x{args.group_size}, 1 unit = {time_scale_s * 1e3:.1f} ms)",
+        f"streaming {results['speedup_streaming_vs_sync']:.2f}x sync, async "
+        f"{results['speedup_async_vs_sync']:.2f}x, bound {results['bound_speedup']:.2f}x, efficiency "
+        f"{results['efficiency']:.2f} (trace {args.trace}, {args.groups}x{args.group_size}, 1 unit "
+        f"= {time_scale_s * 1e3:.1f} ms)",
         fontsize=10,
         x=0.01,
         ha="left",

@@ -131,7 +131,8 @@ def trl_vowel_share(completions: list[Any], **kwargs: Any) -> list[float]:
 
 
 def trl_tool_reward(completions: list[Any], **kwargs: Any) -> list[float]:
-    """The tool task's reward in TRL's signature: vowel share of the last answer + 0.5 if a tool was called."""
+    """The tool task's reward in TRL's signature:
+    vowel share of the last answer + 0.5 if a tool was called."""
     out = []
     for c in completions:
         called = not isinstance(c, str) and any(m.get("role") == "tool" or m.get("tool_calls") for m in c)

@@ -143,7 +143,10 @@ def main(argv: list[str] | None = None) -> dict:
             for k, v in medians.items()
         },
         ylabel="learner seconds per step",
-        title=f"boundary cut: {ratio_wall:.2f}x less learner wall time ({ratio_cpu:.2f}x CPU), grad rel diff {rel:.1e}",
+        title=(
+            f"boundary cut: {ratio_wall:.2f}x less learner wall time "
+            f"({ratio_cpu:.2f}x CPU), grad rel diff {rel:.1e}"
+        ),
     )
     print(
         f"learner per step: uncut {medians['uncut']['wall_s']:.2f}s, cut {medians['cut']['wall_s']:.2f}s "

@@ -256,7 +256,8 @@ def main(argv: list[str] | None = None) -> dict:
     title = (
         f"Qwen3 {num_params / 1e6:.1f}M params, {args.tokens} tokens, {args.threads} thread(s); overhead "
         + ", ".join(
-            f"{m} {r['wall']['overhead_per_trajectory']:+.1%} wall / {r['cpu']['overhead_per_trajectory']:+.1%} cpu"
+            f"{m} {r['wall']['overhead_per_trajectory']:+.1%} wall / "
+            f"{r['cpu']['overhead_per_trajectory']:+.1%} cpu"
             for m, r in results.items()
         )
     )

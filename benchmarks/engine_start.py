@@ -86,12 +86,14 @@ def main(argv: list[str] | None = None) -> dict:
     results: dict[str, dict] = {}
     for method in METHODS:
         out = subprocess.run(
-            [sys.executable, __file__, "--child", method, "--starts", str(starts), "--threads", str(args.threads)],
+            [sys.executable, __file__, "--child", method, "--starts", str(starts),
+             "--threads", str(args.threads)],
             env=env, check=True, capture_output=True, text=True,
         )  # fmt: skip
         results[method] = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"{method}: first start {results[method]['first_start_s']:.2f} s, later "
-              f"{results[method]['later_start_s_median']:.3f} s, restart {results[method]['restart_s']:.2f} s",
+              f"{results[method]['later_start_s_median']:.3f} s, restart "
+              f"{results[method]['restart_s']:.2f} s",
               flush=True)  # fmt: skip
     fork, spawn = results["forkserver"], results["spawn"]
     ratios = {

@@ -76,8 +76,9 @@ def trajectory_log(path: Path, steps: list[Any], tokenizer: Any) -> None:
             for t in s.trajectories:
                 text = tokenizer.decode([tok for seg in t.segments for tok in seg.tokens])
                 f.write(json.dumps({
-                    "step": s.step, "trajectory_id": t.trajectory_id, "reward": t.reward, "staleness": t.staleness,
-                    "turns": t.num_turns, "tool_calls": t.tool_calls, "invalid_tool_calls": t.invalid_tool_calls,
+                    "step": s.step, "trajectory_id": t.trajectory_id, "reward": t.reward,
+                    "staleness": t.staleness, "turns": t.num_turns, "tool_calls": t.tool_calls,
+                    "invalid_tool_calls": t.invalid_tool_calls,
                     "tokens": t.num_tokens, "finish_reason": t.finish_reason, "text": text,
                 }) + "\n")  # fmt: skip
 
@@ -113,9 +114,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # the engine builds its copy from the policy's ModelSpec: in bf16 too, on args.device
     policy = GRPOPolicy(config=config, lr=1e-6, dtype="bfloat16" if precision == "bf16-true" else "float32")
     data = RolloutDataModule(
-        tasks=BranchTasks(str(tokenizer_dir), max_turns=args.max_turns, max_action_tokens=args.max_action_tokens),
-        engine=EmbeddedEngineConfig(device=args.device), group_size=args.group_size, groups_per_step=args.groups,
-        seed=0,
+        tasks=BranchTasks(str(tokenizer_dir), max_turns=args.max_turns,
+                          max_action_tokens=args.max_action_tokens),
+        engine=EmbeddedEngineConfig(device=args.device), group_size=args.group_size,
+        groups_per_step=args.groups, seed=0,
     )  # fmt: skip
     device = "gpu" if args.device == "cuda" else "cpu"
     record = fit(
@@ -128,8 +130,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "device": torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu",
         "model": model, "config": config, "precision": precision,
         "parameters": sum(p.numel() for p in policy.parameters()),
-        "task": {"tasks": "BranchTasks", "max_turns": args.max_turns, "max_action_tokens": args.max_action_tokens,
-                 "groups": args.groups, "group_size": args.group_size},
+        "task": {"tasks": "BranchTasks", "max_turns": args.max_turns,
+                 "max_action_tokens": args.max_action_tokens, "groups": args.groups,
+                 "group_size": args.group_size},
         "steps": args.steps, "warmup": args.warmup, "rows": rows,
         "engine_tokens_per_s_median": statistics.median(r["engine_tokens_per_s"] for r in rows),
         "learner_idle_fraction_median": statistics.median(r["idle_fraction"] for r in rows),

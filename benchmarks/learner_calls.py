@@ -19,7 +19,8 @@ the learner waits for K rows while content is still to land): fewer, larger call
 thread's CPU seconds per step (the learner's work, whatever else runs on the machine).
 ``--lr 0`` keeps the policy fixed: every fit then replays the same trajectories, step for step.
 
-    python benchmarks/learner_calls.py [--quick] [--out DIR] [--steps 40] [--hidden 128] [--min-batch-trajectories 1 16]
+    python benchmarks/learner_calls.py [--quick] [--out DIR] [--steps 40] [--hidden 128]
+    [--min-batch-trajectories 1 16]
 """
 
 from __future__ import annotations
@@ -165,10 +166,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     for mode, result in modes.items():
         print(
-            f"{mode}: step {result['step_s_median']:.3f} s, last verdict {result['last_verdict_s_median']:.3f} s, "
-            f"backward {result['backward_s_median']:.3f} s in {result['calls_median']:.0f} calls (medians per step); "
-            f"step {result['step_over_sync']:.2f}x sync's, backward {result['backward_over_sync']:.2f}x, "
-            f"learner CPU {result['cpu_over_sync']:.2f}x; waited for {result['waited_for_rows_median']:.0f} rows"
+            f"{mode}: step {result['step_s_median']:.3f} s, last verdict "
+            f"{result['last_verdict_s_median']:.3f} s, backward {result['backward_s_median']:.3f} s in "
+            f"{result['calls_median']:.0f} calls (medians per step); step {result['step_over_sync']:.2f}x "
+            f"sync's, backward {result['backward_over_sync']:.2f}x, learner CPU "
+            f"{result['cpu_over_sync']:.2f}x; waited for {result['waited_for_rows_median']:.0f} rows"
         )
         for label, cell in result["by_call_size"].items():
             text = ", ".join(

@@ -11,11 +11,11 @@ pinned-host bytes (GPU), each as a delta from before the first group. Then every
 and ``finish`` (the barrier) runs; its ``StreamingReport.peak_bytes`` is recorded.
 
 Part 2, through the strategy (a real ``Trainer.fit`` with ``ThunderSyncStrategy`` on the
-trace-replay engine replaying ``paper_tail``, ``--strategy-time-scale`` seconds per unit): ``StepStats.accumulator`` (peak bytes of the step) and the most
-open groups (``StepStats.open_groups``) for several ``max_open_groups`` bounds and offload modes.
-Here a trajectory whose content lands before its reward is backpropagated early and its gradient
-*held* (one more buffer until the reward arrives), so the peak can exceed 2 x P x 4 per open group;
-the ratio is reported.
+trace-replay engine replaying ``paper_tail``, ``--strategy-time-scale`` seconds per unit):
+``StepStats.accumulator`` (peak bytes of the step) and the most open groups (``StepStats.open_groups``) for
+several ``max_open_groups`` bounds and offload modes. Here a trajectory whose content lands before its reward
+is backpropagated early and its gradient *held* (one more buffer until the reward arrives), so the peak can
+exceed 2 x P x 4 per open group; the ratio is reported.
 
 Offload ``pinned`` is measured only where CUDA is available (a CPU build cannot pin memory).
 
@@ -374,9 +374,10 @@ def main(argv: list[str] | None = None) -> dict:
             c = accumulator_curve(size, offload, args.max_groups, device)
             curves.append(c)
             print(
-                f"part 1 {size} ({c['num_params'] / 1e6:.2f}M params) offload={offload}: {args.max_groups} open groups "
-                f"accounted/analytic {c['ratio_accounted_over_analytic']:.3f}, RSS delta/analytic "
-                f"{c['ratio_rss_over_analytic']:.3f}, barrier peak {c['peak_total_bytes'] / 2**20:.1f} MiB "
+                f"part 1 {size} ({c['num_params'] / 1e6:.2f}M params) offload={offload}: {args.max_groups} "
+                f"open groups accounted/analytic {c['ratio_accounted_over_analytic']:.3f}, RSS "
+                f"delta/analytic {c['ratio_rss_over_analytic']:.3f}, barrier peak "
+                f"{c['peak_total_bytes'] / 2**20:.1f} MiB "
                 f"({c['peak_over_analytic_max_groups']:.3f} x analytic)",
                 flush=True,
             )
@@ -399,15 +400,20 @@ def main(argv: list[str] | None = None) -> dict:
             runs.append(r)
             print(
                 f"part 2 {args.strategy_size} offload={offload} max_open_groups={bound}: peak "
-                f"{r['peak_total_bytes'] / 2**20:.2f} MiB = {r['peak_in_buffers']:.1f} buffers, most open groups "
-                f"{r['max_open_groups_seen']}, peak/analytic {r['peak_over_analytic']:.2f}, peak/planned "
-                f"{r['peak_over_planned']:.2f} (max_held_trajectories={r['max_held_trajectories']})",
+                f"{r['peak_total_bytes'] / 2**20:.2f} MiB = {r['peak_in_buffers']:.1f} buffers, most open "
+                f"groups {r['max_open_groups_seen']}, peak/analytic {r['peak_over_analytic']:.2f}, "
+                f"peak/planned {r['peak_over_planned']:.2f} "
+                f"(max_held_trajectories={r['max_held_trajectories']})",
                 flush=True,
             )
     results = {
-        "description": "streaming accumulator bytes vs open groups, offload and model size, vs 2 x P x 4 per open group",
-        "analytic": "2 x P x 4 bytes per open group (two float32 sums; binary rewards), plus while folding one P x 4 "
-        "step gradient on the device and one in-flight flat gradient",
+        "description": (
+            "streaming accumulator bytes vs open groups, offload and model size, vs 2 x P x 4 per open group"
+        ),
+        "analytic": (
+            "2 x P x 4 bytes per open group (two float32 sums; binary rewards), plus while folding "
+            "one P x 4 step gradient on the device and one in-flight flat gradient"
+        ),
         "accumulator": curves,
         "strategy": runs,
         "summary": {

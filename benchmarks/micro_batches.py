@@ -113,7 +113,10 @@ def main(argv: list[str] | None = None) -> dict:
         {f"{n} rows": {f"score_forward_tokens={f}": c["seconds"][str(f)]["wall_s"] * 1e3 for f in SETTINGS}
          for n, c in calls.items()},
         ylabel="ms per direct call (score + add_tokens)",
-        title="the toy game's trajectories: cut by padding alone (0) or with a forward's fixed cost (f tokens)",
+        title=(
+            "the toy game's trajectories: cut by padding alone (0) or with a "
+            "forward's fixed cost (f tokens)"
+        ),
     )  # fmt: skip
     for n, c in calls.items():
         s, k = c["seconds"], c["forwards_median"]

@@ -67,7 +67,8 @@ creating its environment; ``--prepare-ahead`` (default) lets the strategy hand s
 engine when step k starts (``ThunderSyncStrategy(prepare_ahead=True)``), ``--no-prepare-ahead``
 does not. The bound ignores set-up (what a perfect prefetch allows).
 
-Usage: python benchmarks/overlap.py [--quick] [--workload short|long] [--out DIR] [--threads N] [--device cpu|cuda]
+Usage: python benchmarks/overlap.py [--quick] [--workload short|long] [--out DIR]
+[--threads N] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -305,8 +306,9 @@ def main(argv: list[str] | None = None) -> dict:
         }[args.calibrate]()
     )
     print(
-        f"calibration: single {cal['single_s'] * 1e3:.1f} ms, sync {cal['sync_per_trajectory_s'] * 1e3:.1f} ms per "
-        f"trajectory (padding x{cal['padding_factor_sync']:.2f}); time_scale_s = {time_scale_s * 1e3:.1f} ms",
+        f"calibration: single {cal['single_s'] * 1e3:.1f} ms, sync {cal['sync_per_trajectory_s'] * 1e3:.1f} "
+        f"ms per trajectory (padding x{cal['padding_factor_sync']:.2f}); "
+        f"time_scale_s = {time_scale_s * 1e3:.1f} ms",
         flush=True,
     )
     policy = make_policy(args)
@@ -394,21 +396,23 @@ def main(argv: list[str] | None = None) -> dict:
         "async_over_streaming_median": modes["streaming"]["median_step_s"] / modes["async"]["median_step_s"],
         "note": (
             "bound = max(makespan, release-date bound of the step's cheapest learner work) + "
-            "barrier/optimizer/publish. streaming_over_sync_learner_work compares the streaming learner's per-step work (mostly "
-            "one-trajectory or small-bucket backward passes) with the synchronous one (one batch padded to the "
-            "longest trajectory): above 1, streaming is learner-bound sooner. rollout_head_start: how long "
-            "before a step began its rollouts were already generating: ~0 in sync and streaming (issued "
-            "when the previous step's weights were published), about one step in async (issued when the "
-            "previous step started, with stale weights). The trace-replay engine serialises only "
-            "generation (content_ready), verdicts overlap freely, so async overlaps consecutive batches' "
-            "verdict tails, which a zero-staleness learner cannot do. *_cpu_per_step: the fit's process CPU "
-            "seconds per step (every thread, warm-up steps included): the learner-work ratio that other jobs on "
-            "a shared machine distort least."
+            "barrier/optimizer/publish. streaming_over_sync_learner_work compares the streaming learner's "
+            "per-step work (mostly one-trajectory or small-bucket backward passes) with the synchronous one "
+            "(one batch padded to the longest trajectory): above 1, streaming is learner-bound sooner. "
+            "rollout_head_start: how long before a step began its rollouts were already generating: ~0 in "
+            "sync and streaming (issued when the previous step's weights were published), about one step in "
+            "async (issued when the previous step started, with stale weights). The trace-replay engine "
+            "serialises only generation (content_ready), verdicts overlap freely, so async overlaps "
+            "consecutive batches' verdict tails, which a zero-staleness learner cannot do. *_cpu_per_step: "
+            "the fit's process CPU seconds per step (every thread, warm-up steps included): the learner-work "
+            "ratio that other jobs on a shared machine distort least."
         ),
     }
 
     results = {
-        "description": "sync vs streaming vs one-step async GRPO on the paper_tail trace, interleaved, real learner",
+        "description": (
+            "sync vs streaming vs one-step async GRPO on the paper_tail trace, interleaved, real learner"
+        ),
         "workload_name": args.workload,
         "targets": TARGETS[args.workload],
         "speedup_streaming_vs_sync": speed_stream,
@@ -436,8 +440,11 @@ def main(argv: list[str] | None = None) -> dict:
                 TraceReplayEngineConfig(trace=args.trace), args.groups, args.group_size
             ),
         },
-        "mfu_definition": "6 * N * learner_tokens / (step seconds * peak); N = parameters in matmuls (all but the "
-        "input embedding); peak = best 1024^3 float32 matmul rate measured here with the same threads",
+        "mfu_definition": (
+            "6 * N * learner_tokens / (step seconds * peak); N = parameters in matmuls (all "
+            "but the input embedding); peak = best 1024^3 float32 matmul rate "
+            "measured here with the same threads"
+        ),
         "peak_flops": peak,
         "peak_flops_source": "explicit (--peak-flops)"
         if args.peak_flops
@@ -462,20 +469,22 @@ def main(argv: list[str] | None = None) -> dict:
     for m in MODES:
         r = modes[m]
         print(
-            f"{m:9s}: step {r['median_step_s']:.3f} s, idle {r['learner_idle_fraction']:.1%}, MFU {r['mfu']:.2%}, "
-            f"staleness max {r['staleness_max']}, learner busy {r['busy_s']:.3f} s, "
+            f"{m:9s}: step {r['median_step_s']:.3f} s, idle {r['learner_idle_fraction']:.1%}, MFU "
+            f"{r['mfu']:.2%}, staleness max {r['staleness_max']}, learner busy {r['busy_s']:.3f} s, "
             f"{r['trajectories_per_backward_call']:.1f} trajectories per backward call ("
             + ", ".join(
-                f"{path} {c['calls']:g} x {c['trajectories'] / max(1, c['calls']):.1f} in {c['seconds']:.3f} s"
+                f"{path} {c['calls']:g} x "
+                f"{c['trajectories'] / max(1, c['calls']):.1f} in {c['seconds']:.3f} s"
                 for path, c in r["backward_by_path_median"].items()
             )
             + ", medians per step)"
         )
     print(
-        f"speedup streaming/sync {speed_stream:.3f}x, async/sync {speed_async:.3f}x, bound {bound_speedup:.3f}x, "
-        f"efficiency {efficiency:.3f} (without release dates {without_release_dates['efficiency']:.3f}), "
-        f"streaming/async throughput {speed_stream / speed_async:.3f}, streaming/sync "
-        f"learner work {diagnosis['streaming_over_sync_learner_work']:.3f}; targets met {results['targets_met']}"
+        f"speedup streaming/sync {speed_stream:.3f}x, async/sync {speed_async:.3f}x, bound "
+        f"{bound_speedup:.3f}x, efficiency {efficiency:.3f} (without release dates "
+        f"{without_release_dates['efficiency']:.3f}), streaming/async throughput "
+        f"{speed_stream / speed_async:.3f}, streaming/sync learner work "
+        f"{diagnosis['streaming_over_sync_learner_work']:.3f}; targets met {results['targets_met']}"
     )
     print(f"wrote {path} and {path.with_suffix('.png')}")
     return results

@@ -146,7 +146,8 @@ def pick_pages(n: int, seed: int) -> list[tuple[str, int]]:
 
 
 def evict(pages: list[tuple[str, int]]) -> list[tuple[str, int]]:
-    """Make ``pages`` cold (the harness, as root, outside any sandbox); those still cached after are dropped."""
+    """Make ``pages`` cold (the harness, as root, outside any sandbox);
+    those still cached after are dropped."""
     cold = []
     for path, off in pages:
         fd = os.open(path, os.O_RDONLY)

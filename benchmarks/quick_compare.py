@@ -10,9 +10,10 @@ JSON both hold, every leaf is classed as
   ratio, load, overhead, idle or efficiency figure, or a ``samples`` / RSS measurement): not
   comparable between two runs, reported as a count;
 - ``curve``: a learning curve (``rewards[i]``, ``reward_by_step[i]``, ``steps[i].reward_mean``):
-  compared by the first step at which the two runs differ (None: not within the shorter run). The streaming fits are not bitwise reproducible (completion order
-  changes the summation order), so ``--rerun`` (a second run of the BEFORE tree) gives the same
-  first-divergence step between two runs of one tree: AFTER matches when it diverges no earlier;
+  compared by the first step at which the two runs differ (None: not within the shorter run). The streaming
+  fits are not bitwise reproducible (completion order changes the summation order), so ``--rerun`` (a second
+  run of the BEFORE tree) gives the same first-divergence step between two runs of one tree: AFTER
+  matches when it diverges no earlier;
 - ``other``: everything else (settings, planned bytes, targets met); listed.
 
 Writes the summary as JSON (default: BEFORE_DIR/../quick_compare.json) and prints a line per file.

@@ -95,12 +95,14 @@ def headline(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
          f"{demo['staleness_max']}, fit {demo['wall_seconds'] / 60:.1f} min at load "
          f"{load('demo')['load_average_start'][0]:.0f}-{load('demo')['load_average_end'][0]:.0f}", "demo"),
         ("`make demo-code`: held-out pass@1, 100 steps",
-         f"{code[0][1]:.2f} -> {code[-1][1]:.2f}" + (f" (dips to {dip[1]:.2f} at step {dip[0]} from {dip[2]:.2f})"
-         if dip else " (never dips)"), "code_learn"),
+         f"{code[0][1]:.2f} -> {code[-1][1]:.2f}"
+         + (f" (dips to {dip[1]:.2f} at step {dip[0]} from {dip[2]:.2f})" if dip else " (never dips)"),
+         "code_learn"),
         ("`make demo-tools`: held-out pass@1 through native tool calls, "
-         f"{tools['steps']} steps", f"{tools['val_pass_at_1_first']:.2f} -> {tools['val_pass_at_1_last']:.2f}; "
-         f"actions that ended their turn {100 * ended['first']:.1f}% -> {100 * ended['last']:.1f}% (first and last "
-         f"{ended['window_steps']} steps); fit {tools['wall_seconds'] / 60:.1f} min at load "
+         f"{tools['steps']} steps",
+         f"{tools['val_pass_at_1_first']:.2f} -> {tools['val_pass_at_1_last']:.2f}; "
+         f"actions that ended their turn {100 * ended['first']:.1f}% -> {100 * ended['last']:.1f}% "
+         f"(first and last {ended['window_steps']} steps); fit {tools['wall_seconds'] / 60:.1f} min at load "
          f"{load('tool_learn')['machine']['load_average_1m_5m_15m'][2]:.0f} (15-min mean)", "tool_learn"),
         ("step time, streaming over sync, short workload (2.4M params)",
          f"{x(short['speedup_streaming_vs_sync'])} (bound {x(short['bound_speedup'])}; one-step async "
@@ -120,8 +122,10 @@ def headline(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
 @table("exactness")
 def exactness(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
     d = load("bf16_gradient")["streaming_vs_sync"]
-    return (f"Measured on the first step's gradient, streaming vs sync: {d['32-true']:.1e} relative in fp32 (float\n"
-            f"rounding only), {d['bf16-true']:.2%} in `bf16-true` (each trajectory's gradient is rounded in bf16\n"
+    return ("Measured on the first step's gradient, streaming vs sync: "
+            f"{d['32-true']:.1e} relative in fp32 (float\n"
+            f"rounding only), {d['bf16-true']:.2%} in `bf16-true` "
+            "(each trajectory's gradient is rounded in bf16\n"
             f"before the fp32 sums) ({link('bf16_gradient', prefix)}).\n")  # fmt: skip
 
 
@@ -130,11 +134,14 @@ def vs_trl_sentence(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
     d = load("vs_trl")
     r = d["tasks"]["single"]["ratios"]
     load_avg = d["loaded_machine"]["load_average_start"][0]
-    return (f"Against TRL 1.16's `GRPOTrainer` on the same single-turn task, tiny Qwen3, reward and batch (CPU, 8 x 8\n"
-            f"completions of 16 tokens a step): a step takes {x(r['streaming_over_trl']['step_paired_median'])} TRL's "
-            f"time streaming, {x(r['sync_over_trl']['step_paired_median'])} sync,\n"
-            f"and {x(r['streaming_over_trl']['cpu_paired_median'])} / {x(r['sync_over_trl']['cpu_paired_median'])} "
-            f"its CPU seconds (measured at load {load_avg:.0f} on 2 cores; {link('vs_trl', prefix)}).\n")  # fmt: skip
+    return ("Against TRL 1.16's `GRPOTrainer` on the same single-turn task, tiny Qwen3, "
+            "reward and batch (CPU, 8 x 8\n"
+            "completions of 16 tokens a step): a step takes "
+            f"{x(r['streaming_over_trl']['step_paired_median'])} TRL's time streaming, "
+            f"{x(r['sync_over_trl']['step_paired_median'])} sync,\n"
+            f"and {x(r['streaming_over_trl']['cpu_paired_median'])} / "
+            f"{x(r['sync_over_trl']['cpu_paired_median'])} its CPU seconds "
+            f"(measured at load {load_avg:.0f} on 2 cores; {link('vs_trl', prefix)}).\n")  # fmt: skip
 
 
 # --- benchmarks/README.md -----------------------------------------------------------------------
@@ -171,7 +178,8 @@ def time_to_target(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
             stream = cell["streaming"] or {}
             rows.append((link(name, prefix), workload,
                          *(f"{s(v['median_seconds'])} ({v['reached']})" if v else "—" for v in cell.values()),
-                         f"{f2(stream.get('step_median_over_sync_step'))} / {f2(stream.get('release_floor_over_sync_step'))}",
+                         f"{f2(stream.get('step_median_over_sync_step'))} / "
+                         f"{f2(stream.get('release_floor_over_sync_step'))}",
                          met(modes.get("targets_met", {}))))  # fmt: skip
     header = ("file", "workload", "sync", "streaming", "async", "async + IS",
               "streaming step / sync step (floor)", "targets met")  # fmt: skip
@@ -188,7 +196,8 @@ def vs_trl(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
     for kind, task in d["tasks"].items():
         for config, c in task["configs"].items():
             over = task["ratios"].get(f"{config}_over_trl", {})
-            rows.append((kind, VS_TRL_NAMES[config], f"{c['step_s_median']:.3f}", x(over.get("step_paired_median", 1.0)),
+            rows.append((kind, VS_TRL_NAMES[config],
+                         f"{c['step_s_median']:.3f}", x(over.get("step_paired_median", 1.0)),
                          f"{c['cpu_s_per_step_median']:.3f}", x(over.get("cpu_paired_median", 1.0)),
                          f"{c['tokens_per_step_median']:.0f}", f2(c["reward_last10"]),
                          f"{s(c['seconds_to_target_median'])} ({c['target_reached']})"))  # fmt: skip
@@ -201,9 +210,10 @@ def vs_trl(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
     ]
     la = d["loaded_machine"]
     return grid(header, rows) + (
-        f"\nSingle-turn targets: {'; '.join(targets)}. Load average {la['load_average_start'][0]:.1f} at the start, "
-        f"{la['load_average_end'][0]:.1f} at the end ({link('vs_trl', prefix)}; {len(d['settings']['seeds'])} seeds, "
-        f"{d['settings']['steps']} + {d['settings']['tool_steps']} steps).\n")  # fmt: skip
+        f"\nSingle-turn targets: {'; '.join(targets)}. Load average {la['load_average_start'][0]:.1f} "
+        f"at the start, {la['load_average_end'][0]:.1f} at the end ({link('vs_trl', prefix)}; "
+        f"{len(d['settings']['seeds'])} seeds, {d['settings']['steps']} + {d['settings']['tool_steps']} "
+        "steps).\n")  # fmt: skip
 
 
 LEARNING_TARGET = 0.6
@@ -227,8 +237,9 @@ def learning_curve(name: str, load: Callable[[str], dict[str, Any]]) -> str:
         ""
         if ended is None
         else (
-            f"\nActions that ended their turn (end-of-turn token within `max_action_tokens`), mean of the first "
-            f"and last {ended['window_steps']} training steps: {100 * ended['first']:.1f}% -> {100 * ended['last']:.1f}%.\n"
+            "\nActions that ended their turn (end-of-turn token within `max_action_tokens`), mean of the "
+            f"first and last {ended['window_steps']} training steps: "
+            f"{100 * ended['first']:.1f}% -> {100 * ended['last']:.1f}%.\n"
         )
     )
     return (
@@ -252,9 +263,11 @@ def tool_learn(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
 def demo(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
     d = load("demo")
     m = d["summary"]
-    rows = [(link("demo", prefix), str(m["steps"]), f"{m['reward_mean_first']:.2f} -> {m['reward_mean_last']:.2f}",
+    rows = [(link("demo", prefix), str(m["steps"]),
+             f"{m['reward_mean_first']:.2f} -> {m['reward_mean_last']:.2f}",
              str(m["staleness_max"]), pct(m["learner_idle_fraction"]), f"{m['step_seconds_median']:.2f} s",
-             f"{m['wall_seconds'] / 60:.1f} min", f"{d['load_average_start'][0]:.1f} -> {d['load_average_end'][0]:.1f}")]  # fmt: skip
+             f"{m['wall_seconds'] / 60:.1f} min",
+             f"{d['load_average_start'][0]:.1f} -> {d['load_average_end'][0]:.1f}")]  # fmt: skip
     return grid(("file", "steps", "mean reward", "staleness", "learner idle", "median step", "fit",
                  "load average (1 min), start -> end"), rows)  # fmt: skip
 
@@ -280,8 +293,9 @@ def bf16(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
 def split_backward(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
     rows = []
     for model, d in load("split_backward")["models"].items():
-        rows.append((model, f"{d['parameters'] / 1e6:.2f}M", str(d["destinations"]), x(d["separate_over_split_wall"]),
-                     x(d["split_dense_over_split_wall"]), f"{max(d['gradient_rel_diff_vs_per_job'].values()):.0e}"))  # fmt: skip
+        rows.append((model, f"{d['parameters'] / 1e6:.2f}M", str(d["destinations"]),
+                     x(d["separate_over_split_wall"]), x(d["split_dense_over_split_wall"]),
+                     f"{max(d['gradient_rel_diff_vs_per_job'].values()):.0e}"))  # fmt: skip
     header = ("model", "parameters", "destinations", "separate calls / split", "dense sums / factor sums",
               "gradient rel. diff")  # fmt: skip
     return link("split_backward", prefix) + "\n\n" + grid(header, rows)
@@ -301,26 +315,30 @@ def others(load: Callable[[str], dict[str, Any]], prefix: str) -> str:
     eff = load("sample_efficiency")
     server = load("vllm_server")
     rows = [
-        ("boundary_cut", f"learner CPU per step uncut / cut {x(cut['learner_work_ratio_cpu'])}, gradient rel. diff "
-         f"{cut['gradient_rel_diff']:.0e}", f">= {cut['target_ratio']}x: {'yes' if cut['target_met'] else 'no'}"),
+        ("boundary_cut", f"learner CPU per step uncut / cut {x(cut['learner_work_ratio_cpu'])}, "
+         f"gradient rel. diff {cut['gradient_rel_diff']:.0e}",
+         f">= {cut['target_ratio']}x: {'yes' if cut['target_met'] else 'no'}"),
         ("memory", "accounted / analytic accumulator bytes " + ", ".join(f"{k} {v:.2f}" for k, v in
          mem["accounted_over_analytic"].items()), "1.00: " + ("yes" if all(abs(v - 1) < 1e-9 for v in
          mem["accounted_over_analytic"].values()) else "no")),
-        ("opd", f"to reward 0.9: OPD {opd['opd']['reached']} seeds (median {opd['opd']['median_steps']} steps), "
-         f"GRPO {opd['grpo']['reached']}", "—"),
+        ("opd", f"to reward 0.9: OPD {opd['opd']['reached']} seeds "
+         f"(median {opd['opd']['median_steps']} steps), GRPO {opd['grpo']['reached']}", "—"),
         ("learner_calls_paired", "step / sync's: " + ", ".join(f"{m} {v['step_over_sync']:.2f}" for m, v in
          calls.items() if m != "sync"), "—"),
-        ("engine_start", f"spawn / forkserver: later starts {x(start['later_start'])}, restart {x(start['restart'])}", "—"),
+        ("engine_start",
+         f"spawn / forkserver: later starts {x(start['later_start'])}, restart {x(start['restart'])}", "—"),
         ("soak", f"{soak['steps']} steps: RSS {soak['delta']['rss_mb']:+.1f} MB, threads/fds/children/shm "
          f"{'flat' if soak['all_flat'] else 'growing'}", "flat: " + ("yes" if soak["all_flat"] else "no")),
-        ("token_cap", "largest call's activations / plan: " + ", ".join(f"{k} {v['measured_over_planned']:.2f}"
-         for k, v in cap.items()), "<= 1: " + ("yes" if all(v["measured_over_planned"] <= 1 for v in cap.values())
-         else "no")),
-        ("core_overhead", "fold overhead per trajectory: " + ", ".join(f"offload {k} {v['wall']['overhead_per_trajectory']:.1%}"
-         for k, v in core.items()), "<= 5%: " + ("yes" if all(v["wall"]["meets_target"] for v in core.values()) else "no")),
+        ("token_cap", "largest call's activations / plan: "
+         + ", ".join(f"{k} {v['measured_over_planned']:.2f}" for k, v in cap.items()),
+         "<= 1: " + ("yes" if all(v["measured_over_planned"] <= 1 for v in cap.values()) else "no")),
+        ("core_overhead", "fold overhead per trajectory: "
+         + ", ".join(f"offload {k} {v['wall']['overhead_per_trajectory']:.1%}" for k, v in core.items()),
+         "<= 5%: " + ("yes" if all(v["wall"]["meets_target"] for v in core.values()) else "no")),
         ("sample_efficiency", f"{eff['steps']} steps, mean reward of the last 10: " + ", ".join(
          f"{m} {v['reward_last_10']:.2f}" for m, v in eff["modes"].items()), "—"),
-        ("vllm_server", f"vLLM server engine / in-process, CPU: publish {server['publish_ratio']:.2f}x, per request "
+        ("vllm_server",
+         f"vLLM server engine / in-process, CPU: publish {server['publish_ratio']:.2f}x, per request "
          + ", ".join(f"{k} {v:.2f}x" for k, v in server["per_request_ratio"].items())
          + f" (same tokens: {'yes' if server['same_tokens'] else 'no'})", "—"),
     ]  # fmt: skip

@@ -120,8 +120,8 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
     ]
     for name, r in rows.items():
         lines.append(
-            f"| {name} | {r['peak_device_bytes'] / gib:.2f} GiB | {r['committed_planned_bytes'] / gib:.2f} GiB "
-            f"({r['committed_planned_over_peak']:.2f}x) | {r['planned_bytes'] / gib:.2f} GiB "
+            f"| {name} | {r['peak_device_bytes'] / gib:.2f} GiB | {r['committed_planned_bytes'] / gib:.2f} "
+            f"GiB ({r['committed_planned_over_peak']:.2f}x) | {r['planned_bytes'] / gib:.2f} GiB "
             f"({r['planned_over_peak']:.2f}x) | {r['planned_at_reached_bytes'] / gib:.2f} GiB "
             f"({r['planned_at_reached_over_peak']:.2f}x) |"
         )

@@ -243,8 +243,8 @@ def main(argv: list[str] | None = None) -> dict:
         )
     )
     print(
-        f"SGD check, {sgd_steps} steps: streaming vs sync {sgd_distance[sgd_steps]:.2e}, identical rewards in "
-        f"{sgd_same}/{sgd_steps} steps",
+        f"SGD check, {sgd_steps} steps: streaming vs sync {sgd_distance[sgd_steps]:.2e}, identical rewards "
+        f"in {sgd_same}/{sgd_steps} steps",
         flush=True,
     )
     same_rewards = {
@@ -267,11 +267,15 @@ def main(argv: list[str] | None = None) -> dict:
             "load_average_at_start": r["load_average_at_start"],
         }
     results = {
-        "description": "toy guessing game, three modes, same seeds: reward vs step / wall-clock, parameter distance",
+        "description": (
+            "toy guessing game, three modes, same seeds: reward vs step / wall-clock, parameter distance"
+        ),
         "steps": args.steps,
         "param_distance_streaming_vs_sync": distances["streaming"][args.steps],
         "param_distance_async_vs_sync": distances["async"][args.steps],
-        "param_distance_definition": "||theta_mode - theta_sync||_2 / ||theta_sync - theta_0||_2 after the same number of steps",
+        "param_distance_definition": (
+            "||theta_mode - theta_sync||_2 / ||theta_sync - theta_0||_2 after the same number of steps"
+        ),
         "param_distance_by_step": {m: {str(k): v for k, v in d.items()} for m, d in distances.items()},
         "param_max_abs_diff_vs_sync": max_abs,
         "param_distance_after_1_step": {m: distances[m][1] for m in ("streaming", "async")},
@@ -328,8 +332,9 @@ def main(argv: list[str] | None = None) -> dict:
     path = write_result(args.out, NAME, results)
     figure(str(path.with_suffix(".png")), runs, distances, args, sgd_distance)
     print(
-        f"param distance after {args.steps} steps: streaming vs sync {distances['streaming'][args.steps]:.2e}, "
-        f"async vs sync {distances['async'][args.steps]:.2e}; steps with identical rewards {same_rewards}"
+        f"param distance after {args.steps} steps: streaming vs sync "
+        f"{distances['streaming'][args.steps]:.2e}, async vs sync {distances['async'][args.steps]:.2e}; "
+        f"steps with identical rewards {same_rewards}"
     )
     print(f"wrote {path} and {path.with_suffix('.png')}")
     return results

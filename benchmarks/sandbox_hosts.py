@@ -145,8 +145,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ratios = {p: medians["sandbox host"][p] / medians["this host"][p] for p in PHASES}
     for p in PHASES:
         print(
-            f"{p}: this host {medians['this host'][p]:.3f} s, sandbox host {medians['sandbox host'][p]:.3f} s "
-            f"({ratios[p]:.2f}x)"
+            f"{p}: this host {medians['this host'][p]:.3f} s, sandbox host {medians['sandbox host'][p]:.3f} "
+            f"s ({ratios[p]:.2f}x)"
         )
     payload = {
         "settings": {

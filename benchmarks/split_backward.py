@@ -17,15 +17,16 @@ go to the step's gradient), groups 1-2 partly rewarded (rows with a known reward
 All four give the same gradient (relative difference printed). Three models: the toy policy of
 the time-to-target benchmark (per-call overheads dominate), the balanced time-to-target
 workload's Qwen3 (hidden 128, 0.53M parameters, short rows: where factors are smaller than the
-gradients) and the short overlap workload's Qwen3 (hidden 256); ``--models large`` adds a ~0.18B Qwen3 (hidden 1024, 8 layers, vocab 32000,
-256-token actions) for an accelerator: ``split_backward="auto"`` splits only up to 1M trainable
-parameters because the 2.4M model lost on CPU, and whether larger models gain where small calls
-cost kernel launches is what ``--device cuda`` measures (``benchmarks/gpu_check.sh`` runs it).
+gradients) and the short overlap workload's Qwen3 (hidden 256); ``--models large`` adds a ~0.18B Qwen3 (hidden
+1024, 8 layers, vocab 32000, 256-token actions) for an accelerator: ``split_backward="auto"`` splits only up
+to 1M trainable parameters because the 2.4M model lost on CPU, and whether larger models gain where small
+calls cost kernel launches is what ``--device cuda`` measures (``benchmarks/gpu_check.sh`` runs it).
 Reported: median seconds per way (wall and process CPU, interleaved repeats; on CUDA each way
 ends with a device synchronise) and the ratios separate / split, per_job / split and
 split_dense / split.
 
-    python benchmarks/split_backward.py [--quick] [--out DIR] [--device cpu|cuda] [--models toy balanced short large]
+    python benchmarks/split_backward.py [--quick] [--out DIR] [--device cpu|cuda]
+    [--models toy balanced short large]
 """
 
 from __future__ import annotations
@@ -223,10 +224,11 @@ def main(argv: list[str] | None = None) -> dict:
         s = m["seconds"]
         print(
             f"{name}: {m['trajectories']} trajectories, {m['destinations']} destinations: separate "
-            f"{s['separate']['wall_s'] * 1e3:.1f} ms, per-destination backward {s['per_job']['wall_s'] * 1e3:.1f} ms, "
-            f"split {s['split']['wall_s'] * 1e3:.1f} ms (dense sums {s['split_dense']['wall_s'] * 1e3:.1f} ms, "
-            f"{m['split_dense_over_split_wall']:.2f}x) -> separate/split {m['separate_over_split_wall']:.2f}x "
-            f"(cpu {m['separate_over_split_cpu']:.2f}x); gradient rel diff {m['gradient_rel_diff_vs_per_job']}"
+            f"{s['separate']['wall_s'] * 1e3:.1f} ms, per-destination backward "
+            f"{s['per_job']['wall_s'] * 1e3:.1f} ms, split {s['split']['wall_s'] * 1e3:.1f} ms (dense sums "
+            f"{s['split_dense']['wall_s'] * 1e3:.1f} ms, {m['split_dense_over_split_wall']:.2f}x) -> "
+            f"separate/split {m['separate_over_split_wall']:.2f}x (cpu {m['separate_over_split_cpu']:.2f}x); "
+            f"gradient rel diff {m['gradient_rel_diff_vs_per_job']}"
         )
     return payload
 

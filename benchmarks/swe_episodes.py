@@ -139,7 +139,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     path = os.path.join(args.run_dir, "episodes.jsonl")
     if not os.path.isfile(path):
         sys.exit(
-            f"{path} does not exist: run with data.tasks.init_args.episode_log set (configs/swebench_cpu.yaml)"
+            f"{path} does not exist: run with data.tasks.init_args.episode_log "
+            "set (configs/swebench_cpu.yaml)"
         )
     episodes = read_episodes(path)
     summary_path = os.path.join(args.run_dir, "summary.json")

@@ -30,7 +30,8 @@ Writes ``OUT/swe_cpu_trace[_graded].json`` (the trace replayed), ``OUT/overlap_s
 its timeline (overlap.py's own), and ``OUT/swe_cpu_overlap[_graded].json`` + ``.png`` (measured beside
 projected beside the paper's 49.5% sync idle and 1.91x).
 
-Usage: python benchmarks/swe_overlap.py [--run runs/demo-swe] [--out benchmarks/results] [--quick] [overlap.py options]
+Usage: python benchmarks/swe_overlap.py [--run runs/demo-swe] [--out benchmarks/results]
+[--quick] [overlap.py options]
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ from thundersync_lightning.rollout.replay import sync_idle_fraction  # noqa: E40
 PAPER = {
     "sync_idle_fraction": 0.495,
     "streaming_speedup": 1.91,
-    "note": "the paper's measured synchronous idle and the long workload's streaming / sync (overlap_long.json)",
+    "note": (
+        "the paper's measured synchronous idle and the long workload's streaming / sync (overlap_long.json)"
+    ),
 }
 NAME = "swe_cpu_overlap"
 
@@ -214,9 +217,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     m = measured(run, trace_path, args.run_groups, args.run_group_size)
     p = projected(args.out, trace_path, args.quick, args.threads, extra, suffix)
     result = {
-        "description": "The paper's idle measurement on real SWE-bench episodes: measured on CPU podman containers "
-        "with a tiny random policy; projected by replaying the episode-time trace through overlap.py "
-        "at the paper's balance (sync idle 49.5%)",
+        "description": (
+            "The paper's idle measurement on real SWE-bench episodes: measured on CPU podman "
+            "containers with a tiny random policy; projected by replaying the episode-time trace through "
+            "overlap.py at the paper's balance (sync idle 49.5%)"
+        ),
         "measured": m,
         "projected": p,
         "paper": PAPER,

@@ -43,8 +43,9 @@ them; the barrier and the optimizer left out). No learner at sync's rate ends a 
 its content lands when it does; at zero staleness (sync, streaming) the content cannot land sooner
 either (async's began a step early, so its floor only bounds its own learner).
 ``release_floor_over_sync_step`` divides streaming's by sync's ``step_s_median`` (median step;
-``step_median_over_sync_step`` likewise). ``time_to_target.json`` is rewritten after every run and a later invocation skips runs already in it with the same
-settings (``--no-resume`` to redo them), so a long run can be stopped and continued.
+``step_median_over_sync_step`` likewise). ``time_to_target.json`` is rewritten after every run and a later
+invocation skips runs already in it with the same settings (``--no-resume`` to redo them), so a long
+run can be stopped and continued.
 
 Usage: python benchmarks/time_to_target.py [--quick] [--out DIR] [--seeds 0 1 2] [--workloads toy balanced]
 """
@@ -141,7 +142,8 @@ class _Until:
         self.rates: list[float] = []  # per step: the learner's backward and fold seconds per token
 
     def floors(self, rate: float) -> list[float]:
-        """Per step: the release-date floor at ``rate`` seconds of learner work per token (module docstring)."""
+        """Per step:
+        the release-date floor at ``rate`` seconds of learner work per token (module docstring)."""
         return [
             max(verdict or 0.0, release_bound(arrivals, 1.0, rate * sum(n for _, n in arrivals)))
             for verdict, arrivals in zip(self.last_verdict, self.arrivals)
@@ -417,7 +419,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     def write() -> dict:
         results: dict[str, Any] = {
-            "description": "wall-clock and steps to a 10-step moving average reward of 0.9, per mode and workload",
+            "description": (
+                "wall-clock and steps to a 10-step moving average reward of 0.9, per mode and workload"
+            ),
             "target": TARGET,
             "window": WINDOW,
             "targets": TARGETS,
@@ -466,7 +470,8 @@ def main(argv: list[str] | None = None) -> dict:
     plot(path.with_suffix(".png"), runs, args.workloads)
     for name in args.workloads:
         print(
-            f"{name}: median seconds {results['median_seconds'][name]}, median steps {results['median_steps'][name]}"
+            f"{name}: median seconds {results['median_seconds'][name]}, median steps "
+            f"{results['median_steps'][name]}"
         )
         print(f"  targets met: {results['workloads'][name]['targets_met']}")
     print(f"wrote {path} and {path.with_suffix('.png')}")

@@ -127,7 +127,8 @@ def planned_bytes(policy: GRPOPolicy, rows: int, tokens: int | None, trajectorie
     inputs = PlanInputs(
         model=shape, accelerator="cpu", groups_per_step=trajectories // 8, group_size=8,
         max_tokens_per_trajectory=LONGEST, max_batch_trajectories=rows, max_batch_tokens=tokens,
-        score_max_padding=policy.hparams.score_max_padding, score_forward_tokens=policy.hparams.score_forward_tokens,
+        score_max_padding=policy.hparams.score_max_padding,
+        score_forward_tokens=policy.hparams.score_forward_tokens,
     )  # fmt: skip
     return plan_memory(inputs).row("activations").device
 
@@ -241,22 +242,23 @@ def main(argv: list[str] | None = None) -> dict:
     s = result["settings"]
     write_bar_chart(
         path.with_suffix(".png"),
-        {k: {"measured": v["largest_call_activation_bytes"] / 2**20, "planned": v["planned_activation_bytes"] / 2**20}
-         for k, v in s.items()},
+        {k: {"measured": v["largest_call_activation_bytes"] / 2**20,
+             "planned": v["planned_activation_bytes"] / 2**20} for k, v in s.items()},
         ylabel="largest call's activations (MiB)",
         title=f"{result['trajectories']} trajectories of {SHORTEST}-{LONGEST} tokens: row cap vs token cap",
     )  # fmt: skip
     for label, v in s.items():
         print(
             f"{label:>18}: {v['calls']:>2} calls, largest {v['largest_call_tokens']} tokens "
-            f"({v['largest_call_padded_tokens']} padded), activations {v['largest_call_activation_bytes'] / 2**20:.1f} "
-            f"MiB of {v['planned_activation_bytes'] / 2**20:.1f} planned ({v['measured_over_planned']:.2f}), "
-            f"speed {v['speed_over_default']:.2f}x the default (CPU {v['cpu_speed_over_default']:.2f}x)"
+            f"({v['largest_call_padded_tokens']} padded), activations "
+            f"{v['largest_call_activation_bytes'] / 2**20:.1f} MiB of "
+            f"{v['planned_activation_bytes'] / 2**20:.1f} planned ({v['measured_over_planned']:.2f}), speed "
+            f"{v['speed_over_default']:.2f}x the default (CPU {v['cpu_speed_over_default']:.2f}x)"
         )
     m = result["padding_mask"]
     print(
-        f"padding mask on a {m['rows']} x {m['width']} call: {m['bytes_with_over_without']:.2f}x the saved bytes, "
-        f"{m['speed_without_over_with']:.2f}x slower than without"
+        f"padding mask on a {m['rows']} x {m['width']} call: {m['bytes_with_over_without']:.2f}x the saved "
+        f"bytes, {m['speed_without_over_with']:.2f}x slower than without"
     )
     per_token = max(v["measured_bytes_per_padded_token"] for v in s.values())
     print(

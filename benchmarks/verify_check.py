@@ -138,8 +138,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     print(
                         f"{model} {precision} lora={lora} seed={seed}: "
                         + (f"inconclusive: {r['inconclusive']}" if "inconclusive" in r else
-                           f"difference {r['relative_difference']:.2e} (worst {r['worst_relative_difference']:.2e} "
-                           f"{r['worst_parameter']}), KL {r['engine_learner_kl']}, {'PASS' if r['passed'] else 'FAIL'}"),
+                           f"difference {r['relative_difference']:.2e} (worst "
+                           f"{r['worst_relative_difference']:.2e} {r['worst_parameter']}), KL "
+                           f"{r['engine_learner_kl']}, {'PASS' if r['passed'] else 'FAIL'}"),
                         flush=True,
                     )  # fmt: skip
                     write_result(args.out, NAME, {"runs": runs, "summary": summarize(runs)})

@@ -18,8 +18,9 @@ wall seconds of a whole rollout divided by its generation requests (turns), in t
 ``--group-size`` trajectories at once: many requests in flight). The median over ``--repeats``
 rollouts is reported. Both engines' tokens are compared (``same_tokens``).
 
-    .venv-vllm/bin/python benchmarks/vllm_server.py                 # writes benchmarks/results/vllm_server.json
-    .venv-vllm/bin/python benchmarks/vllm_server.py --quick --out runs/bench
+    .venv-vllm/bin/python benchmarks/vllm_server.py                 # writes
+    benchmarks/results/vllm_server.json .venv-vllm/bin/python
+    benchmarks/vllm_server.py --quick --out runs/bench
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def start_server(model_dir: str, port: int, log_path: str) -> subprocess.Popen:
     except importlib.metadata.PackageNotFoundError:
         launcher = (sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model")
     argv = serve_command(
-        model_dir, "127.0.0.1", port, "--skip-tokenizer-init", "--dtype", "float32", "--enforce-eager", "--seed", "0",
+        model_dir, "127.0.0.1", port, "--skip-tokenizer-init", "--dtype", "float32", "--enforce-eager",
+        "--seed", "0",
         "--kv-cache-memory-bytes", str(KV_BYTES), "--max-model-len", str(MAX_MODEL_LEN), vllm=launcher,
     )  # fmt: skip
     with open(log_path, "w") as log:
@@ -165,9 +167,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "same_tokens": same_tokens,
         "engines": results,
         "publish_ratio": a["publish_s"]["median"] / b["publish_s"]["median"],
-        "per_request_ratio": {r: a["per_request_s"][r]["median"] / b["per_request_s"][r]["median"] for r in a["per_request_s"]},
+        "per_request_ratio": {
+            r: a["per_request_s"][r]["median"] / b["per_request_s"][r]["median"] for r in a["per_request_s"]
+        },
         "per_request_overhead_ms": {
-            r: 1e3 * (a["per_request_s"][r]["median"] - b["per_request_s"][r]["median"]) for r in a["per_request_s"]
+            r: 1e3 * (a["per_request_s"][r]["median"] - b["per_request_s"][r]["median"])
+            for r in a["per_request_s"]
         },
     }  # fmt: skip
     path = write_result(args.out, NAME, record)
@@ -176,7 +181,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         {"publish": {"server / in-process": record["publish_ratio"]},
          **{f"request, {r}": {"server / in-process": v} for r, v in record["per_request_ratio"].items()}},
         ylabel="seconds, server engine / in-process engine",
-        title=f"vLLM server engine vs in-process, CPU, {args.model} model ({record['state_dict_bytes'] / 2**20:.1f} MiB)",
+        title=(
+            f"vLLM server engine vs in-process, CPU, {args.model} model "
+            f"({record['state_dict_bytes'] / 2**20:.1f} MiB)"
+        ),
         hline=(1.0, "equal"),
     )  # fmt: skip
     print(f"publish ratio {record['publish_ratio']:.2f}; per-request ratios {record['per_request_ratio']}; "

@@ -76,20 +76,28 @@ UNMATCHED = {
     "generation": "TRL generates with transformers' generate() in the training process, left-padded batch of "
     "64; the project's embedded engine generates in its own process, its own batching (the "
     "same sampling distribution: temperature 1, no top-p/top-k)",
-    "sampling_noise": "the seeds draw different completions in the two trainers (different samplers), so curves "
-    "match in distribution, not token for token",
-    "reward_call": "TRL calls the reward once per step on the whole batch in its own process; the project calls "
-    "a module:function reward per completion in a worker process (user code is confined)",
-    "eos_token_counting": "generated tokens per step are each trainer's own count (TRL: completions/mean_length x "
-    "batch; the project: scored tokens), equal budgets checked, counts reported",
-    "tool_budget": "tool task: TRL's max_completion_length bounds the whole multi-turn completion (tool results "
-    "included); the project's max_action_tokens bounds each turn (max_turns turns)",
+    "sampling_noise": (
+        "the seeds draw different completions in the two trainers (different samplers), so "
+        "curves match in distribution, not token for token"
+    ),
+    "reward_call": (
+        "TRL calls the reward once per step on the whole batch in its own process; the project "
+        "calls a module:function reward per completion in a worker process (user code is confined)"
+    ),
+    "eos_token_counting": (
+        "generated tokens per step are each trainer's own count (TRL: "
+        "completions/mean_length x batch; the project: scored tokens), equal budgets checked, counts reported"
+    ),
+    "tool_budget": (
+        "tool task: TRL's max_completion_length bounds the whole multi-turn completion (tool "
+        "results included); the project's max_action_tokens bounds each turn (max_turns turns)"
+    ),
     "threads": "TRL runs generation and learning in one process on one thread; the project's learner and "
     "generation process have one thread each and overlap where the mode allows (streaming)",
 }
 
 
-# --- set-up: the shared start, data and template --------------------------------------------------------------
+# --- set-up: the shared start, data and template ------------------------------------------------------------
 
 
 def qwen3_template(trl_python: str) -> str:
@@ -221,7 +229,7 @@ def write_data(path: Path, kind: str) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-# --- one run per configuration --------------------------------------------------------------------------------
+# --- one run per configuration ------------------------------------------------------------------------------
 
 
 def steps_of(args: argparse.Namespace, kind: str) -> int:
@@ -378,7 +386,7 @@ def per_step(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-# --- summaries --------------------------------------------------------------------------------------------------
+# --- summaries ----------------------------------------------------------------------------------------------
 
 
 def median(values: list[float]) -> float | None:
@@ -572,8 +580,8 @@ def measure(args: argparse.Namespace) -> tuple[dict[str, Any], list[dict[str, An
                     runs.append(run)
                     steps = run["steps"][args.warmup :]
                     print(
-                        f"{kind:6s} {config:9s} seed {seed}: step {median([s['wall_s'] for s in steps]):.3f} s, "
-                        f"CPU {median([s['cpu_s'] for s in steps]):.3f} s, last reward "
+                        f"{kind:6s} {config:9s} seed {seed}: step {median([s['wall_s'] for s in steps]):.3f} "
+                        f"s, CPU {median([s['cpu_s'] for s in steps]):.3f} s, last reward "
                         f"{run['steps'][-1]['reward']:.3f}",
                         flush=True,
                     )

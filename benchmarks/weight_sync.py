@@ -51,8 +51,9 @@ from thundersync_lightning.rollout.weights.transport import WeightReceiver, Weig
 
 NAME = "weight_sync"
 # a few-MB Qwen3 for tests (the 0.6B path in seconds)
-TINY = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "head_dim": 16,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "tie_word_embeddings": True}  # fmt: skip
+TINY = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+        "head_dim": 16, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "tie_word_embeddings": True}  # fmt: skip
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
@@ -207,8 +208,8 @@ def run_transport(
         runs = [once() for _ in range(args.repeats)]
         exact = peer.ask("fingerprint") == fingerprint(weights)
         buckets = None if sender is None else len(sender.prepare(weights, args.bucket_bytes).buckets)
-        return {"median_s": median(runs), "runs_s": runs, "warmup_s": warmup, "exact": exact, "buckets": buckets,
-                "backend": _backend_name(transport, device_type)}  # fmt: skip
+        return {"median_s": median(runs), "runs_s": runs, "warmup_s": warmup, "exact": exact,
+                "buckets": buckets, "backend": _backend_name(transport, device_type)}  # fmt: skip
     finally:
         if sender is not None:
             sender.close()
@@ -344,7 +345,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     for t, r in record["transports"].items():
         ratio = record["ratio_to_file"].get(t)
-        print(f"{t:5s} {r['backend']:28s} {r['median_s']:.3f} s" + ("" if ratio is None else f"  ({ratio:.3f} x file)")
+        print(f"{t:5s} {r['backend']:28s} {r['median_s']:.3f} s"
+              + ("" if ratio is None else f"  ({ratio:.3f} x file)")
               + ("  NOT EXACT" if r.get("exact") is False else ""))  # fmt: skip
     print(f"wrote {path}")
     return record

@@ -322,8 +322,8 @@ def build_library(lib: Library, cache: str, python: str, seed: int, count: int, 
         candidates = find_sites(lib.module, clean)
         bugs = select_bugs(candidates, baseline, run, seed=seed, count=count, max_tries=max_tries)
         log(
-            f"{lib.name} {lib.version}: {len(candidates)} candidate edits, {len(baseline.passed())} tests pass "
-            f"clean, {len(bugs)} bugs kept"
+            f"{lib.name} {lib.version}: {len(candidates)} candidate edits, {len(baseline.passed())} tests "
+            f"pass clean, {len(bugs)} bugs kept"
         )
         rows = []
         for bug in bugs:

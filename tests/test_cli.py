@@ -135,8 +135,9 @@ def test_validating_a_fits_checkpoint_from_the_cli_asks_for_no_callback_and_keep
     cli = Path(sys.executable).with_name("thundersync-lightning")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [str(cli), "validate", "--config", str(ROOT / "configs" / "toy.yaml"), f"--trainer.default_root_dir={root}",
-         "--data.val_samples=2", f"--ckpt_path={root / 'checkpoints' / 'last.ckpt'}"],
+        [str(cli), "validate", "--config", str(ROOT / "configs" / "toy.yaml"),
+         f"--trainer.default_root_dir={root}", "--data.val_samples=2",
+         f"--ckpt_path={root / 'checkpoints' / 'last.ckpt'}"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -174,7 +175,8 @@ def test_every_config_logger_writes_into_the_run_directory_given_on_the_command_
 
     cli = ThunderSyncCLI(
         **_cli_kwargs(), run=False,
-        args=["--config", str(ROOT / "configs" / "code_learn.yaml"), f"--trainer.default_root_dir={tmp_path}"],
+        args=["--config", str(ROOT / "configs" / "code_learn.yaml"),
+              f"--trainer.default_root_dir={tmp_path}"],
     )  # fmt: skip
     assert [str(logger.save_dir) for logger in cli.trainer.loggers] == [str(tmp_path)] * 2
     for name in sorted(p.name for p in (ROOT / "configs").glob("*.yaml")):
@@ -195,8 +197,9 @@ def test_a_config_without_a_progress_bar_gets_the_rollout_bar_not_lightnings_epo
     config = yaml.safe_load((ROOT / "configs" / "toy.yaml").read_text())
     config["trainer"]["callbacks"] = ["thundersync_lightning.callbacks.StalenessMonitor"]
     (tmp_path / "bare.yaml").write_text(yaml.safe_dump(config))
-    cli = ThunderSyncCLI(**_cli_kwargs(), run=False, args=["--config", str(tmp_path / "bare.yaml"),
-                                                            f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
+    cli = ThunderSyncCLI(**_cli_kwargs(), run=False,
+                         args=["--config", str(tmp_path / "bare.yaml"),
+                               f"--trainer.default_root_dir={tmp_path}"])  # fmt: skip
     assert isinstance(cli.trainer.progress_bar_callback, RolloutProgressBar)
 
 
@@ -208,8 +211,9 @@ def test_the_readme_command_stopped_by_ctrl_c_resumes_the_same_run_with_ckpt_pat
     root = tmp_path / "run"
     cli = Path(sys.executable).with_name("thundersync-lightning")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "WANDB_MODE": "offline", "OMP_NUM_THREADS": "1"}
-    command = [str(cli), "fit", "--config", str(ROOT / "configs" / "toy.yaml"), f"--trainer.default_root_dir={root}",
-               "--data.groups_per_step=4", "--data.group_size=4", "--trainer.max_steps=4"]  # fmt: skip
+    command = [str(cli), "fit", "--config", str(ROOT / "configs" / "toy.yaml"),
+               f"--trainer.default_root_dir={root}", "--data.groups_per_step=4", "--data.group_size=4",
+               "--trainer.max_steps=4"]  # fmt: skip
     first = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, start_new_session=True)  # fmt: skip
     assert first.stdout is not None

@@ -55,14 +55,14 @@ def keys() -> list[str]:
         ("--model.lr=abc", "--model.lr: expected float, got 'abc'"),
         (
             "--data.num_generations=8",
-            "unknown option --data.num_generations (TRL's GRPOConfig name; here: data.group_size, trajectories "
-            "per prompt)",
+            "unknown option --data.num_generations (TRL's GRPOConfig name; here: data.group_size, "
+            "trajectories per prompt)",
         ),
         (
             "--data.tasks.init_args.max_tool_calling_iterations=3",
             "--data.tasks.init_args.max_tool_calling_iterations: GuessingGameTasks has no option "
-            "'max_tool_calling_iterations' (TRL's GRPOConfig name; here: data.tasks (DatasetTasks).max_turns, "
-            "which is max_tool_calling_iterations + 1)",
+            "'max_tool_calling_iterations' (TRL's GRPOConfig name; here: data.tasks "
+            "(DatasetTasks).max_turns, which is max_tool_calling_iterations + 1)",
         ),
     ],
 )
@@ -162,14 +162,16 @@ def test_a_reward_function_that_always_raises_is_warned_counted_in_the_summary_a
         "def score(prompt, completion, answer, **row):\n    return 1 / 0  # a bug in the user's reward\n"
     )
     tasks = json.dumps({"class_path": "thundersync_lightning.envs.datasets.DatasetTasks",
-                        "init_args": {"path": str(data), "fields": {"answer": "answer"}, "max_action_tokens": 8,
+                        "init_args": {"path": str(data), "fields": {"answer": "answer"},
+                                      "max_action_tokens": 8,
                                       "reward": {"function": "my_rewards:score"}}})  # fmt: skip
     env = subprocess_env(HF_HUB_OFFLINE="1", WANDB_MODE="offline", WANDB_SILENT="true")
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), env.get("PYTHONPATH", "")])
     proc = subprocess.run(
         [sys.executable, "-m", "thundersync_lightning.cli", "fit", "--config", TOY,
-         f"--trainer.default_root_dir={tmp_path / 'run'}", f"--data.tasks={tasks}", "--model.config.vocab_size=259",
-         "--data.groups_per_step=2", "--data.group_size=2", "--trainer.max_steps=2"],
+         f"--trainer.default_root_dir={tmp_path / 'run'}", f"--data.tasks={tasks}",
+         "--model.config.vocab_size=259", "--data.groups_per_step=2", "--data.group_size=2",
+         "--trainer.max_steps=2"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr[-3000:]  # trained on reward 0 alone: a failed run, said so
@@ -194,7 +196,8 @@ def test_the_top_level_help_lists_verify_plan_and_export_beside_lightnings_comma
     [
         (["exprot"], "thundersync-lightning: 'exprot' is not a command (did you mean 'export'?)"),
         (["--confg", TOY, "fit"], "thundersync-lightning: unknown option --confg (did you mean --config?)"),
-        (["--print_confg", "fit"], "thundersync-lightning: unknown option --print_confg (did you mean --print_config?)"),
+        (["--print_confg", "fit"], "thundersync-lightning: unknown option --print_confg "
+                                   "(did you mean --print_config?)"),
         (["export", "--ckpt_path", "x", "--out", "y", "--adaptor-only"],
          "thundersync-lightning export: unknown option --adaptor-only (did you mean --adapter-only?)"),
     ],

@@ -32,7 +32,8 @@ if __name__ == "__main__":
                              group_size=4, groups_per_step=2)
     trainer = L.Trainer(strategy="thundersync", accelerator="cpu", devices=1, max_steps=2,
                         log_every_n_steps=1, logger=False, default_root_dir="run",
-                        enable_checkpointing=False, callbacks=default_callbacks(progress_bar=False, checkpoint_every_n_steps=None))
+                        enable_checkpointing=False,
+                        callbacks=default_callbacks(progress_bar=False, checkpoint_every_n_steps=None))
     trainer.fit(policy, data)
 """
 

@@ -52,7 +52,8 @@ def test_the_map_of_rooms_names_every_package():
     )
     unnamed = [
         p for p in packages
-        if f"`{p}`" not in rooms and not (p.startswith("envs/") and p.count("/") == 2)  # families: `envs/<family>/`
+        if f"`{p}`" not in rooms
+        and not (p.startswith("envs/") and p.count("/") == 2)  # families: `envs/<family>/`
         and f"`{p.rstrip('/').rsplit('/', 1)[-1]}/`" not in rooms  # named inside its parent's row
     ]  # fmt: skip
     assert unnamed == []

@@ -112,7 +112,8 @@ def test_a_policy_built_from_a_config_exports_without_a_tokenizer_and_says_so(tm
 def test_the_tokenizer_and_template_come_from_the_runs_config_when_the_model_has_none(tmp_path, base_dir):
     _, ckpt = trained_checkpoint(tmp_path)
     config = {"data": {"tasks": {"class_path": "x.Tasks",
-                                 "init_args": {"tokenizer_path": str(base_dir), "chat_template": HERMES_TEMPLATE}}}}  # fmt: skip
+                                 "init_args": {"tokenizer_path": str(base_dir),
+                                               "chat_template": HERMES_TEMPLATE}}}}  # fmt: skip
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(config))  # beside checkpoints/, as fit writes it
     result = export_checkpoint(ckpt, tmp_path / "model")
     assert result.tokenizer_from == str(base_dir)

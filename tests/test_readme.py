@@ -54,6 +54,7 @@ def test_the_readme_example_trains_prints_zero_staleness_and_writes_the_summary_
 
 @pytest.mark.parametrize(("path", "limit"), [("README.md", 150), ("benchmarks/README.md", 300)])
 def test_the_readmes_stay_short(path: str, limit: int) -> None:
-    """Issue 53: the front page and the benchmarks page stay readable; method detail goes to docs/benchmarks-methods.md."""
+    """Issue 53: the front page and the benchmarks page stay readable; method detail goes to
+    docs/benchmarks-methods.md."""
     lines = (README.parent / path).read_text().splitlines()
     assert len(lines) <= limit, f"{path} has {len(lines)} lines, over its limit of {limit}"

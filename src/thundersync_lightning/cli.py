@@ -171,7 +171,9 @@ def _is_subclass(entry: Any, base: type) -> bool:
 OWN_COMMANDS = {
     "verify": "One step of streaming and one of sync on the same trajectories: is streaming the sync update?",
     "plan": "The learner's memory plan of a fit config, and whether it fits this (or another) machine.",
-    "export": "A checkpoint as a Hugging Face model directory (LoRA merged, or --adapter-only) with its tokenizer.",
+    "export": (
+        "A checkpoint as a Hugging Face model directory (LoRA merged, or --adapter-only) with its tokenizer."
+    ),
 }
 
 
@@ -396,7 +398,9 @@ def verify_main(args: list[str]) -> int:
     """``thundersync-lightning verify``: print the report; 0 within tolerance, 1 past it, 2 inconclusive."""
     parser = ShortArgumentParser(
         prog="thundersync-lightning verify",
-        description="One step of streaming and of sync on the same trajectories: is streaming the sync update?",
+        description=(
+            "One step of streaming and of sync on the same trajectories: is streaming the sync update?"
+        ),
     )
     parser.add_argument(
         "--tolerance",

@@ -91,7 +91,8 @@ def _run_config(ckpt_path: Path) -> Mapping[str, Any]:
 def _tokenizer_source(
     module: GRPOPolicy, tokenizer_path: str | None, task_args: Mapping[str, Any]
 ) -> tuple[str | None, str, str | None]:
-    """(directory, where it was named, chat template override) of the tokenizer to save; no directory: none."""
+    """(directory, where it was named, chat template override) of the tokenizer to save; no directory:
+    none."""
     template = task_args.get("chat_template")
     if tokenizer_path is not None:
         return tokenizer_path, "--tokenizer", template
@@ -116,7 +117,8 @@ def _load_tokenizer(path: str, option: str, chat_template: str | None) -> Any:
 
 
 def _stop_at_end_of_turn(model: Any, tokenizer: Any) -> None:
-    """``generation_config.eos_token_id`` includes the tokenizer's end-of-turn token (kept: the model's own)."""
+    """``generation_config.eos_token_id`` includes the tokenizer's end-of-turn token
+    (kept: the model's own)."""
     eos = getattr(tokenizer, "eos_token_id", None)
     config = getattr(model, "generation_config", None)
     if eos is None or config is None:

@@ -22,7 +22,8 @@ the exception that ended the fit, e.g. ``KeyboardInterrupt``: an interrupted run
 ``val_pass_at_1_first`` / ``val_pass_at_1_last`` (``val/pass_at_1`` of the first and last validation run
 during fit; null without validation), ``tool_calls``, ``tool_error_fraction`` and
 ``tool_timeout_fraction`` (tool calls whose tool raised or died / overran its deadline, over tool
-calls; null without calls), ``tool_calls_run`` (the well-formed calls, whose tool ran) and ``tool_error_first`` (the first tool failure's reason, or null).
+calls; null without calls), ``tool_calls_run`` (the well-formed calls, whose tool ran) and
+``tool_error_first`` (the first tool failure's reason, or null).
 :func:`failed_run` says why a run learned from nothing (every reward or every tool call failed).
 Run ``python -m thundersync_lightning.summary DIR/summary.json`` to print it.
 """
@@ -141,7 +142,8 @@ def failed_run(summary: dict[str, Any]) -> str | None:
         return (
             f"every reward of the run's {summary['trajectories']} trajectories failed (reward_error_fraction "
             "1.0 in summary.json): the policy was trained on reward 0 alone. Fix the reward function or the "
-            "environment's verdict (trajectories.jsonl has every failure: python -m thundersync_lightning.show DIR)"
+            "environment's verdict (trajectories.jsonl has every failure: python -m "
+            "thundersync_lightning.show DIR)"
         )
     calls, ran = summary.get("tool_calls") or 0, summary.get("tool_calls_run") or 0
     broken = (summary.get("tool_error_fraction") or 0.0) + (summary.get("tool_timeout_fraction") or 0.0)
@@ -150,8 +152,9 @@ def failed_run(summary: dict[str, Any]) -> str | None:
         return (
             f"every one of the run's {ran} tool calls that ran failed (tool_error_fraction "
             f"{summary.get('tool_error_fraction') or 0:.2f}, tool_timeout_fraction "
-            f"{summary.get('tool_timeout_fraction') or 0:.2f} in summary.json){f'; the first: {first}' if first else ''}. "
-            "Fix the tools (or raise tool_timeout_s)"
+            f"{summary.get('tool_timeout_fraction') or 0:.2f} in "
+            f"summary.json){f'; the first: {first}' if first else ''}. Fix the "
+            "tools (or raise tool_timeout_s)"
         )
     return None
 
@@ -199,8 +202,8 @@ def format_summary(summary: dict[str, Any], directory: str | Path | None = None)
     lines = [
         f"thundersync-lightning run summary ({summary['mode']} mode)",
         f"  steps                  {summary['steps']}",
-        f"  mean reward            {num(summary['reward_mean_first'], '.3f')} (first {summary.get('reward_window_steps', 1)} steps)"
-        f" -> {num(summary['reward_mean_last'], '.3f')} (last)",
+        f"  mean reward            {num(summary['reward_mean_first'], '.3f')} (first "
+        f"{summary.get('reward_window_steps', 1)} steps) -> {num(summary['reward_mean_last'], '.3f')} (last)",
         f"  staleness max          {summary['staleness_max']}",
         f"  engine-learner KL max  {num(summary.get('engine_learner_kl_max'), '.2e')}",
         f"  learner idle fraction  {summary['learner_idle_fraction']:.1%}",
@@ -216,25 +219,28 @@ def format_summary(summary: dict[str, Any], directory: str | Path | None = None)
         )
     if summary.get("zero_advantage_group_fraction") is not None:
         lines.append(
-            f"  zero-advantage groups  {summary['zero_advantage_group_fraction']:.1%} (equal rewards: no gradient)"
+            "  zero-advantage groups  "
+            f"{summary['zero_advantage_group_fraction']:.1%} (equal rewards: no gradient)"
         )
     if summary.get("reward_error_fraction"):
         lines.append(
-            f"  reward errors          {summary['reward_error_fraction']:.1%} of trajectories (reward 0: the reward "
-            "function or verdict failed, or a data row could not be an episode; see trajectories.jsonl)"
+            f"  reward errors          {summary['reward_error_fraction']:.1%} of trajectories (reward 0: the "
+            "reward function or verdict failed, or a data row could not be an "
+            "episode; see trajectories.jsonl)"
             + (f"; the first: {summary['reward_error_first']}" if summary.get("reward_error_first") else "")
         )
     if summary.get("unscorable_fraction"):
         lines.append(
-            f"  unscorable             {summary['unscorable_fraction']:.1%} of trajectories (every reward returned "
-            "None: no reward, advantage 0)"
+            f"  unscorable             {summary['unscorable_fraction']:.1%} of trajectories (every reward "
+            "returned None: no reward, advantage 0)"
         )
     if summary.get("tool_calls") and (
         summary.get("tool_error_fraction") or summary.get("tool_timeout_fraction")
     ):
         lines.append(
-            f"  tool failures          {summary['tool_error_fraction']:.1%} raised, {summary['tool_timeout_fraction']:.1%} "
-            f"timed out of {summary['tool_calls']} calls; the first: {summary.get('tool_error_first')}"
+            f"  tool failures          {summary['tool_error_fraction']:.1%} raised, "
+            f"{summary['tool_timeout_fraction']:.1%} timed out of {summary['tool_calls']} calls; the first: "
+            f"{summary.get('tool_error_first')}"
         )
     if summary.get("reward_curve"):
         curve = (

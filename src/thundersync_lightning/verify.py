@@ -161,13 +161,16 @@ class VerifyReport:
         )
         verdict = "PASS" if self.passed else "FAIL"
         return [
-            f"verify: one step of streaming (replayed) and of sync on the same {self.trajectories} trajectories "
-            f"({self.scored_tokens} scored tokens), {self.precision}",
-            f"  gradient difference  {d.relative:.2e}  (|g_streaming - g_sync| / |g_sync|, |g_sync| = {d.reference_norm:.3e})",
+            f"verify: one step of streaming (replayed) and of sync on the same {self.trajectories} "
+            f"trajectories ({self.scored_tokens} scored tokens), {self.precision}",
+            f"  gradient difference  {d.relative:.2e}  (|g_streaming - g_sync| / |g_sync|, "
+            f"|g_sync| = {d.reference_norm:.3e})",
             f"  worst parameter      {d.worst_relative:.2e}  {d.worst_parameter}",
             f"  engine-learner KL    {kl}  (per scored token)",
-            f"  streaming held       {self.streaming_held} trajectories' gradients at most, before their rewards",
-            f"{verdict}: {d.relative:.2e} {'<=' if self.passed else '>'} {self.tolerance:.0e} ({self.precision} tolerance)",
+            f"  streaming held       {self.streaming_held} trajectories' "
+            "gradients at most, before their rewards",
+            f"{verdict}: {d.relative:.2e} {'<=' if self.passed else '>'} "
+            f"{self.tolerance:.0e} ({self.precision} tolerance)",
         ]
 
 

@@ -81,7 +81,8 @@ def test_overlap_long_workload_with_set_up_and_balance_calibration_smoke(tmp_pat
     _load("overlap").main(
         [
             "--workload", "long", "--out", str(tmp_path), "--threads", "1", "--rounds", "1", "--steps", "2",
-            "--warmup", "1", "--groups", "2", "--group-size", "2", "--hidden", "64", "--layers", "1", "--vocab", "64",
+            "--warmup", "1", "--groups", "2", "--group-size", "2", "--hidden", "64", "--layers", "1",
+            "--vocab", "64",
             "--prompt-tokens", "8", "--token-scale", "0.5", "--setup-fraction", "0.1", "--no-prepare-ahead",
             "--calibration-samples", "2", "--calibration-reps", "1", "--calibration-batches", "1",
         ]
@@ -102,7 +103,8 @@ def test_overlap_long_workload_with_set_up_and_balance_calibration_smoke(tmp_pat
 def test_memory_smoke(tmp_path: Path) -> None:
     _load("memory").main(
         [
-            "--out", str(tmp_path), "--threads", "1", "--sizes", "S", "--max-groups", "2", "--offloads", "none", "cpu",
+            "--out", str(tmp_path), "--threads", "1", "--sizes", "S", "--max-groups", "2",
+            "--offloads", "none", "cpu",
             "--strategy-steps", "1", "--strategy-groups", "2", "--strategy-group-size", "2",
             "--strategy-bounds", "0", "1", "--strategy-time-scale", "0.0005",
         ]
@@ -353,7 +355,8 @@ def test_time_to_target_summary_gives_streaming_its_last_verdict_floor_against_s
     # sync: 0.2 s a step; streaming: 0.15 s a step, its last verdict 0.12 s after the step's start
     assert out["streaming"]["step_over_sync_step"] == pytest.approx(0.75)
     assert out["streaming"]["last_verdict_over_sync_step"] == pytest.approx(0.6)
-    # medians of per-step values: streaming's median step and its release-date floor against sync's median step
+    # medians of per-step values: streaming's median step and its release-date
+    # floor against sync's median step
     assert out["streaming"]["step_median_over_sync_step"] == pytest.approx(0.8)
     assert out["streaming"]["release_floor_over_sync_step"] == pytest.approx(0.6)
     assert (

@@ -49,8 +49,8 @@ def test_the_package_and_the_gpu_checks_scripts_import_without_wandb_jsonargpars
         "import runpy, sys\n"
         f"assert all(sys.modules.get(m, 0) is None for m in {ABSENT!r})  # the block is in place\n"
         "import thundersync_lightning, thundersync_lightning.verify, thundersync_lightning.modules\n"
-        "import thundersync_lightning.strategy, thundersync_lightning.rollout, thundersync_lightning.callbacks\n"
-        f"for script in {SCRIPTS!r}:\n"
+        "import thundersync_lightning.strategy, thundersync_lightning.rollout, "
+        f"thundersync_lightning.callbacks\nfor script in {SCRIPTS!r}:\n"
         f"    runpy.run_path({str(ROOT / 'benchmarks')!r} + '/' + script, run_name='imported')\n"
         "print('imported')\n"
     )

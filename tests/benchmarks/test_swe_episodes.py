@@ -1,4 +1,5 @@
-"""benchmarks/swe_episodes.py: a SWE-bench run's episodes -> summary.json's swebench section and a replay trace."""
+"""benchmarks/swe_episodes.py:
+a SWE-bench run's episodes -> summary.json's swebench section and a replay trace."""
 
 from __future__ import annotations
 

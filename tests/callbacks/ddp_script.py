@@ -31,8 +31,8 @@ def rank_stats(step: int, rank: int, world: int):
             for i, (r, n) in enumerate([(1, 4), (1, 5), (0, 6)])
         ]
         return stats(trajs, mode="async", version=step + 1, start=t0, end=t0 + 8,
-                     busy=(Interval(t0 + 1, t0 + 3, "backward"),), learner_tokens=15, rank=0, world_size=world,
-                     accumulator=AccumulatorBytes(device=100))  # fmt: skip
+                     busy=(Interval(t0 + 1, t0 + 3, "backward"),), learner_tokens=15, rank=0,
+                     world_size=world, accumulator=AccumulatorBytes(device=100))  # fmt: skip
     # 1 trajectory, reward 0, 10 tokens, staleness 1; 10 s step, 5 s busy
     trajs = [record(5, reward=0.0, tokens=10, staleness=1, version=step + 1, content_at=t0 + 2)]
     return stats(trajs, mode="async", version=step + 1, start=t0, end=t0 + 10,

@@ -191,7 +191,8 @@ def test_a_sigint_while_a_step_is_being_recorded_is_held_until_every_callback_re
 
     with pytest.raises(SystemExit):
         fit("streaming", steps=4, root=str(tmp_path), enable_checkpointing=True,
-            callbacks=[SigintAtBatchEnd(), RunSummary(print_summary=False), InterruptCheckpoint()])  # fmt: skip
+            callbacks=[SigintAtBatchEnd(), RunSummary(print_summary=False),
+                       InterruptCheckpoint()])  # fmt: skip
     summary = json.loads((tmp_path / "summary.json").read_text())
     checkpoint = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
     assert checkpoint["global_step"] == summary["steps"] == 2  # step 1 is in both, not only in the weights

@@ -83,7 +83,8 @@ def test_metrics_are_reset_between_steps():
 def test_groups_with_equal_rewards_are_counted_as_zero_advantage():
     monitor, trainer, module = RolloutMetrics(), stub_trainer(), StubModule()
     monitor.setup(trainer, module, "fit")
-    # groups of two (record i is in group i // 2): (1, 1) equal, (0, 1) not, (0, 0) equal, (None, 1) one reward
+    # groups of two (record i is in group i // 2): (1, 1) equal, (0, 1) not, (0,
+    # 0) equal, (None, 1) one reward
     rewards = [1.0, 1.0, 0.0, 1.0, 0.0, 0.0, None, 1.0]
     end_step(monitor, trainer, module, stats([record(i, reward=r) for i, r in enumerate(rewards)]))
     assert module.logged["train/zero_advantage_group_fraction"] == 3 / 4
@@ -137,7 +138,10 @@ def test_the_truncated_action_fraction_is_actions_that_never_ended_their_turn_ov
 def test_reward_errors_are_counted_per_step_and_the_first_step_above_the_threshold_warns_with_the_error():
     monitor, trainer, module = RolloutMetrics(reward_error_warn_fraction=0.3), stub_trainer(), StubModule()
     monitor.setup(trainer, module, "fit")
-    wrong_signature = "verdict raised RewardError: reward 'mine:score' raised TypeError: score() takes 1 positional argument"
+    wrong_signature = (
+        "verdict raised RewardError: reward 'mine:score' raised TypeError: "
+        "score() takes 1 positional argument"
+    )
     trajs = [
         record(0, reward=0.0, failure=wrong_signature),  # a verdict that raised: the episode itself finished
         record(

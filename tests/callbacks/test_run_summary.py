@@ -152,7 +152,8 @@ def test_an_interrupted_fit_still_writes_the_summary_of_the_steps_it_ran(tmp_pat
 
     trainer = pl.Trainer(
         strategy=StatsStrategy(lambda s, rank, world: step_stats(s)), max_steps=5, logger=False,
-        enable_model_summary=False, enable_progress_bar=False, enable_checkpointing=False, default_root_dir=tmp_path,
+        enable_model_summary=False, enable_progress_bar=False, enable_checkpointing=False,
+        default_root_dir=tmp_path,
         callbacks=[RunSummary(print_summary=False), Interrupt()],
     )  # fmt: skip
     with pytest.raises(RuntimeError, match="step 3"):

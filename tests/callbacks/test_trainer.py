@@ -143,7 +143,7 @@ def test_a_w_and_b_offline_run_read_back_from_its_files_holds_every_step(tmp_pat
     assert run["config"]["perf/peak_flops_source"] == "explicit"
 
 
-def test_the_default_callbacks_are_the_bar_every_monitor_trajectories_summary_and_checks_and_survive_pickling():
+def test_the_default_callbacks_are_the_bar_every_monitor_trajectories_summary_and_checks_and_survive_pickling():  # noqa: E501
     import pickle
 
     from lightning.pytorch.callbacks import ModelCheckpoint

@@ -28,8 +28,9 @@ def played(i, step=0, reward=1.0):
 def test_a_trajectory_decodes_into_prompt_actions_and_observations():
     entry = decode_trajectory(played(0, step=3), GAME.decode, step=3)
     assert entry == {
-        "step": 3, "trajectory_id": "s3-g0-t0", "group_id": "s3-g0", "policy_version": 0, "reward": 1.0, "unscorable": False,
-        "failure": None, "finish_reason": "submit", "num_turns": 2, "truncated_actions": 0, "prompt": "START",
+        "step": 3, "trajectory_id": "s3-g0-t0", "group_id": "s3-g0", "policy_version": 0, "reward": 1.0,
+        "unscorable": False, "failure": None, "finish_reason": "submit", "num_turns": 2,
+        "truncated_actions": 0, "prompt": "START",
         "turns": [{"action": "3", "observation": "HIGHER"}, {"action": "5", "observation": "OK"}],
         "prompt_ids": [12],
         "segments": [{"scored": True, "ids": [3]}, {"scored": False, "ids": [8]},
@@ -50,7 +51,9 @@ def test_the_picked_trajectories_cover_the_groups_first():
 def _fit(tmp_path):
     logger_cb = TrajectoryLogger(num_per_step=2, decode=GAME.decode)
     trainer = pl.Trainer(
-        strategy=StatsStrategy(lambda step, rank, world: stats([played(i, step, float(i % 2)) for i in range(4)], step=step)),
+        strategy=StatsStrategy(
+            lambda step, rank, world: stats([played(i, step, float(i % 2)) for i in range(4)], step=step)
+        ),
         max_steps=2, logger=False, callbacks=[logger_cb], log_every_n_steps=1, enable_checkpointing=False,
         enable_model_summary=False, enable_progress_bar=False, default_root_dir=tmp_path,
     )  # fmt: skip
@@ -85,10 +88,12 @@ def test_a_resumed_fit_replaces_the_lines_of_the_steps_it_reruns_so_each_step_is
     old = [{"step": s, "trajectory_id": f"s{s}-old"} for s in range(4)]
     (tmp_path / "trajectories.jsonl").write_text("".join(json.dumps(e) + "\n" for e in old))
     trainer = pl.Trainer(
-        strategy=StatsStrategy(lambda step, rank, world: stats([played(i, step + 2) for i in range(4)], step=step + 2)),
+        strategy=StatsStrategy(
+            lambda step, rank, world: stats([played(i, step + 2) for i in range(4)], step=step + 2)
+        ),
         max_steps=2, logger=False, callbacks=[TrajectoryLogger(num_per_step=1, decode=GAME.decode)],
-        log_every_n_steps=1, enable_checkpointing=False, enable_model_summary=False, enable_progress_bar=False,
-        default_root_dir=tmp_path,
+        log_every_n_steps=1, enable_checkpointing=False, enable_model_summary=False,
+        enable_progress_bar=False, default_root_dir=tmp_path,
     )  # fmt: skip
     trainer.fit(TinyPolicy())
     assert [(e["step"], e["trajectory_id"]) for e in read_trajectories(tmp_path)] == [

@@ -43,11 +43,15 @@ def test_a_tool_call_with_reasoning_and_its_result_read_as_text_in_the_log(kind,
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
-    action = '<think>\nplan\n</think>\n\n<tool_call>\n{"name": "delete_branch", "arguments": {"name": "docs"}}\n</tool_call><|im_end|>'
+    action = (
+        '<think>\nplan\n</think>\n\n<tool_call>\n{"name": "delete_branch", "arguments": {"name": "docs"}}\n'
+        "</tool_call><|im_end|>"
+    )
     result = "\n<|im_start|>user\n<tool_response>\nDeleted branch 'docs'\n</tool_response><|im_end|>\n"
     base = record(0, turns=1)
     traj = replace(base, prompt=tuple(tok.encode("<|im_start|>user\nRemove docs.<|im_end|>\n")),
-                   segments=(Segment(tuple(tok.encode(action)), True), Segment(tuple(tok.encode(result)), False)))  # fmt: skip
+                   segments=(Segment(tuple(tok.encode(action)), True),
+                             Segment(tuple(tok.encode(result)), False)))  # fmt: skip
     entry = decode_trajectory(traj, decode, step=0)
     assert entry["prompt"] == "<|im_start|>user\nRemove docs.<|im_end|>\n"
     assert entry["turns"] == [{"action": action, "observation": result}]  # the end of turn shows

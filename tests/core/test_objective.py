@@ -22,32 +22,36 @@ LOSS_AGGS = [
 ]
 IS_MODES = ["none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
 
+
+def _objective(est, std, scale, agg, single, failed, kl, ent, is_mode, kl_est, opd, reward, is_min, rs, long,
+               norm, opm, floor) -> Objective:  # fmt: skip
+    return Objective(
+        estimator=est,
+        std=std,
+        scale=scale,
+        loss_agg=agg,
+        norm_tokens=7.0 if agg == "seq-mean-token-sum-norm" else None,
+        singleton=single,
+        failed=failed,
+        kl_coef=kl,
+        entropy_coef=ent,
+        is_correction=is_mode,
+        is_cap=2.0,
+        is_min=is_min,
+        rs=rs[0],
+        rs_threshold=rs[1],
+        overlong_filter=long,
+        is_batch_normalize=norm and is_mode != "none",
+        off_policy_mask=opm,
+        kl_estimator=kl_est,
+        opd_coef=opd,
+        reward_coef=reward,
+        failure_reward=floor,
+    )
+
+
 objectives = st.builds(
-    lambda est, std, scale, agg, single, failed, kl, ent, is_mode, kl_est, opd, reward, is_min, rs, long, norm, opm, floor: (
-        Objective(
-            estimator=est,
-            std=std,
-            scale=scale,
-            loss_agg=agg,
-            norm_tokens=7.0 if agg == "seq-mean-token-sum-norm" else None,
-            singleton=single,
-            failed=failed,
-            kl_coef=kl,
-            entropy_coef=ent,
-            is_correction=is_mode,
-            is_cap=2.0,
-            is_min=is_min,
-            rs=rs[0],
-            rs_threshold=rs[1],
-            overlong_filter=long,
-            is_batch_normalize=norm and is_mode != "none",
-            off_policy_mask=opm,
-            kl_estimator=kl_est,
-            opd_coef=opd,
-            reward_coef=reward,
-            failure_reward=floor,
-        )
-    ),
+    _objective,
     st.sampled_from(["grpo", "drgrpo", "rloo"]),
     st.sampled_from(["population", "sample"]),
     st.sampled_from(["group", "batch", "none"]),

@@ -22,7 +22,8 @@ _SYSTEM = """\
 {%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
 {{- '# Tools\\n\\nYou may call one or more functions.\\n<tools>' }}
 {%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}
-{{- '\\n</tools>\\n\\nFor each call return <tool_call>\\n{"name": <function-name>, "arguments": <args>}\\n</tool_call><|im_end|>\\n' }}
+{{- '\\n</tools>\\n\\nFor each call return <tool_call>\\n' }}
+{{- '{"name": <function-name>, "arguments": <args>}\\n</tool_call><|im_end|>\\n' }}
 {%- elif messages[0].role == 'system' %}
 {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
 {%- endif %}
@@ -32,7 +33,8 @@ _CALLS = """\
 {%- if message.tool_calls %}{%- for tc in message.tool_calls %}
 {%- if (loop.first and content) or (not loop.first) %}{{- '\\n' }}{%- endif %}
 {%- set f = tc.function if tc.function else tc %}
-{{- '<tool_call>\\n{"name": "' + f.name + '", "arguments": ' + (f.arguments if f.arguments is string else f.arguments | tojson) + '}\\n</tool_call>' }}
+{{- '<tool_call>\\n{"name": "' + f.name + '", "arguments": ' }}
+{{- (f.arguments if f.arguments is string else f.arguments | tojson) + '}\\n</tool_call>' }}
 {%- endfor %}{%- endif %}
 """
 
@@ -49,7 +51,8 @@ QWEN3_TEMPLATE = (
     + """\
 {%- set ns = namespace(last_query=-1) %}
 {%- for message in messages %}
-{%- if message.role == 'user' and not (message.content is string and message.content.startswith('<tool_response>')) %}
+{%- if message.role == 'user'
+      and not (message.content is string and message.content.startswith('<tool_response>')) %}
 {%- set ns.last_query = loop.index0 %}{%- endif %}
 {%- endfor %}
 {%- for message in messages %}
@@ -63,7 +66,8 @@ QWEN3_TEMPLATE = (
 {%- set content = content.split('</think>')[-1].lstrip('\\n') %}
 {%- endif %}
 {%- if loop.index0 > ns.last_query and reasoning %}
-{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') + '\\n</think>\\n\\n' + content.lstrip('\\n') }}
+{{- '<|im_start|>assistant\\n<think>\\n' + reasoning.strip('\\n') }}
+{{- '\\n</think>\\n\\n' + content.lstrip('\\n') }}
 {%- else %}
 {{- '<|im_start|>assistant\\n' + content }}
 {%- endif %}
@@ -76,7 +80,8 @@ QWEN3_TEMPLATE = (
     + """\
 {%- endfor %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}
-{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}
+{%- if enable_thinking is defined and enable_thinking is false %}
+{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}
 {%- endif %}
 """
 )

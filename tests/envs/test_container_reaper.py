@@ -195,7 +195,8 @@ def test_with_podman_a_sigkilled_client_or_learner_leaves_no_container(sandbox_b
         sys.path.insert(0, {SRC!r})
         from thundersync_lightning.envs.sandbox import BoundedDir, ContainerConfig, ContainerSandbox
         budget = BoundedDir({work!r}, 1 << 20, 100)  # inside the test's own: unmounted with it
-        box = ContainerSandbox(budget.path, {IMAGE!r}, 4_000_000, ContainerConfig(engine="podman"), budget=budget)
+        box = ContainerSandbox(budget.path, {IMAGE!r}, 4_000_000, ContainerConfig(engine="podman"),
+                               budget=budget)
         print("ready", flush=True)
         result = box.run("sleep 1000", timeout_s=300)
         print("returned", result.exit_code, result.timed_out, flush=True)

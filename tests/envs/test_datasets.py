@@ -60,7 +60,10 @@ def test_unit_tests_runs_the_completion_against_the_tests_in_the_sandbox() -> No
     tests = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
     good = "```python\ndef add(a, b):\n    return a + b\n```"
     bad = "def add(a, b):\n    return a - b\n"
-    escape = "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)\ndef add(a, b):\n    return a + b\n"
+    escape = (
+        "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)\n"
+        "def add(a, b):\n    return a + b\n"
+    )
     assert reward_of("unit_tests", good, tests=tests) == 1.0
     assert reward_of("unit_tests", bad, tests=tests) == 0.0
     assert reward_of("unit_tests", escape, tests=tests) == 0.0  # no network in the sandbox

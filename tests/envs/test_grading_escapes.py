@@ -351,7 +351,8 @@ evil = ("import pytest\n"
 source = os.path.abspath("tests/conftest.py")
 st = os.stat(source)
 os.makedirs("tests/__pycache__", exist_ok=True)
-with open(f"tests/__pycache__/conftest.{sys.implementation.cache_tag}-pytest-{pytest.__version__}.pyc", "wb") as f:
+with open(f"tests/__pycache__/conftest.{sys.implementation.cache_tag}-pytest-{pytest.__version__}.pyc",
+          "wb") as f:
     f.write(importlib.util.MAGIC_NUMBER + b"\0\0\0\0")
     f.write(struct.pack("<LL", int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF))
     f.write(marshal.dumps(compile(evil, source, "exec")))
@@ -448,7 +449,8 @@ def test_a_package_that_shadows_a_graded_test_module_is_dropped_from_the_patch(s
     try:
         ws.open()
         ws.run(
-            "mkdir test_answer && cat > test_answer/__init__.py && echo 'def answer():\n    return 43' > pkg.py",
+            "mkdir test_answer && cat > test_answer/__init__.py && echo 'def answer():\n"
+            "    return 43' > pkg.py",
             stdin=SHADOW["test_answer/__init__.py"].encode(),
         )
         patch = ws.diff()
@@ -473,7 +475,8 @@ evil = "".join(f"def {n}():\n    pass\n\n\n" for n in names)
 source = os.path.abspath("tests/test_intervals.py")
 st = os.stat(source)
 os.makedirs("tests/__pycache__", exist_ok=True)
-with open(f"tests/__pycache__/test_intervals.{sys.implementation.cache_tag}-pytest-{pytest.__version__}.pyc", "wb") as f:
+with open(f"tests/__pycache__/test_intervals.{sys.implementation.cache_tag}-pytest-{pytest.__version__}.pyc",
+          "wb") as f:
     f.write(importlib.util.MAGIC_NUMBER + b"\0\0\0\0")
     f.write(struct.pack("<LL", int(st.st_mtime) & 0xFFFFFFFF, st.st_size & 0xFFFFFFFF))
     f.write(marshal.dumps(compile(evil, source, "exec")))

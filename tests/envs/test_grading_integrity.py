@@ -265,8 +265,8 @@ def test_a_c_quoted_test_path_is_recognised_by_gits_parse(sandbox_dir):
 @pytest.mark.parametrize(
     "patch",
     [
-        "diff --git a/tests/test_calendar.py b/lib.py\nsimilarity index 100%\nrename from tests/test_calendar.py\n"
-        "rename to lib.py\n",
+        "diff --git a/tests/test_calendar.py b/lib.py\nsimilarity index 100%\n"
+        "rename from tests/test_calendar.py\nrename to lib.py\n",
         "diff --git a/tests/test_calendar.py b/tests/test_calendar.py\nold mode 100644\nnew mode 100755\n",
         "diff --git a/tests/test_calendar.py b/tests/test_calendar.py\ndeleted file mode 100644\n"
         "--- a/tests/test_calendar.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n",

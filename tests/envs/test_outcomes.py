@@ -26,7 +26,10 @@ from ._support import TEST_POOL, needs_bwrap
 TASK = load_tasks(names=["leap_year"])[0]
 F2P = TASK.fail_to_pass[0]
 
-_WRAP = "\n_orig_is_leap = is_leap\n\n\ndef is_leap(year):\n    if year == 2000:\n{body}    return _orig_is_leap(year)\n"
+_WRAP = (
+    "\n_orig_is_leap = is_leap\n\n\ndef is_leap(year):\n    if year == 2000:\n"
+    "{body}    return _orig_is_leap(year)\n"
+)
 # Registers, from the code under test, a plugin that marks the hidden test when items are collected.
 _PLUGIN = """
 import gc as _gc
@@ -206,8 +209,8 @@ def test_declared_markers_are_read_from_the_tests_own_decorators_classes_pytestm
         "import pytest, unittest\npytestmark = [pytest.mark.filterwarnings('ignore')]\n\n"
         "@pytest.mark.xfail\ndef test_a(): pass\n\n"
         "def test_b():\n    pytest.skip('no network')\n\n"
-        "@pytest.mark.parametrize('x', [1, pytest.param(2, marks=pytest.mark.xfail)])\ndef test_c(x): pass\n\n"
-        "@unittest.skip('old')\nclass TestD:\n    def test_e(self): pass\n\n"
+        "@pytest.mark.parametrize('x', [1, pytest.param(2, marks=pytest.mark.xfail)])\ndef test_c(x): pass\n"
+        "\n@unittest.skip('old')\nclass TestD:\n    def test_e(self): pass\n\n"
         "class TestF(unittest.TestCase):\n    @unittest.expectedFailure\n    def test_g(self): pass\n"
         "    def test_h(self): pass\n\n"
         'def test_plain():\n    """May skip, may xfail."""\n    helper_that_may_skip = 1\n'

@@ -47,7 +47,8 @@ def test_the_command_runs_as_its_unprivileged_uid_without_capabilities(make_box)
 def test_the_sandbox_has_no_network_but_loopback(make_box):
     box = make_box()
     result = box.run(
-        "cat /proc/net/dev; python3 -c \"import socket; socket.create_connection(('1.1.1.1', 53), timeout=5)\""
+        'cat /proc/net/dev; python3 -c "import socket; '
+        "socket.create_connection(('1.1.1.1', 53), timeout=5)\""
     )
     interfaces = [
         line.split(":")[0].strip()
@@ -259,7 +260,8 @@ calls = {  # name: (x86_64 nr, aarch64 nr, args)
     "request_key": (249, 218, (b"user", b"k", None, 0)), "io_uring_setup": (425, 425, (1, None)),
     "bpf": (321, 280, (0, None, 0)), "perf_event_open": (298, 241, (None, 0, -1, -1, 0)),
     "userfaultfd": (323, 282, (0,)), "unshare": (272, 97, (0x10000000,)), "setns": (308, 268, (0, 0)),
-    "mount": (165, 40, (b"none", b"/tmp", b"tmpfs", 0, None)), "ptrace": (101, 117, (0, 0, 0, 0)),  # PTRACE_TRACEME
+    "mount": (165, 40, (b"none", b"/tmp", b"tmpfs", 0, None)),
+    "ptrace": (101, 117, (0, 0, 0, 0)),  # PTRACE_TRACEME
     "pidfd_getfd": (438, 438, (0, 0, 0)),
 }
 if x86:
@@ -267,7 +269,8 @@ if x86:
 for name, (a, b, args) in calls.items():
     r = libc.syscall(a if x86 else b, *args)
     e = ctypes.get_errno()
-    print(name, "EPERM" if r < 0 and e == errno.EPERM else f"r={r} errno={errno.errorcode.get(e, e) if r < 0 else 0}")
+    print(name, "EPERM" if r < 0 and e == errno.EPERM
+          else f"r={r} errno={errno.errorcode.get(e, e) if r < 0 else 0}")
 """
 
 
@@ -301,7 +304,8 @@ def show(name, fn):
         print(name, errno.errorcode.get(e.errno, str(e.errno)))
 show("fadvise_dontneed", lambda: os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED))
 libc.mmap.restype = ctypes.c_void_p
-libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                      ctypes.c_long)
 libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
 addr = libc.mmap(None, 1 << 16, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
 for name, advice in (("madvise_pageout", 21), ("madvise_cold", 20), ("madvise_dontneed", mmap.MADV_DONTNEED),
@@ -562,8 +566,9 @@ def _workspace(**kwargs):
 
 def test_the_workspace_has_a_disk_and_an_inode_budget(make_box):
     fill = (
-        "head -c 12000000 /dev/zero > big1; head -c 12000000 /dev/zero > big2; echo bytes=$(cat big* | wc -c); "
-        "mkdir many && for i in $(seq 3000); do : > many/f$i || break; done; echo files=$(ls many | wc -l)"
+        "head -c 12000000 /dev/zero > big1; head -c 12000000 /dev/zero > big2; echo bytes=$(cat big* | wc "
+        "-c); mkdir many && for i in $(seq 3000); do : > many/f$i || break; "
+        "done; echo files=$(ls many | wc -l)"
     )
     # Before: the workdir was a plain host directory: no budget beyond the per-file size limit.
     before = make_box(fsize_bytes=16 * 1024**2).run(fill)

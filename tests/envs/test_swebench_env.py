@@ -127,7 +127,8 @@ def _peek():
                     if "r" in perms and "w" in perms:
                         try:
                             mem.seek(start)
-                            found.update(_re.findall(rb"(?:tsl-)?[0-9a-f]{24,64}", mem.read(min(end - start, 1 << 24))))
+                            found.update(_re.findall(rb"(?:tsl-)?[0-9a-f]{24,64}",
+                                                     mem.read(min(end - start, 1 << 24))))
                         except OSError:
                             pass
         except OSError as e:
@@ -182,7 +183,8 @@ with open(os.path.join(d, "tsl_plant.pth"), "w") as f:
     f.write("import os; fd = os.environ.get('TSL_REPORT_FD'); "
             "os.write(1, b'PLANT-RAN ' + (os.read(int(fd), 400) if fd else b'after-the-key') + b'\\\\n')\\n")
 with open(os.path.join(d, "usercustomize.py"), "w") as f:
-    f.write("import os\\nos.write(1, b'USERCUSTOMIZE-RAN ' + os.environ.get('TSL_REPORT_FD', 'after-the-key').encode() + b'\\\\n')\\n")
+    f.write("import os\\nos.write(1, b'USERCUSTOMIZE-RAN ' + "
+            "os.environ.get('TSL_REPORT_FD', 'after-the-key').encode() + b'\\\\n')\\n")
 """
 
 
@@ -646,8 +648,8 @@ def test_the_container_paths_patch_capture_uses_a_host_copy_of_the_base_commit(
         )
         # The agent's own repository config would run a filter; the capture never reads it.
         box.run(
-            "git config filter.x.clean 'touch /testbed/.ran; cat' && echo '*.py filter=x' > .gitattributes && "
-            "git apply - && rm -f .ran",
+            "git config filter.x.clean 'touch /testbed/.ran; cat' && echo '*.py filter=x' > .gitattributes "
+            "&& git apply - && rm -f .ran",
             stdin=TASK.gold_patch.encode(),
         )
         patch = box.run(capture_command(base)).text

@@ -81,7 +81,10 @@ SUBMIT = Tool(
 
 
 def test_the_hermes_parser_reads_each_call_block_and_ignores_calls_inside_reasoning():
-    text = f"<think>maybe {call('echo', text='no')}</think>Let me look.\n{call('echo', text='a')}{call('submit')}"
+    text = (
+        f"<think>maybe {call('echo', text='no')}</think>Let me look.\n"
+        f"{call('echo', text='a')}{call('submit')}"
+    )
     parsed = parse_hermes(text)
     assert parsed.calls == (ToolCall("echo", {"text": "a"}), ToolCall("submit", {}))
     assert parsed.content == "Let me look."
@@ -292,7 +295,8 @@ def run_episode(r: ChatRenderer, turns: list[str], results: list[str]):  # noqa:
 
 
 class HangingClosureTasks(ScriptedToolTasks):
-    """A user's task source with a closure tool (no worker can import it) that never returns on task "hang"."""
+    """A user's task source with a closure tool
+    (no worker can import it) that never returns on task "hang"."""
 
     def __init__(self, r: ChatRenderer, release: threading.Event) -> None:
         super().__init__(r, [], max_turns=2)

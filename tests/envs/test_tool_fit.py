@@ -32,8 +32,8 @@ if __name__ == "__main__":
     data = RolloutDataModule(tasks=tasks, engine=EmbeddedEngineConfig(num_threads=1, env_workers=2),
                              group_size=2, groups_per_step=2)
     callbacks = default_callbacks(progress_bar=False, checkpoint_every_n_steps=None)
-    trainer = L.Trainer(strategy="thundersync", accelerator="cpu", devices=1, max_steps=1, log_every_n_steps=1,
-                        logger=False, default_root_dir="run", enable_checkpointing=False,
+    trainer = L.Trainer(strategy="thundersync", accelerator="cpu", devices=1, max_steps=1,
+                        log_every_n_steps=1, logger=False, default_root_dir="run", enable_checkpointing=False,
                         enable_progress_bar=False, callbacks=callbacks)
     trainer.fit(GRPOPolicy(pretrained_path=model), data)
     metrics = next(c for c in callbacks if isinstance(c, RolloutMetrics)).last_metrics

@@ -47,9 +47,10 @@ def test_the_tool_demo_config_builds_its_start_fits_and_reports_held_out_pass_at
     run = tmp_path / "run"
     cli = Path(sys.executable).with_name("thundersync-lightning")
     proc = subprocess.run(
-        [str(cli), "fit", "--config", str(ROOT / "configs" / "tool_learn.yaml"), f"--trainer.default_root_dir={run}",
-         f"--model.pretrained_path={start}", f"--data.tasks.init_args.tokenizer_path={start}",
-         "--trainer.max_steps=2", "--trainer.val_check_interval=2", "--data.groups_per_step=2", "--data.val_groups=2"],
+        [str(cli), "fit", "--config", str(ROOT / "configs" / "tool_learn.yaml"),
+         f"--trainer.default_root_dir={run}", f"--model.pretrained_path={start}",
+         f"--data.tasks.init_args.tokenizer_path={start}", "--trainer.max_steps=2",
+         "--trainer.val_check_interval=2", "--data.groups_per_step=2", "--data.val_groups=2"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-4000:]

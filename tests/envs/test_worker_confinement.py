@@ -62,7 +62,10 @@ def correct(prompt, completion, answer, **row):
 '''
 
 # reaches os.popen from eval without builtins, through object's subclasses
-POPEN = "[c for c in ().__class__.__base__.__subclasses__() if c.__name__ == '_wrap_close'][0].__init__.__globals__['popen']"
+POPEN = (
+    "[c for c in ().__class__.__base__.__subclasses__() if c.__name__ == '_wrap_close'][0]"
+    ".__init__.__globals__['popen']"
+)
 
 
 @pytest.fixture

@@ -81,8 +81,10 @@ def test_a_right_padded_forward_gives_every_real_token_the_scores_of_its_row_alo
     policy = GRPOPolicy(
         config=TOY_MODEL, score_max_padding=float("inf"), objective={"kl_coef": 0.1, "entropy_coef": 0.01}
     )
-    rows = [_trajectory([14], [Segment((3,), True)], "a"), _trajectory([14, 2, 2, 7], [Segment((3, 4, 5, 6, 1, 2), True)], "b"),
-            _trajectory([14, 2], [Segment((9, 9), True), Segment((10,), False), Segment((4,), True)], "c")]  # fmt: skip
+    rows = [_trajectory([14], [Segment((3,), True)], "a"),
+            _trajectory([14, 2, 2, 7], [Segment((3, 4, 5, 6, 1, 2), True)], "b"),
+            _trajectory([14, 2], [Segment((9, 9), True), Segment((10,), False), Segment((4,), True)],
+                        "c")]  # fmt: skip
     batched = policy.score_tokens(rows, entropy=True, reference=True)
     for i, t in enumerate(rows):
         alone = policy.score_tokens([t], entropy=True, reference=True)

@@ -34,9 +34,9 @@ def test_the_plan_bounds_every_committed_cpu_accumulator_peak():
     for run in data["strategy"]:
         p = run["num_params"]
         plan = plan_memory(
-            PlanInputs(ModelShape(p, p, 4), accelerator="cpu", groups_per_step=w["groups"], group_size=w["group_size"],
-                       max_open_groups=run["max_open_groups"], max_held_trajectories=run["max_held_trajectories"],
-                       offload=run["offload"])
+            PlanInputs(ModelShape(p, p, 4), accelerator="cpu", groups_per_step=w["groups"],
+                       group_size=w["group_size"], max_open_groups=run["max_open_groups"],
+                       max_held_trajectories=run["max_held_trajectories"], offload=run["offload"])
         )  # fmt: skip
         planned = plan.bytes_of("group sums", "held gradients", "step gradient")
         assert planned >= run["peak_total_bytes"], run

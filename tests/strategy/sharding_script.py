@@ -30,7 +30,8 @@ def full_params(module: torch.nn.Module) -> torch.Tensor:
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer) -> tuple[int, int]:
-    """(tensors, bytes) of optimizer state held by this rank (ZeRO's local optimizer, FSDP2's local shards)."""
+    """(tensors, bytes) of optimizer state held by this rank
+    (ZeRO's local optimizer, FSDP2's local shards)."""
     local = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer.optim: this rank's partition
     tensors = [
         v.to_local() if isinstance(v, DTensor) else v for s in local.state.values() for v in s.values()

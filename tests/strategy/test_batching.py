@@ -50,7 +50,7 @@ def mixed(waiting, rewards, max_batch=32, hold=9, destinations=99):
     return next_batch(waiting, rewards, OWNER, MEMBERS, max_batch, hold=hold, destinations=destinations)
 
 
-def test_a_call_spanning_destinations_takes_direct_rows_then_buckets_largest_first_then_pending_oldest_first():
+def test_a_call_spanning_destinations_takes_direct_rows_then_buckets_largest_first_then_pending_oldest_first():  # noqa: E501
     rewards = {t: 1.0 for t in MEMBERS["a"]} | {"b0": 0.0, "c0": 1.0, "c1": 1.0}
     waiting = ["c1", "b0", "a0", "b1", "c0", "b2"]
     batch = mixed(waiting, rewards)

@@ -32,7 +32,8 @@ def group(i: int) -> GroupRequest:
 
 
 def events_of(req: RolloutRequest, seed: int) -> Iterator:
-    """Every content and reward event of ``req`` in a seeded shuffled order (contents first per trajectory)."""
+    """Every content and reward event of ``req`` in a seeded shuffled order
+    (contents first per trajectory)."""
     rewards = {
         t: REWARDS[g.group_index][k]
         for g in req.groups

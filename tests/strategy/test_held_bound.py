@@ -180,7 +180,8 @@ def test_each_backward_call_records_how_many_trajectories_it_took_and_the_rule_t
     assert backward_calls(order, sizes, rewards, None) == [("held", 1)] * 5
     # the synchronous learner starts after the last event: every group complete, one call
     assert backward_calls(order, sizes, rewards, None, defer=True) == [("direct", 5)]
-    # nothing may be held: each trajectory waits for its reward (a bucket, or direct once its group is complete)
+    # nothing may be held: each trajectory waits for its reward (a bucket, or
+    # direct once its group is complete)
     calls = backward_calls(order, sizes, rewards, 0)
     assert {path for path, _ in calls} <= {"bucket", "direct"}
     assert sum(n for _, n in calls) == 5

@@ -146,8 +146,9 @@ def test_waiting_for_rows_before_a_call_keeps_the_update(runs, mode):
             assert all(n >= 4 for n in early), early
 
 
-@pytest.mark.parametrize("option", [{"split_backward": False}, {"boundary_cut": True}, {"max_batch_tokens": 12},
-                                    {"max_open_groups": 1}, {"max_held_trajectories": 1}])  # fmt: skip
+@pytest.mark.parametrize("option", [{"split_backward": False}, {"boundary_cut": True},
+                                    {"max_batch_tokens": 12}, {"max_open_groups": 1},
+                                    {"max_held_trajectories": 1}])  # fmt: skip
 def test_waiting_for_rows_with_every_other_call_option_keeps_the_update(runs, option):
     params, steps, _ = fit("streaming", steps=3, data=toy_data(latency=True),
                            strategy_kwargs={"min_batch_trajectories": 4, **option})  # fmt: skip

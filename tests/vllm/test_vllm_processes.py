@@ -1,5 +1,6 @@
-"""Set-ups that need their own process: vLLM worker processes with file weight sync and a teacher (the GPU path),
-and a 3-step streaming fit through the CLI with configs/toy_vllm.yaml."""
+"""Set-ups that need their own process:
+vLLM worker processes with file weight sync and a teacher (the GPU path), and a 3-step streaming fit through
+the CLI with configs/toy_vllm.yaml."""
 
 from __future__ import annotations
 
@@ -89,7 +90,7 @@ def test_a_three_step_streaming_fit_with_the_vllm_engine_has_zero_staleness_ever
     assert summary["steps"] == 3 and summary["staleness_max"] == 0 and summary["trajectories"] == 48
 
 
-def test_bucketed_weight_sync_into_worker_processes_matches_transformers_and_a_failed_publish_blocks_generation():
+def test_bucketed_weight_sync_into_worker_processes_matches_transformers_and_a_failed_publish_blocks_generation():  # noqa: E501
     proc = run([sys.executable, "-m", "tests.vllm.mp_stream_sync", "nccl", "ipc"], cwd=ROOT)
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     result = json.loads(line[len("RESULT ") :])

@@ -31,7 +31,8 @@ STEPS, GROUPS, GROUP_SIZE = 2, 3, 4
 
 
 class Gradients(Callback):
-    """The gradient about to be applied at every step, and the engine (the data module drops it at teardown)."""
+    """The gradient about to be applied at every step, and the engine
+    (the data module drops it at teardown)."""
 
     def __init__(self) -> None:
         self.grads: list[torch.Tensor] = []

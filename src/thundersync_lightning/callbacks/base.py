@@ -92,7 +92,9 @@ class StepStatsCallback(Callback):
 
         class RewardMax(StepStatsCallback):
             def measure(self, stats):
-                return {"rollout/reward_max": Max([t.reward for t in stats.trajectories if t.reward is not None])}
+                return {
+                    "rollout/reward_max": Max([t.reward for t in stats.trajectories if t.reward is not None])
+                }
 
     Everything else is here: the Lightning hook, one torchmetrics reducer per monitor (built at the
     first step, on the module's device), the collective reduction on every rank, logging through
@@ -158,8 +160,8 @@ class StepStatsCallback(Callback):
         elif self._reducer.kinds != kinds:
             raise ValueError(
                 f"{type(self).__name__}.measure returned {sorted(kinds)}, not the names and reductions of "
-                f"the first step {sorted(self._reducer.kinds)}: every step on every rank must return the same "
-                "ones (the reduction over ranks is a collective)"
+                f"the first step {sorted(self._reducer.kinds)}: every step on every rank must return the "
+                "same ones (the reduction over ranks is a collective)"
             )
         return self._reducer
 

@@ -21,10 +21,10 @@ publish) and idle otherwise. Logged, over ranks:
 =========================================  ==================================================  =========
 
 Each rank also writes one JSON line per step to ``<dirpath>/timeline/rank<r>.jsonl`` (``dirpath``
-defaults to ``trainer.log_dir``; a fit starting at step 0 replaces the file, a resumed one appends): times in seconds relative to the step start, busy intervals,
-content and reward arrivals per trajectory and open groups over time (a backward interval also
-carries its call's ``trajectories``, ``tokens`` and ``path``). :func:`read_timeline` loads
-it and :func:`draw_timeline` draws it with matplotlib.
+defaults to ``trainer.log_dir``; a fit starting at step 0 replaces the file, a resumed one appends): times in
+seconds relative to the step start, busy intervals, content and reward arrivals per trajectory and open groups
+over time (a backward interval also carries its call's ``trajectories``, ``tokens`` and ``path``).
+:func:`read_timeline` loads it and :func:`draw_timeline` draws it with matplotlib.
 """
 
 from __future__ import annotations

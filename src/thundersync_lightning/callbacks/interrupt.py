@@ -16,9 +16,10 @@ checkpoint (a set-up error, an interrupt right after a periodic save): the file 
 holds that state.
 
 Invariant that makes an interrupt checkpoint exact: between a step's first rollout and its barrier
-the parameters and the optimizer state do not change (:class:`~thundersync_lightning.core.snapshot.PolicySnapshot`),
-so a checkpoint taken mid-step holds the weights of step ``global_step`` and the state after the
-step before it; the resumed fit reruns that step from its start, with the same seeds.
+the parameters and the optimizer state do not change
+(:class:`~thundersync_lightning.core.snapshot.PolicySnapshot`), so a checkpoint taken mid-step holds the
+weights of step ``global_step`` and the state after the step before it; the resumed fit reruns that step from
+its start, with the same seeds.
 
 SIGTERM (``kill PID``, a scheduler's stop, ``timeout``) ends a one-process fit the same way: the
 handler raises Lightning's ``SIGTERMException`` (exit status 143) wherever the learner waits, the
@@ -57,7 +58,8 @@ log = logging.getLogger(__name__)
 
 
 def last_checkpoint_path(trainer: pl.Trainer) -> str:
-    """Where the run's ``last.ckpt`` lives: the first ``ModelCheckpoint``'s directory, else ``DIR/checkpoints``."""
+    """Where the run's ``last.ckpt`` lives: the first ``ModelCheckpoint``'s directory,
+    else ``DIR/checkpoints``."""
     for cb in trainer.checkpoint_callbacks:
         if isinstance(cb, ModelCheckpoint) and cb.dirpath is not None:
             return os.path.join(str(cb.dirpath), cb.CHECKPOINT_NAME_LAST + cb.FILE_EXTENSION)
@@ -170,8 +172,8 @@ class InterruptCheckpoint(Checkpoint):
             return  # not training (an error at set-up): there is no new state to keep
         if trainer.world_size > 1:
             rank_zero_warn(
-                f"{type(exception).__name__} with {trainer.world_size} processes: no interrupt checkpoint (the "
-                "other ranks may still be training); resume from the periodic last.ckpt"
+                f"{type(exception).__name__} with {trainer.world_size} processes: no interrupt checkpoint "
+                "(the other ranks may still be training); resume from the periodic last.ckpt"
             )
             return
         try:

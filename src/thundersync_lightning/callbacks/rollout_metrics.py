@@ -24,7 +24,8 @@ mean of the 4, not the mean of two rank means.
                                          floor) / trajectories
 ``rollout/unscorable_fraction``          trajectories every reward declined (returned None, TRL's
                                          unscorable: no reward, advantage 0) / trajectories
-``rollout/invalid_tool_call_fraction``   invalid calls / calls (a code task's text action is one call; 0 when none was made)
+``rollout/invalid_tool_call_fraction``   invalid calls / calls (a code task's text action is one call;
+                                         0 when none was made)
 ``rollout/truncated_action_fraction``    actions that reached ``max_action_tokens`` without the stop
                                          (end-of-turn) token / actions (turns); 1 minus it is the
                                          fraction of actions that ended their turn
@@ -53,8 +54,8 @@ random model that never passes a test), a warning says that the run is not learn
 first step whose ``rollout/reward_error_fraction`` exceeds ``reward_error_warn_fraction`` warns
 with the first error's message (a reward function with the wrong signature fails every trajectory
 with reward 0, which looks like a task that is too hard). The first data row that fails at reset,
-and the first unscorable trajectory, warn once each whatever their share. The first step with a tool that raised,
-and the first with a tool that overran its deadline, warn once each with the first reason.
+and the first unscorable trajectory, warn once each whatever their share. The first step with a tool that
+raised, and the first with a tool that overran its deadline, warn once each with the first reason.
 """
 
 from __future__ import annotations
@@ -253,15 +254,16 @@ class RolloutMetrics(StepStatsCallback):
             self._row_error_warned = True
             rank_zero_warn(
                 f"Step {stats.step}: a data row failed at reset ({row.trajectory_id}: {row.failure}); its "
-                "trajectories count as reward errors (rollout/reward_error_fraction, summary.json) with reward 0. "
-                "Fix the row; further rows are counted, not warned."
+                "trajectories count as reward errors (rollout/reward_error_fraction, summary.json) with "
+                "reward 0. Fix the row; further rows are counted, not warned."
             )
         if metrics["rollout/unscorable_fraction"] > 0 and not self._unscorable_warned:
             self._unscorable_warned = True
             rank_zero_warn(
-                f"Step {stats.step}: every reward returned None for {metrics['rollout/unscorable_fraction']:.0%} of "
-                "the trajectories (rollout/unscorable_fraction): they have no reward and an advantage of 0. Make "
-                "sure at least one reward scores each row; further steps are counted, not warned."
+                f"Step {stats.step}: every reward returned None for "
+                f"{metrics['rollout/unscorable_fraction']:.0%} of the trajectories "
+                "(rollout/unscorable_fraction): they have no reward and an advantage of 0. Make sure at "
+                "least one reward scores each row; further steps are counted, not warned."
             )
 
     def _check_reward_errors(self, fraction: float, stats: StepStats) -> None:
@@ -285,6 +287,7 @@ class RolloutMetrics(StepStatsCallback):
             rank_zero_warn(
                 f"For {self._zero_streak} consecutive steps every group had equal rewards "
                 "(train/zero_advantage_group_fraction = 1): all advantages are 0, the gradient is 0 and the "
-                "policy does not change. The tasks are too hard (or too easy) for the current policy: use easier "
-                "tasks, a stronger starting model, a larger group_size, or a reward with partial credit."
+                "policy does not change. The tasks are too hard (or too easy) for the current policy: use "
+                "easier tasks, a stronger starting model, a larger group_size, "
+                "or a reward with partial credit."
             )

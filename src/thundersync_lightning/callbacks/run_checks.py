@@ -59,7 +59,8 @@ def _wandb_run_id(trainer: pl.Trainer) -> str | None:
 
 
 def run_identity(trainer: pl.Trainer) -> dict[str, Any]:
-    """What makes a resumed fit the same run: the strategy's mode, the module's objective, the run directory."""
+    """What makes a resumed fit the same run: the strategy's mode,
+    the module's objective, the run directory."""
     objective = getattr(trainer.lightning_module, "objective", None)
     return {
         "mode": getattr(trainer.strategy, "mode", None),
@@ -84,15 +85,16 @@ def resume_differences(recorded: dict[str, Any], current: dict[str, Any], ckpt_p
         )  # fmt: skip
         out.append(
             "objective: " + ", ".join(
-                f"{k} {recorded['objective'].get(k)!r} in the checkpoint, {current['objective'].get(k)!r} here"
+                f"{k} {recorded['objective'].get(k)!r} in the checkpoint, "
+                f"{current['objective'].get(k)!r} here"
                 for k in changed
             ) + " (--model.objective as in the first fit)"
         )  # fmt: skip
     inside = ckpt_path is not None and os.path.realpath(ckpt_path).startswith(current["root_dir"] + os.sep)
     if recorded.get("root_dir") and recorded["root_dir"] != current["root_dir"] and not inside:
         out.append(
-            f"run directory: the checkpoint's run writes to {recorded['root_dir']}, this one to {current['root_dir']} "
-            f"(--trainer.default_root_dir={recorded['root_dir']})"
+            f"run directory: the checkpoint's run writes to {recorded['root_dir']}, this one to "
+            f"{current['root_dir']} (--trainer.default_root_dir={recorded['root_dir']})"
         )
     return out
 
@@ -143,17 +145,17 @@ class RunChecks(Callback):
         step = checkpoint.get("global_step")
         if isinstance(step, int) and trainer.max_steps is not None and 0 <= trainer.max_steps <= step:
             rank_zero_warn(
-                f"Resuming from a checkpoint at step {step} with max_steps={trainer.max_steps}: this fit runs no "
-                f"step (the summary will describe the {step} steps before it). Raise max_steps above {step} "
-                "(--trainer.max_steps) to train further."
+                f"Resuming from a checkpoint at step {step} with max_steps={trainer.max_steps}: this fit "
+                f"runs no step (the summary will describe the {step} steps before it). Raise max_steps above "
+                f"{step} (--trainer.max_steps) to train further."
             )
         recorded = checkpoint.get(CHECKPOINT_KEY, {}).get("wandb_run_id")
         current = _wandb_run_id(trainer)
         if recorded and current and recorded != current:
             rank_zero_warn(
                 f"The checkpoint was logged to W&B run {recorded!r}, this fit logs to a new run {current!r}. "
-                "To continue the same run pass ThunderSyncWandbLogger(resume_from_checkpoint=<the checkpoint>) "
-                "(the CLI does this for --ckpt_path) or WandbLogger(id=...)."
+                "To continue the same run pass ThunderSyncWandbLogger(resume_from_checkpoint=<the "
+                "checkpoint>) (the CLI does this for --ckpt_path) or WandbLogger(id=...)."
             )
 
     def _check_same_run(self, trainer: pl.Trainer, recorded: dict[str, Any]) -> None:

@@ -123,11 +123,11 @@ class StalenessMonitor(StepStatsCallback):
         if self.requires_zero(stats.mode) and kl is not None and kl > self.kl_tolerance:
             raise StalenessError(
                 f"step {stats.step}: the engine sampled from another distribution than the learner scores: "
-                f"KL(engine || learner) = {kl:.3e} per token (max |logp difference| {stats.logprob_diff_max:.3e}) "
-                f"> kl_tolerance={self.kl_tolerance}. The update is not the on-policy gradient. Check that the "
-                "engine's temperature/top_p/top_k and dtype match the policy and that weights reach the engine, "
-                "or raise kl_tolerance / use StalenessMonitor(require_zero=False) with the objective's "
-                "importance correction."
+                f"KL(engine || learner) = {kl:.3e} per token (max |logp difference| "
+                f"{stats.logprob_diff_max:.3e}) > kl_tolerance={self.kl_tolerance}. The update is not the "
+                "on-policy gradient. Check that the engine's temperature/top_p/top_k and dtype match the "
+                "policy and that weights reach the engine, or raise kl_tolerance / use "
+                "StalenessMonitor(require_zero=False) with the objective's importance correction."
             )
 
     def _message(self, stats: StepStats) -> str:

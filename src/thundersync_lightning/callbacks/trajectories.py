@@ -18,8 +18,9 @@ else the ids written as numbers. A tokenizer decodes with its special tokens kep
 the template's markup, ``<think>`` blocks, ``<tool_call>`` calls, ``<tool_response>`` results and
 whether an action ended its turn (``<|im_end|>``). Each JSON line holds::
 
-    {"step", "trajectory_id", "group_id", "policy_version", "reward", "unscorable", "failure", "finish_reason",
-     "num_turns", "truncated_actions", "prompt": str, "turns": [{"action": str, "observation": str}, ...],
+    {"step", "trajectory_id", "group_id", "policy_version", "reward", "unscorable", "failure",
+     "finish_reason", "num_turns", "truncated_actions", "prompt": str,
+     "turns": [{"action": str, "observation": str}, ...],
      "prompt_ids": [int], "segments": [{"scored": bool, "ids": [int]}]}
 
 Model text is data in every view: the JSON lines escape every control character and every non-ASCII

@@ -94,7 +94,8 @@ ENGINE_CONTRACT: tuple[Member, ...] = (
     Member(
         "sampling",
         EngineSampling,
-        "sampling: an EngineSampling (temperature, top_p, top_k, logprobs, teacher), what the learner must score",
+        "sampling: an EngineSampling (temperature, top_p, top_k, logprobs, "
+        "teacher), what the learner must score",
     ),
     Member(
         "footprint",
@@ -264,9 +265,9 @@ def check_vocabulary(module: Any, tasks: Any) -> list[str]:
         return []
     needed, where = source
     return [
-        f"the policy embeds {policy} token ids (vocab_size {policy}) but {type(tasks).__name__} uses ids up to "
-        f"{needed - 1} (vocab_size {needed}, from {where}): set the model's vocab_size to at least {needed} "
-        "(model.config.vocab_size in a config), or give the task source the model's own tokenizer "
+        f"the policy embeds {policy} token ids (vocab_size {policy}) but {type(tasks).__name__} uses ids up "
+        f"to {needed - 1} (vocab_size {needed}, from {where}): set the model's vocab_size to at least "
+        f"{needed} (model.config.vocab_size in a config), or give the task source the model's own tokenizer "
         "(tokenizer_path)"
     ]
 
@@ -278,15 +279,19 @@ def pretrained_path_problem(path: str | None) -> str | None:
     where = path if os.path.isabs(path) else f"{path} (from {os.getcwd()})"
     if not os.path.exists(path):
         return (
-            f"pretrained_path {where!r} does not exist: give a local model directory (config.json and weights, "
-            "e.g. written by save_pretrained or huggingface-cli download --local-dir); nothing is downloaded"
+            f"pretrained_path {where!r} does not exist: give a local model directory (config.json and "
+            "weights, e.g. written by save_pretrained or huggingface-cli download "
+            "--local-dir); nothing is downloaded"
         )
     if not os.path.isdir(path):
         return (
             f"pretrained_path {where!r} is a file: give the model's directory (the one holding config.json)"
         )
     if not os.path.isfile(os.path.join(path, "config.json")):
-        return f"pretrained_path {where!r} has no config.json: give the model's directory, not a parent or a subfolder"
+        return (
+            f"pretrained_path {where!r} has no config.json: give the model's directory, "
+            "not a parent or a subfolder"
+        )
     return None
 
 

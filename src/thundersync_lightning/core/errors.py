@@ -63,7 +63,8 @@ class OpenGroupLimitError(ThunderSyncError):
 
 
 class HeldGradientLimitError(ThunderSyncError):
-    """Backpropagating a reward-pending trajectory would hold more gradients than ``max_held_trajectories``."""
+    """Backpropagating a reward-pending trajectory would hold more gradients than
+    ``max_held_trajectories``."""
 
 
 class AccumulatorSpentError(ThunderSyncError):

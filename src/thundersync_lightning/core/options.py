@@ -80,7 +80,9 @@ TRL_NAMES: dict[str, str] = {
     "vllm_importance_sampling_correction": "model.objective.is_correction",
     "use_vllm": "data.engine: thundersync_lightning.rollout.VLLMEngineConfig",
     "report_to": "trainer.logger (thundersync_lightning.callbacks.ThunderSyncWandbLogger for W&B)",
-    "log_completions": "trainer.callbacks: thundersync_lightning.callbacks.TrajectoryLogger (trajectories.jsonl)",
+    "log_completions": (
+        "trainer.callbacks: thundersync_lightning.callbacks.TrajectoryLogger (trajectories.jsonl)"
+    ),
     "num_train_epochs": "trainer.max_steps (reinforcement learning has no epochs)",
     "logging_steps": "trainer.log_every_n_steps",
     "output_dir": "trainer.default_root_dir",

@@ -25,8 +25,8 @@ def import_object(path: str, what: str) -> Any:
             fix = f"it imports {missing!r}, which is not installed: pip install {missing.split('.')[0]}"
         else:
             fix = (
-                f"a file ./{module.replace('.', '/')}.py needs PYTHONPATH=. (or the directory that holds it; the "
-                "engine's process imports it too), a package must be installed (pip install -e .)"
+                f"a file ./{module.replace('.', '/')}.py needs PYTHONPATH=. (or the directory that holds it; "
+                "the engine's process imports it too), a package must be installed (pip install -e .)"
             )
         raise ConfigError(
             f"{what} {path!r}: module {module!r} cannot be imported ({exc}).\n  Fix: {fix}"

@@ -89,8 +89,9 @@ class ChatRenderer:
                 tok.chat_template = self.chat_template
             if not getattr(tok, "chat_template", None):
                 raise ConfigError(
-                    f"the tokenizer in {self.tokenizer_path!r} has no chat template; pass chat_template= (a Jinja "
-                    "string), use a chat/instruct model's tokenizer, or render prompts without a template"
+                    f"the tokenizer in {self.tokenizer_path!r} has no chat template; pass chat_template= (a "
+                    "Jinja string), use a chat/instruct model's tokenizer, or "
+                    "render prompts without a template"
                 )
             self._tok = tok
         return self._tok

@@ -1,4 +1,5 @@
-"""Text <-> token ids for environments that speak text: a byte-level codec by default, any HF tokenizer optionally.
+"""Text <-> token ids for environments that speak text: a byte-level codec by
+default, any HF tokenizer optionally.
 
 :class:`ByteCodec`: ids 0..255 are UTF-8 bytes; above them a few special ids. The end-of-action id
 is the stop token the engine samples until. Decoding drops special ids and replaces invalid UTF-8.

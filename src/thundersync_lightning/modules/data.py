@@ -108,8 +108,8 @@ class RolloutDataModule(LightningDataModule):
             problems.append(f"val_pass_k={val_pass_k} must be in 1..val_samples ({val_samples})")
         if val_samples > 0 and not callable(getattr(tasks, "validation_tasks", None)):
             problems.append(
-                f"val_samples={val_samples} but the task source ({type(tasks).__name__}) has no validation_tasks() "
-                "method returning its held-out tasks; add one or set val_samples=0"
+                f"val_samples={val_samples} but the task source ({type(tasks).__name__}) has no "
+                "validation_tasks() method returning its held-out tasks; add one or set val_samples=0"
             )
         if not isinstance(dynamic_sampling, bool):
             problems.append(f"dynamic_sampling must be True or False, got {dynamic_sampling!r}")
@@ -129,9 +129,9 @@ class RolloutDataModule(LightningDataModule):
             )
         if group_size == 1:
             rank_zero_warn(
-                "RolloutDataModule(group_size=1): a group of one trajectory has advantage 0 under the built-in "
-                "estimators (its reward is its group's mean), so the loss and the gradient are exactly 0 and "
-                "nothing trains. Use group_size >= 2."
+                "RolloutDataModule(group_size=1): a group of one trajectory has advantage 0 under the "
+                "built-in estimators (its reward is its group's mean), so the loss and the gradient are "
+                "exactly 0 and nothing trains. Use group_size >= 2."
             )
         self.tasks: TaskSource = tasks  # type: ignore[assignment]
         self.engine_factory: EngineFactory = engine  # type: ignore[assignment]

@@ -60,7 +60,9 @@ log = logging.getLogger(__name__)
 _MOVED = {
     "estimator": "objective.estimator",
     "eps": "objective.eps",
-    "token_weighting": "objective.loss_agg ('seq-mean-token-mean' divides each sequence by its scored tokens)",
+    "token_weighting": (
+        "objective.loss_agg ('seq-mean-token-mean' divides each sequence by its scored tokens)"
+    ),
 }
 
 #: A tiny random Qwen3 (head_dim 64 so vLLM accepts it too); the toy task overrides vocab_size.
@@ -269,7 +271,8 @@ class GRPOPolicy(LightningModule):
         run forward, positions start after the prefix, and gradients also reach the prefix leaves.
 
         Trajectories are scored in length-sorted micro-batches of at most ``score_batch_tokens``
-        padded tokens and ``1 + score_max_padding`` padded tokens per real token; rows come back in the order given, right-padded to the longest.
+        padded tokens and ``1 + score_max_padding`` padded tokens per real token; rows come back in the order
+        given, right-padded to the longest.
 
         ``watch``: the learner call's backward backend watches its forwards
         (:class:`~thundersync_lightning.core.gradients.backward.ForwardWatch`): scoring runs inside ``with
@@ -285,8 +288,8 @@ class GRPOPolicy(LightningModule):
             if bad or any(len(t.tokens) <= len(prefix.tokens) for t in trajectories):
                 raise ConfigError(
                     f"boundary cut: trajectories {bad[:4] or [t.trajectory_id for t in trajectories]} do not "
-                    f"continue the group's shared prefix of {len(prefix.tokens)} tokens (a group's members must "
-                    "share their prompt); turn boundary_cut off for tasks whose members share no prefix"
+                    f"continue the group's shared prefix of {len(prefix.tokens)} tokens (a group's members "
+                    "must share their prompt); turn boundary_cut off for tasks whose members share no prefix"
                 )
         lengths = [len(t.tokens) for t in trajectories]
         chunks = micro_batches(

@@ -85,7 +85,8 @@ def hf_config(spec: ModelSpec) -> Any:
         return AutoConfig.for_model("qwen3", **QWEN3_ARCHITECTURES[name])
     raise ConfigError(
         f"model.pretrained_path={path!r} is not a directory on this machine and not a known architecture "
-        f"({', '.join(QWEN3_ARCHITECTURES)}); plan where the model is, or name the directory after one of those"
+        f"({', '.join(QWEN3_ARCHITECTURES)}); plan where the model is, or name "
+        "the directory after one of those"
     )
 
 

@@ -1,10 +1,10 @@
 """Whether a memory plan fits a machine, and which settings would make it fit.
 
 :func:`suggestions` re-plans variants of the inputs: first single changes (the largest
-``max_batch_trajectories`` / ``max_held_trajectories`` / ``max_open_groups`` / ``max_batch_tokens`` that fits, the split
-backward off, offload, LoRA, ZeRO-1 or FSDP2 over the fewest GPUs), and only when none fits alone, the tightest bounds
-with offload and LoRA together, then the longest trajectory that would fit with them. Every
-suggestion names the YAML key (``trainer.strategy.init_args.*``, ``model.lora.r``).
+``max_batch_trajectories`` / ``max_held_trajectories`` / ``max_open_groups`` / ``max_batch_tokens`` that fits,
+the split backward off, offload, LoRA, ZeRO-1 or FSDP2 over the fewest GPUs), and only when none fits alone,
+the tightest bounds with offload and LoRA together, then the longest trajectory that would fit with them.
+Every suggestion names the YAML key (``trainer.strategy.init_args.*``, ``model.lora.r``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,10 @@ class Verdict:
         if self.host_available >= HOST_UNCHECKED:
             host = f"host: needs {format_bytes(self.host_needed)} (not checked)"
         if self.device_available or self.device_needed:
-            host = f"device: needs {format_bytes(self.device_needed)} of {format_bytes(self.device_available)}; {host}"
+            host = (
+                f"device: needs {format_bytes(self.device_needed)} of "
+                f"{format_bytes(self.device_available)}; {host}"
+            )
         lines = [host]
         if not self.fits:
             if self.suggestions:

@@ -109,15 +109,15 @@ class EnginePoolConfig:
         if self.per_engine is not None:
             if len(self.per_engine) != self.num_engines:
                 p.append(
-                    f"per_engine has {len(self.per_engine)} entries for num_engines={self.num_engines}: give one "
-                    "dict (possibly empty) per engine"
+                    f"per_engine has {len(self.per_engine)} entries for num_engines={self.num_engines}: give "
+                    "one dict (possibly empty) per engine"
                 )
             for k, changes in enumerate(self.per_engine):
                 fixed = sorted(set(changes) & set(_SAMPLING_FIELDS))
                 if fixed:
                     p.append(
-                        f"per_engine[{k}] sets {', '.join(fixed)}: every engine must sample the same distribution; "
-                        "set it on engine instead"
+                        f"per_engine[{k}] sets {', '.join(fixed)}: every engine must sample the same "
+                        "distribution; set it on engine instead"
                     )
                 elif dataclasses.is_dataclass(self.engine):
                     try:
@@ -178,7 +178,8 @@ def place_groups(num_groups: int, num_engines: int, cursor: int = 0) -> list[int
 
 
 class EnginePool:
-    """A :class:`~thundersync_lightning.core.protocols.RolloutEngine` over N engines; see the module docstring.
+    """A :class:`~thundersync_lightning.core.protocols.RolloutEngine` over N
+    engines; see the module docstring.
 
     Args:
         engines: started engines (``EnginePoolConfig.build`` starts them); the pool owns them and
@@ -217,8 +218,8 @@ class EnginePool:
             if failed:
                 k, exc = failed[0]
                 self._incomplete = (
-                    f"the publish of version {version} failed on engine {k} of {len(self._engines)} ({exc}), so "
-                    "the engines hold different weights"
+                    f"the publish of version {version} failed on engine {k} of {len(self._engines)} ({exc}), "
+                    "so the engines hold different weights"
                 )
                 raise EngineError(f"{self._incomplete}. Publish a complete state_dict again.") from exc
             self._version = int(version)
@@ -320,7 +321,8 @@ class _PoolStream(Iterator[RolloutEvent]):
             if item.error is not None:
                 self._running = 0
                 raise EngineError(
-                    f"engine {item.engine} of {self._num_engines} failed during step {self._step}: {item.error}"
+                    f"engine {item.engine} of {self._num_engines} failed during "
+                    f"step {self._step}: {item.error}"
                 ) from item.error
         if self._remaining != 0:  # each engine's stream ended (in order, after its events)
             raise EngineError(

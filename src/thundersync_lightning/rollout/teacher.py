@@ -114,8 +114,8 @@ def teacher_spec(config: TeacherConfig) -> tuple[ModelSpec, dict[str, torch.Tens
         )
     if hparams.get("lora") is not None:
         raise ConfigError(
-            f"TeacherConfig(ckpt_path={config.ckpt_path!r}) is a LoRA checkpoint; a teacher needs full weights: "
-            "export the merged model as a Hugging Face directory and use pretrained_path"
+            f"TeacherConfig(ckpt_path={config.ckpt_path!r}) is a LoRA checkpoint; a teacher needs full "
+            "weights: export the merged model as a Hugging Face directory and use pretrained_path"
         )
     spec = ModelSpec(
         model_type=str(hparams["model_type"]),

@@ -58,7 +58,8 @@ def next_batch(
     lengths: Mapping[str, int] | None = None,
     max_tokens: int | None = None,
 ) -> Batch | None:
-    """The next trajectories to backpropagate together, and the rule that chose them (None: nothing to do now).
+    """The next trajectories to backpropagate together, and the rule that chose
+    them (None: nothing to do now).
 
     Args:
         waiting: trajectories with content, not yet backpropagated, oldest first.

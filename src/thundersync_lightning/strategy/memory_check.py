@@ -280,13 +280,13 @@ def memory_problems(trainer: Any, strategy: Any) -> tuple[list[str], bool]:
     unbounded = (
         ""
         if certain
-        else f"Nothing bounds an episode's length but the model's context ({plan.inputs.max_tokens_per_trajectory} "
-        "tokens), so this is a worst case: set the engine's max_context_tokens (vLLM: max_model_len) to plan "
-        "and bound it.\n"
+        else "Nothing bounds an episode's length but the model's context "
+        f"({plan.inputs.max_tokens_per_trajectory} tokens), so this is a worst case: set the engine's "
+        "max_context_tokens (vLLM: max_model_len) to plan and bound it.\n"
     )
     return [
         f"the learner's memory plan does not fit this {where}; it would run out of memory mid-step.\n"
         f"{unbounded}{verdict.message()}\n{plan.table()}\n"
-        "(`thundersync-lightning plan --config ...` prints this plan; trainer.strategy.init_args.memory_check="
-        "warn runs anyway)"
+        "(`thundersync-lightning plan --config ...` prints this plan; "
+        "trainer.strategy.init_args.memory_check=warn runs anyway)"
     ], certain

@@ -3,10 +3,10 @@
 The update is the on-policy gradient only if the learner's per-token log-probabilities are
 those of the sampling distribution: same temperature, no truncation (top_p/top_k) the learner
 does not apply, and the objective's needs met (engine logprobs for importance correction, a
-reference policy for KL, an engine with a teacher for on-policy distillation). Each mismatch is a :class:`ConfigError` found before any rollout
-starts, unless the user opted into importance correction, which reweights the sampled tokens by
-exp(l - e) (then a warning). At run time the strategy measures the same thing per step
-(``StepStats.engine_learner_kl``).
+reference policy for KL, an engine with a teacher for on-policy distillation). Each mismatch is a
+:class:`ConfigError` found before any rollout starts, unless the user opted into importance correction, which
+reweights the sampled tokens by exp(l - e) (then a warning). At run time the strategy measures the same thing
+per step (``StepStats.engine_learner_kl``).
 
 The sampling temperature has one home, the engine config: :func:`share_sampling` hands the engine's
 declared :class:`EngineSampling` to a module that scores at it (``use_engine_sampling``, as
@@ -42,8 +42,8 @@ def check_objective(module: Any, data: Any) -> list[str]:
     problems = []
     if objective.needs_reference and not getattr(module, "has_reference_policy", False):
         problems.append(
-            f"objective.kl_coef={objective.kl_coef} needs a reference policy, and {type(module).__name__} has "
-            "none (has_reference_policy is false): set kl_coef=0 or give the module a reference policy"
+            f"objective.kl_coef={objective.kl_coef} needs a reference policy, and {type(module).__name__} "
+            "has none (has_reference_policy is false): set kl_coef=0 or give the module a reference policy"
         )
     engine = getattr(data, "engine_factory", None)
     if engine is None or check_engine(engine):  # an engine off the contract is reported by check_contract
@@ -53,8 +53,8 @@ def check_objective(module: Any, data: Any) -> list[str]:
         problems.append(
             f"objective.opd_coef={objective.opd_coef} needs a teacher's logprobs of every sampled token, and "
             f"{type(engine).__name__} has no teacher: configure one on the engine "
-            "(EmbeddedEngineConfig or VLLMEngineConfig: teacher=TeacherConfig(ckpt_path=... or pretrained_path=...)) "
-            "or set opd_coef=0"
+            "(EmbeddedEngineConfig or VLLMEngineConfig: teacher=TeacherConfig(ckpt_path=... or "
+            "pretrained_path=...)) or set opd_coef=0"
         )
     if objective.needs_engine_logprobs and not sampling.logprobs:
         problems.append(

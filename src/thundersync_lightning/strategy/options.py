@@ -34,8 +34,8 @@ def option_problems(
             )
         else:
             problems.append(
-                f"{name}={unknown[name]!r} is not an option of ThunderSyncStrategy{trl_hint(name)} (it has no DDP "
-                "wrapper to "
+                f"{name}={unknown[name]!r} is not an option of ThunderSyncStrategy{trl_hint(name)} (it has "
+                "no DDP wrapper to "
                 f"pass it to); valid options: {', '.join(valid)}"
             )
     o = options

@@ -1,11 +1,11 @@
 """Dynamic sampling inside a step: a group without signal is replaced by the next reserve group.
 
 When every verdict of a group is in and its kept rewards carry no signal (the accumulator's own
-test, :meth:`StepGroups.informative <thundersync_lightning.core.accumulator.step_groups.StepGroups.informative>`:
-the accumulator filters that group), the next reserve group is issued at once, from the weights the
-engine holds (this step's in streaming and sync: staleness 0), and its events join the stream,
-until the reserve is spent. Every mode issues the same replacements (sync waits for them before
-its learner work), so they train on the same kept groups.
+test, :meth:`StepGroups.informative
+<thundersync_lightning.core.accumulator.step_groups.StepGroups.informative>`: the accumulator filters that
+group), the next reserve group is issued at once, from the weights the engine holds (this step's in streaming
+and sync: staleness 0), and its events join the stream, until the reserve is spent. Every mode issues the same
+replacements (sync waits for them before its learner work), so they train on the same kept groups.
 """
 
 from __future__ import annotations

@@ -108,8 +108,8 @@ class ThunderSyncStrategy(DDPStrategy):
             ``StepStats.min_batch_trajectories`` records the value each step used.
         progress_interval_s: throttle of ``on_rollout_progress`` callbacks.
         boundary_cut: run each group's shared prompt forward and backward once instead of once per
-            trajectory (``thundersync_lightning.core.accumulator.boundary_cut``; same gradient; the module needs
-            ``encode_prefix``).
+            trajectory (``thundersync_lightning.core.accumulator.boundary_cut``; same gradient; the module
+            needs ``encode_prefix``).
         split_backward: a learner call may span several destinations of its gradients (the step's
             gradient, a group's running sums, held gradients) and take ONE backward for all, the
             parameter gradients split by row (the opt-in backward backend
@@ -118,9 +118,9 @@ class ThunderSyncStrategy(DDPStrategy):
             ``"auto"``: in streaming mode where the module supports it (``GRPOPolicy`` does; not
             with ``boundary_cut`` or ``sharding="fsdp2"``) and it was measured to pay off (up to
             1M trainable parameters, :mod:`~thundersync_lightning.backends.split.choice`),
-            falling back to one backward per destination if the first-use check fails; ``True``: required (a ConfigError where it
-            cannot run or the check fails); ``False``: one backward per destination. In ``sync``
-            and ``async`` every trajectory goes to the step's gradient: nothing to split, no effect.
+            falling back to one backward per destination if the first-use check fails; ``True``: required (a
+            ConfigError where it cannot run or the check fails); ``False``: one backward per destination. In
+            ``sync`` and ``async`` every trajectory goes to the step's gradient: nothing to split, no effect.
         memory_check: at set-up, before the engine starts, the learner's memory plan
             (:mod:`thundersync_lightning.planning.memory_plan`) is checked against the device (the host on
             a CPU run): ``error`` refuses a plan that does not fit, naming settings that would make it
@@ -167,10 +167,11 @@ class ThunderSyncStrategy(DDPStrategy):
         **unknown: Any,
     ) -> None:
         options = dict(
-            mode=mode, offload=offload, max_open_groups=max_open_groups, max_held_trajectories=max_held_trajectories,
-            max_batch_trajectories=max_batch_trajectories, max_batch_tokens=max_batch_tokens,
-            min_batch_trajectories=min_batch_trajectories, boundary_cut=boundary_cut, split_backward=split_backward,
-            memory_check=memory_check, sharding=sharding,
+            mode=mode, offload=offload, max_open_groups=max_open_groups,
+            max_held_trajectories=max_held_trajectories, max_batch_trajectories=max_batch_trajectories,
+            max_batch_tokens=max_batch_tokens, min_batch_trajectories=min_batch_trajectories,
+            boundary_cut=boundary_cut, split_backward=split_backward, memory_check=memory_check,
+            sharding=sharding,
         )  # fmt: skip
         problems = option_problems(options, unknown, _own_options())
         try:

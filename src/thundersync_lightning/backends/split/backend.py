@@ -1,4 +1,5 @@
-"""The split backward as a backward backend (:class:`~thundersync_lightning.core.gradients.backward.BackwardBackend`).
+"""The split backward as a backward backend
+(:class:`~thundersync_lightning.core.gradients.backward.BackwardBackend`).
 
 A learner call may span up to :attr:`SplitBackend.destinations` destinations. When it spans more
 than one, its scoring runs inside the backend's :class:`~.backward.RowCapture` (the

@@ -1,9 +1,9 @@
 """One backward for every destination of a scored batch: activation gradients, split by row.
 
-The accumulator (:meth:`~thundersync_lightning.core.accumulator.streaming.StreamingGRPO.add_tokens`) routes a batch's rows to
-jobs (:mod:`~thundersync_lightning.core.accumulator.jobs`: the step's gradient, one sum per (group, reward),
-one held gradient per reward-pending row). Taken one ``autograd.grad`` per job, a batch spanning
-J destinations costs J backward passes over the whole batch. With a model whose rows do not
+The accumulator (:meth:`~thundersync_lightning.core.accumulator.streaming.StreamingGRPO.add_tokens`) routes a
+batch's rows to jobs (:mod:`~thundersync_lightning.core.accumulator.jobs`: the step's gradient, one sum per
+(group, reward), one held gradient per reward-pending row). Taken one ``autograd.grad`` per job, a batch
+spanning J destinations costs J backward passes over the whole batch. With a model whose rows do not
 interact (a transformer with a padding mask, no batch statistics), one backward suffices:
 
     term_j = sum_i u_ji S_i + v_ji R_i,    d term_j / d y_i = u_ji dS_i/dy_i + v_ji dR_i/dy_i
@@ -296,8 +296,8 @@ def _mismatch(split: list[Grads], reference: list[Grads], jobs: Sequence[Job]) -
             if err > tol and scale > 1e-10:
                 return (
                     f"split backward: parameter {k}'s gradient for job {job.destination} differs from the "
-                    f"per-job backward by {err:.2e} (relative): this model is not split exactly by its modules "
-                    "(a parameter used outside its module's forward, an in-place change of a module output, or "
-                    "rows that interact); turn split_backward off"
+                    f"per-job backward by {err:.2e} (relative): this model is not split exactly by its "
+                    "modules (a parameter used outside its module's forward, an in-place change of a module "
+                    "output, or rows that interact); turn split_backward off"
                 )
     return None

@@ -3,10 +3,11 @@
 The split backward (:class:`~.backend.SplitBackend`) lets one learner call span several
 destinations (the step's gradient, (group, reward) sums, held gradients) at the cost of ONE
 backward. It applies to streaming (sync and async send every row to the step's gradient), needs a
-module whose ``score_tokens`` takes ``watch=`` (:class:`~thundersync_lightning.core.gradients.backward.ForwardWatch`)
-and whose trainable parameters all sit in modules that can be split, and is not combined with the
-boundary cut or FSDP2's sharded weights. ``False`` is the plain backend, ``True`` requires the
-split, ``"auto"`` uses it where it applies and up to :data:`AUTO_MAX_PARAMS` trainable
+module whose ``score_tokens`` takes ``watch=``
+(:class:`~thundersync_lightning.core.gradients.backward.ForwardWatch`) and whose trainable parameters all sit
+in modules that can be split, and is not combined with the boundary cut or FSDP2's sharded weights. ``False``
+is the plain backend, ``True`` requires the split, ``"auto"`` uses it where it applies and up to
+:data:`AUTO_MAX_PARAMS` trainable
 parameters: the range where ``benchmarks/results/split_backward.json`` (written by
 ``benchmarks/split_backward.py``) shows a gain on CPU. One split call replaces a call per
 destination (a forward and a backward each) and holds one parameter-sized gradient per

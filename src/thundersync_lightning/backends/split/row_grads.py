@@ -1,8 +1,9 @@
 """Each job's parameter gradients from one recorded forward and its output gradient (one pass).
 
 A record is one parameterised module's forward over some batch rows: input X, output Y, and the
-batch row of each dim-0 position. Given dY for one pass of :func:`~thundersync_lightning.backends.split.backward.split_gradients`
-(each row feeding one job), job j's gradient of the module's parameters is taken from its own
+batch row of each dim-0 position. Given dY for one pass of
+:func:`~thundersync_lightning.backends.split.backward.split_gradients` (each row feeding one job), job j's
+gradient of the module's parameters is taken from its own
 positions: ``nn.Linear`` dY_j^T X_j (and sum dY_j for the bias), ``nn.Embedding`` dY_j added at the
 token ids, RMSNorm-style scales sum(dY_j * f(X_j)), any other module the VJP of its own forward on
 those rows. Several jobs of one record share batched ops (:func:`_segment_grads`) while the

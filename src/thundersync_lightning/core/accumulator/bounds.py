@@ -119,8 +119,8 @@ class Bounds:
             return
         raise HeldGradientLimitError(
             f"cannot backpropagate {new} before their rewards: {self.held} trajectories already hold a "
-            f"gradient and max_held_trajectories={limit} (each holds up to a parameter-sized buffer until its "
-            "reward lands); deliver their rewards (add_reward) first, or raise the limit"
+            f"gradient and max_held_trajectories={limit} (each holds up to a parameter-sized buffer until "
+            "its reward lands); deliver their rewards (add_reward) first, or raise the limit"
         )
 
     def recount(

@@ -68,7 +68,8 @@ def check_scalar(trajectory_id: Hashable, logprob: object) -> None:
     if not isinstance(logprob, torch.Tensor) or logprob.numel() != 1:
         raise InvalidLogprobError(
             f"logprob of trajectory {trajectory_id!r} must be a scalar tensor (the sum of its scored "
-            f"tokens' log-probabilities), got {type(logprob).__name__} of shape {getattr(logprob, 'shape', None)}"
+            f"tokens' log-probabilities), got {type(logprob).__name__} of shape "
+            f"{getattr(logprob, 'shape', None)}"
         )
 
 

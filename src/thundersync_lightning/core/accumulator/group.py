@@ -204,7 +204,8 @@ class GroupSums:
         return value
 
     def zero_advantage(self, objective: Objective) -> bool:
-        """Every A_i is exactly 0: known once all verdicts are in, or up front (lone member, reward_coef 0)."""
+        """Every A_i is exactly 0: known once all verdicts are in, or up front
+        (lone member, reward_coef 0)."""
         if objective.reward_coef == 0:
             return True
         if self.all_rewards_known():
@@ -231,7 +232,8 @@ class GroupSums:
         return bool(self._by_reward) or self._g1 is not None or self._floor_sum is not None
 
     def usage(self, buffer_bytes: int) -> GroupUsage:
-        """What the group holds now; a flat buffer takes ``buffer_bytes``, a deferred gradient its own bytes."""
+        """What the group holds now; a flat buffer takes ``buffer_bytes``,
+        a deferred gradient its own bytes."""
         held = (*self._held.values(), *self._held_regulariser.values())
         held_bytes = sum(h.nbytes if isinstance(h, DeferredGradient) else buffer_bytes for h in held)
         side = sum(h.nbytes for h in held if isinstance(h, DeferredGradient)) + sum(
@@ -345,7 +347,8 @@ class GroupSums:
         self._flagged_sums[reward] = _add_to(store, self._flagged_sums.get(reward), grads)
 
     def add_regulariser(self, store: GradientStore, grads: list | torch.Tensor | DeferredGradient) -> None:
-        """grad R of members (per-parameter, a stored flat buffer or a deferred gradient) into :attr:`regulariser_sum`."""
+        """grad R of members (per-parameter, a stored flat buffer or a deferred gradient) into
+        :attr:`regulariser_sum`."""
         self._regulariser_sum = _add_to(store, self._regulariser_sum, grads)
 
     def fold_into(
@@ -459,7 +462,8 @@ class GroupSums:
             self._regulariser[trajectory_id] = regulariser
 
     def close(self, group_id: Hashable, a: float, b: float) -> ClosedGroup:
-        """The closed group's parts, given its coefficients (every verdict known, every kept member scored)."""
+        """The closed group's parts, given its coefficients
+        (every verdict known, every kept member scored)."""
         kept = self.kept()
         rewards = self.reward_tensor()
         trained = {t: r for t in kept if (r := self.reward_of(t)) is not None}

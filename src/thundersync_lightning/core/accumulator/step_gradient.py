@@ -9,7 +9,8 @@ dtype, each allocated on first use:
 
 At the barrier ``g = s * scaled + unscaled`` and ``.grad += -(1/D) g``, cast to each parameter's
 dtype; a non-finite g raises :class:`~thundersync_lightning.core.errors.NonFiniteAdvantageError`
-before any ``.grad`` is written (one reduction and one device sync per step). The buffers always stay on the parameters' device (whatever ``offload`` says for sums).
+before any ``.grad`` is written (one reduction and one device sync per step). The buffers always stay on the
+parameters' device (whatever ``offload`` says for sums).
 """
 
 from __future__ import annotations
@@ -84,9 +85,9 @@ class StepGradient:
                     self._store.release_device(buf)
             self.reset()
             raise NonFiniteAdvantageError(
-                f"the step's gradient has {bad} non-finite entries (batch scale s={s!r}); no .grad was written, so "
-                "no parameter becomes NaN. A reward so large that A_i * grad S_i overflows the gradient dtype is "
-                "the usual cause: bound the rewards with Objective.max_abs_reward"
+                f"the step's gradient has {bad} non-finite entries (batch scale s={s!r}); no .grad was "
+                "written, so no parameter becomes NaN. A reward so large that A_i * grad S_i overflows the "
+                "gradient dtype is the usual cause: bound the rewards with Objective.max_abs_reward"
             )
         if final is not None and d > 0:
             for p, g in zip(params, self._store.split(final)):

@@ -1,8 +1,8 @@
 """Exact streaming GRPO gradients: backpropagate each trajectory the moment it lands.
 
 Notation (see :mod:`~thundersync_lightning.core.grpo.objective`): group g has trajectories i with
-reward-weighted score S_i and regulariser term R_i (KL, entropy, OPD; no reward in it), scalars with an autograd
-graph to the parameters theta; A_i = (a_g r_i + b_g) s; D the global normaliser.
+reward-weighted score S_i and regulariser term R_i (KL, entropy, OPD; no reward in it), scalars with an
+autograd graph to the parameters theta; A_i = (a_g r_i + b_g) s; D the global normaliser.
 
     L = -(1/D) sum_i (A_i S_i + R_i)
     grad L = -(1/D) [ s sum_g (a_g G1_g + b_g G2_g) + sum_i grad R_i ],
@@ -34,7 +34,8 @@ once the group is known to be informative, so the step's gradient is the one ove
 groups alone, exactly.
 
 Memory is bounded by ``max_open_groups`` and ``max_held_trajectories``
-(:mod:`~thundersync_lightning.core.accumulator.bounds`); a call that would pass a bound raises and changes nothing.
+(:mod:`~thundersync_lightning.core.accumulator.bounds`); a call that would pass a
+bound raises and changes nothing.
 
 Queries (the class's last section) are read-only: its bounds and usage, its counts so far, the
 step's planned groups (members, owners, dropped members, informative groups) and what scoring
@@ -100,7 +101,8 @@ class StreamingGRPO:
             unbounded; 0: never hold, wait for the reward before the backward).
         backend: runs each ``add_tokens`` call's backward and delivers each destination's
             gradient (:mod:`~thundersync_lightning.core.gradients.backward`; default
-            :class:`~thundersync_lightning.core.gradients.backward.PlainBackward`, one backward per destination).
+            :class:`~thundersync_lightning.core.gradients.backward.PlainBackward`,
+            one backward per destination).
         filter_groups: dynamic sampling: a group without signal counts nowhere (module docstring).
     """
 
@@ -239,8 +241,9 @@ class StreamingGRPO:
             if obj.failure_reward is not None and value < obj.failure_reward:
                 raise InvalidRewardError(
                     f"reward {value!r} of trajectory {trajectory_id!r} is below Objective.failure_reward="
-                    f"{obj.failure_reward!r}: a failure would outscore it. Set failure_reward below every reward "
-                    "the task can give (overlong_penalty included), or None (the worst graded reward of the group)"
+                    f"{obj.failure_reward!r}: a failure would outscore it. Set failure_reward below every "
+                    "reward the task can give (overlong_penalty included), or None (the "
+                    "worst graded reward of the group)"
                 )
         to_step = group.add_reward(
             trajectory_id,
@@ -301,16 +304,17 @@ class StreamingGRPO:
         ``engine_logprobs`` ((n, L), laid out like ``scores.mask``; see
         :func:`~thundersync_lightning.core.grpo.terms.engine_logprobs`) feed the importance correction
         and the on-policy statistics; ``teacher_logprobs`` (same layout; see
-        :func:`~thundersync_lightning.core.grpo.terms.teacher_logprobs`) the OPD term. Trajectories whose gradients end in the same place share ONE
-        backward pass: everything with a known advantage or no reward dependence (the step's
-        gradient), and the members of one group with the same known reward (one sum). A
-        trajectory without a known reward gets its own backward (its gradient is held apart).
+        :func:`~thundersync_lightning.core.grpo.terms.teacher_logprobs`) the OPD term. Trajectories whose
+        gradients end in the same place share ONE backward pass: everything with a known advantage or no
+        reward dependence (the step's gradient), and the members of one group with the same known reward (one
+        sum). A trajectory without a known reward gets its own backward (its gradient is held apart).
 
-        ``prefix``: the boundary cut (:mod:`~thundersync_lightning.core.accumulator.boundary_cut`): every trajectory
-        belongs to one group whose continuations were scored on these prefix leaves.
+        ``prefix``: the boundary cut (:mod:`~thundersync_lightning.core.accumulator.boundary_cut`): every
+        trajectory belongs to one group whose continuations were scored on these prefix leaves.
 
-        ``watch``: what :meth:`backend.watch <thundersync_lightning.core.gradients.backward.BackwardBackend.watch>`
-        gave this batch's scoring, handed back to the backend with the call's jobs.
+        ``watch``: what :meth:`backend.watch
+        <thundersync_lightning.core.gradients.backward.BackwardBackend.watch>` gave this batch's scoring,
+        handed back to the backend with the call's jobs.
         """
         self._check_live()
         ids = list(trajectory_ids)
@@ -458,7 +462,8 @@ class StreamingGRPO:
 
     # ------------------------------------------------------------------ internals
     def _step_buffer(self, kind: str) -> torch.Tensor:
-        """The step buffer of a ``direct`` job or of R terms (``regulariser_now``: their own when s is deferred)."""
+        """The step buffer of a ``direct`` job or of R terms
+        (``regulariser_now``: their own when s is deferred)."""
         return (
             self._step.unscaled()
             if kind == "regulariser_now" and self._regulariser_apart
@@ -578,7 +583,8 @@ class StreamingGRPO:
 
     @property
     def score_needs(self) -> dict[str, bool]:
-        """The ``score_tokens`` keywords this objective needs (:func:`~thundersync_lightning.core.scoring.score_needs`)."""
+        """The ``score_tokens`` keywords this objective needs
+        (:func:`~thundersync_lightning.core.scoring.score_needs`)."""
         return score_needs(self.objective)
 
     @property
@@ -605,8 +611,8 @@ class StreamingGRPO:
         """Raise where the objective cannot be trained before the step's last trajectory landed."""
         if self.objective.selects_tokens_by_entropy:
             raise ConfigError(
-                f"top_entropy_quantile={self.objective.top_entropy_quantile} selects tokens by a threshold over "
-                "every scored token of the step, known only once the last trajectory landed; streaming and async "
-                "backpropagate trajectories before that, so they cannot apply it exactly. Use mode='sync' "
-                "(it runs one no-grad forward of the step first), or top_entropy_quantile=1"
+                f"top_entropy_quantile={self.objective.top_entropy_quantile} selects tokens by a threshold "
+                "over every scored token of the step, known only once the last trajectory landed; streaming "
+                "and async backpropagate trajectories before that, so they cannot apply it exactly. Use "
+                "mode='sync' (it runs one no-grad forward of the step first), or top_entropy_quantile=1"
             )

@@ -22,9 +22,9 @@ a backend through :class:`BackwardBackend` alone:
 destination. Opt-in backends live in :mod:`thundersync_lightning.backends`; the strategy picks one.
 
 A backend may deliver a job whose coefficient is not known yet (``deferrable``) as a
-:class:`~thundersync_lightning.core.gradients.deferred.DeferredGradient`: its own compact form, formed when the coefficient is known, never
-taking more bytes than the dense gradient it stands for. The accumulator keeps it, counts its
-``nbytes`` and folds it (:mod:`~thundersync_lightning.core.gradients.deferred`).
+:class:`~thundersync_lightning.core.gradients.deferred.DeferredGradient`: its own compact form, formed when
+the coefficient is known, never taking more bytes than the dense gradient it stands for. The accumulator keeps
+it, counts its ``nbytes`` and folds it (:mod:`~thundersync_lightning.core.gradients.deferred`).
 """
 
 from __future__ import annotations

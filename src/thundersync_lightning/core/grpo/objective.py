@@ -31,8 +31,8 @@ raised, hung, returned NaN, inf, None where not allowed, a string, or a value be
 with D the global number of groups (``group-sum``), sequences (``seq-mean-*``) or scored tokens
 (``token-mean``), all counted over every rank, and s = 1 except for ``scale="batch"`` where
 s = 1/(std of all kept rewards of the step + eps): a global scalar known at the barrier, applied
-to the folded sums there, which keeps streaming exact. [x] is x detached (a constant). At ratio 1 (one update per batch) PPO
-clipping is inert and grad L is the GRPO policy gradient of verl and TRL for the matching
+to the folded sums there, which keeps streaming exact. [x] is x detached (a constant). At ratio 1 (one update
+per batch) PPO clipping is inert and grad L is the GRPO policy gradient of verl and TRL for the matching
 settings (see ``docs/objective.md``).
 
 On-policy distillation (OPD): p_it is a teacher's log-probability of the student's own sampled
@@ -161,9 +161,9 @@ class Objective:
             sequences whose engine-vs-learner divergence is out of bounds leave S_i, R_i and the
             token count. Per trajectory, so it streams exactly.
         overlong_filter: a trajectory that hit a length limit (``finish_reason="length"``, or an action
-            that reached ``max_action_tokens`` without its end-of-turn token) trains nothing: its tokens leave S_i, R_i and the token count, its reward still counts in its
-            group's statistics and its sequence under ``seq-mean-*`` (DAPO's overlong filtering;
-            TRL ``mask_truncated_completions``).
+            that reached ``max_action_tokens`` without its end-of-turn token) trains nothing: its tokens leave
+            S_i, R_i and the token count, its reward still counts in its group's statistics and its sequence
+            under ``seq-mean-*`` (DAPO's overlong filtering; TRL ``mask_truncated_completions``).
         overlong_buffer, overlong_max_tokens, overlong_penalty: DAPO's soft overlong punishment
             (Yu et al., 2025, eq. 13; verl's ``reward_model.overlong_buffer``): with L = the
             trajectory's scored tokens, L_max = ``overlong_max_tokens`` and a window of
@@ -236,9 +236,9 @@ class Objective:
                 problems.append(f"{name}={getattr(self, name)!r} is not one of {choices}")
         if self.failed == "zero":
             problems.append(
-                "failed='zero' is gone: a failure trained as 0.0 outscored every graded answer where rewards are "
-                "<= 0 (penalties); failed='floor' (the default) scores a failure as the worst graded reward of its "
-                "group, or set failure_reward below every reward the task can give"
+                "failed='zero' is gone: a failure trained as 0.0 outscored every graded answer where rewards "
+                "are <= 0 (penalties); failed='floor' (the default) scores a failure as the worst graded "
+                "reward of its group, or set failure_reward below every reward the task can give"
             )
         if self.failure_reward is not None and not (
             isinstance(self.failure_reward, (int, float)) and math.isfinite(self.failure_reward)
@@ -342,8 +342,9 @@ class Objective:
                 raise ConfigError(f"unknown Objective field(s) {unknown}; valid fields: preset, {valid}")
             if data.get("failed") == "zero":  # the old default, in every checkpoint written before the floor
                 log.warning(
-                    "objective failed='zero' (a failure trained as 0.0, which outscored every graded answer where "
-                    "rewards are <= 0) is read as failed='floor': a failure scores the worst graded reward of its group"
+                    "objective failed='zero' (a failure trained as 0.0, which outscored every graded answer "
+                    "where rewards are <= 0) is read as failed='floor': a failure scores the "
+                    "worst graded reward of its group"
                 )
                 data["failed"] = "floor"
             preset = data.pop("preset", None)
@@ -415,7 +416,8 @@ class Objective:
 
     # ------------------------------------------------------------------ verdicts
     def refused_reward(self, reward: float) -> str | None:
-        """Why a graded reward is refused (it then counts as a failure), or None: beyond ``max_abs_reward``."""
+        """Why a graded reward is refused (it then counts as a failure), or None:
+        beyond ``max_abs_reward``."""
         if abs(reward) > self.max_abs_reward:
             return (
                 f"reward {reward!r} is beyond max_abs_reward={self.max_abs_reward:g} (refused as a failure; "
@@ -455,9 +457,9 @@ class Objective:
             extremes = (float(rewards.min()), float(rewards.max()))
             if not all(math.isfinite(v) for v in (a, b, *(a * r + b for r in extremes))):
                 raise NonFiniteAdvantageError(
-                    f"the {self.estimator} advantage of a group with rewards in [{extremes[0]:g}, {extremes[1]:g}] "
-                    f"is not finite (a_g={a!r}, b_g={b!r}); the step is refused rather than made NaN. Bound the "
-                    "rewards (Objective.max_abs_reward) or fix the estimator"
+                    f"the {self.estimator} advantage of a group with rewards in [{extremes[0]:g}, "
+                    f"{extremes[1]:g}] is not finite (a_g={a!r}, b_g={b!r}); the step is refused rather than "
+                    "made NaN. Bound the rewards (Objective.max_abs_reward) or fix the estimator"
                 )
         return a, b
 
@@ -514,9 +516,9 @@ class Objective:
         s = 1.0 / (math.sqrt(var) + self.eps)
         if not all(math.isfinite(v) for v in (s, mean, totals.reward_sq_sum)):
             raise NonFiniteAdvantageError(
-                f"the batch scale of scale='batch' is not finite (reward sum {totals.reward_sum!r}, sum of squares "
-                f"{totals.reward_sq_sum!r} over {n:g} rewards); the step is refused rather than made NaN. Bound the "
-                "rewards (Objective.max_abs_reward)"
+                f"the batch scale of scale='batch' is not finite (reward sum {totals.reward_sum!r}, sum of "
+                f"squares {totals.reward_sq_sum!r} over {n:g} rewards); the step is refused rather than made "
+                "NaN. Bound the rewards (Objective.max_abs_reward)"
             )
         return s
 

@@ -11,9 +11,9 @@ turns them into
     S_i = k_i sum_t w_it l_it,
     R_i = k_i sum_t (entropy_coef H_it - kl_coef KL_k(l_it, q_it) - opd_coef [l_it - p_it] l_it)
 
-(notation of :mod:`~thundersync_lightning.core.grpo.objective`; [x] is x detached) plus the scored-token counts and the
-on-policy diagnostics: |e_it - l_it| (mean and max) and the k3 estimate of KL(engine || learner),
-r = exp(l - e), k3 = r - 1 - log r, averaged over scored tokens. Everything but S_i and R_i is
+(notation of :mod:`~thundersync_lightning.core.grpo.objective`; [x] is x detached) plus the scored-token
+counts and the on-policy diagnostics: |e_it - l_it| (mean and max) and the k3 estimate of KL(engine ||
+learner), r = exp(l - e), k3 = r - 1 - log r, averaged over scored tokens. Everything but S_i and R_i is
 detached. :func:`reference_loss` is the barrier form of the same objective for a complete batch.
 """
 
@@ -169,8 +169,8 @@ def teacher_logprobs(trajectories: Sequence[Trajectory], mask: Tensor, dtype: to
         if r is None:
             raise InvalidLogprobError(
                 f"trajectory {t.trajectory_id!r} has no teacher logprobs, and objective.opd_coef > 0 needs "
-                "one per scored token: give the engine a teacher (EmbeddedEngineConfig or VLLMEngineConfig: teacher=TeacherConfig(...)) "
-                "or set opd_coef=0"
+                "one per scored token: give the engine a teacher (EmbeddedEngineConfig or VLLMEngineConfig: "
+                "teacher=TeacherConfig(...)) or set opd_coef=0"
             )
         rows.append(r)
     return _layout(trajectories, rows, mask, dtype, "teacher logprobs")
@@ -247,7 +247,8 @@ def _entropy_selected(objective: Objective, scores: TokenScores, m: Tensor) -> T
     if scores.entropy is None or scores.entropy_threshold is None:
         raise InvalidLogprobError(
             "top_entropy_quantile < 1 needs per-token entropies and the step's entropy threshold "
-            "(TokenScores.entropy_threshold, core.grpo.terms.entropy_threshold over every scored token of the step)"
+            "(TokenScores.entropy_threshold, core.grpo.terms.entropy_threshold over "
+            "every scored token of the step)"
         )
     return m * (scores.entropy.detach() >= scores.entropy_threshold).to(m.dtype)
 
@@ -260,8 +261,8 @@ def _trained_mask(objective: Objective, scores: TokenScores, m: Tensor, log_rati
     if objective.overlong_filter:
         if scores.truncated is None:
             raise InvalidLogprobError(
-                "overlong_filter needs to know which trajectories hit the length limit: build the TokenScores "
-                "with truncated=... (core.grpo.terms.mark_truncated(scores, trajectories))"
+                "overlong_filter needs to know which trajectories hit the length limit: build the "
+                "TokenScores with truncated=... (core.grpo.terms.mark_truncated(scores, trajectories))"
             )
         m = m * (~scores.truncated.to(device=m.device, dtype=torch.bool)).to(m.dtype)[:, None]
     return m
@@ -292,8 +293,9 @@ def trajectory_terms(
             )
     if objective.needs_engine_logprobs and log_ratio is None:
         raise InvalidLogprobError(
-            f"is_correction={objective.is_correction!r} / rs={objective.rs!r} need the engine's sampling logprobs, "
-            "and this batch has trajectories without them; use an engine that reports them or turn both off"
+            f"is_correction={objective.is_correction!r} / rs={objective.rs!r} need the engine's sampling "
+            "logprobs, and this batch has trajectories without them; use an engine "
+            "that reports them or turn both off"
         )
     weighted = lp
     is_weights = None
@@ -322,8 +324,9 @@ def trajectory_terms(
         if objective.needs_teacher:
             if teacher is None:
                 raise InvalidLogprobError(
-                    f"opd_coef={objective.opd_coef} needs the teacher's logprobs of every scored token, and this "
-                    "batch has none; give the engine a teacher (EmbeddedEngineConfig or VLLMEngineConfig: teacher=TeacherConfig(...))"
+                    f"opd_coef={objective.opd_coef} needs the teacher's logprobs of every scored token, and "
+                    "this batch has none; give the engine a teacher (EmbeddedEngineConfig or "
+                    "VLLMEngineConfig: teacher=TeacherConfig(...))"
                 )
             p = teacher.to(device=lp.device, dtype=lp.dtype)
             advantage = (

@@ -1,7 +1,8 @@
 """Branch requests: a tiny model learns on CPU to serve a request only a correct tool call can.
 
 See :mod:`.env` (the request, its repository, tools and verdict), :mod:`.source` (the task source
-and the held-out split) and :mod:`.start` (the tokenizer, chat template and format-only pretrained starting policy).
+and the held-out split) and :mod:`.start` (the tokenizer, chat template and
+format-only pretrained starting policy).
 """
 
 from .env import BRANCHES, PHRASES, VERBS, BranchEnv, BranchRepo, BranchTask, branch_tools, expected_state

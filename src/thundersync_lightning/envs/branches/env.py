@@ -1,4 +1,5 @@
-"""One branch-request episode: the request, the host-side repository, the three branch tools and the environment."""
+"""One branch-request episode: the request, the host-side repository,
+the three branch tools and the environment."""
 
 from __future__ import annotations
 

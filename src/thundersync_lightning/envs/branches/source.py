@@ -77,7 +77,8 @@ class BranchTasks:
         tokenizer_path: a local tokenizer whose chat template renders tools (e.g. the directory
             :mod:`.start` writes: tokenizer, template and a starting policy).
         max_turns: calls per episode (an error lets the model try again).
-        max_action_tokens: tokens per turn (a call and the end of turn take 10 with the tokenizer of :mod:`.start`).
+        max_action_tokens: tokens per turn (a call and the end of turn take 10 with
+            the tokenizer of :mod:`.start`).
         variants: tasks per (verb, branch) pair.
         holdout_every: the pair (v, b) is held out when ``(v + b) % holdout_every == 0``.
         chat_template / template_kwargs / tool_parser: as in :class:`~..chat.ChatRenderer` and

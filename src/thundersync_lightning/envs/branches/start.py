@@ -53,7 +53,8 @@ TEMPLATE = """\
 {%- if messages[0].role == 'system' %}{{- messages[0].content + '\\n\\n' }}{%- endif %}
 {{- '# Tools\\n<tools>' }}
 {%- for tool in tools %}{{- '\\n' + (tool | tojson) }}{%- endfor %}
-{{- '\\n</tools>\\nCall a tool: <tool_call>\\n{"name": <name>, "arguments": <args>}\\n</tool_call><|im_end|>\\n' }}
+{{- '\\n</tools>\\nCall a tool: <tool_call>\\n' }}
+{{- '{"name": <name>, "arguments": <args>}\\n</tool_call><|im_end|>\\n' }}
 {%- elif messages[0].role == 'system' %}
 {{- '<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}
 {%- endif %}

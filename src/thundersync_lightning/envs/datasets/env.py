@@ -1,4 +1,5 @@
-"""One episode over one dataset row: the task payload and the environment (single- or multi-turn, graded by the reward)."""
+"""One episode over one dataset row: the task payload and the environment
+(single- or multi-turn, graded by the reward)."""
 
 from __future__ import annotations
 

@@ -30,7 +30,8 @@ next batch; a fresh one per trajectory is the same to a class whose ``reset`` re
 
 Isolation: the instance lives in a worker process of its own (:mod:`..tools.workers`, confined by
 the source's ``worker_limits`` as tool workers are; the module :mod:`..tools._episode_host` holds
-it): ``reset``, each tool call and ``get_reward`` are calls into that process, each with a deadline (a tool call ``tool_timeout_s``; ``reset`` and
+it): ``reset``, each tool call and ``get_reward`` are calls into that process, each with a deadline (a tool
+call ``tool_timeout_s``; ``reset`` and
 ``get_reward`` the rewards' deadline) past which the process is killed: a tool call then answers
 ``[tool error]`` and the instance is gone for the rest of the episode (each later call says so),
 a ``reset`` past it fails the trajectory, a ``get_reward`` past it is a reward error. The process

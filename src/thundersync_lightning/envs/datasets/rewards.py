@@ -107,7 +107,8 @@ class _Bound:
 
 
 def resolve_reward(spec: str | Mapping[str, Any] | RewardFn) -> _Bound:
-    """A callable from a name, ``{name: ..., **kwargs}``, ``{function: "module:attr", **kwargs}`` or a callable."""
+    """A callable from a name, ``{name: ..., **kwargs}``,
+    ``{function: "module:attr", **kwargs}`` or a callable."""
     if callable(spec):
         return _Bound(spec, getattr(spec, "__name__", type(spec).__name__), {})
     if isinstance(spec, str):
@@ -248,7 +249,9 @@ def math_answer(
 #: process without it.
 _UNIT_TEST_RUNNER = """\
 import os, sys
-def _main(write=os.write, leave=os._exit, run=exec, build=compile, trace=sys.settrace, profile=sys.setprofile):
+def _main(
+    write=os.write, leave=os._exit, run=exec, build=compile, trace=sys.settrace, profile=sys.setprofile
+):
     nonce = bytearray(64)
     nonce[os.readv(0, [nonce]):] = b""
     null = os.open(os.devnull, os.O_RDONLY)

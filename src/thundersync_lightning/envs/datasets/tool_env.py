@@ -5,7 +5,8 @@ rendered with the tools' schemas by the model's chat template. Each turn, the ca
 makes run (:class:`~..tools.ToolConversation`: Python tools in worker processes of the episode's
 own, confined and with a deadline, stopped by :meth:`DatasetToolEnv.close`) and their results
 follow as ``tool`` messages; the first turn without a call is the answer and ends the episode
-(TRL's tool loop). With ``end_on_answer=False`` a turn without a call gets a reminder naming the tools and the episode goes on to ``max_turns``. The verdict is the weighted
+(TRL's tool loop). With ``end_on_answer=False`` a turn without a call gets a reminder naming the tools and the
+episode goes on to ``max_turns``. The verdict is the weighted
 reward of the answer (the last assistant turn's text, ``<think>`` included, special tokens not).
 A turn runs within the source's ``turn_budget`` (calls, deadline, characters and tokens). A TRL
 reward receives the episode as TRL's tool loop gives it: the assistant and ``tool`` messages after

@@ -24,27 +24,32 @@ class Seed:
 SEEDS: tuple[Seed, ...] = (
     Seed(
         "clamp",
-        "def clamp(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n    return x\n",
+        "def clamp(x, lo, hi):\n    if x < lo:\n        return lo\n    if x > hi:\n        return hi\n"
+        "    return x\n",
         ((5, 0, 10), (-3, 0, 10), (12, 0, 10), (0, 0, 10), (10, 0, 10), (7, 2, 4)),
     ),
     Seed(
         "sum_to",
-        "def sum_to(n):\n    total = 0\n    for i in range(1, n + 1):\n        total += i\n    return total\n",
+        "def sum_to(n):\n    total = 0\n    for i in range(1, n + 1):\n        total += i\n"
+        "    return total\n",
         ((0,), (1,), (4,), (10,), (7,), (3,)),
     ),
     Seed(
         "count_even",
-        "def count_even(xs):\n    n = 0\n    for x in xs:\n        if x % 2 == 0:\n            n += 1\n    return n\n",
+        "def count_even(xs):\n    n = 0\n    for x in xs:\n        if x % 2 == 0:\n            n += 1\n"
+        "    return n\n",
         (([1, 2, 3, 4],), ([],), ([2, 2, 5],), ([1, 3],), ([0, 7, 8, 10],), ([6],)),
     ),
     Seed(
         "max_of",
-        "def max_of(xs):\n    best = xs[0]\n    for x in xs[1:]:\n        if x > best:\n            best = x\n    return best\n",
+        "def max_of(xs):\n    best = xs[0]\n    for x in xs[1:]:\n        if x > best:\n"
+        "            best = x\n    return best\n",
         (([3, 1, 2],), ([1, 5, 4],), ([7],), ([-2, -5],), ([2, 9, 9, 1],), ([0, 3, 8],)),
     ),
     Seed(
         "min_of",
-        "def min_of(xs):\n    best = xs[0]\n    for x in xs[1:]:\n        if x < best:\n            best = x\n    return best\n",
+        "def min_of(xs):\n    best = xs[0]\n    for x in xs[1:]:\n        if x < best:\n"
+        "            best = x\n    return best\n",
         (([3, 1, 2],), ([1, 5, 4],), ([7],), ([-2, -5],), ([2, 9, 0, 1],), ([4, 3, 8],)),
     ),
     Seed(
@@ -54,7 +59,8 @@ SEEDS: tuple[Seed, ...] = (
     ),
     Seed(
         "is_sorted",
-        "def is_sorted(xs):\n    for i in range(len(xs) - 1):\n        if xs[i] > xs[i + 1]:\n            return False\n    return True\n",
+        "def is_sorted(xs):\n    for i in range(len(xs) - 1):\n        if xs[i] > xs[i + 1]:\n"
+        "            return False\n    return True\n",
         (([1, 2, 3],), ([3, 1],), ([],), ([2, 2, 3],), ([1, 3, 2],), ([5],)),
     ),
     Seed(
@@ -69,7 +75,8 @@ SEEDS: tuple[Seed, ...] = (
     ),
     Seed(
         "last_index",
-        "def last_index(xs, v):\n    found = -1\n    for i in range(len(xs)):\n        if xs[i] == v:\n            found = i\n    return found\n",
+        "def last_index(xs, v):\n    found = -1\n    for i in range(len(xs)):\n        if xs[i] == v:\n"
+        "            found = i\n    return found\n",
         (([1, 2, 1], 1), ([1, 2, 3], 4), ([5], 5), ([], 1), ([2, 2, 2], 2), ([3, 4, 5], 3)),
     ),
     Seed(
@@ -84,17 +91,21 @@ SEEDS: tuple[Seed, ...] = (
     ),
     Seed(
         "count_above",
-        "def count_above(xs, t):\n    c = 0\n    for x in xs:\n        if x > t:\n            c += 1\n    return c\n",
+        "def count_above(xs, t):\n    c = 0\n    for x in xs:\n        if x > t:\n            c += 1\n"
+        "    return c\n",
         (([1, 5, 3], 2), ([], 0), ([4, 4], 4), ([9, 1, 7], 5), ([0, -1], -2), ([2, 3], 3)),
     ),
     Seed(
         "running_max",
-        "def running_max(xs):\n    out = []\n    for i in range(len(xs)):\n        if i == 0 or xs[i] > out[-1]:\n            out.append(xs[i])\n        else:\n            out.append(out[-1])\n    return out\n",
+        "def running_max(xs):\n    out = []\n    for i in range(len(xs)):\n"
+        "        if i == 0 or xs[i] > out[-1]:\n            out.append(xs[i])\n        else:\n"
+        "            out.append(out[-1])\n    return out\n",
         (([1, 3, 2],), ([],), ([5, 4, 6],), ([2, 2],), ([0, 9, 1, 10],), ([7],)),
     ),
     Seed(
         "middle",
-        "def middle(a, b, c):\n    if a <= b <= c or c <= b <= a:\n        return b\n    if b <= a <= c or c <= a <= b:\n        return a\n    return c\n",
+        "def middle(a, b, c):\n    if a <= b <= c or c <= b <= a:\n        return b\n"
+        "    if b <= a <= c or c <= a <= b:\n        return a\n    return c\n",
         ((1, 2, 3), (3, 1, 2), (2, 3, 1), (5, 5, 1), (0, 9, 4), (7, 3, 5)),
     ),
     Seed(
@@ -104,7 +115,8 @@ SEEDS: tuple[Seed, ...] = (
     ),
     Seed(
         "range_sum",
-        "def range_sum(xs, lo, hi):\n    s = 0\n    for i in range(lo, hi):\n        s += xs[i]\n    return s\n",
+        "def range_sum(xs, lo, hi):\n    s = 0\n    for i in range(lo, hi):\n        s += xs[i]\n"
+        "    return s\n",
         (
             ([1, 2, 3, 4], 1, 3),
             ([5, 6], 0, 2),
@@ -141,7 +153,8 @@ SEEDS: tuple[Seed, ...] = (
     ),
     Seed(
         "pairs_equal",
-        "def pairs_equal(xs):\n    c = 0\n    for i in range(len(xs) - 1):\n        if xs[i] == xs[i + 1]:\n            c += 1\n    return c\n",
+        "def pairs_equal(xs):\n    c = 0\n    for i in range(len(xs) - 1):\n        if xs[i] == xs[i + 1]:\n"
+        "            c += 1\n    return c\n",
         (([1, 1, 2],), ([],), ([3, 3, 3],), ([1, 2, 1],), ([5, 5, 6, 6],), ([4],)),
     ),
     Seed(

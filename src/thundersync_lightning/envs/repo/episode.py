@@ -3,7 +3,8 @@
 Actions come in one of two formats: ``text`` (the action language of :mod:`.actions`, any codec)
 or ``tools`` (native tool calls through the model's chat template: a
 :class:`~..tools.ToolConversation` over the tools of :mod:`.tools`). Works over any
-:class:`Workspace` (a local task in bubblewrap, a SWE-bench instance in a container). ``verdict`` extracts the agent's diff, drops changes to protected (test) files, and
+:class:`Workspace` (a local task in bubblewrap, a SWE-bench instance in a container). ``verdict`` extracts the
+agent's diff, drops changes to protected (test) files, and
 grades the rest on a fresh copy of the original repository; an empty patch is reward 0.
 """
 

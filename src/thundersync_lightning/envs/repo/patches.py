@@ -151,7 +151,8 @@ def capture_command(base: str, workdir: str = "/testbed", git_dir: str = BASE_GI
         f"GIT_CONFIG_NOSYSTEM=1 GIT_CONFIG_GLOBAL=/dev/null GIT_ATTR_NOSYSTEM=1 HOME=/nonexistent "
         f"XDG_CONFIG_HOME=/nonexistent GIT_DIR={q(git_dir)} GIT_WORK_TREE={q(workdir)} "
         "GIT_INDEX_FILE=/tmp/tsl-index GIT_OBJECT_DIRECTORY=/tmp/tsl-objects "
-        f"GIT_ALTERNATE_OBJECT_DIRECTORIES={q(git_dir + '/objects')} GIT_TERMINAL_PROMPT=0 GIT_OPTIONAL_LOCKS=0"
+        f"GIT_ALTERNATE_OBJECT_DIRECTORIES={q(git_dir + '/objects')} "
+        "GIT_TERMINAL_PROMPT=0 GIT_OPTIONAL_LOCKS=0"
     )
     git = f"env -i PATH=/usr/bin:/bin LC_ALL=C {env} git {config}"
     return (

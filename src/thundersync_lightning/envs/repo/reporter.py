@@ -11,7 +11,8 @@ Line format, with ``K`` the run's key (the reporter never writes it anywhere):
                                       mac_i = HMAC-SHA256(K, f"{i}\\0{KIND}\\0{rest}")[:32]
 
 for the i-th tagged line (i = 0, 1, ... in output order). KIND is a status (PASSED, FAILED, ERROR,
-SKIPPED, XFAIL, XPASS: a non-strict expected failure that passed) with ``rest`` the node id as ``pytest -rA`` prints it, TAMPERED (``rest``: what was
+SKIPPED, XFAIL, XPASS: a non-strict expected failure that passed) with ``rest`` the node id as ``pytest -rA``
+prints it, TAMPERED (``rest``: what was
 patched), and last END with ``rest`` = "<count> <exit status>". Without K no line can be made,
 changed, moved or dropped unnoticed: each MAC binds its line's position, END binds the count, and
 results after END are refused. So lines forged by the code under test (printed, or swapped for the

@@ -227,7 +227,8 @@ class BwrapSandbox:
             missing = ", ".join(support.missing)
             msg = (
                 f"sandbox cgroup limits not enforced for: {missing} ({support.describe_missing()}); "
-                "falling back to per-process rlimits (RLIMIT_AS per process, RLIMIT_NPROC per uid, no CPU cap)"
+                "falling back to per-process rlimits (RLIMIT_AS per process, "
+                "RLIMIT_NPROC per uid, no CPU cap)"
             )
             if self.config.require_kernel_limits:
                 raise SandboxError(msg)

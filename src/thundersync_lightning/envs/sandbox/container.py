@@ -56,8 +56,8 @@ _REMOTE_RM_S = 30.0  # a host that went away answers no rm: the reaper keeps the
 @dataclass(frozen=True, slots=True)
 class ContainerConfig:
     """``engine``: "podman", "docker" or "auto" (podman first). ``runtime``: podman OCI runtime
-    ("" = podman's default; "auto" = runc when installed: crun fails where it cannot manage the host's cgroups).
-    ``url``: a podman service on a sandbox host (``unix://``, ``ssh://``, ``tcp://``); None takes
+    ("" = podman's default; "auto" = runc when installed: crun fails where it cannot manage the host's
+    cgroups). ``url``: a podman service on a sandbox host (``unix://``, ``ssh://``, ``tcp://``); None takes
     ``CONTAINER_HOST`` from the environment when set (podman itself turns remote then)."""
 
     engine: str = "auto"

@@ -181,7 +181,8 @@ ALLOWED_FAMILIES: dict[str, int] = {"AF_UNIX": 1, "AF_INET": 2, "AF_INET6": 10}
 # madvise(2): its third argument is checked against DENIED_ADVICE (they push file pages out of the cache).
 _MADVISE = {"x86_64": 28, "aarch64": 233}
 DENIED_ADVICE: dict[str, int] = {"MADV_COLD": 20, "MADV_PAGEOUT": 21}
-# preadv2(2), pwritev2(2): ENOSYS (their RWF_NOWAIT flag probes the page cache; glibc falls back without flags).
+# preadv2(2), pwritev2(2): ENOSYS (their RWF_NOWAIT flag probes the page cache;
+# glibc falls back without flags).
 _ENOSYS_CALLS = {"x86_64": (327, 328), "aarch64": (286, 287)}
 
 _AUDIT_ARCH = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}

@@ -177,13 +177,17 @@ __tsl_test_start() {
 __tsl_test_end() {
   { __tsl_flags=$-; set +x; } 2>/dev/null
   kill -s KILL -- -1 2>/dev/null
-  if [ -n "${__tsl_pycache_was+x}" ]; then export PYTHONPYCACHEPREFIX="$__tsl_pycache_was"; else unset PYTHONPYCACHEPREFIX; fi
+  if [ -n "${__tsl_pycache_was+x}" ]; then export PYTHONPYCACHEPREFIX="$__tsl_pycache_was"
+  else unset PYTHONPYCACHEPREFIX; fi
   if [ -n "${@FD_ENV@+x}" ]; then
     exec @FD@<&-
     unset @FD_ENV@
-    if [ -n "${TSL_ORIG_PYTEST_ADDOPTS+x}" ]; then export PYTEST_ADDOPTS="$TSL_ORIG_PYTEST_ADDOPTS"; else unset PYTEST_ADDOPTS; fi
-    if [ -n "${TSL_ORIG_PYTHONPATH+x}" ]; then export PYTHONPATH="$TSL_ORIG_PYTHONPATH"; else unset PYTHONPATH; fi
-    if [ -n "${TSL_ORIG_PYTHONNOUSERSITE+x}" ]; then export PYTHONNOUSERSITE="$TSL_ORIG_PYTHONNOUSERSITE"; else unset PYTHONNOUSERSITE; fi
+    if [ -n "${TSL_ORIG_PYTEST_ADDOPTS+x}" ]; then export PYTEST_ADDOPTS="$TSL_ORIG_PYTEST_ADDOPTS"
+    else unset PYTEST_ADDOPTS; fi
+    if [ -n "${TSL_ORIG_PYTHONPATH+x}" ]; then export PYTHONPATH="$TSL_ORIG_PYTHONPATH"
+    else unset PYTHONPATH; fi
+    if [ -n "${TSL_ORIG_PYTHONNOUSERSITE+x}" ]; then export PYTHONNOUSERSITE="$TSL_ORIG_PYTHONNOUSERSITE"
+    else unset PYTHONNOUSERSITE; fi
     unset TSL_ORIG_PYTEST_ADDOPTS TSL_ORIG_PYTHONPATH TSL_ORIG_PYTHONNOUSERSITE
   fi
   printf '%s\n' "$__tsl_end"

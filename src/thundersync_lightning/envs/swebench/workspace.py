@@ -1,4 +1,5 @@
-"""One SWE-bench episode's workspace: the instance's image in a container sandbox, its /testbed copy, the agent's tools and the graded eval run."""
+"""One SWE-bench episode's workspace: the instance's image in a container sandbox, its /testbed copy, the
+agent's tools and the graded eval run."""
 
 from __future__ import annotations
 

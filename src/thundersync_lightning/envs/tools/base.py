@@ -74,5 +74,8 @@ def check_arguments(schema: Mapping[str, Any], value: Any, where: str = "argumen
     message = error.message
     if len(message) > 200:
         size = f" of {len(error.instance)}" if isinstance(error.instance, (str, list, dict)) else ""
-        message = f"the {type(error.instance).__name__}{size} fails {error.validator}: {error.validator_value!r:.120}"
+        message = (
+            f"the {type(error.instance).__name__}{size} fails {error.validator}: "
+            f"{error.validator_value!r:.120}"
+        )
     return f"{at}: {message}"

@@ -26,7 +26,8 @@ Bound read-only: the interpreter (``sys.prefix``, ``sys.base_prefix`` and the ex
 package's worker script, and every directory (or zip) of the caller's ``sys.path`` but a
 top-level or kernel one (``/``, ``/tmp``, ``/proc``, ...: it would show the host; named in a
 warning). The binds are fixed when a worker starts; a call whose ``sys.path`` holds a directory the
-worker lacks gets a new worker. Nothing else of the host is visible; nothing is writable but the worker's private /tmp.
+worker lacks gets a new worker. Nothing else of the host is visible; nothing is writable
+but the worker's private /tmp.
 
 With ``sandbox="rlimits"``, and as the fallback where bubblewrap cannot run (not installed, or the
 engine is not root so it cannot give the worker a uid of its own), the worker is a plain process
@@ -223,9 +224,9 @@ def _binds(paths: Iterable[str]) -> tuple[str, ...]:
             continue
         if not _readable(path):
             _warn_once(
-                f"confined tool and reward workers cannot read {path} (mode {os.stat(path).st_mode & 0o777:o}; "
-                "they run as a uid of their own): modules there cannot be imported by them. Fix: chmod "
-                f"o+rx {path} (o+r for its files)"
+                f"confined tool and reward workers cannot read {path} (mode "
+                f"{os.stat(path).st_mode & 0o777:o}; they run as a uid of their own): modules there cannot "
+                f"be imported by them. Fix: chmod o+rx {path} (o+r for its files)"
             )
             continue
         kept.append(path)

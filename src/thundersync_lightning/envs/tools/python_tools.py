@@ -194,9 +194,10 @@ def _schema_of(fn: Any, path: str) -> tuple[dict[str, Any], str]:
         schema = get_json_schema(fn)["function"]
     except Exception as exc:  # noqa: BLE001 - transformers raises its own parsing exceptions
         raise ConfigError(
-            f"tool {path!r}: no JSON schema from its signature ({type(exc).__name__}: {exc}).\n  Fix: give every "
-            "argument a type hint and describe it under 'Args:' in a Google-style docstring, or write the schema: "
-            f"{{function: {path}, parameters: {{type: object, properties: {{...}}}}}}"
+            f"tool {path!r}: no JSON schema from its signature ({type(exc).__name__}: {exc}).\n"
+            "  Fix: give every argument a type hint and describe it under 'Args:' in a Google-style "
+            f"docstring, or write the schema: {{function: {path}, parameters: {{type: "
+            f"object, properties: {{...}}}}}}"
         ) from None
     return dict(schema.get("parameters", {"type": "object", "properties": {}})), str(
         schema.get("description", "")

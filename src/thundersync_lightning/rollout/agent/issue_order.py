@@ -70,8 +70,8 @@ class IssueOrder:
             if not self._idle.wait_for(lambda: self._generating == 0, timeout=self._timeout_s):
                 raise EngineError(
                     f"publish of version {version}: earlier requests still generating after "
-                    f"event_timeout_s={self._timeout_s:g} s (the engine or an environment hangs); nothing was "
-                    "loaded. Shut this engine down and build a new one."
+                    f"event_timeout_s={self._timeout_s:g} s (the engine or an environment hangs); nothing "
+                    "was loaded. Shut this engine down and build a new one."
                 )
 
     def _serve(
@@ -92,8 +92,9 @@ class IssueOrder:
                 item = events.get(timeout=self._timeout_s)
             except queue.Empty:
                 raise EngineError(
-                    f"no rollout event for {self._timeout_s:g} s in step {step} ({seen}/{expected} received): an "
-                    f"environment or the engine hangs. Fix it, or raise {self._owner}.event_timeout_s."
+                    f"no rollout event for {self._timeout_s:g} s in step {step} ({seen}/{expected} "
+                    "received): an environment or the engine hangs. Fix it, or raise "
+                    f"{self._owner}.event_timeout_s."
                 ) from None
             if isinstance(item, _Crash):
                 raise EngineError(f"the rollout of step {step} failed: {item.error}") from item.error

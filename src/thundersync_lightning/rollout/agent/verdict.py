@@ -56,7 +56,8 @@ def check_verdict(value: Any) -> tuple[float, str | None]:
 
 
 def reward_parts(value: Any) -> tuple[tuple[str, float], ...]:
-    """The named rewards of a :class:`~thundersync_lightning.core.types.WeightedReward` verdict (else none)."""
+    """The named rewards of a :class:`~thundersync_lightning.core.types.WeightedReward` verdict (else
+    none)."""
     return value.parts if isinstance(value, WeightedReward) else ()
 
 

@@ -107,7 +107,8 @@ class VLLMEngineConfig(EventLimits):
             problems += inapplicable(self, ("teacher_engine_kwargs",), "without a teacher")
         if not self.temperature > 0:
             problems.append(
-                f"temperature must be > 0 (got {self.temperature}); greedy decoding has no logprobs to train on"
+                f"temperature must be > 0 (got {self.temperature}); greedy "
+                "decoding has no logprobs to train on"
             )
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             problems.append("kv_cache_memory_bytes must be positive (or null on GPU)")
@@ -124,7 +125,8 @@ class VLLMEngineConfig(EventLimits):
             problems.append(f"weight_sync_bucket_bytes must be >= 1, got {self.weight_sync_bucket_bytes}")
         if self.weight_sync == "direct" and self.multiprocessing:
             problems.append(
-                "weight_sync='direct' needs multiprocessing=False; use weight_sync='file' with worker processes"
+                "weight_sync='direct' needs multiprocessing=False; use "
+                "weight_sync='file' with worker processes"
             )
         for name in ("max_num_seqs", "tensor_parallel_size", "env_workers"):
             if getattr(self, name) < 1:
@@ -184,8 +186,8 @@ class VLLMEngineConfig(EventLimits):
             exclusive_in_process=None
             if self.multiprocessing
             else (
-                "VLLMEngineConfig(multiprocessing=False) runs inside the learner's process, and vLLM keeps one "
-                "in-process engine per process: set multiprocessing: true and weight_sync: file"
+                "VLLMEngineConfig(multiprocessing=False) runs inside the learner's process, and vLLM keeps "
+                "one in-process engine per process: set multiprocessing: true and weight_sync: file"
             ),
         )
 

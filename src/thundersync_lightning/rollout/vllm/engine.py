@@ -333,9 +333,9 @@ class VLLMEngine:
             self.weight_sync = resolve_weight_sync(self.config, learner, devices, torch.cuda.is_available())
         elif learner and self.config.multiprocessing and "device_ids" not in self.config.engine_kwargs:
             log.warning(
-                "this learner rank trains on cuda:%d but its vLLM workers take the first visible GPU (this vLLM "
-                "has no device_ids, or tensor_parallel_size > 1): set engine_kwargs.device_ids, or give each "
-                "rank its own CUDA_VISIBLE_DEVICES",
+                "this learner rank trains on cuda:%d but its vLLM workers take the first visible GPU (this "
+                "vLLM has no device_ids, or tensor_parallel_size > 1): set engine_kwargs.device_ids, or give "
+                "each rank its own CUDA_VISIBLE_DEVICES",
                 learner,
             )
         kwargs.update(self.config.engine_kwargs)

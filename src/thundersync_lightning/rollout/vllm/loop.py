@@ -155,8 +155,8 @@ class StepLoop(Generic[Req, Res]):
         self._ready.set_result(llm)
         processes = core_processes(llm)
         if processes:
-            threading.Thread(target=self._watch_core, args=(llm, processes), name=f"{self._thread.name}-core-watch",
-                             daemon=True).start()  # fmt: skip
+            threading.Thread(target=self._watch_core, args=(llm, processes),
+                             name=f"{self._thread.name}-core-watch", daemon=True).start()  # fmt: skip
         engine = llm.llm_engine
         inflight: dict[str, tuple[_Batch, int]] = {}
         backlog: deque[tuple[str, Any, Future[Any]]] = deque()
@@ -288,7 +288,8 @@ class _LiveEngines:
             self._count += 1
 
     def closed(self) -> bool | None:
-        """Count one engine down; None while others live, else whether vLLM created torch.distributed's group."""
+        """Count one engine down; None while others live,
+        else whether vLLM created torch.distributed's group."""
         with self._lock:
             self._count -= 1
             return None if self._count > 0 else self._owns_torch_distributed
@@ -330,7 +331,8 @@ def core_processes(llm: Any) -> list[Any]:
 
 
 def open_llm(make: Callable[[], T]) -> T:
-    """``make()`` (builds a ``vllm.LLM``), counted among this process's live engines; stop it with :func:`close_llm`."""
+    """``make()`` (builds a ``vllm.LLM``), counted among this process's live engines;
+    stop it with :func:`close_llm`."""
     _LIVE.opening()
     try:
         return make()

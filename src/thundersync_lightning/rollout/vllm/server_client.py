@@ -117,8 +117,8 @@ class ServerClient:
             raise
         except EngineError as exc:
             raise EngineError(
-                f"the vLLM server at {self.url} has no dev routes ({exc}): start it with VLLM_SERVER_DEV_MODE=1 "
-                "(weights reach it through /collective_rpc)"
+                f"the vLLM server at {self.url} has no dev routes ({exc}): start it with "
+                "VLLM_SERVER_DEV_MODE=1 (weights reach it through /collective_rpc)"
             ) from exc
         model, parallel = config["model_config"], config["parallel_config"]
         found = {
@@ -157,7 +157,8 @@ class ServerClient:
         span of them (vLLM's ``weight_versions``; one label when no reload happened meanwhile)."""
         params: dict[str, Any] = {
             "n": 1, "temperature": temperature, "seed": req.seed, "max_tokens": req.max_new_tokens,
-            "logprobs": 0, "detokenize": False, "ignore_eos": True,  # only the task's stop token ends an action
+            # ignore_eos: only the task's stop token ends an action
+            "logprobs": 0, "detokenize": False, "ignore_eos": True,
             "stop_token_ids": [] if req.stop_token is None else [req.stop_token],
         }  # fmt: skip
         body = {"token_ids": list(req.prefix), "sampling_params": params, "output_mode": "tokens"}

@@ -23,9 +23,9 @@ Faults: a server that cannot be reached at start is a set-up error naming its UR
 dies mid-step has its unanswered requests rerun on the others, exactly (the fleet's docstring);
 it rejoins at the next publish if it answers again by then. When every server is gone,
 ``restart_wait_s`` > 0 waits for one to be restarted, loads the latest publish into it again and
-reruns the lost requests there (exact too: the same weights under the same version). A publish that fails half-way leaves
-the servers labelled ``partial-<version>`` and this engine refusing to generate until a complete
-publish succeeds. No wait is unbounded (``request_timeout_s``, ``event_timeout_s``).
+reruns the lost requests there (exact too: the same weights under the same version). A publish that fails
+half-way leaves the servers labelled ``partial-<version>`` and this engine refusing to generate until a
+complete publish succeeds. No wait is unbounded (``request_timeout_s``, ``event_timeout_s``).
 """
 
 from __future__ import annotations
@@ -60,7 +60,8 @@ log = logging.getLogger(__name__)
 
 
 class VLLMServerEngine:
-    """Rollout engine over vLLM servers; see the module docstring. Build with ``VLLMServerEngineConfig.build``.
+    """Rollout engine over vLLM servers; see the module docstring. Build with
+    ``VLLMServerEngineConfig.build``.
 
     Public state: ``version`` (-1 until the first publish), ``last_publish_seconds``,
     ``publish_count``, ``max_model_len`` (the config's, else the smallest of the servers'), ``urls``

@@ -122,9 +122,8 @@ class ServerFleet:
             while waiting or running:
                 for index in waiting:
                     server = self._pick()
-                    running[server.pool.submit(server.client.generate, requests[index], self._temperature)] = (
-                        index, server, server.incarnation,
-                    )  # fmt: skip
+                    future = server.pool.submit(server.client.generate, requests[index], self._temperature)
+                    running[future] = (index, server, server.incarnation)
                 waiting = []
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in done:
@@ -143,8 +142,8 @@ class ServerFleet:
                         raise StaleResponse(
                             f"the vLLM server at {server.client.url} answered with tokens sampled by weights "
                             f"labelled {labels}, but this request was issued at weight version {label}: "
-                            "refused (its logprobs are not the policy's, staleness would not be 0). Only this "
-                            "learner may update the servers' weights."
+                            "refused (its logprobs are not the policy's, staleness would not be 0). Only "
+                            "this learner may update the servers' weights."
                         )
                     results[index] = generation
                     with self._lock:
@@ -160,7 +159,8 @@ class ServerFleet:
             server.client.close()
 
     def require_live(self) -> list[ServerClient]:
-        """The live servers; raises :class:`EngineError` naming every server and why it was dropped if none is."""
+        """The live servers;
+        raises :class:`EngineError` naming every server and why it was dropped if none is."""
         with self._lock:
             return [s.client for s in self._live()]
 

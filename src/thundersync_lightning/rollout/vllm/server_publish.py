@@ -75,7 +75,8 @@ class FleetPublish:
     def publish(
         self, servers: Sequence[tuple[ServerClient, int]], weights: Mapping[str, Tensor], version: int
     ) -> None:
-        """Load ``weights`` into every worker of ``servers`` ((client, workers) pairs) and label them ``version``."""
+        """Load ``weights`` into every worker of ``servers``
+        ((client, workers) pairs) and label them ``version``."""
         members = tuple(servers)
         try:
             if self._sender is None or members != self._members:

@@ -29,7 +29,8 @@ CallLLM = Callable[[Callable[[Any], Any]], Any]  # run fn(llm) on the step loop,
 
 
 class StreamedPublish:
-    """Bucketed publishes into one engine's workers; ``call`` runs a function of the ``LLM`` on its step loop."""
+    """Bucketed publishes into one engine's workers;
+    ``call`` runs a function of the ``LLM`` on its step loop."""
 
     def __init__(
         self, transport: Transport, workers: int, timeout_s: float, bucket_bytes: int, call: CallLLM

@@ -84,7 +84,8 @@ def _score_request(tokens: Sequence[int]) -> tuple[Sequence[int], Any]:
 
 
 class VLLMTeacher:
-    """A teacher vLLM engine on its own step loop; call it on a finished trajectory (see the module docstring).
+    """A teacher vLLM engine on its own step loop; call it on a finished
+    trajectory (see the module docstring).
 
     Args:
         config: where the teacher comes from (the embedded engine's :class:`~.teacher.TeacherConfig`).

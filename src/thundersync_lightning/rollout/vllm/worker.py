@@ -90,7 +90,8 @@ class WeightSyncExtension:
         return self._thundersync_receive(_unpickle(info, PublishInfo))
 
     def thundersync_receive_json(self, info: str) -> int:
-        """:meth:`thundersync_receive` for a server reached over HTTP (:func:`~..weights.transport.publish_to_json`)."""
+        """:meth:`thundersync_receive` for a server reached over HTTP
+        (:func:`~..weights.transport.publish_to_json`)."""
         return self._thundersync_receive(publish_from_json(info))
 
     def thundersync_scale_logits(self, factor: float) -> int:

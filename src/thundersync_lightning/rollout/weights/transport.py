@@ -194,7 +194,8 @@ def publish_to_json(info: PublishInfo) -> str:
         raise ValueError("an ipc publish (a shared-buffer handle) does not cross the network")
     return json.dumps([
         {"nbytes": b.nbytes,
-         "slots": [[s.name, str(s.dtype).removeprefix("torch."), list(s.shape), s.offset, s.nbytes] for s in b.slots]}
+         "slots": [[s.name, str(s.dtype).removeprefix("torch."), list(s.shape), s.offset, s.nbytes]
+                   for s in b.slots]}
         for b in info.buckets
     ])  # fmt: skip
 

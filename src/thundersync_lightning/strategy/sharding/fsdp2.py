@@ -148,9 +148,10 @@ class FSDP2(Layout):
         moved += [n for n, s in self._shards.items() if s.to_local()._version != self._shard_versions.get(n)]
         if moved:
             raise PolicyChangedError(
-                f"sharding='fsdp2': {len(moved)} parameter(s) ({moved[:5]}) were resharded or updated during the "
-                "step; the gathered weights the trajectories were differentiated at are no longer the policy's. "
-                "Do not call reshard(), state_dict() or the optimizer between the first event and the barrier."
+                f"sharding='fsdp2': {len(moved)} parameter(s) ({moved[:5]}) were resharded or updated during "
+                "the step; the gathered weights the trajectories were differentiated at are no longer the "
+                "policy's. Do not call reshard(), state_dict() or the optimizer between "
+                "the first event and the barrier."
             )
 
     def reduce_gradients(self, module: nn.Module) -> None:

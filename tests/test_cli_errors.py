@@ -136,6 +136,15 @@ def test_the_dataset_recipe_with_the_toy_vocabulary_is_refused_at_set_up_naming_
 
 
 @pytest.mark.slow
+def test_an_old_configs_policy_temperature_that_differs_from_the_engines_is_refused_naming_both(tmp_path):
+    proc = run_cli(tmp_path, "--model.temperature=1.5", "--trainer.max_steps=1")
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert "GRPOPolicy(temperature=1.5) (model.temperature in a config)" in proc.stderr
+    assert "EmbeddedEngineConfig(temperature=1.0) differ" in proc.stderr
+
+
+@pytest.mark.slow
 def test_a_fit_of_zero_steps_is_refused_instead_of_writing_an_empty_run(tmp_path):
     proc = run_cli(tmp_path, "--trainer.max_steps=0")
     assert proc.returncode == 2 and "max_steps=0: this fit would run no step" in proc.stderr

@@ -19,7 +19,7 @@ import thundersync_lightning
 from thundersync_lightning.callbacks import default_callbacks
 from thundersync_lightning.modules import RolloutDataModule
 from thundersync_lightning.rollout import EmbeddedEngineConfig
-from thundersync_lightning.core.contract import check_module, check_tasks
+from thundersync_lightning.core import check_module, check_tasks
 from my_policy import MinimalPolicy
 from my_task import AddOneTasks
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import thundersync_lightning
 
+PACKAGE = Path(thundersync_lightning.__file__).parent
 TOP = ("core", "planning", "backends", "strategy", "rollout", "envs", "modules", "callbacks")
 
 
@@ -61,3 +63,30 @@ def test_a_task_source_imported_from_envs_loads_its_family_only():
     families = {p.name for p in envs.iterdir() if (p / "source.py").is_file()}  # the rest: the toolkit
     assert "toy" in families
     assert not [m for m in loaded if m.split(".")[2] in families - {"toy"}], loaded
+
+
+def test_no_package_exports_through_a_star_import_and_the_core_names_every_error():
+    from thundersync_lightning import core
+    from thundersync_lightning.core import errors
+
+    starred = [
+        str(init.relative_to(PACKAGE))
+        for init in PACKAGE.rglob("__init__.py")
+        if re.search(r"^\s*from \S+ import \*", init.read_text(), re.M)
+    ]
+    assert starred == []
+    assert set(errors.__all__) <= set(core.__all__)
+
+
+def test_every_code_example_of_the_docs_imports_from_a_package_not_a_module_inside_one():
+    """A module moved behind its package's ``__all__`` then breaks no user who copied an example."""
+    root = PACKAGE.parents[1]
+    docs = [root / "README.md", root / "benchmarks" / "README.md", *(root / "docs").glob("*.md")]
+    imported = re.compile(r"^\s*from (thundersync_lightning[\w.]*) import", re.M)
+    deep = [
+        f"{doc.relative_to(root)}: {name}"
+        for doc in docs
+        for name in imported.findall(doc.read_text())
+        if not (PACKAGE.parent / name.replace(".", "/") / "__init__.py").exists()
+    ]
+    assert deep == []

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from thundersync_lightning.core import ConfigError, HeldGradientLimitError, StreamingGRPO
+from thundersync_lightning.core import AccumulatorBounds, ConfigError, HeldGradientLimitError, StreamingGRPO
 
 from .helpers import Batch, MLPPolicy, clear_grads, grads_of, reference_gradient, relative_error
 
@@ -107,3 +107,13 @@ def test_a_caller_that_retries_refused_scores_after_their_reward_gets_the_exact_
     assert max(held) <= bound and report.peak_held_trajectories == max(held)
     assert report.peak_held_bytes == max(held) * buffer_bytes(params)
     assert relative_error(grads_of(params), reference_gradient(params, batch, policy.score)) <= 1e-12
+
+
+def test_the_bounds_are_one_object_checked_where_it_is_made_and_taken_whole_by_the_accumulator(policy):
+    params = list(policy.parameters())
+    with pytest.raises(ConfigError, match="max_open_groups must be >= 1.*max_held_trajectories must be >= 0"):
+        AccumulatorBounds(max_open_groups=0, max_held_trajectories=-1)
+    acc = StreamingGRPO(params, bounds=AccumulatorBounds(max_open_groups=2, max_held_trajectories=0))
+    assert (acc.max_open_groups, acc.max_held_trajectories) == (2, 0)
+    with pytest.raises(ConfigError, match="give bounds or its shorthands"):
+        StreamingGRPO(params, bounds=AccumulatorBounds(max_open_groups=2), max_open_groups=3)

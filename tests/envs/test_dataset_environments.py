@@ -13,6 +13,7 @@ import pytest
 from thundersync_lightning.core.errors import ConfigError
 from thundersync_lightning.core.types import ContentReady, GroupRequest, RewardReady, RolloutRequest
 from thundersync_lightning.envs.datasets import DatasetTasks
+from thundersync_lightning.envs.datasets.rewards import REWARD_TIMEOUT_S
 from thundersync_lightning.envs.tools import InThreadToolHandler, PythonToolHandler, ToolWorkers
 from thundersync_lightning.rollout.agent.env_pool import EnvPool
 from thundersync_lightning.rollout.agent.loop import AgentLoop, Generation
@@ -264,6 +265,18 @@ def test_a_method_past_its_deadline_is_stopped_and_the_instance_is_gone_for_the_
     )
     env.close()
     assert env.episode.host is None
+
+
+def test_the_sources_call_limits_reach_each_episode_as_the_one_object_it_made(envs) -> None:
+    tasks = tasks_with([{"prompt": "Count.", "answer": "1"}], environment_factory=envs.Counter, reward=None)
+    env = tasks.make_env(tasks.rows[0], 0)
+    try:
+        assert env.episode.limits is tasks.episode_limits
+        limits = tasks.episode_limits
+        assert (limits.tool_timeout_s, limits.timeout_s) == (1.0, REWARD_TIMEOUT_S)
+        assert limits.workers is tasks.worker_limits
+    finally:
+        env.close()
 
 
 def test_a_class_no_worker_can_import_runs_in_a_thread_under_the_same_deadlines(envs) -> None:

@@ -292,3 +292,12 @@ def test_a_code_tasks_turn_stays_within_its_observation_bytes(fmt):
                 assert len(obs) <= 512 + OBSERVATION_FRAME_BYTES  # before: U+FFFD tripled the bytes
     finally:
         env.close()
+
+
+def test_a_code_turns_deadline_and_one_command_fit_in_the_engines_step_timeout_by_default():
+    from thundersync_lightning.core.protocols import STEP_TIMEOUT_S
+    from thundersync_lightning.envs.code.workspace import COMMAND_TIMEOUT_S
+    from thundersync_lightning.envs.tools import TurnBudget
+
+    # the last call of a turn may start at its deadline and then run one command's timeout
+    assert TurnBudget().deadline_s + COMMAND_TIMEOUT_S < STEP_TIMEOUT_S

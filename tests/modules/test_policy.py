@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from thundersync_lightning.core import EngineSampling
 from thundersync_lightning.core.errors import ConfigError
 from thundersync_lightning.core.types import Segment, Trajectory
 from thundersync_lightning.modules import GRPOPolicy, LoraSettings
@@ -49,6 +50,18 @@ def test_the_score_uses_the_sampling_temperature():
     policy = GRPOPolicy(config=TOY_MODEL, temperature=0.7)
     t = _trajectory([14], [Segment((3, 4, 5), True)])
     assert abs(float(policy.trajectory_logprobs([t])[0]) - _manual_score(policy, t, 0.7)) < 1e-5
+
+
+def test_the_score_uses_the_engines_sampling_temperature_unless_the_policy_names_one():
+    torch.manual_seed(0)
+    policy = GRPOPolicy(config=TOY_MODEL)
+    t = _trajectory([14], [Segment((3, 4, 5), True)])
+    assert policy.temperature == 1.0  # no engine seen yet
+    policy.use_engine_sampling(EngineSampling(temperature=0.7))
+    assert abs(float(policy.trajectory_logprobs([t])[0]) - _manual_score(policy, t, 0.7)) < 1e-5
+    named = GRPOPolicy(config=TOY_MODEL, temperature=1.3)
+    named.use_engine_sampling(EngineSampling(temperature=0.7))
+    assert named.temperature == 1.3  # set-up refuses or warns about the pair (strategy/objective_checks.py)
 
 
 def test_padding_in_a_batch_does_not_change_any_score():

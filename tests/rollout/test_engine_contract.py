@@ -125,7 +125,7 @@ def test_the_on_policy_checks_read_the_declared_sampling_of_an_engine_with_no_sa
 
     problems = check_objective(_Module(), _Data())
     assert len(problems) == 1
-    assert "engine temperature 0.5 vs policy temperature 1.0" in problems[0] and "top_k=5" in problems[0]
+    assert "policy temperature 1.0 vs engine temperature 0.5" in problems[0] and "top_k=5" in problems[0]
     _Module.objective = Objective(is_correction="token_truncate")
     _Data.engine_factory = RandomTokensEngineConfig()  # declares logprobs=False
     assert any("needs the engine's sampling logprobs" in p for p in check_objective(_Module(), _Data()))

@@ -36,7 +36,7 @@ def _fit(
     steps: int = 2,
     engine: Any = None,
     callbacks=(),
-    temperature=1.0,
+    temperature=None,
     cut=False,
     dtype: str = "float32",
 ):
@@ -111,10 +111,29 @@ def test_the_embedded_engine_samples_what_the_learner_scores():
         assert s.logprob_diff_max is not None and s.logprob_diff_max < 1e-4
 
 
-def test_a_temperature_mismatch_is_refused_before_any_rollout():
+def test_a_policy_temperature_that_differs_from_the_engines_is_refused_before_any_rollout_naming_both():
     engine = EmbeddedEngineConfig(num_threads=1, env_workers=4, temperature=1.5)
-    with pytest.raises(ConfigError, match="engine temperature 1.5 vs policy temperature 1.0"):
-        _fit("streaming", Objective(), engine=engine)
+    with pytest.raises(ConfigError, match="policy temperature 1.0 vs engine temperature 1.5") as err:
+        _fit("streaming", Objective(), engine=engine, temperature=1.0)
+    assert "GRPOPolicy(temperature=1.0)" in str(err.value)
+    assert "EmbeddedEngineConfig(temperature=1.5)" in str(err.value)
+
+
+def test_the_policy_scores_at_the_engines_temperature_read_at_set_up():
+    engine = EmbeddedEngineConfig(num_threads=1, env_workers=4, temperature=1.5)
+    _, steps = _fit("streaming", Objective(), steps=1, engine=engine)
+    assert steps[0].engine_learner_kl is not None and steps[0].engine_learner_kl < 1e-6
+
+
+def test_a_policy_temperature_equal_to_the_engines_is_warned_as_redundant():
+    from thundersync_lightning.strategy.objective_checks import check_objective
+
+    class Data:
+        engine_factory = EmbeddedEngineConfig(temperature=0.7)
+
+    policy = GRPOPolicy(config=TOY_MODEL, temperature=0.7)
+    with pytest.warns(UserWarning, match=r"GRPOPolicy\(temperature=0.7\).*repeats.*drop the policy's"):
+        assert check_objective(policy, Data()) == []
 
 
 def test_a_top_p_engine_is_refused_unless_importance_correction_is_on_and_then_the_gap_is_measured():
@@ -134,6 +153,7 @@ def test_a_temperature_mismatch_let_through_fails_the_kl_check_of_the_staleness_
             steps=1,
             engine=engine,
             callbacks=[StalenessMonitor(require_zero=True)],
+            temperature=1.0,
         )
 
 

@@ -63,7 +63,7 @@ def fits() -> dict:
         data = RolloutDataModule(
             tasks=GuessingGameTasks(latency="none"), engine=engine, group_size=4, groups_per_step=3, seed=0
         )
-        policy = GRPOPolicy(config=TOY_VLLM_MODEL, temperature=1.0)
+        policy = GRPOPolicy(config=TOY_VLLM_MODEL)
         params, steps, _ = fit("streaming", steps=2, policy=policy, data=data)
         return params, steps, kill["core"]
 

@@ -101,7 +101,7 @@ def test_a_streaming_fit_with_the_vllm_engine_trains_the_same_parameters_with_an
         data = RolloutDataModule(
             tasks=GuessingGameTasks(latency="none"), engine=engine, group_size=4, groups_per_step=3, seed=0
         )
-        policy = GRPOPolicy(config=TOY_VLLM_MODEL, temperature=1.0)
+        policy = GRPOPolicy(config=TOY_VLLM_MODEL)
         params, steps, _ = fit(
             "streaming", steps=2, policy=policy, data=data, strategy_kwargs={"prepare_ahead": prepare_ahead}
         )

@@ -64,7 +64,7 @@ def toy_fit(engine: Any) -> dict[str, Any]:
 
     L.seed_everything(0)  # the policy's initial weights
     params, steps, _ = fit(
-        "streaming", steps=STEPS, policy=GRPOPolicy(config=TOY_VLLM_MODEL, temperature=1.0), data=data,
+        "streaming", steps=STEPS, policy=GRPOPolicy(config=TOY_VLLM_MODEL), data=data,
         callbacks=[probe],
     )  # fmt: skip
     return {

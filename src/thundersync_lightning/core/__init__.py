@@ -3,10 +3,29 @@
 This package never imports Lightning.
 """
 
+from .accumulator.bounds import AccumulatorBounds
 from .accumulator.report import GroupStat, StreamingReport
 from .accumulator.streaming import StreamingGRPO
-from .errors import *  # noqa: F403
-from .errors import __all__ as _errors_all
+from .contract import check_engine, check_module, check_tasks
+from .errors import (
+    AccumulatorSpentError,
+    ConfigError,
+    DuplicateEventError,
+    EngineError,
+    GroupError,
+    HeldGradientLimitError,
+    HostFault,
+    InvalidLogprobError,
+    InvalidRewardError,
+    NonFiniteAdvantageError,
+    OpenGroupLimitError,
+    OpenGroupsError,
+    PolicyChangedError,
+    RunFailed,
+    StalenessError,
+    ThunderSyncError,
+    UnknownTrajectoryError,
+)
 from .gradients.backward import BackwardBackend, ForwardWatch, PlainBackward
 from .gradients.deferred import DeferredGradient
 from .gradients.storage import ByteUsage, Offload
@@ -64,6 +83,7 @@ __all__ = [
     "trajectory_terms",
     "reference_loss",
     "StreamingGRPO",
+    "AccumulatorBounds",
     "StreamingReport",
     "BackwardBackend",
     "PlainBackward",
@@ -78,6 +98,9 @@ __all__ = [
     "available_estimators",
     "get_estimator",
     "register_estimator",
+    "check_module",
+    "check_tasks",
+    "check_engine",
     "Environment",
     "RolloutEngine",
     "PreparesAhead",
@@ -97,5 +120,21 @@ __all__ = [
     "derive_seed",
     "group_id",
     "trajectory_id",
-    *_errors_all,
+    "ThunderSyncError",
+    "InvalidRewardError",
+    "InvalidLogprobError",
+    "UnknownTrajectoryError",
+    "DuplicateEventError",
+    "GroupError",
+    "OpenGroupsError",
+    "OpenGroupLimitError",
+    "HeldGradientLimitError",
+    "AccumulatorSpentError",
+    "PolicyChangedError",
+    "StalenessError",
+    "EngineError",
+    "ConfigError",
+    "NonFiniteAdvantageError",
+    "RunFailed",
+    "HostFault",
 ]

@@ -4,8 +4,9 @@
 ``repo``: the repository-fixing episode and its trusted grading, and the top-level modules); a
 family imports the toolkit, never another family.
 
-The task sources are importable from here (``from thundersync_lightning.envs import DatasetTasks``);
-each is imported when first asked for, so using one family loads no other.
+The task sources are importable from here (``from thundersync_lightning.envs import DatasetTasks``),
+and so is the chat template every family renders with (``ChatRenderer``); each is imported when
+first asked for, so using one family loads no other.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-#: public name -> the family package that defines it
+#: public name -> the family package (or shared module) that defines it
 _SOURCES = {
     "GuessingGameTasks": "toy",
     "LocalCodeTasks": "code",
@@ -21,6 +22,7 @@ _SOURCES = {
     "MutationTasks": "mutations",
     "DatasetTasks": "datasets",
     "SWEbenchTasks": "swebench",
+    "ChatRenderer": "chat",
 }
 
 __all__ = list(_SOURCES)

@@ -5,10 +5,12 @@ the learner's per-token log-probabilities are
 
     l_t = log softmax(z_{t-1} / T)[x_t]   at scored t
 
-with z the logits and T the sampling temperature (the engine reports logprobs of the same
-temperature-scaled distribution). :meth:`score_tokens` is the one hook the strategy calls: it
-returns l (and, when the objective asks, entropies and the reference policy's log-probabilities)
-as :class:`~thundersync_lightning.core.TokenScores`; the module's
+with z the logits and T the engine's sampling temperature (the engine reports logprobs of the same
+temperature-scaled distribution). T has one home, the engine config: the strategy hands the engine's
+declared :class:`~thundersync_lightning.core.EngineSampling` to :meth:`use_engine_sampling` at
+set-up. :meth:`score_tokens` is the one hook the strategy calls: it returns l (and, when the
+objective asks, entropies and the reference policy's log-probabilities) as
+:class:`~thundersync_lightning.core.TokenScores`; the module's
 :class:`~thundersync_lightning.core.Objective` (``objective=``, saved with the checkpoint) turns
 them into the loss in every mode. :meth:`training_step` computes the same loss in one expression
 so the module also trains under stock strategies.
@@ -42,6 +44,7 @@ from ..core.grpo.terms import (
     reference_loss,
 )
 from ..core.options import trl_hint
+from ..core.protocols import EngineSampling
 from ..core.scoring import objective_terms, score_needs, step_entropy_threshold
 from ..core.types import ModelSpec, Trajectory
 from ..envs.chat import ChatRenderer
@@ -85,7 +88,11 @@ class GRPOPolicy(LightningModule):
         pretrained_path: a local directory to load instead (``from_pretrained``, offline).
         dtype: parameter dtype.
         lr, weight_decay, betas: AdamW.
-        temperature: sampling temperature (the score uses the same one; the engine's must match).
+        temperature: leave unset: the policy scores at the engine's sampling temperature, which the
+            strategy reads from the engine config at set-up (:meth:`use_engine_sampling`; 1.0 before
+            any fit). A value given here that differs from the engine's is a ``ConfigError`` at
+            set-up (unless ``objective.is_correction`` reweights the sampled tokens), one equal to
+            it a warning that it is redundant.
         objective: the training objective: an :class:`~thundersync_lightning.core.Objective`, a
             preset name (``thundersync``, ``verl``, ``trl``) or a mapping of its fields (``preset``
             allowed). Every mode of the strategy trains exactly this objective.
@@ -113,7 +120,7 @@ class GRPOPolicy(LightningModule):
         lr: float = 3e-3,
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
-        temperature: float = 1.0,
+        temperature: float | None = None,
         objective: Objective | str | dict[str, Any] | None = None,
         lora: LoraSettings | None = None,
         score_batch_tokens: int = 8192,
@@ -136,7 +143,7 @@ class GRPOPolicy(LightningModule):
             problems.append(f"score_max_padding must be >= 0, got {score_max_padding}")
         if score_forward_tokens < 0:
             problems.append(f"score_forward_tokens must be >= 0, got {score_forward_tokens}")
-        if temperature <= 0:
+        if temperature is not None and not temperature > 0:
             problems.append(f"temperature must be > 0, got {temperature}")
         missing = pretrained_path_problem(pretrained_path)
         if missing is not None:
@@ -158,6 +165,7 @@ class GRPOPolicy(LightningModule):
         model = build_model(self._spec).train()
         self.model = apply_lora(model, lora) if lora is not None else model
         self.reference: torch.nn.Module | None = None
+        self._engine_temperature: float | None = None  # EngineSampling.temperature, given at set-up
         self._chat: ChatRenderer | None = None
         # held-out metrics (no persistent state: checkpoints are unchanged)
         self.val_metrics = torch.nn.ModuleDict(
@@ -173,6 +181,20 @@ class GRPOPolicy(LightningModule):
     def objective(self) -> Objective:
         """What every mode of the strategy minimises (saved in hparams and checkpoints)."""
         return self._objective
+
+    @property
+    def temperature(self) -> float:
+        """T the scores use: the ``temperature`` given, else the engine's sampling temperature (read at
+        set-up), else 1.0 (no engine seen yet, or one that samples from no model: a trace replay)."""
+        given = self.hparams.temperature
+        if given is not None:
+            return float(given)
+        return 1.0 if self._engine_temperature is None else self._engine_temperature
+
+    def use_engine_sampling(self, sampling: EngineSampling) -> None:
+        """Score at the temperature the engine samples at (the strategy calls this at set-up, after
+        ``strategy/objective_checks.py`` compared the two)."""
+        self._engine_temperature = sampling.temperature
 
     @property
     def has_reference_policy(self) -> bool:
@@ -375,7 +397,7 @@ class GRPOPolicy(LightningModule):
 
     def _token_logprobs(self, logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
         z = logits[:, :-1]  # predicts tokens 1..L-1
-        z = z.to(torch.promote_types(z.dtype, torch.float32)) / self.hparams.temperature
+        z = z.to(torch.promote_types(z.dtype, torch.float32)) / self.temperature
         lp = z.gather(-1, target.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(z, dim=-1)
         return lp, z
 

@@ -74,6 +74,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal
 
+from ..core.accumulator.bounds import bound_problems
 from ..core.errors import ConfigError
 from ..core.gradients.storage import Offload
 from .call_tokens import call_padded_tokens
@@ -208,7 +209,8 @@ class PlanInputs:
         ):
             if getattr(self, name) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_open_groups", "max_prompt_tokens", "max_batch_tokens"):
+        problems += bound_problems(self.max_open_groups, self.max_held_trajectories)  # the accumulator's rule
+        for name in ("max_prompt_tokens", "max_batch_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 problems.append(f"{name} must be >= 1 or None, got {value}")
@@ -216,8 +218,6 @@ class PlanInputs:
             problems.append(f"score_max_padding must be >= 0 or None, got {self.score_max_padding}")
         if self.score_forward_tokens < 0:
             problems.append(f"score_forward_tokens must be >= 0, got {self.score_forward_tokens}")
-        if self.max_held_trajectories is not None and self.max_held_trajectories < 0:
-            problems.append(f"max_held_trajectories must be >= 0 or None, got {self.max_held_trajectories}")
         if not 0.0 <= self.engine_device_fraction < 1.0:
             problems.append(f"engine_device_fraction must be in [0, 1), got {self.engine_device_fraction}")
         if self.model.trainable_params > self.model.total_params:

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable, Sequence
 
 from torch import Tensor
 
+from ..core.accumulator.bounds import AccumulatorBounds
 from ..core.accumulator.streaming import StreamingGRPO
 from ..core.gradients.backward import BackwardBackend
 from ..core.gradients.storage import Offload
@@ -34,8 +35,7 @@ class FitLearner:
         params: Sequence[Tensor],
         objective: Objective,
         offload: Offload,
-        max_open_groups: int | None,
-        max_held_trajectories: int | None,
+        bounds: AccumulatorBounds,
         backend: Callable[[Sequence[Tensor]], BackwardBackend],
         filter_groups: bool = False,
     ) -> StreamingGRPO:
@@ -49,8 +49,7 @@ class FitLearner:
                 params,
                 objective=objective,
                 offload=offload,
-                max_open_groups=max_open_groups,
-                max_held_trajectories=max_held_trajectories,
+                bounds=bounds,
                 backend=backend(params),
                 filter_groups=filter_groups,
             )

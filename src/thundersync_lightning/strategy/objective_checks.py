@@ -7,6 +7,11 @@ reference policy for KL, an engine with a teacher for on-policy distillation). E
 :class:`ConfigError` found before any rollout starts, unless the user opted into importance correction, which
 reweights the sampled tokens by exp(l - e) (then a warning). At run time the strategy measures the same thing
 per step (``StepStats.engine_learner_kl``).
+
+The sampling temperature has one home, the engine config: :func:`share_sampling` hands the engine's
+declared :class:`EngineSampling` to a module that scores at it (``use_engine_sampling``, as
+``GRPOPolicy`` does). A module that also names a temperature (``hparams.temperature``) is compared:
+a different value is one of the mismatches above, the same value a warning that it is redundant.
 """
 
 from __future__ import annotations
@@ -14,11 +19,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from lightning.pytorch.utilities import rank_zero_warn
+
 from ..core.contract import check_engine
 from ..core.grpo.objective import Objective
 from ..core.protocols import EngineSampling
 
-__all__ = ["check_objective", "module_objective"]
+__all__ = ["check_objective", "module_objective", "share_sampling"]
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +61,7 @@ def check_objective(module: Any, data: Any) -> list[str]:
             f"objective.is_correction={objective.is_correction!r} needs the engine's sampling logprobs, and "
             f"{type(engine).__name__} reports none: use is_correction='none' or an engine that reports them"
         )
-    mismatches = _sampling_mismatches(module, sampling)
+    mismatches = _sampling_mismatches(module, engine)
     if mismatches:
         what = "; ".join(mismatches)
         if objective.is_correction == "none":
@@ -74,13 +81,34 @@ def check_objective(module: Any, data: Any) -> list[str]:
     return problems
 
 
-def _sampling_mismatches(module: Any, sampling: EngineSampling) -> list[str]:
+def share_sampling(module: Any, data: Any) -> None:
+    """Give the module the engine's declared sampling (``module.use_engine_sampling(sampling)``), so
+    it scores at the temperature the engine samples at; nothing when either side has no part in it."""
+    engine = getattr(data, "engine_factory", None)
+    use = getattr(module, "use_engine_sampling", None)
+    if engine is not None and callable(use) and not check_engine(engine):
+        use(engine.sampling)
+
+
+def _sampling_mismatches(module: Any, engine: Any) -> list[str]:
+    sampling: EngineSampling = engine.sampling
     hparams = getattr(module, "hparams", {})
     learner_t = hparams.get("temperature") if hasattr(hparams, "get") else None
     engine_t = sampling.temperature
     found = []
-    if learner_t is not None and engine_t is not None and float(learner_t) != float(engine_t):
-        found.append(f"engine temperature {engine_t} vs policy temperature {learner_t}")
+    if learner_t is not None and engine_t is not None:
+        where = f"{type(module).__name__}(temperature={learner_t}) (model.temperature in a config)"
+        if float(learner_t) != float(engine_t):
+            found.append(
+                f"policy temperature {learner_t} vs engine temperature {engine_t}: {where} and "
+                f"{type(engine).__name__}(temperature={engine_t}) differ; the temperature's home is the "
+                "engine config: drop the policy's, it scores at the engine's"
+            )
+        else:
+            rank_zero_warn(
+                f"{where} repeats {type(engine).__name__}(temperature={engine_t}): the policy scores at the "
+                "engine's sampling temperature, read at set-up; drop the policy's temperature"
+            )
     if sampling.top_p < 1.0:
         found.append(f"engine top_p={sampling.top_p} < 1 truncates sampling")
     if sampling.top_k > 0:

@@ -9,7 +9,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..core.accumulator.bounds import bound_problems
 from ..core.grpo.objective import Objective
 from ..core.options import trl_hint
 from .sharding import SHARDINGS
@@ -23,7 +22,8 @@ _OBJECTIVE_FIELDS = frozenset(Objective.__dataclass_fields__) | {"objective"}
 def option_problems(
     options: Mapping[str, Any], unknown: Mapping[str, Any], valid: Sequence[str]
 ) -> list[str]:
-    """Problems of ``ThunderSyncStrategy(**options, **unknown)``; ``valid``: its option names."""
+    """Problems of ``ThunderSyncStrategy(**options, **unknown)``; ``valid``: its option names. The
+    accumulator's bounds are checked where they are made (``core.accumulator.bounds.AccumulatorBounds``)."""
     problems = []
     for name in sorted(unknown):
         if name in _OBJECTIVE_FIELDS:
@@ -43,7 +43,6 @@ def option_problems(
         problems.append(f"mode={o['mode']!r} is not one of {MODES}")
     if o["offload"] not in ("none", "cpu", "pinned"):
         problems.append(f"offload={o['offload']!r} is not one of ('none', 'cpu', 'pinned')")
-    problems += bound_problems(o["max_open_groups"], o["max_held_trajectories"])
     if o["sharding"] not in SHARDINGS:
         problems.append(f"sharding={o['sharding']!r} is not one of {tuple(SHARDINGS)}")
     if o["max_batch_trajectories"] < 1:

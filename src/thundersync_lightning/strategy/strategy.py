@@ -25,6 +25,7 @@ import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import timedelta
 from functools import partial
 from typing import Any, Literal
@@ -38,6 +39,7 @@ from torch.distributed.constants import default_pg_timeout
 from typing_extensions import override
 
 from ..backends.split import SplitSetting, choose_backend
+from ..core.accumulator.bounds import AccumulatorBounds
 from ..core.accumulator.streaming import StreamingGRPO
 from ..core.batches import RolloutBatch
 from ..core.errors import ConfigError
@@ -47,7 +49,7 @@ from ..core.snapshot import PolicySnapshot
 from .barrier import StepInFlight, global_totals
 from .fit_learner import FitLearner
 from .issuing import RolloutIssuer, publish
-from .objective_checks import module_objective
+from .objective_checks import module_objective, share_sampling
 from .options import option_problems
 from .records import progress_listener
 from .runner import Replacements, RunnerSettings, StepRunner
@@ -172,6 +174,10 @@ class ThunderSyncStrategy(DDPStrategy):
             sharding=sharding,
         )  # fmt: skip
         problems = option_problems(options, unknown, _own_options())
+        try:
+            bounds = AccumulatorBounds(max_open_groups, max_held_trajectories)
+        except ConfigError as err:
+            problems.append(str(err))
         if problems:
             raise ConfigError("ThunderSyncStrategy: " + "; ".join(problems))
         super().__init__(
@@ -188,8 +194,7 @@ class ThunderSyncStrategy(DDPStrategy):
             mode, launch_ahead, prepare_ahead
         )  # holds mode, launch_ahead, prepare_ahead
         self.offload: Offload = offload
-        self.max_open_groups = max_open_groups
-        self.max_held_trajectories = max_held_trajectories
+        self.bounds = bounds  # the accumulator's, carried whole to each step's StreamingGRPO
         self.progress_interval_s = progress_interval_s
         self.max_batch_trajectories = max_batch_trajectories
         self.max_batch_tokens = max_batch_tokens
@@ -218,6 +223,22 @@ class ThunderSyncStrategy(DDPStrategy):
     @property
     def mode(self) -> Mode:
         return self._issuer.mode  # type: ignore[return-value]
+
+    @property
+    def max_open_groups(self) -> int | None:
+        return self.bounds.max_open_groups
+
+    @max_open_groups.setter
+    def max_open_groups(self, value: int | None) -> None:
+        self.bounds = replace(self.bounds, max_open_groups=value)  # checked again, as at construction
+
+    @property
+    def max_held_trajectories(self) -> int | None:
+        return self.bounds.max_held_trajectories
+
+    @max_held_trajectories.setter
+    def max_held_trajectories(self, value: int | None) -> None:
+        self.bounds = replace(self.bounds, max_held_trajectories=value)
 
     @property
     def launch_ahead(self) -> bool:
@@ -266,6 +287,7 @@ class ThunderSyncStrategy(DDPStrategy):
         )
         if problems:
             raise ConfigError("; ".join(problems))
+        share_sampling(trainer.lightning_module, getattr(trainer, "datamodule", None))
 
     @override
     def setup(self, trainer: Any) -> None:
@@ -346,8 +368,7 @@ class ThunderSyncStrategy(DDPStrategy):
             params,
             objective,
             self.offload,
-            self.max_open_groups,
-            self.max_held_trajectories,
+            self.bounds,
             partial(
                 choose_backend,
                 self.split_backward,

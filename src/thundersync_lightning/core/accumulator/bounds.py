@@ -35,11 +35,12 @@ The gradient is the same for every bound (only the summation order changes).
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Mapping
+from dataclasses import dataclass
 
-from ..errors import HeldGradientLimitError, OpenGroupLimitError
+from ..errors import ConfigError, HeldGradientLimitError, OpenGroupLimitError
 from .group import GroupSums, GroupUsage
 
-__all__ = ["Bounds", "bound_problems"]
+__all__ = ["AccumulatorBounds", "Bounds", "bound_problems"]
 
 
 def bound_problems(max_open_groups: int | None, max_held_trajectories: int | None) -> list[str]:
@@ -55,13 +56,21 @@ def bound_problems(max_open_groups: int | None, max_held_trajectories: int | Non
     return problems
 
 
-class Bounds:
-    """Checks both bounds and counts held gradients (current and peak in the step)."""
+@dataclass(frozen=True, slots=True)
+class AccumulatorBounds:
+    """Both bounds, checked once, where they are made (a ``ConfigError`` naming every invalid one).
 
-    def __init__(self, max_open_groups: int | None, max_held_trajectories: int | None) -> None:
-        self.max_open_groups = max_open_groups
-        self.max_held_trajectories = max_held_trajectories
-        self.reset()
+    The strategy makes them from its options and hands this one object down (its learner, then
+    ``StreamingGRPO(bounds=...)``): a layer in between carries no parameter of its own for them.
+    """
+
+    max_open_groups: int | None = None
+    max_held_trajectories: int | None = None
+
+    def __post_init__(self) -> None:
+        problems = bound_problems(self.max_open_groups, self.max_held_trajectories)
+        if problems:
+            raise ConfigError("; ".join(problems))
 
     def buffers(self, held_regulariser: bool = False) -> int:
         """Parameter-sized buffers both bounds allow at once, ``2 K + H`` (``2 K + 2 H`` when a held
@@ -69,6 +78,26 @@ class Bounds:
         if self.max_open_groups is None or self.max_held_trajectories is None:
             return 0
         return 2 * self.max_open_groups + (2 if held_regulariser else 1) * self.max_held_trajectories
+
+
+class Bounds:
+    """Checks both bounds (an :class:`AccumulatorBounds`) and counts held gradients (current and
+    peak in the step)."""
+
+    def __init__(self, limits: AccumulatorBounds) -> None:
+        self.limits = limits
+        self.reset()
+
+    @property
+    def max_open_groups(self) -> int | None:
+        return self.limits.max_open_groups
+
+    @property
+    def max_held_trajectories(self) -> int | None:
+        return self.limits.max_held_trajectories
+
+    def buffers(self, held_regulariser: bool = False) -> int:
+        return self.limits.buffers(held_regulariser)
 
     def reset(self) -> None:
         self.held = self.peak_held = self.held_bytes = self.peak_held_bytes = 0

@@ -66,7 +66,7 @@ from ..grpo.terms import OnPolicyStats, TokenScores, TrajectoryTerms, trajectory
 from ..scoring import score_needs, scored_inputs, step_entropy_threshold
 from ..types import Trajectory
 from .boundary_cut import SharedPrefix
-from .bounds import Bounds, bound_problems
+from .bounds import AccumulatorBounds, Bounds
 from .checks import argument_problems, check_scalar, check_unchanged, finite_reward
 from .group import GroupSums
 from .jobs import jobs_of, prefix_backward, select_terms
@@ -94,6 +94,8 @@ class StreamingGRPO:
         estimator, eps: shorthands for ``Objective(estimator=..., eps=...)``.
         offload: where group sums and held gradients live (``none`` | ``cpu`` | ``pinned``); with
             both bounds set, the host buffers they allow are allocated here, not in a backward.
+        bounds: the memory bounds (:class:`~thundersync_lightning.core.accumulator.bounds.AccumulatorBounds`,
+            default: unbounded); the two below are its shorthands.
         max_open_groups: bound on groups declared and not yet folded/aborted (None: unbounded).
         max_held_trajectories: bound on reward-pending trajectories holding a gradient (None:
             unbounded; 0: never hold, wait for the reward before the backward).
@@ -116,10 +118,19 @@ class StreamingGRPO:
         max_held_trajectories: int | None = None,
         backend: BackwardBackend | None = None,
         filter_groups: bool = False,
+        bounds: AccumulatorBounds | None = None,
     ) -> None:
         self._params = [p for p in params]
         problems = argument_problems(self._params, objective is not None, estimator, eps)
-        problems += bound_problems(max_open_groups, max_held_trajectories)
+        if bounds is not None and (max_open_groups, max_held_trajectories) != (None, None):
+            problems.append(
+                "give bounds or its shorthands (max_open_groups, max_held_trajectories), not both"
+            )
+        elif bounds is None:
+            try:
+                bounds = AccumulatorBounds(max_open_groups, max_held_trajectories)
+            except ConfigError as err:
+                problems.append(str(err))
         if not isinstance(filter_groups, bool):
             problems.append(f"filter_groups must be True or False, got {filter_groups!r}")
         if problems:
@@ -130,7 +141,8 @@ class StreamingGRPO:
         self.objective = objective
         self.backend: BackwardBackend = backend if backend is not None else PlainBackward()
         self.filter_groups = filter_groups
-        self._bounds = Bounds(max_open_groups, max_held_trajectories)
+        assert bounds is not None  # else a problem was raised above
+        self._bounds = Bounds(bounds)
         self._store = GradientStore(self._params, offload)
         self._store.reserve(
             self._bounds.buffers(objective.failed == "drop" and objective.has_regulariser_terms)

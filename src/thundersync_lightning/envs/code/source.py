@@ -20,7 +20,7 @@ from ..sandbox.bwrap import BwrapConfig
 from ..sandbox.uids import uid_pool
 from ..selection import held_out, pick
 from .task import LocalTask, load_tasks
-from .workspace import LocalWorkspace, WorkspaceSettings
+from .workspace import COMMAND_TIMEOUT_S, TEST_TIMEOUT_S, LocalWorkspace, WorkspaceSettings
 
 __all__ = ["LocalCodeTasks", "SplitLocalCodeTasks", "uid_pool"]
 
@@ -58,8 +58,8 @@ class LocalCodeTasks:
         max_turns: int = 6,
         max_action_tokens: int = 512,
         max_observation_bytes: int = 1024,
-        command_timeout_s: float = 20.0,
-        test_timeout_s: float = 120.0,
+        command_timeout_s: float = COMMAND_TIMEOUT_S,
+        test_timeout_s: float = TEST_TIMEOUT_S,
         parallel_tests: int = 0,
         memory_bytes: int = 2 * 1024**3,
         nproc: int = 256,

@@ -41,6 +41,10 @@ __all__ = ["WorkspaceSettings", "LocalWorkspace", "grading_slots"]
 log = logging.getLogger(__name__)
 _warned_budget = False
 
+#: The defaults of one agent command's and of the grading test run's limits (``LocalCodeTasks``'s too).
+COMMAND_TIMEOUT_S = 20.0
+TEST_TIMEOUT_S = 120.0
+
 
 @dataclass(frozen=True, slots=True)
 class WorkspaceSettings:
@@ -49,10 +53,12 @@ class WorkspaceSettings:
     venv listed in ``bwrap.ro_binds``). ``parallel_tests`` bounds the grading runs of this process
     (0: twice the CPU count; CPU-bound suites saturate the cores well before that)."""
 
-    bwrap: BwrapConfig = field(default_factory=lambda: BwrapConfig(SandboxLimits(timeout_s=20.0)))
+    bwrap: BwrapConfig = field(
+        default_factory=lambda: BwrapConfig(SandboxLimits(timeout_s=COMMAND_TIMEOUT_S))
+    )
     root: str = "/tmp/thundersync-sandboxes"
     python: str = "python3"
-    test_timeout_s: float = 120.0
+    test_timeout_s: float = TEST_TIMEOUT_S
     max_patch_bytes: int = 1024 * 1024
     max_log_bytes: int = 4 * 1024 * 1024
     parallel_tests: int = 0

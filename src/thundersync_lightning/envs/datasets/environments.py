@@ -62,7 +62,7 @@ from ..tools.python_tools import schema_of
 from ..tools.worker_main import awaited, tool_text
 from ..tools.workers import ToolOutcome, ToolWorkers, worker_path
 
-__all__ = ["EnvironmentClass", "EnvironmentEpisode", "environment_classes"]
+__all__ = ["EnvironmentClass", "EnvironmentEpisode", "EpisodeLimits", "environment_classes"]
 
 _HOST = "_episode_host"  # the worker imports it from its own directory (see ..tools._episode_host)
 _SPECIAL = ("reset", "get_reward")
@@ -239,20 +239,31 @@ class _ThreadHost:
             self.calls.put(None)
 
 
+@dataclass(frozen=True, slots=True)
+class EpisodeLimits:
+    """What bounds an episode's calls into the user's code: made once by the task source from its
+    options (``DatasetTasks(tool_timeout_s=..., max_tool_result_chars=..., worker_limits=...)``)
+    and carried whole to each episode, so a layer in between adds no parameter for them.
+
+    Attributes:
+        tool_timeout_s: the deadline of one tool call (a method call of the environment).
+        timeout_s: the deadline of ``reset`` and ``get_reward``.
+        max_chars: a tool result's text is cut to this many characters.
+        workers: how the worker processes are confined (None: the defaults).
+    """
+
+    tool_timeout_s: float
+    timeout_s: float
+    max_chars: int
+    workers: WorkerLimits | None = None
+
+
 class EnvironmentEpisode:
     """One trajectory's instance of ``env`` (see the module docstring); not thread-safe (an episode
     is driven by one thread at a time)."""
 
-    def __init__(
-        self,
-        env: EnvironmentClass,
-        tool_timeout_s: float,
-        timeout_s: float,
-        max_chars: int,
-        limits: WorkerLimits | None = None,
-    ) -> None:
+    def __init__(self, env: EnvironmentClass, limits: EpisodeLimits) -> None:
         self.env, self.limits = env, limits
-        self.tool_timeout_s, self.timeout_s, self.max_chars = tool_timeout_s, timeout_s, max_chars
         self.host: _WorkerHost | _ThreadHost | None = None
 
     def reset(self, row: Mapping[str, Any]) -> str | None:
@@ -261,11 +272,11 @@ class EnvironmentEpisode:
         something else than a string or None."""
         self.close()
         self.host = (
-            _WorkerHost(self.env.path, self.limits)
+            _WorkerHost(self.env.path, self.limits.workers)
             if self.env.path is not None
             else _ThreadHost(self.env.cls)
         )
-        reply = self.host.start(row, self.timeout_s)
+        reply = self.host.start(row, self.limits.timeout_s)
         where = f"environment {self.env.name}.reset"
         if reply.error is not None:
             raise RuntimeError(f"{where}: {reply.error}")
@@ -286,7 +297,7 @@ class EnvironmentEpisode:
     def call(self, method: str, arguments: Mapping[str, Any]) -> ToolResult:
         if self.host is None:
             return ToolResult(f"[tool error] {GONE}", error=GONE)
-        reply = self.host.call(method, arguments, self.tool_timeout_s, self.max_chars)
+        reply = self.host.call(method, arguments, self.limits.tool_timeout_s, self.limits.max_chars)
         if reply.error is not None:
             error = (
                 reply.error if reply.timed_out or reply.error == GONE else f"{method} raised {reply.error}"
@@ -300,7 +311,7 @@ class EnvironmentEpisode:
         where = f"environment {self.env.name}.get_reward"
         if self.host is None:
             raise RuntimeError(f"{where}: the episode was never reset")
-        reply = self.host.reward(self.timeout_s)
+        reply = self.host.reward(self.limits.timeout_s)
         if reply.error is not None:
             raise RuntimeError(f"{where}: {reply.error}")
         value = reply.value

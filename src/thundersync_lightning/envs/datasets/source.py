@@ -73,8 +73,9 @@ from ..tools.conversation import TurnBudget, turn_token_cap
 from ..tools.python_tools import InThreadToolHandler, python_tools
 from .conventions import RewardInput
 from .env import DatasetEnv, DatasetTask
-from .environments import EnvironmentClass, EnvironmentEpisode, environment_classes
+from .environments import EnvironmentClass, EnvironmentEpisode, EpisodeLimits, environment_classes
 from .reward_sum import RewardSum
+from .rewards import REWARD_TIMEOUT_S
 from .rows import DatasetRowError, read_rows
 from .tool_env import DatasetToolEnv
 
@@ -248,7 +249,10 @@ class DatasetTasks:
         if problems:
             raise ConfigError("DatasetTasks: " + "\n".join(problems))
         self.reward_sum = reward_sum
-        self.tool_timeout_s, self.tool_parser = tool_timeout_s, tool_parser
+        self.tool_parser = tool_parser
+        self.episode_limits = EpisodeLimits(
+            tool_timeout_s, REWARD_TIMEOUT_S, max_tool_result_chars, self.worker_limits
+        )  # carried whole to each episode's environment (environments.py)
         self.max_tool_result_chars, self.end_on_answer = max_tool_result_chars, end_on_answer
         self.path = data.origin
         self.eval_path = held.origin if held is not None else None

@@ -28,7 +28,6 @@ from ..tools import ToolConversation, ToolWorkers
 from ..tools.conversation import NOTE_TOKENS, clip_text
 from .conventions import RewardInput
 from .environments import EnvironmentEpisode
-from .rewards import REWARD_TIMEOUT_S
 from .rows import DatasetRowError
 
 if TYPE_CHECKING:
@@ -45,17 +44,7 @@ class DatasetToolEnv:
         env = source.environment_of(task)
         assert source.renderer is not None and (source.tools or env is not None)
         self.source, self.task = source, task
-        self.episode = (
-            EnvironmentEpisode(
-                env,
-                source.tool_timeout_s,
-                REWARD_TIMEOUT_S,
-                source.max_tool_result_chars,
-                source.worker_limits,
-            )
-            if env is not None
-            else None
-        )
+        self.episode = EnvironmentEpisode(env, source.episode_limits) if env is not None else None
         tools = [*source.tools, *(self.episode.tools() if self.episode is not None else [])]
         self.conversation = ToolConversation(
             source.renderer, tools, source.tool_parser, source.max_tool_result_chars, source.turn_budget

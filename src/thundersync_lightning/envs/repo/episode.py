@@ -77,6 +77,8 @@ def _problem(problem_statement: str, files: Sequence[str]) -> str:
 
 
 OBSERVATION_FRAME_BYTES = len("\n<observation>\n\n</observation>\n")
+#: The default bound on one turn's observation (characters), for the episode and its tools alike.
+MAX_OBSERVATION_BYTES = 2048
 
 
 def clip_bytes(text: str, max_bytes: int) -> str:
@@ -119,7 +121,7 @@ class CodeEnv:
         workspace: Workspace,
         prompt: str,
         codec: TextCodec | None = None,
-        max_observation_bytes: int = 2048,
+        max_observation_bytes: int = MAX_OBSERVATION_BYTES,
         python: str = "python3",
         conversation: ToolConversation | None = None,
     ) -> None:

@@ -30,7 +30,7 @@ from ..chat import ChatRenderer
 from ..codec import TextCodec
 from ..tools import Tool, ToolConversation, ToolResult, TurnBudget, get_tool_parser
 from ..tools.conversation import NOTE_TOKENS, turn_token_cap
-from .episode import OBSERVATION_FRAME_BYTES, ActionFormat, format_observation
+from .episode import MAX_OBSERVATION_BYTES, OBSERVATION_FRAME_BYTES, ActionFormat, format_observation
 
 __all__ = [
     "swe_tools",
@@ -146,7 +146,7 @@ _EDITOR = {
 _NEEDS = {"create": ("file_text",), "str_replace": ("old_str",), "insert": ("insert_line", "new_str")}
 
 
-def swe_tools(python: str = "python3", max_output_bytes: int = 2048) -> list[Tool]:
+def swe_tools(python: str = "python3", max_output_bytes: int = MAX_OBSERVATION_BYTES) -> list[Tool]:
     """Fresh tools for one episode (the editor's undo history is per episode)."""
     undo: dict[str, list[str | None]] = {}
 
@@ -260,7 +260,10 @@ def turn_token_budget(renderer: ChatRenderer, max_output_bytes: int, max_calls: 
 
 
 def tool_conversation(
-    renderer: ChatRenderer, tool_parser: str = "hermes", python: str = "python3", max_output_bytes: int = 2048
+    renderer: ChatRenderer,
+    tool_parser: str = "hermes",
+    python: str = "python3",
+    max_output_bytes: int = MAX_OBSERVATION_BYTES,
 ) -> ToolConversation:
     """One episode's conversation over fresh :func:`swe_tools`; a turn's results together are at
     most ``max_output_bytes`` characters (the task's observation limit per turn), at most 8 calls,

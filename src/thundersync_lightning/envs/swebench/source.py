@@ -35,7 +35,7 @@ from ..sandbox.hosts import parse_hosts
 from ..sandbox.uids import uid_pool
 from ..selection import held_out, pick
 from .episodes import EpisodeLog, TimedWorkspace
-from .workspace import SWEbenchSettings, SWEbenchWorkspace
+from .workspace import EVAL_TIMEOUT_S, SWEbenchSettings, SWEbenchWorkspace
 
 __all__ = ["SWEbenchTasks", "load_instances"]
 
@@ -107,7 +107,7 @@ class SWEbenchTasks:
         max_action_tokens: int = 1024,
         max_observation_bytes: int = 4096,
         command_timeout_s: float = 120.0,
-        eval_timeout_s: float = 1800.0,
+        eval_timeout_s: float = EVAL_TIMEOUT_S,
         engine: str = "auto",
         runtime: str = "auto",
         memory: str = "4g",

@@ -39,6 +39,10 @@ _GIT_ENV = {
 }
 
 
+#: The default limit of one grading run (``SWEbenchTasks``'s too).
+EVAL_TIMEOUT_S = 1800.0
+
+
 @dataclass(frozen=True, slots=True)
 class SWEbenchSettings:
     """``hosts``: sandbox hosts (podman services, :mod:`..sandbox.hosts`); empty: this host's engine
@@ -46,7 +50,7 @@ class SWEbenchSettings:
 
     container: ContainerConfig = field(default_factory=ContainerConfig)
     root: str = "/tmp/thundersync-sandboxes"
-    eval_timeout_s: float = 1800.0
+    eval_timeout_s: float = EVAL_TIMEOUT_S
     max_patch_bytes: int = 4 * 1024 * 1024
     max_log_bytes: int = 16 * 1024 * 1024
     image_override: str | None = None  # run every instance in this image (tests, mirrors)

@@ -67,9 +67,8 @@ class TurnBudget:
     ``max_episode_tokens()`` counts ``max_tokens`` per turn."""
 
     max_calls: int = 8
-    deadline_s: float | None = (
-        30.0  # + one command's timeout (code tasks: 20 s) < the loop's step_timeout_s (60 s)
-    )
+    # with one command's timeout it stays under the engines' step_timeout_s (STEP_TIMEOUT_S)
+    deadline_s: float | None = 30.0
     max_chars: int = 8192
     max_tokens: int | None = None
 

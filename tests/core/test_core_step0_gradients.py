@@ -4,7 +4,7 @@ A refactor of the scoring, the accumulator or the runner must not change what a 
 gradient the optimizer is about to apply at step 0 (float64 weights, so summation order shows only
 at ~1e-15) is summarised by its norm, each parameter's norm and eight seeded random projections,
 and each number must equal the stored one within 1e-6 relative. The stored values were written by
-the code before the house refactor (``STEP0_WRITE=1 pytest tests/core/test_step0_gradients.py``
+the code before the house refactor (``STEP0_WRITE=1 pytest tests/core/test_core_step0_gradients.py``
 rewrites them; do that only for an intended change of the gradient, and say why in the commit).
 """
 

@@ -27,8 +27,8 @@ from thundersync_lightning.envs.mutations.source import OBSERVATION_BYTES
 from thundersync_lightning.rollout import Generation, GenerationRequest
 
 from ._support import needs_bwrap
-from .test_code_tools import model_dir
-from .test_turn_budget import _episodes, call
+from .code.test_tools import model_dir
+from .tools.test_tools_turn_budget import _episodes, call
 
 FLOODS = ("yes | head -c 100000", "head -c 5000 /dev/urandom", "python3 -c \"print('\\u00e9' * 3000)\"")
 

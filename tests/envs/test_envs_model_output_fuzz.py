@@ -25,7 +25,7 @@ from thundersync_lightning.envs.tools import parse_hermes
 from thundersync_lightning.envs.toy import GuessingGameTasks
 
 from ._support import needs_bwrap
-from .test_code_tools import model_dir
+from .code.test_tools import model_dir
 
 
 def _block(body: str) -> str:

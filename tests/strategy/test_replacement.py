@@ -13,7 +13,7 @@ import torch
 from thundersync_lightning.core import GroupError, GroupRequest, PolicySnapshot, RolloutRequest, StreamingGRPO
 from thundersync_lightning.strategy.runner import Replacements, RunnerSettings, StepRunner
 
-from .test_held_bound import TinyPolicy, event
+from .test_runner_held_bound import TinyPolicy, event
 
 # group index -> rewards of its 3 members; 0, 2 and 3 carry no signal
 REWARDS = {
@@ -67,7 +67,7 @@ def barrier_over(groups: list[int]) -> torch.Tensor:
     """One backward of the loss over the given groups (drgrpo-free: GRPO, population std, group-sum)."""
     from thundersync_lightning.core import Objective
 
-    from .test_held_bound import trajectory
+    from .test_runner_held_bound import trajectory
 
     policy, obj = TinyPolicy(), Objective()
     loss = torch.zeros((), dtype=torch.float64)
@@ -125,7 +125,7 @@ def _fit(mode: str, steps: int = 2, **data_kwargs):
     from thundersync_lightning.strategy import ThunderSyncStrategy
 
     from ._fit import TOY_MODEL, RecordSteps
-    from .test_objective_modes import GradientAtBarrier
+    from .test_objective_checks_modes import GradientAtBarrier
 
     L.seed_everything(0)
     objective = Objective(loss_agg="token-mean", kl_coef=0.05, entropy_coef=0.01)  # R terms: per-group R sums

@@ -25,7 +25,7 @@ from thundersync_lightning.core import (
 from thundersync_lightning.core.grpo.terms import entropy_threshold
 from thundersync_lightning.strategy.runner import RunnerSettings, StepRunner
 
-from .test_held_bound import TinyPolicy, request, trajectory
+from .test_runner_held_bound import TinyPolicy, request, trajectory
 
 OBJ = Objective(loss_agg="token-mean", entropy_coef=0.05, top_entropy_quantile=0.4)
 

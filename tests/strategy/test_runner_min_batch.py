@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from thundersync_lightning.core import PolicySnapshot, StreamingGRPO
 from thundersync_lightning.strategy.runner import RunnerSettings, StepRunner
 
-from .test_held_bound import TinyPolicy, event, request
+from .test_runner_held_bound import TinyPolicy, event, request
 
 
 class Observed(StreamingGRPO):

@@ -22,7 +22,7 @@ from thundersync_lightning.core import (
 )
 from thundersync_lightning.strategy.runner import RunnerSettings, StepRunner
 
-from .test_held_bound import VOCAB, TinyPolicy
+from .test_runner_held_bound import VOCAB, TinyPolicy
 
 OBJ = Objective(overlong_buffer=4, overlong_max_tokens=6, overlong_penalty=0.5)
 

@@ -24,7 +24,7 @@ from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
 from thundersync_lightning.rollout import TraceReplayEngineConfig
 
 from ._fit import TOY_MODEL, fit
-from .test_objective_modes import GradientAtBarrier
+from .test_objective_checks_modes import GradientAtBarrier
 
 BF16_TOLERANCE = 3e-2
 

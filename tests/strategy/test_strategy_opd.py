@@ -8,7 +8,7 @@ from thundersync_lightning.core import ConfigError, Objective
 from thundersync_lightning.rollout import EmbeddedEngineConfig, TeacherConfig, TraceReplayEngineConfig
 
 from ._fit import TOY_MODEL
-from .test_objective_modes import _fit
+from .test_objective_checks_modes import _fit
 
 TEACHER = TeacherConfig(model_type="qwen3", config={**TOY_MODEL, "hidden_size": 32, "num_attention_heads": 2})
 

@@ -19,7 +19,7 @@ from thundersync_lightning.rollout import EmbeddedEngineConfig
 from thundersync_lightning.strategy import ThunderSyncStrategy
 
 from ._fit import TOY_MODEL, RecordSteps
-from .test_objective_modes import GradientAtBarrier
+from .test_objective_checks_modes import GradientAtBarrier
 
 
 def _rewrite(event: RewardReady) -> RewardReady:
@@ -114,7 +114,7 @@ def test_async_mode_counts_unscorables_and_steps_on_finite_gradients():
     assert all(sum(r.unscorable for r in s.trajectories) == 2 for s in steps)
 
 
-@pytest.mark.slow  # two more fits; the accumulator's part is in tests/core/test_dynamic_sampling.py
+@pytest.mark.slow  # two more fits; the accumulator's part is in tests/core/accumulator/test_streaming_dynamic_sampling.py
 def test_dynamic_sampling_sees_floored_failures_and_unscorables_alike_in_streaming_and_sync():
     objective = Objective(kl_coef=0.05)
     streaming, steps = _fit("streaming", objective, dynamic_sampling=True, max_extra_groups=2)

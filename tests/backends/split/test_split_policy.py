@@ -12,7 +12,7 @@ from thundersync_lightning.core.errors import ConfigError
 from thundersync_lightning.core.grpo.terms import engine_logprobs, teacher_logprobs
 from thundersync_lightning.modules import GRPOPolicy, LoraSettings
 
-from ..strategy._fit import TOY_MODEL
+from ...strategy._fit import TOY_MODEL
 
 G, SIZE = 4, 4
 OBJECTIVES = {

@@ -33,7 +33,7 @@ from thundersync_lightning.modules import TINY_QWEN3, GRPOPolicy
 from thundersync_lightning.strategy import ThunderSyncStrategy
 from thundersync_lightning.strategy.runner import StepRunner
 
-from ..strategy._fit import TOY_MODEL
+from ...strategy._fit import TOY_MODEL
 
 SIZES = (3, 3, 3)
 REQUEST = RolloutRequest(

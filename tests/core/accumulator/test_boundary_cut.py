@@ -12,7 +12,7 @@ from thundersync_lightning.core import ConfigError, Objective, StreamingGRPO, en
 from thundersync_lightning.core.types import Segment, Trajectory
 from thundersync_lightning.modules import GRPOPolicy, LoraSettings
 
-from ..core.helpers import _rms_norm_in_input_dtype
+from ..helpers import _rms_norm_in_input_dtype
 
 CONFIG = {
     "vocab_size": 24,

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from thundersync_lightning.core import ConfigError, HeldGradientLimitError, StreamingGRPO
 
-from .helpers import Batch, MLPPolicy, clear_grads, grads_of, reference_gradient, relative_error
+from ..helpers import Batch, MLPPolicy, clear_grads, grads_of, reference_gradient, relative_error
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from thundersync_lightning.core import (
     advantages,
 )
 
-from .helpers import (
+from ..helpers import (
     Batch,
     MLPPolicy,
     clear_grads,

@@ -1,6 +1,6 @@
 """bf16 parameters: fp32 sums and held gradients, the final ``.grad`` in bf16.
 
-Tolerance (see tests/strategy/test_bf16.py for the reasoning): each trajectory's gradient comes
+Tolerance (see tests/strategy/test_strategy_bf16.py for the reasoning): each trajectory's gradient comes
 out of bf16 autograd (unit roundoff 2^-8), so the step's gradient matches the fp32 one to a few
 bf16 roundoffs; asserted 3e-2 relative.
 """
@@ -11,7 +11,7 @@ import torch
 
 from thundersync_lightning.core import StreamingGRPO
 
-from .helpers import Batch, MLPPolicy, reference_gradient, relative_error, stream
+from ..helpers import Batch, MLPPolicy, reference_gradient, relative_error, stream
 
 BF16_TOLERANCE = 3e-2
 

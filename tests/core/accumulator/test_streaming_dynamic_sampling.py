@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from thundersync_lightning.core import Objective, StreamingGRPO
 from thundersync_lightning.core.grpo.group_filter import informative
 
-from .objective_helpers import Batch, TokenPolicy, barrier, params_of, rel, streamed, synchronous
-from .test_objective import _random_events, batches, objectives
+from ..grpo.test_objective import _random_events, batches, objectives
+from ..objective_helpers import Batch, TokenPolicy, barrier, params_of, rel, streamed, synchronous
 
 
 def kept_groups(batch: Batch, obj: Objective) -> Batch:

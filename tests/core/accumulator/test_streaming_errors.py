@@ -24,7 +24,7 @@ from thundersync_lightning.core import (
     UnknownTrajectoryError,
 )
 
-from .helpers import Batch, MLPPolicy, clear_grads, deliver, grads_of, reference_gradient, relative_error
+from ..helpers import Batch, MLPPolicy, clear_grads, deliver, grads_of, reference_gradient, relative_error
 
 # g0: three trajectories, binary; g1: three distinct rewards (collapse path); g2: rewards known first.
 BATCH = Batch.of([1.0, 0.0, 1.0], [0.5, 2.0, -1.0], [1.0, 0.0])

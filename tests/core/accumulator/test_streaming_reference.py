@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from thundersync_lightning.core import ConfigError, StreamingGRPO, available_estimators
 
-from .helpers import (
+from ..helpers import (
     TOLERANCE,
     Batch,
     MLPPolicy,

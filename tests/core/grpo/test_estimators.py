@@ -17,7 +17,7 @@ from thundersync_lightning.core import (
     register_estimator,
 )
 
-from .helpers import Batch, MLPPolicy, reference_gradient, relative_error, stream
+from ..helpers import Batch, MLPPolicy, reference_gradient, relative_error, stream
 
 # Rewards on a 1e-3 grid in [-10, 10]: sigma never underflows, so the definitions stay well-defined.
 rewards_lists = st.lists(st.integers(-10_000, 10_000).map(lambda k: k / 1000), min_size=2, max_size=16)

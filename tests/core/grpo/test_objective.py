@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from thundersync_lightning.core import ConfigError, Objective
 
-from .objective_helpers import Batch, Event, TokenPolicy, barrier, rel, streamed, synchronous
+from ..objective_helpers import Batch, Event, TokenPolicy, barrier, rel, streamed, synchronous
 
 LOSS_AGGS = [
     "group-sum",

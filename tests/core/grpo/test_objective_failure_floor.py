@@ -12,7 +12,7 @@ from thundersync_lightning.core import Objective, StreamingGRPO
 from thundersync_lightning.core.errors import ConfigError, InvalidRewardError, NonFiniteAdvantageError
 from thundersync_lightning.core.grpo.estimators import grpo_coefficients
 
-from .objective_helpers import Batch, Event, TokenPolicy, barrier, params_of, rel, streamed, synchronous
+from ..objective_helpers import Batch, Event, TokenPolicy, barrier, params_of, rel, streamed, synchronous
 
 PENALTIES = {"exact": 0.0, "wrong": -1.0, "worse": -2.0, "crash": 0.0}
 

@@ -17,7 +17,7 @@ from thundersync_lightning.core import (
     trajectory_terms,
 )
 
-from .objective_helpers import Batch, Event, TokenPolicy, barrier, params_of, rel, streamed, synchronous
+from ..objective_helpers import Batch, Event, TokenPolicy, barrier, params_of, rel, streamed, synchronous
 
 BATCH = Batch(
     {"g0": ("a0", "a1", "a2"), "g1": ("b0", "b1"), "g2": ("c0",)},

@@ -23,7 +23,7 @@ from thundersync_lightning.core import Objective
 from thundersync_lightning.core.grpo.terms import engine_logprobs
 from thundersync_lightning.core.types import Segment, Trajectory
 
-from .objective_helpers import Batch, Event, TokenPolicy, barrier, params_of, rel, streamed, synchronous
+from ..objective_helpers import Batch, Event, TokenPolicy, barrier, params_of, rel, streamed, synchronous
 from .test_objective import IS_MODES, LOSS_AGGS, _random_events
 
 TRL_BATCH = Batch(

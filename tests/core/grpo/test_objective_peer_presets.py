@@ -19,7 +19,7 @@ import torch
 
 from thundersync_lightning.core import Objective
 
-from .objective_helpers import Batch, TokenPolicy, barrier, params_of, rel, streamed, synchronous
+from ..objective_helpers import Batch, TokenPolicy, barrier, params_of, rel, streamed, synchronous
 
 BATCH = Batch(
     {"g0": ("a0", "a1", "a2", "a3"), "g1": ("b0", "b1", "b2", "b3"), "g2": ("c0",), "g3": ("d0", "d1")},
@@ -141,7 +141,7 @@ def test_trl_dr_grpo_divides_by_sequences_times_the_maximum_completion_length():
 
 
 def synchronous_events(batch: Batch):
-    from .objective_helpers import Event
+    from ..objective_helpers import Event
 
     return [Event("reward", t, batch.rewards[t]) for t in batch.order] + [
         Event("content", t) for t in batch.order

@@ -10,9 +10,9 @@ import sys
 import pytest
 import yaml
 
-from ._support import needs_bwrap
+from .._support import needs_bwrap
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 @needs_bwrap

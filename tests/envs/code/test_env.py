@@ -27,7 +27,7 @@ from thundersync_lightning.envs.code import (
 )
 from thundersync_lightning.envs.sandbox import SandboxResult
 
-from ._support import needs_bwrap
+from .._support import needs_bwrap
 
 CODEC = ByteCodec()
 EOA = ByteCodec.END_OF_ACTION
@@ -221,7 +221,7 @@ def test_changes_to_tests_and_test_configuration_are_filtered_from_patches():
 def test_closing_an_environment_kills_a_command_still_running_and_frees_its_uid():
     import threading
 
-    from ._support import processes_of
+    from .._support import processes_of
 
     source = make_source(command_timeout_s=600.0)
     env = source.make_env(source.all_tasks[0], seed=0)
@@ -252,7 +252,7 @@ def test_the_shipped_configs_build_their_task_sources(config):
 
     from thundersync_lightning.envs.swebench.source import SWEbenchTasks
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     with open(os.path.join(root, config)) as f:
         tasks_cfg = yaml.safe_load(f)["data"]["tasks"]
     parser = ArgumentParser()

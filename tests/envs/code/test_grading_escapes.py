@@ -12,7 +12,7 @@ import pytest
 
 from thundersync_lightning.envs.code import ByteCodec, LocalCodeTasks, LocalTask, is_protected_path
 
-from ._support import needs_bwrap
+from .._support import needs_bwrap
 
 CODEC = ByteCodec()
 FIX = (
@@ -125,8 +125,8 @@ def install_step_run(
     )
     from thundersync_lightning.envs.swebench.source import load_instances
 
-    from ._support import TEST_POOL, git_repo, swebench_row
-    from .test_swebench_env import TASK, write_jsonl
+    from .._support import TEST_POOL, git_repo, swebench_row
+    from ..swebench.test_swebench_env import TASK, write_jsonl
 
     lease = TEST_POOL.acquire()
     try:
@@ -175,7 +175,7 @@ def test_a_config_the_install_step_writes_voids_the_run(tmp_path, sandbox_dir, s
     """The agent's setup.py, run by the script's install step, writes an ini that loads its plugin."""
     from thundersync_lightning.envs.swebench.eval_run import grade_eval_run
 
-    from .test_swebench_env import TASK
+    from ..swebench.test_swebench_env import TASK
 
     spec, result, secrets, original = install_step_run(
         tmp_path,
@@ -197,7 +197,7 @@ def test_a_mutation_task_whose_directory_the_agent_filled_is_graded_like_any_oth
 
     from thundersync_lightning.envs.mutations import MutationTasks
 
-    from .test_code_tools import model_dir
+    from .test_tools import model_dir
 
     src = MutationTasks(
         action_format="tools",
@@ -306,7 +306,7 @@ def test_start_up_code_the_install_step_plants_in_the_work_tree_does_not_run(
 ):
     from thundersync_lightning.envs.swebench.eval_run import grade_eval_run
 
-    from .test_swebench_env import TASK
+    from ..swebench.test_swebench_env import TASK
 
     agent = {"setup.py": SITECUSTOMIZE_SETUP, "tsl_pass.py": PASS_PLUGIN}
     # /testbed is on sys.path at start-up in SWE-bench images (the editable install's .pth); here PYTHONPATH.
@@ -362,7 +362,7 @@ def test_bytecode_the_install_step_wrote_is_not_read_by_the_graded_tests(
 ):
     from thundersync_lightning.envs.swebench.eval_run import FRESH_BYTECODE, eval_command, grade_eval_run
 
-    from .test_swebench_env import TASK
+    from ..swebench.test_swebench_env import TASK
 
     original = {"tests/conftest.py": "# the repository's own conftest\n"}
     outcomes = {}
@@ -414,7 +414,7 @@ def test_a_package_that_shadows_a_graded_test_module_is_dropped_from_the_patch(s
     )
     from thundersync_lightning.envs.sandbox import BwrapConfig, BwrapSandbox, SandboxLimits, chown_tree
 
-    from ._support import TEST_POOL
+    from .._support import TEST_POOL
 
     lease = TEST_POOL.acquire()
     try:  # before: the package, kept in the patch, stood in for the graded module (reward 1)
@@ -489,8 +489,8 @@ def test_in_a_container_what_the_install_step_plants_does_not_grade_the_run(
 
     from thundersync_lightning.envs.swebench import SWEbenchTasks
 
-    from ._support import swebench_row
-    from .test_swebench_env import TASK, write_jsonl
+    from .._support import swebench_row
+    from ..swebench.test_swebench_env import TASK, write_jsonl
 
     tag, base = instance_image
     row = swebench_row(TASK, image=tag, base_commit=base)

@@ -14,7 +14,7 @@ from thundersync_lightning.envs.code import ByteCodec, LocalCodeTasks
 from thundersync_lightning.rollout import AgentLoop, EnvPool, Generation, make_request
 from thundersync_lightning.rollout.sampling import turn_seed
 
-from ._support import needs_bwrap
+from .._support import needs_bwrap
 
 CODEC = ByteCodec()
 SEED = 11

@@ -21,7 +21,7 @@ from thundersync_lightning.envs.code.runner import (
 )
 from thundersync_lightning.envs.sandbox import BwrapConfig, BwrapSandbox, SandboxLimits, chown_tree
 
-from ._support import TEST_POOL, needs_bwrap
+from .._support import TEST_POOL, needs_bwrap
 
 TASK = load_tasks(names=["leap_year"])[0]
 F2P = TASK.fail_to_pass[0]

@@ -6,7 +6,7 @@ import pytest
 
 from thundersync_lightning.envs.code import ByteCodec, LocalCodeTasks, load_tasks
 
-from ._support import needs_bwrap
+from .._support import needs_bwrap
 
 pytestmark = needs_bwrap
 

@@ -15,8 +15,8 @@ from thundersync_lightning.envs.code import LocalCodeTasks
 from thundersync_lightning.envs.tokens import added_token_ids
 from thundersync_lightning.rollout import AgentLoop, EnvPool, Generation, make_request
 
-from ._support import needs_bwrap
-from .qwen_style import save_model
+from .._support import needs_bwrap
+from ..qwen_style import save_model
 
 OLD = "return year % 4 == 0 and year % 100 != 0"
 NEW = "return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)"

@@ -17,7 +17,7 @@ from thundersync_lightning.envs.datasets.rewards import call_reward, resolve_rew
 from thundersync_lightning.rollout.agent.env_pool import EnvPool
 from thundersync_lightning.rollout.agent.loop import AgentLoop, Generation
 
-from .test_dataset_tools import call, tool_tasks, user_tools  # noqa: F401 - user_tools is a fixture
+from .test_tool_env import call, tool_tasks, user_tools  # noqa: F401 - user_tools is a fixture
 
 PEER = "tests.envs.peer_rewards"
 CHAT = [{"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "What is 2 + 3?"}]

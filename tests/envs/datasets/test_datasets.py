@@ -20,7 +20,7 @@ from thundersync_lightning.envs.datasets import (
 from thundersync_lightning.rollout.agent.env_pool import EnvPool
 from thundersync_lightning.rollout.agent.loop import AgentLoop, Generation
 
-from ._support import needs_bwrap
+from .._support import needs_bwrap
 
 ROWS = [{"question": f"what is {i} + {i}?", "solution": str(2 * i), "re": f"^{2 * i}$"} for i in range(20)]
 
@@ -248,7 +248,7 @@ def test_the_datasets_recipe_needs_no_extra_beyond_the_package() -> None:
     import re
     from pathlib import Path
 
-    text = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+    text = (Path(__file__).parents[3] / "pyproject.toml").read_text()
     dependencies = text.split("dependencies = [", 1)[1].split("\n]", 1)[
         0
     ]  # [project] dependencies, not extras

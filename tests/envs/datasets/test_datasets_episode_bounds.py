@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from thundersync_lightning.envs.datasets import DatasetTasks
 
-from .test_dataset_tools import tokenizer_dir
-from .test_episode_bounds import adversary, check_bound
+from ..test_envs_episode_bounds import adversary, check_bound
+from .test_tool_env import tokenizer_dir
 
 FLOOD_TOOLS = '''
 def flood(n: int) -> str:

@@ -17,7 +17,7 @@ from thundersync_lightning.envs.tools import InThreadToolHandler, PythonToolHand
 from thundersync_lightning.rollout.agent.env_pool import EnvPool
 from thundersync_lightning.rollout.agent.loop import AgentLoop, Generation
 
-from .test_dataset_tools import call, tokenizer_dir
+from .test_tool_env import call, tokenizer_dir
 
 ENVS = textwrap.dedent('''
     import asyncio, time

@@ -8,7 +8,7 @@ import pytest
 
 from thundersync_lightning.envs.datasets.rewards import unit_tests
 
-from ._support import needs_bwrap
+from .._support import needs_bwrap
 
 TESTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
 WRONG = "def add(a, b):\n    return a - b\n"

@@ -17,8 +17,8 @@ from thundersync_lightning.envs.tools import ToolWorkers, python_tool
 from thundersync_lightning.rollout.agent.env_pool import EnvPool
 from thundersync_lightning.rollout.agent.loop import AgentLoop, Generation
 
-from .qwen_style import save_tokenizer
-from .user_tools import TOOLS
+from ..qwen_style import save_tokenizer
+from ..user_tools import TOOLS
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from .qwen_style import model_config, save_tokenizer
-from .user_tools import TOOLS
+from ..qwen_style import model_config, save_tokenizer
+from ..user_tools import TOOLS
 
 CONFIG = """
 seed_everything: 0

@@ -8,7 +8,7 @@ import pytest
 from thundersync_lightning.envs.mutations import MutationTasks, generate_tasks, is_held_out, mutate, sites
 from thundersync_lightning.envs.mutations.generate import run_cases
 
-from ._support import needs_bwrap
+from .._support import needs_bwrap
 
 
 def test_every_task_has_one_fix_and_decoys_that_the_visible_tests_reject() -> None:

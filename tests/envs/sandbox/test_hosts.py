@@ -209,8 +209,8 @@ def services():
     """Podman services on unix sockets (sandbox hosts' stand-ins), closed after the test."""
     from thundersync_lightning.envs.sandbox import find_engine, image_exists
 
-    from .podman_service import PodmanService
-    from .test_swebench_env import BASE_IMAGE
+    from ..podman_service import PodmanService
+    from ..swebench.test_swebench_env import BASE_IMAGE
 
     engine = find_engine("podman")
     if engine is None or not image_exists(BASE_IMAGE, engine):
@@ -233,7 +233,7 @@ def services():
 def _source(tmp_path, hosts, **kw):
     from thundersync_lightning.envs.swebench import SWEbenchTasks
 
-    from .test_swebench_env import TASK, swebench_row, write_jsonl
+    from ..swebench.test_swebench_env import TASK, swebench_row, write_jsonl
 
     image, base = kw.pop("image")
     path = write_jsonl([swebench_row(TASK, image=image, base_commit=base)], str(tmp_path))
@@ -317,7 +317,7 @@ def test_a_sandbox_host_killed_mid_episode_ends_its_episodes_as_host_faults_and_
     from thundersync_lightning.envs.sandbox.reaper import owner_labels
     from thundersync_lightning.rollout import AgentLoop, EnvPool, Generation, make_request
 
-    from ..rollout.helpers import collect
+    from ...rollout.helpers import collect
 
     service = services()
     source = _source(
@@ -387,7 +387,7 @@ def test_the_scaling_docs_sandbox_host_config_builds_a_task_source(tmp_path):
 
     import yaml
 
-    doc = (pathlib.Path(__file__).parents[2] / "docs" / "scaling.md").read_text()
+    doc = (pathlib.Path(__file__).parents[3] / "docs" / "scaling.md").read_text()
     (block,) = [b for b in re.findall(r"```yaml\n(.*?)```", doc, re.S) if "sandbox_hosts" in b]
     spec = yaml.safe_load(block)["data"]["tasks"]
     module, name = spec["class_path"].rsplit(".", 1)
@@ -410,8 +410,8 @@ def test_a_workspace_closed_while_it_opens_frees_its_host_slot_uid_and_trees(
     from thundersync_lightning.envs.swebench import workspace as workspace_module
     from thundersync_lightning.envs.swebench.workspace import SWEbenchSettings, SWEbenchWorkspace
 
-    from ._support import TEST_POOL
-    from .test_swebench_env import TASK, load_instances, swebench_row, write_jsonl
+    from .._support import TEST_POOL
+    from ..swebench.test_swebench_env import TASK, load_instances, swebench_row, write_jsonl
 
     fake_service.set_up(A)
     for module in (container_module, workspace_module):

@@ -22,7 +22,7 @@ from thundersync_lightning.envs.sandbox import ContainerConfig, ContainerSandbox
 from thundersync_lightning.envs.sandbox.base import wait_readable
 from thundersync_lightning.envs.sandbox.reaper import container_name, host_key, process_start, reaper_for
 
-SRC = os.path.join(os.path.dirname(__file__), "..", "..", "src")
+SRC = os.path.join(os.path.dirname(__file__), "..", "..", "..", "src")
 DEADLINE_S = 15.0
 
 

@@ -29,7 +29,7 @@ from thundersync_lightning.envs.sandbox import (
 from thundersync_lightning.envs.sandbox.cgroups import probe
 from thundersync_lightning.envs.sandbox.fs import BoundedDir, remove_tree
 
-from ._support import TEST_POOL, needs_bwrap, processes_of, processes_of_tag
+from .._support import TEST_POOL, needs_bwrap, processes_of, processes_of_tag
 
 pytestmark = needs_bwrap
 

@@ -19,7 +19,7 @@ import sys
 import pytest
 import yaml
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 INSTANCES = os.path.join(ROOT, "configs", "data", "swe_cpu_instances.jsonl")
 
 

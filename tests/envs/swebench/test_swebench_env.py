@@ -27,8 +27,8 @@ from thundersync_lightning.envs.sandbox import (
 )
 from thundersync_lightning.envs.swebench.source import SWEbenchTasks, load_instances
 
-from ._support import TEST_POOL, git_repo, needs_bwrap, swebench_row
-from .conftest import SWE_BASE_IMAGE, SWE_TASK
+from .._support import TEST_POOL, git_repo, needs_bwrap, swebench_row
+from ..conftest import SWE_BASE_IMAGE, SWE_TASK
 
 TASK = load_tasks(names=[SWE_TASK])[0]
 BASE_IMAGE = SWE_BASE_IMAGE

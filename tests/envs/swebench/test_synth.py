@@ -24,7 +24,7 @@ from thundersync_lightning.envs.swebench.synth import (
     select_bugs,
 )
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 INSTANCES = os.path.join(ROOT, "configs", "data", "swe_cpu_instances.jsonl")
 REPORT = os.path.join(ROOT, "configs", "data", "swe_cpu_validation.json")
 

@@ -18,7 +18,7 @@ from thundersync_lightning.envs.tools import ToolWorkers, WorkerLimits
 from thundersync_lightning.envs.tools import confine as confine_module
 from thundersync_lightning.envs.tools.confine import confinement
 
-from .test_dataset_tools import call, tokenizer_dir
+from ..datasets.test_tool_env import call, tokenizer_dir
 
 needs_bwrap = pytest.mark.skipif(
     not bwrap_available(), reason="bubblewrap and root are needed to confine workers"

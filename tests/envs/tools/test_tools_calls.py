@@ -37,7 +37,7 @@ from thundersync_lightning.envs.tools import (
 from thundersync_lightning.rollout.agent.env_pool import EnvPool
 from thundersync_lightning.rollout.agent.loop import AgentLoop, Generation
 
-from .qwen_style import ADDED, HERMES_TEMPLATE, QWEN3_TEMPLATE, SPECIAL, save_tokenizer
+from ..qwen_style import ADDED, HERMES_TEMPLATE, QWEN3_TEMPLATE, SPECIAL, save_tokenizer
 
 
 @functools.cache

@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from ._support import needs_bwrap
-from .qwen_style import save_model
+from .._support import needs_bwrap
+from ..qwen_style import save_model
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 RUN = """
 import json, sys

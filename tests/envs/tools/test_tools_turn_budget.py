@@ -27,9 +27,9 @@ from thundersync_lightning.envs.tools import Tool, ToolConversation, ToolResult,
 from thundersync_lightning.envs.toy import GuessingGameTasks
 from thundersync_lightning.rollout import AgentLoop, EnvPool, Generation, GenerationRequest, make_request
 
-from ._support import needs_bwrap
-from .test_code_tools import model_dir
-from .test_tool_calls import renderer, sampled
+from .._support import needs_bwrap
+from ..code.test_tools import model_dir
+from .test_tools_calls import renderer, sampled
 
 
 def call(tool: str, **arguments: object) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from thundersync_lightning.envs.tools import Tool, ToolConversation, ToolResult, parse_hermes
 
-from .test_tool_calls import call, renderer, sampled
+from .test_tools_calls import call, renderer, sampled
 
 
 def counting_tool(ran: list[dict]) -> Tool:

@@ -8,7 +8,7 @@ import pytest
 from thundersync_lightning.envs.datasets.rewards import call_reward, resolve_reward
 from thundersync_lightning.envs.tools.workers import ToolWorkers, worker_path
 
-from . import user_rewards
+from .. import user_rewards
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from thundersync_lightning.core.errors import EngineError
 from thundersync_lightning.core.types import GroupRequest, RolloutRequest, group_id
 from thundersync_lightning.rollout.agent.issue_order import IssueOrder
 
-from .procs import wait_until
+from ..procs import wait_until
 
 
 def request(step: int) -> RolloutRequest:

@@ -18,10 +18,10 @@ from thundersync_lightning.rollout import (
     make_request,
 )
 
-from .conftest import random_model
-from .helpers import assert_same_outcomes, collect, learner_logprobs
-from .procs import wait_until
-from .scripted import MODES, CountingTasks, ScriptedTasks, drain, take
+from ..conftest import random_model
+from ..helpers import assert_same_outcomes, collect, learner_logprobs
+from ..procs import wait_until
+from ..scripted import MODES, CountingTasks, ScriptedTasks, drain, take
 
 
 @pytest.fixture

@@ -28,9 +28,9 @@ from thundersync_lightning.core import (
 from thundersync_lightning.rollout import AgentLoop, EnvPool, Generation, GenerationRequest, make_request
 from thundersync_lightning.strategy.runner import StepRunner
 
-from ..strategy.test_held_bound import VOCAB, TinyPolicy
-from .helpers import collect
-from .scripted import RELEASE, ScriptedTasks
+from ...strategy.test_runner_held_bound import VOCAB, TinyPolicy
+from ..helpers import collect
+from ..scripted import RELEASE, ScriptedTasks
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,7 +11,7 @@ from thundersync_lightning.core.grpo.terms import TokenScores, mark_truncated
 from thundersync_lightning.core.types import GroupRequest, RolloutRequest, Segment, StepResult, Trajectory
 from thundersync_lightning.rollout import AgentLoop, EnvPool, Generation, GenerationRequest
 
-from .helpers import collect
+from ..helpers import collect
 
 STOP = 9
 

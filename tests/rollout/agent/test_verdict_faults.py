@@ -19,8 +19,8 @@ from thundersync_lightning.rollout import (
     make_request,
 )
 
-from .helpers import collect
-from .scripted import RELEASE, ScriptedTasks
+from ..helpers import collect
+from ..scripted import RELEASE, ScriptedTasks
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -15,9 +15,9 @@ from thundersync_lightning.rollout import (
     make_request,
 )
 
-from .conftest import random_model
-from .helpers import assert_same_outcomes, collect, learner_logprobs
-from .scripted import MODES, CountingTasks, ScriptedTasks, drain, take
+from ..conftest import random_model
+from ..helpers import assert_same_outcomes, collect, learner_logprobs
+from ..scripted import MODES, CountingTasks, ScriptedTasks, drain, take
 
 OK_GROUPS = [0, 7, 14, 21]  # groups whose mode is "ok" (MODES[g % 7])
 

@@ -16,10 +16,10 @@ import pytest
 from thundersync_lightning.core.errors import EngineError
 from thundersync_lightning.rollout import ContentReady, EmbeddedEngineConfig, RewardReady, make_request
 
-from .conftest import random_model
-from .helpers import collect
-from .procs import children, existing_shm, gone, shm_names, wait_until
-from .scripted import ScriptedTasks
+from ..conftest import random_model
+from ..helpers import collect
+from ..procs import children, existing_shm, gone, shm_names, wait_until
+from ..scripted import ScriptedTasks
 
 pytestmark = pytest.mark.timeout(180)
 

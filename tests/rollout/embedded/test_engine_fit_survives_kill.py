@@ -20,7 +20,7 @@ from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
 from thundersync_lightning.rollout import EmbeddedEngineConfig
 from thundersync_lightning.strategy import ThunderSyncStrategy
 
-from .procs import gone, wait_until
+from ..procs import gone, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -11,10 +11,10 @@ import pytest
 from thundersync_lightning.core.errors import EngineError
 from thundersync_lightning.rollout import ContentReady, EmbeddedEngineConfig, ModelSpec, make_request
 
-from .conftest import random_model
-from .helpers import collect
-from .procs import children
-from .scripted import ScriptedTasks
+from ..conftest import random_model
+from ..helpers import collect
+from ..procs import children
+from ..scripted import ScriptedTasks
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,11 +9,11 @@ import tempfile
 import torch
 
 from tests.envs.qwen_style import save_model
-from tests.envs.test_tool_calls import ScriptedToolTasks
+from tests.envs.tools.test_tools_calls import ScriptedToolTasks
 from thundersync_lightning.envs.chat import ChatRenderer
 from thundersync_lightning.rollout import AgentLoop, EnvPool, HFGenerator, make_request
 
-from .helpers import collect, learner_logprobs
+from ..helpers import collect, learner_logprobs
 
 
 def test_a_sampled_tool_episode_is_scored_by_the_learner_with_the_engine_logprobs():

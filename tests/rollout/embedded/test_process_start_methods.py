@@ -13,10 +13,10 @@ import pytest
 
 from thundersync_lightning.rollout import EmbeddedEngineConfig, make_request
 
-from .conftest import random_model
-from .helpers import collect
-from .procs import children
-from .scripted import ENV_MARK, ScriptedTasks
+from ..conftest import random_model
+from ..helpers import collect
+from ..procs import children
+from ..scripted import ENV_MARK, ScriptedTasks
 
 pytestmark = pytest.mark.timeout(180)
 

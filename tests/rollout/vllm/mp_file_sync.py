@@ -10,8 +10,8 @@ import tempfile
 
 
 def main() -> None:
-    from tests.vllm.tasks import TEMPERATURE, TINY_QWEN3, TurnTasks, make_learner, reference_logprobs
-    from tests.vllm.test_vllm_engine import request
+    from tests.rollout.vllm.tasks import TEMPERATURE, TINY_QWEN3, TurnTasks, make_learner, reference_logprobs
+    from tests.rollout.vllm.test_engine import request
     from thundersync_lightning.core.errors import EngineError
     from thundersync_lightning.core.types import ContentReady
     from thundersync_lightning.rollout import TeacherConfig, TeacherScorer

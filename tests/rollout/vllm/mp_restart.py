@@ -26,8 +26,8 @@ def kill_cores(pids: tuple[int, ...]) -> tuple[int, ...]:
 def fits() -> dict:
     import lightning as L
 
+    from tests.rollout.vllm.tasks import TOY_VLLM_MODEL
     from tests.strategy._fit import fit, outcomes, relative
-    from tests.vllm.tasks import TOY_VLLM_MODEL
     from thundersync_lightning.envs.toy import GuessingGameTasks
     from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
     from thundersync_lightning.rollout import VLLMEngineConfig
@@ -81,8 +81,8 @@ def fits() -> dict:
 
 
 def past_the_budget() -> dict:
-    from tests.vllm.tasks import TEMPERATURE, TINY_QWEN3, TurnTasks, make_learner
-    from tests.vllm.test_vllm_engine import request
+    from tests.rollout.vllm.tasks import TEMPERATURE, TINY_QWEN3, TurnTasks, make_learner
+    from tests.rollout.vllm.test_engine import request
     from thundersync_lightning.core.errors import EngineError
     from thundersync_lightning.rollout import VLLMEngineConfig
 

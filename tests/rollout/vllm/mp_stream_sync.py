@@ -11,8 +11,8 @@ import torch
 
 
 def main(transports: list[str]) -> None:
-    from tests.vllm.tasks import TEMPERATURE, TINY_QWEN3, TurnTasks, make_learner, reference_logprobs
-    from tests.vllm.test_vllm_engine import request
+    from tests.rollout.vllm.tasks import TEMPERATURE, TINY_QWEN3, TurnTasks, make_learner, reference_logprobs
+    from tests.rollout.vllm.test_engine import request
     from thundersync_lightning.core.errors import EngineError
     from thundersync_lightning.core.types import ContentReady
     from thundersync_lightning.rollout import VLLMEngineConfig

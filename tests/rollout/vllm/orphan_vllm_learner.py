@@ -1,6 +1,6 @@
 """A learner process for test_vllm_restart: starts a vLLM engine with worker processes, then waits.
 
-``python -m tests.vllm.orphan_vllm_learner``: prints ``PIDS <learner pid> <descendant pid> ...`` (the
+``python -m tests.rollout.vllm.orphan_vllm_learner``: prints ``PIDS <learner pid> <descendant pid> ...`` (the
 engine core and everything else this process started) once weights are published, then blocks on
 stdin, so only the parent-death mechanisms can end its engine core when this process is killed.
 """
@@ -13,7 +13,7 @@ import sys
 import psutil
 
 if __name__ == "__main__":
-    from tests.vllm.tasks import TEMPERATURE, TINY_QWEN3, TurnTasks, make_learner
+    from tests.rollout.vllm.tasks import TEMPERATURE, TINY_QWEN3, TurnTasks, make_learner
     from thundersync_lightning.rollout import VLLMEngineConfig
 
     config = VLLMEngineConfig(

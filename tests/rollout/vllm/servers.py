@@ -14,7 +14,7 @@ from pathlib import Path
 from tests.rollout.procs import wait_until
 from thundersync_lightning.rollout.vllm.server_client import SERVER_ENV, serve_command
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 VLLM_CPU_SERVE = (sys.executable, "-m", "vllm.entrypoints.launchers.api_server.entry", "--model")
 
 

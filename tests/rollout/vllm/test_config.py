@@ -12,7 +12,7 @@ from thundersync_lightning.rollout.vllm.config import VLLMEngineConfig
 
 pytestmark = pytest.mark.vllm
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = Path(__file__).resolve().parents[3] / "configs"
 
 
 def test_every_problem_of_a_config_is_reported_at_once():

@@ -11,14 +11,14 @@ import sys
 
 import pytest
 
-from ..rollout.procs import gone, wait_until
-from .test_vllm_processes import ROOT, run
+from ..procs import gone, wait_until
+from .test_worker_processes import ROOT, run
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 
 def test_a_fit_whose_engine_core_is_killed_mid_step_completes_every_step_with_the_uncrashed_parameters():
-    proc = run([sys.executable, "-m", "tests.vllm.mp_restart"], cwd=ROOT)
+    proc = run([sys.executable, "-m", "tests.rollout.vllm.mp_restart"], cwd=ROOT)
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     result = json.loads(line[len("RESULT ") :])
     fits, budget = result["fits"], result["budget"]
@@ -38,7 +38,7 @@ def test_every_vllm_process_exits_within_seconds_when_its_learner_is_sigkilled()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]), HF_HUB_OFFLINE="1")
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     learner = subprocess.Popen(
-        [sys.executable, "-m", "tests.vllm.orphan_vllm_learner"],
+        [sys.executable, "-m", "tests.rollout.vllm.orphan_vllm_learner"],
         cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
     )  # fmt: skip
     descendants: list[int] = []

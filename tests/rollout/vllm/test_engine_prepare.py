@@ -1,7 +1,7 @@
 """Preparing ahead with the vLLM engine: ``prepare(request)`` runs the request's reset wave
 (``make_env``, ``reset``) before its weights exist; the rollout claims it and gives the same events
 as without ``prepare``, and what nobody rolls out is closed at shutdown (the embedded engine's
-contract, tests/rollout/test_embedded_engine.py and tests/strategy/test_prepare_ahead.py)."""
+contract, tests/rollout/embedded/test_engine.py and tests/strategy/test_issuing_prepare_ahead.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from thundersync_lightning.core.errors import EngineError
 from thundersync_lightning.core.protocols import PreparesAhead
 from thundersync_lightning.core.types import GroupRequest, RolloutRequest, group_id
 
-from ..rollout.helpers import assert_same_outcomes, collect
-from ..rollout.scripted import drain, take
+from ..helpers import assert_same_outcomes, collect
+from ..scripted import drain, take
 from .tasks import TEMPERATURE, TINY_QWEN3, TOY_VLLM_MODEL, Task, TurnTasks, make_learner
 
 pytestmark = pytest.mark.vllm
@@ -82,7 +82,7 @@ def test_a_streaming_fit_with_the_vllm_engine_trains_the_same_parameters_with_an
     from thundersync_lightning.rollout import VLLMEngineConfig
     from thundersync_lightning.rollout.vllm.engine import VLLMEngine
 
-    from ..strategy._fit import fit, outcomes, relative
+    from ...strategy._fit import fit, outcomes, relative
 
     prepared_steps_seen: list[int] = []
     original = VLLMEngine.prepare

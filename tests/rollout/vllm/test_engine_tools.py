@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.envs.qwen_style import save_model
-from tests.envs.test_tool_calls import ScriptedToolTasks
+from tests.envs.tools.test_tools_calls import ScriptedToolTasks
 from thundersync_lightning.core.types import ContentReady, ModelSpec, RewardReady
 from thundersync_lightning.envs.chat import ChatRenderer
 from thundersync_lightning.rollout import make_request

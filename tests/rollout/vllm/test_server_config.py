@@ -1,5 +1,5 @@
 """The server engine's pieces that need no vLLM: its config, the JSON wire form of a publish, and an
-unreachable server refused at set-up (tests/vllm/test_vllm_server.py runs real servers)."""
+unreachable server refused at set-up (tests/rollout/vllm/test_server_engine.py runs real servers)."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_the_shipped_servers_config_builds_a_valid_engine_config_at_the_learners
     import yaml
 
     config = yaml.safe_load(
-        (Path(__file__).resolve().parents[2] / "configs" / "gpu_vllm_servers.yaml").read_text()
+        (Path(__file__).resolve().parents[3] / "configs" / "gpu_vllm_servers.yaml").read_text()
     )
     engine = config["data"]["engine"]
     assert engine["class_path"] == "thundersync_lightning.rollout.VLLMServerEngineConfig"

@@ -14,7 +14,7 @@ import yaml
 
 pytestmark = pytest.mark.vllm
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def run(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -28,7 +28,7 @@ def run(args: list[str], cwd: Path, timeout: int = 600) -> subprocess.CompletedP
 
 
 def test_worker_processes_with_file_weight_sync_and_a_teacher_match_transformers_after_each_publish(tmp_path):
-    proc = run([sys.executable, "-m", "tests.vllm.mp_file_sync"], cwd=ROOT)
+    proc = run([sys.executable, "-m", "tests.rollout.vllm.mp_file_sync"], cwd=ROOT)
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     result = json.loads(line[len("RESULT ") :])
 
@@ -50,7 +50,7 @@ def test_a_three_step_streaming_fit_with_the_vllm_engine_has_zero_staleness_ever
                 "trainer": {
                     "callbacks": [
                         {
-                            "class_path": "tests.vllm.probe.StalenessProbe",
+                            "class_path": "tests.rollout.vllm.probe.StalenessProbe",
                             "init_args": {"path": str(probe_path)},
                         }
                     ]
@@ -90,7 +90,7 @@ def test_a_three_step_streaming_fit_with_the_vllm_engine_has_zero_staleness_ever
 
 
 def test_bucketed_weight_sync_into_worker_processes_matches_transformers_and_a_failed_publish_blocks_generation():
-    proc = run([sys.executable, "-m", "tests.vllm.mp_stream_sync", "nccl", "ipc"], cwd=ROOT)
+    proc = run([sys.executable, "-m", "tests.rollout.vllm.mp_stream_sync", "nccl", "ipc"], cwd=ROOT)
     line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT "))
     result = json.loads(line[len("RESULT ") :])
 

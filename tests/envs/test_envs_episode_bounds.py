@@ -4,7 +4,7 @@ The memory planner sizes activations with a task source's ``max_episode_tokens()
 whatever the policy writes. Each family here runs real episodes (bubblewrap sandboxes) through the
 agent loop under policies that write the longest actions, commands whose output floods (ASCII,
 binary read as U+FFFD, multi-byte text), invalid actions and calls, and many calls per turn; every
-episode's tokens stay within the declared bound. Toy and branch tasks: ``test_turn_budget.py``.
+episode's tokens stay within the declared bound. Toy and branch tasks: ``tests/envs/tools/test_tools_turn_budget.py``.
 
 Before: code and mutation tasks declared no bound (the planner took only the model's context), and
 a tools-format code turn's observation had no token cap (binary output tripled its tokens).

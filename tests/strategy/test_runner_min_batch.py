@@ -1,6 +1,6 @@
 """min_batch_trajectories: while content is still to land, a learner call starts only once enough rows wait.
 
-The step runner is driven by fuzzed event orders (the tiny bigram policy of ``test_held_bound``,
+The step runner is driven by fuzzed event orders (the tiny bigram policy of ``test_runner_held_bound``,
 float64). The property checked at every ``add_tokens`` call: if the engine had content still to
 deliver and no group was deferred, at least ``min_batch_trajectories`` rows were waiting. The
 gradient must equal the one without the wait.

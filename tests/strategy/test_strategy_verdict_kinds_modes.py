@@ -101,7 +101,7 @@ def test_streaming_sync_and_a_stock_strategy_train_failures_and_unscorables_alik
     stock, _ = _fit(None, objective)
     assert float(sync[0].norm()) > 0
     for got in (streaming[0], stock[0]):
-        assert float((got - sync[0]).norm() / sync[0].norm()) <= 1e-6  # the tolerance of test_step0_gradients
+        assert float((got - sync[0]).norm() / sync[0].norm()) <= 1e-6  # as in test_core_step0_gradients
     records = steps[0].trajectories
     assert sum(r.unscorable for r in records) == 2 and all(r.reward is None for r in records if r.unscorable)
     refused = [r for r in records if r.trajectory_id.endswith("-t2")]

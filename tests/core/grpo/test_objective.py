@@ -216,7 +216,7 @@ def test_presets_and_mappings_build_objectives_and_unknown_names_are_rejected():
         Objective.of({"beta": 0.1})
 
 
-@pytest.mark.slow  # the full product of settings (~20 s); test_objective_modes covers each option per mode
+@pytest.mark.slow  # the full product of settings (~20 s); test_objective_checks_modes covers each option per mode
 def test_every_estimator_aggregation_std_scale_singleton_and_failure_setting_streams_exactly():
     """The full product of the advantage and normalisation settings, with KL, entropy, OPD and IS on."""
     import itertools

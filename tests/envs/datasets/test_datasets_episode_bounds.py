@@ -3,7 +3,7 @@
 The memory planner sizes activations with it; it must hold whatever the policy writes. Episodes run
 through the agent loop under policies writing random ids or the longest turns: floods (a tool whose
 result is 100k emoji, four tokens each), many calls per turn, invalid JSON, unknown tools, wrong
-argument types, with and without the end-of-turn token. Other families: ``test_episode_bounds.py``.
+argument types, with and without the end-of-turn token. Other families: ``tests/envs/test_envs_episode_bounds.py``.
 
 Before: ``DatasetTasks`` declared no bound, and a tool turn's observation had no token cap.
 """

@@ -1,4 +1,4 @@
-"""A learner process for test_vllm_restart: starts a vLLM engine with worker processes, then waits.
+"""A learner process for test_core_restart: starts a vLLM engine with worker processes, then waits.
 
 ``python -m tests.rollout.vllm.orphan_vllm_learner``: prints ``PIDS <learner pid> <descendant pid> ...`` (the
 engine core and everything else this process started) once weights are published, then blocks on

@@ -26,7 +26,7 @@ def test_a_fit_whose_engine_core_is_killed_mid_step_completes_every_step_with_th
     assert fits["killed"] and fits["restarts_crashed"] == 1 and fits["restarts_plain"] == 0
     assert fits["steps"] == [12, 12]
     # the same tokens and rewards in every step (the republished weights, the same seeds), so the
-    # same parameters up to the float rounding of the events' arrival order (see test_vllm_prepare)
+    # same parameters up to the float rounding of the events' arrival order (see test_engine_prepare)
     assert fits["same_outcomes"] == [True, True]
     assert fits["relative"] <= 1e-4
     # past max_engine_restarts the engine fails, naming the death and the budget, and stays failed

@@ -74,7 +74,7 @@ $(VLLM_STAMP): pyproject.toml
 	touch $@
 
 test-vllm: $(VLLM_STAMP)
-	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VLLM_PY) -m pytest -q -m vllm tests/vllm
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline $(VLLM_PY) -m pytest -q -m vllm tests/rollout/vllm
 
 # TRL 1.16, the peer docs/trl.md ports from and benchmarks/vs_trl.py runs against, in a venv of its
 # own (torch's CPU wheel first, then trl pinned to the same torch): tests/peers and the vs_trl smoke

@@ -11,7 +11,7 @@ the optimizer sees, ||g_a - g_b|| / ||g_b||:
   before it reaches the fp32 sums; GRPO's zero-mean advantages cancel most of the sum),
 - bf16-true vs fp32, per mode.
 
-tests/strategy/test_bf16.py asserts the same quantities (bf16: 3e-2; fp32: 1e-5).
+tests/strategy/test_strategy_bf16.py asserts the same quantities (bf16: 3e-2; fp32: 1e-5).
 
     .venv/bin/python benchmarks/bf16_gradient.py               # writes benchmarks/results/bf16_gradient.json
 """

@@ -261,7 +261,7 @@ def engines(args: argparse.Namespace) -> dict[str, Any]:
             for version in range(1, args.repeats + 1):
                 engine.publish(weights, version)
                 runs.append(engine.last_publish_seconds)
-        # exactness through vLLM: tests/vllm/test_vllm_processes.py (logprobs against transformers)
+        # exactness through vLLM: tests/rollout/vllm/test_worker_processes.py (logprobs against transformers)
         results[transport] = {"median_s": median(runs), "runs_s": runs, "warmup_s": warmup,
                               "backend": _backend_name(transport, args.device)}  # fmt: skip
     return _record("vllm engines (multiprocessing)", args, weights, results, {})

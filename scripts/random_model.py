@@ -5,7 +5,7 @@
 Writes ``config.json`` (the published dimensions: ``QWEN3_ARCHITECTURES``, with ``--layers``
 decoder layers when given, for hosts that cannot hold every layer) and ``model.safetensors``, the
 layout ``from_pretrained`` and vLLM load. The shipped GPU configs run on CPU from such a directory
-(``--model.pretrained_path=DIR``; ``tests/vllm/test_shipped_gpu_configs.py``). No tokenizer: the
+(``--model.pretrained_path=DIR``; ``tests/rollout/vllm/test_config_shipped_gpu.py``). No tokenizer: the
 configs' vLLM engine takes token ids (``skip_tokenizer_init``) and the guessing game has its own.
 """
 

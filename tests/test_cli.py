@@ -86,7 +86,7 @@ def test_fit_from_the_cli_writes_the_summary_and_the_last_checkpoint(tmp_path, m
     assert (root / "checkpoints" / "last.ckpt").is_file()
 
 
-@pytest.mark.slow  # 50 s; resuming is also covered by tests/strategy/test_ddp_and_resume.py
+@pytest.mark.slow  # 50 s; resuming is also covered by tests/strategy/test_strategy_ddp_and_resume.py
 def test_fit_resumes_from_the_last_checkpoint(tmp_path):
     root = tmp_path / "run"
     first = _fit(root, "--trainer.max_steps=1")

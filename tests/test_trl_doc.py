@@ -180,7 +180,7 @@ def test_streaming_and_sync_train_the_same_step0_gradient_on_the_trl_pieces(tmp_
     streaming, sync = step0_gradient(tmp_path, "streaming"), step0_gradient(tmp_path, "sync")
     assert float(streaming.norm()) > 0  # the brevity reward differs within the math group: something trains
     # the learner is float64; the engine's float32 sampling logprobs (TRL's IS correction reads them) differ
-    # with how its batches formed, ~1e-7 (tests/strategy/test_objective_modes.py's bound)
+    # with how its batches formed, ~1e-7 (tests/strategy/test_objective_checks_modes.py's bound)
     assert float((streaming - sync).norm()) <= 1e-5 * float(sync.norm())
 
 

@@ -1,4 +1,4 @@
-"""Two gloo ranks on CPU, run as a script by test_ddp.py (the popen launcher re-runs sys.argv).
+"""Two gloo ranks on CPU, run as a script by test_callbacks_ddp.py (the popen launcher re-runs sys.argv).
 
 ``python -m tests.callbacks.ddp_script OUT``:
 

@@ -1,4 +1,4 @@
-"""A tool for tests/envs/test_tool_worker_reuse.py: each call marks ``directory`` and returns its
+"""A tool for tests/envs/tools/test_workers_reuse.py: each call marks ``directory`` and returns its
 worker's pid once ``count`` calls have marked it (so ``count`` calls are running at once)."""
 
 from __future__ import annotations

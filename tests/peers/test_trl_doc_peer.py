@@ -20,7 +20,7 @@ import sys
 import pytest
 import torch
 
-from tests.envs.test_dataset_tools import call
+from tests.envs.datasets.test_tool_env import call
 from tests.peers.test_trl_rewards_peer import PEER_PYTHON, ROOT
 from tests.test_trl_doc import write_project
 from thundersync_lightning.core import Objective

@@ -1,4 +1,4 @@
-"""A learner process for test_parent_death: builds an embedded engine, keeps it busy, waits.
+"""A learner process for test_lifeline_parent_death: builds an embedded engine, keeps it busy, waits.
 
 ``python -m tests.rollout.orphan_learner METHOD``: the engine's start method (forkserver or spawn).
 Prints ``<learner pid> <engine pid>`` once the engine is generating, then blocks on stdin. The

@@ -1,4 +1,4 @@
-"""Run by test_ddp_and_resume as its own process: Lightning's popen launcher re-runs this file."""
+"""Run by test_strategy_ddp_and_resume as its own process: Lightning's popen launcher re-runs this file."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Run by test_ddp_and_resume as its own process: ``trainer.validate`` on 1 or 2 gloo ranks."""
+"""Run by test_strategy_ddp_and_resume as its own process: ``trainer.validate`` on 1 or 2 gloo ranks."""
 
 from __future__ import annotations
 

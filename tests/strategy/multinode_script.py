@@ -1,4 +1,4 @@
-"""Run by test_multinode as one process of a job: the cluster environment comes from the env vars.
+"""Run by test_strategy_multinode as one process of a job: the cluster environment comes from the env vars.
 
 Trainer(num_nodes=N, devices=1): Lightning detects SLURMEnvironment, TorchElasticEnvironment or
 (LOCAL_RANK set) LightningEnvironment and, as on a real cluster, starts no process itself. Each

@@ -293,7 +293,6 @@ class VLLMEngine:
         a worker-process engine core is tied to this process's life."""
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if self.config.multiprocessing else "0"
         import vllm.envs
-
         from vllm import LLM
 
         if bool(vllm.envs.VLLM_ENABLE_V1_MULTIPROCESSING) != self.config.multiprocessing:
@@ -354,9 +353,8 @@ class VLLMEngine:
         return req.prefix, self._sampling_params(req)
 
     def _sampling_params(self, req: GenerationRequest) -> Any:
-        from vllm.sampling_params import RequestOutputKind
-
         from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
 
         return SamplingParams(
             n=1,

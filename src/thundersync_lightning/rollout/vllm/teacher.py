@@ -73,9 +73,8 @@ def read_prompt_logprobs(out: Any) -> tuple[float, ...]:
 
 
 def _score_request(tokens: Sequence[int]) -> tuple[Sequence[int], Any]:
-    from vllm.sampling_params import RequestOutputKind
-
     from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
 
     params = SamplingParams(
         max_tokens=1, prompt_logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY

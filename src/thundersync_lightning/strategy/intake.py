@@ -56,6 +56,7 @@ class EventIntake:
         self.clock = clock
         self.after_verdict = after_verdict
         self.waiting: dict[str, None] = {}  # admitted groups' content not yet backpropagated (ordered)
+        self.content_at: dict[str, float] = {}  # when each trajectory's content reached the learner
         self._admitted: set[str] = set()
         self._deferred: dict[str, list[RolloutEvent]] = {}
         self._early: dict[str, RewardReady] = {}  # rewards waiting for their content (reward shaping)
@@ -78,10 +79,17 @@ class EventIntake:
         )
         pump.start()
 
-    def drain(self, block: bool) -> bool:
-        """Dispatch every event available now (waiting for one if ``block``); True at the end."""
+    def drain(self, block: bool, timeout: float | None = None) -> bool:
+        """Dispatch every event available now (waiting for one if ``block``, at most ``timeout``
+        seconds when given); True at the end."""
         inbox = self._inbox
-        item = inbox.get() if block else _get_nowait(inbox)
+        if block:
+            try:
+                item = inbox.get(timeout=timeout)
+            except queue.Empty:
+                return False
+        else:
+            item = _get_nowait(inbox)
         while item is not None:
             if item is _END:
                 self._streams -= 1
@@ -144,11 +152,14 @@ class EventIntake:
         if t.trajectory_id in self.outcome.trajectories:
             raise EngineError(f"the engine delivered the content of {t.trajectory_id!r} twice")
         self.outcome.trajectories[t.trajectory_id] = t
+        self.content_at[t.trajectory_id] = self.clock()
 
     def _on_reward(self, event: RewardReady) -> None:
         if event.trajectory_id in self.outcome.rewards:
             raise EngineError(f"the engine delivered the reward of {event.trajectory_id!r} twice")
         self.outcome.rewards[event.trajectory_id] = event.reward
+        landed = self.content_at.get(event.trajectory_id)  # a reward before its content: no wait
+        self.outcome.reward_lags.append(0.0 if landed is None else self.clock() - landed)
         self.outcome.reward_times[event.trajectory_id] = event.time
         host_fault = bool(event.failure) and event.host_fault  # only a host fault may be dropped
         if event.failure:

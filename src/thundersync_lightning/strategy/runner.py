@@ -64,6 +64,10 @@ class RunnerSettings:
             a call only once this many trajectories (or ``max_batch_tokens`` tokens) are waiting;
             1: at once (where a call's fixed cost is large against a row's, waiting for rows
             trades a little idle learner time for less learner work).
+        hold_after_s: a reward-pending trajectory is backpropagated (its gradient held) only once
+            its content has waited this long for its reward (0: as soon as nothing else is to do).
+            Where verdicts land within a call's time of their content, waiting for them turns
+            held rows (a gradient each, then a fold) into direct ones (one backward for many).
         progress_interval_s: the progress listener is called at most this often (and at the end).
         clock: the time source of the busy intervals.
     """
@@ -73,6 +77,7 @@ class RunnerSettings:
     max_batch_trajectories: int = 32
     max_batch_tokens: int | None = None
     min_batch_trajectories: int = 1
+    hold_after_s: float = 0.0
     progress_interval_s: float = 0.2
     clock: Callable[[], float] = time.monotonic
 
@@ -117,11 +122,15 @@ class StepRunner:
         self.max_batch = max(1, settings.max_batch_trajectories)
         self.max_tokens = settings.max_batch_tokens
         self.min_batch = max(1, min(settings.min_batch_trajectories, self.max_batch))
+        self.hold_after = max(0.0, settings.hold_after_s)
         self._prefixes: dict[str, SharedPrefix] = {}
         self._entropy_threshold: float | None = None  # top_entropy_quantile: the step's (sync only)
         accumulator.plan_groups(request.trajectory_ids())
         self.outcome = StepOutcome(
-            min_batch_trajectories=self.min_batch, groups_generated=len(request.groups)
+            min_batch_trajectories=self.min_batch,
+            max_batch_trajectories=self.max_batch,
+            hold_after_s=self.hold_after,
+            groups_generated=len(request.groups),
         )
         issuer = ReplacementIssuer(replacements, request, accumulator, self.outcome) if replacements else None
         self.intake = EventIntake(
@@ -137,7 +146,7 @@ class StepRunner:
         ended = False
         while True:
             if not ended:
-                ended = self.intake.drain(block=not self._has_work(ended))
+                ended = self.intake.drain(block=not self._has_work(ended), timeout=self._hold_wait())
             if ended and self.acc.needs_step_entropy and self._entropy_threshold is None:
                 self._entropy_threshold = self._step_entropy_threshold()
             worked = self._work(inbox_empty=self.intake.empty) if ended or not self.defer else False
@@ -156,7 +165,30 @@ class StepRunner:
     def _has_work(self, ended: bool) -> bool:
         if not self._waiting or not (ended or not self.defer) or self._gathering():
             return False
-        return self._can_hold() or any(t in self.outcome.rewards for t in self._waiting)
+        return (self._can_hold() and self._holdable() > 0) or any(
+            t in self.outcome.rewards for t in self._waiting
+        )
+
+    def _holdable(self) -> int:
+        """Reward-pending waiting trajectories whose content has waited ``hold_after_s`` (the
+        oldest first: ``waiting`` is in content order)."""
+        pending = [t for t in self._waiting if t not in self.outcome.rewards]
+        if self.hold_after <= 0.0:
+            return len(pending)
+        ready_before = self.clock() - self.hold_after
+        return sum(self.intake.content_at[t] <= ready_before for t in pending)
+
+    def _hold_wait(self) -> float | None:
+        """Seconds until the oldest reward-pending trajectory may be held, when the learner would
+        otherwise block with nothing to do (None: wait for the next event, however long)."""
+        if self.hold_after <= 0.0 or self.defer or not self._can_hold() or self._gathering():
+            return None
+        if self._holdable() > 0:  # holdable now: no timed wait (any block is for another reason)
+            return None
+        landed = [self.intake.content_at[t] for t in self._waiting if t not in self.outcome.rewards]
+        if not landed:
+            return None
+        return max(0.0, min(landed) + self.hold_after - self.clock())
 
     def _gathering(self) -> bool:
         """Wait for more content before the next call: fewer than ``min_batch_trajectories`` (and,
@@ -188,7 +220,7 @@ class StepRunner:
             planned.owners,
             planned.membership,
             self.max_batch,
-            hold=self._room_to_hold() if inbox_empty else 0,
+            hold=min(self._room_to_hold(), self._holdable()) if inbox_empty else 0,
             destinations=self.acc.backend.destinations,
             lengths=self._lengths_of(self._waiting) if self.max_tokens is not None else None,
             max_tokens=self.max_tokens,

@@ -190,3 +190,19 @@ def test_a_step_over_the_former_fixed_32_rows_is_one_sync_call_and_the_update_is
     assert max(calls[1]) <= 32 and sum(calls[0]) == sum(calls[1]) == 36
     if mode == "sync":
         assert calls == [[36], [32, 4]]
+
+
+@pytest.mark.parametrize("mode, wait", [("streaming", 0.0), ("streaming", 0.02), ("async", 0.02)])
+def test_waiting_before_holding_a_reward_pending_row_keeps_the_update(runs, mode, wait):
+    # verdict latency (median 5 ms): at 0 s rows are held as soon as nothing else is to do
+    params, steps, _ = fit(mode, steps=3, data=toy_data(latency=True), strategy_kwargs={"hold_after_s": wait})
+    assert relative(params, runs[mode][0]) <= 1e-5
+    assert [s.hold_after_s for s in steps] == [wait] * 3
+    assert [sum(i.trajectories for i in s.busy if i.kind == "backward") for s in steps] == [16] * 3
+
+
+def test_the_automatic_wait_before_holding_starts_at_zero_and_is_recorded(runs):
+    steps = runs["streaming"][1]
+    assert steps[0].hold_after_s == 0.0  # no verdict lag seen before the first step
+    assert all(s.hold_after_s >= 0.0 for s in steps)
+    assert all(s.hold_after_s == 0.0 for s in runs["sync"][1])

@@ -27,6 +27,7 @@ from ..backends.split import planned_destinations
 from ..core.grpo.objective import Objective
 from ..core.protocols import EngineFootprint
 from ..planning.memory_plan import (
+    FIXED_BATCH_TRAJECTORIES,
     MemoryPlan,
     PlanInputs,
     auto_batch_trajectories,
@@ -160,8 +161,8 @@ def plan_inputs(
         group_size=int(data.get("group_size", 8)),
         max_tokens_per_trajectory=min(known) if known else DEFAULT_MAX_TOKENS,
         tokens_bounded=bounded,
-        # "auto" is planned at its most, the step's trajectories on the rank; fit_plan (or the plan
-        # command, given the machine) lowers it to what fits (auto_batch_trajectories)
+        # "auto" is planned at its floor until a machine is known: fit_plan (and the plan command,
+        # given the machine) resolve it (auto_batch_trajectories)
         max_batch_trajectories=_rows_setting(strategy, data, world_size),
         max_batch_tokens=strategy.get("max_batch_tokens"),
         score_max_padding=None
@@ -201,7 +202,7 @@ def _rows_setting(strategy: Mapping[str, Any], data: Mapping[str, Any], world_si
     groups = int(data.get("groups_per_step", 16))
     if data.get("dynamic_sampling"):
         groups += int(data.get("max_extra_groups") or groups)
-    return -(-groups // max(1, world_size)) * int(data.get("group_size", 8))
+    return min(FIXED_BATCH_TRAJECTORIES, -(-groups // max(1, world_size)) * int(data.get("group_size", 8)))
 
 
 def _settings(obj: Any, names: tuple[str, ...] | None = None) -> dict[str, Any]:

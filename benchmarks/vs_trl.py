@@ -374,7 +374,15 @@ def per_step(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "tool_calls": cur["tool_calls"],
                 **{
                     k: cur[k]
-                    for k in ("learner_s", "learner_calls", "learner_calls_by_path", "step_seconds_inside")
+                    for k in (
+                        "learner_s",
+                        "learner_calls",
+                        "learner_calls_by_path",
+                        "backward_passes",
+                        "max_batch_trajectories",
+                        "hold_after_s",
+                        "step_seconds_inside",
+                    )
                     if k in cur
                 },
             }

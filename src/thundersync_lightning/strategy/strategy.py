@@ -112,9 +112,10 @@ class ThunderSyncStrategy(DDPStrategy):
             more where their fixed cost dominates (small models, CPU), the wait adding at most
             one call's fixed cost to the step. Same gradient whatever the value; no effect in sync.
             ``StepStats.min_batch_trajectories`` records the value each step used.
-        hold_after_s: in streaming and async, a reward-pending trajectory is backpropagated (its
-            gradient held apart until its reward lands) only once its content has waited this many
-            seconds for its reward (0: as soon as the learner has nothing else to do). ``"auto"``
+        hold_after_s: in streaming and async, a trajectory of a group still waiting for rewards is
+            backpropagated (its gradient held apart until its reward lands, or added to its group's
+            running sums) only once its content has waited this many seconds (0: as soon as the
+            learner has nothing else to do). ``"auto"``
             (the default) sets it before each step from the recent steps: the 90th percentile of
             their verdicts' lags behind their content where that is within their mean learner call's
             seconds, else 0 (:mod:`~thundersync_lightning.strategy.fit_learner`): fast rewards are

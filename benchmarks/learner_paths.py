@@ -13,9 +13,8 @@ accumulator in this process (no engine: the learner's work alone). Cases, interl
 - ``streaming_held`` / ``streaming_waited``: every content lands, the rewards land right after
   it; the learner holds the waiting rows at once (``hold_after_s=0``: the rewards are withheld
   until its first call, so it does: one split call of 64 held rows, then a fold each) or waits for
-  the rewards (a wait longer than their lag: direct calls, or (group, reward) buckets of a group
-  whose rewards were partly in the queue when it woke). The split backward is chosen as a fit
-  chooses it (``split_backward="auto"``); every call waits for the 64 contents first.
+  the rewards (a wait longer than their lag: direct calls of whole groups). The split backward is
+  chosen as a fit chooses it (``split_backward="auto"``); every call waits for the 64 contents first.
 
     python benchmarks/learner_paths.py [--reps 15] [--out DIR] [--note TEXT]
 """

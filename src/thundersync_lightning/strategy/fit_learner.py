@@ -8,12 +8,13 @@ verdicts' lags behind their content, which set ``hold_after_s="auto"``:
     hold_after = L if L <= C else 0
 
 with L the 90th percentile of the last steps' lags (content to reward, as the learner saw them) and
-C the mean seconds of the last steps' learner calls. Holding a reward-pending row costs more than
-backpropagating it once its group's rewards are known (a held gradient of its own, a fold; one
-backward each without the split backward): where verdicts usually land within a call's time of
-their content (fast rewards), the learner waits up to L for them instead, which cannot end its work
-later than the held call would have; where they lag by more than a call (tests of an agentic
-episode), it holds at once, as streaming is for. The gradient does not depend on it."""
+C the mean seconds of the last steps' learner calls. A row of a group still waiting for rewards
+costs more than one whose group's rewards are known (held: a gradient of its own and a fold, one
+backward each without the split backward; into the group's sums: the sums and their fold): where
+verdicts usually land within a call's time of their content (fast rewards), the learner waits up to
+L for them instead, which cannot end its work later than the partial-group call would have; where
+they lag by more than a call (tests of an agentic episode), it holds at once, as streaming is for.
+The gradient does not depend on it."""
 
 from __future__ import annotations
 

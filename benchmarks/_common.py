@@ -104,8 +104,9 @@ def add_call_cap_args(parser: argparse.ArgumentParser) -> None:
     rows, tokens = defaults["max_batch_trajectories"].default, defaults["max_batch_tokens"].default
     least = defaults["min_batch_trajectories"].default
     parser.add_argument(
-        "--max-batch-trajectories", type=int, default=rows,
-        help=f"ThunderSyncStrategy(max_batch_trajectories=...): rows of one learner call (default {rows})",
+        "--max-batch-trajectories", type=lambda v: v if v == "auto" else int(v), default=rows,
+        help=f"ThunderSyncStrategy(max_batch_trajectories=...): rows of one learner call, an integer or auto "
+        f"(default {rows})",
     )  # fmt: skip
     parser.add_argument(
         "--max-batch-tokens", type=int, default=tokens,

@@ -19,6 +19,7 @@ from thundersync_lightning.core.types import ContentReady, GroupRequest, RewardR
 from thundersync_lightning.envs.toy import GuessingGameTasks
 from thundersync_lightning.modules import GRPOPolicy, RolloutDataModule
 from thundersync_lightning.modules.shape import QWEN3_ARCHITECTURES
+from thundersync_lightning.planning.memory_plan import FIXED_BATCH_TRAJECTORIES
 from thundersync_lightning.rollout import TraceReplayEngineConfig
 from thundersync_lightning.rollout.replay import TraceReplayEngine
 from thundersync_lightning.strategy.batching import call_size
@@ -109,9 +110,13 @@ def calibrate(
         """The fit's calls, cut by ``max_batch_trajectories`` and ``max_batch_tokens`` as its
         learner cuts them (one call of a 16 x 8 long batch would hold every activation at once: 20+ GB)."""
         out, k = [], 0
+        # "auto" is resolved by the fit from its memory plan; calibrated at its floor (the former default)
+        rows = (
+            FIXED_BATCH_TRAJECTORIES if args.max_batch_trajectories == "auto" else args.max_batch_trajectories
+        )
         while k < len(trajectories):
             lengths = [len(t.tokens) for t in trajectories[k:]]
-            n = call_size(lengths, args.max_batch_trajectories, args.max_batch_tokens)
+            n = call_size(lengths, rows, args.max_batch_tokens)
             out.append((trajectories[k : k + n], rewards[k : k + n]))
             k += n
         return out

@@ -50,6 +50,20 @@ class StepProbe(pl.Callback):
                     for kind in ("backward", "fold", "barrier", "optimizer", "publish")
                 },
                 "learner_calls": sum(i.kind == "backward" for i in stats.busy),
+                "backward_passes": stats.backward_passes,
+                # the learner's call settings as resolved for the step ("auto"), where recorded
+                **{
+                    k: getattr(stats, k)
+                    for k in ("max_batch_trajectories", "hold_after_s")
+                    if hasattr(stats, k)
+                },
+                # which rule chose each call (batching.next_batch): direct (every reward of its
+                # groups known: one whole backward), bucket (a partial group's reward sum), held
+                # (reward pending)
+                "learner_calls_by_path": {
+                    path: sum(i.kind == "backward" and i.path == path for i in stats.busy)
+                    for path in ("direct", "bucket", "held")
+                },
             }
         )
 

@@ -380,7 +380,19 @@ def per_step(lines: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "reward": cur["reward"],
                 "failures": cur["failures"],
                 "tool_calls": cur["tool_calls"],
-                **{k: cur[k] for k in ("learner_s", "learner_calls", "step_seconds_inside") if k in cur},
+                **{
+                    k: cur[k]
+                    for k in (
+                        "learner_s",
+                        "learner_calls",
+                        "learner_calls_by_path",
+                        "backward_passes",
+                        "max_batch_trajectories",
+                        "hold_after_s",
+                        "step_seconds_inside",
+                    )
+                    if k in cur
+                },
             }
         )
     return out
@@ -437,6 +449,14 @@ def summarise(args: argparse.Namespace, runs: list[dict[str, Any]], kind: str) -
             "learner_calls_per_step": median([s["learner_calls"] for s in timed])
             if "learner_calls" in timed[0]
             else None,
+            "learner_calls_per_step_by_path": (
+                {
+                    k: statistics.mean(s["learner_calls_by_path"][k] for s in timed)
+                    for k in ("direct", "bucket", "held")
+                }
+                if "learner_calls_by_path" in timed[0]
+                else None
+            ),
             "completions_per_step": median([s["completions"] for s in timed]),
             "tool_calls_per_step_median": median([s["tool_calls"] for s in timed]),
             "failures_total": sum(s["failures"] for r in rs for s in r["steps"]),

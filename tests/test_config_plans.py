@@ -87,6 +87,18 @@ def test_plan_reads_the_same_overrides_as_fit(capsys, monkeypatch):
     assert "3 open groups (max_open_groups=3), 6 held trajectories" in out
 
 
+def test_plan_resolves_an_automatic_call_size_for_the_machine_it_is_given(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(SystemExit) as done:  # the toy step: 16 groups of 8, the tiny model fits whole
+        main(["plan", "--config", "configs/toy.yaml", "--host_memory=4GiB"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "max_batch_trajectories='auto': 128 trajectories per learner call" in out
+    with pytest.raises(SystemExit) as done:  # a number is planned as given
+        main(["plan", "--config", "configs/toy.yaml", "--host_memory=4GiB",
+              "--trainer.strategy.init_args.max_batch_trajectories=8"])  # fmt: skip
+    assert done.value.code == 0 and "'auto'" not in capsys.readouterr().out
+
+
 def test_plan_reads_the_token_cap_and_the_policys_padding_options(parser, monkeypatch):
     monkeypatch.chdir(ROOT)
     base = ["--config", "configs/gpu_1x.yaml", "--trainer.strategy.init_args.max_batch_trajectories=4"]

@@ -51,6 +51,7 @@ import inspect
 import logging
 import os
 import sys
+from dataclasses import replace
 from typing import Any
 
 import psutil
@@ -81,7 +82,7 @@ from .modules import GRPOPolicy, RolloutDataModule
 from .modules.policy import TINY_QWEN3
 from .modules.shape import model_shape
 from .planning.memory_fit import HOST_UNCHECKED
-from .planning.memory_plan import MemoryPlan, format_bytes, parse_bytes, plan_memory
+from .planning.memory_plan import MemoryPlan, auto_batch_trajectories, format_bytes, parse_bytes, plan_memory
 from .strategy import ThunderSyncStrategy
 from .strategy.memory_check import SCORING_KEYS, param_bytes, plan_inputs
 from .verify import BF16_TOLERANCE, FP32_TOLERANCE, VerifyError, verify_step
@@ -357,8 +358,8 @@ def plan_main(args: list[str]) -> int:
     parser.add_argument("--device_memory", help="bytes per GPU (80GB, 80GiB; default: this machine's GPU)")
     parser.add_argument("--host_memory", help="host RAM (default: available RAM here)")
     own, rest = parser.parse_known_args(args)
-    plan = config_plan(build_parser().parse_args(rest).as_dict())
-    print(plan.table())
+    config = build_parser().parse_args(rest).as_dict()
+    plan = config_plan(config)
     host = parse_bytes(own.host_memory) if own.host_memory else int(psutil.virtual_memory().available)
     if own.device_memory and not own.host_memory and plan.inputs.accelerator == "gpu":
         # a device size names another machine: this one's free RAM says nothing about its host
@@ -371,8 +372,14 @@ def plan_main(args: list[str]) -> int:
     elif plan.inputs.accelerator == "cpu":
         device = host
     else:
+        print(plan.table())
         print("no GPU on this machine: pass --device_memory (e.g. 80GB) for a verdict")
         return 0
+    if _init_args(config["trainer"].get("strategy")).get("max_batch_trajectories", "auto") == "auto":
+        rows = auto_batch_trajectories(plan.inputs, device, host)  # as fit resolves it on that machine
+        plan = plan_memory(replace(plan.inputs, max_batch_trajectories=rows))
+        print(f"max_batch_trajectories='auto': {rows} trajectories per learner call on this machine")
+    print(plan.table())
     verdict = plan.fits(device, host)
     print(("FITS: " if verdict.fits else "DOES NOT FIT: ") + verdict.message())
     if verdict.fits:

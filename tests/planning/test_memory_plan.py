@@ -355,3 +355,25 @@ def test_the_model_shape_of_a_lora_config_knows_whether_down_proj_trains():
     assert model_shape(spec, LoraSettings(r=4)).frozen_down_proj
     assert not model_shape(spec, LoraSettings(r=4, target_modules=("q_proj", "down_proj"))).frozen_down_proj
     assert not model_shape(spec).frozen_down_proj  # full fine-tune
+
+
+def test_auto_batch_trajectories_takes_the_whole_step_where_it_fits_else_the_largest_call_that_does():
+    from thundersync_lightning.planning.memory_plan import auto_batch_trajectories
+
+    i = inputs(world_size=2)  # 8 groups of 4 over 2 ranks: 16 trajectories of a step on a rank
+    whole = plan_memory(replace(i, max_batch_trajectories=16)).device_bytes
+    assert auto_batch_trajectories(i, whole, whole) == 16  # the step is one call
+    assert auto_batch_trajectories(i, 10 * whole, 10 * whole) == 16  # never more rows than a step has
+    for n in (1, 5, 9):  # a machine with exactly the room of n rows: n, and n + 1 does not fit
+        room = plan_memory(replace(i, max_batch_trajectories=n)).device_bytes
+        assert auto_batch_trajectories(i, room, room) == n
+        assert not plan_memory(replace(i, max_batch_trajectories=n + 1)).fits_bytes(room, room)
+    # nothing fits: one row (the set-up check then names what would); a plan that is only a worst
+    # case (trajectories bounded by the context window alone) keeps the former fixed default
+    assert auto_batch_trajectories(i, 1, 1) == 1
+    worst = inputs(tokens_bounded=False, groups_per_step=16, group_size=8)  # 128 trajectories
+    assert auto_batch_trajectories(worst, 1, 1) == 32
+    assert auto_batch_trajectories(replace(worst, group_size=2), 1, 1) == 32
+    assert auto_batch_trajectories(replace(worst, groups_per_step=2, group_size=4), 1, 1) == 8
+    unknown = inputs(model=ModelShape(P, P, 4, None), groups_per_step=64)  # no activation rows: 32
+    assert auto_batch_trajectories(unknown, 10**15, 10**15) == 32

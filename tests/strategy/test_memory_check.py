@@ -113,7 +113,7 @@ def test_a_fit_whose_plan_does_not_fit_is_refused_before_the_engine_starts_namin
         tasks=toy_data().tasks, engine=_EngineThatMustNotStart(), group_size=4, groups_per_step=4
     )
     trainer = L.Trainer(
-        strategy=ThunderSyncStrategy(),
+        strategy=ThunderSyncStrategy(max_batch_trajectories=32),  # "auto" would take a call that fits
         accelerator="cpu",
         devices=1,
         max_steps=1,
@@ -191,3 +191,36 @@ def test_memory_check_off_neither_plans_nor_refuses_and_error_refuses_what_warn_
     with pytest.raises(ConfigError, match="too big"):
         setup_checks.check_memory(None, None, "error")
     assert planned == [1, 1]
+
+
+def test_an_automatic_call_size_is_planned_at_every_trajectory_of_the_step_when_that_fits_this_host():
+    policy = GRPOPolicy(config=TOY_MODEL)
+    trainer = SimpleNamespace(
+        lightning_module=policy, datamodule=toy_data(groups=6, group_size=3), precision="32-true"
+    )
+    strategy = _strategy()  # max_batch_trajectories="auto", the default
+    assert strategy.max_batch_trajectories == "auto" and strategy.call_rows == 32  # before set-up
+    assert memory_check.fit_plan(trainer, strategy).inputs.max_batch_trajectories == 18
+    assert memory_check.resolve_call_rows(trainer, strategy) == 18
+    assert memory_check.resolve_call_rows(trainer, _strategy(max_batch_trajectories=5)) is None
+    assert _strategy(max_batch_trajectories=5).call_rows == 5
+
+
+@pytest.mark.parametrize("rows", [0, "many", 2.5, True])
+def test_a_call_size_other_than_a_positive_integer_or_auto_is_refused(rows):
+    with pytest.raises(ConfigError, match="max_batch_trajectories must be an integer >= 1 or 'auto'"):
+        ThunderSyncStrategy(max_batch_trajectories=rows)
+
+
+def test_an_automatic_call_size_shrinks_to_a_call_whose_plan_fits_the_machine(monkeypatch):
+    # the machine of the refused fit above: a whole-step call (16 rows, 17 split destinations) does
+    # not fit 24 MiB, so "auto" takes the largest call that does, and the plan then fits
+    monkeypatch.setattr(memory_check, "machine_capacity", lambda device: (24 * 2**20, 24 * 2**20))
+    policy = GRPOPolicy(config=TOY_MODEL)
+    trainer = SimpleNamespace(
+        lightning_module=policy, datamodule=toy_data(groups=4, group_size=4), precision="32-true"
+    )
+    rows = memory_check.resolve_call_rows(trainer, _strategy())
+    assert rows is not None and 1 <= rows < 16
+    assert memory_check.memory_problems(trainer, _strategy()) == ([], False)
+    assert memory_check.memory_problems(trainer, _strategy(max_batch_trajectories=rows + 1))[0]

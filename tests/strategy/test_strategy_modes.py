@@ -164,6 +164,46 @@ def test_an_automatic_row_wait_follows_the_recent_calls_cost_line_and_keeps_the_
     assert relative(params, runs[mode][0]) <= 1e-5
     replay = CallCost()  # each step's wait from the calls of the steps before it, as the strategy fitted it
     for stats in steps:
-        assert stats.min_batch_trajectories == replay.min_rows(32)
+        assert stats.min_batch_trajectories == replay.min_rows(stats.max_batch_trajectories)
         replay.observe((i.trajectories, i.seconds) for i in stats.busy if i.kind == "backward")
     assert steps[0].min_batch_trajectories == 1
+
+
+@pytest.mark.parametrize("mode", ["streaming", "sync", "async"])
+def test_the_automatic_call_size_is_every_trajectory_of_a_step_that_fits(runs, mode):
+    # max_batch_trajectories="auto" (the default): the toy step's 16 trajectories fit this host's plan
+    steps = runs[mode][1]
+    assert [s.max_batch_trajectories for s in steps] == [16] * 3
+    calls = [[i.trajectories for i in s.busy if i.kind == "backward"] for s in steps]
+    assert all(n <= 16 for c in calls for n in c) and [sum(c) for c in calls] == [16] * 3
+    if mode == "sync":  # every trajectory waits at once: one call a step
+        assert calls == [[16]] * 3
+
+
+@pytest.mark.parametrize("mode", ["streaming", "sync"])
+def test_a_step_over_the_former_fixed_32_rows_is_one_sync_call_and_the_update_is_unchanged(mode):
+    data = dict(groups=9, group_size=4)  # 36 trajectories a step: two calls under the former fixed 32
+    auto = fit(mode, steps=1, data=toy_data(**data))
+    fixed = fit(mode, steps=1, data=toy_data(**data), strategy_kwargs={"max_batch_trajectories": 32})
+    assert relative(auto[0], fixed[0]) <= 1e-5
+    assert auto[1][0].max_batch_trajectories == 36 and fixed[1][0].max_batch_trajectories == 32
+    calls = [[i.trajectories for i in steps[0].busy if i.kind == "backward"] for steps in (auto[1], fixed[1])]
+    assert max(calls[1]) <= 32 and sum(calls[0]) == sum(calls[1]) == 36
+    if mode == "sync":
+        assert calls == [[36], [32, 4]]
+
+
+@pytest.mark.parametrize("mode, wait", [("streaming", 0.0), ("streaming", 0.02), ("async", 0.02)])
+def test_waiting_before_holding_a_reward_pending_row_keeps_the_update(runs, mode, wait):
+    # verdict latency (median 5 ms): at 0 s rows are held as soon as nothing else is to do
+    params, steps, _ = fit(mode, steps=3, data=toy_data(latency=True), strategy_kwargs={"hold_after_s": wait})
+    assert relative(params, runs[mode][0]) <= 1e-5
+    assert [s.hold_after_s for s in steps] == [wait] * 3
+    assert [sum(i.trajectories for i in s.busy if i.kind == "backward") for s in steps] == [16] * 3
+
+
+def test_the_automatic_wait_before_holding_starts_at_zero_and_is_recorded(runs):
+    steps = runs["streaming"][1]
+    assert steps[0].hold_after_s == 0.0  # no verdict lag seen before the first step
+    assert all(s.hold_after_s >= 0.0 for s in steps)
+    assert all(s.hold_after_s == 0.0 for s in runs["sync"][1])

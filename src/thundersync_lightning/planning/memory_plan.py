@@ -71,7 +71,7 @@ alive at the same moment, but the accumulator's buffers stay allocated between s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from ..core.accumulator.bounds import bound_problems
@@ -92,6 +92,8 @@ __all__ = [
     "OptimizerKind",
     "OPTIMIZER_STATES",
     "plan_memory",
+    "auto_batch_trajectories",
+    "FIXED_BATCH_TRAJECTORIES",
     "parse_bytes",
     "format_bytes",
 ]
@@ -102,6 +104,10 @@ OptimizerKind = Literal["adamw", "adam", "sgd", "sgd_momentum"]
 OPTIMIZER_STATES: dict[str, int] = {"adamw": 2, "adam": 2, "sgd_momentum": 1, "sgd": 0}
 _SHARDINGS = ("none", "zero1", "fsdp2")
 _OFFLOADS = ("none", "cpu", "pinned")
+#: ``max_batch_trajectories="auto"``'s floor where the plan is only a worst case (nothing but the
+#: model's context window bounds a trajectory) or has no activation rows (unknown architecture):
+#: the fixed default the option had before "auto".
+FIXED_BATCH_TRAJECTORIES = 32
 _MODES = ("streaming", "sync", "async")
 
 
@@ -514,3 +520,34 @@ def _activation_rows(i: PlanInputs) -> list[PlanRow]:
             )
         )
     return rows
+
+
+def auto_batch_trajectories(inputs: PlanInputs, device_bytes: int, host_bytes: int) -> int:
+    """``max_batch_trajectories="auto"``: the most trajectories of one learner call for this machine.
+
+    The largest ``n <= R`` (R: the rank's trajectories of a step, ``groups_on_rank * group_size``)
+    whose plan fits ``device_bytes`` / ``host_bytes`` (``inputs.max_batch_trajectories`` is
+    ignored), so a step whose trajectories are all waiting is ONE call when its activations fit:
+    fewer, larger calls halve the per-call costs (kernel launches, the accumulator's bookkeeping, a
+    backward's fixed part) on any device. The plan grows with ``n`` (activations, and the split
+    backward's destinations), so the search is a bisection. At least 1 (then the set-up check names
+    what would fit); at least ``min(FIXED_BATCH_TRAJECTORIES, R)`` where the plan is a worst case
+    (``tokens_bounded`` False: real trajectories are usually far shorter than the context window)
+    or sizes no activations (unknown architecture), as before "auto"."""
+    most = max(1, inputs.groups_on_rank * inputs.group_size)
+    floor = min(FIXED_BATCH_TRAJECTORIES, most)
+    if inputs.model.architecture is None:
+        return floor
+
+    def fits(n: int) -> bool:
+        return plan_memory(replace(inputs, max_batch_trajectories=n)).fits_bytes(device_bytes, host_bytes)
+
+    if fits(most):
+        best = most
+    else:
+        low, high = 0, most - 1  # low: fits (0 stands for "none"), high: the largest still possible
+        while low < high:
+            mid = (low + high + 1) // 2
+            low, high = (mid, high) if fits(mid) else (low, mid - 1)
+        best = low
+    return max(best, 1 if inputs.tokens_bounded else floor)

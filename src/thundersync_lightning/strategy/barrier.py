@@ -69,6 +69,8 @@ class StepInFlight:
             engine_learner_kl=on_policy.kl if on_policy.tokens else None,
             rollout_issued_at=self.issued_at,
             min_batch_trajectories=outcome.min_batch_trajectories,
+            max_batch_trajectories=outcome.max_batch_trajectories,
+            hold_after_s=outcome.hold_after_s,
             groups_generated=outcome.groups_generated,
             groups_filtered=outcome.groups_filtered,
         )

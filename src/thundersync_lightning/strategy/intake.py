@@ -56,6 +56,8 @@ class EventIntake:
         self.clock = clock
         self.after_verdict = after_verdict
         self.waiting: dict[str, None] = {}  # admitted groups' content not yet backpropagated (ordered)
+        self.content_at: dict[str, float] = {}  # when each trajectory's content landed in the queue
+        self._landed = 0.0  # when the event being dispatched landed in the queue (the pump's clock)
         self._admitted: set[str] = set()
         self._deferred: dict[str, list[RolloutEvent]] = {}
         self._early: dict[str, RewardReady] = {}  # rewards waiting for their content (reward shaping)
@@ -74,14 +76,21 @@ class EventIntake:
     def start(self, events: Iterator[RolloutEvent]) -> None:
         self._streams += 1
         pump = threading.Thread(
-            target=_pump, args=(events, self._inbox), name="thundersync-events", daemon=True
+            target=_pump, args=(events, self._inbox, self.clock), name="thundersync-events", daemon=True
         )
         pump.start()
 
-    def drain(self, block: bool) -> bool:
-        """Dispatch every event available now (waiting for one if ``block``); True at the end."""
+    def drain(self, block: bool, timeout: float | None = None) -> bool:
+        """Dispatch every event available now (waiting for one if ``block``, at most ``timeout``
+        seconds when given); True at the end."""
         inbox = self._inbox
-        item = inbox.get() if block else _get_nowait(inbox)
+        if block:
+            try:
+                item = inbox.get(timeout=timeout)
+            except queue.Empty:
+                return False
+        else:
+            item = _get_nowait(inbox)
         while item is not None:
             if item is _END:
                 self._streams -= 1
@@ -91,7 +100,8 @@ class EventIntake:
                 continue
             if isinstance(item, BaseException):
                 raise item
-            self._dispatch(item)
+            self._landed, event = item
+            self._dispatch(event)
             item = _get_nowait(inbox)
         return False
 
@@ -144,11 +154,15 @@ class EventIntake:
         if t.trajectory_id in self.outcome.trajectories:
             raise EngineError(f"the engine delivered the content of {t.trajectory_id!r} twice")
         self.outcome.trajectories[t.trajectory_id] = t
+        self.content_at[t.trajectory_id] = self._landed
 
     def _on_reward(self, event: RewardReady) -> None:
         if event.trajectory_id in self.outcome.rewards:
             raise EngineError(f"the engine delivered the reward of {event.trajectory_id!r} twice")
         self.outcome.rewards[event.trajectory_id] = event.reward
+        # the lag as the events landed, not as a busy learner drained them; a reward before its content: 0
+        content = self.content_at.get(event.trajectory_id)
+        self.outcome.reward_lags.append(0.0 if content is None else max(0.0, self._landed - content))
         self.outcome.reward_times[event.trajectory_id] = event.time
         host_fault = bool(event.failure) and event.host_fault  # only a host fault may be dropped
         if event.failure:
@@ -205,11 +219,12 @@ class EventIntake:
         self.outcome.open_groups.append((self.clock(), len(self.acc.open_groups)))
 
 
-def _pump(events: Iterator[RolloutEvent], inbox: queue.Queue) -> None:
-    """Move events into the queue as the engine produces them; an error travels as an item."""
+def _pump(events: Iterator[RolloutEvent], inbox: queue.Queue, clock: Callable[[], float]) -> None:
+    """Move events into the queue as the engine produces them, each with the time it landed; an
+    error travels as an item."""
     try:
         for event in events:
-            inbox.put(event)
+            inbox.put((clock(), event))
     except BaseException as err:  # noqa: BLE001 - re-raised on the learner thread
         inbox.put(err)
     inbox.put(_END)

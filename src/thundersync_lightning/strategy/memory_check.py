@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import psutil
@@ -25,7 +26,14 @@ import torch
 from ..backends.split import planned_destinations
 from ..core.grpo.objective import Objective
 from ..core.protocols import EngineFootprint
-from ..planning.memory_plan import MemoryPlan, PlanInputs, format_bytes, plan_memory
+from ..planning.memory_plan import (
+    FIXED_BATCH_TRAJECTORIES,
+    MemoryPlan,
+    PlanInputs,
+    auto_batch_trajectories,
+    format_bytes,
+    plan_memory,
+)
 from ..planning.model_shape import Architecture, ModelShape
 from .objective_checks import module_objective
 
@@ -34,6 +42,8 @@ __all__ = [
     "SCORING_KEYS",
     "plan_inputs",
     "fit_plan",
+    "fit_capacity",
+    "resolve_call_rows",
     "machine_capacity",
     "memory_problems",
     "param_bytes",
@@ -151,7 +161,9 @@ def plan_inputs(
         group_size=int(data.get("group_size", 8)),
         max_tokens_per_trajectory=min(known) if known else DEFAULT_MAX_TOKENS,
         tokens_bounded=bounded,
-        max_batch_trajectories=int(strategy.get("max_batch_trajectories", 32)),
+        # "auto" is planned at its floor until a machine is known: fit_plan (and the plan command,
+        # given the machine) resolve it (auto_batch_trajectories)
+        max_batch_trajectories=_rows_setting(strategy, data, world_size),
         max_batch_tokens=strategy.get("max_batch_tokens"),
         score_max_padding=None
         if scoring.get("score_max_padding") is None
@@ -183,6 +195,16 @@ def plan_inputs(
     )
 
 
+def _rows_setting(strategy: Mapping[str, Any], data: Mapping[str, Any], world_size: int) -> int:
+    rows = strategy.get("max_batch_trajectories", "auto")
+    if rows != "auto":
+        return int(rows)
+    groups = int(data.get("groups_per_step", 16))
+    if data.get("dynamic_sampling"):
+        groups += int(data.get("max_extra_groups") or groups)
+    return min(FIXED_BATCH_TRAJECTORIES, -(-groups // max(1, world_size)) * int(data.get("group_size", 8)))
+
+
 def _settings(obj: Any, names: tuple[str, ...] | None = None) -> dict[str, Any]:
     if obj is None:
         return {}
@@ -193,7 +215,35 @@ def _settings(obj: Any, names: tuple[str, ...] | None = None) -> dict[str, Any]:
 
 
 def fit_plan(trainer: Any, strategy: Any) -> MemoryPlan:
-    """The plan of the fit about to start, read from the live module, data module and strategy."""
+    """The plan of the fit about to start, read from the live module, data module and strategy;
+    ``max_batch_trajectories="auto"`` resolved for this machine (:func:`auto_batch_trajectories`)."""
+    plan = _fit_plan(trainer, strategy)
+    if getattr(strategy, "max_batch_trajectories", None) != "auto":
+        return plan
+    device, host = fit_capacity(trainer, strategy)
+    rows = auto_batch_trajectories(plan.inputs, device, host)
+    return plan_memory(replace(plan.inputs, max_batch_trajectories=rows))
+
+
+def resolve_call_rows(trainer: Any, strategy: Any) -> int | None:
+    """``max_batch_trajectories="auto"`` resolved for the fit about to start (None: a number was set)."""
+    if strategy.max_batch_trajectories != "auto":
+        return None
+    rows = fit_plan(trainer, strategy).inputs.max_batch_trajectories
+    log.info("max_batch_trajectories='auto': %d trajectories per learner call", rows)
+    return rows
+
+
+def fit_capacity(trainer: Any, strategy: Any) -> tuple[int, int]:
+    """(device bytes, host bytes) the fit's plan is checked against: :func:`machine_capacity`, and on
+    a CPU run the module's resident bytes added back (the plan counts them; 'available' does not)."""
+    device, host = machine_capacity(strategy.root_device)
+    if strategy.root_device.type != "cuda":
+        device = host = host + _resident_bytes(trainer.lightning_module)
+    return device, host
+
+
+def _fit_plan(trainer: Any, strategy: Any) -> MemoryPlan:
     module = trainer.lightning_module
     params = list(module.parameters())
     trainable = [p for p in params if p.requires_grad]
@@ -263,10 +313,7 @@ def memory_problems(trainer: Any, strategy: Any) -> tuple[list[str], bool]:
     plan is certain enough to refuse the fit). A plan whose trajectory length is bounded only by
     the model's context window is a worst case: it is reported, never refused."""
     plan = fit_plan(trainer, strategy)
-    device, host = machine_capacity(strategy.root_device)
-    resident = _resident_bytes(trainer.lightning_module)
-    if plan.inputs.accelerator == "cpu":
-        device = host = host + resident
+    device, host = fit_capacity(trainer, strategy)
     verdict = plan.fits(device, host)
     if verdict.fits:
         log.info(

@@ -45,16 +45,21 @@ def option_problems(
         problems.append(f"offload={o['offload']!r} is not one of ('none', 'cpu', 'pinned')")
     if o["sharding"] not in SHARDINGS:
         problems.append(f"sharding={o['sharding']!r} is not one of {tuple(SHARDINGS)}")
-    if o["max_batch_trajectories"] < 1:
-        problems.append(f"max_batch_trajectories must be >= 1, got {o['max_batch_trajectories']}")
+    rows = o["max_batch_trajectories"]
+    if rows != "auto" and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 1):
+        problems.append(f"max_batch_trajectories must be an integer >= 1 or 'auto', got {rows!r}")
+        rows = "auto"  # reported: the check below has no bound to compare with
     least = o["min_batch_trajectories"]
     if least != "auto" and (isinstance(least, bool) or not isinstance(least, int) or least < 1):
         problems.append(f"min_batch_trajectories must be an integer >= 1 or 'auto', got {least!r}")
-    elif least != "auto" and least > o["max_batch_trajectories"] >= 1:
+    elif least != "auto" and rows != "auto" and least > rows:
         problems.append(
             f"min_batch_trajectories={least} exceeds max_batch_trajectories={o['max_batch_trajectories']}: "
             "a call could never hold the rows it waits for"
         )
+    wait = o["hold_after_s"]
+    if wait != "auto" and (isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait >= 0):
+        problems.append(f"hold_after_s must be a number of seconds >= 0 or 'auto', got {wait!r}")
     tokens = o["max_batch_tokens"]
     if tokens is not None and (isinstance(tokens, bool) or tokens < 1):
         problems.append(f"max_batch_tokens must be >= 1 or None, got {tokens!r}")

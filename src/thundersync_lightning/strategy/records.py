@@ -32,6 +32,9 @@ class StepOutcome:
     open_groups: list[tuple[float, int]] = field(default_factory=list)
     learner_tokens: int = 0
     min_batch_trajectories: int = 1  # the rows a call waited for while content was to land
+    max_batch_trajectories: int = 0  # the most rows of one call
+    hold_after_s: float = 0.0  # a reward-pending row was held only once its content waited this long
+    reward_lags: list[float] = field(default_factory=list)  # content to reward, as the learner saw them
     groups_generated: int = 0  # groups requested this step, replacements included
     groups_filtered: int = 0  # dynamic sampling: groups whose verdicts carried no signal
 

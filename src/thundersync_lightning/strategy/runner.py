@@ -64,6 +64,11 @@ class RunnerSettings:
             a call only once this many trajectories (or ``max_batch_tokens`` tokens) are waiting;
             1: at once (where a call's fixed cost is large against a row's, waiting for rows
             trades a little idle learner time for less learner work).
+        hold_after_s: a trajectory of a group still waiting for rewards is backpropagated (its
+            gradient held, or added to its group's running sums) only once its content has waited
+            this long (0: as soon as nothing else is to do). Where verdicts land within a call's
+            time of their content, waiting for them turns held rows (a gradient each, then a fold)
+            and partial groups' sums into direct rows (one backward for all).
         progress_interval_s: the progress listener is called at most this often (and at the end).
         clock: the time source of the busy intervals.
     """
@@ -73,6 +78,7 @@ class RunnerSettings:
     max_batch_trajectories: int = 32
     max_batch_tokens: int | None = None
     min_batch_trajectories: int = 1
+    hold_after_s: float = 0.0
     progress_interval_s: float = 0.2
     clock: Callable[[], float] = time.monotonic
 
@@ -117,11 +123,15 @@ class StepRunner:
         self.max_batch = max(1, settings.max_batch_trajectories)
         self.max_tokens = settings.max_batch_tokens
         self.min_batch = max(1, min(settings.min_batch_trajectories, self.max_batch))
+        self.hold_after = max(0.0, settings.hold_after_s)
         self._prefixes: dict[str, SharedPrefix] = {}
         self._entropy_threshold: float | None = None  # top_entropy_quantile: the step's (sync only)
         accumulator.plan_groups(request.trajectory_ids())
         self.outcome = StepOutcome(
-            min_batch_trajectories=self.min_batch, groups_generated=len(request.groups)
+            min_batch_trajectories=self.min_batch,
+            max_batch_trajectories=self.max_batch,
+            hold_after_s=self.hold_after,
+            groups_generated=len(request.groups),
         )
         issuer = ReplacementIssuer(replacements, request, accumulator, self.outcome) if replacements else None
         self.intake = EventIntake(
@@ -137,7 +147,7 @@ class StepRunner:
         ended = False
         while True:
             if not ended:
-                ended = self.intake.drain(block=not self._has_work(ended))
+                ended = self.intake.drain(block=not self._has_work(ended), timeout=self._hold_wait())
             if ended and self.acc.needs_step_entropy and self._entropy_threshold is None:
                 self._entropy_threshold = self._step_entropy_threshold()
             worked = self._work(inbox_empty=self.intake.empty) if ended or not self.defer else False
@@ -156,7 +166,36 @@ class StepRunner:
     def _has_work(self, ended: bool) -> bool:
         if not self._waiting or not (ended or not self.defer) or self._gathering():
             return False
-        return self._can_hold() or any(t in self.outcome.rewards for t in self._waiting)
+        ripe = self._ripe()
+        rewards = self.outcome.rewards
+        return any(t in rewards for t in ripe) or (self._can_hold() and any(t not in rewards for t in ripe))
+
+    def _complete(self, tid: str) -> bool:
+        """Every reward of the trajectory's group is known (its row goes to the step's gradient)."""
+        planned = self.acc.planned
+        return all(m in self.outcome.rewards for m in planned.membership[planned.owners[tid]])
+
+    def _ripe(self) -> list[str]:
+        """The waiting trajectories the learner may take now (content order): every one whose
+        group's rewards are all known, and, of a group still waiting for rewards, those whose
+        content has waited ``hold_after_s`` (held rows, or rows into the group's running sums)."""
+        if self.hold_after <= 0.0:
+            return list(self._waiting)
+        ready_before = self.clock() - self.hold_after
+        content_at = self.intake.content_at
+        return [t for t in self._waiting if content_at[t] <= ready_before or self._complete(t)]
+
+    def _hold_wait(self) -> float | None:
+        """Seconds until the oldest waiting trajectory of a group still waiting for rewards may be
+        taken, when the learner would otherwise block with nothing to do (None: wait for the next
+        event, however long)."""
+        if self.hold_after <= 0.0 or self.defer or self._gathering() or self._has_work(False):
+            return None
+        rewards, hold = self.outcome.rewards, self._can_hold()
+        landed = [self.intake.content_at[t] for t in self._waiting if t in rewards or hold]
+        if not landed:
+            return None
+        return max(0.0, min(landed) + self.hold_after - self.clock())
 
     def _gathering(self) -> bool:
         """Wait for more content before the next call: fewer than ``min_batch_trajectories`` (and,
@@ -182,15 +221,16 @@ class StepRunner:
             del self._waiting[t]
         if self._gathering():
             return bool(dropped)
+        ripe = self._ripe()
         batch = next_batch(
-            list(self._waiting),
+            ripe,
             self.outcome.rewards,
             planned.owners,
             planned.membership,
             self.max_batch,
             hold=self._room_to_hold() if inbox_empty else 0,
             destinations=self.acc.backend.destinations,
-            lengths=self._lengths_of(self._waiting) if self.max_tokens is not None else None,
+            lengths=self._lengths_of(ripe) if self.max_tokens is not None else None,
             max_tokens=self.max_tokens,
         )
         if batch is not None:

@@ -122,6 +122,8 @@ class StepStats:
     loss: float = 0.0  # the global surrogate loss -(1/N) sum A_i S_i
     rollout_issued_at: float | None = None  # when the step's rollout was requested (may precede step_start)
     min_batch_trajectories: int = 1  # rows a learner call waited for while content was to land (1: none)
+    max_batch_trajectories: int = 0  # the most rows of one learner call ("auto" resolved; 0: not recorded)
+    hold_after_s: float = 0.0  # a reward-pending trajectory was held only once its content waited this long
     groups_generated: int = (
         0  # groups requested this step on this rank, dynamic-sampling replacements included
     )

@@ -46,9 +46,11 @@ from ..core.errors import ConfigError
 from ..core.evaluation import ValidationBatch, collect_validation
 from ..core.gradients.storage import Offload
 from ..core.snapshot import PolicySnapshot
+from ..planning.memory_plan import FIXED_BATCH_TRAJECTORIES
 from .barrier import StepInFlight, global_totals
 from .fit_learner import FitLearner
 from .issuing import RolloutIssuer, publish
+from .memory_check import resolve_call_rows
 from .objective_checks import module_objective, share_sampling
 from .options import option_problems
 from .records import progress_listener
@@ -92,6 +94,12 @@ class ThunderSyncStrategy(DDPStrategy):
             workspaces and prompts are ready when its weights are published (no weights enter
             that work: staleness unchanged). Engines without ``prepare`` are left alone.
         max_batch_trajectories: most trajectories scored in one learner call (one backward).
+            ``"auto"`` (the default) sets it at set-up to the largest that the learner's memory plan
+            fits on this machine, up to every trajectory of the rank's step (so a step whose work is
+            all waiting, as in sync mode, is one call), and never below 32 where nothing but the
+            model's context window bounds a trajectory (the plan is then a worst case)
+            (:func:`~thundersync_lightning.planning.memory_plan.auto_batch_trajectories`);
+            ``StepStats.max_batch_trajectories`` records the value. Same gradient whatever the value.
         max_batch_tokens: most tokens (prompts included) of one learner call (None: no token
             bound), in every mode: a call takes the longest prefix of its chosen trajectories
             whose lengths sum to at most this (a longer trajectory goes alone). A call keeps every
@@ -106,6 +114,16 @@ class ThunderSyncStrategy(DDPStrategy):
             more where their fixed cost dominates (small models, CPU), the wait adding at most
             one call's fixed cost to the step. Same gradient whatever the value; no effect in sync.
             ``StepStats.min_batch_trajectories`` records the value each step used.
+        hold_after_s: in streaming and async, a trajectory of a group still waiting for rewards is
+            backpropagated (its gradient held apart until its reward lands, or added to its group's
+            running sums) only once its content has waited this many seconds (0: as soon as the
+            learner has nothing else to do). ``"auto"``
+            (the default) sets it before each step from the recent steps: the 90th percentile of
+            their verdicts' lags behind their content where that is within their mean learner call's
+            seconds, else 0 (:mod:`~thundersync_lightning.strategy.fit_learner`): fast rewards are
+            waited for and go in one backward with their group, slow ones (an agent's tests) are
+            held at once. Same gradient whatever the value; no effect in sync.
+            ``StepStats.hold_after_s`` records the value each step used.
         progress_interval_s: throttle of ``on_rollout_progress`` callbacks.
         boundary_cut: run each group's shared prompt forward and backward once instead of once per
             trajectory (``thundersync_lightning.core.accumulator.boundary_cut``; same gradient; the module
@@ -148,9 +166,10 @@ class ThunderSyncStrategy(DDPStrategy):
         max_held_trajectories: int | None = None,
         launch_ahead: bool = True,
         prepare_ahead: bool = True,
-        max_batch_trajectories: int = 32,
+        max_batch_trajectories: int | Literal["auto"] = "auto",
         max_batch_tokens: int | None = None,
         min_batch_trajectories: int | Literal["auto"] = "auto",
+        hold_after_s: float | Literal["auto"] = "auto",
         progress_interval_s: float = 0.2,
         boundary_cut: bool = False,
         split_backward: SplitSetting = "auto",
@@ -170,8 +189,8 @@ class ThunderSyncStrategy(DDPStrategy):
             mode=mode, offload=offload, max_open_groups=max_open_groups,
             max_held_trajectories=max_held_trajectories, max_batch_trajectories=max_batch_trajectories,
             max_batch_tokens=max_batch_tokens, min_batch_trajectories=min_batch_trajectories,
-            boundary_cut=boundary_cut, split_backward=split_backward, memory_check=memory_check,
-            sharding=sharding,
+            hold_after_s=hold_after_s, boundary_cut=boundary_cut, split_backward=split_backward,
+            memory_check=memory_check, sharding=sharding,
         )  # fmt: skip
         problems = option_problems(options, unknown, _own_options())
         try:
@@ -197,8 +216,10 @@ class ThunderSyncStrategy(DDPStrategy):
         self.bounds = bounds  # the accumulator's, carried whole to each step's StreamingGRPO
         self.progress_interval_s = progress_interval_s
         self.max_batch_trajectories = max_batch_trajectories
+        self._call_rows: int | None = None  # "auto" resolved at set-up (call_rows)
         self.max_batch_tokens = max_batch_tokens
         self.min_batch_trajectories = min_batch_trajectories
+        self.hold_after_s = hold_after_s
         self.boundary_cut = boundary_cut
         self.split_backward: SplitSetting = split_backward
         self.memory_check: MemoryCheck = memory_check
@@ -249,6 +270,14 @@ class ThunderSyncStrategy(DDPStrategy):
         return self._issuer.prepare_ahead
 
     @property
+    def call_rows(self) -> int:
+        """The most trajectories of one learner call: ``max_batch_trajectories``, ``"auto"`` resolved
+        for the fit at set-up (before it: :data:`FIXED_BATCH_TRAJECTORIES`)."""
+        if self.max_batch_trajectories != "auto":
+            return int(self.max_batch_trajectories)
+        return self._call_rows if self._call_rows is not None else FIXED_BATCH_TRAJECTORIES
+
+    @property
     def last_step_stats(self) -> StepStats | None:
         """Statistics of the last finished step on this rank (set before ``on_train_batch_end``)."""
         return self._last_stats
@@ -270,6 +299,7 @@ class ThunderSyncStrategy(DDPStrategy):
         if trainer is not None:
             self._validate(trainer)
             if trainer.state.fn == TrainerFn.FITTING:
+                self._call_rows = resolve_call_rows(trainer, self)
                 self._check_memory(trainer)
         super().setup_environment()
 
@@ -390,10 +420,11 @@ class ThunderSyncStrategy(DDPStrategy):
         settings = RunnerSettings(
             allowed_staleness=self.allowed_staleness,
             defer=self.mode == "sync",
-            max_batch_trajectories=self.max_batch_trajectories,
+            max_batch_trajectories=self.call_rows,
             max_batch_tokens=self.max_batch_tokens,
             min_batch_trajectories=self._learner.min_batch(self.min_batch_trajectories, self.mode,
-                                                           self.max_batch_trajectories),
+                                                           self.call_rows),
+            hold_after_s=self._learner.hold_after(self.hold_after_s, self.mode),
             progress_interval_s=self.progress_interval_s,
         )  # fmt: skip
         replacements = (
@@ -406,7 +437,7 @@ class ThunderSyncStrategy(DDPStrategy):
                             replacements)  # fmt: skip
         with self.precision_plugin.train_step_context():
             outcome = runner.run(events)
-        self._learner.after_step(outcome.busy)
+        self._learner.after_step(outcome.busy, outcome.reward_lags)
         self._step = StepInFlight(start, plan, request, outcome, busy, self._issued_at)
         self._accumulator = acc
         return torch.zeros((), device=self.root_device)

@@ -29,7 +29,7 @@ from thundersync_lightning.envs.repo.tools import turn_token_budget
 from thundersync_lightning.rollout import Generation, GenerationRequest
 
 from ._support import needs_bwrap
-from .code.test_tools import model_dir
+from .repo.test_tools import model_dir
 from .tools.test_tools_turn_budget import _episodes, call
 
 FLOODS = ("yes | head -c 100000", "head -c 5000 /dev/urandom", "python3 -c \"print('\\u00e9' * 3000)\"")

@@ -25,7 +25,7 @@ from thundersync_lightning.envs.tools import parse_hermes
 from thundersync_lightning.envs.toy import GuessingGameTasks
 
 from ._support import needs_bwrap
-from .code.test_tools import model_dir
+from .repo.test_tools import model_dir
 
 
 def _block(body: str) -> str:

@@ -29,7 +29,7 @@ from thundersync_lightning.envs.toy import GuessingGameTasks
 from thundersync_lightning.rollout import AgentLoop, EnvPool, Generation, GenerationRequest, make_request
 
 from .._support import needs_bwrap
-from ..code.test_tools import model_dir
+from ..repo.test_tools import model_dir
 from .test_tools_calls import renderer, sampled
 
 

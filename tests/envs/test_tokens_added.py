@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from thundersync_lightning.envs.codec import HFTokenizerCodec
 from thundersync_lightning.envs.tokens import added_token_ids, encode_plain
 
-from .repo.test_grading_integrity import chat_tokenizer
 from .qwen_style import ADDED, SPECIAL, save_tokenizer
+from .repo.test_grading_integrity import chat_tokenizer
 
 
 def _word_level(directory: str) -> None:

@@ -14,7 +14,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from thundersync_lightning.planning.memory_plan import Architecture, ModelShape, PlanInputs, plan_memory
+from thundersync_lightning.planning.memory_plan import (
+    FIXED_BATCH_TRAJECTORIES,
+    Architecture,
+    ModelShape,
+    PlanInputs,
+    plan_memory,
+)
 from thundersync_lightning.rollout.replay import load_trace
 
 __all__ = ["vram_report"]
@@ -28,12 +34,14 @@ def planned_device_bytes(args: argparse.Namespace, config: dict, num_params: int
     tokens = (
         args.prompt_tokens + round(longest * args.token_scale) + (args.turns - 1) * args.observation_tokens
     )
+    # "auto" is planned at its floor, as a plan with no machine given is (memory_plan.py)
+    rows = FIXED_BATCH_TRAJECTORIES if args.max_batch_trajectories == "auto" else args.max_batch_trajectories
     plan = plan_memory(
         PlanInputs(
             ModelShape(num_params, num_params, e, arch), accelerator="gpu", mode=mode, offload=args.offload,
             max_open_groups=args.max_open_groups, max_held_trajectories=args.max_held_trajectories,
             groups_per_step=args.groups, group_size=args.group_size, max_tokens_per_trajectory=tokens,
-            max_batch_trajectories=args.max_batch_trajectories, max_batch_tokens=args.max_batch_tokens,
+            max_batch_trajectories=rows, max_batch_tokens=args.max_batch_tokens,
             score_max_padding=args.score_max_padding, score_forward_tokens=args.score_forward_tokens,
         )
     )  # fmt: skip

@@ -22,8 +22,10 @@ if __name__ == "__main__":
         "global": Objective(loss_agg="token-mean", scale="batch", std="sample", kl_coef=0.05),
     }
     L.seed_everything(0)
-    policy = GRPOPolicy(
-        config=TOY_MODEL, objective=objectives[sys.argv[4] if len(sys.argv) > 4 else "default"]
+    policy = GRPOPolicy(  # float64: one and two ranks sum in different orders, AdamW carries it on
+        config=TOY_MODEL,
+        objective=objectives[sys.argv[4] if len(sys.argv) > 4 else "default"],
+        dtype="float64",
     )
     record = RecordSteps()
     trainer = L.Trainer(

@@ -130,7 +130,7 @@ def _fit(mode: str, steps: int = 2, **data_kwargs):
 
     L.seed_everything(0)
     objective = Objective(loss_agg="token-mean", kl_coef=0.05, entropy_coef=0.01)  # R terms: per-group R sums
-    policy = GRPOPolicy(config=TOY_MODEL, objective=objective)
+    policy = GRPOPolicy(config=TOY_MODEL, objective=objective, dtype="float64")  # arrival order: float64
     grads, record = GradientAtBarrier(), RecordSteps()
     trainer = L.Trainer(
         strategy=ThunderSyncStrategy(mode=mode),
